@@ -1,0 +1,219 @@
+/*
+ * sluice -- the operator's command: talks to sluiced over the control socket.
+ *
+ *   sluice [-c FILE | -s SOCKET] status|stats|reload|help [--json]
+ *
+ * The socket is taken from -s, or from control.listen in the configuration file (the same
+ * file the daemon reads, default /etc/sluice/sluice.conf).  Exit status: 0 success, 1 the
+ * daemon answered with an error, 2 usage, 69 the daemon cannot be reached.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <getopt.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sysexits.h>
+#include <unistd.h>
+
+#include "buf.h"
+#include "config.h"
+#include "control.h"
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: sluice [-c FILE | -s SOCKET] COMMAND [--json]\n"
+		"commands:\n"
+		"  status    daemon version, uptime, workers, sessions\n"
+		"  stats     per service: connections, session duration and work time\n"
+		"            (min / mean / max / std-dev), current and peak sessions, errors\n"
+		"  reload    check the configuration file and reload it\n"
+		"  help      commands the daemon understands\n"
+		"options:\n"
+		"  -c FILE   configuration file to find the control socket in (default %s)\n"
+		"  -s SOCK   control socket: unix:/path, /path, inet:host:port\n"
+		"  --json    machine-readable output (status, stats)\n",
+		CONFIG_DEFAULT_PATH);
+}
+
+static int connect_to(const char *spec)
+{
+	if (spec[0] == '/' || strncmp(spec, "unix:", 5) == 0) {
+		const char *path = spec[0] == '/' ? spec : spec + 5;
+		struct sockaddr_un sun = { .sun_family = AF_UNIX };
+		if (strlen(path) >= sizeof(sun.sun_path)) {
+			fprintf(stderr, "sluice: %s: path too long\n", path);
+			return -1;
+		}
+		memcpy(sun.sun_path, path, strlen(path) + 1);
+		int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0 || connect(fd, (struct sockaddr *)&sun, sizeof(sun)) < 0) {
+			fprintf(stderr, "sluice: cannot connect to %s: %s (is sluiced running?)\n",
+				path, strerror(errno));
+			if (fd >= 0)
+				close(fd);
+			return -1;
+		}
+		return fd;
+	}
+	if (strncmp(spec, "inet:", 5) == 0 || strncmp(spec, "inet6:", 6) == 0) {
+		bool v6 = spec[4] == '6';
+		char host[256];
+		const char *rest = spec + (v6 ? 6 : 5);
+		const char *colon = strrchr(rest, ':');
+		if (!colon || (size_t)(colon - rest) >= sizeof(host)) {
+			fprintf(stderr, "sluice: %s: expected inet:host:port\n", spec);
+			return -1;
+		}
+		memcpy(host, rest, (size_t)(colon - rest));
+		host[colon - rest] = '\0';
+		char *h = host;
+		if (h[0] == '[') {
+			h++;
+			char *e = strchr(h, ']');
+			if (e)
+				*e = '\0';
+			v6 = true;
+		}
+		struct sockaddr_storage ss = { 0 };
+		socklen_t sl;
+		int port = atoi(colon + 1);
+		if (v6) {
+			struct sockaddr_in6 *s6 = (void *)&ss;
+			s6->sin6_family = AF_INET6;
+			s6->sin6_port = htons((uint16_t)port);
+			if (inet_pton(AF_INET6, h, &s6->sin6_addr) != 1)
+				goto bad;
+			sl = sizeof(*s6);
+		} else {
+			struct sockaddr_in *s4 = (void *)&ss;
+			s4->sin_family = AF_INET;
+			s4->sin_port = htons((uint16_t)port);
+			if (strcmp(h, "localhost") == 0)
+				h = "127.0.0.1";
+			if (inet_pton(AF_INET, h, &s4->sin_addr) != 1)
+				goto bad;
+			sl = sizeof(*s4);
+		}
+		int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0 || connect(fd, (struct sockaddr *)&ss, sl) < 0) {
+			fprintf(stderr, "sluice: cannot connect to %s: %s (is sluiced running?)\n",
+				spec, strerror(errno));
+			if (fd >= 0)
+				close(fd);
+			return -1;
+		}
+		return fd;
+	}
+bad:
+	fprintf(stderr, "sluice: %s: not a control socket address\n", spec);
+	return -1;
+}
+
+int main(int argc, char **argv)
+{
+	const char *config = CONFIG_DEFAULT_PATH, *sock = NULL;
+	bool json = false;
+	static const struct option longopts[] = {
+		{ "json", no_argument, NULL, 'j' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	int opt;
+	while ((opt = getopt_long(argc, argv, "+c:s:jh", longopts, NULL)) != -1) {
+		switch (opt) {
+		case 'c': config = optarg; break;
+		case 's': sock = optarg; break;
+		case 'j': json = true; break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (optind >= argc) {
+		usage(stderr);
+		return 2;
+	}
+	struct buf req;
+	buf_init(&req, CONTROL_LINE_MAX - 1);
+	for (int i = optind; i < argc; i++) {
+		if (strcmp(argv[i], "--json") == 0) {
+			json = true;
+			continue;
+		}
+		if (strpbrk(argv[i], " \t\n") || !argv[i][0] ||
+		    buf_printf(&req, "%s%s", req.len ? " " : "", argv[i]) < 0) {
+			fprintf(stderr, "sluice: bad argument \"%s\"\n", argv[i]);
+			return 2;
+		}
+	}
+	if (json && buf_append_cstr(&req, " --json") < 0)
+		return 2;
+	if (buf_append_byte(&req, '\n') < 0)
+		return 2;
+
+	struct sluice_config *cfg = NULL;
+	if (!sock) {
+		char err[1024];
+		if (config_load(config, &cfg, err, sizeof(err)) < 0) {
+			fprintf(stderr, "sluice: %s\n", err);
+			return EX_CONFIG;
+		}
+		if (cfg->control.n == 0) {
+			fprintf(stderr, "sluice: %s has no control { listen = ...; } block\n", config);
+			config_free(cfg);
+			return EX_CONFIG;
+		}
+		sock = cfg->control.addr[0];
+	}
+	int fd = connect_to(sock);
+	config_free(cfg);
+	if (fd < 0)
+		return EX_UNAVAILABLE;
+	size_t off = 0;
+	while (off < req.len) {
+		ssize_t n = write(fd, req.ptr + off, req.len - off);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			fprintf(stderr, "sluice: write: %s\n", strerror(errno));
+			return EX_UNAVAILABLE;
+		}
+		off += (size_t)n;
+	}
+	buf_clear(&req);
+	struct buf in;
+	buf_init(&in, CONTROL_BODY_MAX + 64);
+	for (;;) {
+		struct control_reply rep;
+		size_t used;
+		const char *why;
+		int r = control_reply_parse(in.ptr ? in.ptr : "", in.len, &rep, &used, &why);
+		if (r < 0) {
+			fprintf(stderr, "sluice: bad reply from sluiced: %s\n", why);
+			return EX_PROTOCOL;
+		}
+		if (r == 1) {
+			FILE *f = rep.ok ? stdout : stderr;
+			fwrite(rep.body.ptr, 1, rep.body.len, f);
+			close(fd);
+			buf_clear(&in);
+			return rep.ok ? 0 : 1;
+		}
+		char tmp[65536];
+		ssize_t n = read(fd, tmp, sizeof(tmp));
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			fprintf(stderr, "sluice: connection closed before the reply was complete\n");
+			return EX_UNAVAILABLE;
+		}
+		if (buf_append(&in, tmp, (size_t)n) < 0) {
+			fprintf(stderr, "sluice: reply too large\n");
+			return EX_PROTOCOL;
+		}
+	}
+}

@@ -1,0 +1,387 @@
+/*
+ * config -- schema of sluice.conf (see config.h and sluice.conf(5)).
+ *
+ * Every key the daemon knows is read here; anything else in the file is reported as an
+ * unknown key with its line (cfg_check_unused), so a typo never silently falls back to a
+ * default.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <syslog.h>
+
+#include "cfg.h"
+#include "config.h"
+#include "util.h"
+
+#define ERR(...) cfg_error(__VA_ARGS__)
+
+static int get_string(struct cfg_node *obj, const char *key, char **ret, char *err, size_t el)
+{
+	struct cfg_node *n = cfg_get(obj, key);
+	if (!n)
+		return 0;
+	if (cfg_next_same(n)) {
+		ERR(cfg_next_same(n), err, el, "given twice");
+		return -EINVAL;
+	}
+	const char *s;
+	int r = cfg_string(n, &s, err, el);
+	if (r < 0)
+		return r;
+	if (!*s) {
+		ERR(n, err, el, "must not be empty");
+		return -EINVAL;
+	}
+	char *c = strdup(s);
+	if (!c)
+		return -ENOMEM;
+	free(*ret);
+	*ret = c;
+	return 0;
+}
+
+static int get_duration(struct cfg_node *obj, const char *key, int64_t min, int64_t max,
+			int64_t *ret, char *err, size_t el)
+{
+	struct cfg_node *n = cfg_get(obj, key);
+	if (!n)
+		return 0;
+	if (cfg_next_same(n)) {
+		ERR(cfg_next_same(n), err, el, "given twice");
+		return -EINVAL;
+	}
+	return cfg_duration_ms(n, min, max, ret, err, el);
+}
+
+static int get_uint(struct cfg_node *obj, const char *key, int64_t min, int64_t max,
+		    unsigned *ret, char *err, size_t el)
+{
+	struct cfg_node *n = cfg_get(obj, key);
+	if (!n)
+		return 0;
+	if (cfg_next_same(n)) {
+		ERR(cfg_next_same(n), err, el, "given twice");
+		return -EINVAL;
+	}
+	int64_t v;
+	int r = cfg_int64(n, min, max, &v, err, el);
+	if (r == 0)
+		*ret = (unsigned)v;
+	return r;
+}
+
+static int get_mode(struct cfg_node *obj, unsigned *ret, char *err, size_t el)
+{
+	struct cfg_node *n = cfg_get(obj, "mode");
+	if (!n)
+		return 0;
+	const char *s;
+	int r = cfg_string(n, &s, err, el);
+	if (r < 0)
+		return r;
+	char *end;
+	unsigned long v = strtoul(s, &end, 8);
+	if (!*s || *end || v > 0777) {
+		ERR(n, err, el, "expected an octal mode such as \"0660\"");
+		return -EINVAL;
+	}
+	*ret = (unsigned)v;
+	return 0;
+}
+
+static int get_listen(struct cfg_node *obj, struct listen_conf *lc, bool required, char *err,
+		      size_t el)
+{
+	struct cfg_node *n = cfg_get(obj, "listen");
+	if (!n) {
+		if (required) {
+			ERR(obj, err, el, "listen is required");
+			return -EINVAL;
+		}
+		return 0;
+	}
+	for (size_t i = 0; i < lc->n; i++)
+		free(lc->addr[i]);
+	lc->n = 0;
+	/* listen = "a"; listen = ["a", "b"]; or listen repeated. */
+	for (; n; n = cfg_next_same(n)) {
+		struct cfg_node *items = n->kind == CFG_LIST ? n->child : n;
+		for (struct cfg_node *it = items; it; it = n->kind == CFG_LIST ? it->next : NULL) {
+			const char *s;
+			int r = cfg_string(it, &s, err, el);
+			if (r < 0)
+				return r;
+			if (lc->n == CONFIG_MAX_LISTEN) {
+				ERR(it, err, el, "more than %d addresses", CONFIG_MAX_LISTEN);
+				return -EINVAL;
+			}
+			if (strncmp(s, "unix:", 5) != 0 && strncmp(s, "inet:", 5) != 0 &&
+			    strncmp(s, "inet6:", 6) != 0) {
+				ERR(it, err, el, "\"%.100s\": expected unix:/path, inet:host:port or "
+				    "inet6:[addr]:port", s);
+				return -EINVAL;
+			}
+			if (!(lc->addr[lc->n++] = strdup(s)))
+				return -ENOMEM;
+		}
+	}
+	return get_mode(obj, &lc->mode, err, el);
+}
+
+static int get_string_list(struct cfg_node *obj, const char *key, bool (*check)(const char *, const char **),
+			   char ***ret, char *err, size_t el)
+{
+	struct cfg_node *n = cfg_get(obj, key);
+	if (!n)
+		return 0;
+	size_t count = 0;
+	for (struct cfg_node *m = n; m; m = cfg_next_same(m))
+		count += m->kind == CFG_LIST ? 0 : 1;
+	for (struct cfg_node *m = n; m; m = cfg_next_same(m))
+		if (m->kind == CFG_LIST)
+			for (struct cfg_node *it = m->child; it; it = it->next)
+				count++;
+	if (count > 1000) {
+		ERR(n, err, el, "more than 1000 entries");
+		return -EINVAL;
+	}
+	char **list = calloc(count + 1, sizeof(*list));
+	if (!list)
+		return -ENOMEM;
+	size_t i = 0;
+	for (struct cfg_node *m = n; m; m = cfg_next_same(m)) {
+		for (struct cfg_node *it = m->kind == CFG_LIST ? m->child : m; it;
+		     it = m->kind == CFG_LIST ? it->next : NULL) {
+			const char *s, *why = NULL;
+			int r = cfg_string(it, &s, err, el);
+			if (r == 0 && check && !check(s, &why)) {
+				ERR(it, err, el, "\"%.100s\": %s", s, why);
+				r = -EINVAL;
+			}
+			if (r == 0 && !(list[i++] = strdup(s)))
+				r = -ENOMEM;
+			if (r < 0) {
+				for (size_t j = 0; j < i; j++)
+					free(list[j]);
+				free(list);
+				return r;
+			}
+		}
+	}
+	*ret = list;
+	return 0;
+}
+
+static bool check_plain_header(const char *s, const char **why)
+{
+	return milter_static_check_header(s, false, why) == 0;
+}
+
+static bool check_indexed_header(const char *s, const char **why)
+{
+	return milter_static_check_header(s, true, why) == 0;
+}
+
+static bool check_addr(const char *s, const char **why)
+{
+	if (!*s || strchr(s, ' ')) {
+		*why = "expected one address, e.g. <user@example.org>";
+		return false;
+	}
+	return true;
+}
+
+static bool check_addr_args(const char *s, const char **why)
+{
+	const char *sp = strchr(s, ' ');
+	if (!sp || sp == s || !sp[1]) {
+		*why = "expected an address and ESMTP parameters, e.g. <u@example.org> NOTIFY=NEVER";
+		return false;
+	}
+	return true;
+}
+
+static int load_milter(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
+{
+	int r = get_listen(m, &c->milter.listen, true, err, el);
+	if (r == 0)
+		r = get_uint(m, "max_sessions", 0, 10000000, &c->milter.max_sessions, err, el);
+	if (r == 0)
+		r = get_duration(m, "idle_timeout", 1000, INT64_C(86400000) * 7,
+				 &c->milter.idle_timeout_ms, err, el);
+	if (r == 0)
+		r = get_duration(m, "command_timeout", 100, INT64_C(86400000),
+				 &c->milter.command_timeout_ms, err, el);
+	struct cfg_node *n;
+	if (r == 0 && (n = cfg_get(m, "max_packet"))) {
+		r = cfg_size(n, 65536 + 1, 64u << 20, &c->milter.max_packet, err, el);
+	}
+	struct cfg_node *reply = cfg_get(m, "reply");
+	if (r == 0 && reply) {
+		if (reply->kind != CFG_OBJECT) {
+			ERR(reply, err, el, "expected a block { step = action; ... }");
+			return -EINVAL;
+		}
+		for (int s = 0; s < MILTER_STEP_COUNT && r == 0; s++) {
+			struct cfg_node *sn = cfg_get(reply, milter_step_name((enum milter_step)s));
+			if (!sn)
+				continue;
+			const char *text, *why;
+			r = cfg_string(sn, &text, err, el);
+			if (r < 0)
+				break;
+			struct milter_static_conf *h = &c->milter.handler;
+			if (milter_static_parse_action(text, (enum milter_step)s, &h->verdict[s],
+						       &h->reply[s], &why) < 0) {
+				ERR(sn, err, el, "\"%.100s\": %s (expected continue, accept, reject, "
+				    "tempfail, discard, or a 4xx/5xx reply)", text, why);
+				r = -EINVAL;
+			}
+			h->set[s] = true;
+		}
+		if (r == 0)
+			r = cfg_check_unused(reply, err, el);
+	}
+	struct cfg_node *mod = cfg_get(m, "modify");
+	if (r == 0 && mod) {
+		struct milter_static_conf *h = &c->milter.handler;
+		if (mod->kind != CFG_OBJECT) {
+			ERR(mod, err, el, "expected a block");
+			return -EINVAL;
+		}
+		r = get_string_list(mod, "add_header", check_plain_header, &h->add_header, err, el);
+		if (r == 0)
+			r = get_string_list(mod, "insert_header", check_indexed_header, &h->insert_header, err, el);
+		if (r == 0)
+			r = get_string_list(mod, "change_header", check_indexed_header, &h->change_header, err, el);
+		if (r == 0)
+			r = get_string_list(mod, "add_rcpt", check_addr, &h->add_rcpt, err, el);
+		if (r == 0)
+			r = get_string_list(mod, "add_rcpt_par", check_addr_args, &h->add_rcpt_par, err, el);
+		if (r == 0)
+			r = get_string_list(mod, "del_rcpt", check_addr, &h->del_rcpt, err, el);
+		if (r == 0)
+			r = get_string(mod, "change_from", &h->change_from, err, el);
+		if (r == 0)
+			r = get_string(mod, "replace_body", &h->replace_body, err, el);
+		if (r == 0)
+			r = get_string(mod, "quarantine", &h->quarantine, err, el);
+	}
+	return r;
+}
+
+static int load(struct cfg_node *root, struct sluice_config *c, char *err, size_t el)
+{
+	int r = get_uint(root, "workers", 0, 256, &c->workers, err, el);
+	if (r == 0)
+		r = get_duration(root, "stats_interval", 0, INT64_C(86400000), &c->stats_interval_ms, err, el);
+	if (r == 0)
+		r = get_duration(root, "shutdown_timeout", 0, INT64_C(3600000), &c->shutdown_timeout_ms, err, el);
+	if (r == 0)
+		r = get_string(root, "pid_file", &c->pid_file, err, el);
+	struct cfg_node *n;
+	if (r == 0 && (n = cfg_get(root, "log"))) {
+		char *s = NULL;
+		r = get_string(n, "target", &s, err, el);
+		if (r == 0 && s) {
+			if (strcmp(s, "stderr") == 0)
+				c->log.target = LOG_TARGET_STDERR;
+			else if (strcmp(s, "syslog") == 0)
+				c->log.target = LOG_TARGET_SYSLOG;
+			else {
+				ERR(cfg_get(n, "target"), err, el, "expected stderr or syslog");
+				r = -EINVAL;
+			}
+		}
+		free(s);
+		s = NULL;
+		if (r == 0)
+			r = get_string(n, "facility", &s, err, el);
+		if (r == 0 && s && log_facility_from_name(s, &c->log.facility) < 0) {
+			ERR(cfg_get(n, "facility"), err, el, "unknown syslog facility \"%.50s\"", s);
+			r = -EINVAL;
+		}
+		free(s);
+		s = NULL;
+		if (r == 0)
+			r = get_string(n, "level", &s, err, el);
+		if (r == 0 && s && log_level_from_name(s, &c->log.level) < 0) {
+			ERR(cfg_get(n, "level"), err, el,
+			    "expected debug, info, notice, warning or error");
+			r = -EINVAL;
+		}
+		free(s);
+	}
+	if (r == 0 && (n = cfg_get(root, "control")))
+		r = get_listen(n, &c->control, true, err, el);
+	if (r == 0) {
+		n = cfg_get(root, "milter");
+		if (!n) {
+			cfg_error(root, err, el, "a milter { listen = ...; } block is required");
+			r = -EINVAL;
+		} else {
+			r = load_milter(n, c, err, el);
+		}
+	}
+	if (r == 0)
+		r = cfg_check_unused(root, err, el);
+	return r;
+}
+
+int config_load(const char *path, struct sluice_config **ret, char *err, size_t errlen)
+{
+	struct cfg_node *root = NULL;
+	err[0] = '\0';
+	int r = cfg_parse_file(path, &root, err, errlen);
+	if (r < 0)
+		return r;
+	struct sluice_config *c = calloc(1, sizeof(*c));
+	if (!c) {
+		cfg_free(root);
+		return -ENOMEM;
+	}
+	c->path = strdup(path);
+	c->stats_interval_ms = 300 * 1000;
+	c->shutdown_timeout_ms = 30 * 1000;
+	c->log.target = LOG_TARGET_STDERR;
+	c->log.facility = LOG_MAIL;
+	c->log.level = LOG_LEVEL_INFO;
+	c->control.mode = 0660;
+	c->milter.listen.mode = 0660;
+	c->milter.max_sessions = 10000;
+	c->milter.idle_timeout_ms = 2 * 3600 * 1000;
+	c->milter.command_timeout_ms = 300 * 1000;
+	c->milter.max_packet = MILTER_LEN_CAP_DEFAULT;
+	r = c->path ? load(root, c, err, errlen) : -ENOMEM;
+	cfg_free(root);
+	if (r < 0) {
+		if (!err[0])
+			snprintf(err, errlen, "%s: %s", path, strerror(-r));
+		config_free(c);
+		return r;
+	}
+	*ret = c;
+	return 0;
+}
+
+static void listen_conf_clear(struct listen_conf *lc)
+{
+	for (size_t i = 0; i < lc->n; i++)
+		free(lc->addr[i]);
+	lc->n = 0;
+}
+
+struct sluice_config *config_free(struct sluice_config *c)
+{
+	if (!c)
+		return NULL;
+	free(c->path);
+	free(c->pid_file);
+	listen_conf_clear(&c->control);
+	listen_conf_clear(&c->milter.listen);
+	milter_static_conf_clear(&c->milter.handler);
+	free(c);
+	return NULL;
+}

@@ -1,0 +1,53 @@
+/*
+ * config -- sluiced's configuration: the schema over the cfg tree.
+ *
+ * Loading is all or nothing: a file with any error yields no configuration, and the error
+ * names file, line and key.  A loaded configuration is immutable; reload builds a new one.
+ */
+#ifndef SLUICE_CONFIG_H
+#define SLUICE_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "build_config.h"
+#include "log.h"
+#include "milter_static.h"
+
+#define CONFIG_DEFAULT_PATH SLUICE_SYSCONFDIR "/sluice.conf"
+#define CONFIG_MAX_LISTEN 16
+
+struct listen_conf {
+	char *addr[CONFIG_MAX_LISTEN];
+	size_t n;
+	unsigned mode; /* unix sockets; 0 = leave umask result */
+};
+
+struct sluice_config {
+	char *path;
+	unsigned workers;            /* 0 = number of CPUs */
+	int64_t stats_interval_ms;   /* 0 = off */
+	int64_t shutdown_timeout_ms; /* drain deadline on SIGTERM */
+	char *pid_file;              /* with -d */
+	struct {
+		enum log_target target;
+		int facility;
+		enum log_level level;
+	} log;
+	struct listen_conf control;
+	struct {
+		struct listen_conf listen;
+		unsigned max_sessions;
+		int64_t idle_timeout_ms;
+		int64_t command_timeout_ms;
+		uint64_t max_packet;
+		struct milter_static_conf handler;
+	} milter;
+};
+
+/* Load and check a file.  0 and *ret, or <0 with err "FILE:LINE: KEY: message". */
+int config_load(const char *path, struct sluice_config **ret, char *err, size_t errlen);
+struct sluice_config *config_free(struct sluice_config *c);
+
+#endif

@@ -1,0 +1,477 @@
+/*
+ * daemon -- sluiced's life cycle (see sluiced(8)).
+ *
+ * Start: load the configuration (all errors name file, line and key), raise the file
+ * descriptor limit, bind every listener, start the fixed worker pool, then run the main
+ * loop (listeners, signals, statistics).  SIGHUP reloads: a new configuration is built
+ * beside the running one and swapped in only if it loads completely.  SIGTERM/SIGINT stop
+ * accepting and let sessions drain until shutdown_timeout, then close what remains.
+ */
+#include <errno.h>
+#include <event2/event.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "build_config.h"
+#include "config.h"
+#include "control_service.h"
+#include "daemon.h"
+#include "engine.h"
+#include "milter_session.h"
+#include "milter_static.h"
+#include "util.h"
+
+struct daemon {
+	struct event_base *base;
+	struct engine *e;
+	struct sluice_config *cfg;
+	pthread_mutex_t cfg_lock; /* cfg is read by control sessions on workers */
+	struct service *milter;
+	struct service *control;
+	struct event *ev_term, *ev_int, *ev_hup, *ev_stats, *ev_drain;
+	const char *config_path;
+	uint64_t drain_deadline_ms;
+	uint64_t started_ms;
+	bool stopping;
+	bool daemonized;
+	char *pid_file;
+	unsigned long reloads;
+	rlim_t nofile;
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: sluiced [-c FILE] [-t] [-d [-p PIDFILE]]\n"
+		"  -c FILE   configuration file (default %s)\n"
+		"  -t        check the configuration and exit (0 ok, 1 error)\n"
+		"  -d        detach into the background (default: run in the foreground)\n"
+		"  -p FILE   pid file written with -d (default: pid_file from the configuration)\n"
+		"  -V        print the version\n",
+		CONFIG_DEFAULT_PATH);
+}
+
+static void apply_limits(struct daemon *d, const struct sluice_config *c)
+{
+	struct service_limits lim = {
+		.max_sessions = c->milter.max_sessions,
+		.idle_timeout_ms = (uint64_t)c->milter.idle_timeout_ms,
+		.command_timeout_ms = (uint64_t)c->milter.command_timeout_ms,
+		.max_input = c->milter.max_packet + 65536,
+	};
+	service_set_limits(d->milter, &lim);
+	if (d->control) {
+		struct service_limits cl = { .max_sessions = 64,
+					     .idle_timeout_ms = 60 * 1000,
+					     .command_timeout_ms = 10 * 1000,
+					     .max_input = 64 * 1024 };
+		service_set_limits(d->control, &cl);
+	}
+}
+
+static struct milter_service_conf milter_conf(const struct sluice_config *c)
+{
+	return (struct milter_service_conf){ .max_packet = c->milter.max_packet,
+					     .max_macros = 64 * 1024 };
+}
+
+static void log_stats(struct daemon *d, bool reset)
+{
+	for (size_t i = 0; engine_service(d->e, i); i++) {
+		struct service_stats st;
+		service_stats(engine_service(d->e, i), reset, &st);
+		const struct service_counters *c = &st.interval;
+		log_info("stats svc=%s interval=%.0fs connections=%llu sessions=%llu current=%llu "
+			 "peak=%llu refused=%llu protocol_errors=%llu timeouts=%llu "
+			 "duration_min=%.6f duration_mean=%.6f duration_max=%.6f duration_sd=%.6f "
+			 "work_min=%.6f work_mean=%.6f work_max=%.6f work_sd=%.6f",
+			 st.name, st.interval_seconds, (unsigned long long)c->connections,
+			 (unsigned long long)c->sessions, (unsigned long long)st.current,
+			 (unsigned long long)st.peak, (unsigned long long)c->refused,
+			 (unsigned long long)c->protocol_errors, (unsigned long long)c->timeouts,
+			 c->duration.n ? c->duration.min : 0.0, c->duration.mean,
+			 c->duration.n ? c->duration.max : 0.0, stat_acc_stddev(&c->duration),
+			 c->work.n ? c->work.min : 0.0, c->work.mean, c->work.n ? c->work.max : 0.0,
+			 stat_acc_stddev(&c->work));
+	}
+}
+
+static void arm_stats(struct daemon *d)
+{
+	event_del(d->ev_stats);
+	int64_t ms = d->cfg->stats_interval_ms;
+	if (ms <= 0)
+		return;
+	struct timeval tv = { .tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000 };
+	event_add(d->ev_stats, &tv);
+}
+
+static void on_stats(evutil_socket_t fd, short what, void *arg)
+{
+	struct daemon *d = arg;
+	(void)fd;
+	(void)what;
+	log_stats(d, true);
+	arm_stats(d);
+}
+
+static bool listen_equal(const struct listen_conf *a, const struct listen_conf *b)
+{
+	if (a->n != b->n || a->mode != b->mode)
+		return false;
+	for (size_t i = 0; i < a->n; i++)
+		if (strcmp(a->addr[i], b->addr[i]) != 0)
+			return false;
+	return true;
+}
+
+static void reload(struct daemon *d)
+{
+	char err[1024];
+	struct sluice_config *nc = NULL;
+	int r = config_load(d->config_path, &nc, err, sizeof(err));
+	if (r < 0) {
+		log_error("reload failed, keeping the running configuration: %s", err);
+		return;
+	}
+	struct sluice_config *old = d->cfg;
+	if (!listen_equal(&old->milter.listen, &nc->milter.listen) ||
+	    !listen_equal(&old->control, &nc->control))
+		log_warning("reload: listen addresses changed; they take effect at the next restart");
+	if (nc->workers != old->workers)
+		log_warning("reload: workers changed; it takes effect at the next restart");
+	struct milter_handler *h = milter_static_new(&nc->milter.handler);
+	if (!h) {
+		log_error("reload failed: out of memory; keeping the running configuration");
+		config_free(nc);
+		return;
+	}
+	log_setup(nc->log.target, nc->log.facility, nc->log.level);
+	milter_service_set_handler(d->milter, h);
+	struct milter_service_conf mc = milter_conf(nc);
+	milter_service_set_conf(d->milter, &mc);
+	pthread_mutex_lock(&d->cfg_lock);
+	d->cfg = nc;
+	pthread_mutex_unlock(&d->cfg_lock);
+	apply_limits(d, nc);
+	arm_stats(d);
+	config_free(old);
+	d->reloads++;
+	log_notice("configuration reloaded from %s", d->config_path);
+}
+
+static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
+{
+	struct daemon *d = arg;
+	(void)fd;
+	(void)what;
+	unsigned n = engine_sessions(d->e);
+	if (n == 0) {
+		log_notice("all sessions ended; exiting");
+		event_base_loopexit(d->base, NULL);
+		return;
+	}
+	if (now_ms() >= d->drain_deadline_ms) {
+		log_notice("shutdown deadline reached; closing %u sessions", n);
+		event_base_loopexit(d->base, NULL);
+		return;
+	}
+	struct timeval tv = { 0, 100 * 1000 };
+	event_add(d->ev_drain, &tv);
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+	struct daemon *d = arg;
+	(void)what;
+	if (sig == SIGHUP) {
+		log_notice("SIGHUP: reloading %s", d->config_path);
+		reload(d);
+		return;
+	}
+	if (d->stopping) {
+		log_notice("second stop signal: closing all sessions now");
+		event_base_loopexit(d->base, NULL);
+		return;
+	}
+	d->stopping = true;
+	engine_stop_listening(d->e);
+	d->drain_deadline_ms = now_ms() + (uint64_t)d->cfg->shutdown_timeout_ms;
+	log_notice("%s: stopped accepting; draining %u sessions (deadline %.1fs)",
+		   sig == SIGTERM ? "SIGTERM" : "SIGINT", engine_sessions(d->e),
+		   (double)d->cfg->shutdown_timeout_ms / 1000.0);
+	on_drain_tick(-1, 0, d);
+}
+
+int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct buf *out,
+		   bool *ret_ok)
+{
+	bool json = false;
+	for (size_t i = 1; i < argc; i++)
+		if (str_eq_cstr(argv[i], "--json") || str_eq_cstr(argv[i], "json"))
+			json = true;
+	if (str_eq_cstr(argv[0], "stats")) {
+		if (json)
+			buf_append_byte(out, '{');
+		for (size_t i = 0; engine_service(d->e, i); i++) {
+			struct service_stats st;
+			service_stats(engine_service(d->e, i), false, &st);
+			if (json) {
+				if (i)
+					buf_append_byte(out, ',');
+				service_stats_json(out, &st);
+			} else {
+				service_stats_format(out, &st);
+			}
+		}
+		if (json)
+			buf_append_cstr(out, "}\n");
+		*ret_ok = true;
+		return 0;
+	}
+	if (str_eq_cstr(argv[0], "status")) {
+		pthread_mutex_lock(&d->cfg_lock);
+		const char *path = d->cfg->path;
+		double up = (double)(now_ms() - d->started_ms) / 1000.0;
+		if (json)
+			buf_printf(out,
+				   "{\"version\":\"%s\",\"pid\":%ld,\"uptime\":%.0f,\"workers\":%u,"
+				   "\"sessions\":%u,\"reloads\":%lu,\"stopping\":%s,"
+				   "\"nofile\":%llu}\n",
+				   SLUICE_VERSION, (long)getpid(), up, engine_workers(d->e),
+				   engine_sessions(d->e), d->reloads, d->stopping ? "true" : "false",
+				   (unsigned long long)d->nofile);
+		else
+			buf_printf(out,
+				   "sluiced %s running, pid %ld, up %.0f s\n"
+				   "configuration: %s (reloaded %lu times)\n"
+				   "workers: %u, sessions open: %u, file descriptor limit: %llu%s\n",
+				   SLUICE_VERSION, (long)getpid(), up, path, d->reloads,
+				   engine_workers(d->e), engine_sessions(d->e),
+				   (unsigned long long)d->nofile, d->stopping ? "\nstopping" : "");
+		pthread_mutex_unlock(&d->cfg_lock);
+		*ret_ok = true;
+		return 0;
+	}
+	if (str_eq_cstr(argv[0], "reload")) {
+		/* Check the file here so the operator sees the error; the main thread
+		 * reloads (and checks again) on the signal. */
+		char err[1024];
+		struct sluice_config *nc = NULL;
+		if (config_load(d->config_path, &nc, err, sizeof(err)) < 0) {
+			buf_printf(out, "%s\nthe running configuration is kept\n", err);
+			*ret_ok = false;
+			return 0;
+		}
+		config_free(nc);
+		kill(getpid(), SIGHUP);
+		buf_printf(out, "reloading %s\n", d->config_path);
+		*ret_ok = true;
+		return 0;
+	}
+	if (str_eq_cstr(argv[0], "help")) {
+		buf_append_cstr(out, "commands: status [--json], stats [--json], reload, help\n");
+		*ret_ok = true;
+		return 0;
+	}
+	char q[128];
+	buf_printf(out, "unknown command \"%s\" (try help)\n", log_quote(q, sizeof(q), argv[0], 40));
+	*ret_ok = false;
+	return 0;
+}
+
+static void raise_nofile(struct daemon *d)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		return;
+	if (rl.rlim_cur < rl.rlim_max) {
+		rlim_t want = rl.rlim_max;
+		rl.rlim_cur = want;
+		if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+			log_warning("cannot raise the file descriptor limit to %llu: %s",
+				    (unsigned long long)want, strerror(errno));
+		getrlimit(RLIMIT_NOFILE, &rl);
+	}
+	d->nofile = rl.rlim_cur;
+	unsigned need = d->cfg->milter.max_sessions + 64;
+	if (d->cfg->milter.max_sessions && d->nofile < need)
+		log_warning("file descriptor limit %llu is below milter max_sessions %u + 64: "
+			    "connections beyond it will wait in the listen queue",
+			    (unsigned long long)d->nofile, d->cfg->milter.max_sessions);
+}
+
+static int open_listeners(struct daemon *d)
+{
+	char err[512];
+	const struct sluice_config *c = d->cfg;
+	for (size_t i = 0; i < c->milter.listen.n; i++) {
+		err[0] = '\0';
+		if (service_listen(d->milter, c->milter.listen.addr[i], c->milter.listen.mode, err,
+				   sizeof(err)) < 0) {
+			log_error("milter listen %s", err);
+			return -1;
+		}
+		log_info("milter listening on %s", c->milter.listen.addr[i]);
+	}
+	for (size_t i = 0; i < c->control.n; i++) {
+		err[0] = '\0';
+		if (service_listen(d->control, c->control.addr[i], c->control.mode, err, sizeof(err)) < 0) {
+			log_error("control listen %s", err);
+			return -1;
+		}
+		log_info("control listening on %s", c->control.addr[i]);
+	}
+	return 0;
+}
+
+static int write_pid_file(const char *path)
+{
+	char tmp[4096], line[32];
+	if (fmt_fixed(tmp, sizeof(tmp), "%s.tmp", path) < 0)
+		return -ENAMETOOLONG;
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return -errno;
+	int n = snprintf(line, sizeof(line), "%ld\n", (long)getpid());
+	if (write(fd, line, (size_t)n) != n || close(fd) < 0 || rename(tmp, path) < 0) {
+		unlink(tmp);
+		return -EIO;
+	}
+	return 0;
+}
+
+static int detach(void)
+{
+	pid_t pid = fork();
+	if (pid < 0)
+		return -errno;
+	if (pid > 0)
+		_exit(0);
+	if (setsid() < 0)
+		return -errno;
+	pid = fork();
+	if (pid < 0)
+		return -errno;
+	if (pid > 0)
+		_exit(0);
+	int fd = open("/dev/null", O_RDWR);
+	if (fd >= 0) {
+		dup2(fd, STDIN_FILENO);
+		dup2(fd, STDOUT_FILENO);
+		if (fd > STDERR_FILENO)
+			close(fd);
+	}
+	return 0;
+}
+
+int daemon_main(int argc, char **argv)
+{
+	const char *path = CONFIG_DEFAULT_PATH, *pid_file = NULL;
+	bool check = false, background = false;
+	int opt;
+	while ((opt = getopt(argc, argv, "c:tdp:Vh")) != -1) {
+		switch (opt) {
+		case 'c': path = optarg; break;
+		case 't': check = true; break;
+		case 'd': background = true; break;
+		case 'p': pid_file = optarg; break;
+		case 'V': printf("sluiced %s\n", SLUICE_VERSION); return 0;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (optind != argc) {
+		usage(stderr);
+		return 2;
+	}
+	struct daemon d = { .config_path = path, .started_ms = now_ms() };
+	pthread_mutex_init(&d.cfg_lock, NULL);
+	char err[1024];
+	if (config_load(path, &d.cfg, err, sizeof(err)) < 0) {
+		fprintf(stderr, "sluiced: %s\n", err);
+		return 1;
+	}
+	if (check) {
+		printf("sluiced: %s: configuration ok\n", path);
+		config_free(d.cfg);
+		return 0;
+	}
+	if (background && d.cfg->log.target == LOG_TARGET_STDERR)
+		fprintf(stderr, "sluiced: warning: -d with log target stderr: logs go to /dev/null "
+				"unless stderr is redirected\n");
+	log_setup(d.cfg->log.target, d.cfg->log.facility, d.cfg->log.level);
+	signal(SIGPIPE, SIG_IGN);
+	raise_nofile(&d);
+
+	d.base = event_base_new();
+	if (!d.base)
+		fatal("cannot create the event loop");
+	d.e = engine_new(d.cfg->workers, d.base);
+	struct milter_handler *h = d.e ? milter_static_new(&d.cfg->milter.handler) : NULL;
+	struct milter_service_conf mc = milter_conf(d.cfg);
+	if (h)
+		d.milter = milter_service_new(d.e, h, &mc);
+	if (d.milter && d.cfg->control.n)
+		d.control = control_service_new(d.e, &d);
+	if (!d.e || !h || !d.milter || (d.cfg->control.n && !d.control))
+		fatal("out of memory at start");
+	apply_limits(&d, d.cfg);
+	if (open_listeners(&d) < 0) {
+		engine_free(d.e);
+		config_free(d.cfg);
+		event_base_free(d.base);
+		return 1;
+	}
+	if (background) {
+		if (detach() < 0)
+			fatal("cannot detach: %s", strerror(errno));
+		/* libevent's epoll fd survives fork() in the child that continues; the parent
+		 * exits without touching it. */
+		event_reinit(d.base);
+		d.pid_file = strdup(pid_file ? pid_file : d.cfg->pid_file ? d.cfg->pid_file : "");
+		if (d.pid_file && d.pid_file[0] && write_pid_file(d.pid_file) < 0)
+			fatal("cannot write pid file %s", d.pid_file);
+	}
+	if (engine_start(d.e) < 0)
+		fatal("cannot start worker threads");
+	d.ev_term = evsignal_new(d.base, SIGTERM, on_signal, &d);
+	d.ev_int = evsignal_new(d.base, SIGINT, on_signal, &d);
+	d.ev_hup = evsignal_new(d.base, SIGHUP, on_signal, &d);
+	d.ev_stats = evtimer_new(d.base, on_stats, &d);
+	d.ev_drain = evtimer_new(d.base, on_drain_tick, &d);
+	if (!d.ev_term || !d.ev_int || !d.ev_hup || !d.ev_stats || !d.ev_drain ||
+	    event_add(d.ev_term, NULL) < 0 || event_add(d.ev_int, NULL) < 0 ||
+	    event_add(d.ev_hup, NULL) < 0)
+		fatal("cannot install signal handlers");
+	arm_stats(&d);
+	log_notice("sluiced %s started: %u workers, configuration %s, file descriptor limit %llu",
+		   SLUICE_VERSION, engine_workers(d.e), path, (unsigned long long)d.nofile);
+	event_base_dispatch(d.base);
+
+	log_stats(&d, false);
+	engine_stop_listening(d.e);
+	engine_stop(d.e);
+	engine_free(d.e);
+	event_free(d.ev_term);
+	event_free(d.ev_int);
+	event_free(d.ev_hup);
+	event_free(d.ev_stats);
+	event_free(d.ev_drain);
+	event_base_free(d.base);
+	if (d.pid_file && d.pid_file[0])
+		unlink(d.pid_file);
+	free(d.pid_file);
+	config_free(d.cfg);
+	pthread_mutex_destroy(&d.cfg_lock);
+	log_notice("sluiced stopped");
+	return 0;
+}

@@ -1,0 +1,856 @@
+/*
+ * engine -- worker pool, listeners and sessions (see engine.h).
+ *
+ * Threads: the caller's thread runs main_base (listeners, signals, timers of the daemon);
+ * each worker runs its own event_base.  The only cross-thread paths are the worker queue
+ * (mutex + eventfd), the per-service counters (atomics), and the per-worker stats shards
+ * (a mutex each, taken once per session start/end and by the stats reader).
+ */
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include "engine.h"
+#include "listen.h"
+#include "util.h"
+
+#define ENGINE_MAX_WORKERS 256
+#define ENGINE_MAX_SERVICES 16
+#define ACCEPT_BATCH 64
+#define ACCEPT_BACKOFF_MS 500
+
+struct stats_shard {
+	pthread_mutex_t lock;
+	struct service_counters total;
+	struct service_counters interval;
+};
+
+struct service {
+	struct engine *e;
+	char *name;
+	const struct service_ops *ops;
+	void *arg;
+	_Atomic unsigned max_sessions;
+	_Atomic uint64_t idle_timeout_ms;
+	_Atomic uint64_t command_timeout_ms;
+	_Atomic size_t max_input;
+	_Atomic uint64_t current;
+	_Atomic uint64_t peak;
+	struct stats_shard *shards; /* one per worker, plus one for the main thread */
+	uint64_t interval_start_ns;
+	pthread_mutex_t interval_lock;
+};
+
+struct listener {
+	struct listener *next;
+	struct service *svc;
+	struct listen_addr addr;
+	int fd;
+	struct event *ev;
+	struct event *backoff;
+	bool logged_exhaustion;
+};
+
+enum worker_msg_type {
+	WORKER_MSG_SESSION = 0,
+	WORKER_MSG_STOP,
+};
+
+struct worker_msg {
+	enum worker_msg_type type;
+	int fd;
+	struct service *svc;
+	char peer[96];
+};
+
+struct session {
+	struct session *prev, *next; /* worker's list */
+	struct worker *w;
+	struct service *svc;
+	struct bufferevent *bev;
+	struct event *timer;
+	void *data;
+	uint64_t id;
+	uint64_t start_ns;
+	uint64_t work_ns;
+	bool opened;
+	bool closing;
+	bool paused;
+	bool in_input; /* inside ops->input: defer frees */
+	bool dead;     /* freed when in_input unwinds */
+	bool timed_out;
+	bool proto_error;
+	char peer[96];
+};
+
+struct worker {
+	struct engine *e;
+	unsigned idx;
+	pthread_t thread;
+	struct event_base *base;
+	int notify_fd;
+	struct event *notify_ev;
+	pthread_mutex_t lock;
+	struct worker_msg *queue;
+	size_t queue_len, queue_cap;
+	_Atomic unsigned nsessions;
+	struct session *sessions;
+};
+
+struct engine {
+	struct event_base *main_base;
+	unsigned nworkers;
+	struct worker *workers;
+	struct service *services[ENGINE_MAX_SERVICES];
+	size_t nservices;
+	struct listener *listeners;
+	bool started;
+	uint64_t start_ns;
+};
+
+static _Atomic uint64_t session_seq;
+
+/* ---- services ---- */
+
+struct service *service_new(struct engine *e, const char *name, const struct service_ops *ops,
+			    void *arg)
+{
+	if (e->nservices == ENGINE_MAX_SERVICES)
+		return NULL;
+	struct service *svc = calloc(1, sizeof(*svc));
+	if (!svc)
+		return NULL;
+	svc->e = e;
+	svc->name = strdup(name);
+	svc->ops = ops;
+	svc->arg = arg;
+	svc->shards = calloc(e->nworkers + 1, sizeof(*svc->shards));
+	if (!svc->name || !svc->shards) {
+		free(svc->name);
+		free(svc->shards);
+		free(svc);
+		return NULL;
+	}
+	for (unsigned i = 0; i <= e->nworkers; i++)
+		pthread_mutex_init(&svc->shards[i].lock, NULL);
+	pthread_mutex_init(&svc->interval_lock, NULL);
+	svc->interval_start_ns = now_ns();
+	struct service_limits lim = { .max_sessions = 0,
+				      .idle_timeout_ms = 3600 * 1000,
+				      .command_timeout_ms = 300 * 1000,
+				      .max_input = 1 << 20 };
+	service_set_limits(svc, &lim);
+	e->services[e->nservices++] = svc;
+	return svc;
+}
+
+static struct service *service_free(struct service *svc)
+{
+	if (!svc)
+		return NULL;
+	if (svc->ops->free_arg)
+		svc->ops->free_arg(svc->arg);
+	for (unsigned i = 0; i <= svc->e->nworkers; i++)
+		pthread_mutex_destroy(&svc->shards[i].lock);
+	pthread_mutex_destroy(&svc->interval_lock);
+	free(svc->shards);
+	free(svc->name);
+	free(svc);
+	return NULL;
+}
+
+const char *service_name(const struct service *svc)
+{
+	return svc->name;
+}
+
+void *service_arg(const struct service *svc)
+{
+	return svc->arg;
+}
+
+void service_set_limits(struct service *svc, const struct service_limits *lim)
+{
+	atomic_store(&svc->max_sessions, lim->max_sessions);
+	atomic_store(&svc->idle_timeout_ms, lim->idle_timeout_ms);
+	atomic_store(&svc->command_timeout_ms, lim->command_timeout_ms);
+	atomic_store(&svc->max_input, lim->max_input);
+}
+
+struct service *engine_service(struct engine *e, size_t i)
+{
+	return i < e->nservices ? e->services[i] : NULL;
+}
+
+/* Count into the shard of the calling thread (idx nworkers = main thread). */
+static void shard_count(struct service *svc, unsigned idx,
+			void (*fn)(struct service_counters *c, const void *arg), const void *arg)
+{
+	struct stats_shard *sh = &svc->shards[idx];
+	pthread_mutex_lock(&sh->lock);
+	fn(&sh->total, arg);
+	fn(&sh->interval, arg);
+	pthread_mutex_unlock(&sh->lock);
+}
+
+static void count_connection(struct service_counters *c, const void *arg)
+{
+	(void)arg;
+	c->connections++;
+}
+
+static void count_refused(struct service_counters *c, const void *arg)
+{
+	(void)arg;
+	c->refused++;
+}
+
+struct session_end {
+	double duration, work;
+	bool proto_error, timed_out;
+};
+
+static void count_end(struct service_counters *c, const void *arg)
+{
+	const struct session_end *se = arg;
+	c->sessions++;
+	stat_acc_add(&c->duration, se->duration);
+	stat_acc_add(&c->work, se->work);
+	if (se->proto_error)
+		c->protocol_errors++;
+	if (se->timed_out)
+		c->timeouts++;
+}
+
+void service_stats(struct service *svc, bool reset_interval, struct service_stats *ret)
+{
+	struct service_stats st = { .name = svc->name };
+	uint64_t now = now_ns();
+	pthread_mutex_lock(&svc->interval_lock);
+	st.interval_seconds = (double)(now - svc->interval_start_ns) / 1e9;
+	if (reset_interval)
+		svc->interval_start_ns = now;
+	for (unsigned i = 0; i <= svc->e->nworkers; i++) {
+		struct stats_shard *sh = &svc->shards[i];
+		pthread_mutex_lock(&sh->lock);
+		service_counters_merge(&st.total, &sh->total);
+		service_counters_merge(&st.interval, &sh->interval);
+		if (reset_interval)
+			memset(&sh->interval, 0, sizeof(sh->interval));
+		pthread_mutex_unlock(&sh->lock);
+	}
+	pthread_mutex_unlock(&svc->interval_lock);
+	st.current = atomic_load(&svc->current);
+	st.peak = atomic_load(&svc->peak);
+	st.uptime_seconds = (double)(now - svc->e->start_ns) / 1e9;
+	*ret = st;
+}
+
+/* ---- sessions ---- */
+
+void *session_data(const struct session *s)
+{
+	return s->data;
+}
+
+void session_set_data(struct session *s, void *data)
+{
+	s->data = data;
+}
+
+struct service *session_service(const struct session *s)
+{
+	return s->svc;
+}
+
+struct event_base *session_base(const struct session *s)
+{
+	return s->w->base;
+}
+
+uint64_t session_id(const struct session *s)
+{
+	return s->id;
+}
+
+const char *session_peer(const struct session *s)
+{
+	return s->peer;
+}
+
+void session_log(struct session *s, enum log_level level, const char *fmt, ...)
+{
+	if (!log_enabled(level))
+		return;
+	char msg[2048];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	log_msg(level, "sid=%llx svc=%s peer=%s %s", (unsigned long long)s->id, s->svc->name,
+		s->peer, msg);
+}
+
+static void session_free(struct session *s)
+{
+	if (s->in_input) {
+		s->dead = true;
+		return;
+	}
+	struct worker *w = s->w;
+	struct service *svc = s->svc;
+	if (s->timer)
+		event_free(s->timer);
+	if (s->bev)
+		bufferevent_free(s->bev); /* closes the fd (BEV_OPT_CLOSE_ON_FREE) */
+	if (s->opened && svc->ops->close)
+		svc->ops->close(s);
+	if (s->prev)
+		s->prev->next = s->next;
+	else
+		w->sessions = s->next;
+	if (s->next)
+		s->next->prev = s->prev;
+	struct session_end se = {
+		.duration = (double)(now_ns() - s->start_ns) / 1e9,
+		.work = (double)s->work_ns / 1e9,
+		.proto_error = s->proto_error,
+		.timed_out = s->timed_out,
+	};
+	shard_count(svc, w->idx, count_end, &se);
+	atomic_fetch_sub(&svc->current, 1);
+	atomic_fetch_sub(&w->nsessions, 1);
+	free(s);
+}
+
+static void session_arm_timer(struct session *s)
+{
+	if (s->closing)
+		return;
+	struct evbuffer *in = bufferevent_get_input(s->bev);
+	struct evbuffer *out = bufferevent_get_output(s->bev);
+	uint64_t ms;
+	if (s->paused)
+		ms = atomic_load(&s->svc->command_timeout_ms);
+	else if (evbuffer_get_length(in) || evbuffer_get_length(out))
+		ms = atomic_load(&s->svc->command_timeout_ms);
+	else
+		ms = atomic_load(&s->svc->idle_timeout_ms);
+	struct timeval tv = { .tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000 };
+	event_add(s->timer, &tv);
+}
+
+static void session_run_input(struct session *s)
+{
+	if (s->paused || s->closing)
+		return;
+	struct evbuffer *in = bufferevent_get_input(s->bev);
+	if (evbuffer_get_length(in) == 0)
+		return;
+	uint64_t t0 = now_ns();
+	s->in_input = true;
+	s->svc->ops->input(s, in);
+	s->in_input = false;
+	s->work_ns += now_ns() - t0;
+	if (s->dead) {
+		s->dead = false;
+		session_free(s);
+		return;
+	}
+	session_arm_timer(s);
+}
+
+static void on_read(struct bufferevent *bev, void *arg)
+{
+	(void)bev;
+	session_run_input(arg);
+}
+
+static void on_drained(struct bufferevent *bev, void *arg)
+{
+	struct session *s = arg;
+	(void)bev;
+	if (s->closing)
+		session_free(s);
+	else
+		session_arm_timer(s);
+}
+
+static void on_event(struct bufferevent *bev, short what, void *arg)
+{
+	struct session *s = arg;
+	(void)bev;
+	if (what & BEV_EVENT_ERROR) {
+		int err = EVUTIL_SOCKET_ERROR();
+		if (err != ECONNRESET && err != EPIPE)
+			session_log(s, LOG_LEVEL_INFO, "connection error: %s", strerror(err));
+	}
+	/* EOF: everything read before it has been delivered by on_read already.  EOF at any
+	 * point is a normal end of session (ABORT + QUIT for milter). */
+	session_free(s);
+}
+
+static void on_timer(evutil_socket_t fd, short what, void *arg)
+{
+	struct session *s = arg;
+	(void)fd;
+	(void)what;
+	if (s->closing) {
+		session_free(s);
+		return;
+	}
+	struct evbuffer *in = bufferevent_get_input(s->bev);
+	struct evbuffer *out = bufferevent_get_output(s->bev);
+	bool cmd = s->paused || evbuffer_get_length(in) || evbuffer_get_length(out);
+	session_log(s, LOG_LEVEL_INFO, "%s timeout, closing", cmd ? "command" : "idle");
+	s->timed_out = true;
+	session_free(s);
+}
+
+int session_write(struct session *s, const void *p, size_t n)
+{
+	if (s->closing)
+		return 0;
+	if (bufferevent_write(s->bev, p, n) < 0)
+		return -ENOMEM;
+	return 0;
+}
+
+void session_pause(struct session *s)
+{
+	s->paused = true;
+	bufferevent_disable(s->bev, EV_READ);
+	session_arm_timer(s);
+}
+
+void session_resume(struct session *s)
+{
+	if (!s->paused)
+		return;
+	s->paused = false;
+	bufferevent_enable(s->bev, EV_READ);
+	if (!s->in_input)
+		session_run_input(s);
+}
+
+void session_close(struct session *s)
+{
+	if (s->closing)
+		return;
+	s->closing = true;
+	bufferevent_disable(s->bev, EV_READ);
+	if (evbuffer_get_length(bufferevent_get_output(s->bev)) == 0) {
+		session_free(s);
+		return;
+	}
+	/* on_drained frees it; the timer bounds a peer that never reads. */
+	uint64_t ms = atomic_load(&s->svc->command_timeout_ms);
+	struct timeval tv = { .tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000 };
+	event_add(s->timer, &tv);
+}
+
+void session_protocol_error(struct session *s, const char *why)
+{
+	session_log(s, LOG_LEVEL_WARNING, "protocol error: %s; closing", why);
+	s->proto_error = true;
+	s->closing = true;
+	session_free(s);
+}
+
+static void session_start(struct worker *w, const struct worker_msg *m)
+{
+	struct service *svc = m->svc;
+	struct session *s = calloc(1, sizeof(*s));
+	if (!s) {
+		close(m->fd);
+		goto undo;
+	}
+	s->w = w;
+	s->svc = svc;
+	s->id = atomic_fetch_add(&session_seq, 1) + 1;
+	s->start_ns = now_ns();
+	memcpy(s->peer, m->peer, sizeof(s->peer));
+	s->bev = bufferevent_socket_new(w->base, m->fd, BEV_OPT_CLOSE_ON_FREE);
+	s->timer = evtimer_new(w->base, on_timer, s);
+	if (!s->bev || !s->timer) {
+		if (s->timer)
+			event_free(s->timer);
+		if (s->bev)
+			bufferevent_free(s->bev);
+		else
+			close(m->fd);
+		free(s);
+		goto undo;
+	}
+	s->next = w->sessions;
+	if (w->sessions)
+		w->sessions->prev = s;
+	w->sessions = s;
+	bufferevent_setcb(s->bev, on_read, on_drained, on_event, s);
+	size_t hw = atomic_load(&svc->max_input);
+	bufferevent_setwatermark(s->bev, EV_READ, 0, hw);
+	if (svc->ops->open && svc->ops->open(s) < 0) {
+		session_log(s, LOG_LEVEL_WARNING, "session refused by the protocol");
+		session_free(s);
+		return;
+	}
+	s->opened = true;
+	bufferevent_enable(s->bev, EV_READ);
+	session_arm_timer(s);
+	return;
+undo:
+	log_error("cannot start a session: out of memory");
+	atomic_fetch_sub(&svc->current, 1);
+	atomic_fetch_sub(&w->nsessions, 1);
+}
+
+/* ---- workers ---- */
+
+static void worker_on_notify(evutil_socket_t fd, short what, void *arg)
+{
+	struct worker *w = arg;
+	(void)what;
+	uint64_t v;
+	if (read(fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+		log_error("worker %u: eventfd read: %s", w->idx, strerror(errno));
+	/* Take the whole queue at once: one lock per wake-up, not per message. */
+	pthread_mutex_lock(&w->lock);
+	struct worker_msg *q = w->queue;
+	size_t n = w->queue_len;
+	w->queue = NULL;
+	w->queue_len = w->queue_cap = 0;
+	pthread_mutex_unlock(&w->lock);
+	for (size_t i = 0; i < n; i++) {
+		if (q[i].type == WORKER_MSG_SESSION) {
+			session_start(w, &q[i]);
+			continue;
+		}
+		while (w->sessions)
+			session_free(w->sessions);
+		event_base_loopbreak(w->base);
+		for (size_t j = i + 1; j < n; j++)
+			if (q[j].type == WORKER_MSG_SESSION) {
+				close(q[j].fd);
+				atomic_fetch_sub(&q[j].svc->current, 1);
+				atomic_fetch_sub(&w->nsessions, 1);
+			}
+		break;
+	}
+	free(q);
+}
+
+static int worker_post(struct worker *w, const struct worker_msg *m)
+{
+	pthread_mutex_lock(&w->lock);
+	if (w->queue_len == w->queue_cap) {
+		size_t cap = w->queue_cap ? w->queue_cap * 2 : 64;
+		struct worker_msg *q = realloc(w->queue, cap * sizeof(*q));
+		if (!q) {
+			pthread_mutex_unlock(&w->lock);
+			return -ENOMEM;
+		}
+		w->queue = q;
+		w->queue_cap = cap;
+	}
+	w->queue[w->queue_len++] = *m;
+	pthread_mutex_unlock(&w->lock);
+	uint64_t one = 1;
+	if (write(w->notify_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		return -errno;
+	return 0;
+}
+
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+	event_base_dispatch(w->base);
+	return NULL;
+}
+
+/* ---- engine ---- */
+
+struct engine *engine_new(unsigned nworkers, struct event_base *main_base)
+{
+	if (nworkers == 0) {
+		long n = sysconf(_SC_NPROCESSORS_ONLN);
+		nworkers = n > 0 ? (unsigned)n : 1;
+	}
+	if (nworkers > ENGINE_MAX_WORKERS)
+		nworkers = ENGINE_MAX_WORKERS;
+	struct engine *e = calloc(1, sizeof(*e));
+	if (!e)
+		return NULL;
+	e->main_base = main_base;
+	e->nworkers = nworkers;
+	e->start_ns = now_ns();
+	e->workers = calloc(nworkers, sizeof(*e->workers));
+	if (!e->workers) {
+		free(e);
+		return NULL;
+	}
+	for (unsigned i = 0; i < nworkers; i++) {
+		struct worker *w = &e->workers[i];
+		w->e = e;
+		w->idx = i;
+		w->notify_fd = -1;
+		pthread_mutex_init(&w->lock, NULL);
+	}
+	return e;
+}
+
+unsigned engine_workers(const struct engine *e)
+{
+	return e->nworkers;
+}
+
+int engine_start(struct engine *e)
+{
+	for (unsigned i = 0; i < e->nworkers; i++) {
+		struct worker *w = &e->workers[i];
+		struct event_config *cfg = event_config_new();
+		if (!cfg)
+			return -ENOMEM;
+		/* Each base is used by one thread only. */
+		event_config_set_flag(cfg, EVENT_BASE_FLAG_NOLOCK);
+		w->base = event_base_new_with_config(cfg);
+		event_config_free(cfg);
+		w->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		if (!w->base || w->notify_fd < 0)
+			return -errno ? -errno : -ENOMEM;
+		w->notify_ev = event_new(w->base, w->notify_fd, EV_READ | EV_PERSIST,
+					 worker_on_notify, w);
+		if (!w->notify_ev || event_add(w->notify_ev, NULL) < 0)
+			return -ENOMEM;
+	}
+	for (unsigned i = 0; i < e->nworkers; i++) {
+		struct worker *w = &e->workers[i];
+		int r = pthread_create(&w->thread, NULL, worker_main, w);
+		if (r != 0)
+			return -r;
+		char name[16];
+		snprintf(name, sizeof(name), "sluiced-w%u", i % 1000);
+		pthread_setname_np(w->thread, name);
+	}
+	e->started = true;
+	return 0;
+}
+
+unsigned engine_sessions(const struct engine *e)
+{
+	unsigned n = 0;
+	for (unsigned i = 0; i < e->nworkers; i++)
+		n += atomic_load(&e->workers[i].nsessions);
+	return n;
+}
+
+static struct worker *least_loaded(struct engine *e)
+{
+	struct worker *best = &e->workers[0];
+	unsigned bn = atomic_load(&best->nsessions);
+	for (unsigned i = 1; i < e->nworkers; i++) {
+		unsigned n = atomic_load(&e->workers[i].nsessions);
+		if (n < bn) {
+			best = &e->workers[i];
+			bn = n;
+		}
+	}
+	return best;
+}
+
+static void format_peer(const struct sockaddr_storage *ss, socklen_t sl, int fd, char *out,
+			size_t outlen)
+{
+	char host[INET6_ADDRSTRLEN];
+	if (ss->ss_family == AF_INET) {
+		const struct sockaddr_in *sin = (const void *)ss;
+		inet_ntop(AF_INET, &sin->sin_addr, host, sizeof(host));
+		snprintf(out, outlen, "%s:%u", host, ntohs(sin->sin_port));
+	} else if (ss->ss_family == AF_INET6) {
+		const struct sockaddr_in6 *sin6 = (const void *)ss;
+		inet_ntop(AF_INET6, &sin6->sin6_addr, host, sizeof(host));
+		snprintf(out, outlen, "[%s]:%u", host, ntohs(sin6->sin6_port));
+	} else if (ss->ss_family == AF_UNIX) {
+		struct ucred cred;
+		socklen_t cl = sizeof(cred);
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0)
+			snprintf(out, outlen, "unix:pid=%ld,uid=%ld", (long)cred.pid, (long)cred.uid);
+		else
+			snprintf(out, outlen, "unix");
+	} else {
+		snprintf(out, outlen, "?");
+	}
+	(void)sl;
+}
+
+static void listener_resume(evutil_socket_t fd, short what, void *arg)
+{
+	struct listener *l = arg;
+	(void)fd;
+	(void)what;
+	if (l->ev)
+		event_add(l->ev, NULL);
+}
+
+static void listener_on_accept(evutil_socket_t lfd, short what, void *arg)
+{
+	struct listener *l = arg;
+	struct service *svc = l->svc;
+	struct engine *e = svc->e;
+	(void)what;
+	for (int i = 0; i < ACCEPT_BATCH; i++) {
+		struct sockaddr_storage ss;
+		socklen_t sl = sizeof(ss);
+		int fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0) {
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				return;
+			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+				/* Out of descriptors: stop accepting for a while instead of spinning on
+				 * a readable listener; log once per episode. */
+				if (!l->logged_exhaustion)
+					log_error("listener %s (%s): cannot accept: %s; %u sessions open; "
+						  "pausing accept (raise the file descriptor limit or "
+						  "lower max_sessions)",
+						  l->addr.text, svc->name, strerror(errno), engine_sessions(e));
+				l->logged_exhaustion = true;
+				event_del(l->ev);
+				struct timeval tv = { 0, ACCEPT_BACKOFF_MS * 1000 };
+				event_add(l->backoff, &tv);
+				return;
+			}
+			log_error("listener %s (%s): accept: %s", l->addr.text, svc->name, strerror(errno));
+			return;
+		}
+		if (l->logged_exhaustion) {
+			log_notice("listener %s (%s): accepting again", l->addr.text, svc->name);
+			l->logged_exhaustion = false;
+		}
+		shard_count(svc, e->nworkers, count_connection, NULL);
+		unsigned max = atomic_load(&svc->max_sessions);
+		uint64_t cur = atomic_load(&svc->current);
+		struct worker_msg m = { .type = WORKER_MSG_SESSION, .fd = fd, .svc = svc };
+		format_peer(&ss, sl, fd, m.peer, sizeof(m.peer));
+		if (max && cur >= max) {
+			if (svc->ops->refuse_msg) {
+				ssize_t wr = write(fd, svc->ops->refuse_msg, strlen(svc->ops->refuse_msg));
+				(void)wr;
+			}
+			close(fd);
+			shard_count(svc, e->nworkers, count_refused, NULL);
+			log_warning("svc=%s peer=%s refused: max_sessions (%u) reached", svc->name,
+				    m.peer, max);
+			continue;
+		}
+		uint64_t now_cur = atomic_fetch_add(&svc->current, 1) + 1;
+		uint64_t pk = atomic_load(&svc->peak);
+		while (now_cur > pk && !atomic_compare_exchange_weak(&svc->peak, &pk, now_cur))
+			;
+		struct worker *w = least_loaded(e);
+		atomic_fetch_add(&w->nsessions, 1);
+		if (worker_post(w, &m) < 0) {
+			close(fd);
+			atomic_fetch_sub(&svc->current, 1);
+			atomic_fetch_sub(&w->nsessions, 1);
+			log_error("svc=%s: cannot hand a connection to a worker", svc->name);
+		}
+	}
+}
+
+int service_listen(struct service *svc, const char *address, unsigned mode, char *err,
+		   size_t errlen)
+{
+	struct engine *e = svc->e;
+	struct listener *l = calloc(1, sizeof(*l));
+	if (!l)
+		return -ENOMEM;
+	int r = listen_addr_parse(address, &l->addr, err, errlen);
+	if (r == 0)
+		r = listen_open(&l->addr, mode, &l->fd, err, errlen);
+	if (r < 0) {
+		free(l);
+		return r;
+	}
+	l->svc = svc;
+	l->ev = event_new(e->main_base, l->fd, EV_READ | EV_PERSIST, listener_on_accept, l);
+	l->backoff = evtimer_new(e->main_base, listener_resume, l);
+	if (!l->ev || !l->backoff || event_add(l->ev, NULL) < 0) {
+		if (l->ev)
+			event_free(l->ev);
+		if (l->backoff)
+			event_free(l->backoff);
+		listen_close(&l->addr, l->fd);
+		free(l);
+		snprintf(err, errlen, "%s: cannot register listener", address);
+		return -ENOMEM;
+	}
+	l->next = e->listeners;
+	e->listeners = l;
+	return 0;
+}
+
+void engine_stop_listening(struct engine *e)
+{
+	while (e->listeners) {
+		struct listener *l = e->listeners;
+		e->listeners = l->next;
+		event_free(l->ev);
+		event_free(l->backoff);
+		listen_close(&l->addr, l->fd);
+		free(l);
+	}
+}
+
+void engine_stop(struct engine *e)
+{
+	if (!e->started)
+		return;
+	for (unsigned i = 0; i < e->nworkers; i++) {
+		struct worker_msg m = { .type = WORKER_MSG_STOP, .fd = -1 };
+		if (worker_post(&e->workers[i], &m) < 0)
+			fatal("cannot stop worker %u", i);
+	}
+	for (unsigned i = 0; i < e->nworkers; i++)
+		pthread_join(e->workers[i].thread, NULL);
+	e->started = false;
+}
+
+struct engine *engine_free(struct engine *e)
+{
+	if (!e)
+		return NULL;
+	engine_stop_listening(e);
+	engine_stop(e);
+	for (unsigned i = 0; i < e->nworkers; i++) {
+		struct worker *w = &e->workers[i];
+		for (size_t j = 0; j < w->queue_len; j++)
+			if (w->queue[j].type == WORKER_MSG_SESSION)
+				close(w->queue[j].fd);
+		free(w->queue);
+		if (w->notify_ev)
+			event_free(w->notify_ev);
+		if (w->notify_fd >= 0)
+			close(w->notify_fd);
+		if (w->base)
+			event_base_free(w->base);
+		pthread_mutex_destroy(&w->lock);
+	}
+	for (size_t i = 0; i < e->nservices; i++)
+		service_free(e->services[i]);
+	free(e->workers);
+	free(e);
+	return NULL;
+}

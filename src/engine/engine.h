@@ -1,0 +1,104 @@
+/*
+ * engine -- listeners, a fixed pool of worker threads, and sessions as state machines.
+ *
+ * Each worker thread runs its own libevent loop over the sessions it owns; a session never
+ * moves between workers, so protocol code needs no locks.  The main thread runs the
+ * listeners: it accepts, checks the service's max_sessions, and hands the socket to the
+ * least-loaded worker through that worker's queue (an eventfd wakes it).  No thread ever
+ * blocks on a peer, and the number of threads is fixed by configuration: 1 main + N workers.
+ *
+ * A service is a protocol (milter, control, ...) given as a table of callbacks, with its
+ * limits and statistics; a listener binds one address for one service.
+ *
+ * Invariants: a session is freed only on its own worker; freeing it first cancels its
+ * timer and its bufferevent; ops->close is called exactly once for every ops->open that
+ * succeeded.
+ */
+#ifndef SLUICE_ENGINE_H
+#define SLUICE_ENGINE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "log.h"
+#include "stats.h"
+
+struct event_base;
+struct evbuffer;
+struct engine;
+struct service;
+struct session;
+struct worker;
+
+struct service_ops {
+	/* On the worker: set up protocol state (session_set_data).  <0 refuses the session. */
+	int (*open)(struct session *s);
+	/* On the worker: new bytes are in `in`; consume what is used (evbuffer_drain). */
+	void (*input)(struct session *s, struct evbuffer *in);
+	/* On the worker: the session ends (EOF, error, timeout, close, shutdown); free state. */
+	void (*close)(struct session *s);
+	/* Optional bytes written when a connection is refused over max_sessions. */
+	const char *refuse_msg;
+	/* Optional: free the service's arg when the engine is freed. */
+	void (*free_arg)(void *arg);
+};
+
+struct service_limits {
+	unsigned max_sessions;       /* 0: no limit */
+	uint64_t idle_timeout_ms;    /* nothing buffered and nothing to write */
+	uint64_t command_timeout_ms; /* a partial request buffered, or a reply not written */
+	size_t max_input;            /* bytes buffered from the peer before reading pauses */
+};
+
+/* The engine.  workers = 0 means the number of online CPUs.  main_base runs listeners. */
+struct engine *engine_new(unsigned workers, struct event_base *main_base);
+int engine_start(struct engine *e);
+unsigned engine_workers(const struct engine *e);
+/* Close every listener (unix sockets are unlinked); sessions go on. */
+void engine_stop_listening(struct engine *e);
+/* Sessions open across all services. */
+unsigned engine_sessions(const struct engine *e);
+/* Close every session now, stop and join the worker threads. */
+void engine_stop(struct engine *e);
+struct engine *engine_free(struct engine *e);
+
+struct service *service_new(struct engine *e, const char *name, const struct service_ops *ops,
+			    void *arg);
+const char *service_name(const struct service *svc);
+void *service_arg(const struct service *svc);
+/* May be called at any time from the main thread (reload); applies to new events. */
+void service_set_limits(struct service *svc, const struct service_limits *lim);
+/*
+ * Bind and listen on "unix:/path", "inet:host:port" or "inet6:[addr]:port".  mode (e.g.
+ * 0660) applies to unix sockets; a stale unix socket (nobody accepting) is removed, a live
+ * one or a non-socket file at that path is an error.  Returns 0 or -errno with err set.
+ */
+int service_listen(struct service *svc, const char *address, unsigned mode, char *err,
+		   size_t errlen);
+void service_stats(struct service *svc, bool reset_interval, struct service_stats *ret);
+struct service *engine_service(struct engine *e, size_t i); /* NULL past the last */
+
+/* Sessions (all on the session's own worker thread). */
+void *session_data(const struct session *s);
+void session_set_data(struct session *s, void *data);
+struct service *session_service(const struct session *s);
+struct event_base *session_base(const struct session *s);
+uint64_t session_id(const struct session *s);
+const char *session_peer(const struct session *s);
+/* Queue bytes for the peer; 0 or -ENOMEM. */
+int session_write(struct session *s, const void *p, size_t n);
+/* Stop reading until session_resume() (a decision is pending); the session stays open. */
+void session_pause(struct session *s);
+/* Start reading again, and deliver input that arrived meanwhile. */
+void session_resume(struct session *s);
+/* End the session once its output is written. */
+void session_close(struct session *s);
+/* Log, count a protocol error, and end the session at once (nothing more is written). */
+void session_protocol_error(struct session *s, const char *why);
+/* Log a line prefixed with "sid=... peer=... svc=..." */
+void session_log(struct session *s, enum log_level level, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+#endif

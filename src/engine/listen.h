@@ -1,0 +1,32 @@
+/*
+ * listen -- listening socket addresses: "unix:/path", "inet:host:port", "inet6:[addr]:port".
+ */
+#ifndef SLUICE_LISTEN_H
+#define SLUICE_LISTEN_H
+
+#include <stddef.h>
+#include <sys/socket.h>
+
+struct listen_addr {
+	char text[256]; /* as configured, for logs */
+	struct sockaddr_storage ss;
+	socklen_t sslen;
+	char path[108]; /* unix sockets */
+};
+
+/* Parse an address; host names are not resolved (numeric addresses and "localhost",
+ * "*" for any).  Returns 0 or -EINVAL with err. */
+int listen_addr_parse(const char *spec, struct listen_addr *ret, char *err, size_t errlen);
+
+/*
+ * Create, bind and listen (backlog 1024, SO_REUSEADDR for inet, non-blocking,
+ * close-on-exec).  A unix path: a stale socket is removed if nothing accepts on it; a live
+ * socket or another kind of file is an error.  mode (when non-zero) is applied to the
+ * socket file.  Returns 0 and *ret_fd, or -errno with err.
+ */
+int listen_open(const struct listen_addr *a, unsigned mode, int *ret_fd, char *err, size_t errlen);
+
+/* Close, and unlink the unix socket path. */
+void listen_close(const struct listen_addr *a, int fd);
+
+#endif

@@ -1,0 +1,145 @@
+/*
+ * stats -- online statistics and their rendering (see stats.h).
+ */
+#include <math.h>
+
+#include "stats.h"
+
+void stat_acc_add(struct stat_acc *a, double v)
+{
+	if (a->n == 0 || v < a->min)
+		a->min = v;
+	if (a->n == 0 || v > a->max)
+		a->max = v;
+	a->n++;
+	double d = v - a->mean;
+	a->mean += d / (double)a->n;
+	a->m2 += d * (v - a->mean);
+}
+
+void stat_acc_merge(struct stat_acc *into, const struct stat_acc *b)
+{
+	if (b->n == 0)
+		return;
+	if (into->n == 0) {
+		*into = *b;
+		return;
+	}
+	double n1 = (double)into->n, n2 = (double)b->n, n = n1 + n2;
+	double d = b->mean - into->mean;
+	into->m2 += b->m2 + d * d * n1 * n2 / n;
+	into->mean += d * n2 / n;
+	into->n += b->n;
+	if (b->min < into->min)
+		into->min = b->min;
+	if (b->max > into->max)
+		into->max = b->max;
+}
+
+double stat_acc_stddev(const struct stat_acc *a)
+{
+	return a->n > 1 ? sqrt(a->m2 / (double)(a->n - 1)) : 0.0;
+}
+
+void service_counters_merge(struct service_counters *into, const struct service_counters *b)
+{
+	into->connections += b->connections;
+	into->refused += b->refused;
+	into->protocol_errors += b->protocol_errors;
+	into->timeouts += b->timeouts;
+	into->sessions += b->sessions;
+	stat_acc_merge(&into->duration, &b->duration);
+	stat_acc_merge(&into->work, &b->work);
+}
+
+static int format_acc(struct buf *out, const char *what, const struct stat_acc *a)
+{
+	return buf_printf(out, "  %-9s min %.6f  mean %.6f  max %.6f  std-dev %.6f  (s)\n", what,
+			  a->n ? a->min : 0.0, a->mean, a->n ? a->max : 0.0, stat_acc_stddev(a));
+}
+
+static int format_counters(struct buf *out, const char *title, double seconds,
+			   const struct service_counters *c)
+{
+	int r = buf_printf(out,
+			   " %s (%.0f s): connections %llu, sessions ended %llu, refused %llu, "
+			   "protocol errors %llu, timeouts %llu\n",
+			   title, seconds, (unsigned long long)c->connections,
+			   (unsigned long long)c->sessions, (unsigned long long)c->refused,
+			   (unsigned long long)c->protocol_errors, (unsigned long long)c->timeouts);
+	if (r == 0)
+		r = format_acc(out, "duration", &c->duration);
+	if (r == 0)
+		r = format_acc(out, "work", &c->work);
+	return r;
+}
+
+int service_stats_format(struct buf *out, const struct service_stats *st)
+{
+	int r = buf_printf(out, "%s: sessions current %llu, peak %llu\n", st->name,
+			   (unsigned long long)st->current, (unsigned long long)st->peak);
+	if (r == 0)
+		r = format_counters(out, "last interval", st->interval_seconds, &st->interval);
+	if (r == 0)
+		r = format_counters(out, "since start", st->uptime_seconds, &st->total);
+	return r;
+}
+
+static int json_acc(struct buf *out, const char *what, const struct stat_acc *a)
+{
+	return buf_printf(out,
+			  "\"%s\":{\"count\":%llu,\"min\":%.9f,\"mean\":%.9f,\"max\":%.9f,"
+			  "\"stddev\":%.9f}",
+			  what, (unsigned long long)a->n, a->n ? a->min : 0.0, a->mean,
+			  a->n ? a->max : 0.0, stat_acc_stddev(a));
+}
+
+static int json_counters(struct buf *out, double seconds, const struct service_counters *c)
+{
+	int r = buf_printf(out,
+			   "{\"seconds\":%.3f,\"connections\":%llu,\"sessions\":%llu,"
+			   "\"refused\":%llu,\"protocol_errors\":%llu,\"timeouts\":%llu,",
+			   seconds, (unsigned long long)c->connections,
+			   (unsigned long long)c->sessions, (unsigned long long)c->refused,
+			   (unsigned long long)c->protocol_errors, (unsigned long long)c->timeouts);
+	if (r == 0)
+		r = json_acc(out, "duration", &c->duration);
+	if (r == 0)
+		r = buf_append_byte(out, ',');
+	if (r == 0)
+		r = json_acc(out, "work", &c->work);
+	if (r == 0)
+		r = buf_append_byte(out, '}');
+	return r;
+}
+
+int service_stats_json(struct buf *out, const struct service_stats *st)
+{
+	/* Service names are configuration constants ("milter", "control"): no escaping. */
+	int r = buf_printf(out,
+			   "\"%s\":{\"sessions_current\":%llu,\"sessions_peak\":%llu,"
+			   "\"connections\":%llu,\"refused\":%llu,\"protocol_errors\":%llu,"
+			   "\"timeouts\":%llu,",
+			   st->name, (unsigned long long)st->current, (unsigned long long)st->peak,
+			   (unsigned long long)st->total.connections,
+			   (unsigned long long)st->total.refused,
+			   (unsigned long long)st->total.protocol_errors,
+			   (unsigned long long)st->total.timeouts);
+	if (r == 0)
+		r = json_acc(out, "duration", &st->total.duration);
+	if (r == 0)
+		r = buf_append_byte(out, ',');
+	if (r == 0)
+		r = json_acc(out, "work", &st->total.work);
+	if (r == 0)
+		r = buf_append_cstr(out, ",\"since_start\":");
+	if (r == 0)
+		r = json_counters(out, st->uptime_seconds, &st->total);
+	if (r == 0)
+		r = buf_append_cstr(out, ",\"interval\":");
+	if (r == 0)
+		r = json_counters(out, st->interval_seconds, &st->interval);
+	if (r == 0)
+		r = buf_append_byte(out, '}');
+	return r;
+}

@@ -1,0 +1,50 @@
+/*
+ * stats -- running min / mean / max / standard deviation, and per-service counters.
+ *
+ * Welford's online algorithm keeps the variance numerically stable over millions of
+ * samples; two accumulators merge exactly (Chan et al.), so workers keep their own shard
+ * and the reader merges them.
+ */
+#ifndef SLUICE_STATS_H
+#define SLUICE_STATS_H
+
+#include <stdint.h>
+
+#include "buf.h"
+
+struct stat_acc {
+	uint64_t n;
+	double min, max, mean, m2;
+};
+
+void stat_acc_add(struct stat_acc *a, double v);
+void stat_acc_merge(struct stat_acc *into, const struct stat_acc *b);
+double stat_acc_stddev(const struct stat_acc *a);
+
+struct service_counters {
+	uint64_t connections;     /* accepted */
+	uint64_t refused;         /* over max_sessions, or refused by the protocol */
+	uint64_t protocol_errors; /* sessions closed for a peer's protocol error */
+	uint64_t timeouts;        /* sessions closed by idle or command timeout */
+	uint64_t sessions;        /* finished */
+	struct stat_acc duration; /* seconds, per finished session */
+	struct stat_acc work;     /* seconds in handlers, per finished session */
+};
+
+void service_counters_merge(struct service_counters *into, const struct service_counters *b);
+
+struct service_stats {
+	const char *name;
+	uint64_t current;
+	uint64_t peak;
+	struct service_counters total;    /* since start */
+	struct service_counters interval; /* since the last interval reset */
+	double interval_seconds;
+	double uptime_seconds;
+};
+
+/* Human text, in the format operators use, and JSON. */
+int service_stats_format(struct buf *out, const struct service_stats *st);
+int service_stats_json(struct buf *out, const struct service_stats *st);
+
+#endif

@@ -1,0 +1,106 @@
+/*
+ * util -- small generic helpers (see util.h).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "util.h"
+
+int fd_set_nonblock(int fd)
+{
+	int fl = fcntl(fd, F_GETFL);
+	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+		return -errno;
+	return 0;
+}
+
+int fd_set_cloexec(int fd)
+{
+	int fl = fcntl(fd, F_GETFD);
+	if (fl < 0 || fcntl(fd, F_SETFD, fl | FD_CLOEXEC) < 0)
+		return -errno;
+	return 0;
+}
+
+int fmt_fixed(char *dst, size_t len, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(dst, len, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		return -EINVAL;
+	if ((size_t)n >= len)
+		return -ENOBUFS;
+	return 0;
+}
+
+int file_read_all(const char *path, size_t max, char **ret, size_t *ret_len)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	struct stat st;
+	if (fstat(fd, &st) < 0) {
+		int e = -errno;
+		close(fd);
+		return e;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		close(fd);
+		return -EINVAL;
+	}
+	if ((uint64_t)st.st_size > max) {
+		close(fd);
+		return -EFBIG;
+	}
+	size_t cap = (size_t)st.st_size + 1, len = 0;
+	char *p = malloc(cap);
+	if (!p) {
+		close(fd);
+		return -ENOMEM;
+	}
+	for (;;) {
+		if (len + 1 >= cap) {
+			if (cap > max) {
+				free(p);
+				close(fd);
+				return -EFBIG;
+			}
+			char *q = realloc(p, cap * 2);
+			if (!q) {
+				free(p);
+				close(fd);
+				return -ENOMEM;
+			}
+			p = q;
+			cap *= 2;
+		}
+		ssize_t n = read(fd, p + len, cap - 1 - len);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			int e = -errno;
+			free(p);
+			close(fd);
+			return e;
+		}
+		if (n == 0)
+			break;
+		len += (size_t)n;
+	}
+	close(fd);
+	if (len > max) {
+		free(p);
+		return -EFBIG;
+	}
+	p[len] = '\0';
+	*ret = p;
+	*ret_len = len;
+	return 0;
+}

@@ -1,0 +1,36 @@
+/*
+ * util -- small generic helpers: clocks, fd flags, bounded formatting.
+ */
+#ifndef SLUICE_UTIL_H
+#define SLUICE_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Monotonic clock in nanoseconds / milliseconds. */
+static inline uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static inline uint64_t now_ms(void)
+{
+	return now_ns() / 1000000u;
+}
+
+int fd_set_nonblock(int fd);
+int fd_set_cloexec(int fd);
+
+/* snprintf that reports truncation: 0, or -ENOBUFS when the output did not fit. */
+int fmt_fixed(char *dst, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Read a whole file (<= max bytes) into a malloc'ed NUL-terminated buffer. */
+int file_read_all(const char *path, size_t max, char **ret, size_t *ret_len);
+
+#endif
