@@ -423,6 +423,20 @@ int session_write(struct session *s, const void *p, size_t n)
 {
 	if (s->closing)
 		return 0;
+	struct evbuffer *out = bufferevent_get_output(s->bev);
+	if (evbuffer_get_length(out) == 0) {
+		/* Nothing queued: write now.  Replies are small and the socket is almost always
+		 * writable, so this saves registering for EV_WRITE and a loop iteration per
+		 * reply; what does not fit is queued as usual.  An error is left for the
+		 * bufferevent to find and report. */
+		ssize_t w = send(bufferevent_getfd(s->bev), p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (w > 0) {
+			p = (const char *)p + w;
+			n -= (size_t)w;
+		}
+		if (n == 0)
+			return 0;
+	}
 	if (bufferevent_write(s->bev, p, n) < 0)
 		return -ENOMEM;
 	return 0;

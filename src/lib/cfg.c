@@ -543,7 +543,7 @@ static int parse_list(struct parser *p, struct cfg_node *n)
 			p->depth--;
 			return 0;
 		}
-		struct cfg_node *e;
+		struct cfg_node *e = NULL;
 		r = node_add(p, n, &tail, p->line, &e);
 		if (r < 0)
 			return r;
@@ -650,7 +650,7 @@ static int parse_entry(struct parser *p, struct cfg_node *obj, struct cfg_node *
 	unsigned line = p->line;
 	unsigned char c = cur(p);
 	char what[16], shown[80];
-	struct cfg_node *n;
+	struct cfg_node *n = NULL;
 	char *key;
 	size_t key_len;
 	int r;

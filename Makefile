@@ -1,0 +1,85 @@
+# Thin wrapper around meson for the two commands of the quick start, and a few more.
+#   make run     build and start sluiced in the foreground on etc/sluice.conf
+#   make check   build and run the whole test suite, then again under ASan+UBSan
+#   make bench   milter benchmark against libmilter (bench/README.md)
+#   make fuzz    run every fuzzer for FUZZ_TIME seconds each (clang, libFuzzer)
+# Missing Debian packages are installed first when running as root (Debian 12).
+
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+FUZZ_TIME ?= 600
+MESON_TEST_FLAGS ?= --print-errorlogs --num-processes 1
+
+BUILD_PKGS = meson ninja-build pkg-config gcc libevent-dev libcmocka-dev scdoc
+TEST_PKGS = postfix miltertest swaks python3-pytest redis-server clang libclang-rt-14-dev
+BENCH_PKGS = libmilter-dev
+FUZZ_PKGS = clang libclang-rt-14-dev
+
+.PHONY: all build run check test asan-check bench fuzz clean deps-build deps-test deps-bench
+
+all: build
+
+define install_missing
+	@missing=""; for p in $(1); do \
+	  dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "missing Debian packages:$$missing (run as root, or: apt-get install$$missing)"; exit 1; fi; \
+	  echo "installing:$$missing"; \
+	  echo "postfix postfix/main_mailer_type select No configuration" | debconf-set-selections; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null || \
+	  { DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null; }; \
+	fi
+endef
+
+deps-build:
+	$(call install_missing,$(BUILD_PKGS))
+
+deps-test: deps-build
+	$(call install_missing,$(TEST_PKGS))
+
+deps-bench: deps-build
+	$(call install_missing,$(BENCH_PKGS))
+
+$(BUILD)/build.ninja:
+	meson setup $(BUILD)
+
+build: deps-build $(BUILD)/build.ninja
+	ninja -C $(BUILD)
+
+run: build
+	mkdir -p run
+	exec $(BUILD)/src/daemon/sluiced -c etc/sluice.conf
+
+test: deps-test build
+	meson test -C $(BUILD) $(MESON_TEST_FLAGS)
+
+$(ASAN_BUILD)/build.ninja:
+	meson setup $(ASAN_BUILD) -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug
+
+asan-check: deps-test $(ASAN_BUILD)/build.ninja
+	ninja -C $(ASAN_BUILD)
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  meson test -C $(ASAN_BUILD) $(MESON_TEST_FLAGS) --timeout-multiplier 3
+
+check: test asan-check
+
+bench: deps-bench build
+	bench/run_milter.sh $(BUILD)
+
+$(FUZZ_BUILD)/build.ninja:
+	CC=clang meson setup $(FUZZ_BUILD) -Dfuzzing=true -Dfunc_tests=false \
+	  -Db_sanitize=address,undefined -Db_lundef=false
+
+fuzz: deps-build $(FUZZ_BUILD)/build.ninja
+	$(call install_missing,$(FUZZ_PKGS))
+	ninja -C $(FUZZ_BUILD)
+	@for f in $(FUZZ_BUILD)/tests/fuzz/fuzz_*; do \
+	  name=$${f##*/fuzz_}; mkdir -p $(FUZZ_BUILD)/corpus/$$name; \
+	  echo "== $$name ($(FUZZ_TIME) s)"; \
+	  $$f -max_total_time=$(FUZZ_TIME) -print_final_stats=1 $(FUZZ_BUILD)/corpus/$$name tests/fuzz/corpus/$$name || exit 1; \
+	done
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
