@@ -80,7 +80,7 @@ static void apply_limits(struct daemon *d, const struct sluice_config *c)
 static struct milter_service_conf milter_conf(const struct sluice_config *c)
 {
 	return (struct milter_service_conf){ .max_packet = c->milter.max_packet,
-					     .max_macros = 64 * 1024 };
+					     .max_macros = 256 * 1024 };
 }
 
 static void log_stats(struct daemon *d, bool reset)

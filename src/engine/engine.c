@@ -72,7 +72,7 @@ struct worker_msg {
 	enum worker_msg_type type;
 	int fd;
 	struct service *svc;
-	char peer[96];
+	char peer[64];
 };
 
 struct session {
@@ -80,7 +80,6 @@ struct session {
 	struct worker *w;
 	struct service *svc;
 	struct bufferevent *bev;
-	struct event *timer;
 	void *data;
 	uint64_t id;
 	uint64_t start_ns;
@@ -92,7 +91,14 @@ struct session {
 	bool dead;     /* freed when in_input unwinds */
 	bool timed_out;
 	bool proto_error;
-	char peer[96];
+	uint8_t timeout_kind; /* TIMEOUT_* currently set on the bufferevent */
+	char peer[64];
+};
+
+enum {
+	TIMEOUT_NONE = 0,
+	TIMEOUT_IDLE,
+	TIMEOUT_COMMAND,
 };
 
 struct worker {
@@ -311,10 +317,8 @@ static void session_free(struct session *s)
 	}
 	struct worker *w = s->w;
 	struct service *svc = s->svc;
-	if (s->timer)
-		event_free(s->timer);
 	if (s->bev)
-		bufferevent_free(s->bev); /* closes the fd (BEV_OPT_CLOSE_ON_FREE) */
+		bufferevent_free(s->bev); /* closes the fd; cancels its events and timeouts */
 	if (s->opened && svc->ops->close)
 		svc->ops->close(s);
 	if (s->prev)
@@ -335,21 +339,33 @@ static void session_free(struct session *s)
 	free(s);
 }
 
+static struct timeval ms_to_tv(uint64_t ms)
+{
+	return (struct timeval){ .tv_sec = (time_t)(ms / 1000),
+				 .tv_usec = (suseconds_t)(ms % 1000) * 1000 };
+}
+
+/*
+ * Timeouts ride on the bufferevent's own read and write events (EV_PERSIST events re-arm
+ * their timeout whenever they fire), so a session costs no extra timer and a read costs
+ * no timer update.  The value changes only when the session moves between idle (nothing
+ * buffered) and command (a partial request buffered, a reply not written, a verdict
+ * pending) -- rarely, since requests usually arrive whole.
+ */
 static void session_arm_timer(struct session *s)
 {
 	if (s->closing)
 		return;
-	struct evbuffer *in = bufferevent_get_input(s->bev);
-	struct evbuffer *out = bufferevent_get_output(s->bev);
-	uint64_t ms;
-	if (s->paused)
-		ms = atomic_load(&s->svc->command_timeout_ms);
-	else if (evbuffer_get_length(in) || evbuffer_get_length(out))
-		ms = atomic_load(&s->svc->command_timeout_ms);
-	else
-		ms = atomic_load(&s->svc->idle_timeout_ms);
-	struct timeval tv = { .tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000 };
-	event_add(s->timer, &tv);
+	uint8_t kind = TIMEOUT_IDLE;
+	if (s->paused || evbuffer_get_length(bufferevent_get_input(s->bev)))
+		kind = TIMEOUT_COMMAND;
+	if (kind == s->timeout_kind)
+		return;
+	s->timeout_kind = kind;
+	struct timeval rd = ms_to_tv(kind == TIMEOUT_IDLE ? atomic_load(&s->svc->idle_timeout_ms)
+							  : atomic_load(&s->svc->command_timeout_ms));
+	struct timeval wr = ms_to_tv(atomic_load(&s->svc->command_timeout_ms));
+	bufferevent_set_timeouts(s->bev, &rd, &wr);
 }
 
 static void session_run_input(struct session *s)
@@ -384,14 +400,21 @@ static void on_drained(struct bufferevent *bev, void *arg)
 	(void)bev;
 	if (s->closing)
 		session_free(s);
-	else
-		session_arm_timer(s);
 }
 
 static void on_event(struct bufferevent *bev, short what, void *arg)
 {
 	struct session *s = arg;
 	(void)bev;
+	if (what & BEV_EVENT_TIMEOUT) {
+		if (!s->closing) {
+			bool idle = (what & BEV_EVENT_READING) && s->timeout_kind == TIMEOUT_IDLE;
+			session_log(s, LOG_LEVEL_INFO, "%s timeout, closing", idle ? "idle" : "command");
+		}
+		s->timed_out = true;
+		session_free(s);
+		return;
+	}
 	if (what & BEV_EVENT_ERROR) {
 		int err = EVUTIL_SOCKET_ERROR();
 		if (err != ECONNRESET && err != EPIPE)
@@ -399,23 +422,6 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 	}
 	/* EOF: everything read before it has been delivered by on_read already.  EOF at any
 	 * point is a normal end of session (ABORT + QUIT for milter). */
-	session_free(s);
-}
-
-static void on_timer(evutil_socket_t fd, short what, void *arg)
-{
-	struct session *s = arg;
-	(void)fd;
-	(void)what;
-	if (s->closing) {
-		session_free(s);
-		return;
-	}
-	struct evbuffer *in = bufferevent_get_input(s->bev);
-	struct evbuffer *out = bufferevent_get_output(s->bev);
-	bool cmd = s->paused || evbuffer_get_length(in) || evbuffer_get_length(out);
-	session_log(s, LOG_LEVEL_INFO, "%s timeout, closing", cmd ? "command" : "idle");
-	s->timed_out = true;
 	session_free(s);
 }
 
@@ -444,9 +450,10 @@ int session_write(struct session *s, const void *p, size_t n)
 
 void session_pause(struct session *s)
 {
+	/* Reading stops, and so does the read timeout: the code that paused the session
+	 * bounds its own wait (a pending decision has its own deadline). */
 	s->paused = true;
 	bufferevent_disable(s->bev, EV_READ);
-	session_arm_timer(s);
 }
 
 void session_resume(struct session *s)
@@ -455,8 +462,12 @@ void session_resume(struct session *s)
 		return;
 	s->paused = false;
 	bufferevent_enable(s->bev, EV_READ);
-	if (!s->in_input)
-		session_run_input(s);
+	if (s->in_input)
+		return; /* the input loop goes on by itself */
+	if (evbuffer_get_length(bufferevent_get_input(s->bev)))
+		session_run_input(s); /* may free s */
+	else
+		session_arm_timer(s);
 }
 
 void session_close(struct session *s)
@@ -469,10 +480,7 @@ void session_close(struct session *s)
 		session_free(s);
 		return;
 	}
-	/* on_drained frees it; the timer bounds a peer that never reads. */
-	uint64_t ms = atomic_load(&s->svc->command_timeout_ms);
-	struct timeval tv = { .tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000 };
-	event_add(s->timer, &tv);
+	/* on_drained frees it; the write timeout bounds a peer that never reads. */
 }
 
 void session_protocol_error(struct session *s, const char *why)
@@ -496,15 +504,10 @@ static void session_start(struct worker *w, const struct worker_msg *m)
 	s->id = atomic_fetch_add(&session_seq, 1) + 1;
 	s->start_ns = now_ns();
 	memcpy(s->peer, m->peer, sizeof(s->peer));
+	s->peer[sizeof(s->peer) - 1] = '\0';
 	s->bev = bufferevent_socket_new(w->base, m->fd, BEV_OPT_CLOSE_ON_FREE);
-	s->timer = evtimer_new(w->base, on_timer, s);
-	if (!s->bev || !s->timer) {
-		if (s->timer)
-			event_free(s->timer);
-		if (s->bev)
-			bufferevent_free(s->bev);
-		else
-			close(m->fd);
+	if (!s->bev) {
+		close(m->fd);
 		free(s);
 		goto undo;
 	}

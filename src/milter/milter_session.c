@@ -44,7 +44,7 @@ struct milter_session {
 	struct session *s;
 	struct milter_service *msvc;
 	struct milter_handler *h;
-	struct milter_want want;
+	uint32_t want_steps; /* the handler's want.steps at negotiation */
 	struct milter_neg neg;
 	bool negotiated;
 	bool in_message;
@@ -55,7 +55,9 @@ struct milter_session {
 	uint8_t pending_code;
 	size_t max_packet;
 	struct buf out;
-	struct buf macros[SLOT_COUNT];
+	/* Macros of all stages in one buffer of records [slot][u32 length][name NUL value
+	 * NUL ...], one record per slot at most: a session's resident state stays small. */
+	struct buf macros;
 	struct buf conn;   /* host NUL address NUL */
 	size_t conn_host_len;
 	char family;
@@ -166,24 +168,63 @@ static struct str macro_bare(struct str n)
 	return n;
 }
 
+static uint32_t rec_len(const char *p)
+{
+	uint32_t l;
+	memcpy(&l, p, sizeof(l));
+	return l;
+}
+
+/* Call fn for each record: slot and payload. */
+#define MACRO_RECORDS(b, off, slot, pay)                                                   \
+	for (size_t off = 0, _n; off + 5 <= (b)->len &&                                  \
+	     ((slot) = (uint8_t)(b)->ptr[off], (pay) = str_make((b)->ptr + off + 5,          \
+	      rec_len((b)->ptr + off + 1)), _n = 5 + (pay).len, 1);                           \
+	     off += _n)
+
 bool milter_session_macro(const struct milter_session *ms, const char *name, struct str *ret)
 {
 	struct str want = macro_bare(str_cstr(name));
-	for (int slot = SLOT_COUNT - 1; slot >= 0; slot--) {
-		const struct buf *b = &ms->macros[slot];
-		size_t off = 0;
-		while (off < b->len) {
-			struct str n = str_cstr(b->ptr + off);
-			off += n.len + 1;
-			struct str v = str_cstr(b->ptr + off);
-			off += v.len + 1;
-			if (str_eq(macro_bare(n), want)) {
-				*ret = v;
-				return true;
+	int best = -1;
+	struct str found = STR_NULL;
+	uint8_t slot;
+	struct str pay;
+	MACRO_RECORDS(&ms->macros, off, slot, pay) {
+		size_t o = 0;
+		while (o < pay.len) {
+			struct str n = str_cstr(pay.ptr + o);
+			o += n.len + 1;
+			struct str v = str_cstr(pay.ptr + o);
+			o += v.len + 1;
+			if ((int)slot > best && str_eq(macro_bare(n), want)) {
+				best = slot;
+				found = v;
 			}
 		}
 	}
-	return false;
+	if (best < 0)
+		return false;
+	*ret = found;
+	return true;
+}
+
+/* Remove the records of slots in [lo, hi]. */
+static void macros_drop(struct milter_session *ms, int lo, int hi)
+{
+	struct buf *b = &ms->macros;
+	size_t off = 0;
+	while (off + 5 <= b->len) {
+		uint8_t slot = (uint8_t)b->ptr[off];
+		size_t n = 5 + rec_len(b->ptr + off + 1);
+		if (slot >= lo && slot <= hi) {
+			memmove(b->ptr + off, b->ptr + off + n, b->len - off - n);
+			b->len -= n;
+		} else {
+			off += n;
+		}
+	}
+	if (b->len == 0)
+		buf_clear(b); /* an idle session keeps no macro memory */
 }
 
 /* ---- actions ---- */
@@ -281,8 +322,7 @@ static void reset_message(struct milter_session *ms, bool notify)
 	buf_reset(&ms->rcpt);
 	ms->rcpt_count = 0;
 	ms->body_size = 0;
-	for (int i = SLOT_MAIL; i <= SLOT_EOM; i++)
-		buf_reset(&ms->macros[i]);
+	macros_drop(ms, SLOT_MAIL, SLOT_EOM);
 }
 
 static void reset_connection(struct milter_session *ms)
@@ -295,8 +335,7 @@ static void reset_connection(struct milter_session *ms)
 	ms->conn_host_len = 0;
 	ms->family = 0;
 	ms->port = 0;
-	for (int i = 0; i < SLOT_COUNT; i++)
-		buf_reset(&ms->macros[i]);
+	macros_drop(ms, 0, SLOT_COUNT - 1);
 }
 
 static int macro_slot_for(uint8_t stage)
@@ -321,8 +360,7 @@ static void forget_later_macros(struct milter_session *ms, int slot)
 {
 	if (slot < 0 || slot == SLOT_UNKNOWN)
 		return;
-	for (int i = slot + 1; i <= SLOT_EOM; i++)
-		buf_reset(&ms->macros[i]);
+	macros_drop(ms, slot + 1, SLOT_EOM);
 }
 
 static int store_macros(struct milter_session *ms, const struct milter_cmd *c)
@@ -330,22 +368,30 @@ static int store_macros(struct milter_session *ms, const struct milter_cmd *c)
 	int slot = macro_slot_for(c->macro.stage);
 	if (slot < 0)
 		return 0; /* a stage we do not know: accepted and ignored */
-	struct buf *b = &ms->macros[slot];
-	buf_reset(b);
-	for (size_t i = 0; i < c->macro.npairs; i++) {
+	macros_drop(ms, slot, slot);
+	struct buf *b = &ms->macros;
+	size_t start = b->len;
+	uint32_t zero = 0;
+	int r = buf_append_byte(b, (unsigned char)slot);
+	if (r == 0)
+		r = buf_append(b, &zero, sizeof(zero));
+	for (size_t i = 0; i < c->macro.npairs && r == 0; i++) {
 		const struct milter_macro_pair *p = &c->macro.pairs[i];
-		/* Names and values are kept NUL-terminated; an embedded NUL cannot occur (the
-		 * codec splits on NUL). */
-		int r = buf_append_str(b, p->name);
+		/* Kept NUL-terminated; an embedded NUL cannot occur (the codec splits on NUL). */
+		r = buf_append_str(b, p->name);
 		if (r == 0)
 			r = buf_append_byte(b, 0);
 		if (r == 0)
 			r = buf_append_str(b, p->value);
 		if (r == 0)
 			r = buf_append_byte(b, 0);
-		if (r < 0)
-			return r;
 	}
+	if (r < 0) {
+		b->len = start;
+		return r;
+	}
+	uint32_t len = (uint32_t)(b->len - start - 5);
+	memcpy(b->ptr + start + 1, &len, sizeof(len));
 	return 0;
 }
 
@@ -394,7 +440,7 @@ static void finish_step(struct milter_session *ms, enum milter_verdict v, bool r
 			    milter_verdict_name(v), reply_needed ? "" : " (no reply)");
 	if (ms->step == MILTER_STEP_EOM)
 		reset_message(ms, false);
-	buf_reset(&ms->reply);
+	buf_clear(&ms->reply);
 }
 
 /*
@@ -409,7 +455,7 @@ static bool run_step(struct milter_session *ms, enum milter_step step, const str
 	ms->step = step;
 	ms->cmd = c;
 	bool skip_handler = step == MILTER_STEP_BODY && ms->skipping_body;
-	if ((ms->want.steps & bit || step == MILTER_STEP_EOM) && ms->h->on_step[step] && !skip_handler)
+	if ((ms->want_steps & bit || step == MILTER_STEP_EOM) && ms->h->on_step[step] && !skip_handler)
 		v = ms->h->on_step[step](ms->h->ctx, ms);
 	ms->cmd = NULL;
 	if (v == MILTER_PENDING) {
@@ -463,13 +509,15 @@ static int dispatch(struct milter_session *ms, const struct milter_cmd *c, const
 			*why = "second option negotiation";
 			return -EPROTO;
 		}
+		struct milter_want want = { 0 };
 		if (ms->h->want)
-			ms->h->want(ms->h->ctx, &ms->want);
+			ms->h->want(ms->h->ctx, &want);
+		ms->want_steps = want.steps;
 		int r = milter_negotiate(c->optneg.version, c->optneg.actions, c->optneg.protocol,
-					 &ms->want, &ms->neg, why);
+					 &want, &ms->neg, why);
 		if (r < 0)
 			return r;
-		if (milter_put_optneg(&ms->out, &ms->neg, ms->want.macros) < 0) {
+		if (milter_put_optneg(&ms->out, &ms->neg, want.macros) < 0) {
 			*why = "cannot encode negotiation reply";
 			return -EPROTO;
 		}
@@ -506,12 +554,17 @@ static int dispatch(struct milter_session *ms, const struct milter_cmd *c, const
 		}
 		return run_step(ms, MILTER_STEP_HELO, c) ? 0 : 1;
 	case MILTER_CMD_MAIL: {
-		/* A new MAIL starts a new message even without ABORT; keep this MAIL's macros. */
-		struct buf keep = ms->macros[SLOT_MAIL];
-		buf_init(&ms->macros[SLOT_MAIL], keep.max);
-		reset_message(ms, true);
-		buf_clear(&ms->macros[SLOT_MAIL]);
-		ms->macros[SLOT_MAIL] = keep;
+		/* A new MAIL starts a new message even without ABORT; this MAIL's macros, sent
+		 * just before it, stay. */
+		if (ms->in_message && ms->h->on_abort)
+			ms->h->on_abort(ms->h->ctx, ms);
+		ms->in_message = false;
+		ms->skipping_body = false;
+		buf_reset(&ms->sender);
+		buf_reset(&ms->rcpt);
+		ms->rcpt_count = 0;
+		ms->body_size = 0;
+		macros_drop(ms, SLOT_RCPT, SLOT_EOM);
 		ms->in_message = true;
 		if (copy_str(&ms->sender, c->envelope.addr) < 0) {
 			*why = "sender address too long";
@@ -551,7 +604,7 @@ static int dispatch(struct milter_session *ms, const struct milter_cmd *c, const
 		 * sees it, no separate reply is sent for it. */
 		if (c->body.chunk.len) {
 			ms->body_size += c->body.chunk.len;
-			if ((ms->want.steps & MILTER_STEP_BIT(MILTER_STEP_BODY)) &&
+			if ((ms->want_steps & MILTER_STEP_BIT(MILTER_STEP_BODY)) &&
 			    ms->h->on_step[MILTER_STEP_BODY] && !ms->skipping_body) {
 				ms->step = MILTER_STEP_BODY;
 				ms->cmd = c;
@@ -637,8 +690,7 @@ static int milter_open(struct session *s)
 	size_t mm = msvc->conf.max_macros;
 	pthread_mutex_unlock(&msvc->lock);
 	buf_init(&ms->out, SIZE_MAX / 2);
-	for (int i = 0; i < SLOT_COUNT; i++)
-		buf_init(&ms->macros[i], mm);
+	buf_init(&ms->macros, mm);
 	/* Hosts and addresses are bounded by the packet size already; these caps keep a
 	 * session's resident state small whatever the peer sends. */
 	buf_init(&ms->conn, 4096);
@@ -663,8 +715,7 @@ static void milter_close(struct session *s)
 	}
 	milter_handler_unref(ms->h);
 	buf_clear(&ms->out);
-	for (int i = 0; i < SLOT_COUNT; i++)
-		buf_clear(&ms->macros[i]);
+	buf_clear(&ms->macros);
 	buf_clear(&ms->conn);
 	buf_clear(&ms->helo);
 	buf_clear(&ms->sender);
