@@ -32,6 +32,13 @@ static inline void buf_reset(struct buf *b)
 	if (b->ptr)
 		b->ptr[0] = '\0';
 }
+/* Cut the contents back to len bytes (len <= b->len), keeping the trailing NUL. */
+static inline void buf_truncate(struct buf *b, size_t len)
+{
+	b->len = len;
+	if (b->ptr)
+		b->ptr[len] = '\0';
+}
 /* Make room for n more bytes: 0, -ENOBUFS (past max) or -ENOMEM. */
 int buf_reserve(struct buf *b, size_t n);
 int buf_append(struct buf *b, const void *p, size_t n);

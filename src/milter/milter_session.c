@@ -387,7 +387,7 @@ static int store_macros(struct milter_session *ms, const struct milter_cmd *c)
 			r = buf_append_byte(b, 0);
 	}
 	if (r < 0) {
-		b->len = start;
+		buf_truncate(b, start);
 		return r;
 	}
 	uint32_t len = (uint32_t)(b->len - start - 5);

@@ -303,7 +303,9 @@ int milter_negotiate(uint32_t mta_version, uint32_t mta_actions, uint32_t mta_pr
 
 static int put_header(struct buf *out, uint32_t len, uint8_t code)
 {
-	int r = buf_append_u32be(out, len);
+	int r = buf_reserve(out, 5); /* all or nothing */
+	if (r == 0)
+		r = buf_append_u32be(out, len);
 	if (r == 0)
 		r = buf_append_byte(out, code);
 	return r;
@@ -319,7 +321,11 @@ int milter_put_optneg(struct buf *out, const struct milter_neg *neg,
 				len += 4 + strlen(macros[i]) + 1;
 	if (len > MILTER_DATA_64K)
 		return -EINVAL;
-	int r = put_header(out, (uint32_t)len, MILTER_CMD_OPTNEG);
+	size_t start = out->len;
+	int r = buf_reserve(out, len + 4);
+	if (r < 0)
+		return r;
+	r = put_header(out, (uint32_t)len, MILTER_CMD_OPTNEG);
 	if (r == 0)
 		r = buf_append_u32be(out, neg->version);
 	if (r == 0)
@@ -333,6 +339,8 @@ int milter_put_optneg(struct buf *out, const struct milter_neg *neg,
 				if (r == 0)
 					r = buf_append(out, macros[i], strlen(macros[i]) + 1);
 			}
+	if (r < 0)
+		buf_truncate(out, start);
 	return r;
 }
 
@@ -459,12 +467,12 @@ int milter_put_replycode(struct buf *out, struct str text)
 	if (r == 0)
 		r = buf_append_byte(out, 0);
 	if (r < 0) {
-		out->len = start;
+		buf_truncate(out, start);
 		return r;
 	}
 	size_t len = out->len - start - 4;
 	if (len > MILTER_DATA_64K) {
-		out->len = start;
+		buf_truncate(out, start);
 		return -EINVAL;
 	}
 	unsigned char *h = (unsigned char *)out->ptr + start;
@@ -497,7 +505,7 @@ int milter_put_header(struct buf *out, uint8_t code, uint32_t index, struct str 
 	if (r == 0)
 		r = buf_append_byte(out, 0);
 	if (r < 0)
-		out->len = start;
+		buf_truncate(out, start);
 	return r;
 }
 
@@ -523,7 +531,7 @@ int milter_put_addr(struct buf *out, uint8_t code, struct str addr, struct str a
 			r = buf_append_byte(out, 0);
 	}
 	if (r < 0)
-		out->len = start;
+		buf_truncate(out, start);
 	return r;
 }
 
@@ -538,7 +546,7 @@ int milter_put_quarantine(struct buf *out, struct str reason)
 	if (r == 0)
 		r = buf_append_byte(out, 0);
 	if (r < 0)
-		out->len = start;
+		buf_truncate(out, start);
 	return r;
 }
 
@@ -557,6 +565,6 @@ int milter_put_replbody(struct buf *out, struct str body)
 		off += n;
 	} while (r == 0 && off < body.len);
 	if (r < 0)
-		out->len = start;
+		buf_truncate(out, start);
 	return r;
 }
