@@ -785,8 +785,11 @@ int cfg_parse(const char *file_name, const char *text, size_t len,
 	if (!file_name)
 		file_name = "(config)";
 	if (!text) {
-		if (len > 0)
+		if (len > 0) {
+			if (err && errlen > 0)
+				snprintf(err, errlen, "%s: no text", file_name);
 			return -EINVAL;
+		}
 		text = "";
 	}
 	size_t flen = strlen(file_name);

@@ -380,8 +380,13 @@ static void test_error_truncation(void **state)
 	assert_string_equal(err, "");
 	assert_int_equal(cfg_parse("t.conf", LIT("a = ;"), &root, NULL, 0), -EINVAL);
 	assert_null(root);
-	/* a NULL text is an empty document */
+	/* a NULL text is an empty document, or an error if it claims a length */
+	char big[64];
+	assert_int_equal(cfg_parse("t.conf", NULL, 1, &root, big, sizeof(big)), -EINVAL);
+	assert_string_equal(big, "t.conf: no text");
+	assert_null(root);
 	assert_int_equal(cfg_parse(NULL, NULL, 0, &root, NULL, 0), 0);
+	assert_string_equal(root->file, "(config)");
 	assert_null(root->child);
 	cfg_free(root);
 	assert_null(cfg_free(NULL));
