@@ -47,7 +47,8 @@ struct milter_session {
 	uint32_t want_steps; /* the handler's want.steps at negotiation */
 	struct milter_neg neg;
 	bool negotiated;
-	bool in_message;
+	bool active;     /* an SMTP session is under way: on_close is owed */
+	bool in_message; /* a message is under way: on_abort is owed unless EOM ends it */
 	bool skipping_body; /* SKIP answered: further chunks are not shown to the handler */
 	enum milter_step step;
 	bool pending;
@@ -328,8 +329,9 @@ static void reset_message(struct milter_session *ms, bool notify)
 static void reset_connection(struct milter_session *ms)
 {
 	reset_message(ms, true);
-	if (ms->h->on_close)
+	if (ms->active && ms->h->on_close)
 		ms->h->on_close(ms->h->ctx, ms);
+	ms->active = false;
 	buf_reset(&ms->conn);
 	buf_reset(&ms->helo);
 	ms->conn_host_len = 0;
@@ -504,6 +506,26 @@ static int dispatch(struct milter_session *ms, const struct milter_cmd *c, const
 		return -EPROTO;
 	}
 	switch (c->code) {
+	case MILTER_CMD_OPTNEG:
+	case MILTER_CMD_QUIT:
+	case MILTER_CMD_QUIT_NC:
+	case MILTER_CMD_ABORT:
+		break;
+	case MILTER_CMD_RCPT:
+	case MILTER_CMD_DATA:
+	case MILTER_CMD_HEADER:
+	case MILTER_CMD_EOH:
+	case MILTER_CMD_BODY:
+	case MILTER_CMD_BODYEOB:
+		/* With NOMAIL agreed a message starts without MAIL. */
+		ms->in_message = true;
+		ms->active = true;
+		break;
+	default:
+		ms->active = true;
+		break;
+	}
+	switch (c->code) {
 	case MILTER_CMD_OPTNEG: {
 		if (ms->negotiated) {
 			*why = "second option negotiation";
@@ -610,7 +632,19 @@ static int dispatch(struct milter_session *ms, const struct milter_cmd *c, const
 				ms->cmd = c;
 				enum milter_verdict bv = ms->h->on_step[MILTER_STEP_BODY](ms->h->ctx, ms);
 				ms->cmd = NULL;
-				(void)bv; /* XXX: a body verdict here is folded into EOM's */
+				/* As libmilter: a decisive body verdict is the answer to end of
+				 * message, and the EOM handler is not called. */
+				if (bv != MILTER_CONTINUE && bv != MILTER_SKIP) {
+					ms->step = MILTER_STEP_EOM;
+					if (bv == MILTER_PENDING) {
+						ms->pending = true;
+						ms->reply_needed = true;
+						session_pause(ms->s);
+						return 1;
+					}
+					finish_step(ms, bv, true);
+					return 0;
+				}
 			}
 		}
 		return run_step(ms, MILTER_STEP_EOM, c) ? 0 : 1;
@@ -707,12 +741,8 @@ static void milter_close(struct session *s)
 	struct milter_session *ms = session_data(s);
 	if (!ms)
 		return;
-	if (ms->negotiated && (ms->conn.len || ms->in_message)) {
-		/* EOF without QUIT: ABORT + QUIT. */
-		reset_message(ms, true);
-		if (ms->h->on_close)
-			ms->h->on_close(ms->h->ctx, ms);
-	}
+	/* EOF without QUIT: ABORT + QUIT. */
+	reset_connection(ms);
 	milter_handler_unref(ms->h);
 	buf_clear(&ms->out);
 	buf_clear(&ms->macros);
