@@ -203,6 +203,15 @@ static bool check_addr_args(const char *s, const char **why)
 	return true;
 }
 
+static bool check_from(const char *s, const char **why)
+{
+	if (!*s || *s == ' ') {
+		*why = "expected an address and optional ESMTP parameters, e.g. <u@example.org>";
+		return false;
+	}
+	return true;
+}
+
 static int load_milter(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
 {
 	int r = get_listen(m, &c->milter.listen, true, err, el);
@@ -262,8 +271,22 @@ static int load_milter(struct cfg_node *m, struct sluice_config *c, char *err, s
 			r = get_string_list(mod, "add_rcpt_par", check_addr_args, &h->add_rcpt_par, err, el);
 		if (r == 0)
 			r = get_string_list(mod, "del_rcpt", check_addr, &h->del_rcpt, err, el);
+		char **from = NULL;
 		if (r == 0)
-			r = get_string(mod, "change_from", &h->change_from, err, el);
+			r = get_string_list(mod, "change_from", check_from, &from, err, el);
+		if (r == 0 && from) {
+			/* A string, or a list of one: there is one sender. */
+			if (from[0] && from[1]) {
+				ERR(cfg_get(mod, "change_from"), err, el, "only one sender can be set");
+				r = -EINVAL;
+			} else {
+				h->change_from = from[0];
+				from[0] = NULL;
+			}
+			for (char **p = from; *p; p++)
+				free(*p);
+			free(from);
+		}
 		if (r == 0)
 			r = get_string(mod, "replace_body", &h->replace_body, err, el);
 		if (r == 0)

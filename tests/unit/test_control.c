@@ -1,0 +1,404 @@
+/*
+ * test_control -- unit tests of the control line protocol codec (src/proto/control.c).
+ *
+ * Requests and replies from tables (complete, partial, malformed), every prefix of a good
+ * input (always "need more", never an error), the length limits at and past the boundary,
+ * several messages in one buffer, and a reply written by control_put_reply() read back by
+ * control_reply_parse().
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "buf.h"
+#include "control.h"
+
+#define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define LIT(s) s, sizeof(s) - 1
+
+/* Words joined by '|' for comparison. */
+static void join_words(const struct control_request *r, char *out, size_t outlen)
+{
+	size_t pos = 0;
+	out[0] = '\0';
+	for (size_t i = 0; i < r->argc; i++) {
+		int w = snprintf(out + pos, outlen - pos, "%s%.*s", i ? "|" : "", (int)r->argv[i].len,
+				 r->argv[i].ptr);
+		assert_true(w >= 0 && (size_t)w < outlen - pos);
+		pos += (size_t)w;
+	}
+}
+
+/* ---- requests --------------------------------------------------------------------- */
+
+static const struct {
+	const char *in;
+	size_t len;
+	int result;
+	const char *words; /* result 1: the words joined by '|' */
+	size_t used;
+	const char *why; /* result -EPROTO */
+} request_cases[] = {
+	{ LIT("ping\n"), 1, "ping", 5, NULL },
+	{ LIT("stats milter\n"), 1, "stats|milter", 13, NULL },
+	{ LIT("stats milter\r\n"), 1, "stats|milter", 14, NULL },
+	{ LIT("  stats \t milter\t\n"), 1, "stats|milter", 18, NULL },
+	{ LIT("reload\nping\n"), 1, "reload", 7, NULL },
+	{ LIT("a\r\n\r\n"), 1, "a", 3, NULL },
+	{ LIT("caf\xc3\xa9 \xff\n"), 1, "caf\xc3\xa9|\xff", 8, NULL },
+	/* a CR inside the line is part of a word; only the one before LF is dropped */
+	{ LIT("a\rb\r\n"), 1, "a\rb", 5, NULL },
+	{ LIT("a \r\r\n"), 1, "a|\r", 5, NULL },
+	/* partial */
+	{ LIT(""), 0, NULL, 0, NULL },
+	{ LIT("ping"), 0, NULL, 0, NULL },
+	{ LIT("ping\r"), 0, NULL, 0, NULL },
+	{ LIT("   "), 0, NULL, 0, NULL },
+	/* a NUL before the line is complete is noticed only with the newline */
+	{ LIT("pi\0ng"), 0, NULL, 0, NULL },
+	/* malformed */
+	{ LIT("\n"), -EPROTO, NULL, 0, "empty request" },
+	{ LIT("\r\n"), -EPROTO, NULL, 0, "empty request" },
+	{ LIT(" \t \r\n"), -EPROTO, NULL, 0, "empty request" },
+	{ LIT("pi\0ng\n"), -EPROTO, NULL, 0, "NUL byte in request" },
+	{ LIT("\0\n"), -EPROTO, NULL, 0, "NUL byte in request" },
+	{ LIT("ping \0\r\n"), -EPROTO, NULL, 0, "NUL byte in request" },
+	/* a NUL after the line does not matter */
+	{ LIT("ping\n\0"), 1, "ping", 5, NULL },
+	{ LIT("1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16\n"), 1,
+	  "1|2|3|4|5|6|7|8|9|10|11|12|13|14|15|16", 39, NULL },
+	{ LIT("1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 \t\n"), 1,
+	  "1|2|3|4|5|6|7|8|9|10|11|12|13|14|15|16", 41, NULL },
+	{ LIT("1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17\n"), -EPROTO, NULL, 0,
+	  "too many words in request" },
+};
+
+static void test_request_table(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < ARRAY_SIZE(request_cases); i++) {
+		/* exact-size copy: ASan sees reads past the end */
+		char *in = malloc(request_cases[i].len ? request_cases[i].len : 1);
+		assert_non_null(in);
+		memcpy(in, request_cases[i].in, request_cases[i].len);
+		struct control_request req;
+		memset(&req, 0x5a, sizeof(req));
+		size_t used = 12345;
+		const char *why = NULL;
+		int r = control_request_parse(in, request_cases[i].len, &req, &used, &why);
+		if (r != request_cases[i].result)
+			fail_msg("case %zu: returned %d, expected %d (%s)", i, r, request_cases[i].result,
+				 why ? why : "");
+		if (r == 1) {
+			char words[512];
+			join_words(&req, words, sizeof(words));
+			assert_string_equal(words, request_cases[i].words);
+			assert_int_equal(used, request_cases[i].used);
+			for (size_t k = 0; k < req.argc; k++) {
+				assert_true(req.argv[k].len > 0);
+				assert_true(req.argv[k].ptr >= in &&
+					    req.argv[k].ptr + req.argv[k].len <= in + used);
+			}
+		} else {
+			/* out-parameters untouched */
+			assert_int_equal(used, 12345);
+			unsigned char fill[sizeof(req)];
+			memset(fill, 0x5a, sizeof(fill));
+			assert_memory_equal(&req, fill, sizeof(req));
+			if (r < 0)
+				assert_string_equal(why, request_cases[i].why);
+		}
+		free(in);
+	}
+}
+
+/* Every proper prefix of a good request needs more bytes. */
+static void test_request_prefixes(void **state)
+{
+	(void)state;
+	static const char line[] = "stats  milter\tjson\r\n";
+	for (size_t k = 0; k < sizeof(line) - 1; k++) {
+		char *in = malloc(k ? k : 1);
+		assert_non_null(in);
+		memcpy(in, line, k);
+		struct control_request req;
+		size_t used;
+		const char *why = NULL;
+		assert_int_equal(control_request_parse(in, k, &req, &used, &why), 0);
+		free(in);
+	}
+}
+
+/* CONTROL_LINE_MAX bytes include the newline. */
+static void test_request_line_length(void **state)
+{
+	(void)state;
+	char *in = malloc(CONTROL_LINE_MAX + 2);
+	assert_non_null(in);
+	struct control_request req;
+	size_t used = 0;
+	const char *why = NULL;
+
+	/* CONTROL_LINE_MAX - 1 bytes and the newline: accepted */
+	memset(in, 'x', CONTROL_LINE_MAX + 2);
+	in[CONTROL_LINE_MAX - 1] = '\n';
+	assert_int_equal(control_request_parse(in, CONTROL_LINE_MAX, &req, &used, &why), 1);
+	assert_int_equal(used, CONTROL_LINE_MAX);
+	assert_int_equal(req.argc, 1);
+	assert_int_equal(req.argv[0].len, CONTROL_LINE_MAX - 1);
+	/* same line with more bytes after it */
+	assert_int_equal(control_request_parse(in, CONTROL_LINE_MAX + 2, &req, &used, &why), 1);
+	assert_int_equal(used, CONTROL_LINE_MAX);
+
+	/* CONTROL_LINE_MAX - 1 bytes, no newline yet: wait */
+	assert_int_equal(control_request_parse(in, CONTROL_LINE_MAX - 1, &req, &used, &why), 0);
+	/* CONTROL_LINE_MAX bytes without a newline: too long */
+	memset(in, 'x', CONTROL_LINE_MAX + 2);
+	assert_int_equal(control_request_parse(in, CONTROL_LINE_MAX, &req, &used, &why), -EPROTO);
+	assert_string_equal(why, "request line too long");
+	/* the newline one byte too late */
+	in[CONTROL_LINE_MAX] = '\n';
+	why = NULL;
+	assert_int_equal(control_request_parse(in, CONTROL_LINE_MAX + 1, &req, &used, &why), -EPROTO);
+	assert_string_equal(why, "request line too long");
+	free(in);
+}
+
+/* Several requests in one buffer, consumed one by one. */
+static void test_request_pipeline(void **state)
+{
+	(void)state;
+	static const char in[] = "ping\r\nstats milter\n  reload  \nshutdown";
+	static const char *const expect[] = { "ping", "stats|milter", "reload" };
+	size_t off = 0;
+	for (size_t i = 0; i < ARRAY_SIZE(expect); i++) {
+		struct control_request req;
+		size_t used = 0;
+		const char *why = NULL;
+		assert_int_equal(control_request_parse(in + off, sizeof(in) - 1 - off, &req, &used, &why), 1);
+		char words[128];
+		join_words(&req, words, sizeof(words));
+		assert_string_equal(words, expect[i]);
+		off += used;
+	}
+	struct control_request req;
+	size_t used = 0;
+	const char *why = NULL;
+	assert_int_equal(control_request_parse(in + off, sizeof(in) - 1 - off, &req, &used, &why), 0);
+	assert_string_equal(in + off, "shutdown");
+}
+
+/* ---- replies ---------------------------------------------------------------------- */
+
+static const struct {
+	const char *in;
+	size_t len;
+	int result;
+	bool ok;
+	const char *body;
+	size_t body_len;
+	size_t used;
+	const char *why;
+} reply_cases[] = {
+	{ LIT("ok 0\n"), 1, true, LIT(""), 5, NULL },
+	{ LIT("ok 5\nhello"), 1, true, LIT("hello"), 10, NULL },
+	{ LIT("ok 5\nhello world"), 1, true, LIT("hello"), 10, NULL },
+	{ LIT("error 14\nunknown stats\n"), 1, false, LIT("unknown stats\n"), 23, NULL },
+	{ LIT("ok 3\na\0b"), 1, true, LIT("a\0b"), 8, NULL },
+	{ LIT("ok 2\n\n\n"), 1, true, LIT("\n\n"), 7, NULL },
+	{ LIT("ok 007\nabcdefg"), 1, true, LIT("abcdefg"), 14, NULL },
+	/* partial */
+	{ LIT(""), 0, false, NULL, 0, 0, NULL },
+	{ LIT("ok"), 0, false, NULL, 0, 0, NULL },
+	{ LIT("ok 5"), 0, false, NULL, 0, 0, NULL },
+	{ LIT("ok 5\nhell"), 0, false, NULL, 0, 0, NULL },
+	{ LIT("error 1\n"), 0, false, NULL, 0, 0, NULL },
+	{ LIT("ok 16777216\n"), 0, false, NULL, 0, 0, NULL },
+	/* the whole header must fit in 32 bytes */
+	{ LIT("ok 0000000000000000000000000005"), 0, false, NULL, 0, 0, NULL },
+	{ LIT("ok 00000000000000000000000000005"), -EPROTO, false, NULL, 0, 0, "reply header too long" },
+	{ LIT("ok 00000000000000000000000000005\nhello"), -EPROTO, false, NULL, 0, 0,
+	  "reply header too long" },
+	{ LIT("ok 0000000000000000000000000005\nhello"), 1, true, LIT("hello"), 37, NULL },
+	/* malformed */
+	{ LIT("ok\n"), -EPROTO, false, NULL, 0, 0, "reply header is not 'ok LEN' or 'error LEN'" },
+	{ LIT("ok \n"), -EPROTO, false, NULL, 0, 0, "reply header is not 'ok LEN' or 'error LEN'" },
+	{ LIT("error \n"), -EPROTO, false, NULL, 0, 0, "reply header is not 'ok LEN' or 'error LEN'" },
+	{ LIT("OK 1\nx"), -EPROTO, false, NULL, 0, 0, "reply header is not 'ok LEN' or 'error LEN'" },
+	{ LIT("okay 1\nx"), -EPROTO, false, NULL, 0, 0, "reply header is not 'ok LEN' or 'error LEN'" },
+	{ LIT("\n"), -EPROTO, false, NULL, 0, 0, "reply header is not 'ok LEN' or 'error LEN'" },
+	{ LIT("ok  1\nx"), -EPROTO, false, NULL, 0, 0, "reply length is not a number" },
+	{ LIT("ok 1 \nx"), -EPROTO, false, NULL, 0, 0, "reply length is not a number" },
+	{ LIT("ok 1\r\nx"), -EPROTO, false, NULL, 0, 0, "reply length is not a number" },
+	{ LIT("ok -1\n"), -EPROTO, false, NULL, 0, 0, "reply length is not a number" },
+	{ LIT("ok 0x10\n"), -EPROTO, false, NULL, 0, 0, "reply length is not a number" },
+	{ LIT("ok 16777217\n"), -EPROTO, false, NULL, 0, 0, "reply body too large" },
+	{ LIT("ok 99999999999999999999999\n"), -EPROTO, false, NULL, 0, 0, "reply body too large" },
+};
+
+static void test_reply_table(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < ARRAY_SIZE(reply_cases); i++) {
+		char *in = malloc(reply_cases[i].len ? reply_cases[i].len : 1);
+		assert_non_null(in);
+		memcpy(in, reply_cases[i].in, reply_cases[i].len);
+		struct control_reply rep;
+		memset(&rep, 0x5a, sizeof(rep));
+		size_t used = 12345;
+		const char *why = NULL;
+		int r = control_reply_parse(in, reply_cases[i].len, &rep, &used, &why);
+		if (r != reply_cases[i].result)
+			fail_msg("case %zu: returned %d, expected %d (%s)", i, r, reply_cases[i].result,
+				 why ? why : "");
+		if (r == 1) {
+			assert_int_equal(rep.ok, reply_cases[i].ok);
+			assert_int_equal(rep.body.len, reply_cases[i].body_len);
+			assert_memory_equal(rep.body.ptr, reply_cases[i].body, rep.body.len);
+			assert_int_equal(used, reply_cases[i].used);
+			assert_ptr_equal(rep.body.ptr + rep.body.len, in + used);
+		} else {
+			assert_int_equal(used, 12345);
+			unsigned char fill[sizeof(rep)];
+			memset(fill, 0x5a, sizeof(fill));
+			assert_memory_equal(&rep, fill, sizeof(rep));
+			if (r < 0)
+				assert_string_equal(why, reply_cases[i].why);
+		}
+		free(in);
+	}
+}
+
+/* Every proper prefix of a reply needs more bytes. */
+static void test_reply_prefixes(void **state)
+{
+	(void)state;
+	static const char reply[] = "error 11\nhello\nworld";
+	for (size_t k = 0; k < sizeof(reply) - 1; k++) {
+		char *in = malloc(k ? k : 1);
+		assert_non_null(in);
+		memcpy(in, reply, k);
+		struct control_reply rep;
+		size_t used;
+		const char *why = NULL;
+		assert_int_equal(control_reply_parse(in, k, &rep, &used, &why), 0);
+		free(in);
+	}
+}
+
+/* The largest body: CONTROL_BODY_MAX bytes, and a reply announcing one byte more. */
+static void test_reply_body_bounds(void **state)
+{
+	(void)state;
+	struct buf out;
+	buf_init(&out, CONTROL_BODY_MAX + 64);
+	char *body = malloc(CONTROL_BODY_MAX + 1);
+	assert_non_null(body);
+	memset(body, 'j', CONTROL_BODY_MAX + 1);
+	assert_int_equal(control_put_reply(&out, true, str_make(body, CONTROL_BODY_MAX)), 0);
+	assert_int_equal(out.len, 12 + CONTROL_BODY_MAX);
+	assert_memory_equal(out.ptr, "ok 16777216\n", 12);
+	struct control_reply rep;
+	size_t used = 0;
+	const char *why = NULL;
+	assert_int_equal(control_reply_parse(out.ptr, out.len, &rep, &used, &why), 1);
+	assert_int_equal(rep.body.len, CONTROL_BODY_MAX);
+	assert_int_equal(used, out.len);
+	assert_int_equal(control_reply_parse(out.ptr, out.len - 1, &rep, &used, &why), 0);
+	/* one byte more is refused by the writer, and by the reader */
+	buf_reset(&out);
+	assert_int_equal(control_put_reply(&out, true, str_make(body, CONTROL_BODY_MAX + 1)), -EINVAL);
+	assert_int_equal(out.len, 0);
+	free(body);
+	buf_clear(&out);
+}
+
+/* control_put_reply() output, read back. */
+static void test_reply_round_trip(void **state)
+{
+	(void)state;
+	static const struct {
+		bool ok;
+		const char *body;
+		size_t len;
+	} cases[] = {
+		{ true, LIT("") },
+		{ false, LIT("") },
+		{ true, LIT("pong\n") },
+		{ false, LIT("unknown command \"frob\"\n") },
+		{ true, LIT("{\"milter\":{\"sessions_current\":0}}") },
+		{ true, LIT("ok 5\nnested header inside the body\n") },
+		{ true, LIT("\0\0\n\0binary\xff") },
+	};
+	struct buf out;
+	buf_init(&out, 1 << 20);
+	/* all replies back to back in one buffer */
+	for (size_t i = 0; i < ARRAY_SIZE(cases); i++)
+		assert_int_equal(control_put_reply(&out, cases[i].ok, str_make(cases[i].body, cases[i].len)), 0);
+	size_t off = 0;
+	for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
+		struct control_reply rep;
+		size_t used = 0;
+		const char *why = NULL;
+		assert_int_equal(control_reply_parse(out.ptr + off, out.len - off, &rep, &used, &why), 1);
+		assert_int_equal(rep.ok, cases[i].ok);
+		assert_int_equal(rep.body.len, cases[i].len);
+		assert_memory_equal(rep.body.ptr, cases[i].body, cases[i].len);
+		off += used;
+	}
+	assert_int_equal(off, out.len);
+	/* a writer whose buffer is too small fails */
+	struct buf tiny;
+	buf_init(&tiny, 4);
+	assert_true(control_put_reply(&tiny, true, str_cstr("x")) < 0);
+	buf_clear(&tiny);
+	buf_clear(&out);
+}
+
+/* A request line and a reply header for each word count and each length parse back. */
+static void test_request_round_trip(void **state)
+{
+	(void)state;
+	for (size_t nwords = 1; nwords <= CONTROL_MAX_ARGS; nwords++) {
+		struct buf line;
+		buf_init(&line, CONTROL_LINE_MAX);
+		for (size_t i = 0; i < nwords; i++)
+			assert_int_equal(buf_printf(&line, "%sw%zu", i ? (i % 2 ? " " : "\t") : "", i), 0);
+		assert_int_equal(buf_append(&line, "\r\n", 2), 0);
+		struct control_request req;
+		size_t used = 0;
+		const char *why = NULL;
+		assert_int_equal(control_request_parse(line.ptr, line.len, &req, &used, &why), 1);
+		assert_int_equal(req.argc, nwords);
+		assert_int_equal(used, line.len);
+		for (size_t i = 0; i < nwords; i++) {
+			char w[16];
+			snprintf(w, sizeof(w), "w%zu", i);
+			assert_true(str_eq_cstr(req.argv[i], w));
+		}
+		buf_clear(&line);
+	}
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_request_table),
+		cmocka_unit_test(test_request_prefixes),
+		cmocka_unit_test(test_request_line_length),
+		cmocka_unit_test(test_request_pipeline),
+		cmocka_unit_test(test_request_round_trip),
+		cmocka_unit_test(test_reply_table),
+		cmocka_unit_test(test_reply_prefixes),
+		cmocka_unit_test(test_reply_body_bounds),
+		cmocka_unit_test(test_reply_round_trip),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
