@@ -67,6 +67,7 @@ check: test asan-check
 
 bench: deps-bench build
 	bench/run_milter.sh $(BUILD)
+	bench/idle_ab.sh $(BUILD)
 
 $(FUZZ_BUILD)/build.ninja:
 	CC=clang meson setup $(FUZZ_BUILD) -Dfuzzing=true -Dfunc_tests=false \
