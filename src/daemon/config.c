@@ -196,6 +196,9 @@ static bool check_addr(const char *s, const char **why)
 static bool check_addr_args(const char *s, const char **why)
 {
 	const char *sp = strchr(s, ' ');
+	if (sp)
+		while (sp[1] == ' ')
+			sp++;
 	if (!sp || sp == s || !sp[1]) {
 		*why = "expected an address and ESMTP parameters, e.g. <u@example.org> NOTIFY=NEVER";
 		return false;

@@ -302,6 +302,10 @@ int milter_session_quarantine(struct milter_session *ms, struct str reason)
 
 int milter_session_progress(struct milter_session *ms)
 {
+	/* Only while the MTA waits for an answer: at a no-reply step the packet would be
+	 * read as the answer to something else (and Sendmail takes it at EOM only). */
+	if (!(ms->neg.reply_steps & MILTER_STEP_BIT(ms->step)))
+		return -EPERM;
 	int r = milter_put_simple(&ms->out, MILTER_REPLY_PROGRESS);
 	if (r == 0 && ms->pending) {
 		/* Asynchronous: send it now, not with the final reply. */
@@ -505,8 +509,10 @@ static int dispatch(struct milter_session *ms, const struct milter_cmd *c, const
 		*why = "command before option negotiation";
 		return -EPROTO;
 	}
+	bool was_active = ms->active;
 	switch (c->code) {
 	case MILTER_CMD_OPTNEG:
+	case MILTER_CMD_MACRO: /* sent before the command it belongs to */
 	case MILTER_CMD_QUIT:
 	case MILTER_CMD_QUIT_NC:
 	case MILTER_CMD_ABORT:
@@ -557,6 +563,14 @@ static int dispatch(struct milter_session *ms, const struct milter_cmd *c, const
 		}
 		return 0;
 	case MILTER_CMD_CONNECT:
+		if (was_active) {
+			/* A new SMTP session without QUIT_NC: end the previous one, keeping the
+			 * CONNECT macros that were just sent for this one. */
+			reset_message(ms, true);
+			if (ms->h->on_close)
+				ms->h->on_close(ms->h->ctx, ms);
+			buf_reset(&ms->helo);
+		}
 		forget_later_macros(ms, SLOT_CONNECT);
 		buf_reset(&ms->conn);
 		if (buf_append_str(&ms->conn, c->connect.host) < 0 || buf_append_byte(&ms->conn, 0) < 0 ||

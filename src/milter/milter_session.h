@@ -116,9 +116,14 @@ int milter_session_del_rcpt(struct milter_session *ms, struct str addr);
 int milter_session_change_from(struct milter_session *ms, struct str addr, struct str args);
 int milter_session_replace_body(struct milter_session *ms, struct str body);
 int milter_session_quarantine(struct milter_session *ms, struct str reason);
-/* Tell the MTA to keep waiting (any step in Postfix, EOM in Sendmail). */
+/* Tell the MTA to keep waiting (any step in Postfix, EOM in Sendmail); -EPERM at a step
+ * whose answer the MTA does not wait for. */
 int milter_session_progress(struct milter_session *ms);
-/* Deliver the verdict of a step that returned MILTER_PENDING. */
+/*
+ * Deliver the verdict of a step that returned MILTER_PENDING.  Commands that arrived
+ * meanwhile are processed at once, and one of them may end the session: the handler must
+ * not use ms after this call returns.
+ */
 void milter_session_resume(struct milter_session *ms, enum milter_verdict v);
 
 #endif

@@ -64,10 +64,10 @@ int control_reply_parse(const char *p, size_t n, struct control_reply *ret, size
 	}
 	bool ok;
 	size_t i;
-	if (nl - p > 3 && memcmp(p, "ok ", 3) == 0) {
+	if (nl - p >= 3 && memcmp(p, "ok ", 3) == 0) {
 		ok = true;
 		i = 3;
-	} else if (nl - p > 6 && memcmp(p, "error ", 6) == 0) {
+	} else if (nl - p >= 6 && memcmp(p, "error ", 6) == 0) {
 		ok = false;
 		i = 6;
 	} else {

@@ -288,7 +288,7 @@ int milter_negotiate(uint32_t mta_version, uint32_t mta_actions, uint32_t mta_pr
 	}
 	n.protocol = proto;
 
-	n.actions = want->actions & mta_actions & ~MILTER_ACT_SETSYMLIST;
+	n.actions = want->actions & mta_actions & MILTER_ACT_ALL & ~MILTER_ACT_SETSYMLIST;
 	bool any_macros = false;
 	for (int i = 0; i < MILTER_MACROS_COUNT; i++)
 		if (want->macros[i] && want->macros[i][0])

@@ -808,6 +808,14 @@ static void check_callbacks(const uint8_t *consumed, size_t n, const struct fz *
 		off += f.size;
 		switch (f.code) {
 		case MILTER_CMD_OPTNEG:
+		case MILTER_CMD_MACRO: /* belongs to the command after it */
+			break;
+		case MILTER_CMD_CONNECT:
+			/* a new SMTP session without QUIT_NC ends the previous one */
+			aborts += in_msg;
+			closes += active;
+			in_msg = false;
+			active = true;
 			break;
 		case MILTER_CMD_ABORT:
 			aborts += in_msg;

@@ -229,8 +229,8 @@ static const struct {
 	{ LIT("ok 0000000000000000000000000005\nhello"), 1, true, LIT("hello"), 37, NULL },
 	/* malformed */
 	{ LIT("ok\n"), -EPROTO, false, NULL, 0, 0, "reply header is not 'ok LEN' or 'error LEN'" },
-	{ LIT("ok \n"), -EPROTO, false, NULL, 0, 0, "reply header is not 'ok LEN' or 'error LEN'" },
-	{ LIT("error \n"), -EPROTO, false, NULL, 0, 0, "reply header is not 'ok LEN' or 'error LEN'" },
+	{ LIT("ok \n"), -EPROTO, false, NULL, 0, 0, "reply without length" },
+	{ LIT("error \n"), -EPROTO, false, NULL, 0, 0, "reply without length" },
 	{ LIT("OK 1\nx"), -EPROTO, false, NULL, 0, 0, "reply header is not 'ok LEN' or 'error LEN'" },
 	{ LIT("okay 1\nx"), -EPROTO, false, NULL, 0, 0, "reply header is not 'ok LEN' or 'error LEN'" },
 	{ LIT("\n"), -EPROTO, false, NULL, 0, 0, "reply header is not 'ok LEN' or 'error LEN'" },

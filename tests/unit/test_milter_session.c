@@ -158,10 +158,14 @@ static void pend_fire(evutil_socket_t fd, short what, void *arg)
 	if (p->th->progress_before_resume)
 		milter_session_progress(p->ms);
 	struct milter_session *ms = p->ms;
+	struct th *th = p->th;
 	enum milter_verdict v = p->v;
 	event_free(p->ev);
 	free(p);
+	/* input that arrived meanwhile is handled inside this call, and may end the session:
+	 * ms must not be used after it */
 	milter_session_resume(ms, v);
+	th_printf(th, "resumed;");
 }
 
 static enum milter_verdict th_step(void *ctx, struct milter_session *ms)
@@ -979,10 +983,11 @@ static void test_macros(void **state)
 		{ 'U', LIT("HELP\0"),
 		  "unknown(HELP) {j}=mx.example daemon_name=smtpd {client_addr}=192.0.2.7 i- "
 		  "mail_addr- rcpt_addr-;" },
-		/* a second CONNECT replaces C and forgets everything later */
+		/* a second CONNECT without QUIT_NC ends the previous SMTP session (close, HELO
+		 * forgotten), replaces C and forgets everything later */
 		{ 'D', LIT("Cj\0mx2.example\0"), NULL },
 		{ 'C', LIT("other.example\0" "6\x02\x4b" "2001:db8::7\0"),
-		  "connect(other.example,6,587,2001:db8::7,helo=again.example) {j}=mx2.example "
+		  "close;connect(other.example,6,587,2001:db8::7,helo=) {j}=mx2.example "
 		  "daemon_name- {client_addr}- i- mail_addr- rcpt_addr-;" },
 	};
 	for (size_t i = 0; i < ARRAY_SIZE(seq); i++) {
@@ -1423,7 +1428,7 @@ static void test_pending_resume(void **state)
 	assert_true(now_ms_test() - t0 >= 250);
 	expect_reply(fd, 'c');
 	expect_silence(fd, 50);
-	expect_log(th, "mail(<a@example.org>) pending;resume(reject);rcpt(<b@example.net> #1);");
+	expect_log(th, "mail(<a@example.org>) pending;resume(reject);rcpt(<b@example.net> #1);resumed;");
 
 	/* a deferred step without reply (HELO): no answer for it, the next one follows */
 	th->pending_ms[MILTER_STEP_HELO] = 100;
@@ -1435,10 +1440,10 @@ static void test_pending_resume(void **state)
 	wire_send(fd, &w);
 	expect_silence(fd, 50);
 	assert_int_equal(atomic_load(&th->steps[MILTER_STEP_MAIL]), 1);
-	expect_reply(fd, 'p'); /* the handler asked for it; Postfix accepts it at any step */
+	/* no 'p' either: progress is refused (-EPERM) at a step the MTA expects no answer to */
 	expect_reply(fd, 'c');
 	expect_silence(fd, 50);
-	expect_log(th, "helo(helo.example) pending;resume(tempfail);abort;mail(<c@example.org>);");
+	expect_log(th, "helo(helo.example) pending;resume(tempfail);abort;mail(<c@example.org>);resumed;");
 
 	/* a deferred EOM: modifications made before deferring go first, then the verdict */
 	th->pending_ms[MILTER_STEP_EOM] = 100;
@@ -1452,9 +1457,22 @@ static void test_pending_resume(void **state)
 	expect_reply(fd, 'p');
 	expect_reply(fd, 'a');
 	expect_silence(fd, 50);
-	expect_log(th, "eom(0) mods=0,0,-1,-1,-1,-1,-1,0,0,-1,-22 pending;resume(accept);");
+	expect_log(th, "eom(0) mods=0,0,-1,-1,-1,-1,-1,0,0,-1,-22 pending;resume(accept);resumed;");
 	mta_cmd(fd, 'Q', NULL, 0);
 	expect_eof(fd);
+	expect_log(th, "close;");
+
+	/* a protocol error read after the verdict ends the session inside
+	 * milter_session_resume(): on_abort and on_close run before it returns */
+	th->eom_mods = false;
+	th->pending_ms[MILTER_STEP_MAIL] = 100;
+	fd = mta_open(f);
+	mta_optneg(fd, 6, PF_ACTS, PF_PROTO);
+	wire_str(&w, 'M', "<d@example.org>");
+	wire_raw(&w, "\0\0\0\0", 4);
+	wire_send(fd, &w);
+	WAIT_FOR(stat_protocol_errors(f) == 1);
+	expect_log(th, "mail(<d@example.org>) pending;resume(continue);abort;close;resumed;");
 }
 
 /* ---- body ------------------------------------------------------------------------- */
@@ -1552,7 +1570,7 @@ static void test_bodyeob_data_verdict(void **state)
 	expect_silence(fd, 50);
 	expect_reply(fd, 't');
 	expect_silence(fd, 50);
-	expect_log(th, "body(5) pending;resume(tempfail);");
+	expect_log(th, "body(5) pending;resume(tempfail);resumed;");
 	mta_cmd(fd, 'Q', NULL, 0);
 	expect_eof(fd);
 }
