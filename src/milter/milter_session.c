@@ -317,7 +317,9 @@ int milter_session_progress(struct milter_session *ms)
 
 /* ---- state ---- */
 
-static void reset_message(struct milter_session *ms, bool notify)
+/* End the message: notify the handler if asked and a message was open, and forget the
+ * macros from slot macros_from (SLOT_MAIL, or SLOT_RCPT when a MAIL's own macros stay). */
+static void reset_message(struct milter_session *ms, bool notify, int macros_from)
 {
 	if (notify && ms->in_message && ms->h->on_abort)
 		ms->h->on_abort(ms->h->ctx, ms);
@@ -327,12 +329,14 @@ static void reset_message(struct milter_session *ms, bool notify)
 	buf_reset(&ms->rcpt);
 	ms->rcpt_count = 0;
 	ms->body_size = 0;
-	macros_drop(ms, SLOT_MAIL, SLOT_EOM);
+	macros_drop(ms, macros_from, SLOT_EOM);
 }
 
-static void reset_connection(struct milter_session *ms)
+/* End the SMTP session: the open message, then the connection; forget the macros from
+ * slot macros_from (0, or SLOT_HELO when a CONNECT's own macros stay). */
+static void reset_connection(struct milter_session *ms, int macros_from)
 {
-	reset_message(ms, true);
+	reset_message(ms, true, SLOT_MAIL);
 	if (ms->active && ms->h->on_close)
 		ms->h->on_close(ms->h->ctx, ms);
 	ms->active = false;
@@ -341,7 +345,7 @@ static void reset_connection(struct milter_session *ms)
 	ms->conn_host_len = 0;
 	ms->family = 0;
 	ms->port = 0;
-	macros_drop(ms, 0, SLOT_COUNT - 1);
+	macros_drop(ms, macros_from, SLOT_COUNT - 1);
 }
 
 static int macro_slot_for(uint8_t stage)
@@ -445,7 +449,7 @@ static void finish_step(struct milter_session *ms, enum milter_verdict v, bool r
 		session_log(ms->s, LOG_LEVEL_DEBUG, "%s: %s%s", milter_step_name(ms->step),
 			    milter_verdict_name(v), reply_needed ? "" : " (no reply)");
 	if (ms->step == MILTER_STEP_EOM)
-		reset_message(ms, false);
+		reset_message(ms, false, SLOT_MAIL);
 	buf_clear(&ms->reply);
 }
 
@@ -566,10 +570,8 @@ static int dispatch(struct milter_session *ms, const struct milter_cmd *c, const
 		if (was_active) {
 			/* A new SMTP session without QUIT_NC: end the previous one, keeping the
 			 * CONNECT macros that were just sent for this one. */
-			reset_message(ms, true);
-			if (ms->h->on_close)
-				ms->h->on_close(ms->h->ctx, ms);
-			buf_reset(&ms->helo);
+			reset_connection(ms, SLOT_HELO);
+			ms->active = true;
 		}
 		forget_later_macros(ms, SLOT_CONNECT);
 		buf_reset(&ms->conn);
@@ -592,15 +594,7 @@ static int dispatch(struct milter_session *ms, const struct milter_cmd *c, const
 	case MILTER_CMD_MAIL: {
 		/* A new MAIL starts a new message even without ABORT; this MAIL's macros, sent
 		 * just before it, stay. */
-		if (ms->in_message && ms->h->on_abort)
-			ms->h->on_abort(ms->h->ctx, ms);
-		ms->in_message = false;
-		ms->skipping_body = false;
-		buf_reset(&ms->sender);
-		buf_reset(&ms->rcpt);
-		ms->rcpt_count = 0;
-		ms->body_size = 0;
-		macros_drop(ms, SLOT_RCPT, SLOT_EOM);
+		reset_message(ms, true, SLOT_RCPT);
 		ms->in_message = true;
 		if (copy_str(&ms->sender, c->envelope.addr) < 0) {
 			*why = "sender address too long";
@@ -665,15 +659,15 @@ static int dispatch(struct milter_session *ms, const struct milter_cmd *c, const
 	case MILTER_CMD_UNKNOWN:
 		return run_step(ms, MILTER_STEP_UNKNOWN, c) ? 0 : 1;
 	case MILTER_CMD_ABORT:
-		reset_message(ms, true);
+		reset_message(ms, true, SLOT_MAIL);
 		return 0;
 	case MILTER_CMD_QUIT:
-		reset_connection(ms);
+		reset_connection(ms, 0);
 		flush(ms);
 		session_close(ms->s);
 		return 1;
 	case MILTER_CMD_QUIT_NC:
-		reset_connection(ms);
+		reset_connection(ms, 0);
 		return 0;
 	}
 	*why = "unknown command";
@@ -687,27 +681,27 @@ static void milter_input(struct session *s, struct evbuffer *in)
 		if (ms->pending)
 			break;
 		size_t avail = evbuffer_get_length(in);
-		if (avail < 4)
-			break;
 		unsigned char hdr[4];
-		evbuffer_copyout(in, hdr, 4);
-		struct milter_frame f;
+		size_t size;
 		const char *why = NULL;
-		int r = milter_frame_parse(hdr, 4, ms->max_packet, &f, &why);
+		int r = milter_frame_size(hdr, (size_t)evbuffer_copyout(in, hdr, 4), ms->max_packet,
+					  &size, &why);
+		if (r == 0)
+			break;
 		if (r < 0) {
 			flush(ms);
 			session_protocol_error(s, why);
 			return;
 		}
-		size_t len = (size_t)hdr[0] << 24 | (size_t)hdr[1] << 16 | (size_t)hdr[2] << 8 | hdr[3];
-		if (avail < len + 4)
+		if (avail < size)
 			break; /* partial packet: wait for the rest (the engine times it out) */
-		const unsigned char *p = evbuffer_pullup(in, (ev_ssize_t)(len + 4));
+		const unsigned char *p = evbuffer_pullup(in, (ev_ssize_t)size);
 		if (!p) {
 			session_protocol_error(s, "out of memory");
 			return;
 		}
-		r = milter_frame_parse(p, len + 4, ms->max_packet, &f, &why);
+		struct milter_frame f;
+		r = milter_frame_parse(p, size, ms->max_packet, &f, &why);
 		struct milter_cmd cmd;
 		if (r == 1)
 			r = milter_cmd_decode(&f, &cmd, &why);
@@ -717,7 +711,7 @@ static void milter_input(struct session *s, struct evbuffer *in)
 			session_protocol_error(s, why);
 			return;
 		}
-		evbuffer_drain(in, len + 4);
+		evbuffer_drain(in, size);
 		if (r == 1)
 			break; /* pending, or closed by QUIT */
 	}
@@ -756,7 +750,7 @@ static void milter_close(struct session *s)
 	if (!ms)
 		return;
 	/* EOF without QUIT: ABORT + QUIT. */
-	reset_connection(ms);
+	reset_connection(ms, 0);
 	milter_handler_unref(ms->h);
 	buf_clear(&ms->out);
 	buf_clear(&ms->macros);

@@ -57,13 +57,12 @@ static uint32_t get_u32(const unsigned char *p)
 	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
-int milter_frame_parse(const void *p, size_t n, size_t cap, struct milter_frame *ret,
-		       const char **ret_why)
+int milter_frame_size(const void *p, size_t n, size_t cap, size_t *ret_size,
+		      const char **ret_why)
 {
-	const unsigned char *b = p;
 	if (n < 4)
 		return 0;
-	uint32_t len = get_u32(b);
+	uint32_t len = get_u32(p);
 	if (len == 0) {
 		*ret_why = "packet length 0";
 		return -EPROTO;
@@ -72,11 +71,21 @@ int milter_frame_parse(const void *p, size_t n, size_t cap, struct milter_frame 
 		*ret_why = "packet length above limit";
 		return -EPROTO;
 	}
-	if (n - 4 < len)
-		return 0;
+	*ret_size = (size_t)len + 4;
+	return 1;
+}
+
+int milter_frame_parse(const void *p, size_t n, size_t cap, struct milter_frame *ret,
+		       const char **ret_why)
+{
+	const unsigned char *b = p;
+	size_t size;
+	int r = milter_frame_size(p, n, cap, &size, ret_why);
+	if (r <= 0 || n < size)
+		return r < 0 ? r : 0;
 	ret->code = b[4];
-	ret->data = str_make((const char *)b + 5, len - 1);
-	ret->size = (size_t)len + 4;
+	ret->data = str_make((const char *)b + 5, size - 5);
+	ret->size = size;
 	return 1;
 }
 

@@ -154,6 +154,14 @@ struct milter_frame {
 };
 
 /*
+ * Read the length word at p[0..n): returns 1 and *ret_size (4 + length: the bytes the whole
+ * packet takes) when n >= 4, 0 when fewer bytes are there, or -EPROTO with *ret_why when
+ * the length word is 0 or above cap.
+ */
+int milter_frame_size(const void *p, size_t n, size_t cap, size_t *ret_size,
+		      const char **ret_why);
+
+/*
  * Locate the first packet in p[0..n).  Returns 1 and fills *ret when a whole packet is
  * present, 0 when more bytes are needed (a partial packet, nothing consumed), or -EPROTO
  * with *ret_why set when the length word is 0 or above cap.
