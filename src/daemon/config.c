@@ -17,17 +17,27 @@
 
 #define ERR(...) cfg_error(__VA_ARGS__)
 
-static int get_string(struct cfg_node *obj, const char *key, char **ret, char *err, size_t el)
+/* The node of a key that may be given once: 0 with *ret (NULL when absent), or -EINVAL. */
+static int get_one(struct cfg_node *obj, const char *key, struct cfg_node **ret, char *err,
+		   size_t el)
 {
 	struct cfg_node *n = cfg_get(obj, key);
-	if (!n)
-		return 0;
-	if (cfg_next_same(n)) {
+	if (n && cfg_next_same(n)) {
 		ERR(cfg_next_same(n), err, el, "given twice");
 		return -EINVAL;
 	}
+	*ret = n;
+	return 0;
+}
+
+static int get_string(struct cfg_node *obj, const char *key, char **ret, char *err, size_t el)
+{
+	struct cfg_node *n;
+	int r = get_one(obj, key, &n, err, el);
+	if (r < 0 || !n)
+		return r;
 	const char *s;
-	int r = cfg_string(n, &s, err, el);
+	r = cfg_string(n, &s, err, el);
 	if (r < 0)
 		return r;
 	if (!*s) {
@@ -45,28 +55,22 @@ static int get_string(struct cfg_node *obj, const char *key, char **ret, char *e
 static int get_duration(struct cfg_node *obj, const char *key, int64_t min, int64_t max,
 			int64_t *ret, char *err, size_t el)
 {
-	struct cfg_node *n = cfg_get(obj, key);
-	if (!n)
-		return 0;
-	if (cfg_next_same(n)) {
-		ERR(cfg_next_same(n), err, el, "given twice");
-		return -EINVAL;
-	}
+	struct cfg_node *n;
+	int r = get_one(obj, key, &n, err, el);
+	if (r < 0 || !n)
+		return r;
 	return cfg_duration_ms(n, min, max, ret, err, el);
 }
 
 static int get_uint(struct cfg_node *obj, const char *key, int64_t min, int64_t max,
 		    unsigned *ret, char *err, size_t el)
 {
-	struct cfg_node *n = cfg_get(obj, key);
-	if (!n)
-		return 0;
-	if (cfg_next_same(n)) {
-		ERR(cfg_next_same(n), err, el, "given twice");
-		return -EINVAL;
-	}
+	struct cfg_node *n;
+	int r = get_one(obj, key, &n, err, el);
+	if (r < 0 || !n)
+		return r;
 	int64_t v;
-	int r = cfg_int64(n, min, max, &v, err, el);
+	r = cfg_int64(n, min, max, &v, err, el);
 	if (r == 0)
 		*ret = (unsigned)v;
 	return r;

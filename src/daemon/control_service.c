@@ -10,6 +10,15 @@
 #include "control_service.h"
 #include "daemon.h"
 
+static void send_reply(struct session *s, bool ok, struct str body)
+{
+	struct buf out;
+	buf_init(&out, CONTROL_BODY_MAX + 64);
+	control_put_reply(&out, ok, body);
+	session_write(s, out.ptr, out.len);
+	buf_clear(&out);
+}
+
 static void control_input(struct session *s, struct evbuffer *in)
 {
 	struct daemon *d = service_arg(session_service(s));
@@ -26,27 +35,20 @@ static void control_input(struct session *s, struct evbuffer *in)
 		if (r == 0)
 			return;
 		if (r < 0) {
-			struct buf out;
-			buf_init(&out, 4096);
-			control_put_reply(&out, false, str_cstr(why));
-			session_write(s, out.ptr, out.len);
-			buf_clear(&out);
+			send_reply(s, false, str_cstr(why));
 			session_protocol_error(s, why);
 			return;
 		}
-		struct buf body, out;
+		struct buf body;
 		buf_init(&body, CONTROL_BODY_MAX);
-		buf_init(&out, CONTROL_BODY_MAX + 64);
 		bool ok = false;
 		if (daemon_control(d, req.argc, req.argv, &body, &ok) < 0) {
 			buf_reset(&body);
 			buf_append_cstr(&body, "internal error\n");
 			ok = false;
 		}
-		control_put_reply(&out, ok, buf_str(&body));
-		session_write(s, out.ptr, out.len);
+		send_reply(s, ok, buf_str(&body));
 		buf_clear(&body);
-		buf_clear(&out);
 		evbuffer_drain(in, used);
 	}
 }

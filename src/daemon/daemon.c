@@ -110,7 +110,7 @@ static void arm_stats(struct daemon *d)
 	int64_t ms = d->cfg->stats_interval_ms;
 	if (ms <= 0)
 		return;
-	struct timeval tv = { .tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000 };
+	struct timeval tv = timeval_from_ms((uint64_t)ms);
 	event_add(d->ev_stats, &tv);
 }
 

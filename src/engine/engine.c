@@ -316,6 +316,13 @@ void session_log(struct session *s, enum log_level level, const char *fmt, ...)
 		s->peer, msg);
 }
 
+/* Give back the slot a connection took at accept (service and worker counts). */
+static void slot_release(struct service *svc, struct worker *w)
+{
+	atomic_fetch_sub(&svc->current, 1);
+	atomic_fetch_sub(&w->nsessions, 1);
+}
+
 static void session_free(struct session *s)
 {
 	if (s->in_input) {
@@ -341,30 +348,17 @@ static void session_free(struct session *s)
 		.timed_out = s->timed_out,
 	};
 	shard_count(svc, w->idx, count_end, &se);
-	atomic_fetch_sub(&svc->current, 1);
-	atomic_fetch_sub(&w->nsessions, 1);
+	slot_release(svc, w);
 	free(s);
 }
 
-static struct timeval ms_to_tv(uint64_t ms)
-{
-	return (struct timeval){ .tv_sec = (time_t)(ms / 1000),
-				 .tv_usec = (suseconds_t)(ms % 1000) * 1000 };
-}
-
-/*
- * Timeouts ride on the bufferevent's own read and write events (EV_PERSIST events re-arm
- * their timeout whenever they fire), so a session costs no extra timer and a read costs
- * no timer update.  The value changes only when the session moves between idle (nothing
- * buffered) and command (a partial request buffered, a reply not written, a verdict
- * pending) -- rarely, since requests usually arrive whole.
- */
+/* The timeval for ms on w's base: a common timeout when a slot is free. */
 static struct timeval worker_timeout(struct worker *w, uint64_t ms)
 {
 	for (size_t i = 0; i < w->ncommon; i++)
 		if (w->common[i].ms == ms)
 			return *w->common[i].tv;
-	struct timeval tv = ms_to_tv(ms);
+	struct timeval tv = timeval_from_ms(ms);
 	if (w->ncommon < ARRAY_SIZE(w->common)) {
 		const struct timeval *c = event_base_init_common_timeout(w->base, &tv);
 		if (c) {
@@ -376,6 +370,13 @@ static struct timeval worker_timeout(struct worker *w, uint64_t ms)
 	return tv; /* more distinct durations than slots (many reloads): plain timers */
 }
 
+/*
+ * Timeouts ride on the bufferevent's own read and write events (EV_PERSIST events re-arm
+ * their timeout whenever they fire), so a session costs no extra timer and a read costs
+ * no timer update.  The value changes only when the session moves between idle (nothing
+ * buffered) and command (a partial request buffered, a reply not written, a verdict
+ * pending) -- rarely, since requests usually arrive whole.
+ */
 static void session_arm_timer(struct session *s)
 {
 	if (s->closing)
@@ -554,8 +555,7 @@ static void session_start(struct worker *w, const struct worker_msg *m)
 	return;
 undo:
 	log_error("cannot start a session: out of memory");
-	atomic_fetch_sub(&svc->current, 1);
-	atomic_fetch_sub(&w->nsessions, 1);
+	slot_release(svc, w);
 }
 
 /* ---- workers ---- */
@@ -585,8 +585,7 @@ static void worker_on_notify(evutil_socket_t fd, short what, void *arg)
 		for (size_t j = i + 1; j < n; j++)
 			if (q[j].type == WORKER_MSG_SESSION) {
 				close(q[j].fd);
-				atomic_fetch_sub(&q[j].svc->current, 1);
-				atomic_fetch_sub(&w->nsessions, 1);
+				slot_release(q[j].svc, w);
 			}
 		break;
 	}
@@ -805,8 +804,7 @@ static void listener_on_accept(evutil_socket_t lfd, short what, void *arg)
 		atomic_fetch_add(&w->nsessions, 1);
 		if (worker_post(w, &m) < 0) {
 			close(fd);
-			atomic_fetch_sub(&svc->current, 1);
-			atomic_fetch_sub(&w->nsessions, 1);
+			slot_release(svc, w);
 			log_error("svc=%s: cannot hand a connection to a worker", svc->name);
 		}
 	}

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/time.h>
 #include <time.h>
 
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
@@ -22,6 +23,12 @@ static inline uint64_t now_ns(void)
 static inline uint64_t now_ms(void)
 {
 	return now_ns() / 1000000u;
+}
+
+static inline struct timeval timeval_from_ms(uint64_t ms)
+{
+	return (struct timeval){ .tv_sec = (time_t)(ms / 1000),
+				 .tv_usec = (suseconds_t)(ms % 1000) * 1000 };
 }
 
 int fd_set_nonblock(int fd);
