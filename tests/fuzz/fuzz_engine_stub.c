@@ -23,18 +23,8 @@
 #include <string.h>
 
 #include "engine.h"
+#include "fuzz_engine_stub.h"
 
-/* The harness's side (declared again in fuzz_milter.c; there is no header). */
-void fuzz_service_free(struct service *svc);
-struct session *fuzz_session_open(struct service *svc);
-void fuzz_session_feed(struct session *s, const void *p, size_t n);
-void fuzz_session_eof(struct session *s);
-bool fuzz_session_ended(const struct session *s);
-bool fuzz_session_protocol_error(const struct session *s);
-bool fuzz_session_paused(const struct session *s);
-struct evbuffer *fuzz_session_input(struct session *s);
-struct evbuffer *fuzz_session_output(struct session *s);
-void fuzz_session_free(struct session *s);
 
 #define STUB_CHECK(x)                                                                  \
 	do {                                                                            \

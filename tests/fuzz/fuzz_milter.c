@@ -34,6 +34,7 @@
 
 #include "buf.h"
 #include "engine.h"
+#include "fuzz_engine_stub.h"
 #include "log.h"
 #include "milter.h"
 #include "milter_session.h"
@@ -42,17 +43,6 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 
-/* fuzz_engine_stub.c */
-void fuzz_service_free(struct service *svc);
-struct session *fuzz_session_open(struct service *svc);
-void fuzz_session_feed(struct session *s, const void *p, size_t n);
-void fuzz_session_eof(struct session *s);
-bool fuzz_session_ended(const struct session *s);
-bool fuzz_session_protocol_error(const struct session *s);
-bool fuzz_session_paused(const struct session *s);
-struct evbuffer *fuzz_session_input(struct session *s);
-struct evbuffer *fuzz_session_output(struct session *s);
-void fuzz_session_free(struct session *s);
 
 #define CHECK(x)                                                                        \
 	do {                                                                             \
