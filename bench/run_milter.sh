@@ -34,21 +34,12 @@ die() { say "$*"; exit 1; }
 [ -x "$LOAD" ] || die "$LOAD not found: build first (meson setup $BUILD && ninja -C $BUILD)"
 
 DIR=$(mktemp -d "${TMPDIR:-/tmp}/sluice-bench.XXXXXX") || die "mktemp failed"
-PIDS=()
+declare -A PID SOCK NOTE
 
 cleanup() {
-	local pid
-	for pid in "${PIDS[@]}"; do
-		kill "$pid" 2>/dev/null
-	done
-	# libmilter waits for open sessions on SIGTERM: give up after 5 seconds.
-	for pid in "${PIDS[@]}"; do
-		for _ in $(seq 1 50); do
-			kill -0 "$pid" 2>/dev/null || break
-			sleep 0.1
-		done
-		kill -KILL "$pid" 2>/dev/null
-		wait "$pid" 2>/dev/null
+	local name
+	for name in "${!PID[@]}"; do
+		stop "$name"
 	done
 	if [ "${BENCH_KEEP:-0}" = 1 ]; then
 		say "kept $DIR"
@@ -83,7 +74,6 @@ fi
 # ---- the filters ----------------------------------------------------------------------
 
 NAMES=()
-declare -A PID SOCK NOTE
 
 wait_socket() {                 # wait_socket PATH PID: the filter is listening
 
@@ -111,13 +101,11 @@ milter {
 EOF
 	"$SLUICED" -c "$conf" 2>>"$log" &
 	PID[sluiced]=$!
-	PIDS+=("${PID[sluiced]}")
 	SOCK[sluiced]=$DIR/milter.sock
 	if ! wait_socket "$DIR/milter.sock" "${PID[sluiced]}"; then
 		say "sluiced did not come up; its log:"
 		tail -n 20 "$log" >&2
-		kill "${PID[sluiced]}" 2>/dev/null
-		PID[sluiced]=
+		stop sluiced
 		return 1
 	fi
 }
@@ -128,12 +116,11 @@ start_libmilter() {
 	"$NULL_MILTER" -p "unix:$DIR/null.sock" -s connect,helo,mail,rcpt,eom \
 	    2>>"$DIR/null_milter.log" &
 	PID[libmilter]=$!
-	PIDS+=("${PID[libmilter]}")
 	SOCK[libmilter]=$DIR/null.sock
 	if ! wait_socket "$DIR/null.sock" "${PID[libmilter]}"; then
 		say "null_milter did not come up; its log:"
 		tail -n 20 "$DIR/null_milter.log" >&2
-		PID[libmilter]=
+		stop libmilter
 		return 1
 	fi
 }
@@ -145,8 +132,8 @@ start() {                       # start NAME
 	esac
 }
 
-stop() {                        # stop NAME
-	local pid=${PID[$1]:-}
+stop() {                        # stop NAME; libmilter waits for open sessions on SIGTERM:
+	local pid=${PID[$1]:-}      # give up after 5 seconds
 	[ -n "$pid" ] || return 0
 	kill "$pid" 2>/dev/null
 	for _ in $(seq 1 50); do
