@@ -617,11 +617,11 @@ def test_sigterm_drains_open_sessions_and_exits_0(sluiced):
 
     s.signal(signal.SIGTERM)
 
-    def not_accepting():
-        if not unix_listening(s.milter_socket):
-            return True
-        return closed_or_refused(s.milter_socket)
-    wait_until(not_accepting, 5, "sluiced to stop accepting after SIGTERM")
+    # Poll the listener without connecting: a probe connection made before the signal is
+    # handled would be accepted and drained like any session, and hold the check up.
+    wait_until(lambda: not unix_listening(s.milter_socket), 5,
+               "sluiced to stop accepting after SIGTERM")
+    assert closed_or_refused(s.milter_socket), "a new session was served after SIGTERM"
     assert s.alive(), "sluiced exited with a session open"
 
     # the open transaction still completes
