@@ -2,6 +2,10 @@
  * sluice -- the operator's command: talks to sluiced over the control socket.
  *
  *   sluice [-c FILE | -s SOCKET] status|stats|reload|help [--json]
+ *   sluice ... limits top [RULE] | limits show KEY [RULE] | limits reset KEY [RULE]
+ *   sluice ... test [--client-ip IP] [--client-name NAME] [--helo NAME] [--sasl-user U]
+ *                   [--from ADDR] [--rcpt ADDR]... [--header "Name: value"]...
+ *                   [--size BYTES] [--message FILE]
  *
  * The socket is taken from -s, or from control.listen in the configuration file (the same
  * file the daemon reads, default /etc/sluice/sluice.conf).  Exit status: 0 success, 1 the
@@ -33,6 +37,14 @@ static void usage(FILE *f)
 		"            (min / mean / max / std-dev), current and peak sessions, errors\n"
 		"  reload    check the configuration file and reload it\n"
 		"  help      commands the daemon understands\n"
+		"  limits top [RULE]         the keys nearest their limits\n"
+		"  limits show KEY [RULE]    a key's state in every rule (or in RULE)\n"
+		"  limits reset KEY [RULE]   forget a key's counts\n"
+		"  test [--client-ip IP] [--client-name NAME] [--helo NAME] [--sasl-user USER]\n"
+		"       [--from ADDR] [--rcpt ADDR]... [--header 'Name: value']... [--size BYTES]\n"
+		"       [--message FILE]\n"
+		"            explain what the rules would do with such a transaction now,\n"
+		"            without counting anything (--message: headers and size from a file)\n"
 		"options:\n"
 		"  -c FILE   configuration file to find the control socket in (default %s)\n"
 		"  -s SOCK   control socket: unix:/path, /path, inet:host:port\n"
@@ -114,6 +126,120 @@ bad:
 	return -1;
 }
 
+/* Append " name=VALUE" with VALUE %XX-encoded (spaces, controls, '%', 8-bit). */
+static int put_arg(struct buf *req, const char *name, const char *v, size_t len)
+{
+	if (buf_printf(req, " %s=", name) < 0)
+		return -1;
+	for (size_t i = 0; i < len; i++) {
+		unsigned char c = (unsigned char)v[i];
+		int r = (c <= ' ' || c >= 0x7f || c == '%') ? buf_printf(req, "%%%02X", c)
+							    : buf_append_byte(req, c);
+		if (r < 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* Headers (unfolded) and size of a message file, as test arguments. */
+static int put_message(struct buf *req, const char *path)
+{
+	FILE *f = fopen(path, "r");
+	if (!f) {
+		fprintf(stderr, "sluice: %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	char line[4096];
+	char hdr[4096];
+	size_t hlen = 0;
+	int headers = 0;
+	bool in_headers = true;
+	long size = 0;
+	while (fgets(line, sizeof(line), f)) {
+		size += (long)strlen(line);
+		if (!in_headers)
+			continue;
+		size_t n = strcspn(line, "\r\n");
+		if ((line[0] == ' ' || line[0] == '\t') && hlen) {
+			if (hlen + n < sizeof(hdr)) {
+				memcpy(hdr + hlen, line, n);
+				hlen += n;
+			}
+			continue;
+		}
+		if (hlen && headers < 32 && put_arg(req, "header", hdr, hlen) < 0)
+			goto toolong;
+		headers += hlen != 0;
+		hlen = 0;
+		if (n == 0) {
+			in_headers = false;
+			continue;
+		}
+		memcpy(hdr, line, n);
+		hlen = n;
+	}
+	if (hlen && headers < 32 && put_arg(req, "header", hdr, hlen) < 0)
+		goto toolong;
+	fclose(f);
+	char num[32];
+	snprintf(num, sizeof(num), "%ld", size);
+	return put_arg(req, "size", num, strlen(num));
+toolong:
+	fclose(f);
+	fprintf(stderr, "sluice: %s: headers too long for one request\n", path);
+	return -1;
+}
+
+static int build_test(struct buf *req, int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "client-ip", required_argument, NULL, 'i' },
+		{ "client-name", required_argument, NULL, 'n' },
+		{ "helo", required_argument, NULL, 'e' },
+		{ "sasl-user", required_argument, NULL, 'u' },
+		{ "from", required_argument, NULL, 'f' },
+		{ "rcpt", required_argument, NULL, 'r' },
+		{ "header", required_argument, NULL, 'H' },
+		{ "size", required_argument, NULL, 'z' },
+		{ "message", required_argument, NULL, 'm' },
+		{ NULL, 0, NULL, 0 },
+	};
+	static const struct {
+		int opt;
+		const char *name;
+	} names[] = { { 'i', "client_ip" }, { 'n', "client_name" }, { 'e', "helo" },
+		      { 'u', "sasl_user" }, { 'f', "from" },	    { 'r', "rcpt" },
+		      { 'H', "header" },    { 'z', "size" } };
+	if (buf_append_cstr(req, "test") < 0)
+		return -1;
+	optind = 1;
+	int opt;
+	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		if (opt == 'm') {
+			if (put_message(req, optarg) < 0)
+				return -1;
+			continue;
+		}
+		const char *name = NULL;
+		for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+			if (names[i].opt == opt)
+				name = names[i].name;
+		if (!name) {
+			usage(stderr);
+			return -1;
+		}
+		if (put_arg(req, name, optarg, strlen(optarg)) < 0) {
+			fprintf(stderr, "sluice: test: arguments too long\n");
+			return -1;
+		}
+	}
+	if (optind != argc) {
+		fprintf(stderr, "sluice: test: unexpected \"%s\"\n", argv[optind]);
+		return -1;
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *config = CONFIG_DEFAULT_PATH, *sock = NULL;
@@ -139,6 +265,11 @@ int main(int argc, char **argv)
 	}
 	struct buf req;
 	buf_init(&req, CONTROL_LINE_MAX - 1);
+	if (strcmp(argv[optind], "test") == 0) {
+		if (build_test(&req, argc - optind, argv + optind) < 0)
+			return 2;
+		optind = argc;
+	}
 	for (int i = optind; i < argc; i++) {
 		if (strcmp(argv[i], "--json") == 0) {
 			json = true;

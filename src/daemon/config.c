@@ -235,6 +235,8 @@ static int load_milter(struct cfg_node *m, struct sluice_config *c, char *err, s
 		r = cfg_size(n, 65536 + 1, 64u << 20, &c->milter.max_packet, err, el);
 	}
 	struct cfg_node *reply = cfg_get(m, "reply");
+	if (reply || cfg_get(m, "modify"))
+		c->milter.static_handler = true;
 	if (r == 0 && reply) {
 		if (reply->kind != CFG_OBJECT) {
 			ERR(reply, err, el, "expected a block { step = action; ... }");
@@ -302,6 +304,47 @@ static int load_milter(struct cfg_node *m, struct sluice_config *c, char *err, s
 	return r;
 }
 
+static int load_policy(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
+{
+	int r = get_listen(m, &c->policy.listen, true, err, el);
+	if (r == 0)
+		r = get_uint(m, "max_sessions", 0, 10000000, &c->policy.max_sessions, err, el);
+	if (r == 0)
+		r = get_duration(m, "idle_timeout", 1000, INT64_C(86400000) * 7,
+				 &c->policy.idle_timeout_ms, err, el);
+	if (r == 0)
+		r = get_duration(m, "command_timeout", 100, INT64_C(86400000),
+				 &c->policy.command_timeout_ms, err, el);
+	struct cfg_node *n;
+	if (r == 0 && (n = cfg_get(m, "max_request")))
+		r = cfg_size(n, 1024, 1u << 20, &c->policy.max_request, err, el);
+	return r;
+}
+
+static int load_store(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
+{
+	char *type = NULL;
+	int r = get_string(m, "type", &type, err, el);
+	if (r == 0 && type && strcmp(type, "memory") != 0) {
+		ERR(cfg_get(m, "type"), err, el, "\"%.50s\": this sluiced has the memory store only",
+		    type);
+		r = -EINVAL;
+	}
+	free(type);
+	int64_t v;
+	struct cfg_node *n;
+	if (r == 0 && (n = cfg_get(m, "max_keys")) &&
+	    (r = cfg_int64(n, 1000, INT64_C(1000000000), &v, err, el)) == 0)
+		c->store.max_keys = (uint64_t)v;
+	if (r == 0)
+		r = get_duration(m, "snapshot_interval", 0, INT64_C(86400000),
+				 &c->store.snapshot_interval_ms, err, el);
+	if (r == 0)
+		r = get_duration(m, "overrides_check", 1000, INT64_C(3600000),
+				 &c->store.overrides_check_ms, err, el);
+	return r;
+}
+
 static int load(struct cfg_node *root, struct sluice_config *c, char *err, size_t el)
 {
 	int r = get_uint(root, "workers", 0, 256, &c->workers, err, el);
@@ -346,14 +389,29 @@ static int load(struct cfg_node *root, struct sluice_config *c, char *err, size_
 	}
 	if (r == 0 && (n = cfg_get(root, "control")))
 		r = get_listen(n, &c->control, true, err, el);
-	if (r == 0) {
-		n = cfg_get(root, "milter");
-		if (!n) {
-			cfg_error(root, err, el, "a milter { listen = ...; } block is required");
-			r = -EINVAL;
-		} else {
-			r = load_milter(n, c, err, el);
-		}
+	struct cfg_node *milter = cfg_get(root, "milter");
+	struct cfg_node *policy = cfg_get(root, "policy");
+	if (r == 0 && !milter && !policy) {
+		cfg_error(root, err, el, "nothing to serve: give a milter { listen = ...; } or a "
+			  "policy { listen = ...; } block (or both)");
+		r = -EINVAL;
+	}
+	if (r == 0 && milter)
+		r = load_milter(milter, c, err, el);
+	if (r == 0 && policy)
+		r = load_policy(policy, c, err, el);
+	if (r == 0)
+		r = get_string(root, "state_dir", &c->state_dir, err, el);
+	if (r == 0 && (n = cfg_get(root, "store")))
+		r = load_store(n, c, err, el);
+	if (r == 0)
+		r = policy_load(root, &c->rules, err, el);
+	if (r == 0 && c->milter.static_handler && policy_rule_count(c->rules) +
+	    (policy_has_classes(c->rules) ? 1 : 0) > 0) {
+		cfg_error(cfg_get(milter, "reply") ? cfg_get(milter, "reply") : cfg_get(milter, "modify"),
+			  err, el, "milter reply {} and modify {} are fixed answers for testing an "
+			  "MTA's integration; they cannot be combined with limit or class rules");
+		r = -EINVAL;
 	}
 	if (r == 0)
 		r = cfg_check_unused(root, err, el);
@@ -384,7 +442,16 @@ int config_load(const char *path, struct sluice_config **ret, char *err, size_t 
 	c->milter.idle_timeout_ms = 2 * 3600 * 1000;
 	c->milter.command_timeout_ms = 300 * 1000;
 	c->milter.max_packet = MILTER_LEN_CAP_DEFAULT;
-	r = c->path ? load(root, c, err, errlen) : -ENOMEM;
+	c->policy.listen.mode = 0666; /* Postfix's smtpd runs as postfix, not as sluice */
+	c->policy.max_sessions = 1000;
+	c->policy.idle_timeout_ms = 3600 * 1000;
+	c->policy.command_timeout_ms = 60 * 1000;
+	c->policy.max_request = 65536;
+	c->store.max_keys = 1000000;
+	c->store.snapshot_interval_ms = 300 * 1000;
+	c->store.overrides_check_ms = 5 * 1000;
+	c->state_dir = strdup("/var/lib/sluice");
+	r = c->path && c->state_dir ? load(root, c, err, errlen) : -ENOMEM;
 	cfg_free(root);
 	if (r < 0) {
 		if (!err[0])
@@ -411,7 +478,10 @@ struct sluice_config *config_free(struct sluice_config *c)
 	free(c->pid_file);
 	listen_conf_clear(&c->control);
 	listen_conf_clear(&c->milter.listen);
+	listen_conf_clear(&c->policy.listen);
 	milter_static_conf_clear(&c->milter.handler);
+	free(c->state_dir);
+	policy_unref(c->rules);
 	free(c);
 	return NULL;
 }

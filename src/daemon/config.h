@@ -14,6 +14,7 @@
 #include "build_config.h"
 #include "log.h"
 #include "milter_static.h"
+#include "policy.h"
 
 #define CONFIG_DEFAULT_PATH SLUICE_SYSCONFDIR "/sluice.conf"
 #define CONFIG_MAX_LISTEN 16
@@ -43,7 +44,22 @@ struct sluice_config {
 		int64_t command_timeout_ms;
 		uint64_t max_packet;
 		struct milter_static_conf handler;
+		bool static_handler;     /* reply {} or modify {} given */
 	} milter;
+	struct {
+		struct listen_conf listen;
+		unsigned max_sessions;
+		int64_t idle_timeout_ms;
+		int64_t command_timeout_ms;
+		uint64_t max_request;
+	} policy;
+	char *state_dir;
+	struct {
+		uint64_t max_keys;
+		int64_t snapshot_interval_ms; /* 0 = only at shutdown */
+		int64_t overrides_check_ms;   /* how often overrides files are checked */
+	} store;
+	struct policy *rules;                 /* limit and class blocks (never NULL) */
 };
 
 /* Load and check a file.  0 and *ret, or <0 with err "FILE:LINE: KEY: message". */

@@ -26,7 +26,11 @@
 #include "daemon.h"
 #include "engine.h"
 #include "milter_session.h"
+#include "milter_policy.h"
 #include "milter_static.h"
+#include "pfpolicy_service.h"
+#include "policy_control.h"
+#include "store.h"
 #include "util.h"
 
 struct daemon {
@@ -35,8 +39,11 @@ struct daemon {
 	struct sluice_config *cfg;
 	pthread_mutex_t cfg_lock; /* cfg is read by control sessions on workers */
 	struct service *milter;
+	struct service *policy;
 	struct service *control;
+	struct store *store;
 	struct event *ev_term, *ev_int, *ev_hup, *ev_stats, *ev_drain;
+	struct event *ev_snapshot, *ev_expire, *ev_overrides;
 	const char *config_path;
 	uint64_t drain_deadline_ms;
 	uint64_t started_ms;
@@ -67,7 +74,17 @@ static void apply_limits(struct daemon *d, const struct sluice_config *c)
 		.command_timeout_ms = (uint64_t)c->milter.command_timeout_ms,
 		.max_input = c->milter.max_packet + 65536,
 	};
-	service_set_limits(d->milter, &lim);
+	if (d->milter)
+		service_set_limits(d->milter, &lim);
+	if (d->policy) {
+		struct service_limits pl = {
+			.max_sessions = c->policy.max_sessions,
+			.idle_timeout_ms = (uint64_t)c->policy.idle_timeout_ms,
+			.command_timeout_ms = (uint64_t)c->policy.command_timeout_ms,
+			.max_input = c->policy.max_request + 4096,
+		};
+		service_set_limits(d->policy, &pl);
+	}
 	if (d->control) {
 		struct service_limits cl = { .max_sessions = 64,
 					     .idle_timeout_ms = 60 * 1000,
@@ -81,6 +98,40 @@ static struct milter_service_conf milter_conf(const struct sluice_config *c)
 {
 	return (struct milter_service_conf){ .max_packet = c->milter.max_packet,
 					     .max_macros = 256 * 1024 };
+}
+
+/* The milter handler for a configuration: the rules, or the fixed replies for testing. */
+static struct milter_handler *milter_handler_for(struct sluice_config *c)
+{
+	if (c->milter.static_handler || (policy_rule_count(c->rules) == 0 &&
+					 !policy_has_classes(c->rules)))
+		return milter_static_new(&c->milter.handler);
+	return milter_policy_new(c->rules);
+}
+
+static struct pfpolicy_conf pfpolicy_conf(const struct sluice_config *c)
+{
+	return (struct pfpolicy_conf){ .max_request = c->policy.max_request };
+}
+
+static void log_class_stats(struct daemon *d)
+{
+	struct class_stats cs[64];
+	pthread_mutex_lock(&d->cfg_lock);
+	size_t n = policy_class_stats(d->cfg->rules, cs, ARRAY_SIZE(cs));
+	pthread_mutex_unlock(&d->cfg_lock);
+	for (size_t i = 0; i < n; i++)
+		log_info("stats class=%s used=%u peak=%u inbound=%u sessions=%u entered=%llu "
+			 "refused=%llu", cs[i].name, cs[i].used, cs[i].peak, cs[i].inbound,
+			 cs[i].sessions, (unsigned long long)cs[i].entered,
+			 (unsigned long long)cs[i].refused);
+	struct store_stats ss;
+	d->store->ops->stats(d->store->ctx, &ss);
+	log_info("stats store=%s keys=%llu max_keys=%llu bytes=%llu evicted=%llu expired=%llu "
+		 "decisions=%llu errors=%llu", d->store->type, (unsigned long long)ss.keys,
+		 (unsigned long long)ss.max_keys, (unsigned long long)ss.bytes,
+		 (unsigned long long)ss.evicted, (unsigned long long)ss.expired,
+		 (unsigned long long)ss.decisions, (unsigned long long)ss.errors);
 }
 
 static void log_stats(struct daemon *d, bool reset)
@@ -120,7 +171,60 @@ static void on_stats(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	log_stats(d, true);
+	log_class_stats(d);
 	arm_stats(d);
+}
+
+/* XXX the snapshot is written on the main thread: it holds one shard lock at a time, and
+ * the listeners wait for the write and fsync (milliseconds for a million keys). */
+static void save_snapshot(struct daemon *d)
+{
+	char err[512];
+	if (d->store->ops->save(d->store->ctx, err, sizeof(err)) < 0)
+		log_error("cannot save the limits snapshot: %s", err);
+}
+
+static void arm_timer(struct event *ev, int64_t ms)
+{
+	event_del(ev);
+	if (ms > 0) {
+		struct timeval tv = timeval_from_ms((uint64_t)ms);
+		event_add(ev, &tv);
+	}
+}
+
+static void on_snapshot(evutil_socket_t fd, short what, void *arg)
+{
+	struct daemon *d = arg;
+	(void)fd;
+	(void)what;
+	save_snapshot(d);
+	arm_timer(d->ev_snapshot, d->cfg->store.snapshot_interval_ms);
+}
+
+static void on_expire(evutil_socket_t fd, short what, void *arg)
+{
+	struct daemon *d = arg;
+	(void)fd;
+	(void)what;
+	d->store->ops->expire(d->store->ctx, realtime_ns());
+	arm_timer(d->ev_expire, 1000);
+}
+
+static void on_overrides(evutil_socket_t fd, short what, void *arg)
+{
+	struct daemon *d = arg;
+	(void)fd;
+	(void)what;
+	struct buf err;
+	buf_init(&err, 64 * 1024);
+	int n = policy_reload_overrides(d->cfg->rules, &err);
+	if (err.len)
+		log_error("%.*s", (int)(err.len - 1), err.ptr);
+	if (n > 0)
+		log_notice("reloaded %d overrides file%s", n, n == 1 ? "" : "s");
+	buf_clear(&err);
+	arm_timer(d->ev_overrides, d->cfg->store.overrides_check_ms);
 }
 
 static bool listen_equal(const struct listen_conf *a, const struct listen_conf *b)
@@ -144,25 +248,39 @@ static void reload(struct daemon *d)
 	}
 	struct sluice_config *old = d->cfg;
 	if (!listen_equal(&old->milter.listen, &nc->milter.listen) ||
+	    !listen_equal(&old->policy.listen, &nc->policy.listen) ||
 	    !listen_equal(&old->control, &nc->control))
 		log_warning("reload: listen addresses changed; they take effect at the next restart");
 	if (nc->workers != old->workers)
 		log_warning("reload: workers changed; it takes effect at the next restart");
-	struct milter_handler *h = milter_static_new(&nc->milter.handler);
-	if (!h) {
+	if (strcmp(old->state_dir, nc->state_dir) != 0)
+		log_warning("reload: state_dir changed; it takes effect at the next restart");
+	policy_set_store(nc->rules, d->store);
+	struct milter_handler *h = d->milter ? milter_handler_for(nc) : NULL;
+	if (d->milter && !h) {
 		log_error("reload failed: out of memory; keeping the running configuration");
 		config_free(nc);
 		return;
 	}
 	log_setup(nc->log.target, nc->log.facility, nc->log.level);
-	milter_service_set_handler(d->milter, h);
-	struct milter_service_conf mc = milter_conf(nc);
-	milter_service_set_conf(d->milter, &mc);
+	if (d->milter) {
+		milter_service_set_handler(d->milter, h);
+		struct milter_service_conf mc = milter_conf(nc);
+		milter_service_set_conf(d->milter, &mc);
+	}
+	if (d->policy) {
+		pfpolicy_service_set_policy(d->policy, nc->rules);
+		struct pfpolicy_conf pc = pfpolicy_conf(nc);
+		pfpolicy_service_set_conf(d->policy, &pc);
+	}
+	store_memory_set_max_keys(d->store, nc->store.max_keys);
 	pthread_mutex_lock(&d->cfg_lock);
 	d->cfg = nc;
 	pthread_mutex_unlock(&d->cfg_lock);
 	apply_limits(d, nc);
 	arm_stats(d);
+	arm_timer(d->ev_snapshot, nc->store.snapshot_interval_ms);
+	arm_timer(d->ev_overrides, nc->store.overrides_check_ms);
 	config_free(old);
 	d->reloads++;
 	log_notice("configuration reloaded from %s", d->config_path);
@@ -232,6 +350,13 @@ int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct
 				service_stats_format(out, &st);
 			}
 		}
+		pthread_mutex_lock(&d->cfg_lock);
+		struct policy *p = policy_ref(d->cfg->rules);
+		pthread_mutex_unlock(&d->cfg_lock);
+		if (json)
+			buf_append_byte(out, ',');
+		policy_control_stats(p, d->store, json, out);
+		policy_unref(p);
 		if (json)
 			buf_append_cstr(out, "}\n");
 		*ret_ok = true;
@@ -277,8 +402,19 @@ int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct
 		*ret_ok = true;
 		return 0;
 	}
+	if (str_eq_cstr(argv[0], "limits") || str_eq_cstr(argv[0], "test")) {
+		pthread_mutex_lock(&d->cfg_lock);
+		struct policy *p = policy_ref(d->cfg->rules);
+		pthread_mutex_unlock(&d->cfg_lock);
+		int r = str_eq_cstr(argv[0], "test") ? policy_control_test(p, argc, argv, out, ret_ok)
+						     : policy_control_limits(p, argc, argv, out, ret_ok);
+		policy_unref(p);
+		return r;
+	}
 	if (str_eq_cstr(argv[0], "help")) {
-		buf_append_cstr(out, "commands: status [--json], stats [--json], reload, help\n");
+		buf_append_cstr(out, "commands: status [--json], stats [--json], reload, "
+			"limits top [RULE] [--json], limits show KEY [RULE], limits reset KEY [RULE], "
+			"test NAME=VALUE..., help\n");
 		*ret_ok = true;
 		return 0;
 	}
@@ -302,11 +438,12 @@ static void raise_nofile(struct daemon *d)
 		getrlimit(RLIMIT_NOFILE, &rl);
 	}
 	d->nofile = rl.rlim_cur;
-	unsigned need = d->cfg->milter.max_sessions + 64;
-	if (d->cfg->milter.max_sessions && d->nofile < need)
-		log_warning("file descriptor limit %llu is below milter max_sessions %u + 64: "
-			    "connections beyond it will wait in the listen queue",
-			    (unsigned long long)d->nofile, d->cfg->milter.max_sessions);
+	unsigned need = d->cfg->milter.max_sessions + d->cfg->policy.max_sessions + 64;
+	if (d->nofile < need)
+		log_warning("file descriptor limit %llu is below milter max_sessions %u + policy "
+			    "max_sessions %u + 64: connections beyond it will wait in the listen "
+			    "queue", (unsigned long long)d->nofile, d->cfg->milter.max_sessions,
+			    d->cfg->policy.max_sessions);
 }
 
 static int open_listeners(struct daemon *d)
@@ -322,6 +459,15 @@ static int open_listeners(struct daemon *d)
 		}
 		log_info("milter listening on %s", c->milter.listen.addr[i]);
 	}
+	for (size_t i = 0; i < c->policy.listen.n; i++) {
+		err[0] = '\0';
+		if (service_listen(d->policy, c->policy.listen.addr[i], c->policy.listen.mode, err,
+				   sizeof(err)) < 0) {
+			log_error("policy listen %s", err);
+			return -1;
+		}
+		log_info("policy listening on %s", c->policy.listen.addr[i]);
+	}
 	for (size_t i = 0; i < c->control.n; i++) {
 		err[0] = '\0';
 		if (service_listen(d->control, c->control.addr[i], c->control.mode, err, sizeof(err)) < 0) {
@@ -331,6 +477,28 @@ static int open_listeners(struct daemon *d)
 		log_info("control listening on %s", c->control.addr[i]);
 	}
 	return 0;
+}
+
+/* The memory store, with its snapshot in state_dir when that directory exists. */
+static struct store *open_store(const struct sluice_config *c)
+{
+	char path[4096], warn[512];
+	struct stat st;
+	struct store_memory_conf mc = { .max_keys = c->store.max_keys, .snapshot = NULL };
+	if (stat(c->state_dir, &st) == 0 && S_ISDIR(st.st_mode)) {
+		if (fmt_fixed(path, sizeof(path), "%s/limits.snapshot", c->state_dir) < 0)
+			fatal("state_dir path too long");
+		mc.snapshot = path;
+	} else {
+		log_warning("state_dir %s is not a directory: limits will start from zero at "
+			    "every restart", c->state_dir);
+	}
+	struct store *s = store_memory_new(&mc, realtime_ns(), warn, sizeof(warn));
+	if (!s)
+		fatal("out of memory at start");
+	if (warn[0])
+		log_error("%s", warn);
+	return s;
 }
 
 static int write_pid_file(const char *path)
@@ -415,19 +583,33 @@ int daemon_main(int argc, char **argv)
 	d.base = event_base_new();
 	if (!d.base)
 		fatal("cannot create the event loop");
+	d.store = open_store(d.cfg);
+	policy_set_store(d.cfg->rules, d.store);
 	d.e = engine_new(d.cfg->workers, d.base);
-	struct milter_handler *h = d.e ? milter_static_new(&d.cfg->milter.handler) : NULL;
-	struct milter_service_conf mc = milter_conf(d.cfg);
-	if (h)
-		d.milter = milter_service_new(d.e, h, &mc);
-	if (d.milter && d.cfg->control.n)
-		d.control = control_service_new(d.e, &d);
-	if (!d.e || !h || !d.milter || (d.cfg->control.n && !d.control))
+	if (!d.e)
 		fatal("out of memory at start");
+	if (d.cfg->milter.listen.n) {
+		struct milter_handler *h = milter_handler_for(d.cfg);
+		struct milter_service_conf mc = milter_conf(d.cfg);
+		if (!h || !(d.milter = milter_service_new(d.e, h, &mc)))
+			fatal("out of memory at start");
+	}
+	if (d.cfg->policy.listen.n) {
+		struct pfpolicy_conf pc = pfpolicy_conf(d.cfg);
+		if (!(d.policy = pfpolicy_service_new(d.e, d.cfg->rules, &pc)))
+			fatal("out of memory at start");
+	}
+	if (d.cfg->control.n && !(d.control = control_service_new(d.e, &d)))
+		fatal("out of memory at start");
+	log_info("rules: %zu limits, %s; store: memory, max_keys %llu",
+		 policy_rule_count(d.cfg->rules),
+		 policy_has_classes(d.cfg->rules) ? "host classes" : "no host classes",
+		 (unsigned long long)d.cfg->store.max_keys);
 	apply_limits(&d, d.cfg);
 	if (open_listeners(&d) < 0) {
 		engine_free(d.e);
 		config_free(d.cfg);
+		store_free(d.store);
 		event_base_free(d.base);
 		return 1;
 	}
@@ -448,11 +630,18 @@ int daemon_main(int argc, char **argv)
 	d.ev_hup = evsignal_new(d.base, SIGHUP, on_signal, &d);
 	d.ev_stats = evtimer_new(d.base, on_stats, &d);
 	d.ev_drain = evtimer_new(d.base, on_drain_tick, &d);
+	d.ev_snapshot = evtimer_new(d.base, on_snapshot, &d);
+	d.ev_expire = evtimer_new(d.base, on_expire, &d);
+	d.ev_overrides = evtimer_new(d.base, on_overrides, &d);
 	if (!d.ev_term || !d.ev_int || !d.ev_hup || !d.ev_stats || !d.ev_drain ||
+	    !d.ev_snapshot || !d.ev_expire || !d.ev_overrides ||
 	    event_add(d.ev_term, NULL) < 0 || event_add(d.ev_int, NULL) < 0 ||
 	    event_add(d.ev_hup, NULL) < 0)
 		fatal("cannot install signal handlers");
 	arm_stats(&d);
+	arm_timer(d.ev_snapshot, d.cfg->store.snapshot_interval_ms);
+	arm_timer(d.ev_expire, 1000);
+	arm_timer(d.ev_overrides, d.cfg->store.overrides_check_ms);
 	log_notice("sluiced %s started: %u workers, configuration %s, file descriptor limit %llu",
 		   SLUICE_VERSION, engine_workers(d.e), path, (unsigned long long)d.nofile);
 	event_base_dispatch(d.base);
@@ -466,11 +655,16 @@ int daemon_main(int argc, char **argv)
 	event_free(d.ev_hup);
 	event_free(d.ev_stats);
 	event_free(d.ev_drain);
+	event_free(d.ev_snapshot);
+	event_free(d.ev_expire);
+	event_free(d.ev_overrides);
 	event_base_free(d.base);
+	save_snapshot(&d);
 	if (d.pid_file && d.pid_file[0])
 		unlink(d.pid_file);
 	free(d.pid_file);
 	config_free(d.cfg);
+	store_free(d.store);
 	pthread_mutex_destroy(&d.cfg_lock);
 	log_notice("sluiced stopped");
 	return 0;

@@ -23,6 +23,16 @@ struct buf {
 };
 
 void buf_init(struct buf *b, size_t max);
+/* A buffer over caller memory (size >= 1) that never reallocates: max = size - 1.  Do not
+ * buf_clear() it. */
+static inline void buf_init_fixed(struct buf *b, char *space, size_t size)
+{
+	b->ptr = space;
+	b->len = 0;
+	b->cap = size;
+	b->max = size - 1;
+	space[0] = '\0';
+}
 /* Release the memory; the buffer can be used again (with the same max). */
 void buf_clear(struct buf *b);
 /* Forget the contents, keep the memory. */

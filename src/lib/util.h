@@ -20,6 +20,14 @@ static inline uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* Wall-clock time in ns (CLOCK_REALTIME): for state that must survive a restart. */
+static inline uint64_t realtime_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static inline uint64_t now_ms(void)
 {
 	return now_ns() / 1000000u;

@@ -15,8 +15,8 @@
 #include "buf.h"
 #include "str.h"
 
-#define CONTROL_LINE_MAX 1024
-#define CONTROL_MAX_ARGS 16
+#define CONTROL_LINE_MAX 16384
+#define CONTROL_MAX_ARGS 64
 #define CONTROL_BODY_MAX (16u * 1024 * 1024)
 
 struct control_request {

@@ -1,0 +1,299 @@
+#!/usr/bin/env bash
+# run_rules.sh -- what limit rules cost: milter_load against (a) sluiced with no rules,
+# (b) sluiced with five limit rules and (c) counter_milter, the libmilter rate limit a
+# mail administrator writes, side by side in one run.
+#
+# Usage: bench/run_rules.sh [BUILD_DIR]         (default ./build)
+#
+# The three filters run at once on unix sockets in a temporary directory; milter_load
+# drives one at a time, BENCH_ROUNDS rounds in turn (a, b, c, a, b, c, ...), so that a
+# slow moment of the machine does not land on one filter only.  Each filter's row holds
+# the medians over the rounds.  The table ends with the ratios (b)/(a) -- what the rules
+# cost sluiced -- and (b)/(c) -- sluiced with five rules against one rule on libmilter.
+# See bench/README.md, "The rule benchmark".
+#
+# (a) is run_milter.sh's configuration: a reply block that answers CONTINUE at connect,
+# helo, mail and rcpt and ACCEPT at end-of-message, so it negotiates what counter_milter
+# negotiates (protocol 0x00000370).  (b) has a milter listener and the five rules of
+# run_policy.sh; the rules decide which steps it negotiates.  The footnotes show each
+# filter's negotiated flags and warn when they differ.
+#
+# Environment: BENCH_DURATION (seconds per run, default 5), BENCH_WARMUP (default 1),
+# BENCH_CONCURRENCY (default 100), BENCH_ROUNDS (default 3), BENCH_RATE (the rate of
+# every rule, default 1000000000/1m), BENCH_RULES_REPLY=1 (give (b) the reply block of
+# (a) as well, to force the same negotiation, if sluiced accepts both), BENCH_EXTRA_CONF
+# (lines appended to both sluiced configurations), BENCH_KEEP=1 (keep the temporary
+# directory: configurations, logs, one JSON line per run).
+
+set -u
+
+BUILD=${1:-./build}
+DURATION=${BENCH_DURATION:-5}
+WARMUP=${BENCH_WARMUP:-1}
+CONC=${BENCH_CONCURRENCY:-100}
+ROUNDS=${BENCH_ROUNDS:-3}
+RATE=${BENCH_RATE:-1000000000/1m}
+
+LOAD=$BUILD/bench/milter_load
+COUNTER=$BUILD/bench/counter_milter
+SLUICED=$BUILD/src/daemon/sluiced
+
+say() { printf '%s\n' "run_rules: $*" >&2; }
+die() { say "$*"; exit 1; }
+
+[ -x "$LOAD" ] || die "$LOAD not found: build first (meson setup $BUILD && ninja -C $BUILD)"
+
+DIR=$(mktemp -d "${TMPDIR:-/tmp}/sluice-bench.XXXXXX") || die "mktemp failed"
+NAMES=(norules rules counter)
+declare -A PID SOCK NOTE LABEL
+LABEL[norules]="(a) sluiced, no rules"
+LABEL[rules]="(b) sluiced, 5 rules"
+LABEL[counter]="(c) counter_milter, 1 rule"
+
+stop() {                        # stop NAME; libmilter waits for open sessions on SIGTERM:
+	local pid=${PID[$1]:-}      # give up after 5 seconds
+	[ -n "$pid" ] || return 0
+	kill "$pid" 2>/dev/null
+	for _ in $(seq 1 50); do
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.1
+	done
+	kill -KILL "$pid" 2>/dev/null
+	wait "$pid" 2>/dev/null
+	PID[$1]=
+}
+
+cleanup() {
+	local name
+	for name in "${NAMES[@]}"; do
+		stop "$name"
+	done
+	if [ "${BENCH_KEEP:-0}" = 1 ]; then
+		say "kept $DIR"
+	else
+		rm -rf "$DIR"
+	fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+ulimit -n "$(ulimit -Hn)" 2>/dev/null
+
+# ---- the filters ----------------------------------------------------------------------
+
+wait_socket() {                 # wait_socket PATH PID: the filter is listening
+	for _ in $(seq 1 100); do
+		[ -S "$1" ] && return 0
+		kill -0 "$2" 2>/dev/null || return 1
+		sleep 0.1
+	done
+	return 1
+}
+
+REPLY_BLOCK='  reply { connect = "continue"; helo = "continue"; mail = "continue"; rcpt = "continue"; eom = "accept"; }'
+
+# The five rules of run_policy.sh, all decided at RCPT.
+rules_conf() {
+	local rule name key
+	for rule in per-rcpt-domain:rcpt_domain per-sender-domain:sender_domain \
+	    per-client-ip:client_ip per-client-net:client_ip/24 \
+	    per-sender-rcpt-domain:sender+rcpt_domain; do
+		name=${rule%%:*}
+		key=${rule#*:}
+		printf 'limit "%s" { stage = "rcpt"; key = "%s"; count = "messages"; rate = ["%s"]; }\n' \
+		    "$name" "$key" "$RATE"
+	done
+}
+
+# sluiced_conf NAME: the configuration of filter NAME (norules or rules) on stdout.
+sluiced_conf() {
+	local d=$DIR/$1
+	cat <<EOF
+workers = 2;
+stats_interval = 0;
+log { target = "stderr"; level = "warning"; }
+control { listen = "unix:$d/control.sock"; }
+milter {
+  listen = "unix:$d/milter.sock";
+  max_sessions = 30000;
+EOF
+	if [ "$1" = norules ] || [ "${BENCH_RULES_REPLY:-0}" = 1 ]; then
+		echo "$REPLY_BLOCK"
+	fi
+	echo "}"
+	[ "$1" = norules ] || rules_conf
+	[ -z "${BENCH_EXTRA_CONF:-}" ] || printf '%s\n' "$BENCH_EXTRA_CONF"
+}
+
+start_sluiced() {               # start_sluiced norules|rules
+	local name=$1 d=$DIR/$1
+	mkdir -p "$d"
+	sluiced_conf "$name" > "$d/sluice.conf"
+	if ! "$SLUICED" -t -c "$d/sluice.conf" > "$d/check.log" 2>&1; then
+		say "$name: sluiced does not accept its configuration:"
+		sed 's/^/    /' "$d/check.log" >&2
+		NOTE[$name]="configuration refused: $(tail -n 1 "$d/check.log" | sed "s|$d/||" | cut -c 1-90)"
+		return 1
+	fi
+	"$SLUICED" -c "$d/sluice.conf" 2>>"$d/sluiced.log" &
+	PID[$name]=$!
+	SOCK[$name]=$d/milter.sock
+	if ! wait_socket "$d/milter.sock" "${PID[$name]}"; then
+		say "$name: sluiced did not come up; its log:"
+		tail -n 20 "$d/sluiced.log" >&2
+		stop "$name"
+		NOTE[$name]="failed to start"
+		return 1
+	fi
+}
+
+start_counter() {
+	local d=$DIR/counter
+	mkdir -p "$d"
+	"$COUNTER" -p "unix:$d/milter.sock" 2>>"$d/counter_milter.log" &
+	PID[counter]=$!
+	SOCK[counter]=$d/milter.sock
+	if ! wait_socket "$d/milter.sock" "${PID[counter]}"; then
+		say "counter_milter did not come up; its log:"
+		tail -n 20 "$d/counter_milter.log" >&2
+		stop counter
+		NOTE[counter]="failed to start"
+		return 1
+	fi
+}
+
+if [ -x "$SLUICED" ]; then
+	start_sluiced norules
+	start_sluiced rules
+else
+	NOTE[norules]="not built ($SLUICED missing)"
+	NOTE[rules]=${NOTE[norules]}
+fi
+if [ -x "$COUNTER" ]; then
+	start_counter
+else
+	NOTE[counter]="not built (libmilter-dev missing when $BUILD was configured)"
+fi
+[ -n "${PID[norules]:-}${PID[rules]:-}${PID[counter]:-}" ] || die "no filter to measure"
+
+# ---- measuring ------------------------------------------------------------------------
+
+jget() {                        # jget KEY FILE: the scalar named KEY in a JSON line (unique keys)
+	sed -n "s/.*\"$1\":\\([^,}]*\\).*/\\1/p" "$2" | head -n 1
+}
+
+for r in $(seq 1 "$ROUNDS"); do
+	for n in "${NAMES[@]}"; do
+		pid=${PID[$n]:-}
+		[ -n "$pid" ] || continue
+		if ! kill -0 "$pid" 2>/dev/null; then
+			say "$n: the filter died"
+			NOTE[$n]="died during the run"
+			PID[$n]=
+			continue
+		fi
+		out=$DIR/$n-r$r.json
+		say "$n: round $r of $ROUNDS, concurrency $CONC, ${DURATION}s"
+		"$LOAD" -c "$CONC" -t "$DURATION" -w "$WARMUP" --json --label "$n" --pid "$pid" \
+		    "unix:${SOCK[$n]}" > "$out" 2>"$out.err"
+		rc=$?
+		if [ "$rc" -ge 2 ] || [ ! -s "$out" ]; then
+			say "$n: milter_load failed (exit $rc):"
+			tail -n 5 "$out.err" >&2
+			NOTE[$n]="milter_load failed: $(tail -n 1 "$out.err" | cut -c 1-80)"
+			rm -f "$out"
+			continue
+		fi
+		[ "$rc" -eq 0 ] || { say "$n: protocol errors:"; head -n 5 "$out.err" >&2; }
+	done
+done
+
+# ---- the table ----------------------------------------------------------------------------
+
+# agg NAME: "rate p50 p99 threads rss_kb cpu refused errors runs proto" over NAME's runs:
+# medians of rate, latencies and CPU; peaks of threads and RSS; sums of the counts.
+agg() {
+	local f
+	for f in "$DIR/$1"-r*.json; do
+		[ -s "$f" ] || continue
+		printf '%s %s %s %s %s %s %s %s %s\n' "$(jget sessions_per_s "$f")" \
+		    "$(jget p50 "$f")" "$(jget p99 "$f")" "$(jget threads_max "$f")" \
+		    "$(jget rss_kb_max "$f")" "$(jget cpu_us_per_session "$f")" \
+		    "$(( $(jget messages "$f") - $(jget accept "$f") ))" "$(jget total "$f")" \
+		    "$(jget protocol "$f")"
+	done | awk '
+		function median(a, n,   i, j, t) {
+			for (i = 2; i <= n; i++)
+				for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+			return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+		}
+		{ n++; rate[n] = $1; p50[n] = $2; p99[n] = $3; cpu[n] = $6
+		  if ($4 > thr) thr = $4; if ($5 > rss) rss = $5; ref += $7; err += $8
+		  if (proto == "") proto = $9; else if (proto != $9) proto = "mixed" }
+		END { if (n) printf "%.1f %.3f %.3f %d %d %.1f %d %d %d %s\n", median(rate, n),
+		        median(p50, n), median(p99, n), thr, rss, median(cpu, n), ref, err, n, proto }'
+}
+
+declare -A RATE_OF P99_OF PROTO_OF
+ROWS=()
+for n in "${NAMES[@]}"; do
+	read -r rate p50 p99 thr rss cpu ref err runs proto <<<"$(agg "$n")"
+	if [ -z "${runs:-}" ]; then
+		ROWS+=("| ${LABEL[$n]} | - | - | - | - | - | - | - | - | ${NOTE[$n]:-no run} |")
+		continue
+	fi
+	RATE_OF[$n]=$rate
+	P99_OF[$n]=$p99
+	[ "$proto" = mixed ] && PROTO_OF[$n]=mixed || PROTO_OF[$n]=$(printf '0x%08x' "$proto")
+	ROWS+=("$(awk -v l="${LABEL[$n]}" -v r="$rate" -v p50="$p50" -v p99="$p99" -v t="$thr" \
+	    -v rss="$rss" -v cpu="$cpu" -v ref="$ref" -v e="$err" -v runs="$runs" \
+	    -v note="${NOTE[$n]:-}" 'BEGIN {
+	        printf "| %s | %.0f | %.3f | %.3f | %d | %.1f | %.0f | %d | %d | %d%s |",
+	            l, r, p50, p99, t, rss / 1024, cpu, runs, ref, e, note == "" ? "" : " (" note ")" }')")
+done
+
+# ratio NUM DEN: NUM/DEN with two decimals, or "-".
+ratio() {
+	if [ -n "${1:-}" ] && [ -n "${2:-}" ]; then
+		awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'
+	else
+		echo "-"
+	fi
+}
+
+echo "## rule benchmark"
+echo
+echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -sr), $(nproc) CPUs; milter_load at" \
+    "concurrency $CONC, ${DURATION}s per run after ${WARMUP}s warm-up, rounds: $ROUNDS; each" \
+    "session: new unix-socket connection, OPTNEG, CONNECT, HELO, MAIL, 3 RCPT," \
+    "end-of-message, QUIT."
+echo
+echo "| filter | sessions/s | p50 ms | p99 ms | threads | RSS MiB | CPU µs/session | runs | refused | errors |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+printf '%s\n' "${ROWS[@]}"
+echo
+echo "| ratio | sessions/s | p99 |"
+echo "|---|---:|---:|"
+echo "| (b)/(a): what five rules cost sluiced | $(ratio "${RATE_OF[rules]:-}" "${RATE_OF[norules]:-}") | $(ratio "${P99_OF[rules]:-}" "${P99_OF[norules]:-}") |"
+echo "| (b)/(c): sluiced with five rules / libmilter with one | $(ratio "${RATE_OF[rules]:-}" "${RATE_OF[counter]:-}") | $(ratio "${P99_OF[rules]:-}" "${P99_OF[counter]:-}") |"
+echo
+echo "- (b) has five limit rules at RCPT (rcpt_domain, sender_domain, client_ip, client_ip/24,"
+echo "  sender+rcpt_domain), $RATE each$( [ "${BENCH_RULES_REPLY:-0}" = 1 ] && echo ', and the reply block of (a)')."
+echo "- (c) counts recipients per domain in a 60 s window, in one hash table under one mutex"
+echo "  (limit 1000000, so it refuses nothing)."
+echo "- Medians over the rounds; threads and RSS are peaks; refused = messages not accepted,"
+echo "  summed over the rounds (a refused recipient shows only when all 3 are): it should be 0."
+for n in "${NAMES[@]}"; do
+	[ -z "${PROTO_OF[$n]:-}" ] || echo "- ${LABEL[$n]} negotiated protocol flags ${PROTO_OF[$n]}."
+done
+seen=
+for n in "${NAMES[@]}"; do
+	p=${PROTO_OF[$n]:-}
+	[ -n "$p" ] || continue
+	if [ -n "$seen" ] && [ "$p" != "$seen" ]; then
+		echo "- WARNING: the filters negotiated different protocol steps; their rows do not carry"
+		echo "  the same traffic (BENCH_RULES_REPLY=1 forces (b) to negotiate what (a) does)."
+		break
+	fi
+	seen=$p
+done

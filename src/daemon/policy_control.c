@@ -1,0 +1,414 @@
+/*
+ * policy_control -- limits and test commands (see policy_control.h).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "log.h"
+#include "policy_control.h"
+#include "util.h"
+
+#define TEST_MAX_RCPTS 32
+#define TEST_MAX_HEADERS 32
+
+static void json_string(struct buf *out, const char *s)
+{
+	buf_append_byte(out, '"');
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		if (c == '"' || c == '\\')
+			buf_printf(out, "\\%c", c);
+		else if (c < 0x20 || c >= 0x7f)
+			buf_printf(out, "\\u%04x", c);
+		else
+			buf_append_byte(out, c);
+	}
+	buf_append_byte(out, '"');
+}
+
+static void format_windows(const struct rate_limits *l, const uint64_t *used, struct buf *out)
+{
+	for (unsigned i = 0; i < l->n; i++) {
+		char w[48];
+		rate_window_format(&l->w[i], w, sizeof(w));
+		buf_printf(out, "%s%s used %llu/%llu", i ? ", " : "", w,
+			   (unsigned long long)used[i], (unsigned long long)l->w[i].burst);
+	}
+}
+
+void policy_control_stats(struct policy *p, struct store *s, bool json, struct buf *out)
+{
+	struct class_stats cs[64];
+	size_t n = policy_class_stats(p, cs, ARRAY_SIZE(cs));
+	struct store_stats ss;
+	s->ops->stats(s->ctx, &ss);
+	if (json) {
+		buf_append_cstr(out, "\"classes\":[");
+		for (size_t i = 0; i < n; i++) {
+			buf_append_cstr(out, i ? ",{\"name\":" : "{\"name\":");
+			json_string(out, cs[i].name);
+			buf_printf(out, ",\"used\":%u,\"peak\":%u,\"inbound\":%u,\"sessions\":%u,"
+				   "\"entered\":%llu,\"refused\":%llu}", cs[i].used, cs[i].peak,
+				   cs[i].inbound, cs[i].sessions, (unsigned long long)cs[i].entered,
+				   (unsigned long long)cs[i].refused);
+		}
+		buf_printf(out, "],\"store\":{\"type\":\"%s\",\"keys\":%llu,\"max_keys\":%llu,"
+			   "\"bytes\":%llu,\"evicted\":%llu,\"expired\":%llu,\"decisions\":%llu,"
+			   "\"errors\":%llu}", s->type, (unsigned long long)ss.keys,
+			   (unsigned long long)ss.max_keys, (unsigned long long)ss.bytes,
+			   (unsigned long long)ss.evicted, (unsigned long long)ss.expired,
+			   (unsigned long long)ss.decisions, (unsigned long long)ss.errors);
+		return;
+	}
+	for (size_t i = 0; i < n; i++)
+		buf_printf(out, "class %s: %u sessions (peak %u), inbound limit %u, sessions limit "
+			   "%u, entered %llu, refused %llu\n", cs[i].name, cs[i].used, cs[i].peak,
+			   cs[i].inbound, cs[i].sessions, (unsigned long long)cs[i].entered,
+			   (unsigned long long)cs[i].refused);
+	buf_printf(out, "store %s: %llu keys of %llu, %.1f MiB, %llu decisions, %llu evicted, "
+		   "%llu expired, %llu errors\n", s->type, (unsigned long long)ss.keys,
+		   (unsigned long long)ss.max_keys, (double)ss.bytes / 1048576.0,
+		   (unsigned long long)ss.decisions, (unsigned long long)ss.evicted,
+		   (unsigned long long)ss.expired, (unsigned long long)ss.errors);
+}
+
+/* ---- limits ---- */
+
+static int limits_top(struct policy *p, const char *rule, bool json, struct buf *out)
+{
+	struct store *s = policy_store(p);
+	size_t max = 4096;
+	struct store_top_entry *e = calloc(max, sizeof(*e));
+	if (!e)
+		return -ENOMEM;
+	size_t n = s->ops->top(s->ctx, e, max, realtime_ns());
+	size_t shown = 0;
+	if (json)
+		buf_append_byte(out, '[');
+	for (size_t i = 0; i < n && shown < 50; i++) {
+		if (rule && strcmp(rule, e[i].rule) != 0)
+			continue;
+		if (json) {
+			buf_append_cstr(out, shown ? ",{\"rule\":" : "{\"rule\":");
+			json_string(out, e[i].rule);
+			buf_append_cstr(out, ",\"key\":");
+			json_string(out, e[i].key);
+			buf_printf(out, ",\"fill\":%.4f,\"windows\":[", e[i].fill_ppm / 1e6);
+			for (unsigned w = 0; w < e[i].limits.n; w++) {
+				char t[48];
+				rate_window_format(&e[i].limits.w[w], t, sizeof(t));
+				buf_printf(out, "%s{\"window\":\"%s\",\"used\":%llu,\"burst\":%llu}",
+					   w ? "," : "", t, (unsigned long long)e[i].used[w],
+					   (unsigned long long)e[i].limits.w[w].burst);
+			}
+			buf_append_cstr(out, "]}");
+		} else {
+			buf_printf(out, "%5.1f%%  %-20s  %s  (", e[i].fill_ppm / 1e4, e[i].rule,
+				   e[i].key);
+			format_windows(&e[i].limits, e[i].used, out);
+			buf_append_cstr(out, ")\n");
+		}
+		shown++;
+	}
+	if (json)
+		buf_append_cstr(out, "]\n");
+	else if (shown == 0)
+		buf_append_cstr(out, "no key is above half of its limit\n");
+	free(e);
+	return 0;
+}
+
+static int limits_show_reset(struct policy *p, struct str key, const char *rule, bool reset,
+			     struct buf *out, bool *ret_ok)
+{
+	struct store *s = policy_store(p);
+	size_t found = 0;
+	for (size_t i = 0; policy_rule_at(p, i); i++) {
+		const struct policy_rule *r = policy_rule_at(p, i);
+		if (rule && strcmp(rule, policy_rule_name(r)) != 0)
+			continue;
+		found++;
+		char norm[RATE_MAX_OVERRIDE_KEY + 1];
+		int len = policy_rule_normalize_key(r, key, norm);
+		if (len < 0) {
+			if (rule)
+				buf_printf(out, "%s: not a key of this rule (%s)\n",
+					   policy_rule_name(r), policy_rule_key_spec(r));
+			continue;
+		}
+		struct str k = str_make(norm, (size_t)len);
+		bool ov;
+		const struct rate_limits *lim = policy_rule_limits(r, k, &ov);
+		if (!lim) {
+			buf_printf(out, "%s %.*s: unlimited (overrides file)\n", policy_rule_name(r),
+				   (int)k.len, k.ptr);
+			continue;
+		}
+		uint64_t h = policy_rule_key_hash(p, r, k);
+		if (reset) {
+			int rc = s->ops->reset(s->ctx, h, lim);
+			buf_printf(out, "%s %.*s: %s\n", policy_rule_name(r), (int)k.len, k.ptr,
+				   rc > 0 ? "reset" : "nothing to reset");
+			continue;
+		}
+		struct store_item it = { .key_hash = h, .rule = str_cstr(policy_rule_name(r)),
+					 .key = k, .limits = lim, .cost = 0 };
+		if (store_decide(s, &it, 1, STORE_PEEK, realtime_ns()) < 0) {
+			buf_printf(out, "%s: store error\n", policy_rule_name(r));
+			continue;
+		}
+		buf_printf(out, "%s %.*s%s: ", policy_rule_name(r), (int)k.len, k.ptr,
+			   ov ? " (override)" : "");
+		format_windows(lim, it.used, out);
+		if (!it.ok)
+			buf_printf(out, "; full, room again in %llus",
+				   (unsigned long long)((it.retry_ns + 999999999ULL) / 1000000000ULL));
+		buf_append_byte(out, '\n');
+	}
+	if (rule && !found) {
+		buf_printf(out, "no rule named \"%s\"\n", rule);
+		*ret_ok = false;
+		return 0;
+	}
+	if (!found)
+		buf_append_cstr(out, "no limit rules are configured\n");
+	*ret_ok = true;
+	return 0;
+}
+
+int policy_control_limits(struct policy *p, size_t argc, const struct str *argv,
+			  struct buf *out, bool *ret_ok)
+{
+	bool json = false;
+	size_t n = 0;
+	char args[4][256];
+	for (size_t i = 1; i < argc; i++) {
+		if (str_eq_cstr(argv[i], "--json")) {
+			json = true;
+			continue;
+		}
+		if (n < ARRAY_SIZE(args))
+			fmt_fixed(args[n++], sizeof(args[0]), "%.*s", (int)argv[i].len, argv[i].ptr);
+	}
+	*ret_ok = false;
+	if (n >= 1 && strcmp(args[0], "top") == 0 && n <= 2) {
+		if (n == 2 && !policy_rule_find(p, args[1])) {
+			buf_printf(out, "no rule named \"%s\"\n", args[1]);
+			return 0;
+		}
+		*ret_ok = true;
+		return limits_top(p, n == 2 ? args[1] : NULL, json, out);
+	}
+	if (n >= 2 && n <= 3 && (strcmp(args[0], "show") == 0 || strcmp(args[0], "reset") == 0))
+		return limits_show_reset(p, str_cstr(args[1]), n == 3 ? args[2] : NULL,
+					 strcmp(args[0], "reset") == 0, out, ret_ok);
+	buf_append_cstr(out, "usage: limits top [RULE] [--json] | limits show KEY [RULE] | "
+			"limits reset KEY [RULE]\n");
+	return 0;
+}
+
+/* ---- test ---- */
+
+static int unhex(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+/* %XX-decode in place into dst (at most len-1 bytes); returns the length or -1. */
+static int decode(struct str s, char *dst, size_t len)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < s.len; i++) {
+		if (n + 1 >= len)
+			return -1;
+		if (s.ptr[i] == '%') {
+			if (i + 2 >= s.len + 0 || unhex(s.ptr[i + 1]) < 0 || unhex(s.ptr[i + 2]) < 0)
+				return -1;
+			dst[n++] = (char)(unhex(s.ptr[i + 1]) * 16 + unhex(s.ptr[i + 2]));
+			i += 2;
+		} else {
+			dst[n++] = s.ptr[i];
+		}
+	}
+	dst[n] = '\0';
+	return (int)n;
+}
+
+struct test_txn {
+	char client_ip[128], client_name[256], helo[256], sasl_user[256], from[512];
+	char rcpt[TEST_MAX_RCPTS][512];
+	size_t nrcpt;
+	char header[TEST_MAX_HEADERS][1024];
+	size_t nheader;
+	char size[32];
+};
+
+static bool test_header(void *arg, const char *name, struct str *ret)
+{
+	const struct test_txn *t = arg;
+	size_t nl = strlen(name);
+	for (size_t i = 0; i < t->nheader; i++) {
+		const char *h = t->header[i];
+		const char *colon = strchr(h, ':');
+		if (colon && (size_t)(colon - h) == nl && strncasecmp(h, name, nl) == 0) {
+			*ret = str_cstr(colon + 1);
+			return true;
+		}
+	}
+	return false;
+}
+
+static const char *rule_state_text(enum policy_rule_state s)
+{
+	switch (s) {
+	case POLICY_RULE_PASS: return "within its limits";
+	case POLICY_RULE_OVER: return "OVER its limits";
+	case POLICY_RULE_NO_VALUE: return "does not apply";
+	case POLICY_RULE_EXCEPT: return "does not apply";
+	case POLICY_RULE_UNLIMITED: return "unlimited for this key (overrides file)";
+	case POLICY_RULE_COUNTED: return "message already counted";
+	}
+	return "?";
+}
+
+static void explain_stage(struct policy *p, const struct policy_txn *t, enum policy_stage st,
+			  const char *what, struct buf *out, enum policy_action *worst)
+{
+	if (!policy_has_stage(p, st))
+		return;
+	struct policy_rule_result res[64];
+	struct policy_decision d;
+	d.results = res;
+	d.max_results = ARRAY_SIZE(res);
+	policy_check(p, t, st, NULL, STORE_PEEK, realtime_ns(), &d);
+	buf_printf(out, "stage %s%s%s:\n", policy_stage_name(st), what ? " " : "", what ? what : "");
+	for (size_t i = 0; i < d.nresults; i++) {
+		const struct policy_rule_result *r = &res[i];
+		buf_printf(out, "  limit %s (key %s, count %s, action %s): ",
+			   policy_rule_name(r->rule), policy_rule_key_spec(r->rule),
+			   policy_count_name(policy_rule_count_kind(r->rule)),
+			   policy_action_name(policy_rule_action(r->rule)));
+		if (r->state == POLICY_RULE_NO_VALUE || r->state == POLICY_RULE_EXCEPT) {
+			buf_printf(out, "%s (%s)\n", rule_state_text(r->state), r->why);
+			continue;
+		}
+		char key[256];
+		log_quote(key, sizeof(key), str_cstr(r->key), 200);
+		buf_printf(out, "key %s: ", key);
+		if (r->state == POLICY_RULE_UNLIMITED || r->state == POLICY_RULE_COUNTED) {
+			buf_printf(out, "%s\n", rule_state_text(r->state));
+			continue;
+		}
+		buf_printf(out, "%s%s; ", rule_state_text(r->state), r->overridden ? " (override)" : "");
+		format_windows(&r->limits, r->used, out);
+		buf_printf(out, "; this event counts %llu", (unsigned long long)r->cost);
+		if (r->state == POLICY_RULE_OVER)
+			buf_printf(out, "; room again in %llus",
+				   (unsigned long long)((r->retry_ns + 999999999ULL) / 1000000000ULL));
+		buf_append_byte(out, '\n');
+	}
+	if (d.store_error)
+		buf_printf(out, "  store error: %s\n", strerror(-d.store_error));
+	buf_printf(out, "  verdict: %s%s%s\n", policy_action_name(d.action),
+		   d.reply[0] ? " " : "", d.reply);
+	if (d.action > *worst)
+		*worst = d.action;
+}
+
+int policy_control_test(struct policy *p, size_t argc, const struct str *argv,
+			struct buf *out, bool *ret_ok)
+{
+	struct test_txn *tt = calloc(1, sizeof(*tt));
+	if (!tt)
+		return -ENOMEM;
+	*ret_ok = false;
+	for (size_t i = 1; i < argc; i++) {
+		const char *eq = memchr(argv[i].ptr, '=', argv[i].len);
+		if (!eq) {
+			buf_printf(out, "expected NAME=VALUE, not \"%.*s\"\n", (int)argv[i].len,
+				   argv[i].ptr);
+			goto done;
+		}
+		struct str name = str_make(argv[i].ptr, (size_t)(eq - argv[i].ptr));
+		struct str val = str_make(eq + 1, argv[i].len - name.len - 1);
+		char *dst = NULL;
+		size_t len = 0;
+		if (str_eq_cstr(name, "client_ip"))
+			dst = tt->client_ip, len = sizeof(tt->client_ip);
+		else if (str_eq_cstr(name, "client_name"))
+			dst = tt->client_name, len = sizeof(tt->client_name);
+		else if (str_eq_cstr(name, "helo"))
+			dst = tt->helo, len = sizeof(tt->helo);
+		else if (str_eq_cstr(name, "sasl_user"))
+			dst = tt->sasl_user, len = sizeof(tt->sasl_user);
+		else if (str_eq_cstr(name, "from"))
+			dst = tt->from, len = sizeof(tt->from);
+		else if (str_eq_cstr(name, "size"))
+			dst = tt->size, len = sizeof(tt->size);
+		else if (str_eq_cstr(name, "rcpt") && tt->nrcpt < TEST_MAX_RCPTS)
+			dst = tt->rcpt[tt->nrcpt++], len = sizeof(tt->rcpt[0]);
+		else if (str_eq_cstr(name, "header") && tt->nheader < TEST_MAX_HEADERS)
+			dst = tt->header[tt->nheader++], len = sizeof(tt->header[0]);
+		if (!dst) {
+			buf_printf(out, "unknown or repeated too often: \"%.*s\"\n", (int)name.len,
+				   name.ptr);
+			goto done;
+		}
+		if (decode(val, dst, len) < 0) {
+			buf_printf(out, "%.*s: bad encoding or too long\n", (int)name.len, name.ptr);
+			goto done;
+		}
+	}
+	struct policy_txn t = { 0 };
+	t.client_addr = str_cstr(tt->client_ip);
+	t.client_name = str_cstr(tt->client_name);
+	t.helo = str_cstr(tt->helo);
+	t.sasl_user = str_cstr(tt->sasl_user);
+	t.header = test_header;
+	t.arg = tt;
+	if (tt->size[0]) {
+		t.size = strtoull(tt->size, NULL, 10);
+		t.have_size = true;
+	}
+	buf_append_cstr(out, "nothing is counted: this shows what would happen now\n");
+	struct ipaddr ip;
+	bool have_ip = ipaddr_parse(t.client_addr, &ip) == 0;
+	if (policy_has_classes(p)) {
+		struct class_stats cs[64];
+		size_t n = policy_class_stats(p, cs, ARRAY_SIZE(cs));
+		(void)have_ip;
+		/* policy_class_enter would take a slot: report the class list instead */
+		for (size_t i = 0; i < n; i++)
+			buf_printf(out, "class %s: %u sessions now, inbound limit %u\n", cs[i].name,
+				   cs[i].used, cs[i].inbound);
+	}
+	enum policy_action worst = POLICY_ACCEPT;
+	explain_stage(p, &t, POLICY_CONNECT, NULL, out, &worst);
+	explain_stage(p, &t, POLICY_HELO, NULL, out, &worst);
+	t.have_sender = true;
+	t.sender = str_cstr(tt->from);
+	explain_stage(p, &t, POLICY_MAIL, NULL, out, &worst);
+	for (size_t i = 0; i < tt->nrcpt; i++) {
+		t.rcpt = str_cstr(tt->rcpt[i]);
+		char what[600];
+		fmt_fixed(what, sizeof(what), "(recipient %s)", tt->rcpt[i]);
+		explain_stage(p, &t, POLICY_RCPT, what, out, &worst);
+	}
+	t.rcpt = STR_NULL;
+	t.rcpt_count = (unsigned)tt->nrcpt;
+	explain_stage(p, &t, POLICY_DATA, NULL, out, &worst);
+	explain_stage(p, &t, POLICY_EOM, NULL, out, &worst);
+	buf_printf(out, "result: %s\n", policy_action_name(worst));
+	*ret_ok = true;
+done:
+	free(tt);
+	return 0;
+}

@@ -1,0 +1,25 @@
+/*
+ * policy_control -- the control commands over the rule set and the limiter store:
+ * `limits top|show|reset`, `test` (explain a hypothetical transaction), and the class and
+ * store part of `stats`.
+ */
+#ifndef SLUICE_POLICY_CONTROL_H
+#define SLUICE_POLICY_CONTROL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "buf.h"
+#include "policy.h"
+#include "store.h"
+#include "str.h"
+
+int policy_control_limits(struct policy *p, size_t argc, const struct str *argv,
+			  struct buf *out, bool *ret_ok);
+/* test NAME=VALUE... with values %XX-encoded: client_ip, client_name, helo, sasl_user,
+ * from, rcpt (repeated), header ("Name: value", repeated), size. */
+int policy_control_test(struct policy *p, size_t argc, const struct str *argv,
+			struct buf *out, bool *ret_ok);
+void policy_control_stats(struct policy *p, struct store *s, bool json, struct buf *out);
+
+#endif

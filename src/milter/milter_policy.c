@@ -1,0 +1,434 @@
+/*
+ * milter_policy -- the rule set behind the milter (see milter_policy.h).
+ */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "milter_policy.h"
+#include "util.h"
+
+#define TAG_HEADER "X-Sluice-Limit"
+#define MAX_HEADERS_KEPT 64
+#define MAX_HEADER_BYTES 16384
+
+struct mp_handler {
+	struct policy *policy;
+	char macros[512]; /* "{auth_authen} ..." requested at every stage */
+};
+
+/* Per session (handler data). */
+struct mp_session {
+	struct policy_msg msg;
+	struct class_slot *slot;
+	unsigned accepted_rcpts;
+	/* first occurrence of each header, for header: selectors */
+	size_t nheaders;
+	struct { uint32_t name_off, name_len, value_off, value_len; } headers[MAX_HEADERS_KEPT];
+	struct buf header_bytes;
+	uint64_t header_size;
+};
+
+struct txn_ctx {
+	struct milter_session *ms;
+	struct mp_session *st;
+};
+
+static struct mp_session *state(struct milter_session *ms)
+{
+	struct mp_session *st = milter_session_handler_data(ms);
+	if (!st) {
+		st = calloc(1, sizeof(*st));
+		if (!st)
+			return NULL;
+		buf_init(&st->header_bytes, MAX_HEADER_BYTES);
+		milter_session_set_handler_data(ms, st);
+	}
+	return st;
+}
+
+static bool txn_header(void *arg, const char *name, struct str *ret)
+{
+	struct txn_ctx *c = arg;
+	struct mp_session *st = c->st;
+	size_t nlen = strlen(name);
+	for (size_t i = 0; i < st->nheaders; i++)
+		if (st->headers[i].name_len == nlen &&
+		    strncasecmp(st->header_bytes.ptr + st->headers[i].name_off, name, nlen) == 0) {
+			*ret = str_make(st->header_bytes.ptr + st->headers[i].value_off,
+					st->headers[i].value_len);
+			return true;
+		}
+	return false;
+}
+
+static bool txn_macro(void *arg, const char *name, struct str *ret)
+{
+	struct txn_ctx *c = arg;
+	return milter_session_macro(c->ms, name, ret);
+}
+
+static void fill_txn(struct milter_session *ms, struct mp_session *st, struct txn_ctx *c,
+		     struct policy_txn *t)
+{
+	enum milter_step step = milter_session_step(ms);
+	memset(t, 0, sizeof(*t));
+	c->ms = ms;
+	c->st = st;
+	t->client_addr = milter_session_client_addr(ms);
+	t->client_name = milter_session_client_host(ms);
+	t->helo = milter_session_helo(ms);
+	struct str v;
+	if (milter_session_macro(ms, "{auth_authen}", &v))
+		t->sasl_user = v;
+	if (step >= MILTER_STEP_MAIL && step != MILTER_STEP_UNKNOWN) {
+		t->have_sender = true;
+		t->sender = milter_session_sender(ms);
+	}
+	if (step == MILTER_STEP_RCPT)
+		t->rcpt = milter_session_rcpt(ms);
+	t->rcpt_count = st->accepted_rcpts;
+	if (step == MILTER_STEP_EOM) {
+		t->size = st->header_size + milter_session_body_size(ms);
+		t->have_size = true;
+	} else if (step == MILTER_STEP_MAIL || step == MILTER_STEP_RCPT ||
+		   step == MILTER_STEP_EOH) {
+		/* SIZE= from MAIL: the session keeps only the current step's arguments, so
+		 * remember it at MAIL */
+		t->size = 0;
+	}
+	t->header = txn_header;
+	t->macro = txn_macro;
+	t->arg = c;
+}
+
+static uint64_t mail_size_arg(struct milter_session *ms, bool *found)
+{
+	const struct str *args;
+	size_t n = milter_session_esmtp_args(ms, &args);
+	*found = false;
+	for (size_t i = 0; i < n; i++)
+		if (args[i].len > 5 && strncasecmp(args[i].ptr, "SIZE=", 5) == 0) {
+			uint64_t v = 0;
+			for (size_t k = 5; k < args[i].len; k++) {
+				char ch = args[i].ptr[k];
+				if (ch < '0' || ch > '9' || v > UINT64_MAX / 10 - 10)
+					return 0;
+				v = v * 10 + (uint64_t)(ch - '0');
+			}
+			*found = true;
+			return v;
+		}
+	return 0;
+}
+
+static void log_over(struct milter_session *ms, const struct policy_decision *d,
+		     enum policy_stage st)
+{
+	struct session *s = milter_session_session(ms);
+	char peer[120];
+	struct str addr = milter_session_client_addr(ms);
+	log_quote(peer, sizeof(peer), addr, 60);
+	for (size_t i = 0; i < d->nover; i++) {
+		const struct policy_over *o = &d->over[i];
+		enum policy_action a = policy_rule_action(o->rule);
+		session_log(s, a == POLICY_WARN ? LOG_LEVEL_WARNING : LOG_LEVEL_NOTICE,
+			    "limit rule=%s key=\"%s\" stage=%s action=%s%s limit=%s retry=%llus "
+			    "client=%s", policy_rule_name(o->rule), o->key, policy_stage_name(st),
+			    policy_action_name(a),
+			    o->rule == d->rule ? "" : a == POLICY_WARN || a == POLICY_TAG ? "" :
+			    " (not the decision)", o->limit, (unsigned long long)o->retry_s, peer);
+	}
+	if (d->store_error)
+		session_log(s, LOG_LEVEL_ERROR, "limit store error (%s): letting the %s through",
+			    strerror(-d->store_error), policy_stage_name(st));
+}
+
+static enum milter_verdict verdict(struct milter_session *ms, struct policy_decision *d)
+{
+	switch (d->action) {
+	case POLICY_TEMPFAIL:
+	case POLICY_REJECT:
+		if (milter_session_set_reply(ms, str_cstr(d->reply)) < 0)
+			return d->action == POLICY_REJECT ? MILTER_REJECT : MILTER_TEMPFAIL;
+		return MILTER_REPLY;
+	case POLICY_DISCARD:
+		return MILTER_DISCARD;
+	default:
+		return MILTER_CONTINUE;
+	}
+}
+
+static enum milter_verdict run(struct mp_handler *h, struct milter_session *ms,
+			       enum policy_stage stage)
+{
+	struct mp_session *st = state(ms);
+	if (!st)
+		return MILTER_TEMPFAIL;
+	struct txn_ctx c;
+	struct policy_txn t;
+	fill_txn(ms, st, &c, &t);
+	if (stage == POLICY_MAIL || stage == POLICY_RCPT) {
+		t.size = mail_size_arg(ms, &t.have_size);
+	}
+	struct policy_decision d;
+	d.results = NULL;
+	d.max_results = 0;
+	policy_check(h->policy, &t, stage, &st->msg, STORE_CHECK, realtime_ns(), &d);
+	if (d.nover || d.store_error)
+		log_over(ms, &d, stage);
+	enum milter_verdict v = verdict(ms, &d);
+	if (v != MILTER_CONTINUE && stage >= POLICY_DATA)
+		policy_msg_end(h->policy, &st->msg, false, realtime_ns());
+	return v;
+}
+
+static enum milter_verdict on_connect(void *ctx, struct milter_session *ms)
+{
+	struct mp_handler *h = ctx;
+	if (policy_has_classes(h->policy)) {
+		struct mp_session *st = state(ms);
+		if (!st)
+			return MILTER_TEMPFAIL;
+		struct ipaddr ip;
+		bool have_ip = ipaddr_parse(milter_session_client_addr(ms), &ip) == 0;
+		struct str name = milter_session_client_host(ms);
+		if (name.len && name.ptr[0] == '[')
+			name = STR_NULL; /* Postfix: no verified name */
+		const char *cls = NULL;
+		if (st->slot) {
+			/* a second CONNECT on one milter connection (after QUIT_NC) */
+			class_slot_release(st->slot);
+			st->slot = NULL;
+		}
+		if (policy_class_enter(h->policy, have_ip ? &ip : NULL, name, &st->slot, &cls) == 0) {
+			char peer[120];
+			log_quote(peer, sizeof(peer), milter_session_client_addr(ms), 60);
+			session_log(milter_session_session(ms), LOG_LEVEL_NOTICE,
+				    "class=%s full: refusing client=%s with 421", cls, peer);
+			char reply[160];
+			fmt_fixed(reply, sizeof(reply), "421 4.7.0 Too many sessions from your "
+				  "network (class %s), try again later", cls);
+			if (milter_session_set_reply(ms, str_cstr(reply)) < 0)
+				return MILTER_TEMPFAIL;
+			return MILTER_REPLY;
+		}
+	}
+	if (!policy_has_stage(h->policy, POLICY_CONNECT))
+		return MILTER_CONTINUE;
+	return run(h, ms, POLICY_CONNECT);
+}
+
+static enum milter_verdict on_helo(void *ctx, struct milter_session *ms)
+{
+	return run(ctx, ms, POLICY_HELO);
+}
+
+static enum milter_verdict on_mail(void *ctx, struct milter_session *ms)
+{
+	struct mp_session *st = state(ms);
+	if (!st)
+		return MILTER_TEMPFAIL;
+	st->accepted_rcpts = 0;
+	st->nheaders = 0;
+	st->header_size = 0;
+	buf_reset(&st->header_bytes);
+	struct mp_handler *h = ctx;
+	if (!policy_has_stage(h->policy, POLICY_MAIL))
+		return MILTER_CONTINUE;
+	return run(h, ms, POLICY_MAIL);
+}
+
+static enum milter_verdict on_rcpt(void *ctx, struct milter_session *ms)
+{
+	struct mp_handler *h = ctx;
+	enum milter_verdict v = MILTER_CONTINUE;
+	if (policy_has_stage(h->policy, POLICY_RCPT))
+		v = run(h, ms, POLICY_RCPT);
+	struct mp_session *st = state(ms);
+	if (st && v == MILTER_CONTINUE)
+		st->accepted_rcpts++;
+	return v;
+}
+
+static enum milter_verdict on_header(void *ctx, struct milter_session *ms)
+{
+	struct mp_session *st = state(ms);
+	if (!st)
+		return MILTER_TEMPFAIL;
+	struct str n = milter_session_header_name(ms), v = milter_session_header_value(ms);
+	st->header_size += n.len + v.len + 4;
+	if (st->nheaders == MAX_HEADERS_KEPT)
+		return MILTER_CONTINUE;
+	for (size_t i = 0; i < st->nheaders; i++)
+		if (st->headers[i].name_len == n.len &&
+		    strncasecmp(st->header_bytes.ptr + st->headers[i].name_off, n.ptr, n.len) == 0)
+			return MILTER_CONTINUE; /* the first occurrence counts */
+	size_t off = st->header_bytes.len;
+	if (buf_append_str(&st->header_bytes, n) < 0 || buf_append_str(&st->header_bytes, v) < 0) {
+		buf_truncate(&st->header_bytes, off); /* over the cap: not kept */
+		return MILTER_CONTINUE;
+	}
+	st->headers[st->nheaders].name_off = (uint32_t)off;
+	st->headers[st->nheaders].name_len = (uint32_t)n.len;
+	st->headers[st->nheaders].value_off = (uint32_t)(off + n.len);
+	st->headers[st->nheaders].value_len = (uint32_t)v.len;
+	st->nheaders++;
+	return MILTER_CONTINUE;
+}
+
+static enum milter_verdict on_eoh(void *ctx, struct milter_session *ms)
+{
+	struct mp_handler *h = ctx;
+	if (!policy_has_stage(h->policy, POLICY_DATA))
+		return MILTER_CONTINUE;
+	return run(h, ms, POLICY_DATA);
+}
+
+static enum milter_verdict on_body(void *ctx, struct milter_session *ms)
+{
+	(void)ctx;
+	(void)ms;
+	return MILTER_CONTINUE; /* only counted (body size) by the session */
+}
+
+static enum milter_verdict on_eom(void *ctx, struct milter_session *ms)
+{
+	struct mp_handler *h = ctx;
+	struct mp_session *st = state(ms);
+	if (!st)
+		return MILTER_TEMPFAIL;
+	enum milter_verdict v = MILTER_CONTINUE;
+	if (policy_has_stage(h->policy, POLICY_EOM))
+		v = run(h, ms, POLICY_EOM);
+	if (v != MILTER_CONTINUE)
+		return v; /* refused: run() gave the message's charges back */
+	for (size_t i = 0; i < st->msg.ntags; i++)
+		if (milter_session_add_header(ms, str_cstr(TAG_HEADER), str_cstr(st->msg.tags[i])) < 0)
+			session_log(milter_session_session(ms), LOG_LEVEL_WARNING,
+				    "cannot add the %s header: the MTA did not offer it", TAG_HEADER);
+	if (st->msg.quarantine &&
+	    milter_session_quarantine(ms, str_cstr(st->msg.quarantine_reason)) < 0)
+		session_log(milter_session_session(ms), LOG_LEVEL_WARNING,
+			    "cannot quarantine: the MTA did not offer it");
+	policy_msg_end(h->policy, &st->msg, true, realtime_ns());
+	return MILTER_ACCEPT;
+}
+
+static void on_abort(void *ctx, struct milter_session *ms)
+{
+	struct mp_handler *h = ctx;
+	struct mp_session *st = milter_session_handler_data(ms);
+	if (st)
+		policy_msg_end(h->policy, &st->msg, false, realtime_ns());
+}
+
+static void on_close(void *ctx, struct milter_session *ms)
+{
+	struct mp_handler *h = ctx;
+	struct mp_session *st = milter_session_handler_data(ms);
+	if (!st)
+		return;
+	policy_msg_end(h->policy, &st->msg, false, realtime_ns());
+	policy_msg_clear(&st->msg);
+	class_slot_release(st->slot);
+	buf_clear(&st->header_bytes);
+	free(st);
+	milter_session_set_handler_data(ms, NULL);
+}
+
+static void mp_want(void *ctx, struct milter_want *ret)
+{
+	struct mp_handler *h = ctx;
+	struct policy *p = h->policy;
+	struct milter_want w = { 0 };
+	uint32_t need = 0, reply = 0;
+	bool message = false;
+	if (policy_has_classes(p) || policy_has_stage(p, POLICY_CONNECT)) {
+		need |= MILTER_STEP_BIT(MILTER_STEP_CONNECT);
+		reply |= MILTER_STEP_BIT(MILTER_STEP_CONNECT);
+	}
+	static const struct {
+		enum policy_stage ps;
+		enum milter_step ms;
+	} map[] = {
+		{ POLICY_HELO, MILTER_STEP_HELO }, { POLICY_MAIL, MILTER_STEP_MAIL },
+		{ POLICY_RCPT, MILTER_STEP_RCPT }, { POLICY_DATA, MILTER_STEP_EOH },
+		{ POLICY_EOM, MILTER_STEP_EOM },
+	};
+	for (size_t i = 0; i < ARRAY_SIZE(map); i++)
+		if (policy_has_stage(p, map[i].ps)) {
+			need |= MILTER_STEP_BIT(map[i].ms);
+			reply |= MILTER_STEP_BIT(map[i].ms);
+			if (map[i].ps >= POLICY_MAIL)
+				message = true;
+		}
+	if (message || policy_has_message_actions(p)) {
+		/* the message's fate decides refunds; recipients and sizes are counted */
+		need |= MILTER_STEP_BIT(MILTER_STEP_MAIL) | MILTER_STEP_BIT(MILTER_STEP_RCPT) |
+			MILTER_STEP_BIT(MILTER_STEP_EOM);
+		reply |= MILTER_STEP_BIT(MILTER_STEP_EOM);
+	}
+	if (policy_has_stage(p, POLICY_EOM) || policy_wants_headers(p))
+		need |= MILTER_STEP_BIT(MILTER_STEP_HEADER);
+	if (policy_has_stage(p, POLICY_EOM))
+		need |= MILTER_STEP_BIT(MILTER_STEP_BODY); /* the real size */
+	if (policy_has_message_actions(p))
+		w.actions |= MILTER_ACT_ADDHDRS | MILTER_ACT_QUARANTINE;
+	w.steps = need;
+	w.replies = reply;
+	if (h->macros[0])
+		for (int i = 0; i < MILTER_MACROS_COUNT; i++)
+			w.macros[i] = h->macros;
+	*ret = w;
+}
+
+static void mp_destroy(void *ctx)
+{
+	struct mp_handler *h = ctx;
+	policy_unref(h->policy);
+	free(h);
+}
+
+struct milter_handler *milter_policy_new(struct policy *p)
+{
+	struct milter_handler *mh = calloc(1, sizeof(*mh));
+	struct mp_handler *h = calloc(1, sizeof(*h));
+	if (!mh || !h) {
+		free(mh);
+		free(h);
+		return NULL;
+	}
+	h->policy = policy_ref(p);
+	/* {auth_authen} for sasl_user, and what macro: selectors name */
+	const char *names[64];
+	size_t n = policy_macros(p, names, ARRAY_SIZE(names));
+	struct buf b;
+	buf_init_fixed(&b, h->macros, sizeof(h->macros));
+	buf_append_cstr(&b, "{auth_authen}");
+	for (size_t i = 0; i < n; i++) {
+		buf_append_byte(&b, ' ');
+		if (names[i][0] != '{' && strlen(names[i]) > 1)
+			buf_printf(&b, "{%s}", names[i]);
+		else
+			buf_append_cstr(&b, names[i]);
+	}
+	mh->name = "policy";
+	mh->want = mp_want;
+	mh->on_step[MILTER_STEP_CONNECT] = on_connect;
+	mh->on_step[MILTER_STEP_HELO] = on_helo;
+	mh->on_step[MILTER_STEP_MAIL] = on_mail;
+	mh->on_step[MILTER_STEP_RCPT] = on_rcpt;
+	mh->on_step[MILTER_STEP_HEADER] = on_header;
+	mh->on_step[MILTER_STEP_EOH] = on_eoh;
+	mh->on_step[MILTER_STEP_BODY] = on_body;
+	mh->on_step[MILTER_STEP_EOM] = on_eom;
+	mh->on_abort = on_abort;
+	mh->on_close = on_close;
+	mh->destroy = mp_destroy;
+	mh->ctx = h;
+	atomic_init(&mh->refs, 1);
+	return mh;
+}

@@ -1,0 +1,347 @@
+/*
+ * pfpolicy_service -- Postfix policy delegation over the rule set (see the header).
+ */
+#include <errno.h>
+#include <event2/buffer.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "pfpolicy.h"
+#include "pfpolicy_service.h"
+#include "util.h"
+
+#define INSTANCE_MAX 128
+
+struct pf_service {
+	pthread_mutex_t lock;
+	struct policy *policy;  /* under lock */
+	size_t max_request;     /* under lock */
+};
+
+struct pf_conn {
+	struct pf_service *svc;
+	struct pfpolicy_parser parser;
+	size_t max_request;
+	/* the message under way */
+	char instance[INSTANCE_MAX + 1];
+	struct policy *policy;  /* the rule set the message started with */
+	int done_stage;         /* highest stage whose once-per-message rules ran; -1 none */
+	struct policy_msg msg;
+	struct buf out;
+};
+
+static struct policy *current_policy(struct pf_service *ps, size_t *max_request)
+{
+	pthread_mutex_lock(&ps->lock);
+	struct policy *p = policy_ref(ps->policy);
+	if (max_request)
+		*max_request = ps->max_request;
+	pthread_mutex_unlock(&ps->lock);
+	return p;
+}
+
+static int pf_open(struct session *s)
+{
+	struct pf_service *ps = service_arg(session_service(s));
+	struct pf_conn *c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->svc = ps;
+	c->done_stage = -1;
+	pthread_mutex_lock(&ps->lock);
+	c->max_request = ps->max_request;
+	pthread_mutex_unlock(&ps->lock);
+	buf_init(&c->out, PFPOLICY_MAX_ACTION + 64);
+	session_set_data(s, c);
+	return 0;
+}
+
+static void end_message(struct pf_conn *c)
+{
+	if (c->policy) {
+		/* The MTA does not say how a message ended; what was not refused by sluice
+		 * stays counted. */
+		policy_msg_end(c->policy, &c->msg, true, realtime_ns());
+		policy_unref(c->policy);
+		c->policy = NULL;
+	}
+	c->instance[0] = '\0';
+	c->done_stage = -1;
+}
+
+static void pf_close(struct session *s)
+{
+	struct pf_conn *c = session_data(s);
+	if (!c)
+		return;
+	end_message(c);
+	policy_msg_clear(&c->msg);
+	buf_clear(&c->out);
+	free(c);
+}
+
+static const struct {
+	const char *name;
+	enum policy_stage stage;
+} states[] = {
+	{ "CONNECT", POLICY_CONNECT }, { "EHLO", POLICY_HELO },	      { "HELO", POLICY_HELO },
+	{ "MAIL", POLICY_MAIL },       { "RCPT", POLICY_RCPT },	      { "DATA", POLICY_DATA },
+	{ "BDAT", POLICY_DATA },       { "END-OF-MESSAGE", POLICY_EOM },
+};
+
+static bool attr_macro(void *arg, const char *name, struct str *ret)
+{
+	const struct pfpolicy_request *r = arg;
+	char tmp[PFPOLICY_MAX_NAME + 1];
+	size_t n = strlen(name);
+	if (n >= 2 && name[0] == '{' && name[n - 1] == '}' && n - 2 <= PFPOLICY_MAX_NAME) {
+		memcpy(tmp, name + 1, n - 2);
+		tmp[n - 2] = '\0';
+		name = tmp;
+	}
+	struct str v = pfpolicy_get(r, name);
+	if (!v.ptr)
+		return false;
+	*ret = v;
+	return true;
+}
+
+static uint64_t parse_u64(struct str v, bool *ok)
+{
+	uint64_t n = 0;
+	*ok = v.len > 0;
+	for (size_t i = 0; i < v.len; i++) {
+		if (v.ptr[i] < '0' || v.ptr[i] > '9' || n > UINT64_MAX / 10 - 10) {
+			*ok = false;
+			return 0;
+		}
+		n = n * 10 + (uint64_t)(v.ptr[i] - '0');
+	}
+	return n;
+}
+
+static void fill_txn(const struct pfpolicy_request *r, enum policy_stage st,
+		     struct policy_txn *t)
+{
+	memset(t, 0, sizeof(*t));
+	t->client_addr = pfpolicy_get(r, "client_address");
+	t->client_name = pfpolicy_get(r, "client_name");
+	t->helo = pfpolicy_get(r, "helo_name");
+	t->sasl_user = pfpolicy_get(r, "sasl_username");
+	t->have_sender = st >= POLICY_MAIL;
+	t->sender = pfpolicy_get(r, "sender"); /* empty: the null sender */
+	t->rcpt = st == POLICY_RCPT ? pfpolicy_get(r, "recipient") : STR_NULL;
+	bool ok;
+	uint64_t size = parse_u64(pfpolicy_get(r, "size"), &ok);
+	t->size = size;
+	t->have_size = ok && size > 0;
+	uint64_t rc = parse_u64(pfpolicy_get(r, "recipient_count"), &ok);
+	t->rcpt_count = ok && rc < 1000000 ? (unsigned)rc : 0;
+	t->macro = attr_macro;
+	t->arg = (void *)r;
+}
+
+static void log_over(struct session *s, const struct policy_decision *d, enum policy_stage st,
+		     const struct pfpolicy_request *r)
+{
+	char peer[120], qid[40];
+	log_quote(peer, sizeof(peer), pfpolicy_get(r, "client_address"), 60);
+	log_quote(qid, sizeof(qid), pfpolicy_get(r, "queue_id"), 20);
+	for (size_t i = 0; i < d->nover; i++) {
+		const struct policy_over *o = &d->over[i];
+		enum policy_action a = policy_rule_action(o->rule);
+		session_log(s, a == POLICY_WARN ? LOG_LEVEL_WARNING : LOG_LEVEL_NOTICE,
+			    "limit rule=%s key=\"%s\" stage=%s action=%s limit=%s retry=%llus "
+			    "client=%s qid=%s", policy_rule_name(o->rule), o->key,
+			    policy_stage_name(st), policy_action_name(a), o->limit,
+			    (unsigned long long)o->retry_s, peer, qid);
+	}
+	if (d->store_error)
+		session_log(s, LOG_LEVEL_ERROR, "limit store error (%s): answering DUNNO",
+			    strerror(-d->store_error));
+}
+
+/* The action text for a decision at stage st. */
+static void action_text(const struct policy_decision *d, const struct policy_msg *m,
+			enum policy_stage st, char *out, size_t len)
+{
+	switch (d->action) {
+	case POLICY_TEMPFAIL:
+	case POLICY_REJECT:
+		fmt_fixed(out, len, "%s", d->reply);
+		return;
+	case POLICY_DISCARD:
+		fmt_fixed(out, len, "DISCARD sluice limit %s", policy_rule_name(d->rule));
+		return;
+	case POLICY_QUARANTINE:
+		fmt_fixed(out, len, "HOLD sluice limit %s", policy_rule_name(d->rule));
+		return;
+	case POLICY_TAG:
+		/* Postfix ignores PREPEND at END-OF-MESSAGE */
+		if (st != POLICY_EOM && m->ntags) {
+			fmt_fixed(out, len, "PREPEND X-Sluice-Limit: %s", m->tags[m->ntags - 1]);
+			return;
+		}
+		break;
+	default:
+		break;
+	}
+	fmt_fixed(out, len, "DUNNO");
+}
+
+static void answer(struct session *s, struct pf_conn *c, const char *action)
+{
+	buf_reset(&c->out);
+	if (pfpolicy_put_action(&c->out, str_cstr(action)) < 0) {
+		buf_reset(&c->out);
+		pfpolicy_put_action(&c->out, str_cstr("DUNNO"));
+	}
+	session_write(s, c->out.ptr, c->out.len);
+}
+
+static void handle(struct session *s, struct pf_conn *c, const struct pfpolicy_request *r)
+{
+	struct str state = pfpolicy_get(r, "protocol_state");
+	struct str request = pfpolicy_get(r, "request");
+	if (!str_eq_cstr(request, "smtpd_access_policy")) {
+		char q[80];
+		log_quote(q, sizeof(q), request, 40);
+		session_log(s, LOG_LEVEL_WARNING, "request=%s is not smtpd_access_policy: DUNNO", q);
+		answer(s, c, "DUNNO");
+		return;
+	}
+	int stage = -1;
+	for (size_t i = 0; i < ARRAY_SIZE(states); i++)
+		if (state.len == strlen(states[i].name) &&
+		    strncasecmp(state.ptr, states[i].name, state.len) == 0)
+			stage = (int)states[i].stage;
+	if (stage < 0) { /* VRFY, ETRN: nothing to count */
+		answer(s, c, "DUNNO");
+		return;
+	}
+	struct str inst = pfpolicy_get(r, "instance");
+	if (inst.len > INSTANCE_MAX)
+		inst.len = INSTANCE_MAX;
+	if (!c->policy || inst.len != strlen(c->instance) ||
+	    (inst.len && memcmp(inst.ptr, c->instance, inst.len) != 0)) {
+		end_message(c);
+		c->policy = current_policy(c->svc, NULL);
+		if (inst.len)
+			memcpy(c->instance, inst.ptr, inst.len);
+		c->instance[inst.len] = '\0';
+	}
+	struct policy_txn t;
+	struct policy_decision d, best;
+	char action[PFPOLICY_MAX_ACTION];
+	uint64_t now = realtime_ns();
+	best.action = POLICY_ACCEPT;
+	best.rule = NULL;
+	d.results = NULL;
+	d.max_results = 0;
+	/*
+	 * Once per message, the stages before RCPT not run yet; then this stage.  A stage
+	 * that refused is not marked done: it runs again at the next request (a refused
+	 * event was not counted, so running it again counts nothing twice).
+	 */
+	int last_once = stage < POLICY_RCPT ? stage : POLICY_MAIL;
+	int st = c->done_stage + 1;
+	for (; st <= last_once || st == stage; st = st == last_once ? stage : st + 1) {
+		fill_txn(r, (enum policy_stage)st, &t);
+		policy_check(c->policy, &t, (enum policy_stage)st, &c->msg, STORE_CHECK, now, &d);
+		if (d.nover || d.store_error)
+			log_over(s, &d, (enum policy_stage)st, r);
+		if (d.action > best.action)
+			best = d;
+		if (best.action >= POLICY_DISCARD)
+			break;
+		if (st <= POLICY_MAIL)
+			c->done_stage = st;
+		if (st == stage)
+			break;
+	}
+	if (best.action >= POLICY_DISCARD && stage >= POLICY_DATA)
+		policy_msg_end(c->policy, &c->msg, false, now);
+	action_text(&best, &c->msg, (enum policy_stage)stage, action, sizeof(action));
+	answer(s, c, action);
+}
+
+static void pf_input(struct session *s, struct evbuffer *in)
+{
+	struct pf_conn *c = session_data(s);
+	for (;;) {
+		size_t avail = evbuffer_get_length(in);
+		if (avail == 0)
+			return;
+		size_t look = avail < c->max_request ? avail : c->max_request;
+		const char *p = (const char *)evbuffer_pullup(in, (ev_ssize_t)look);
+		if (!p) {
+			session_protocol_error(s, "out of memory");
+			return;
+		}
+		struct pfpolicy_request req;
+		const char *why = NULL;
+		int n = pfpolicy_parse(&c->parser, p, look, c->max_request, &req, &why);
+		if (n == 0)
+			return;
+		if (n == -EMSGSIZE) {
+			session_protocol_error(s, "request larger than max_request");
+			return;
+		}
+		if (n < 0) {
+			session_protocol_error(s, why ? why : "malformed request");
+			return;
+		}
+		handle(s, c, &req);
+		evbuffer_drain(in, (size_t)n);
+	}
+}
+
+static void pf_free_arg(void *arg)
+{
+	struct pf_service *ps = arg;
+	policy_unref(ps->policy);
+	pthread_mutex_destroy(&ps->lock);
+	free(ps);
+}
+
+static const struct service_ops pf_ops = {
+	.open = pf_open,
+	.input = pf_input,
+	.close = pf_close,
+	.free_arg = pf_free_arg,
+};
+
+struct service *pfpolicy_service_new(struct engine *e, struct policy *p,
+				     const struct pfpolicy_conf *conf)
+{
+	struct pf_service *ps = calloc(1, sizeof(*ps));
+	if (!ps)
+		return NULL;
+	pthread_mutex_init(&ps->lock, NULL);
+	ps->policy = policy_ref(p);
+	ps->max_request = conf->max_request;
+	struct service *svc = service_new(e, "policy", &pf_ops, ps);
+	if (!svc)
+		pf_free_arg(ps);
+	return svc;
+}
+
+void pfpolicy_service_set_policy(struct service *svc, struct policy *p)
+{
+	struct pf_service *ps = service_arg(svc);
+	pthread_mutex_lock(&ps->lock);
+	struct policy *old = ps->policy;
+	ps->policy = policy_ref(p);
+	pthread_mutex_unlock(&ps->lock);
+	policy_unref(old);
+}
+
+void pfpolicy_service_set_conf(struct service *svc, const struct pfpolicy_conf *conf)
+{
+	struct pf_service *ps = service_arg(svc);
+	pthread_mutex_lock(&ps->lock);
+	ps->max_request = conf->max_request;
+	pthread_mutex_unlock(&ps->lock);
+}

@@ -1,0 +1,191 @@
+/*
+ * class -- host classes and their slot counters (see class.h).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "class.h"
+#include "log.h"
+#include "util.h"
+
+struct class_counter {
+	char name[64];
+	_Atomic unsigned used;
+	_Atomic unsigned peak;
+	_Atomic uint64_t entered;
+	_Atomic uint64_t refused;
+	unsigned refs;                /* under registry_lock */
+	struct class_counter *next;
+};
+
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct class_counter *registry;
+
+static struct class_counter *counter_get(const char *name)
+{
+	pthread_mutex_lock(&registry_lock);
+	struct class_counter *c;
+	for (c = registry; c; c = c->next)
+		if (strcmp(c->name, name) == 0)
+			break;
+	if (!c) {
+		c = calloc(1, sizeof(*c));
+		if (c) {
+			fmt_fixed(c->name, sizeof(c->name), "%s", name);
+			c->next = registry;
+			registry = c;
+		}
+	}
+	if (c)
+		c->refs++;
+	pthread_mutex_unlock(&registry_lock);
+	return c;
+}
+
+static void counter_put(struct class_counter *c)
+{
+	if (!c)
+		return;
+	pthread_mutex_lock(&registry_lock);
+	if (--c->refs == 0) {
+		ASSERT(atomic_load(&c->used) == 0);
+		for (struct class_counter **pp = &registry; *pp; pp = &(*pp)->next)
+			if (*pp == c) {
+				*pp = c->next;
+				break;
+			}
+		free(c);
+	}
+	pthread_mutex_unlock(&registry_lock);
+}
+
+static int get_uint(struct cfg_node *obj, const char *key, unsigned *ret, char *err,
+		    size_t errlen)
+{
+	struct cfg_node *n = cfg_get(obj, key);
+	int64_t v;
+	if (!n) {
+		cfg_error(obj, err, errlen, "missing '%s'", key);
+		return -EINVAL;
+	}
+	if (cfg_int64(n, 0, 1000000, &v, err, errlen) < 0)
+		return -EINVAL;
+	*ret = (unsigned)v;
+	return 0;
+}
+
+int class_load(struct cfg_node *n, struct policy_class *ret, char *err, size_t errlen)
+{
+	struct policy_class c;
+	memset(&c, 0, sizeof(c));
+	if (!n->label || !*n->label || strlen(n->label) >= 64 || n->kind != CFG_OBJECT) {
+		cfg_error(n, err, errlen, "expected class \"NAME\" { ... } with a name of 1-63 "
+			  "bytes");
+		return -EINVAL;
+	}
+	struct cfg_node *hosts = cfg_get(n, "hosts");
+	if (!hosts) {
+		cfg_error(n, err, errlen, "missing 'hosts'");
+		return -EINVAL;
+	}
+	if (get_uint(n, "sessions", &c.sessions, err, errlen) < 0 ||
+	    get_uint(n, "inbound", &c.inbound, err, errlen) < 0)
+		return -EINVAL;
+	c.hosts = mask_list_new(MASK_HOSTS);
+	c.name = strdup(n->label);
+	if (!c.hosts || !c.name)
+		goto nomem;
+	struct cfg_node *first = hosts->kind == CFG_LIST ? hosts->child : hosts;
+	for (struct cfg_node *h = first; h; h = hosts->kind == CFG_LIST ? h->next : NULL) {
+		const char *text;
+		char why[200];
+		if (cfg_string(h, &text, err, errlen) < 0)
+			goto fail;
+		int r = mask_list_add(c.hosts, str_cstr(text), why, sizeof(why));
+		if (r == -ENOMEM)
+			goto nomem;
+		if (r < 0) {
+			cfg_error(h, err, errlen, "%s", why);
+			goto fail;
+		}
+	}
+	if (mask_list_count(c.hosts) == 0) {
+		cfg_error(hosts, err, errlen, "an empty hosts list matches nothing");
+		goto fail;
+	}
+	*ret = c;
+	return 0;
+nomem:
+	fmt_fixed(err, errlen, "out of memory");
+fail:
+	class_clear(&c);
+	return -EINVAL;
+}
+
+void class_clear(struct policy_class *c)
+{
+	free(c->name);
+	mask_list_free(c->hosts);
+	counter_put(c->ctr);
+	memset(c, 0, sizeof(*c));
+}
+
+/* Not at parse time: a configuration that fails to load never touches live counters. */
+int class_attach(struct policy_class *c)
+{
+	c->ctr = counter_get(c->name);
+	return c->ctr ? 0 : -ENOMEM;
+}
+
+int class_enter_inbound(struct policy_class *c, struct class_slot **ret)
+{
+	struct class_counter *k = c->ctr;
+	unsigned used = atomic_load(&k->used);
+	do {
+		if (used >= c->inbound) {
+			atomic_fetch_add(&k->refused, 1);
+			return 0;
+		}
+	} while (!atomic_compare_exchange_weak(&k->used, &used, used + 1));
+	atomic_fetch_add(&k->entered, 1);
+	unsigned peak = atomic_load(&k->peak);
+	while (used + 1 > peak && !atomic_compare_exchange_weak(&k->peak, &peak, used + 1))
+		;
+	pthread_mutex_lock(&registry_lock);
+	k->refs++; /* the slot keeps the counter alive across reloads */
+	pthread_mutex_unlock(&registry_lock);
+	*ret = (struct class_slot *)k;
+	return 1;
+}
+
+void class_slot_release(struct class_slot *s)
+{
+	if (!s)
+		return;
+	struct class_counter *k = (struct class_counter *)s;
+	unsigned prev = atomic_fetch_sub(&k->used, 1);
+	ASSERT(prev > 0);
+	counter_put(k);
+}
+
+const char *class_slot_name(const struct class_slot *s)
+{
+	return s ? ((const struct class_counter *)s)->name : "";
+}
+
+void class_stats_get(const struct policy_class *c, struct class_stats *ret)
+{
+	memset(ret, 0, sizeof(*ret));
+	fmt_fixed(ret->name, sizeof(ret->name), "%s", c->name);
+	ret->sessions = c->sessions;
+	ret->inbound = c->inbound;
+	if (c->ctr) {
+		ret->used = atomic_load(&c->ctr->used);
+		ret->peak = atomic_load(&c->ctr->peak);
+		ret->entered = atomic_load(&c->ctr->entered);
+		ret->refused = atomic_load(&c->ctr->refused);
+	}
+}

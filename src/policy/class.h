@@ -1,0 +1,38 @@
+/*
+ * class -- host classes (Sendmail's XLA): concurrency per class of hosts.
+ *
+ * A class's counter lives apart from the rule set that names it, in a registry keyed by
+ * the class name, so a reload that keeps a class keeps its count, and a session that took
+ * a slot under an old rule set gives it back to the same counter.  Counters are atomics:
+ * workers take and release slots without a lock.
+ */
+#ifndef SLUICE_CLASS_H
+#define SLUICE_CLASS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "cfg.h"
+#include "mask.h"
+#include "policy.h"
+
+struct class_counter;
+
+struct policy_class {
+	char *name;
+	struct mask_list *hosts;
+	unsigned sessions;  /* incoming + outgoing */
+	unsigned inbound;   /* incoming sessions are refused at this count */
+	struct class_counter *ctr;
+};
+
+/* Load `class "name" { hosts; sessions; inbound; }`.  0 or -EINVAL with err. */
+int class_load(struct cfg_node *n, struct policy_class *ret, char *err, size_t errlen);
+void class_clear(struct policy_class *c);
+/* Attach the class to its live counter (by name), once the rule set is complete. */
+int class_attach(struct policy_class *c);
+/* Take an incoming slot: 1 (*ret set), or 0 when the class is at inbound. */
+int class_enter_inbound(struct policy_class *c, struct class_slot **ret);
+void class_stats_get(const struct policy_class *c, struct class_stats *ret);
+
+#endif

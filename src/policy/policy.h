@@ -1,0 +1,224 @@
+/*
+ * policy -- the rule set: rate limits keyed by any SMTP attribute, and host classes.
+ *
+ * One compiled, immutable rule set (struct policy) answers both the milter sessions and
+ * the Postfix policy service.  A reload builds a new one; sessions keep the one they
+ * started with (reference counted), so rules never change under a running transaction.
+ *
+ * A decision (policy_check) runs every rule of one stage against a transaction:
+ *   - a rule applies unless an `except` entry matches or a selector of its key has no
+ *     value;
+ *   - its limits are the rule's windows, or the key's line in the overrides file;
+ *   - all applying rules are decided in one atomic store batch: the strictest failing
+ *     action wins (reject > tempfail > discard > quarantine > tag > warn), and a refused
+ *     event is charged by no rule (unless a rule says count_rejected);
+ *   - what was charged is written to the transaction's ledger (struct policy_msg), so a
+ *     message refused later or aborted by the client gives its charges back.
+ * Nothing here does I/O or logs; the callers log one line per refusing, tagging or warning
+ * decision.
+ */
+#ifndef SLUICE_POLICY_H
+#define SLUICE_POLICY_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "buf.h"
+#include "cfg.h"
+#include "ipaddr.h"
+#include "rate.h"
+#include "selector.h"
+#include "store.h"
+#include "str.h"
+
+enum policy_stage {
+	POLICY_CONNECT = 0,
+	POLICY_HELO,
+	POLICY_MAIL,
+	POLICY_RCPT,
+	POLICY_DATA, /* milter: end of headers; Postfix: DATA */
+	POLICY_EOM,
+	POLICY_STAGE_COUNT,
+};
+
+/* In increasing strictness: the largest failing one wins. */
+enum policy_action {
+	POLICY_ACCEPT = 0,
+	POLICY_WARN,
+	POLICY_TAG,
+	POLICY_QUARANTINE,
+	POLICY_DISCARD,
+	POLICY_TEMPFAIL,
+	POLICY_REJECT,
+};
+
+enum policy_count {
+	POLICY_COUNT_CONNECTIONS = 0,
+	POLICY_COUNT_MESSAGES,
+	POLICY_COUNT_RECIPIENTS,
+	POLICY_COUNT_BYTES,
+};
+
+const char *policy_stage_name(enum policy_stage s);
+const char *policy_action_name(enum policy_action a);
+const char *policy_count_name(enum policy_count c);
+
+#define POLICY_REPLY_MAX 512
+#define POLICY_MAX_TAGS 8
+#define POLICY_LEDGER_MAX 1024 /* charges remembered per message for refunds */
+
+struct policy;
+struct policy_rule;
+
+/*
+ * Load every `limit` and `class` block of a parsed configuration (marking the nodes
+ * used).  0 and *ret, or -EINVAL/-ENOMEM with err "FILE:LINE: KEY: message".  An empty
+ * rule set (no limit, no class) is valid.
+ */
+int policy_load(struct cfg_node *root, struct policy **ret, char *err, size_t errlen);
+struct policy *policy_ref(struct policy *p);
+void policy_unref(struct policy *p);
+/* The store decisions go to (set by the daemon before the policy is used). */
+void policy_set_store(struct policy *p, struct store *s);
+struct store *policy_store(const struct policy *p);
+/* Does any rule run at this stage?  Is there any class?  (Milter negotiation.) */
+bool policy_has_stage(const struct policy *p, enum policy_stage s);
+bool policy_has_classes(const struct policy *p);
+bool policy_wants_headers(const struct policy *p);  /* a header: selector is used */
+bool policy_has_message_actions(const struct policy *p); /* tag or quarantine rules */
+size_t policy_rule_count(const struct policy *p);
+/* Macro names used by macro: selectors ("{auth_authen}" style as written), for negotiation. */
+size_t policy_macros(const struct policy *p, const char **ret, size_t max);
+/*
+ * Reload overrides files that changed on disk (checked by mtime, size and inode).
+ * Returns how many were reloaded; a file that fails to parse keeps its old table and its
+ * error is written to err (one line per file).
+ */
+int policy_reload_overrides(struct policy *p, struct buf *err);
+
+/* One charge kept for refunds. */
+struct policy_charge {
+	uint64_t key_hash;
+	uint64_t cost;
+	const struct policy_rule *rule;
+	struct rate_limits limits;
+	uint8_t scope;  /* enum policy_stage of the event that charged it */
+};
+
+/* Per-transaction state, owned by the session (zero it to start; policy_msg_clear()). */
+struct policy_msg {
+	struct policy_charge *charges;
+	size_t n, cap;
+	bool overflow;  /* more than POLICY_LEDGER_MAX: later charges are not refundable */
+	/* tags and quarantine to apply at the end of the message */
+	size_t ntags;
+	char tags[POLICY_MAX_TAGS][POLICY_REPLY_MAX];
+	bool quarantine;
+	char quarantine_reason[POLICY_REPLY_MAX];
+};
+
+void policy_msg_clear(struct policy_msg *m);
+
+/* One rule's part in a decision, for logs and `sluice test`. */
+enum policy_rule_state {
+	POLICY_RULE_PASS = 0,      /* applied, within its limits */
+	POLICY_RULE_OVER,          /* applied, over its limits: its action is taken */
+	POLICY_RULE_NO_VALUE,      /* a selector had no value */
+	POLICY_RULE_EXCEPT,        /* an except entry matched */
+	POLICY_RULE_UNLIMITED,     /* the key's override is 0 */
+	POLICY_RULE_COUNTED,       /* messages: this message was already counted */
+};
+
+struct policy_rule_result {
+	const struct policy_rule *rule;
+	enum policy_rule_state state;
+	char key[SELECTOR_MAX_KEY + 1];
+	char why[128];            /* NO_VALUE / EXCEPT: which selector or entry */
+	struct rate_limits limits;
+	bool overridden;
+	uint64_t cost;
+	uint64_t used[RATE_MAX_WINDOWS]; /* after the decision */
+	uint64_t retry_ns;
+	bool charged;
+};
+
+#define POLICY_MAX_OVER 8
+#define POLICY_LOG_KEY 200
+
+/* A rule over its limits in this decision (whatever its action), for the log line. */
+struct policy_over {
+	const struct policy_rule *rule;
+	char key[POLICY_LOG_KEY + 1];  /* cut for logs */
+	char limit[32];                /* the window that bound, "10/1m" */
+	uint64_t retry_s;
+};
+
+struct policy_decision {
+	enum policy_action action;         /* the strictest failing action, or ACCEPT */
+	size_t nover;
+	struct policy_over over[POLICY_MAX_OVER];
+	const struct policy_rule *rule;    /* the rule that set it */
+	char key[SELECTOR_MAX_KEY + 1];
+	uint64_t retry_s;                  /* exact, rounded up to the second */
+	char reply[POLICY_REPLY_MAX];      /* tempfail/reject: "451 4.7.1 ..." (expanded) */
+	/* every rule that ran, when the caller asks for them (explain, logs) */
+	struct policy_rule_result *results;
+	size_t nresults, max_results;
+	int store_error;                   /* <0 when the store failed (the event passes) */
+};
+
+/*
+ * Decide one event at stage st.  msg may be NULL (no refunds, no per-message counting).
+ * mode STORE_PEEK changes nothing anywhere (explain).  d->results, if set by the caller
+ * with max_results, receives one entry per rule of the stage.  Returns 0.
+ */
+int policy_check(struct policy *p, const struct policy_txn *t, enum policy_stage st,
+		 struct policy_msg *msg, enum store_mode mode, uint64_t now,
+		 struct policy_decision *d);
+/*
+ * The message ended.  delivered = false (aborted, refused at DATA or EOM): every
+ * refundable charge of the message goes back to the store.  The ledger is cleared either
+ * way, tags and quarantine included.
+ */
+void policy_msg_end(struct policy *p, struct policy_msg *m, bool delivered, uint64_t now);
+
+const char *policy_rule_name(const struct policy_rule *r);
+enum policy_action policy_rule_action(const struct policy_rule *r);
+enum policy_stage policy_rule_stage(const struct policy_rule *r);
+enum policy_count policy_rule_count_kind(const struct policy_rule *r);
+const char *policy_rule_key_spec(const struct policy_rule *r);
+const struct policy_rule *policy_rule_at(const struct policy *p, size_t i);
+const struct policy_rule *policy_rule_find(const struct policy *p, const char *name);
+/* The limits that apply to a key (override or the rule's); NULL = unlimited. */
+const struct rate_limits *policy_rule_limits(const struct policy_rule *r, struct str key,
+					     bool *ret_overridden);
+uint64_t policy_rule_key_hash(const struct policy *p, const struct policy_rule *r,
+			      struct str key);
+/* Normalize a key written by an operator (`sluice limits show`) for this rule. */
+int policy_rule_normalize_key(const struct policy_rule *r, struct str key, char *out);
+
+/* ---- host classes (XLA) ---- */
+struct class_slot;
+
+/*
+ * An incoming session from ip (NULL if unknown) and verified name (empty if none): find
+ * its class (first match) and take a slot.  Returns 1 with *ret (NULL when there are no
+ * classes), 0 when the class is at `inbound` (*ret_class names it; refuse with 421).
+ * A slot must be released exactly once with class_slot_release().
+ */
+int policy_class_enter(struct policy *p, const struct ipaddr *ip, struct str name,
+		       struct class_slot **ret, const char **ret_class);
+void class_slot_release(struct class_slot *s);
+const char *class_slot_name(const struct class_slot *s);
+
+struct class_stats {
+	char name[64];
+	unsigned used, peak, sessions, inbound;
+	uint64_t entered, refused;
+};
+/* The classes of this rule set with their live counters. */
+size_t policy_class_stats(const struct policy *p, struct class_stats *ret, size_t max);
+
+#endif

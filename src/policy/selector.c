@@ -1,0 +1,430 @@
+/*
+ * selector -- key specs and their values (see selector.h).
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "rate.h"
+#include "selector.h"
+#include "util.h"
+
+static const struct {
+	const char *name;
+	enum selector_kind kind;
+} kinds[] = {
+	{ "client_ip", SEL_CLIENT_IP },	    { "client_name", SEL_CLIENT_NAME },
+	{ "helo", SEL_HELO },		    { "sasl_user", SEL_SASL_USER },
+	{ "sender", SEL_SENDER },	    { "sender_domain", SEL_SENDER_DOMAIN },
+	{ "rcpt", SEL_RCPT },		    { "rcpt_domain", SEL_RCPT_DOMAIN },
+	{ "header", SEL_HEADER },	    { "macro", SEL_MACRO },
+};
+
+static bool name_ok(struct str n)
+{
+	if (n.len == 0 || n.len > SELECTOR_MAX_NAME)
+		return false;
+	for (size_t i = 0; i < n.len; i++) {
+		unsigned char c = (unsigned char)n.ptr[i];
+		/* header field names (RFC 5322 ftext) and macro names like "{auth_authen}" */
+		if (c <= ' ' || c >= 0x7f || c == ':' || c == '+')
+			return false;
+	}
+	return true;
+}
+
+static int parse_bits(const char *p, const char *end, unsigned max, unsigned *ret)
+{
+	unsigned v = 0;
+	if (p == end)
+		return -EINVAL;
+	for (; p < end; p++) {
+		if (*p < '0' || *p > '9')
+			return -EINVAL;
+		v = v * 10 + (unsigned)(*p - '0');
+		if (v > max)
+			return -EINVAL;
+	}
+	*ret = v;
+	return 0;
+}
+
+int selector_parse(struct str text, struct selector *ret, char *err, size_t errlen)
+{
+	struct selector s;
+	memset(&s, 0, sizeof(s));
+	s.v4_bits = 32;
+	s.v6_bits = 128;
+	const char *p = text.ptr, *end = text.ptr + text.len;
+	const char *colon = memchr(p, ':', text.len);
+	const char *slash = memchr(p, '/', text.len);
+	const char *word_end = colon ? colon : slash ? slash : end;
+	struct str word = str_make(p, (size_t)(word_end - p));
+	bool found = false;
+	for (size_t i = 0; i < ARRAY_SIZE(kinds); i++)
+		if (str_eq_cstr(word, kinds[i].name)) {
+			s.kind = kinds[i].kind;
+			found = true;
+		}
+	if (!found) {
+		fmt_fixed(err, errlen, "unknown selector '%.*s' (known: client_ip, client_name, "
+			  "helo, sasl_user, sender, sender_domain, rcpt, rcpt_domain, "
+			  "header:NAME, macro:NAME)", (int)(text.len > 100 ? 100 : text.len),
+			  text.ptr);
+		return -EINVAL;
+	}
+	if (s.kind == SEL_HEADER || s.kind == SEL_MACRO) {
+		struct str name = colon ? str_make(colon + 1, (size_t)(end - colon - 1)) : STR_NULL;
+		if (!colon || !name_ok(name)) {
+			fmt_fixed(err, errlen, "'%.*s': expected %s:NAME with a name of 1-%d "
+				  "printable characters", (int)(text.len > 100 ? 100 : text.len),
+				  text.ptr, s.kind == SEL_HEADER ? "header" : "macro",
+				  SELECTOR_MAX_NAME);
+			return -EINVAL;
+		}
+		memcpy(s.name, name.ptr, name.len);
+		s.name[name.len] = '\0';
+	} else if (colon) {
+		fmt_fixed(err, errlen, "'%.*s': only header: and macro: take a name",
+			  (int)(text.len > 100 ? 100 : text.len), text.ptr);
+		return -EINVAL;
+	} else if (slash) {
+		if (s.kind != SEL_CLIENT_IP) {
+			fmt_fixed(err, errlen, "'%.*s': only client_ip takes a /prefix",
+				  (int)(text.len > 100 ? 100 : text.len), text.ptr);
+			return -EINVAL;
+		}
+		const char *slash2 = memchr(slash + 1, '/', (size_t)(end - slash - 1));
+		if (parse_bits(slash + 1, slash2 ? slash2 : end, 32, &s.v4_bits) < 0 ||
+		    (slash2 && parse_bits(slash2 + 1, end, 128, &s.v6_bits) < 0)) {
+			fmt_fixed(err, errlen, "'%.*s': expected client_ip/V4 or client_ip/V4/V6 "
+				  "with V4 in 0-32 and V6 in 0-128",
+				  (int)(text.len > 100 ? 100 : text.len), text.ptr);
+			return -EINVAL;
+		}
+		/* a network for IPv4 means a network for IPv6 too: /64 is one site's LAN */
+		if (!slash2)
+			s.v6_bits = s.v4_bits < 32 ? 64 : 128;
+	}
+	*ret = s;
+	return 0;
+}
+
+int selector_parse_key(const char *spec, struct selector *sels, size_t max, size_t *ret_n,
+		       char *err, size_t errlen)
+{
+	size_t n = 0;
+	const char *p = spec;
+	for (;;) {
+		const char *plus = strchr(p, '+');
+		size_t len = plus ? (size_t)(plus - p) : strlen(p);
+		if (len == 0) {
+			fmt_fixed(err, errlen, "empty selector in '%.100s'", spec);
+			return -EINVAL;
+		}
+		if (n == max) {
+			fmt_fixed(err, errlen, "more than %zu selectors in '%.100s'", max, spec);
+			return -EINVAL;
+		}
+		if (selector_parse(str_make(p, len), &sels[n], err, errlen) < 0)
+			return -EINVAL;
+		for (size_t i = 0; i < n; i++)
+			if (memcmp(&sels[i], &sels[n], sizeof(sels[n])) == 0) {
+				fmt_fixed(err, errlen, "selector '%.*s' given twice", (int)len, p);
+				return -EINVAL;
+			}
+		n++;
+		if (!plus)
+			break;
+		p = plus + 1;
+	}
+	*ret_n = n;
+	return 0;
+}
+
+const char *selector_name(const struct selector *s, char *buf, size_t len)
+{
+	const char *base = "?";
+	for (size_t i = 0; i < ARRAY_SIZE(kinds); i++)
+		if (kinds[i].kind == s->kind)
+			base = kinds[i].name;
+	if (s->kind == SEL_HEADER || s->kind == SEL_MACRO)
+		fmt_fixed(buf, len, "%s:%s", base, s->name);
+	else if (s->kind == SEL_CLIENT_IP && (s->v4_bits != 32 || s->v6_bits != 128))
+		fmt_fixed(buf, len, "%s/%u/%u", base, s->v4_bits, s->v6_bits);
+	else
+		fmt_fixed(buf, len, "%s", base);
+	return buf;
+}
+
+enum mask_type selector_mask_type(const struct selector *s)
+{
+	switch (s->kind) {
+	case SEL_CLIENT_IP:
+		return MASK_IP;
+	case SEL_CLIENT_NAME:
+	case SEL_HELO:
+	case SEL_SENDER_DOMAIN:
+	case SEL_RCPT_DOMAIN:
+		return MASK_NAME;
+	case SEL_SENDER:
+	case SEL_RCPT:
+		return MASK_ADDRESS;
+	case SEL_SASL_USER:
+	case SEL_HEADER:
+	case SEL_MACRO:
+		break;
+	}
+	return MASK_STRING;
+}
+
+/* ---- normalization ---- */
+
+static struct str trim(struct str s)
+{
+	while (s.len && (s.ptr[0] == ' ' || s.ptr[0] == '\t'))
+		s.ptr++, s.len--;
+	while (s.len && (s.ptr[s.len - 1] == ' ' || s.ptr[s.len - 1] == '\t' ||
+			 s.ptr[s.len - 1] == '\r' || s.ptr[s.len - 1] == '\n'))
+		s.len--;
+	return s;
+}
+
+static struct str cut(struct str s)
+{
+	if (s.len > SELECTOR_MAX_VALUE)
+		s.len = SELECTOR_MAX_VALUE;
+	return s;
+}
+
+static int append_lower(struct buf *out, struct str s)
+{
+	s = cut(s);
+	int r = buf_reserve(out, s.len);
+	if (r < 0)
+		return r;
+	for (size_t i = 0; i < s.len; i++)
+		out->ptr[out->len + i] = (char)tolower((unsigned char)s.ptr[i]);
+	buf_truncate(out, out->len + s.len);
+	return 0;
+}
+
+/* A host or domain name: lowercase, without one trailing dot.  Empty = none. */
+static int append_name(struct buf *out, struct str s)
+{
+	s = trim(s);
+	if (s.len && s.ptr[s.len - 1] == '.')
+		s.len--;
+	if (s.len == 0)
+		return 0;
+	int r = append_lower(out, s);
+	return r < 0 ? r : 1;
+}
+
+/* Strip blanks and angle brackets; "" and "<>" are the null sender. */
+static struct str bare_address(struct str a)
+{
+	a = trim(a);
+	if (a.len >= 2 && a.ptr[0] == '<' && a.ptr[a.len - 1] == '>')
+		a = str_make(a.ptr + 1, a.len - 2);
+	return trim(a);
+}
+
+static const char *last_at(struct str a)
+{
+	for (size_t i = a.len; i > 0; i--)
+		if (a.ptr[i - 1] == '@')
+			return a.ptr + i - 1;
+	return NULL;
+}
+
+/* An address: local part as written, domain lowercased; the null address is "<>". */
+static int append_address(struct buf *out, struct str a)
+{
+	a = cut(bare_address(a));
+	if (a.len == 0)
+		return buf_append_cstr(out, "<>") < 0 ? -ENOBUFS : 1;
+	const char *at = last_at(a);
+	size_t local = at ? (size_t)(at - a.ptr) + 1 : a.len;
+	int r = buf_append(out, a.ptr, local);
+	if (r == 0 && at)
+		r = append_lower(out, str_make(at + 1, a.len - local));
+	return r < 0 ? r : 1;
+}
+
+static int append_address_domain(struct buf *out, struct str a, bool null_is_value)
+{
+	a = bare_address(a);
+	if (a.len == 0)
+		return null_is_value ? (buf_append_cstr(out, "<>") < 0 ? -ENOBUFS : 1) : 0;
+	const char *at = last_at(a);
+	if (!at)
+		return 0;
+	return append_name(out, str_make(at + 1, (size_t)(a.ptr + a.len - at - 1)));
+}
+
+static int append_ip(struct buf *out, const struct selector *s, struct str text)
+{
+	struct ipaddr ip;
+	if (ipaddr_parse(trim(text), &ip) < 0)
+		return 0;
+	unsigned bits = ip.family == 4 ? s->v4_bits : s->v6_bits;
+	ipaddr_mask(&ip, bits);
+	char tmp[IPADDR_TEXT_MAX];
+	if (ipaddr_format(&ip, bits, tmp, sizeof(tmp)) < 0)
+		return 0;
+	return buf_append_cstr(out, tmp) < 0 ? -ENOBUFS : 1;
+}
+
+static bool client_name_known(struct str n)
+{
+	n = trim(n);
+	return n.len && n.ptr[0] != '[' && !(n.len == 7 && strncasecmp(n.ptr, "unknown", 7) == 0);
+}
+
+int selector_value(const struct selector *s, const struct policy_txn *t, struct buf *out)
+{
+	struct str v;
+	int r;
+	switch (s->kind) {
+	case SEL_CLIENT_IP:
+		return append_ip(out, s, t->client_addr);
+	case SEL_CLIENT_NAME:
+		return client_name_known(t->client_name) ? append_name(out, t->client_name) : 0;
+	case SEL_HELO:
+		return append_name(out, t->helo);
+	case SEL_SASL_USER:
+		v = trim(t->sasl_user);
+		if (v.len == 0)
+			return 0;
+		return buf_append_str(out, cut(v)) < 0 ? -ENOBUFS : 1;
+	case SEL_SENDER:
+		return t->have_sender ? append_address(out, t->sender) : 0;
+	case SEL_SENDER_DOMAIN:
+		return t->have_sender ? append_address_domain(out, t->sender, true) : 0;
+	case SEL_RCPT:
+		return bare_address(t->rcpt).len ? append_address(out, t->rcpt) : 0;
+	case SEL_RCPT_DOMAIN:
+		return append_address_domain(out, t->rcpt, false);
+	case SEL_HEADER:
+		if (!t->header || !t->header(t->arg, s->name, &v))
+			return 0;
+		r = buf_append_str(out, cut(trim(v)));
+		return r < 0 ? r : 1;
+	case SEL_MACRO:
+		if (!t->macro || !t->macro(t->arg, s->name, &v))
+			return 0;
+		r = buf_append_str(out, cut(v));
+		return r < 0 ? r : 1;
+	}
+	return 0;
+}
+
+int selector_key(const struct selector *sels, size_t n, const struct policy_txn *t,
+		 struct buf *out, const struct selector **ret_missing)
+{
+	buf_reset(out);
+	for (size_t i = 0; i < n; i++) {
+		if (i && buf_append_byte(out, '+') < 0)
+			return -ENOBUFS;
+		int r = selector_value(&sels[i], t, out);
+		if (r < 0)
+			return r;
+		if (r == 0) {
+			if (ret_missing)
+				*ret_missing = &sels[i];
+			return 0;
+		}
+	}
+	return 1;
+}
+
+bool selector_match(const struct selector *s, const struct policy_txn *t,
+		    const struct mask_list *l)
+{
+	char space[SELECTOR_MAX_VALUE + 8];
+	struct buf b;
+	buf_init_fixed(&b, space, sizeof(space));
+	struct ipaddr ip;
+	switch (s->kind) {
+	case SEL_CLIENT_IP:
+		if (ipaddr_parse(trim(t->client_addr), &ip) < 0)
+			return false;
+		return mask_list_match_ip(l, &ip);
+	case SEL_SENDER:
+		return t->have_sender && mask_list_match_address(l, bare_address(t->sender).len ?
+								       t->sender : str_cstr("<>"));
+	case SEL_RCPT:
+		return bare_address(t->rcpt).len && mask_list_match_address(l, t->rcpt);
+	default:
+		break;
+	}
+	if (selector_value(s, t, &b) != 1)
+		return false;
+	if (selector_mask_type(s) == MASK_NAME)
+		return mask_list_match_name(l, buf_str(&b));
+	return mask_list_match_string(l, buf_str(&b));
+}
+
+/* Normalize one override component the way selector_value() would have built it. */
+static int normalize_one(const struct selector *s, struct str v, struct buf *out)
+{
+	struct ipaddr ip;
+	unsigned bits;
+	char tmp[IPADDR_TEXT_MAX];
+	switch (s->kind) {
+	case SEL_CLIENT_IP:
+		if (ipaddr_parse_prefix(v, &ip, &bits) < 0)
+			return -1;
+		bits = ip.family == 4 ? s->v4_bits : s->v6_bits;
+		ipaddr_mask(&ip, bits);
+		if (ipaddr_format(&ip, bits, tmp, sizeof(tmp)) < 0)
+			return -1;
+		return buf_append_cstr(out, tmp) < 0 ? -1 : 0;
+	case SEL_CLIENT_NAME:
+	case SEL_HELO:
+	case SEL_RCPT_DOMAIN:
+		return append_name(out, v) == 1 ? 0 : -1;
+	case SEL_SENDER_DOMAIN:
+		if (str_eq_cstr(v, "<>"))
+			return buf_append_cstr(out, "<>") < 0 ? -1 : 0;
+		return append_name(out, v) == 1 ? 0 : -1;
+	case SEL_SENDER:
+	case SEL_RCPT:
+		return append_address(out, v) == 1 ? 0 : -1;
+	default:
+		return buf_append_str(out, v) < 0 ? -1 : 0;
+	}
+}
+
+int selector_normalize_key(struct str key, char *out, void *arg)
+{
+	const struct selector_set *set = arg;
+	struct buf b;
+	buf_init_fixed(&b, out, RATE_MAX_OVERRIDE_KEY + 1);
+	size_t plus = 0;
+	for (size_t i = 0; i < key.len; i++)
+		plus += key.ptr[i] == '+';
+	if (set->n == 1) {
+		if (normalize_one(&set->sel[0], key, &b) < 0)
+			return -1;
+	} else if (plus == set->n - 1) {
+		const char *p = key.ptr, *end = key.ptr + key.len;
+		for (size_t i = 0; i < set->n; i++) {
+			const char *q = memchr(p, '+', (size_t)(end - p));
+			if (!q)
+				q = end;
+			if ((i && buf_append_byte(&b, '+') < 0) ||
+			    normalize_one(&set->sel[i], str_make(p, (size_t)(q - p)), &b) < 0)
+				return -1;
+			p = q + 1;
+		}
+	} else {
+		/* a '+' inside an address: keep the key as written */
+		if (buf_append_str(&b, key) < 0)
+			return -1;
+	}
+	return (int)b.len;
+}

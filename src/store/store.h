@@ -1,0 +1,178 @@
+/*
+ * store -- the limiter state behind every rate limit: one GCRA timestamp per key and window.
+ *
+ * A backend is a function table (store_memory.c: the embedded default; store_redis.c for
+ * clusters).  The unit of work is a decision over a batch of items, one per (rule, key)
+ * that an SMTP event touches, decided atomically: no other decision sees a state between
+ * the check and the charge of the batch (DESIGN law 4).
+ *
+ * GCRA, per window (count N per period P, burst B; emission interval T = ceil(P / N)):
+ *   state: TAT, the theoretical arrival time (ns since the epoch, CLOCK_REALTIME);
+ *          a missing key is TAT = now.
+ *   an event of cost c conforms iff  max(TAT, now) + c*T - now <= B*T;
+ *   when it is charged, TAT := max(TAT, now) + c*T.
+ *   retry (when it does not conform) = max(TAT, now) + c*T - B*T - now, the exact wait
+ *   until it would; an item's retry is the largest over its windows.
+ *   So over any interval of length t, at most B + floor(t / T) units are admitted.
+ *   A cost of 0 is checked as a cost of 1 and charges nothing ("is there room at all").
+ *   used(window) = ceil((max(TAT, now) - now) / T), the units not yet restored.
+ * A key whose TAT <= now in every window holds no information and may be dropped.
+ *
+ * Thread-safe: all workers share one store.
+ */
+#ifndef SLUICE_STORE_H
+#define SLUICE_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rate.h"
+#include "str.h"
+
+enum store_item_flags {
+	STORE_BLOCKING = 1u << 0,       /* a refusal by this item refuses the whole event */
+	STORE_COUNT_REJECTED = 1u << 1, /* charge even when the event is refused */
+};
+
+struct store_item {
+	/* in */
+	uint64_t key_hash;  /* store_key_hash(rule name, key text): the (rule, key) identity */
+	struct str rule;    /* rule name and key text: kept for `limits top` (may be empty) */
+	struct str key;
+	const struct rate_limits *limits; /* n >= 1 windows */
+	uint64_t cost;
+	unsigned flags;     /* enum store_item_flags */
+	/* out */
+	bool ok;            /* every window has room for cost */
+	bool charged;       /* this decision charged cost to every window */
+	uint64_t retry_ns;  /* !ok: wait until it would conform (the largest over windows) */
+	uint64_t used[RATE_MAX_WINDOWS]; /* after the decision, per window */
+};
+
+enum store_mode {
+	STORE_CHECK = 0,    /* decide and charge */
+	STORE_PEEK,         /* decide, charge nothing (explain, `sluice test`) */
+};
+
+/*
+ * A decision over items[0..n):
+ *   every item's ok, retry_ns and used are computed;
+ *   the event passes iff every item with STORE_BLOCKING is ok;
+ *   STORE_CHECK, event passes: every ok item is charged (a non-blocking item that is not
+ *     ok -- a warn or tag rule over its limit -- is not);
+ *   STORE_CHECK, event refused: only ok items with STORE_COUNT_REJECTED are charged.
+ * Returns 1 if the event passes, 0 if it is refused, <0 on a store error (-ENOMEM when
+ * the store cannot hold a new key even after evicting).  now is CLOCK_REALTIME ns.
+ */
+struct store_top_entry;
+struct store_stats;
+
+struct store_ops {
+	int (*decide)(void *ctx, struct store_item *items, size_t n, enum store_mode mode,
+		      uint64_t now);
+	/* Give back what items with charged set took (TAT -= cost*T, not below now). */
+	void (*refund)(void *ctx, const struct store_item *items, size_t n, uint64_t now);
+	/* Forget a (rule, key): every window of limits.  Returns 1 if it existed, else 0. */
+	int (*reset)(void *ctx, uint64_t key_hash, const struct rate_limits *limits);
+	/* Keys nearest their limits (see struct store_top_entry); returns how many filled. */
+	size_t (*top)(void *ctx, struct store_top_entry *ret, size_t max, uint64_t now);
+	/* Drop idle keys; called from a timer.  Returns how many were dropped. */
+	size_t (*expire)(void *ctx, uint64_t now);
+	void (*stats)(void *ctx, struct store_stats *ret);
+	/* Persist state (memory store: snapshot file).  0 or -errno with err. */
+	int (*save)(void *ctx, char *err, size_t errlen);
+	void (*destroy)(void *ctx);
+};
+
+#define STORE_TOP_RULE 64
+#define STORE_TOP_KEY 192
+
+struct store_top_entry {
+	char rule[STORE_TOP_RULE];  /* truncated copies, NUL-terminated */
+	char key[STORE_TOP_KEY];
+	uint64_t key_hash;
+	struct rate_limits limits;
+	uint64_t used[RATE_MAX_WINDOWS];
+	unsigned fill_ppm;          /* the fullest window: used / burst, in millionths */
+};
+
+struct store_stats {
+	uint64_t keys;          /* (key, window) records held */
+	uint64_t max_keys;
+	uint64_t bytes;         /* memory held by the tables */
+	uint64_t evicted;       /* records dropped because the store was full */
+	uint64_t expired;
+	uint64_t decisions;
+	uint64_t errors;
+};
+
+struct store {
+	const char *type;       /* "memory", "redis" */
+	const struct store_ops *ops;
+	void *ctx;
+	uint64_t seed;          /* hash key of store_key_hash() */
+};
+
+/* The (rule, key) identity: a keyed 64-bit hash (XXH3 with the store's seed). */
+uint64_t store_key_hash(const struct store *s, struct str rule, struct str key);
+
+static inline int store_decide(struct store *s, struct store_item *items, size_t n,
+			       enum store_mode mode, uint64_t now)
+{
+	return s->ops->decide(s->ctx, items, n, mode, now);
+}
+
+static inline void store_refund(struct store *s, const struct store_item *items, size_t n,
+				uint64_t now)
+{
+	s->ops->refund(s->ctx, items, n, now);
+}
+
+/* Destroy the backend (ops->destroy) and free s, which the backend's constructor allocated
+ * with malloc.  Does not save: the daemon calls ops->save first at shutdown.  Accepts NULL;
+ * returns NULL. */
+struct store *store_free(struct store *s);
+
+/* ---- the memory store ---- */
+struct store_memory_conf {
+	uint64_t max_keys;        /* (key, window) records; default 1,000,000 */
+	const char *snapshot;     /* file path, or NULL for none */
+};
+
+/*
+ * Create the memory store; if the snapshot file exists it is loaded (keys whose windows
+ * are full again are skipped).  A snapshot that cannot be read or is corrupt is renamed
+ * to "<path>.corrupt" and the store starts empty: *warn then holds a message for the log
+ * (otherwise warn[0] = '\0').  Returns NULL only on allocation failure.
+ */
+struct store *store_memory_new(const struct store_memory_conf *conf, uint64_t now,
+			       char *warn, size_t warnlen);
+/* Change max_keys at reload (records over the new bound are evicted as keys are added). */
+void store_memory_set_max_keys(struct store *s, uint64_t max_keys);
+/*
+ * Load a snapshot image (the file format of ops->save) from memory into s, which should
+ * be empty: its seed becomes the snapshot's.  Records whose TAT <= now are skipped, and so
+ * are records past max_keys.  The image is checked whole before anything is loaded:
+ * returns 0, -EINVAL (s unchanged) for any inconsistency, or -ENOMEM.  For the fuzzer and
+ * store_memory_new().
+ */
+int store_memory_load_buffer(struct store *s, const void *p, size_t n, uint64_t now);
+
+/* GCRA on one window, exposed for tests and for the store backends. */
+struct gcra_result {
+	bool ok;
+	uint64_t new_tat;   /* the TAT if charged */
+	uint64_t retry_ns;  /* !ok: exact wait */
+	uint64_t used;      /* units not yet restored, after charging if ok */
+};
+void gcra_check(const struct rate_window *w, uint64_t tat, uint64_t now, uint64_t cost,
+		struct gcra_result *ret);
+/* The emission interval T = ceil(period / count), in ns. */
+uint64_t gcra_interval(const struct rate_window *w);
+/* TAT after giving back cost units. */
+uint64_t gcra_refund(const struct rate_window *w, uint64_t tat, uint64_t now, uint64_t cost);
+/* Units not yet restored at now. */
+uint64_t gcra_used(const struct rate_window *w, uint64_t tat, uint64_t now);
+
+#endif

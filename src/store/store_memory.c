@@ -1,0 +1,1236 @@
+/*
+ * store_memory -- the embedded limiter store: sharded hash tables of GCRA timestamps,
+ * bounded, snapshotted to a file.
+ *
+ * Records.  One record per (key, window): { hash, tat }, 16 bytes.  The hash is derived
+ * from the item's key_hash and the window's (index, count, period, burst), so a rule whose
+ * windows change starts those windows afresh while unchanged ones keep their state.  Its
+ * top SHARD_BITS bits are those of key_hash: every window of one (rule, key) lives in the
+ * shard that key_hash names, and a record read back from a snapshot finds its shard from
+ * its own hash.  The low bits pick the home slot.  Hash 0 marks an empty slot (a record
+ * hash of 0 becomes 1).
+ *
+ * Shards.  SHARDS tables, each behind its own mutex: open addressing, linear probing,
+ * deletion by backward shift (no tombstones, so probes stay short however keys come and
+ * go), doubled at load 3/4; the load is then between 3/8 and 3/4, at most 43 bytes per
+ * record.  Tables never shrink (XXX: after a flood the memory stays with the process
+ * until restart; the bound is max_keys, so that is what an operator plans for anyway).
+ *
+ * A decision locks the distinct shards of its items in ascending order (so two decisions
+ * cannot deadlock), reads every window, decides, charges, and unlocks: nothing sees the
+ * state between check and charge (DESIGN law 4).  Everything a decision may need to
+ * allocate (new records, table growth) is done before the first charge, so a failure
+ * leaves the state untouched.
+ *
+ * Bound.  A global count of records is kept against max_keys.  A new record over the
+ * bound evicts one: a record whose TAT has passed if the sample finds one, otherwise the
+ * lowest TAT among a sample of the new record's shard and of one other shard (taken with
+ * trylock, never waited for) -- an approximation of "stalest first" at a constant cost.
+ * Records of the decision in progress are never chosen.  The first eviction of an episode
+ * is logged; expire() logs the end of the episode when the count is back under the bound.
+ *
+ * Hot keys.  Each shard keeps HOT_MAX (rule, key) entries that reached half their burst or
+ * were refused, for `sluice limits top`; the entry with the lowest estimated fill makes
+ * room.  top() re-reads the live records.
+ *
+ * Snapshot file (all integers little-endian):
+ *   header  "SLUICESNAP1\n" (12 bytes), u32 version = 1, u64 seed, u64 record count
+ *   records count x { u64 hash (never 0), u64 tat }
+ *   end     { u64 0, u64 XXH64(header and records, seed 0) }
+ * The seed is the store's key-hash seed: restored with the records, it keeps every
+ * key_hash the same across a restart.  Written to "<path>.tmp", fsynced, renamed over
+ * <path>, and the directory fsynced.  Only records whose TAT is still ahead are written.
+ */
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+
+#include "log.h"
+#include "store.h"
+#include "util.h"
+
+#define SHARD_BITS 6
+#define SHARDS (1u << SHARD_BITS)
+#define SHARD_SHIFT (64 - SHARD_BITS)
+#define SHARD_HASH_MASK ((uint64_t)(SHARDS - 1) << SHARD_SHIFT)
+#define INITIAL_SLOTS 16
+#define HOT_MAX 64
+#define SAMPLE_RECORDS 16   /* records compared to choose a victim */
+#define SAMPLE_SLOTS 64     /* slots scanned at most for them */
+#define EXPIRE_SLOTS 65536  /* slots visited by one expire() call */
+#define MAX_KEYS_DEFAULT 1000000u
+#define HALF_PPM 500000u
+
+#define SNAP_MAGIC "SLUICESNAP1\n"
+#define SNAP_MAGIC_LEN 12
+#define SNAP_VERSION 1
+#define SNAP_HEADER 32
+#define SNAP_RECORD 16
+
+struct rec {
+	uint64_t hash; /* 0: empty slot */
+	uint64_t tat;
+};
+
+struct hot {
+	bool in_use;
+	uint64_t key_hash;
+	struct rate_limits limits;
+	uint64_t tat[RATE_MAX_WINDOWS]; /* at the last recording, to estimate the fill now */
+	char rule[STORE_TOP_RULE];
+	char key[STORE_TOP_KEY];
+};
+
+struct shard {
+	pthread_mutex_t lock;
+	struct rec *slots;
+	size_t mask;            /* slots - 1 */
+	size_t count;
+	uint64_t rng;           /* sample positions */
+	uint64_t decisions;
+	struct hot *hot;        /* HOT_MAX entries, allocated at the first use */
+} __attribute__((aligned(64)));
+
+struct store_memory {
+	struct shard shards[SHARDS];
+	struct store *store;    /* for the seed */
+	char *snapshot;
+	_Atomic uint64_t total;
+	_Atomic uint64_t max_keys;
+	_Atomic uint64_t evicted;
+	_Atomic uint64_t expired;
+	_Atomic uint64_t errors;
+	_Atomic uint64_t decisions; /* those that locked no shard */
+	_Atomic unsigned victim_cursor;
+	atomic_bool evicting;
+	_Atomic uint64_t episode_evicted; /* evicted when the episode began */
+	pthread_mutex_t expire_lock;
+	unsigned expire_shard;
+	size_t expire_slot;
+	pthread_mutex_t save_lock;
+};
+
+static const struct store_ops memory_ops;
+
+/* ---- hashing ---------------------------------------------------------------------- */
+
+static inline unsigned shard_of(uint64_t hash)
+{
+	return (unsigned)(hash >> SHARD_SHIFT);
+}
+
+static uint64_t rec_hash(uint64_t key_hash, unsigned index, const struct rate_window *w)
+{
+	const uint64_t v[4] = { index, w->count, w->period_ns, w->burst };
+	uint64_t h = XXH3_64bits_withSeed(v, sizeof(v), key_hash);
+	h = (h & ~SHARD_HASH_MASK) | (key_hash & SHARD_HASH_MASK);
+	return h ? h : 1;
+}
+
+static inline uint64_t xorshift(uint64_t *s)
+{
+	uint64_t x = *s;
+	x ^= x << 13;
+	x ^= x >> 7;
+	x ^= x << 17;
+	return *s = x;
+}
+
+/* ---- one shard's table (caller holds the lock) -------------------------------------- */
+
+static long shard_find(const struct shard *sh, uint64_t h)
+{
+	size_t i = h & sh->mask;
+	for (;;) {
+		uint64_t x = sh->slots[i].hash;
+		if (x == h)
+			return (long)i;
+		if (x == 0)
+			return -1;
+		i = (i + 1) & sh->mask;
+	}
+}
+
+/* h is not in the table and there is room (shard_reserve). */
+static void shard_insert(struct shard *sh, uint64_t h, uint64_t tat)
+{
+	size_t i = h & sh->mask;
+	while (sh->slots[i].hash)
+		i = (i + 1) & sh->mask;
+	sh->slots[i] = (struct rec){ h, tat };
+	sh->count++;
+}
+
+/* Backward-shift deletion: pull later members of the probe run into the hole. */
+static void shard_delete(struct shard *sh, size_t i)
+{
+	size_t j = i;
+	for (;;) {
+		j = (j + 1) & sh->mask;
+		uint64_t x = sh->slots[j].hash;
+		if (x == 0)
+			break;
+		size_t home = x & sh->mask;
+		/* x may move to i iff its home is not cyclically in (i, j] */
+		bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+		if (stays)
+			continue;
+		sh->slots[i] = sh->slots[j];
+		i = j;
+	}
+	sh->slots[i].hash = 0;
+	sh->slots[i].tat = 0;
+	sh->count--;
+}
+
+/* Make room for `records` records in total at load <= 3/4.  0 or -ENOMEM. */
+static int shard_reserve(struct shard *sh, size_t records)
+{
+	size_t cap = sh->mask + 1;
+	if (records <= cap / 4 * 3)
+		return 0;
+	size_t ncap = cap;
+	while (records > ncap / 4 * 3) {
+		if (ncap > SIZE_MAX / 2 / sizeof(struct rec))
+			return -ENOMEM;
+		ncap *= 2;
+	}
+	struct rec *ns = calloc(ncap, sizeof(*ns));
+	if (!ns)
+		return -ENOMEM;
+	struct rec *old = sh->slots;
+	sh->slots = ns;
+	sh->mask = ncap - 1;
+	sh->count = 0;
+	for (size_t i = 0; i < cap; i++)
+		if (old[i].hash)
+			shard_insert(sh, old[i].hash, old[i].tat);
+	free(old);
+	return 0;
+}
+
+static void lock_shards(struct store_memory *m, uint64_t set)
+{
+	for (uint64_t s = set; s; s &= s - 1)
+		pthread_mutex_lock(&m->shards[__builtin_ctzll(s)].lock);
+}
+
+static void unlock_shards(struct store_memory *m, uint64_t set)
+{
+	for (uint64_t s = set; s; s &= s - 1)
+		pthread_mutex_unlock(&m->shards[__builtin_ctzll(s)].lock);
+}
+
+static bool limits_valid(const struct rate_limits *l)
+{
+	return l && l->n <= RATE_MAX_WINDOWS;
+}
+
+/* ---- eviction ----------------------------------------------------------------------- */
+
+/* Is h a record of one of the items (the decision in progress)? */
+static bool rec_protected(uint64_t h, const struct store_item *items, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		const struct store_item *it = &items[i];
+		if (shard_of(it->key_hash) != shard_of(h))
+			continue;
+		for (unsigned j = 0; j < it->limits->n; j++)
+			if (rec_hash(it->key_hash, j, &it->limits->w[j]) == h)
+				return true;
+	}
+	return false;
+}
+
+enum sample_result {
+	SAMPLE_NONE = 0,
+	SAMPLE_STALEST,
+	SAMPLE_EXPIRED,
+};
+
+/*
+ * Look at up to SAMPLE_RECORDS records of sh from a pseudo-random slot.  An expired one
+ * (TAT <= now) is returned at once; otherwise the one with the lowest TAT.
+ */
+static enum sample_result shard_sample(struct shard *sh, const struct store_item *items,
+				       size_t n, uint64_t now, size_t *ret_slot,
+				       uint64_t *ret_tat)
+{
+	if (sh->count == 0)
+		return SAMPLE_NONE;
+	size_t cap = sh->mask + 1;
+	size_t scan = cap < SAMPLE_SLOTS ? cap : SAMPLE_SLOTS;
+	size_t i = xorshift(&sh->rng) & sh->mask;
+	unsigned seen = 0;
+	enum sample_result r = SAMPLE_NONE;
+	for (size_t k = 0; k < scan && seen < SAMPLE_RECORDS; k++, i = (i + 1) & sh->mask) {
+		const struct rec *x = &sh->slots[i];
+		if (x->hash == 0)
+			continue;
+		seen++;
+		if (items && rec_protected(x->hash, items, n))
+			continue;
+		if (x->tat <= now) {
+			*ret_slot = i;
+			*ret_tat = x->tat;
+			return SAMPLE_EXPIRED;
+		}
+		if (r == SAMPLE_NONE || x->tat < *ret_tat) {
+			*ret_slot = i;
+			*ret_tat = x->tat;
+			r = SAMPLE_STALEST;
+		}
+	}
+	return r;
+}
+
+static void note_eviction(struct store_memory *m)
+{
+	uint64_t ev = atomic_fetch_add(&m->evicted, 1);
+	if (!atomic_exchange(&m->evicting, true)) {
+		atomic_store(&m->episode_evicted, ev);
+		log_msg(LOG_LEVEL_WARNING, "memory store full (max_keys=%llu): evicting the stalest keys",
+			(unsigned long long)atomic_load(&m->max_keys));
+	}
+}
+
+static void drop(struct store_memory *m, struct shard *sh, size_t slot,
+		 enum sample_result why)
+{
+	shard_delete(sh, slot);
+	atomic_fetch_sub(&m->total, 1);
+	if (why == SAMPLE_EXPIRED)
+		atomic_fetch_add(&m->expired, 1);
+	else
+		note_eviction(m);
+}
+
+/*
+ * Drop one record to make room for a new one in shard `home`.  The caller holds the
+ * shards in `held` (items' records there are protected); another shard is only tried with
+ * trylock.  Returns false when nothing could be dropped (every record sampled is the
+ * decision's own, or the other shards are all busy): the store then holds one record more
+ * than max_keys until the next insertion (XXX: the alternative, failing a decision on a
+ * store that has memory, would refuse mail for bookkeeping).
+ */
+static bool evict_one(struct store_memory *m, unsigned home, uint64_t held,
+		      const struct store_item *items, size_t n, uint64_t now)
+{
+	struct shard *hs = &m->shards[home];
+	size_t hslot = 0;
+	uint64_t htat = 0;
+	enum sample_result hr = shard_sample(hs, items, n, now, &hslot, &htat);
+	if (hr == SAMPLE_EXPIRED) {
+		drop(m, hs, hslot, hr);
+		return true;
+	}
+	/* A second opinion from another shard keeps "stalest" near global; when the home
+	 * shard has nothing to give, go on until some shard does. */
+	for (unsigned tries = 0; tries < SHARDS - 1; tries++) {
+		unsigned o = atomic_fetch_add_explicit(&m->victim_cursor, 1,
+						       memory_order_relaxed) % SHARDS;
+		if (o == home)
+			o = (o + 1) % SHARDS;
+		struct shard *os = &m->shards[o];
+		bool own = held & (1ull << o);
+		if (!own && pthread_mutex_trylock(&os->lock) != 0) {
+			if (hr != SAMPLE_NONE)
+				break;
+			continue;
+		}
+		size_t oslot = 0;
+		uint64_t otat = 0;
+		enum sample_result orr = shard_sample(os, own ? items : NULL, n, now, &oslot,
+						      &otat);
+		bool take = orr == SAMPLE_EXPIRED ||
+			    (orr == SAMPLE_STALEST && (hr == SAMPLE_NONE || otat < htat));
+		if (take)
+			drop(m, os, oslot, orr);
+		if (!own)
+			pthread_mutex_unlock(&os->lock);
+		if (take)
+			return true;
+		if (hr != SAMPLE_NONE)
+			break;
+	}
+	if (hr == SAMPLE_NONE)
+		return false;
+	drop(m, hs, hslot, hr);
+	return true;
+}
+
+/* ---- hot keys ------------------------------------------------------------------------ */
+
+static unsigned fill_ppm(uint64_t used, uint64_t burst)
+{
+	if (burst == 0)
+		return used ? UINT32_MAX : 0;
+	__extension__ unsigned __int128 f = (unsigned __int128)used * 1000000u / burst;
+	return f > UINT32_MAX ? UINT32_MAX : (unsigned)f;
+}
+
+/* The fill at now estimated from the TATs an entry last saw, in [0, 1+]. */
+static double hot_estimate(const struct hot *e, uint64_t now)
+{
+	double best = 0;
+	for (unsigned j = 0; j < e->limits.n; j++) {
+		if (e->tat[j] <= now)
+			continue;
+		double span = (double)e->limits.w[j].burst * (double)gcra_interval(&e->limits.w[j]);
+		double f = span > 0 ? (double)(e->tat[j] - now) / span : 1;
+		if (f > best)
+			best = f;
+	}
+	return best;
+}
+
+static void copy_text(char *dst, size_t len, struct str s)
+{
+	size_t n = s.len < len - 1 ? s.len : len - 1;
+	if (n)
+		memcpy(dst, s.ptr, n);
+	dst[n] = '\0';
+}
+
+static void hot_record(struct shard *sh, const struct store_item *it, const uint64_t *tat,
+		       uint64_t now)
+{
+	if (!sh->hot) {
+		sh->hot = calloc(HOT_MAX, sizeof(*sh->hot));
+		if (!sh->hot)
+			return; /* top() is best effort */
+	}
+	struct hot *e = NULL, *free_e = NULL, *lowest = NULL;
+	double lowest_fill = 0;
+	for (unsigned i = 0; i < HOT_MAX; i++) {
+		struct hot *x = &sh->hot[i];
+		if (!x->in_use) {
+			if (!free_e)
+				free_e = x;
+			continue;
+		}
+		if (x->key_hash == it->key_hash) {
+			e = x;
+			break;
+		}
+		if (free_e)
+			continue;
+		double f = hot_estimate(x, now);
+		if (!lowest || f < lowest_fill) {
+			lowest = x;
+			lowest_fill = f;
+		}
+	}
+	if (!e) {
+		e = free_e ? free_e : lowest;
+		copy_text(e->rule, sizeof(e->rule), it->rule);
+		copy_text(e->key, sizeof(e->key), it->key);
+		e->key_hash = it->key_hash;
+		e->in_use = true;
+	}
+	e->limits = *it->limits;
+	memcpy(e->tat, tat, sizeof(e->tat));
+}
+
+/* ---- decide ------------------------------------------------------------------------- */
+
+static inline bool item_charges(const struct store_item *it, bool pass)
+{
+	return it->ok && (pass || (it->flags & STORE_COUNT_REJECTED));
+}
+
+/*
+ * The record hashes of every (item, window) are computed once per decision; up to
+ * HASHES_STACK of them live on the stack.
+ */
+#define HASHES_STACK 64
+
+/*
+ * Charge the items the rules of store.h select.  First every record that does not exist
+ * yet is paid for (the count against max_keys, eviction, table growth), then the TATs
+ * move: a failure can only happen before the first charge.
+ */
+static int charge(struct store_memory *m, struct store_item *items, size_t n, bool pass,
+		  uint64_t now, uint64_t held, const uint64_t *hashes, const bool *found)
+{
+	size_t missing = 0;
+	unsigned home = 0;
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++) {
+		const struct store_item *it = &items[i];
+		unsigned wn = it->limits->n;
+		if (item_charges(it, pass) && it->cost)
+			for (unsigned j = 0; j < wn; j++)
+				if (!found[k + j]) {
+					if (!missing)
+						home = shard_of(it->key_hash);
+					missing++;
+				}
+		k += wn;
+	}
+	if (missing) {
+		uint64_t old = atomic_fetch_add(&m->total, missing);
+		uint64_t max = atomic_load(&m->max_keys);
+		if (old + missing > max) {
+			/* up to two per new record: after max_keys was lowered the store
+			 * converges to the new bound as keys come */
+			uint64_t over = old + missing - max;
+			if (over > 2 * missing)
+				over = 2 * missing;
+			while (over-- && evict_one(m, home, held, items, n, now))
+				;
+		}
+		/* the room in each shard, counted after eviction made some */
+		for (uint64_t s = held; s; s &= s - 1) {
+			unsigned si = (unsigned)__builtin_ctzll(s);
+			size_t need = 0;
+			k = 0;
+			for (size_t i = 0; i < n; i++) {
+				const struct store_item *it = &items[i];
+				unsigned wn = it->limits->n;
+				if (shard_of(it->key_hash) == si && item_charges(it, pass) &&
+				    it->cost)
+					for (unsigned j = 0; j < wn; j++)
+						need += !found[k + j];
+				k += wn;
+			}
+			if (need && shard_reserve(&m->shards[si], m->shards[si].count + need) < 0) {
+				atomic_fetch_sub(&m->total, missing);
+				return -ENOMEM;
+			}
+		}
+	}
+	size_t inserted = 0;
+	k = 0;
+	for (size_t i = 0; i < n; i++) {
+		struct store_item *it = &items[i];
+		unsigned wn = it->limits->n;
+		if (!item_charges(it, pass)) {
+			k += wn;
+			continue;
+		}
+		it->charged = true;
+		if (!it->cost) {
+			k += wn;
+			continue;
+		}
+		struct shard *sh = &m->shards[shard_of(it->key_hash)];
+		for (unsigned j = 0; j < wn; j++, k++) {
+			const struct rate_window *w = &it->limits->w[j];
+			/* found[] is stale after an eviction or another item's insertion */
+			long slot = shard_find(sh, hashes[k]);
+			struct gcra_result r;
+			gcra_check(w, slot >= 0 ? sh->slots[slot].tat : 0, now, it->cost, &r);
+			if (slot >= 0) {
+				sh->slots[slot].tat = r.new_tat;
+			} else {
+				shard_insert(sh, hashes[k], r.new_tat);
+				inserted++;
+			}
+			it->used[j] = gcra_used(w, r.new_tat, now);
+		}
+	}
+	/* an (item, window) given twice in one batch was counted twice */
+	if (missing > inserted)
+		atomic_fetch_sub(&m->total, missing - inserted);
+	return 0;
+}
+
+static int memory_decide(void *ctx, struct store_item *items, size_t n, enum store_mode mode,
+			 uint64_t now)
+{
+	struct store_memory *m = ctx;
+	uint64_t held = 0;
+	size_t windows = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (!limits_valid(items[i].limits)) {
+			atomic_fetch_add(&m->errors, 1);
+			return -EINVAL;
+		}
+		if (items[i].limits->n) {
+			held |= 1ull << shard_of(items[i].key_hash);
+			windows += items[i].limits->n;
+		}
+	}
+	uint64_t hashes_stack[HASHES_STACK];
+	bool found_stack[HASHES_STACK];
+	uint64_t *hashes = hashes_stack;
+	bool *found = found_stack;
+	if (windows > HASHES_STACK) {
+		hashes = malloc(windows * sizeof(*hashes));
+		found = malloc(windows * sizeof(*found));
+		if (!hashes || !found) {
+			free(hashes);
+			free(found);
+			atomic_fetch_add(&m->errors, 1);
+			return -ENOMEM;
+		}
+	}
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++) {
+		const struct store_item *it = &items[i];
+		for (unsigned j = 0; j < it->limits->n; j++)
+			hashes[k++] = rec_hash(it->key_hash, j, &it->limits->w[j]);
+	}
+
+	lock_shards(m, held);
+	bool pass = true;
+	k = 0;
+	for (size_t i = 0; i < n; i++) {
+		struct store_item *it = &items[i];
+		struct shard *sh = &m->shards[shard_of(it->key_hash)];
+		it->ok = true;
+		it->charged = false;
+		it->retry_ns = 0;
+		memset(it->used, 0, sizeof(it->used));
+		for (unsigned j = 0; j < it->limits->n; j++, k++) {
+			const struct rate_window *w = &it->limits->w[j];
+			long slot = shard_find(sh, hashes[k]);
+			found[k] = slot >= 0;
+			uint64_t tat = slot >= 0 ? sh->slots[slot].tat : 0;
+			struct gcra_result r;
+			gcra_check(w, tat, now, it->cost, &r);
+			if (!r.ok) {
+				it->ok = false;
+				if (r.retry_ns > it->retry_ns)
+					it->retry_ns = r.retry_ns;
+			}
+			it->used[j] = gcra_used(w, tat, now);
+		}
+		if (!it->ok && (it->flags & STORE_BLOCKING))
+			pass = false;
+	}
+	int rc = 0;
+	if (mode == STORE_CHECK) {
+		rc = charge(m, items, n, pass, now, held, hashes, found);
+		if (rc == 0) {
+			/* remember the items that came near their limits, for top() */
+			k = 0;
+			for (size_t i = 0; i < n; i++) {
+				const struct store_item *it = &items[i];
+				unsigned wn = it->limits->n;
+				size_t k0 = k;
+				k += wn;
+				bool hot = !it->ok;
+				for (unsigned j = 0; j < wn && !hot; j++) {
+					uint64_t b = it->limits->w[j].burst;
+					hot = it->used[j] >= b - b / 2;
+				}
+				if (!hot || wn == 0)
+					continue;
+				uint64_t tat[RATE_MAX_WINDOWS] = { 0 };
+				struct shard *sh = &m->shards[shard_of(it->key_hash)];
+				for (unsigned j = 0; j < wn; j++) {
+					long slot = shard_find(sh, hashes[k0 + j]);
+					tat[j] = slot >= 0 ? sh->slots[slot].tat : 0;
+				}
+				hot_record(sh, it, tat, now);
+			}
+		} else {
+			atomic_fetch_add(&m->errors, 1);
+		}
+	}
+	if (held)
+		m->shards[__builtin_ctzll(held)].decisions++;
+	else
+		atomic_fetch_add_explicit(&m->decisions, 1, memory_order_relaxed);
+	unlock_shards(m, held);
+	if (hashes != hashes_stack) {
+		free(hashes);
+		free(found);
+	}
+	return rc < 0 ? rc : pass;
+}
+
+/* ---- refund, reset ------------------------------------------------------------------ */
+
+static void memory_refund(void *ctx, const struct store_item *items, size_t n, uint64_t now)
+{
+	struct store_memory *m = ctx;
+	uint64_t held = 0;
+	for (size_t i = 0; i < n; i++)
+		if (items[i].charged && items[i].cost && limits_valid(items[i].limits))
+			held |= 1ull << shard_of(items[i].key_hash);
+	lock_shards(m, held);
+	for (size_t i = 0; i < n; i++) {
+		const struct store_item *it = &items[i];
+		if (!it->charged || !it->cost || !limits_valid(it->limits))
+			continue;
+		struct shard *sh = &m->shards[shard_of(it->key_hash)];
+		for (unsigned j = 0; j < it->limits->n; j++) {
+			const struct rate_window *w = &it->limits->w[j];
+			long slot = shard_find(sh, rec_hash(it->key_hash, j, w));
+			if (slot < 0)
+				continue;
+			uint64_t tat = gcra_refund(w, sh->slots[slot].tat, now, it->cost);
+			if (tat <= now) {
+				/* nothing owed any more: the record says nothing */
+				shard_delete(sh, (size_t)slot);
+				atomic_fetch_sub(&m->total, 1);
+			} else {
+				sh->slots[slot].tat = tat;
+			}
+		}
+	}
+	unlock_shards(m, held);
+}
+
+static int memory_reset(void *ctx, uint64_t key_hash, const struct rate_limits *limits)
+{
+	struct store_memory *m = ctx;
+	if (!limits_valid(limits))
+		return 0;
+	struct shard *sh = &m->shards[shard_of(key_hash)];
+	int existed = 0;
+	pthread_mutex_lock(&sh->lock);
+	for (unsigned j = 0; j < limits->n; j++) {
+		long slot = shard_find(sh, rec_hash(key_hash, j, &limits->w[j]));
+		if (slot < 0)
+			continue;
+		shard_delete(sh, (size_t)slot);
+		atomic_fetch_sub(&m->total, 1);
+		existed = 1;
+	}
+	if (sh->hot)
+		for (unsigned i = 0; i < HOT_MAX; i++)
+			if (sh->hot[i].in_use && sh->hot[i].key_hash == key_hash)
+				sh->hot[i].in_use = false;
+	pthread_mutex_unlock(&sh->lock);
+	return existed;
+}
+
+/* ---- top ----------------------------------------------------------------------------- */
+
+static int top_cmp(const void *a, const void *b)
+{
+	const struct store_top_entry *x = a, *y = b;
+	if (x->fill_ppm != y->fill_ppm)
+		return x->fill_ppm > y->fill_ppm ? -1 : 1;
+	if (x->key_hash != y->key_hash)
+		return x->key_hash < y->key_hash ? -1 : 1;
+	return 0;
+}
+
+static size_t memory_top(void *ctx, struct store_top_entry *ret, size_t max, uint64_t now)
+{
+	struct store_memory *m = ctx;
+	if (max == 0)
+		return 0;
+	struct store_top_entry *all = malloc((size_t)SHARDS * HOT_MAX * sizeof(*all));
+	if (!all)
+		return 0;
+	size_t got = 0;
+	for (unsigned s = 0; s < SHARDS; s++) {
+		struct shard *sh = &m->shards[s];
+		pthread_mutex_lock(&sh->lock);
+		for (unsigned i = 0; sh->hot && i < HOT_MAX; i++) {
+			struct hot *e = &sh->hot[i];
+			if (!e->in_use)
+				continue;
+			struct store_top_entry *t = &all[got];
+			memset(t, 0, sizeof(*t));
+			unsigned fill = 0;
+			for (unsigned j = 0; j < e->limits.n; j++) {
+				const struct rate_window *w = &e->limits.w[j];
+				long slot = shard_find(sh, rec_hash(e->key_hash, j, w));
+				t->used[j] = slot >= 0 ? gcra_used(w, sh->slots[slot].tat, now) : 0;
+				unsigned f = fill_ppm(t->used[j], w->burst);
+				if (f > fill)
+					fill = f;
+			}
+			if (fill == 0) {
+				e->in_use = false; /* cooled down, or evicted */
+				continue;
+			}
+			t->fill_ppm = fill;
+			memcpy(t->rule, e->rule, sizeof(t->rule));
+			memcpy(t->key, e->key, sizeof(t->key));
+			t->key_hash = e->key_hash;
+			t->limits = e->limits;
+			got++;
+		}
+		pthread_mutex_unlock(&sh->lock);
+	}
+	qsort(all, got, sizeof(*all), top_cmp);
+	if (got > max)
+		got = max;
+	memcpy(ret, all, got * sizeof(*all));
+	free(all);
+	return got;
+}
+
+/* ---- expire, stats -------------------------------------------------------------------- */
+
+static size_t memory_expire(void *ctx, uint64_t now)
+{
+	struct store_memory *m = ctx;
+	size_t dropped = 0, budget = EXPIRE_SLOTS;
+	pthread_mutex_lock(&m->expire_lock);
+	for (unsigned visited = 0; visited < SHARDS && budget; visited++) {
+		struct shard *sh = &m->shards[m->expire_shard];
+		pthread_mutex_lock(&sh->lock);
+		size_t cap = sh->mask + 1, i = m->expire_slot < cap ? m->expire_slot : 0;
+		while (i < cap && budget) {
+			budget--;
+			if (sh->slots[i].hash && sh->slots[i].tat <= now) {
+				/* a later record may shift into i: look at i again */
+				shard_delete(sh, i);
+				dropped++;
+				continue;
+			}
+			i++;
+		}
+		pthread_mutex_unlock(&sh->lock);
+		if (i < cap) {
+			m->expire_slot = i;
+			break;
+		}
+		m->expire_shard = (m->expire_shard + 1) % SHARDS;
+		m->expire_slot = 0;
+	}
+	pthread_mutex_unlock(&m->expire_lock);
+	if (dropped) {
+		atomic_fetch_sub(&m->total, dropped);
+		atomic_fetch_add(&m->expired, dropped);
+	}
+	if (atomic_load(&m->evicting)) {
+		uint64_t max = atomic_load(&m->max_keys), total = atomic_load(&m->total);
+		if (total + max / 64 < max && atomic_exchange(&m->evicting, false))
+			log_msg(LOG_LEVEL_NOTICE,
+				"memory store no longer full (max_keys=%llu, keys=%llu): %llu records evicted",
+				(unsigned long long)max, (unsigned long long)total,
+				(unsigned long long)(atomic_load(&m->evicted) -
+						     atomic_load(&m->episode_evicted)));
+	}
+	return dropped;
+}
+
+static void memory_stats(void *ctx, struct store_stats *ret)
+{
+	struct store_memory *m = ctx;
+	uint64_t bytes = sizeof(*m), decisions = atomic_load(&m->decisions);
+	for (unsigned s = 0; s < SHARDS; s++) {
+		struct shard *sh = &m->shards[s];
+		pthread_mutex_lock(&sh->lock);
+		bytes += (uint64_t)(sh->mask + 1) * sizeof(struct rec);
+		if (sh->hot)
+			bytes += HOT_MAX * sizeof(struct hot);
+		decisions += sh->decisions;
+		pthread_mutex_unlock(&sh->lock);
+	}
+	*ret = (struct store_stats){
+		.keys = atomic_load(&m->total),
+		.max_keys = atomic_load(&m->max_keys),
+		.bytes = bytes,
+		.evicted = atomic_load(&m->evicted),
+		.expired = atomic_load(&m->expired),
+		.decisions = decisions,
+		.errors = atomic_load(&m->errors),
+	};
+}
+
+/* ---- snapshot -------------------------------------------------------------------------- */
+
+static inline void put_le64(unsigned char *p, uint64_t v)
+{
+	v = htole64(v);
+	memcpy(p, &v, 8);
+}
+
+static inline uint64_t get_le64(const unsigned char *p)
+{
+	uint64_t v;
+	memcpy(&v, p, 8);
+	return le64toh(v);
+}
+
+/* The whole image in memory: 16 bytes per live record for as long as the write takes. */
+static int snapshot_build(struct store_memory *m, uint64_t now, unsigned char **ret,
+			  size_t *ret_len)
+{
+	size_t cap = SNAP_HEADER + SNAP_RECORD * (atomic_load(&m->total) + 64) + SNAP_RECORD;
+	unsigned char *p = malloc(cap);
+	if (!p)
+		return -ENOMEM;
+	size_t len = SNAP_HEADER;
+	uint64_t count = 0;
+	for (unsigned s = 0; s < SHARDS; s++) {
+		struct shard *sh = &m->shards[s];
+		pthread_mutex_lock(&sh->lock);
+		while (len + SNAP_RECORD * (sh->count + 1) > cap) {
+			/* grow without holding the shard: the copy may be large */
+			size_t need = len + SNAP_RECORD * (sh->count + 1);
+			pthread_mutex_unlock(&sh->lock);
+			size_t ncap = cap * 2 > need + need / 8 ? cap * 2 : need + need / 8;
+			unsigned char *q = realloc(p, ncap);
+			if (!q) {
+				free(p);
+				return -ENOMEM;
+			}
+			p = q;
+			cap = ncap;
+			pthread_mutex_lock(&sh->lock);
+		}
+		for (size_t i = 0; i <= sh->mask; i++) {
+			const struct rec *x = &sh->slots[i];
+			if (x->hash == 0 || x->tat <= now)
+				continue;
+			put_le64(p + len, x->hash);
+			put_le64(p + len + 8, x->tat);
+			len += SNAP_RECORD;
+			count++;
+		}
+		pthread_mutex_unlock(&sh->lock);
+	}
+	memcpy(p, SNAP_MAGIC, SNAP_MAGIC_LEN);
+	uint32_t version = htole32(SNAP_VERSION);
+	memcpy(p + SNAP_MAGIC_LEN, &version, 4);
+	put_le64(p + 16, m->store->seed);
+	put_le64(p + 24, count);
+	put_le64(p + len, 0);
+	put_le64(p + len + 8, XXH64(p, len, 0));
+	len += SNAP_RECORD;
+	*ret = p;
+	*ret_len = len;
+	return 0;
+}
+
+static int write_all(int fd, const unsigned char *p, size_t n)
+{
+	while (n) {
+		ssize_t w = write(fd, p, n);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		p += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+static int fsync_dir_of(const char *path)
+{
+	const char *slash = strrchr(path, '/');
+	char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+	if (!dir)
+		return -ENOMEM;
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	free(dir);
+	if (fd < 0)
+		return -errno;
+	int rc = fsync(fd) < 0 ? -errno : 0;
+	close(fd);
+	return rc;
+}
+
+/* Write path atomically: "<path>.tmp", fsync, rename, fsync of the directory. */
+static int write_atomic(const char *path, const unsigned char *p, size_t n, char *err,
+			size_t errlen)
+{
+	size_t plen = strlen(path);
+	char *tmp = malloc(plen + 5);
+	if (!tmp) {
+		fmt_fixed(err, errlen, "snapshot %.200s: out of memory", path);
+		return -ENOMEM;
+	}
+	memcpy(tmp, path, plen);
+	memcpy(tmp + plen, ".tmp", 5);
+	const char *step = "open";
+	int rc = 0;
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		rc = -errno;
+		goto fail;
+	}
+	step = "write";
+	rc = write_all(fd, p, n);
+	if (rc == 0) {
+		step = "fsync";
+		rc = fsync(fd) < 0 ? -errno : 0;
+	}
+	if (close(fd) < 0 && rc == 0) {
+		step = "close";
+		rc = -errno;
+	}
+	if (rc < 0)
+		goto fail_unlink;
+	step = "rename";
+	if (rename(tmp, path) < 0) {
+		rc = -errno;
+		goto fail_unlink;
+	}
+	free(tmp);
+	rc = fsync_dir_of(path);
+	if (rc < 0)
+		fmt_fixed(err, errlen, "snapshot %.200s: fsync of the directory: %s", path,
+			  strerror(-rc));
+	return rc;
+fail_unlink:
+	unlink(tmp);
+fail:
+	fmt_fixed(err, errlen, "snapshot %.200s: %s %.200s: %s", path, step, tmp, strerror(-rc));
+	free(tmp);
+	return rc;
+}
+
+static int memory_save(void *ctx, char *err, size_t errlen)
+{
+	struct store_memory *m = ctx;
+	if (errlen)
+		err[0] = '\0';
+	if (!m->snapshot)
+		return 0;
+	pthread_mutex_lock(&m->save_lock);
+	unsigned char *p;
+	size_t n;
+	int rc = snapshot_build(m, realtime_ns(), &p, &n);
+	if (rc < 0) {
+		fmt_fixed(err, errlen, "snapshot %.200s: out of memory", m->snapshot);
+	} else {
+		rc = write_atomic(m->snapshot, p, n, err, errlen);
+		free(p);
+	}
+	pthread_mutex_unlock(&m->save_lock);
+	return rc;
+}
+
+/* Check a whole image; 0, or -EINVAL with *why. */
+static int snapshot_check(const unsigned char *p, size_t n, const char **why)
+{
+	if (n < SNAP_HEADER + SNAP_RECORD) {
+		*why = "truncated";
+		return -EINVAL;
+	}
+	if (memcmp(p, SNAP_MAGIC, SNAP_MAGIC_LEN) != 0) {
+		*why = "not a sluice snapshot (bad magic)";
+		return -EINVAL;
+	}
+	uint32_t version;
+	memcpy(&version, p + SNAP_MAGIC_LEN, 4);
+	if (le32toh(version) != SNAP_VERSION) {
+		*why = "unknown version";
+		return -EINVAL;
+	}
+	uint64_t count = get_le64(p + 24);
+	if ((n - SNAP_HEADER) % SNAP_RECORD != 0 ||
+	    count != (n - SNAP_HEADER) / SNAP_RECORD - 1) {
+		*why = "truncated, or its record count does not match its size";
+		return -EINVAL;
+	}
+	size_t end = n - SNAP_RECORD;
+	if (get_le64(p + end) != 0 || get_le64(p + end + 8) != XXH64(p, end, 0)) {
+		*why = "checksum mismatch";
+		return -EINVAL;
+	}
+	for (size_t off = SNAP_HEADER; off < end; off += SNAP_RECORD)
+		if (get_le64(p + off) == 0) {
+			*why = "record with hash 0";
+			return -EINVAL;
+		}
+	return 0;
+}
+
+static int load_image(struct store *s, const void *image, size_t n, uint64_t now,
+		      const char **why)
+{
+	struct store_memory *m = s->ctx;
+	const unsigned char *p = image;
+	int rc = snapshot_check(p, n, why);
+	if (rc < 0)
+		return rc;
+	s->seed = get_le64(p + 16);
+	uint64_t max = atomic_load(&m->max_keys);
+	for (size_t off = SNAP_HEADER; off < n - SNAP_RECORD; off += SNAP_RECORD) {
+		uint64_t h = get_le64(p + off), tat = get_le64(p + off + 8);
+		if (tat <= now)
+			continue;
+		struct shard *sh = &m->shards[shard_of(h)];
+		pthread_mutex_lock(&sh->lock);
+		long slot = shard_find(sh, h);
+		if (slot >= 0) {
+			/* the same record twice: keep the stricter */
+			if (tat > sh->slots[slot].tat)
+				sh->slots[slot].tat = tat;
+		} else if (atomic_load(&m->total) < max) {
+			if (shard_reserve(sh, sh->count + 1) < 0) {
+				pthread_mutex_unlock(&sh->lock);
+				*why = "out of memory";
+				return -ENOMEM;
+			}
+			shard_insert(sh, h, tat);
+			atomic_fetch_add(&m->total, 1);
+		}
+		pthread_mutex_unlock(&sh->lock);
+	}
+	return 0;
+}
+
+int store_memory_load_buffer(struct store *s, const void *p, size_t n, uint64_t now)
+{
+	const char *why;
+	return load_image(s, p, n, now, &why);
+}
+
+/*
+ * Load conf->snapshot if it exists.  Anything unusable is renamed to "<path>.corrupt"
+ * (replacing an older one) so the next save does not destroy the evidence, and the store
+ * starts empty.
+ */
+static void snapshot_load_file(struct store *s, const char *path, uint64_t now, char *warn,
+			       size_t warnlen)
+{
+	const char *why = NULL;
+	char reason[160];
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		if (errno == ENOENT)
+			return;
+		fmt_fixed(reason, sizeof(reason), "cannot be opened: %s", strerror(errno));
+		why = reason;
+	} else {
+		struct stat st;
+		if (fstat(fd, &st) < 0) {
+			fmt_fixed(reason, sizeof(reason), "cannot be read: %s", strerror(errno));
+			why = reason;
+		} else if (!S_ISREG(st.st_mode)) {
+			why = "not a regular file";
+		} else if (st.st_size == 0) {
+			why = "empty";
+		} else if ((uint64_t)st.st_size > SIZE_MAX) {
+			why = "too large";
+		} else {
+			void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+			if (p == MAP_FAILED) {
+				fmt_fixed(reason, sizeof(reason), "cannot be read: %s",
+					  strerror(errno));
+				why = reason;
+			} else {
+				int rc = load_image(s, p, (size_t)st.st_size, now, &why);
+				munmap(p, (size_t)st.st_size);
+				if (rc == 0)
+					why = NULL;
+			}
+		}
+		close(fd);
+	}
+	if (!why)
+		return;
+	size_t plen = strlen(path);
+	char *aside = malloc(plen + sizeof(".corrupt"));
+	if (aside) {
+		memcpy(aside, path, plen);
+		memcpy(aside + plen, ".corrupt", sizeof(".corrupt"));
+	}
+	if (aside && rename(path, aside) == 0)
+		fmt_fixed(warn, warnlen,
+			  "snapshot %.200s: %s; set aside as %.200s, limits start from zero",
+			  path, why, aside);
+	else
+		fmt_fixed(warn, warnlen,
+			  "snapshot %.200s: %s (and it could not be set aside: %s); limits start from zero",
+			  path, why, aside ? strerror(errno) : "out of memory");
+	free(aside);
+}
+
+/* ---- life ------------------------------------------------------------------------------ */
+
+static void memory_destroy(void *ctx)
+{
+	struct store_memory *m = ctx;
+	if (!m)
+		return;
+	for (unsigned s = 0; s < SHARDS; s++) {
+		pthread_mutex_destroy(&m->shards[s].lock);
+		free(m->shards[s].slots);
+		free(m->shards[s].hot);
+	}
+	pthread_mutex_destroy(&m->expire_lock);
+	pthread_mutex_destroy(&m->save_lock);
+	free(m->snapshot);
+	free(m);
+}
+
+static uint64_t random_seed(void)
+{
+	uint64_t seed;
+	if (getrandom(&seed, sizeof(seed), 0) == (ssize_t)sizeof(seed))
+		return seed;
+	/* XXX: no entropy yet (early boot); the seed only spreads keys, it is no secret
+	 * that guards anything but hash flooding, so the clock will do. */
+	seed = realtime_ns() ^ now_ns() ^ (uint64_t)getpid() << 32;
+	return XXH64(&seed, sizeof(seed), 0);
+}
+
+struct store *store_memory_new(const struct store_memory_conf *conf, uint64_t now,
+			       char *warn, size_t warnlen)
+{
+	if (warnlen)
+		warn[0] = '\0';
+	struct store *s = calloc(1, sizeof(*s));
+	struct store_memory *m = aligned_alloc(64, (sizeof(*m) + 63) / 64 * 64);
+	if (!s || !m) {
+		free(s);
+		free(m);
+		return NULL;
+	}
+	memset(m, 0, sizeof(*m));
+	m->store = s;
+	for (unsigned i = 0; i < SHARDS; i++) {
+		struct shard *sh = &m->shards[i];
+		pthread_mutex_init(&sh->lock, NULL);
+		sh->mask = INITIAL_SLOTS - 1;
+		sh->rng = 0x9e3779b97f4a7c15ull * (i + 1);
+	}
+	pthread_mutex_init(&m->expire_lock, NULL);
+	pthread_mutex_init(&m->save_lock, NULL);
+	for (unsigned i = 0; i < SHARDS; i++) {
+		m->shards[i].slots = calloc(INITIAL_SLOTS, sizeof(struct rec));
+		if (!m->shards[i].slots)
+			goto fail;
+	}
+	atomic_store(&m->max_keys, conf && conf->max_keys ? conf->max_keys : MAX_KEYS_DEFAULT);
+	if (conf && conf->snapshot && !(m->snapshot = strdup(conf->snapshot)))
+		goto fail;
+	s->type = "memory";
+	s->ops = &memory_ops;
+	s->ctx = m;
+	s->seed = random_seed();
+	if (m->snapshot)
+		snapshot_load_file(s, m->snapshot, now, warn, warnlen);
+	return s;
+fail:
+	memory_destroy(m);
+	free(s);
+	return NULL;
+}
+
+void store_memory_set_max_keys(struct store *s, uint64_t max_keys)
+{
+	struct store_memory *m = s->ctx;
+	atomic_store(&m->max_keys, max_keys ? max_keys : MAX_KEYS_DEFAULT);
+}
+
+static const struct store_ops memory_ops = {
+	.decide = memory_decide,
+	.refund = memory_refund,
+	.reset = memory_reset,
+	.top = memory_top,
+	.expire = memory_expire,
+	.stats = memory_stats,
+	.save = memory_save,
+	.destroy = memory_destroy,
+};
