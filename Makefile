@@ -1,7 +1,7 @@
 # Thin wrapper around meson for the two commands of the quick start, and a few more.
 #   make run     build and start sluiced in the foreground on etc/sluice.conf
 #   make check   build and run the whole test suite, then again under ASan+UBSan
-#   make bench   milter benchmark against libmilter (bench/README.md)
+#   make bench   milter, rules, store and policy benchmarks (bench/README.md)
 #   make fuzz    run every fuzzer for FUZZ_TIME seconds each (clang, libFuzzer)
 # Missing Debian packages are installed first when running as root (Debian 12).
 
@@ -68,6 +68,9 @@ check: test asan-check
 bench: deps-bench build
 	bench/run_milter.sh $(BUILD)
 	bench/idle_ab.sh $(BUILD)
+	$(BUILD)/bench/store_bench
+	bench/run_rules.sh $(BUILD)
+	bench/run_policy.sh $(BUILD)
 
 $(FUZZ_BUILD)/build.ninja:
 	CC=clang meson setup $(FUZZ_BUILD) -Dfuzzing=true -Dfunc_tests=false \

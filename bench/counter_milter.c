@@ -19,10 +19,12 @@
  *  - The window is fixed, not sliding: a key's count restarts when the current window
  *    (monotonic seconds / -w) differs from the one it was counted in.
  *
- * The filter negotiates exactly what null_milter -s connect,helo,mail,rcpt,eom
- * negotiates (and sluiced with the benchmark's reply block): the other stages are
- * skipped with SMFIP_NO*, and it asks for no modification actions.  So the three
- * filters see identical traffic.
+ * Like null_milter, it negotiates the stages it is told to (-s, from connect, helo,
+ * mail, rcpt and eom; default all five) and skips the others with SMFIP_NO*; -R lists
+ * stages negotiated without a reply (SMFIP_NR_*).  So a benchmark can give it exactly
+ * the steps the filter it is compared with negotiates: 0x00000370 by default, as
+ * null_milter and run_milter.sh's sluiced; -s mail,rcpt,eom -R mail gives 0x00004373,
+ * as sluiced with rules decided at RCPT.  It asks for no modification actions.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -47,7 +49,32 @@ struct counter {
 	char domain[];          /* lowercase, NUL-terminated */
 };
 
+enum stage {
+	ST_CONNECT = 0,
+	ST_HELO,
+	ST_MAIL,
+	ST_RCPT,
+	ST_EOM,
+	ST__MAX,
+};
+
+struct stage_info {
+	const char *name;
+	unsigned long skip;     /* SMFIP_NO*, 0 when the stage cannot be skipped */
+	unsigned long noreply;  /* SMFIP_NR_*, 0 when the stage must be answered */
+};
+
+static const struct stage_info stages[ST__MAX] = {
+	[ST_CONNECT] = { "connect", SMFIP_NOCONNECT, SMFIP_NR_CONN },
+	[ST_HELO]    = { "helo", SMFIP_NOHELO, SMFIP_NR_HELO },
+	[ST_MAIL]    = { "mail", SMFIP_NOMAIL, SMFIP_NR_MAIL },
+	[ST_RCPT]    = { "rcpt", 0, 0 },       /* counts, and may refuse */
+	[ST_EOM]     = { "eom", 0, 0 },        /* the verdict */
+};
+
 /* Set once in main() before smfi_main(); read-only in the callbacks. */
+static bool registered[ST__MAX];
+static bool noreply[ST__MAX];
 static uint64_t opt_limit = 1000000;
 static uint64_t opt_window = 60;
 static size_t opt_max_keys = 100000;
@@ -185,22 +212,27 @@ static size_t rcpt_domain(const char *rcpt, char *buf)
 
 /* ---- callbacks ------------------------------------------------------------------ */
 
+static sfsistat answer(enum stage s)
+{
+	return noreply[s] ? SMFIS_NOREPLY : SMFIS_CONTINUE;
+}
+
 static sfsistat counter_connect(SMFICTX *ctx, char *host, _SOCK_ADDR *addr)
 {
 	(void)ctx; (void)host; (void)addr;
-	return SMFIS_CONTINUE;
+	return answer(ST_CONNECT);
 }
 
 static sfsistat counter_helo(SMFICTX *ctx, char *helo)
 {
 	(void)ctx; (void)helo;
-	return SMFIS_CONTINUE;
+	return answer(ST_HELO);
 }
 
 static sfsistat counter_envfrom(SMFICTX *ctx, char **argv)
 {
 	(void)ctx; (void)argv;
-	return SMFIS_CONTINUE;
+	return answer(ST_MAIL);
 }
 
 static sfsistat counter_envrcpt(SMFICTX *ctx, char **argv)
@@ -242,17 +274,24 @@ static sfsistat counter_close(SMFICTX *ctx)
 
 /*
  * Asks for no actions (smfi_setreply needs none), and for the MTA to skip DATA,
- * headers, EOH, body and unknown commands: the steps this filter has no callback for.
- * Only bits the MTA offered are requested.
+ * headers, EOH, body and unknown commands (this filter has no callback for them), the
+ * stages not in -s, and the replies of the stages in -R.  Only bits the MTA offered are
+ * requested.
  */
 static sfsistat counter_negotiate(SMFICTX *ctx, unsigned long f0, unsigned long f1,
     unsigned long f2, unsigned long f3, unsigned long *pf0, unsigned long *pf1,
     unsigned long *pf2, unsigned long *pf3)
 {
-	const unsigned long want = SMFIP_NODATA | SMFIP_NOHDRS | SMFIP_NOEOH | SMFIP_NOBODY |
+	unsigned long want = SMFIP_NODATA | SMFIP_NOHDRS | SMFIP_NOEOH | SMFIP_NOBODY |
 	    SMFIP_NOUNKNOWN;
 
 	(void)ctx; (void)f0; (void)f2; (void)f3;
+	for (int st = 0; st < ST__MAX; st++) {
+		if (!registered[st])
+			want |= stages[st].skip;
+		else if (noreply[st])
+			want |= stages[st].noreply;
+	}
 	*pf0 = 0;
 	*pf1 = want & f1;
 	*pf2 = 0;
@@ -264,16 +303,47 @@ static sfsistat counter_negotiate(SMFICTX *ctx, unsigned long f0, unsigned long 
 
 static void usage(FILE *f)
 {
-	fputs("usage: counter_milter -p SOCKET [-l LIMIT] [-w SECONDS] [-k KEYS] [-b BACKLOG] [-T SECS]\n"
+	fputs("usage: counter_milter -p SOCKET [-l LIMIT] [-w SECONDS] [-k KEYS] [-s STAGES] [-R STAGES]\n"
+	    "                      [-b BACKLOG] [-T SECS]\n"
 	    "A libmilter filter that counts recipients per domain in a fixed window and\n"
 	    "tempfails (451 4.7.1) the recipients of a domain over the limit.\n"
 	    "  -p SOCKET   unix:/path or inet:port@host (libmilter syntax)\n"
 	    "  -l LIMIT    recipients per domain and window before refusing (default 1000000)\n"
 	    "  -w SECONDS  window length (default 60)\n"
 	    "  -k KEYS     most domains kept at once (default 100000)\n"
+	    "  -s STAGES   stages negotiated, comma-separated, from connect helo mail rcpt eom;\n"
+	    "              rcpt and eom are always in (default connect,helo,mail,rcpt,eom)\n"
+	    "  -R STAGES   stages of -s negotiated without a reply: connect, helo, mail\n"
 	    "  -b BACKLOG  listen backlog (default 4096)\n"
 	    "  -T SECONDS  libmilter I/O timeout (default 7210)\n"
 	    "On exit it prints what it counted to stderr.\n", f);
+}
+
+/* Parses a comma-separated stage list into set[]; returns 0 or -EINVAL. */
+static int parse_stages(const char *list, bool set[ST__MAX])
+{
+	const char *p = list, *end;
+	size_t len;
+	int st;
+
+	memset(set, 0, ST__MAX * sizeof set[0]);
+	if (*p == '\0')
+		return 0;
+	for (;;) {
+		end = strchr(p, ',');
+		len = end != NULL ? (size_t)(end - p) : strlen(p);
+		for (st = 0; st < ST__MAX; st++)
+			if (strlen(stages[st].name) == len && strncmp(stages[st].name, p, len) == 0)
+				break;
+		if (st == ST__MAX) {
+			fprintf(stderr, "counter_milter: unknown stage \"%.*s\"\n", (int)len, p);
+			return -EINVAL;
+		}
+		set[st] = true;
+		if (end == NULL)
+			return 0;
+		p = end + 1;
+	}
 }
 
 static int parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *ret)
@@ -292,16 +362,18 @@ static int parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *ret)
 int main(int argc, char **argv)
 {
 	struct smfiDesc desc;
-	const char *sock = NULL;
+	const char *sock = NULL, *reg = "connect,helo,mail,rcpt,eom", *nr = "";
 	uint64_t backlog = 4096, timeout = 7210, keys = opt_max_keys;
 	int ch, r;
 
-	while ((ch = getopt(argc, argv, "b:hk:l:p:T:w:")) != -1) {
+	while ((ch = getopt(argc, argv, "b:hk:l:p:R:s:T:w:")) != -1) {
 		switch (ch) {
 		case 'b': r = parse_u64(optarg, 1, 65535, &backlog); break;
 		case 'k': r = parse_u64(optarg, 1, 100000000, &keys); break;
 		case 'l': r = parse_u64(optarg, 0, UINT64_MAX - 1, &opt_limit); break;
 		case 'p': sock = optarg; r = 0; break;
+		case 'R': nr = optarg; r = 0; break;
+		case 's': reg = optarg; r = 0; break;
 		case 'T': r = parse_u64(optarg, 1, 86400, &timeout); break;
 		case 'w': r = parse_u64(optarg, 1, 366u * 86400u, &opt_window); break;
 		case 'h': usage(stdout); return 0;
@@ -317,14 +389,26 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	opt_max_keys = (size_t)keys;
+	if (parse_stages(reg, registered) < 0 || parse_stages(nr, noreply) < 0)
+		return 2;
+	registered[ST_RCPT] = true;
+	registered[ST_EOM] = true;
+	for (int st = 0; st < ST__MAX; st++) {
+		if (noreply[st] && (!registered[st] || stages[st].noreply == 0)) {
+			fprintf(stderr, "counter_milter: -R %s: %s\n", stages[st].name,
+			    registered[st] ? "this stage is always answered" :
+			    "stage not negotiated with -s");
+			return 2;
+		}
+	}
 
 	memset(&desc, 0, sizeof desc);
 	desc.xxfi_name = (char *)"counter_milter";
 	desc.xxfi_version = SMFI_VERSION;
 	desc.xxfi_flags = 0;
-	desc.xxfi_connect = counter_connect;
-	desc.xxfi_helo = counter_helo;
-	desc.xxfi_envfrom = counter_envfrom;
+	desc.xxfi_connect = registered[ST_CONNECT] ? counter_connect : NULL;
+	desc.xxfi_helo = registered[ST_HELO] ? counter_helo : NULL;
+	desc.xxfi_envfrom = registered[ST_MAIL] ? counter_envfrom : NULL;
 	desc.xxfi_envrcpt = counter_envrcpt;
 	desc.xxfi_eom = counter_eom;
 	desc.xxfi_abort = counter_abort;

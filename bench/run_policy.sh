@@ -16,9 +16,7 @@
 # BENCH_CONCURRENCY (default 100), BENCH_RCPTS (recipients per message or SMTP session,
 # default 3), BENCH_DOMAINS (recipient domains of policy_load, default 3: milter_load
 # sends its three recipients to dom0, dom1 and dom2), BENCH_RATE (the rate of every
-# rule, default 1000000000/1m), BENCH_RULES_REPLY=1 (also give the milter the reply
-# block of run_milter.sh, so that it negotiates the same steps as there),
-# BENCH_EXTRA_CONF (lines appended to sluiced's configuration), BENCH_KEEP=1 (keep the
+# rule, default 1000000000/1m), BENCH_EXTRA_CONF (lines appended to sluiced's configuration), BENCH_KEEP=1 (keep the
 # temporary directory: configuration, log, JSON lines).
 
 set -u
@@ -85,19 +83,16 @@ rules_conf() {
 CONF=$DIR/sluice.conf
 LOG=$DIR/sluiced.log
 {
+	# state_dir names a directory that does not exist: no snapshot of the counters.
 	cat <<EOF
 workers = 2;
 stats_interval = 0;
+state_dir = "$DIR/no-state";
 log { target = "stderr"; level = "warning"; }
 control { listen = "unix:$DIR/control.sock"; }
 policy { listen = "unix:$DIR/policy.sock"; }
-milter {
-  listen = "unix:$DIR/milter.sock";
-  max_sessions = 30000;
+milter { listen = "unix:$DIR/milter.sock"; max_sessions = 30000; }
 EOF
-	[ "${BENCH_RULES_REPLY:-0}" = 1 ] &&
-	    echo '  reply { connect = "continue"; helo = "continue"; mail = "continue"; rcpt = "continue"; eom = "accept"; }'
-	echo "}"
 	rules_conf
 	[ -z "${BENCH_EXTRA_CONF:-}" ] || printf '%s\n' "$BENCH_EXTRA_CONF"
 } > "$CONF"
@@ -201,10 +196,10 @@ printf '%s\n' "${ROWS[@]}"
 echo
 echo "- policy: one request per recipient on $CONC kept connections (as $CONC smtpd processes);"
 echo "  latency per request; refused = replies other than DUNNO."
-echo "- milter: a new connection per SMTP session of $RCPTS recipients (CONNECT, HELO, MAIL,"
-echo "  $RCPTS RCPT, end-of-message); latency per session; CPU per decision = CPU per"
-echo "  session / $RCPTS, so it carries the session's other steps; refused = messages not"
-echo "  accepted (a refused recipient shows only when all $RCPTS are)."
+echo "- milter: a new connection per SMTP session of $RCPTS recipients; latency per session"
+echo "  (connect to end-of-message reply); CPU per decision = CPU per session / $RCPTS, so it"
+echo "  carries the session's other steps; refused = messages not accepted (a refused"
+echo "  recipient shows only when all $RCPTS are)."
 [ -z "$PROTO" ] || echo "- the milter negotiated protocol flags $PROTO."
 echo "- threads and RSS are sluiced's peaks during each run; CPU is its utime+stime over the"
 echo "  run divided by the requests or sessions completed in it."

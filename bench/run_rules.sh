@@ -5,25 +5,30 @@
 #
 # Usage: bench/run_rules.sh [BUILD_DIR]         (default ./build)
 #
-# The three filters run at once on unix sockets in a temporary directory; milter_load
-# drives one at a time, BENCH_ROUNDS rounds in turn (a, b, c, a, b, c, ...), so that a
+# The filters run at once on unix sockets in a temporary directory; milter_load drives
+# one at a time, BENCH_ROUNDS rounds in turn (a, b, c, null, a, b, c, ...), so that a
 # slow moment of the machine does not land on one filter only.  Each filter's row holds
 # the medians over the rounds.  The table ends with the ratios (b)/(a) -- what the rules
 # cost sluiced -- and (b)/(c) -- sluiced with five rules against one rule on libmilter.
 # See bench/README.md, "The rule benchmark".
 #
-# (a) is run_milter.sh's configuration: a reply block that answers CONTINUE at connect,
-# helo, mail and rcpt and ACCEPT at end-of-message, so it negotiates what counter_milter
-# negotiates (protocol 0x00000370).  (b) has a milter listener and the five rules of
-# run_policy.sh; the rules decide which steps it negotiates.  The footnotes show each
-# filter's negotiated flags and warn when they differ.
+# A fourth row, null_milter (run_milter.sh's libmilter filter, which does nothing), shows
+# what counting costs libmilter, as (a) does for sluiced: the ratio (c)/null_milter.
+#
+# The four filters negotiate the same round trips.  Rules decided at RCPT make (b)
+# negotiate MAIL without a reply, RCPT and end-of-message, and skip the rest (protocol
+# 0x00004373); counter_milter and null_milter are told to do the same (-s mail,rcpt,eom
+# -R mail).  sluiced refuses a reply block next to rules, and a reply block cannot
+# negotiate a step without a reply, so (a) answers RCPT and end-of-message and skips
+# MAIL (0x00000377): it is spared the MAIL packet, which costs no round trip.  The
+# footnotes show each filter's flags and warn when they differ beyond that.
 #
 # Environment: BENCH_DURATION (seconds per run, default 5), BENCH_WARMUP (default 1),
 # BENCH_CONCURRENCY (default 100), BENCH_ROUNDS (default 3), BENCH_RATE (the rate of
-# every rule, default 1000000000/1m), BENCH_RULES_REPLY=1 (give (b) the reply block of
-# (a) as well, to force the same negotiation, if sluiced accepts both), BENCH_EXTRA_CONF
-# (lines appended to both sluiced configurations), BENCH_KEEP=1 (keep the temporary
-# directory: configurations, logs, one JSON line per run).
+# every rule, default 1000000000/1m), BENCH_FILTERS (the filters to run, default
+# "norules rules counter null"), BENCH_EXTRA_CONF (lines appended to both sluiced
+# configurations), BENCH_KEEP=1 (keep the temporary directory: configurations, logs,
+# one JSON line per run).
 
 set -u
 
@@ -36,6 +41,7 @@ RATE=${BENCH_RATE:-1000000000/1m}
 
 LOAD=$BUILD/bench/milter_load
 COUNTER=$BUILD/bench/counter_milter
+NULL_MILTER=$BUILD/bench/null_milter
 SLUICED=$BUILD/src/daemon/sluiced
 
 say() { printf '%s\n' "run_rules: $*" >&2; }
@@ -44,11 +50,12 @@ die() { say "$*"; exit 1; }
 [ -x "$LOAD" ] || die "$LOAD not found: build first (meson setup $BUILD && ninja -C $BUILD)"
 
 DIR=$(mktemp -d "${TMPDIR:-/tmp}/sluice-bench.XXXXXX") || die "mktemp failed"
-NAMES=(norules rules counter)
+read -r -a NAMES <<<"${BENCH_FILTERS:-norules rules counter null}"
 declare -A PID SOCK NOTE LABEL
 LABEL[norules]="(a) sluiced, no rules"
 LABEL[rules]="(b) sluiced, 5 rules"
 LABEL[counter]="(c) counter_milter, 1 rule"
+LABEL[null]="null_milter, no rules"
 
 stop() {                        # stop NAME; libmilter waits for open sessions on SIGTERM:
 	local pid=${PID[$1]:-}      # give up after 5 seconds
@@ -90,7 +97,10 @@ wait_socket() {                 # wait_socket PATH PID: the filter is listening
 	return 1
 }
 
-REPLY_BLOCK='  reply { connect = "continue"; helo = "continue"; mail = "continue"; rcpt = "continue"; eom = "accept"; }'
+# (a): the round trips (b) has, without rules.
+REPLY_BLOCK='  reply { rcpt = "continue"; eom = "accept"; }'
+# counter_milter and null_milter: the steps (b) negotiates.
+LIBMILTER_STEPS=(-s 'mail,rcpt,eom' -R mail)
 
 # The five rules of run_policy.sh, all decided at RCPT.
 rules_conf() {
@@ -108,18 +118,18 @@ rules_conf() {
 # sluiced_conf NAME: the configuration of filter NAME (norules or rules) on stdout.
 sluiced_conf() {
 	local d=$DIR/$1
+	# state_dir names a directory that does not exist: no snapshot of the counters.
 	cat <<EOF
 workers = 2;
 stats_interval = 0;
+state_dir = "$d/no-state";
 log { target = "stderr"; level = "warning"; }
 control { listen = "unix:$d/control.sock"; }
 milter {
   listen = "unix:$d/milter.sock";
   max_sessions = 30000;
 EOF
-	if [ "$1" = norules ] || [ "${BENCH_RULES_REPLY:-0}" = 1 ]; then
-		echo "$REPLY_BLOCK"
-	fi
+	[ "$1" = rules ] || echo "$REPLY_BLOCK"
 	echo "}"
 	[ "$1" = norules ] || rules_conf
 	[ -z "${BENCH_EXTRA_CONF:-}" ] || printf '%s\n' "$BENCH_EXTRA_CONF"
@@ -147,34 +157,47 @@ start_sluiced() {               # start_sluiced norules|rules
 	fi
 }
 
-start_counter() {
-	local d=$DIR/counter
+start_libmilter() {             # start_libmilter NAME PROGRAM [ARGS...]: counter or null
+	local name=$1 prog=$2 d=$DIR/$1
+	shift 2
 	mkdir -p "$d"
-	"$COUNTER" -p "unix:$d/milter.sock" 2>>"$d/counter_milter.log" &
-	PID[counter]=$!
-	SOCK[counter]=$d/milter.sock
-	if ! wait_socket "$d/milter.sock" "${PID[counter]}"; then
-		say "counter_milter did not come up; its log:"
-		tail -n 20 "$d/counter_milter.log" >&2
-		stop counter
-		NOTE[counter]="failed to start"
+	"$prog" -p "unix:$d/milter.sock" "$@" 2>>"$d/$name.log" &
+	PID[$name]=$!
+	SOCK[$name]=$d/milter.sock
+	if ! wait_socket "$d/milter.sock" "${PID[$name]}"; then
+		say "$name did not come up; its log:"
+		tail -n 20 "$d/$name.log" >&2
+		stop "$name"
+		NOTE[$name]="failed to start"
 		return 1
 	fi
 }
 
-if [ -x "$SLUICED" ]; then
-	start_sluiced norules
-	start_sluiced rules
-else
-	NOTE[norules]="not built ($SLUICED missing)"
-	NOTE[rules]=${NOTE[norules]}
-fi
-if [ -x "$COUNTER" ]; then
-	start_counter
-else
-	NOTE[counter]="not built (libmilter-dev missing when $BUILD was configured)"
-fi
-[ -n "${PID[norules]:-}${PID[rules]:-}${PID[counter]:-}" ] || die "no filter to measure"
+for n in "${NAMES[@]}"; do
+	case $n in
+	norules|rules)
+		if [ -x "$SLUICED" ]; then
+			start_sluiced "$n"
+		else
+			NOTE[$n]="not built ($SLUICED missing)"
+		fi ;;
+	counter|null)
+		prog=$COUNTER
+		[ "$n" = counter ] || prog=$NULL_MILTER
+		if [ -x "$prog" ]; then
+			start_libmilter "$n" "$prog" "${LIBMILTER_STEPS[@]}"
+		else
+			NOTE[$n]="not built (libmilter-dev missing when $BUILD was configured)"
+		fi ;;
+	*)
+		die "BENCH_FILTERS: unknown filter $n (norules, rules, counter, null)" ;;
+	esac
+done
+any=
+for n in "${NAMES[@]}"; do
+	any=$any${PID[$n]:-}
+done
+[ -n "$any" ] || die "no filter to measure"
 
 # ---- measuring ------------------------------------------------------------------------
 
@@ -234,7 +257,7 @@ agg() {
 		        median(p50, n), median(p99, n), thr, rss, median(cpu, n), ref, err, n, proto }'
 }
 
-declare -A RATE_OF P99_OF PROTO_OF
+declare -A RATE_OF P99_OF CPU_OF PROTO_OF
 ROWS=()
 for n in "${NAMES[@]}"; do
 	read -r rate p50 p99 thr rss cpu ref err runs proto <<<"$(agg "$n")"
@@ -244,6 +267,7 @@ for n in "${NAMES[@]}"; do
 	fi
 	RATE_OF[$n]=$rate
 	P99_OF[$n]=$p99
+	CPU_OF[$n]=$cpu
 	[ "$proto" = mixed ] && PROTO_OF[$n]=mixed || PROTO_OF[$n]=$(printf '0x%08x' "$proto")
 	ROWS+=("$(awk -v l="${LABEL[$n]}" -v r="$rate" -v p50="$p50" -v p99="$p99" -v t="$thr" \
 	    -v rss="$rss" -v cpu="$cpu" -v ref="$ref" -v e="$err" -v runs="$runs" \
@@ -265,20 +289,26 @@ echo "## rule benchmark"
 echo
 echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -sr), $(nproc) CPUs; milter_load at" \
     "concurrency $CONC, ${DURATION}s per run after ${WARMUP}s warm-up, rounds: $ROUNDS; each" \
-    "session: new unix-socket connection, OPTNEG, CONNECT, HELO, MAIL, 3 RCPT," \
-    "end-of-message, QUIT."
+    "session: new unix-socket connection, OPTNEG, MAIL (no reply), 3 RCPT, end-of-message," \
+    "QUIT, and the MACRO packets of CONNECT and HELO, which every filter skips."
 echo
 echo "| filter | sessions/s | p50 ms | p99 ms | threads | RSS MiB | CPU µs/session | runs | refused | errors |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
 printf '%s\n' "${ROWS[@]}"
 echo
-echo "| ratio | sessions/s | p99 |"
-echo "|---|---:|---:|"
-echo "| (b)/(a): what five rules cost sluiced | $(ratio "${RATE_OF[rules]:-}" "${RATE_OF[norules]:-}") | $(ratio "${P99_OF[rules]:-}" "${P99_OF[norules]:-}") |"
-echo "| (b)/(c): sluiced with five rules / libmilter with one | $(ratio "${RATE_OF[rules]:-}" "${RATE_OF[counter]:-}") | $(ratio "${P99_OF[rules]:-}" "${P99_OF[counter]:-}") |"
+echo "| ratio | sessions/s | p99 | CPU/session |"
+echo "|---|---:|---:|---:|"
+ratio_row() {                   # ratio_row TEXT NUM DEN
+	echo "| $1 | $(ratio "${RATE_OF[$2]:-}" "${RATE_OF[$3]:-}") |" \
+	    "$(ratio "${P99_OF[$2]:-}" "${P99_OF[$3]:-}") |" \
+	    "$(ratio "${CPU_OF[$2]:-}" "${CPU_OF[$3]:-}") |"
+}
+ratio_row "(b)/(a): what five rules cost sluiced" rules norules
+ratio_row "(b)/(c): sluiced with five rules / libmilter with one" rules counter
+ratio_row "(c)/null_milter: what one rule costs libmilter" counter null
 echo
 echo "- (b) has five limit rules at RCPT (rcpt_domain, sender_domain, client_ip, client_ip/24,"
-echo "  sender+rcpt_domain), $RATE each$( [ "${BENCH_RULES_REPLY:-0}" = 1 ] && echo ', and the reply block of (a)')."
+echo "  sender+rcpt_domain), $RATE each."
 echo "- (c) counts recipients per domain in a 60 s window, in one hash table under one mutex"
 echo "  (limit 1000000, so it refuses nothing)."
 echo "- Medians over the rounds; threads and RSS are peaks; refused = messages not accepted,"
@@ -286,13 +316,18 @@ echo "  summed over the rounds (a refused recipient shows only when all 3 are): 
 for n in "${NAMES[@]}"; do
 	[ -z "${PROTO_OF[$n]:-}" ] || echo "- ${LABEL[$n]} negotiated protocol flags ${PROTO_OF[$n]}."
 done
+# (a) skips MAIL where the others send it without a reply: compare the flags without
+# SMFIP_NOMAIL (0x4) and SMFIP_NR_MAIL (0x4000).
 seen=
 for n in "${NAMES[@]}"; do
 	p=${PROTO_OF[$n]:-}
-	[ -n "$p" ] || continue
+	if [ -z "$p" ] || [ "$p" = mixed ]; then
+		continue
+	fi
+	p=$(printf '0x%08x' $(( p & ~0x4004 )))
 	if [ -n "$seen" ] && [ "$p" != "$seen" ]; then
 		echo "- WARNING: the filters negotiated different protocol steps; their rows do not carry"
-		echo "  the same traffic (BENCH_RULES_REPLY=1 forces (b) to negotiate what (a) does)."
+		echo "  the same traffic."
 		break
 	fi
 	seen=$p

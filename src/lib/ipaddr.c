@@ -45,7 +45,7 @@ static bool unmap(struct ipaddr *a)
  * Parses an address with its decorations, without folding IPv4-mapped addresses (the
  * prefix parser must see the IPv6 form to know how to shift the bits).
  */
-static int parse_raw(struct str text, struct ipaddr *ret)
+static int parse_raw(struct str text, struct ipaddr *ret_addr)
 {
 	const char *p = text.ptr;
 	size_t n = text.len;
@@ -78,7 +78,7 @@ static int parse_raw(struct str text, struct ipaddr *ret)
 	} else {
 		return -EINVAL;
 	}
-	*ret = a;
+	*ret_addr = a;
 	return 0;
 }
 
@@ -94,7 +94,7 @@ int ipaddr_parse(struct str text, struct ipaddr *ret)
 }
 
 /* Reads 1 to 3 decimal digits (no sign, no blanks) into *ret. */
-static int parse_bits(const char *s, size_t n, unsigned *ret)
+static int parse_bits(const char *s, size_t n, unsigned *ret_bits)
 {
 	unsigned v = 0;
 
@@ -105,7 +105,7 @@ static int parse_bits(const char *s, size_t n, unsigned *ret)
 			return -EINVAL;
 		v = v * 10 + (unsigned)(s[i] - '0');
 	}
-	*ret = v;
+	*ret_bits = v;
 	return 0;
 }
 

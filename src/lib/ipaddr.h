@@ -27,8 +27,11 @@ struct ipaddr {
  * and an IPv4-mapped IPv6 address (becomes IPv4).  0 and *ret, or -EINVAL.
  */
 int ipaddr_parse(struct str text, struct ipaddr *ret);
-/* Parse "ADDR/BITS" or "ADDR" (a full-length prefix).  0, or -EINVAL (bad address, bits
- * out of range, host bits set are allowed and cleared). */
+/* Parse "ADDR/BITS" or "ADDR" (a full-length prefix), ADDR in any form ipaddr_parse()
+ * takes.  0, or -EINVAL (bad address, BITS not 1-3 digits or out of range); host bits set
+ * are allowed and cleared.  An IPv4-mapped prefix of at least 96 bits becomes the IPv4
+ * prefix (::ffff:192.0.2.0/120 is 192.0.2.0/24); a shorter one stays IPv6, and so never
+ * matches an IPv4 address. */
 int ipaddr_parse_prefix(struct str text, struct ipaddr *ret_addr, unsigned *ret_bits);
 /* Clear all but the first bits (bits >= the family's length leaves it unchanged). */
 void ipaddr_mask(struct ipaddr *a, unsigned bits);

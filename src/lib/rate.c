@@ -26,6 +26,9 @@
  *   - an open-addressing table with linear probing maps a key's XXH3 hash to its entry;
  *     a slot holds 32 bits of the hash (tag) and the entry index, 8 bytes, so a probe
  *     rarely leaves the slot array.  The load factor stays <= 1/2.
+ *   - the table is built in one go after the lines are read, sized once, its slots
+ *     prefetched a few entries ahead: with a million keys it is far larger than the
+ *     caches, and inserting line by line would wait on one cache miss per line.
  *
  * Limits: the text is <= RATE_MAX_OVERRIDES_FILE bytes, so there are at most that many
  * lines, entries and distinct limits; keys are <= RATE_MAX_OVERRIDE_KEY bytes before and
@@ -135,10 +138,10 @@ static const char *show(struct str s, char *buf, size_t size)
 /* ---- windows --------------------------------------------------------------------- */
 
 /*
- * Reads DIGITS [k|M|G] filling all of s.  0 and *ret (possibly 0 or > RATE_MAX_COUNT),
- * -EINVAL (syntax) or -ERANGE (past 10^15 before or after scaling).
+ * Reads DIGITS [k|M|G] filling all of s.  0 and *ret_value (possibly 0), -EINVAL (syntax)
+ * or -ERANGE (past 10^15 before or after scaling).
  */
-static int parse_count(struct str s, uint64_t *ret)
+static int parse_count(struct str s, uint64_t *ret_value)
 {
 	size_t i = 0;
 	uint64_t v = 0, mult = 1;
@@ -169,7 +172,7 @@ static int parse_count(struct str s, uint64_t *ret)
 	}
 	if (v > RATE_MAX_COUNT / mult)
 		return -ERANGE;
-	*ret = v * mult;
+	*ret_value = v * mult;
 	return 0;
 }
 
@@ -320,11 +323,11 @@ struct entry {
 };
 
 struct slot {
-	uint32_t tag; /* hash >> 32 */
+	uint32_t tag; /* hash >> 32 (the slot number comes from the low bits) */
 	uint32_t ref; /* index + 1; 0 = empty */
 };
 
-/* An open-addressing index over an array (entries or limits) owned by the caller. */
+/* An open-addressing index (linear probing) over an array owned by the caller. */
 struct table {
 	struct slot *slots;
 	size_t mask; /* capacity - 1; capacity is a power of two */
@@ -338,52 +341,13 @@ struct rate_overrides {
 	size_t keys_len, keys_cap;
 	struct rate_limits *limits;
 	size_t n_limits, cap_limits;
-	struct table by_key;
+	struct table by_key;    /* built once every line is read */
 	struct table by_limits; /* only while loading */
 };
 
-typedef bool table_eq_fn(const struct rate_overrides *o, uint32_t index, const void *probe);
-
-/* The slot holding an element equal to probe, or the empty slot where it would go. */
-static struct slot *table_find(const struct table *t, const struct rate_overrides *o,
-			       uint64_t hash, table_eq_fn *eq, const void *probe)
-{
-	uint32_t tag = (uint32_t)(hash >> 32);
-	size_t i = (size_t)hash & t->mask;
-
-	for (;;) {
-		struct slot *s = &t->slots[i];
-		if (s->ref == 0 || (s->tag == tag && eq(o, s->ref - 1, probe)))
-			return s;
-		i = (i + 1) & t->mask;
-	}
-}
-
-/* Doubles t (or creates it) when one more element would pass a load of 1/2. */
-static int table_reserve(struct table *t, const struct rate_overrides *o,
-			 uint64_t (*hash_of)(const struct rate_overrides *o, uint32_t index))
-{
-	size_t cap = t->slots ? t->mask + 1 : 0;
-	if ((t->used + 1) * 2 <= cap)
-		return 0;
-	size_t ncap = cap ? cap * 2 : 64;
-	struct slot *slots = calloc(ncap, sizeof(*slots));
-	if (!slots)
-		return -ENOMEM;
-	for (size_t i = 0; i < cap; i++) {
-		if (t->slots[i].ref == 0)
-			continue;
-		uint64_t h = hash_of(o, t->slots[i].ref - 1);
-		size_t j = (size_t)h & (ncap - 1);
-		while (slots[j].ref != 0)
-			j = (j + 1) & (ncap - 1);
-		slots[j] = t->slots[i];
-	}
-	free(t->slots);
-	t->slots = slots;
-	t->mask = ncap - 1;
-	return 0;
-}
+/* Entries read ahead when the key table is built: their slots are fetched from memory
+ * while earlier entries are inserted, instead of one cache miss after another. */
+#define PREFETCH_AHEAD 16
 
 static void table_free(struct table *t)
 {
@@ -408,76 +372,123 @@ static void *grow(void *p, size_t *cap, size_t n, size_t size)
 	return q;
 }
 
-static bool key_eq(const struct rate_overrides *o, uint32_t index, const void *probe)
+static uint64_t hash_key(struct str key)
 {
-	const struct str *k = probe;
-	const struct entry *e = &o->entries[index];
-	return e->key_len == k->len && memcmp(o->keys + e->key_off, k->ptr, k->len) == 0;
-}
-
-static uint64_t key_hash(const struct rate_overrides *o, uint32_t index)
-{
-	return o->entries[index].hash;
+	return XXH3_64bits(key.len ? key.ptr : "", key.len);
 }
 
 /* Hashes the fields, not the struct: its padding after n is not ours to read. */
-static uint64_t limits_hash_of(const struct rate_limits *l)
+static uint64_t hash_limits(const struct rate_limits *l)
 {
 	return XXH3_64bits_withSeed(l->w, l->n * sizeof(l->w[0]), l->n);
 }
 
-static bool limits_eq(const struct rate_overrides *o, uint32_t index, const void *probe)
+static bool limits_eq(const struct rate_limits *a, const struct rate_limits *b)
 {
-	const struct rate_limits *a = &o->limits[index], *b = probe;
 	return a->n == b->n && memcmp(a->w, b->w, a->n * sizeof(a->w[0])) == 0;
-}
-
-static uint64_t limits_hash(const struct rate_overrides *o, uint32_t index)
-{
-	return limits_hash_of(&o->limits[index]);
-}
-
-static uint64_t hash_key(struct str key)
-{
-	return XXH3_64bits(key.len ? key.ptr : "", key.len);
 }
 
 /* The index of limits equal to *l, adding a copy if there is none yet. */
 static int intern_limits(struct rate_overrides *o, const struct rate_limits *l,
 			 uint32_t *ret_index)
 {
-	uint64_t h = limits_hash_of(l);
-	struct slot *s;
-	int r;
+	struct table *t = &o->by_limits;
+	uint64_t h = hash_limits(l);
+	uint32_t tag = (uint32_t)(h >> 32);
+	size_t i;
 
-	if (o->by_limits.slots) {
-		s = table_find(&o->by_limits, o, h, limits_eq, l);
-		if (s->ref != 0) {
-			*ret_index = s->ref - 1;
-			return 0;
+	/* consecutive lines usually share their limits */
+	if (o->n_limits > 0 && limits_eq(&o->limits[o->n_limits - 1], l)) {
+		*ret_index = (uint32_t)o->n_limits - 1;
+		return 0;
+	}
+	if (t->slots) {
+		for (i = (size_t)h & t->mask; t->slots[i].ref != 0; i = (i + 1) & t->mask) {
+			const struct slot *s = &t->slots[i];
+			if (s->tag == tag && limits_eq(&o->limits[s->ref - 1], l)) {
+				*ret_index = s->ref - 1;
+				return 0;
+			}
 		}
 	}
 	if (o->n_limits >= UINT32_MAX - 1)
 		return -ENOMEM;
-	r = table_reserve(&o->by_limits, o, limits_hash);
-	if (r < 0)
-		return r;
 	struct rate_limits *a = grow(o->limits, &o->cap_limits, o->n_limits, sizeof(*a));
 	if (!a)
 		return -ENOMEM;
 	o->limits = a;
+	/* keep the load <= 1/2: double the table (rehashing from the array) when needed */
+	size_t cap = t->slots ? t->mask + 1 : 0;
+	if ((t->used + 1) * 2 > cap) {
+		size_t ncap = cap ? cap * 2 : 64;
+		struct slot *slots = calloc(ncap, sizeof(*slots));
+		if (!slots)
+			return -ENOMEM;
+		for (size_t k = 0; k < o->n_limits; k++) {
+			uint64_t hk = hash_limits(&o->limits[k]);
+			size_t j = (size_t)hk & (ncap - 1);
+			while (slots[j].ref != 0)
+				j = (j + 1) & (ncap - 1);
+			slots[j] = (struct slot){ (uint32_t)(hk >> 32), (uint32_t)k + 1 };
+		}
+		free(t->slots);
+		t->slots = slots;
+		t->mask = ncap - 1;
+	}
 	o->limits[o->n_limits] = *l;
-	s = table_find(&o->by_limits, o, h, limits_eq, l);
-	s->tag = (uint32_t)(h >> 32);
-	s->ref = (uint32_t)o->n_limits + 1;
-	o->by_limits.used++;
+	for (i = (size_t)h & t->mask; t->slots[i].ref != 0; i = (i + 1) & t->mask)
+		;
+	t->slots[i] = (struct slot){ tag, (uint32_t)o->n_limits + 1 };
+	t->used++;
 	*ret_index = (uint32_t)o->n_limits++;
 	return 0;
 }
 
-static struct rate_overrides *overrides_new(void)
+static bool entry_key_eq(const struct rate_overrides *o, const struct entry *e, struct str key)
 {
-	return calloc(1, sizeof(struct rate_overrides));
+	return e->key_len == key.len && memcmp(o->keys + e->key_off, key.ptr, key.len) == 0;
+}
+
+/*
+ * Builds o->by_key over every entry, in file order.  0, -ENOMEM, or -EEXIST with
+ * *ret_dup the first entry whose key an earlier entry *ret_first already has.
+ */
+static int build_key_table(struct rate_overrides *o, size_t *ret_dup, size_t *ret_first)
+{
+	struct table *t = &o->by_key;
+	size_t cap = 64;
+
+	while (cap < o->n_entries * 2)
+		cap *= 2; /* n_entries < 2^32: no overflow */
+	t->slots = calloc(cap, sizeof(*t->slots));
+	if (!t->slots)
+		return -ENOMEM;
+	t->mask = cap - 1;
+	for (size_t n = 0; n < o->n_entries; n++) {
+		const struct entry *e = &o->entries[n];
+		uint32_t tag = (uint32_t)(e->hash >> 32);
+		size_t i = (size_t)e->hash & t->mask;
+
+		if (n + PREFETCH_AHEAD < o->n_entries)
+			__builtin_prefetch(&t->slots[(size_t)o->entries[n + PREFETCH_AHEAD].hash &
+						     t->mask], 1);
+		for (;; i = (i + 1) & t->mask) {
+			struct slot *s = &t->slots[i];
+			if (s->ref == 0) {
+				*s = (struct slot){ tag, (uint32_t)n + 1 };
+				t->used++;
+				break;
+			}
+			if (s->tag == tag &&
+			    entry_key_eq(o, &o->entries[s->ref - 1],
+					 str_make(o->keys + e->key_off, e->key_len))) {
+				*ret_dup = n;
+				*ret_first = s->ref - 1;
+				return -EEXIST;
+			}
+		}
+	}
+	return 0;
 }
 
 struct rate_overrides *rate_overrides_free(struct rate_overrides *o)
@@ -497,10 +508,16 @@ const struct rate_limits *rate_overrides_find(const struct rate_overrides *o, st
 {
 	if (!o || !o->by_key.slots || key.len > RATE_MAX_OVERRIDE_KEY || (!key.ptr && key.len))
 		return NULL;
-	const struct slot *s = table_find(&o->by_key, o, hash_key(key), key_eq, &key);
-	if (s->ref == 0)
-		return NULL;
-	return &o->limits[o->entries[s->ref - 1].limits];
+	const struct table *t = &o->by_key;
+	uint64_t h = hash_key(key);
+	uint32_t tag = (uint32_t)(h >> 32);
+	for (size_t i = (size_t)h & t->mask; t->slots[i].ref != 0; i = (i + 1) & t->mask) {
+		const struct slot *s = &t->slots[i];
+		const struct entry *e = &o->entries[s->ref - 1];
+		if (s->tag == tag && entry_key_eq(o, e, key))
+			return &o->limits[e->limits];
+	}
+	return NULL;
 }
 
 size_t rate_overrides_count(const struct rate_overrides *o)
@@ -560,15 +577,16 @@ static struct str trim(struct str s)
 }
 
 /* Parses "0" or a comma-separated list of windows (already cut before any comment). */
-static int parse_windows(struct parser *p, struct str text, struct rate_limits *ret)
+static int parse_windows(struct parser *p, struct str text,
+			 struct rate_limits *ret_limits)
 {
 	struct rate_limits l;
 	char werr[512];
 
-	memset(&l, 0, sizeof(l)); /* padding-free, but the unused windows are hashed out */
+	memset(&l, 0, sizeof(l));
 	text = trim(text);
 	if (text.len == 1 && text.ptr[0] == '0') {
-		*ret = l;
+		*ret_limits = l;
 		return 0;
 	}
 	for (;;) {
@@ -576,7 +594,8 @@ static int parse_windows(struct parser *p, struct str text, struct rate_limits *
 		struct str item = str_make(text.ptr, comma ? (size_t)(comma - text.ptr) : text.len);
 		struct str w = trim(item);
 		if (w.len == 0)
-			return line_error(p, comma ? "empty window before ','" : "empty window after ','");
+			return line_error(p, comma ? "empty window before ','"
+						   : "empty window after ','");
 		for (size_t i = 0; i < w.len; i++) {
 			if (is_blank(w.ptr[i])) {
 				struct str rest = trim(str_make(w.ptr + i, w.len - i));
@@ -595,28 +614,19 @@ static int parse_windows(struct parser *p, struct str text, struct rate_limits *
 			break;
 		text = str_make(comma + 1, text.len - item.len - 1);
 	}
-	*ret = l;
+	*ret_limits = l;
 	return 0;
 }
 
+/* Appends an entry (its key copied into the arena); duplicates are found later. */
 static int add_entry(struct parser *p, struct str key, const struct rate_limits *l)
 {
 	struct rate_overrides *o = p->o;
-	uint64_t h = hash_key(key);
-	struct slot *s;
-	char shown[SHOW_SIZE];
 	uint32_t li;
 
-	if (o->by_key.slots) {
-		s = table_find(&o->by_key, o, h, key_eq, &key);
-		if (s->ref != 0)
-			return line_error(p, "duplicate key %s (first on line %u)",
-					  show(key, shown, sizeof(shown)),
-					  o->entries[s->ref - 1].line);
-	}
 	if (o->n_entries >= UINT32_MAX - 1 || o->keys_len > UINT32_MAX - key.len)
 		return nomem(p);
-	if (intern_limits(o, l, &li) < 0 || table_reserve(&o->by_key, o, key_hash) < 0)
+	if (intern_limits(o, l, &li) < 0)
 		return nomem(p);
 	struct entry *e = grow(o->entries, &o->cap_entries, o->n_entries, sizeof(*e));
 	if (!e)
@@ -633,18 +643,15 @@ static int add_entry(struct parser *p, struct str key, const struct rate_limits 
 		o->keys_cap = ncap;
 	}
 	memcpy(o->keys + o->keys_len, key.ptr, key.len);
-	o->entries[o->n_entries] = (struct entry){ .hash = h, .key_off = (uint32_t)o->keys_len,
-						    .key_len = (uint32_t)key.len, .line = p->line,
-						    .limits = li };
+	o->entries[o->n_entries++] = (struct entry){ .hash = hash_key(key),
+						     .key_off = (uint32_t)o->keys_len,
+						     .key_len = (uint32_t)key.len,
+						     .line = p->line, .limits = li };
 	o->keys_len += key.len;
-	s = table_find(&o->by_key, o, h, key_eq, &key);
-	s->tag = (uint32_t)(h >> 32);
-	s->ref = (uint32_t)o->n_entries + 1;
-	o->by_key.used++;
-	o->n_entries++;
 	return 0;
 }
 
+/* One line without its LF, known to hold no NUL byte. */
 static int parse_line(struct parser *p, struct str line)
 {
 	char shown[SHOW_SIZE];
@@ -652,8 +659,6 @@ static int parse_line(struct parser *p, struct str line)
 	struct rate_limits l;
 	size_t i = 0;
 
-	if (memchr(line.ptr, '\0', line.len))
-		return line_error(p, "NUL byte in input");
 	while (i < line.len && is_blank(line.ptr[i]))
 		i++;
 	if (i == line.len || line.ptr[i] == '#')
@@ -685,12 +690,19 @@ static int parse_line(struct parser *p, struct str line)
 	return add_entry(p, key, &l);
 }
 
+/*
+ * Two passes: the lines are read in order into entries (stopping at the first error),
+ * then the key table is built over the entries read, in order.  A duplicate key found
+ * then is on an earlier line than any error of the first pass, so it is the one reported:
+ * the error reported is always the first in file order.
+ */
 int rate_overrides_parse(const char *file_name, const char *text, size_t len,
 			 rate_key_normalize_fn *normalize, void *arg,
 			 struct rate_overrides **ret, char *err, size_t errlen)
 {
 	struct parser p = { .file = file_name ? file_name : "(overrides)", .line = 1,
 			    .normalize = normalize, .arg = arg, .err = err, .errlen = errlen };
+	char shown[SHOW_SIZE];
 	struct msg m;
 	int r = 0;
 
@@ -700,18 +712,24 @@ int rate_overrides_parse(const char *file_name, const char *text, size_t len,
 		return -EINVAL;
 	}
 	if (len > RATE_MAX_OVERRIDES_FILE) {
-		msg_printf(&m, "%s: larger than %u bytes", p.file, (unsigned)RATE_MAX_OVERRIDES_FILE);
+		msg_printf(&m, "%s: larger than %u bytes", p.file,
+			   (unsigned)RATE_MAX_OVERRIDES_FILE);
 		return -EFBIG;
 	}
-	p.o = overrides_new();
+	p.o = calloc(1, sizeof(*p.o));
 	if (!p.o) {
 		msg_printf(&m, "%s: out of memory", p.file);
 		return -ENOMEM;
 	}
+	const char *nul = len ? memchr(text, '\0', len) : NULL;
 	size_t pos = 0;
 	while (pos < len) {
 		const char *nl = memchr(text + pos, '\n', len - pos);
 		size_t end = nl ? (size_t)(nl - text) : len;
+		if (nul && nul < text + end) {
+			r = line_error(&p, "NUL byte in input");
+			break;
+		}
 		r = parse_line(&p, str_make(text + pos, end - pos));
 		if (r < 0)
 			break;
@@ -719,6 +737,22 @@ int rate_overrides_parse(const char *file_name, const char *text, size_t len,
 		p.line++;
 	}
 	table_free(&p.o->by_limits);
+	if (r != -ENOMEM) {
+		size_t dup, first;
+		int b = build_key_table(p.o, &dup, &first);
+		if (b == -EEXIST) {
+			const struct entry *d = &p.o->entries[dup];
+			p.line = d->line;
+			r = line_error(&p, "duplicate key %s (first on line %u)",
+				       show(str_make(p.o->keys + d->key_off, d->key_len), shown,
+					    sizeof(shown)),
+				       p.o->entries[first].line);
+		} else if (b < 0 && r == 0) {
+			r = nomem(&p);
+		}
+		/* XXX out of memory with a syntax error pending: the syntax error is reported
+		 * even if an earlier line repeats a key */
+	}
 	if (r < 0) {
 		rate_overrides_free(p.o);
 		return r;

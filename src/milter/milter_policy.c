@@ -24,6 +24,8 @@ struct mp_session {
 	struct policy_msg msg;
 	struct class_slot *slot;
 	unsigned accepted_rcpts;
+	uint64_t mail_size;       /* SIZE= given with MAIL */
+	bool have_mail_size;
 	/* first occurrence of each header, for header: selectors */
 	size_t nheaders;
 	struct { uint32_t name_off, name_len, value_off, value_len; } headers[MAX_HEADERS_KEPT];
@@ -93,11 +95,11 @@ static void fill_txn(struct milter_session *ms, struct mp_session *st, struct tx
 	if (step == MILTER_STEP_EOM) {
 		t->size = st->header_size + milter_session_body_size(ms);
 		t->have_size = true;
-	} else if (step == MILTER_STEP_MAIL || step == MILTER_STEP_RCPT ||
-		   step == MILTER_STEP_EOH) {
-		/* SIZE= from MAIL: the session keeps only the current step's arguments, so
-		 * remember it at MAIL */
-		t->size = 0;
+	} else {
+		/* SIZE= from MAIL, remembered there (the session keeps only the current
+		 * step's arguments) */
+		t->size = st->mail_size;
+		t->have_size = st->have_mail_size;
 	}
 	t->header = txn_header;
 	t->macro = txn_macro;
@@ -170,9 +172,6 @@ static enum milter_verdict run(struct mp_handler *h, struct milter_session *ms,
 	struct txn_ctx c;
 	struct policy_txn t;
 	fill_txn(ms, st, &c, &t);
-	if (stage == POLICY_MAIL || stage == POLICY_RCPT) {
-		t.size = mail_size_arg(ms, &t.have_size);
-	}
 	struct policy_decision d;
 	d.results = NULL;
 	d.max_results = 0;
@@ -232,6 +231,7 @@ static enum milter_verdict on_mail(void *ctx, struct milter_session *ms)
 	if (!st)
 		return MILTER_TEMPFAIL;
 	st->accepted_rcpts = 0;
+	st->mail_size = mail_size_arg(ms, &st->have_mail_size);
 	st->nheaders = 0;
 	st->header_size = 0;
 	buf_reset(&st->header_bytes);

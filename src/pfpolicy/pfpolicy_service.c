@@ -247,6 +247,8 @@ static void handle(struct session *s, struct pf_conn *c, const struct pfpolicy_r
 	 */
 	int last_once = stage < POLICY_RCPT ? stage : POLICY_MAIL;
 	int st = c->done_stage + 1;
+	if (st > last_once && stage > last_once)
+		st = stage; /* the stages before RCPT ran already (at RCPT, say): this one */
 	for (; st <= last_once || st == stage; st = st == last_once ? stage : st + 1) {
 		fill_txn(r, (enum policy_stage)st, &t);
 		policy_check(c->policy, &t, (enum policy_stage)st, &c->msg, STORE_CHECK, now, &d);

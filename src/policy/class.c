@@ -86,6 +86,11 @@ int class_load(struct cfg_node *n, struct policy_class *ret, char *err, size_t e
 			  "bytes");
 		return -EINVAL;
 	}
+	for (const char *p = n->label; *p; p++)
+		if ((unsigned char)*p <= ' ' || *p == 0x7f) {
+			cfg_error(n, err, errlen, "a class name has no spaces or control characters");
+			return -EINVAL;
+		}
 	struct cfg_node *hosts = cfg_get(n, "hosts");
 	if (!hosts) {
 		cfg_error(n, err, errlen, "missing 'hosts'");

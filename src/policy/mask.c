@@ -232,7 +232,7 @@ static int check_name(struct str mask, struct str name, bool strict, const char 
 		if (c == '*')
 			return mask_error(err, errlen, mask, "'*' is only allowed alone or as "
 					 "'*.' before a domain");
-		if (c == '.' && (i == 0 || name.ptr[i - 1] == '.'))
+		if (c == '.' && (i == 0 || i + 1 == name.len || name.ptr[i - 1] == '.'))
 			return mask_error(err, errlen, mask, "empty label in %s", what);
 		bool ok;
 		if (strict)
@@ -247,9 +247,12 @@ static int check_name(struct str mask, struct str name, bool strict, const char 
 	return 0;
 }
 
-/* Only digits and dots: meant as an IPv4 address (DNS has no all-numeric top level). */
+/* Digits and dots, a digit first: meant as an IPv4 address (DNS has no all-numeric top
+ * level). */
 static bool looks_numeric(struct str s)
 {
+	if (s.len == 0 || s.ptr[0] < '0' || s.ptr[0] > '9')
+		return false;
 	for (size_t i = 0; i < s.len; i++) {
 		if (s.ptr[i] != '.' && (s.ptr[i] < '0' || s.ptr[i] > '9'))
 			return false;
@@ -345,10 +348,15 @@ static int add_name(struct mask_list *l, struct str mask, bool strict, char *err
 		e.kind = ENTRY_DOMAIN;
 		name = str_make(mask.ptr + 2, mask.len - 2);
 		what = "domain";
-	} else if (mask.len > 1 && mask.ptr[0] == '.') {
+	} else if (mask.len > 1 && mask.ptr[0] == '.' && mask.ptr[1] != '.') {
+		/* ".example.com": most likely meant as *.example.com; say so if it would do */
+		struct str rest = drop_final_dot(str_make(mask.ptr + 1, mask.len - 1));
+		int r = check_name(mask, rest, strict, "name", err, errlen);
+		if (r < 0)
+			return r;
 		return mask_error(err, errlen, mask, "a name cannot start with '.' (write "
-				 "*%.*s for the domain and the names below it)",
-				 (int)(mask.len > SHOW_MAX ? SHOW_MAX : mask.len), mask.ptr);
+				  "*%.*s for the domain and the names below it)",
+				  (int)(mask.len > SHOW_MAX ? SHOW_MAX : mask.len), mask.ptr);
 	}
 	name = drop_final_dot(name);
 	int r = check_name(mask, name, strict, what, err, errlen);
@@ -547,7 +555,8 @@ bool mask_list_match_address(const struct mask_list *l, struct str addr)
 		const struct mask_entry *e = &l->e[i];
 		switch (e->kind) {
 		case ENTRY_ADDRESS:
-			if (e->local_len == local.len && memcmp(e->text, local.ptr, local.len) == 0 &&
+			if (e->local_len == local.len &&
+			    memcmp(e->text, local.ptr, local.len) == 0 &&
 			    e->len - e->local_len - 1 == domain.len &&
 			    casefold_eq(e->text + e->local_len + 1, domain.ptr, domain.len))
 				return true;

@@ -24,9 +24,17 @@
  * and hash before any memcmp).
  *
  * Invariants: each byte of the buffer is examined once, in order, by one state machine
- * (st->scanned is the first byte not examined yet); the parser keeps offsets from the
- * request start, never pointers, so the caller may reallocate the buffer between calls.
- * An error leaves st->scanned at the offending byte, so a repeated call fails the same way.
+ * (st->scanned is the first byte not examined yet, and every call that returns 0 leaves
+ * it at n); the only looks back are the byte before an LF (for the CR) and, at each '=',
+ * compares of the new name with the names already seen, which are at most
+ * PFPOLICY_MAX_ATTRS x PFPOLICY_MAX_NAME bytes whatever the request's size.  The parser
+ * keeps offsets from the request start, never pointers, so the caller may reallocate the
+ * buffer between calls.  An error leaves st->scanned at the offending byte (at the CR that
+ * opened a bad line, at the start of an empty request), so a repeated call, with or
+ * without more bytes, fails the same way.
+ *
+ * No I/O and no logging; the one ASSERT is for a caller that breaks the resumption
+ * contract (a buffer shorter than what was already scanned).
  */
 #include <errno.h>
 #include <limits.h>

@@ -40,7 +40,7 @@ struct pfpolicy_request {
 };
 
 struct pfpolicy_parser {
-	size_t scanned; /* bytes of the buffer already known to hold no complete request */
+	size_t scanned; /* bytes of the buffer already examined: they hold no complete request */
 	/* private to pfpolicy.c: where the scan stands, as offsets from the request start */
 	unsigned char state;
 	unsigned char name_len; /* of the line being read */
