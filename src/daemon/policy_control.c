@@ -384,11 +384,13 @@ int policy_control_test(struct policy *p, size_t argc, const struct str *argv,
 	if (policy_has_classes(p)) {
 		struct class_stats cs[64];
 		size_t n = policy_class_stats(p, cs, ARRAY_SIZE(cs));
-		(void)have_ip;
-		/* policy_class_enter would take a slot: report the class list instead */
+		const char *cls = policy_class_match(p, have_ip ? &ip : NULL, t.client_name);
 		for (size_t i = 0; i < n; i++)
-			buf_printf(out, "class %s: %u sessions now, inbound limit %u\n", cs[i].name,
-				   cs[i].used, cs[i].inbound);
+			if (cls && strcmp(cls, cs[i].name) == 0)
+				buf_printf(out, "class %s: %u sessions now, inbound limit %u: %s\n",
+					   cs[i].name, cs[i].used, cs[i].inbound,
+					   cs[i].used >= cs[i].inbound ? "a new session would be refused "
+					   "(421)" : "a new session would be served");
 	}
 	enum policy_action worst = POLICY_ACCEPT;
 	explain_stage(p, &t, POLICY_CONNECT, NULL, out, &worst);

@@ -12,7 +12,8 @@
  *   anything else        (string lists: SASL users, header values, macros) that exact text
  *
  * A list is compiled once at load and is read-only afterwards (shared by all workers).
- * Matching costs O(entries); the lists an operator writes are short.
+ * Matching costs O(entries); the lists an operator writes are short.  Limits: a mask is at
+ * most 1024 bytes, a list holds at most 65536 masks.
  */
 #ifndef SLUICE_MASK_H
 #define SLUICE_MASK_H
@@ -41,11 +42,13 @@ struct mask_list *mask_list_free(struct mask_list *l);
 int mask_list_add(struct mask_list *l, struct str mask, char *err, size_t errlen);
 size_t mask_list_count(const struct mask_list *l);
 /* Does any mask match?  Each matcher uses the entries that make sense for it:
- *   ip:      "*", addresses and CIDR prefixes;
+ *   ip:      "*", addresses and CIDR prefixes (a NULL address matches only "*");
  *   name:    "*", exact names and *.domain (case-insensitive; a trailing dot ignored);
  *   host:    for classes: the address against CIDR entries, or the name (when it is not
  *            empty) against names and *.domain, or "*";
  *   address: "*", "<>", exact addresses, @domain and *.domain on the part after the last @;
+ *            one pair of angle brackets around addr is dropped first, and "<>" (or "")
+ *            is the null sender;
  *   string:  "*" or exact text. */
 bool mask_list_match_ip(const struct mask_list *l, const struct ipaddr *a);
 bool mask_list_match_name(const struct mask_list *l, struct str name);

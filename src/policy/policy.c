@@ -3,6 +3,7 @@
  */
 #include <errno.h>
 #include <libgen.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -357,11 +358,15 @@ static int load_overrides(struct policy_rule *r, char *err, size_t errlen)
 {
 	struct rate_overrides *o;
 	struct selector_set set = { r->sel, r->nsel };
+	/* stat before reading: a change made while the file is read must show as a change
+	 * at the next check (see policy_reload_overrides) */
+	struct stat st;
+	if (stat(r->ov_path, &st) < 0)
+		memset(&st, 0, sizeof(st));
 	int rc = rate_overrides_load(r->ov_path, selector_normalize_key, &set, &o, err, errlen);
 	if (rc < 0)
 		return rc;
-	if (stat(r->ov_path, &r->ov_st) < 0)
-		memset(&r->ov_st, 0, sizeof(r->ov_st));
+	r->ov_st = st;
 	atomic_store(&r->ov, o);
 	return 0;
 }
@@ -511,8 +516,19 @@ static void policy_free(struct policy *p)
 	free(p);
 }
 
+/* Remember a macro name for negotiation, once. */
+static void add_macro(struct policy *p, const char *name)
+{
+	for (size_t i = 0; i < p->nmacros; i++)
+		if (strcmp(p->macros[i], name) == 0)
+			return;
+	if (p->nmacros < ARRAY_SIZE(p->macros))
+		p->macros[p->nmacros++] = name;
+}
+
 int policy_load(struct cfg_node *root, struct policy **ret, char *err, size_t errlen)
 {
+	int rc = -EINVAL;
 	struct policy *p = calloc(1, sizeof(*p));
 	if (!p)
 		goto nomem;
@@ -533,8 +549,11 @@ int policy_load(struct cfg_node *root, struct policy **ret, char *err, size_t er
 		goto nomem;
 	for (struct cfg_node *n = cfg_get(root, "limit"); n; n = cfg_next_same(n)) {
 		struct policy_rule *r = &p->rules[p->nrules++];
-		if (load_rule(n, r, err, errlen) < 0)
+		int lr = load_rule(n, r, err, errlen);
+		if (lr < 0) {
+			rc = lr;
 			goto fail;
+		}
 		for (size_t i = 0; i + 1 < p->nrules; i++)
 			if (strcmp(p->rules[i].name, r->name) == 0) {
 				cfg_error(n, err, errlen, "a second rule named \"%s\"", r->name);
@@ -545,14 +564,14 @@ int policy_load(struct cfg_node *root, struct policy **ret, char *err, size_t er
 		for (size_t i = 0; i < r->nsel; i++) {
 			if (r->sel[i].kind == SEL_HEADER)
 				p->wants_headers = true;
-			if (r->sel[i].kind == SEL_MACRO && p->nmacros < ARRAY_SIZE(p->macros))
-				p->macros[p->nmacros++] = r->sel[i].name;
+			if (r->sel[i].kind == SEL_MACRO)
+				add_macro(p, r->sel[i].name);
 		}
 		for (size_t i = 0; i < r->nex; i++) {
 			if (r->ex[i].sel.kind == SEL_HEADER)
 				p->wants_headers = true;
-			if (r->ex[i].sel.kind == SEL_MACRO && p->nmacros < ARRAY_SIZE(p->macros))
-				p->macros[p->nmacros++] = r->ex[i].sel.name;
+			if (r->ex[i].sel.kind == SEL_MACRO)
+				add_macro(p, r->ex[i].sel.name);
 		}
 	}
 	struct cfg_node *last_class = NULL;
@@ -588,10 +607,11 @@ int policy_load(struct cfg_node *root, struct policy **ret, char *err, size_t er
 	return 0;
 nomem:
 	fmt_fixed(err, errlen, "out of memory");
+	rc = -ENOMEM;
 fail:
 	if (p)
 		policy_free(p);
-	return -EINVAL;
+	return rc;
 }
 
 struct policy *policy_ref(struct policy *p)
@@ -657,24 +677,29 @@ int policy_reload_overrides(struct policy *p, struct buf *err)
 		struct stat st;
 		if (!r->ov_path)
 			continue;
-		if (stat(r->ov_path, &st) == 0 && st.st_mtim.tv_sec == r->ov_st.st_mtim.tv_sec &&
-		    st.st_mtim.tv_nsec == r->ov_st.st_mtim.tv_nsec && st.st_size == r->ov_st.st_size &&
-		    st.st_ino == r->ov_st.st_ino)
+		if (stat(r->ov_path, &st) < 0) {
+			memset(&st, 0, sizeof(st));
+			if (r->ov_st.st_ino == 0)
+				continue; /* still missing: reported once, when it went */
+		} else if (st.st_mtim.tv_sec == r->ov_st.st_mtim.tv_sec &&
+			 st.st_mtim.tv_nsec == r->ov_st.st_mtim.tv_nsec &&
+			 st.st_size == r->ov_st.st_size && st.st_ino == r->ov_st.st_ino)
 			continue;
 		struct rate_overrides *o;
 		struct selector_set set = { r->sel, r->nsel };
 		char msg[400];
 		if (rate_overrides_load(r->ov_path, selector_normalize_key, &set, &o, msg,
 					sizeof(msg)) < 0) {
-			/* keep the table in use; report once per change of the file */
-			if (stat(r->ov_path, &r->ov_st) < 0)
-				memset(&r->ov_st, 0, sizeof(r->ov_st));
+			/* keep the table in use; report once per change of the file.  The stat
+			 * is the one taken before reading: a file rewritten while it was read
+			 * (truncated, then written) is read again at the next check, instead of
+			 * its new mtime being recorded against the half-written content */
+			r->ov_st = st;
 			buf_printf(err, "limit \"%s\": %s (keeping the previous overrides)\n",
 				   r->name, msg);
 			continue;
 		}
-		if (stat(r->ov_path, &r->ov_st) < 0)
-			memset(&r->ov_st, 0, sizeof(r->ov_st));
+		r->ov_st = st;
 		/*
 		 * XXX workers read the table without a lock for the microseconds of one lookup
 		 * (limits are copied out at once), so the table replaced here is freed only at
@@ -835,9 +860,13 @@ static uint64_t jitter_rand(void)
 	return x * 0x2545F4914F6CDD1DULL;
 }
 
-/* "45s", "3m20s", "2h5m", "1d3h" */
+/* "45s", "3m20s", "2h5m", "1d3h": rounded up, never less than the real wait */
 static void format_duration(uint64_t s, char *buf, size_t len)
 {
+	if (s >= 86400 && s % 3600)
+		s += 3600 - s % 3600;
+	else if (s >= 3600 && s % 60)
+		s += 60 - s % 60;
 	if (s < 60)
 		fmt_fixed(buf, len, "%llus", (unsigned long long)s);
 	else if (s < 3600)
@@ -905,11 +934,26 @@ struct scratch {
 	char keys[POLICY_MAX_RULES][SELECTOR_MAX_KEY + 1];
 };
 
+/* One per thread, freed when the thread ends (worker threads end at shutdown and the
+ * sanitizer runs count what they leave behind). */
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static bool scratch_key_ok;
+
+static void scratch_key_make(void)
+{
+	scratch_key_ok = pthread_key_create(&scratch_key, free) == 0;
+}
+
 static struct scratch *scratch_get(void)
 {
 	static _Thread_local struct scratch *s;
-	if (!s)
-		s = malloc(sizeof(*s)); /* XXX one per thread for the life of the process */
+	if (!s) {
+		pthread_once(&scratch_once, scratch_key_make);
+		s = malloc(sizeof(*s));
+		if (s && scratch_key_ok)
+			(void)pthread_setspecific(scratch_key, s); /* else kept for life */
+	}
 	return s;
 }
 
@@ -1022,7 +1066,9 @@ int policy_check(struct policy *p, const struct policy_txn *t, enum policy_stage
 		struct store_item *it = &s->items[n];
 		memset(it, 0, sizeof(*it));
 		it->key_hash = store_key_hash(p->store, r->name_str, buf_str(&kb));
-		if (r->count == POLICY_COUNT_MESSAGES && st == POLICY_RCPT && msg &&
+		/* messages and bytes counted at RCPT: once per message and key */
+		if ((r->count == POLICY_COUNT_MESSAGES || r->count == POLICY_COUNT_BYTES) &&
+		    st == POLICY_RCPT && msg &&
 		    ledger_has(msg, r, it->key_hash)) {
 			if (res)
 				res->state = POLICY_RULE_COUNTED;
@@ -1076,7 +1122,9 @@ int policy_check(struct policy *p, const struct policy_txn *t, enum policy_stage
 		}
 		if (decider == SIZE_MAX || r->action > s->rules[decider]->action)
 			decider = i;
-		if (mode != STORE_CHECK || !msg)
+		/* a refused event (a recipient refused at RCPT) is no part of the message: it
+		 * must not tag or quarantine what the accepted recipients get */
+		if (mode != STORE_CHECK || !msg || rc == 0)
 			continue;
 		if (r->action == POLICY_TAG && msg->ntags < POLICY_MAX_TAGS) {
 			char key[120];
@@ -1122,6 +1170,14 @@ int policy_class_enter(struct policy *p, const struct ipaddr *ip, struct str nam
 	}
 	*ret = NULL;
 	return 1;
+}
+
+const char *policy_class_match(const struct policy *p, const struct ipaddr *ip, struct str name)
+{
+	for (size_t i = 0; i < p->nclasses; i++)
+		if (mask_list_match_host(p->classes[i].hosts, ip, name))
+			return p->classes[i].name;
+	return NULL;
 }
 
 size_t policy_class_stats(const struct policy *p, struct class_stats *ret, size_t max)

@@ -211,6 +211,8 @@ struct class_slot;
 int policy_class_enter(struct policy *p, const struct ipaddr *ip, struct str name,
 		       struct class_slot **ret, const char **ret_class);
 void class_slot_release(struct class_slot *s);
+/* The class a host falls in (first match), without taking a slot; NULL without classes. */
+const char *policy_class_match(const struct policy *p, const struct ipaddr *ip, struct str name);
 const char *class_slot_name(const struct class_slot *s);
 
 struct class_stats {

@@ -249,8 +249,14 @@ static int append_address(struct buf *out, struct str a)
 	const char *at = last_at(a);
 	size_t local = at ? (size_t)(at - a.ptr) + 1 : a.len;
 	int r = buf_append(out, a.ptr, local);
-	if (r == 0 && at)
-		r = append_lower(out, str_make(at + 1, a.len - local));
+	if (r == 0 && at) {
+		/* one final dot dropped, as for the domain selectors and the address masks:
+		 * "a@example.org." is the same mailbox, not a second budget */
+		struct str domain = str_make(at + 1, a.len - local);
+		if (domain.len && domain.ptr[domain.len - 1] == '.')
+			domain.len--;
+		r = append_lower(out, domain);
+	}
 	return r < 0 ? r : 1;
 }
 
@@ -314,7 +320,8 @@ int selector_value(const struct selector *s, const struct policy_txn *t, struct 
 		r = buf_append_str(out, cut(trim(v)));
 		return r < 0 ? r : 1;
 	case SEL_MACRO:
-		if (!t->macro || !t->macro(t->arg, s->name, &v))
+		/* an empty macro ({auth_authen} without AUTH) is no value */
+		if (!t->macro || !t->macro(t->arg, s->name, &v) || v.len == 0)
 			return 0;
 		r = buf_append_str(out, cut(v));
 		return r < 0 ? r : 1;
@@ -353,11 +360,16 @@ bool selector_match(const struct selector *s, const struct policy_txn *t,
 		if (ipaddr_parse(trim(t->client_addr), &ip) < 0)
 			return false;
 		return mask_list_match_ip(l, &ip);
-	case SEL_SENDER:
-		return t->have_sender && mask_list_match_address(l, bare_address(t->sender).len ?
-								       t->sender : str_cstr("<>"));
-	case SEL_RCPT:
-		return bare_address(t->rcpt).len && mask_list_match_address(l, t->rcpt);
+	/* the address as the key sees it (blanks and brackets stripped), so that an except
+	 * entry matches whatever key the same address gives */
+	case SEL_SENDER: {
+		struct str a = bare_address(t->sender);
+		return t->have_sender && mask_list_match_address(l, a.len ? a : str_cstr("<>"));
+	}
+	case SEL_RCPT: {
+		struct str a = bare_address(t->rcpt);
+		return a.len && mask_list_match_address(l, a);
+	}
 	default:
 		break;
 	}
@@ -402,8 +414,11 @@ static int normalize_one(const struct selector *s, struct str v, struct buf *out
 int selector_normalize_key(struct str key, char *out, void *arg)
 {
 	const struct selector_set *set = arg;
+	/* a buf over out would put its NUL at out[RATE_MAX_OVERRIDE_KEY], one byte past what
+	 * the rate_key_normalize_fn contract gives (rate.c's buffer is exactly that long) */
+	char space[RATE_MAX_OVERRIDE_KEY + 1];
 	struct buf b;
-	buf_init_fixed(&b, out, RATE_MAX_OVERRIDE_KEY + 1);
+	buf_init_fixed(&b, space, sizeof(space));
 	size_t plus = 0;
 	for (size_t i = 0; i < key.len; i++)
 		plus += key.ptr[i] == '+';
@@ -426,5 +441,6 @@ int selector_normalize_key(struct str key, char *out, void *arg)
 		if (buf_append_str(&b, key) < 0)
 			return -1;
 	}
+	memcpy(out, b.ptr, b.len);
 	return (int)b.len;
 }
