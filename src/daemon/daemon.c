@@ -583,6 +583,14 @@ int daemon_main(int argc, char **argv)
 	d.base = event_base_new();
 	if (!d.base)
 		fatal("cannot create the event loop");
+	/* Signals first: a SIGTERM that arrives while the listeners open is handled (once the
+	 * loop runs) like any other, with the snapshot saved and the sockets removed. */
+	d.ev_term = evsignal_new(d.base, SIGTERM, on_signal, &d);
+	d.ev_int = evsignal_new(d.base, SIGINT, on_signal, &d);
+	d.ev_hup = evsignal_new(d.base, SIGHUP, on_signal, &d);
+	if (!d.ev_term || !d.ev_int || !d.ev_hup || event_add(d.ev_term, NULL) < 0 ||
+	    event_add(d.ev_int, NULL) < 0 || event_add(d.ev_hup, NULL) < 0)
+		fatal("cannot install signal handlers");
 	d.store = open_store(d.cfg);
 	policy_set_store(d.cfg->rules, d.store);
 	d.e = engine_new(d.cfg->workers, d.base);
@@ -610,6 +618,9 @@ int daemon_main(int argc, char **argv)
 		engine_free(d.e);
 		config_free(d.cfg);
 		store_free(d.store);
+		event_free(d.ev_term);
+		event_free(d.ev_int);
+		event_free(d.ev_hup);
 		event_base_free(d.base);
 		return 1;
 	}
@@ -625,19 +636,13 @@ int daemon_main(int argc, char **argv)
 	}
 	if (engine_start(d.e) < 0)
 		fatal("cannot start worker threads");
-	d.ev_term = evsignal_new(d.base, SIGTERM, on_signal, &d);
-	d.ev_int = evsignal_new(d.base, SIGINT, on_signal, &d);
-	d.ev_hup = evsignal_new(d.base, SIGHUP, on_signal, &d);
 	d.ev_stats = evtimer_new(d.base, on_stats, &d);
 	d.ev_drain = evtimer_new(d.base, on_drain_tick, &d);
 	d.ev_snapshot = evtimer_new(d.base, on_snapshot, &d);
 	d.ev_expire = evtimer_new(d.base, on_expire, &d);
 	d.ev_overrides = evtimer_new(d.base, on_overrides, &d);
-	if (!d.ev_term || !d.ev_int || !d.ev_hup || !d.ev_stats || !d.ev_drain ||
-	    !d.ev_snapshot || !d.ev_expire || !d.ev_overrides ||
-	    event_add(d.ev_term, NULL) < 0 || event_add(d.ev_int, NULL) < 0 ||
-	    event_add(d.ev_hup, NULL) < 0)
-		fatal("cannot install signal handlers");
+	if (!d.ev_stats || !d.ev_drain || !d.ev_snapshot || !d.ev_expire || !d.ev_overrides)
+		fatal("cannot create timers");
 	arm_stats(&d);
 	arm_timer(d.ev_snapshot, d.cfg->store.snapshot_interval_ms);
 	arm_timer(d.ev_expire, 1000);
