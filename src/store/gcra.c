@@ -7,6 +7,7 @@
  * bits saturates at UINT64_MAX (a TAT in the year 2554 is as good as "never"), it never
  * wraps.  A count or period of 0 (rejected by the parser) is not divided by.
  */
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "store.h"
@@ -29,28 +30,48 @@ uint64_t gcra_interval(const struct rate_window *w)
 	return div_ceil(w->period_ns, count);
 }
 
-uint64_t gcra_used(const struct rate_window *w, uint64_t tat, uint64_t now)
+/* used with T known; T = 0 (period 0) restores everything at once */
+static inline uint64_t used_at(uint64_t t, uint64_t tat, uint64_t now)
 {
-	if (tat <= now)
-		return 0;
-	uint64_t t = gcra_interval(w);
-	/* T = 0 (period 0) restores everything at once */
-	return t ? div_ceil(tat - now, t) : 0;
+	return tat > now && t ? div_ceil(tat - now, t) : 0;
 }
 
+uint64_t gcra_used(const struct rate_window *w, uint64_t tat, uint64_t now)
+{
+	return used_at(gcra_interval(w), tat, now);
+}
+
+/*
+ * On every decision's path: one division for T, one for used, and 64-bit arithmetic
+ * unless a product does not fit (then 128 bits).
+ */
 void gcra_check(const struct rate_window *w, uint64_t tat, uint64_t now, uint64_t cost,
 		struct gcra_result *ret)
 {
 	uint64_t t = gcra_interval(w);
 	uint64_t base = tat > now ? tat : now;
-	u128 ahead = base - now;
-	u128 inc = (u128)(cost ? cost : 1) * t; /* cost 0 is checked as 1 */
-	u128 limit = (u128)w->burst * t;
-	ret->ok = ahead + inc <= limit;
-	ret->retry_ns = ret->ok ? 0 : sat64(ahead + inc - limit);
+	uint64_t ahead = base - now;
+	uint64_t inc, limit, need, new_tat;
+	bool ok;
+	/* cost 0 is checked as 1 */
+	if (!__builtin_mul_overflow(cost ? cost : 1, t, &inc) &&
+	    !__builtin_mul_overflow(w->burst, t, &limit) &&
+	    !__builtin_add_overflow(ahead, inc, &need)) {
+		ok = need <= limit;
+		ret->retry_ns = ok ? 0 : need - limit;
+		if (__builtin_add_overflow(base, inc, &new_tat))
+			new_tat = UINT64_MAX;
+	} else {
+		u128 need128 = (u128)ahead + (u128)(cost ? cost : 1) * t;
+		u128 limit128 = (u128)w->burst * t;
+		ok = need128 <= limit128;
+		ret->retry_ns = ok ? 0 : sat64(need128 - limit128);
+		new_tat = sat64((u128)base + (u128)cost * t);
+	}
+	ret->ok = ok;
 	/* cost 0 charges nothing: the TAT stays what it was */
-	ret->new_tat = cost ? sat64((u128)base + (u128)cost * t) : tat;
-	ret->used = gcra_used(w, ret->ok ? ret->new_tat : tat, now);
+	ret->new_tat = cost ? new_tat : tat;
+	ret->used = used_at(t, ok ? ret->new_tat : tat, now);
 }
 
 uint64_t gcra_refund(const struct rate_window *w, uint64_t tat, uint64_t now, uint64_t cost)

@@ -12,7 +12,9 @@
  *   an event of cost c conforms iff  max(TAT, now) + c*T - now <= B*T;
  *   when it is charged, TAT := max(TAT, now) + c*T.
  *   retry (when it does not conform) = max(TAT, now) + c*T - B*T - now, the exact wait
- *   until it would; an item's retry is the largest over its windows.
+ *   until it would; an item's retry is the largest over its windows.  (A cost above the
+ *   burst never conforms; its retry is still what the formula gives.)
+ *   Products are taken in 128 bits; a TAT or retry past 2^64 ns saturates at UINT64_MAX.
  *   So over any interval of length t, at most B + floor(t / T) units are admitted.
  *   A cost of 0 is checked as a cost of 1 and charges nothing ("is there room at all").
  *   used(window) = ceil((max(TAT, now) - now) / T), the units not yet restored.
@@ -162,7 +164,7 @@ int store_memory_load_buffer(struct store *s, const void *p, size_t n, uint64_t 
 /* GCRA on one window, exposed for tests and for the store backends. */
 struct gcra_result {
 	bool ok;
-	uint64_t new_tat;   /* the TAT if charged */
+	uint64_t new_tat;   /* the TAT if charged (cost 0: tat as given) */
 	uint64_t retry_ns;  /* !ok: exact wait */
 	uint64_t used;      /* units not yet restored, after charging if ok */
 };

@@ -20,7 +20,9 @@
  * cannot deadlock), reads every window, decides, charges, and unlocks: nothing sees the
  * state between check and charge (DESIGN law 4).  Everything a decision may need to
  * allocate (new records, table growth) is done before the first charge, so a failure
- * leaves the state untouched.
+ * leaves the state untouched.  A single item whose records exist takes a shorter path
+ * (decide_one()) with the same result.  On a large table the cost of a decision is the
+ * cache miss on its record's line; the line is prefetched before the lock is taken.
  *
  * Bound.  A global count of records is kept against max_keys.  A new record over the
  * bound evicts one: a record whose TAT has passed if the sample finds one, otherwise the
@@ -30,8 +32,8 @@
  * is logged; expire() logs the end of the episode when the count is back under the bound.
  *
  * Hot keys.  Each shard keeps HOT_MAX (rule, key) entries that reached half their burst or
- * were refused, for `sluice limits top`; the entry with the lowest estimated fill makes
- * room.  top() re-reads the live records.
+ * were refused, for `sluice limits top`; the entry with the lowest estimated fill in a
+ * sample makes room.  top() re-reads the live records.
  *
  * Snapshot file (all integers little-endian):
  *   header  "SLUICESNAP1\n" (12 bytes), u32 version = 1, u64 seed, u64 record count
@@ -66,12 +68,12 @@
 #define SHARD_SHIFT (64 - SHARD_BITS)
 #define SHARD_HASH_MASK ((uint64_t)(SHARDS - 1) << SHARD_SHIFT)
 #define INITIAL_SLOTS 16
-#define HOT_MAX 64
+#define HOT_MAX 64          /* = bits in hot_table.in_use */
+#define HOT_SAMPLE 8        /* entries compared to choose the one a new hot key replaces */
 #define SAMPLE_RECORDS 16   /* records compared to choose a victim */
 #define SAMPLE_SLOTS 64     /* slots scanned at most for them */
 #define EXPIRE_SLOTS 65536  /* slots visited by one expire() call */
 #define MAX_KEYS_DEFAULT 1000000u
-#define HALF_PPM 500000u
 
 #define SNAP_MAGIC "SLUICESNAP1\n"
 #define SNAP_MAGIC_LEN 12
@@ -85,12 +87,18 @@ struct rec {
 };
 
 struct hot {
-	bool in_use;
-	uint64_t key_hash;
 	struct rate_limits limits;
-	uint64_t tat[RATE_MAX_WINDOWS]; /* at the last recording, to estimate the fill now */
+	uint64_t tat[RATE_MAX_WINDOWS];   /* at the last recording, to estimate the fill now */
+	double inv_span[RATE_MAX_WINDOWS]; /* 1 / (B * T) */
 	char rule[STORE_TOP_RULE];
 	char key[STORE_TOP_KEY];
+};
+
+/* A shard's hot keys: the identities apart, so that finding one reads 512 bytes. */
+struct hot_table {
+	uint64_t in_use;                  /* bit i: entry i */
+	uint64_t key_hash[HOT_MAX];
+	struct hot e[HOT_MAX];
 };
 
 struct shard {
@@ -100,7 +108,7 @@ struct shard {
 	size_t count;
 	uint64_t rng;           /* sample positions */
 	uint64_t decisions;
-	struct hot *hot;        /* HOT_MAX entries, allocated at the first use */
+	struct hot_table *hot;  /* allocated at the first use */
 } __attribute__((aligned(64)));
 
 struct store_memory {
@@ -131,10 +139,23 @@ static inline unsigned shard_of(uint64_t hash)
 	return (unsigned)(hash >> SHARD_SHIFT);
 }
 
+static inline uint64_t mum(uint64_t a, uint64_t b)
+{
+	__extension__ unsigned __int128 r = (unsigned __int128)a * b;
+	return (uint64_t)r ^ (uint64_t)(r >> 64);
+}
+
+/*
+ * The record of window `index` of a (rule, key).  Multiply-fold mixing (wyhash's mum):
+ * key_hash is already a keyed hash, the window's fields are configuration, and this is on
+ * every decision's path, where XXH3 cost three times as many instructions.  The fields
+ * are below 2^56 and the constants are not, so no factor is 0.
+ */
 static uint64_t rec_hash(uint64_t key_hash, unsigned index, const struct rate_window *w)
 {
-	const uint64_t v[4] = { index, w->count, w->period_ns, w->burst };
-	uint64_t h = XXH3_64bits_withSeed(v, sizeof(v), key_hash);
+	uint64_t sig = mum(w->count ^ 0xa0761d6478bd642full, w->period_ns ^ 0xe7037ed1a0b428dbull) ^
+		       mum(w->burst ^ 0x8ebc6af09c88c6e3ull, index ^ 0x589965cc75374cc3ull);
+	uint64_t h = mum(key_hash ^ 0x1d8e4e27c47d124full, sig ^ 0xeb44accab455d165ull);
 	h = (h & ~SHARD_HASH_MASK) | (key_hash & SHARD_HASH_MASK);
 	return h ? h : 1;
 }
@@ -211,8 +232,9 @@ static int shard_reserve(struct shard *sh, size_t records)
 	if (!ns)
 		return -ENOMEM;
 	struct rec *old = sh->slots;
-	sh->slots = ns;
-	sh->mask = ncap - 1;
+	/* atomic stores: shard_prefetch() reads these two without the lock */
+	__atomic_store_n(&sh->slots, ns, __ATOMIC_RELAXED);
+	__atomic_store_n(&sh->mask, ncap - 1, __ATOMIC_RELAXED);
 	sh->count = 0;
 	for (size_t i = 0; i < cap; i++)
 		if (old[i].hash)
@@ -221,16 +243,49 @@ static int shard_reserve(struct shard *sh, size_t records)
 	return 0;
 }
 
+/*
+ * The shard lock.  A decision holds a shard for well under a microsecond, and a spinlock
+ * (tried: an exchange to take it, a store to give it back) was no faster here than the
+ * mutex, which does not burn a CPU when a holder is preempted or busy for longer (a table
+ * doubling; save() or expire() on a shard).
+ */
+static inline void shard_lock(struct shard *sh)
+{
+	pthread_mutex_lock(&sh->lock);
+}
+
+static inline bool shard_trylock(struct shard *sh)
+{
+	return pthread_mutex_trylock(&sh->lock) == 0;
+}
+
+static inline void shard_unlock(struct shard *sh)
+{
+	pthread_mutex_unlock(&sh->lock);
+}
+
+/*
+ * Start loading the line of h's home slot before the lock is taken, so that the cache miss
+ * (the cost of a decision on a large table) overlaps the locking.  Reads the table without
+ * the lock: a stale pointer or mask only makes a useless prefetch, which never faults.
+ */
+static inline void shard_prefetch(const struct shard *sh, uint64_t h)
+{
+	const struct rec *slots = __atomic_load_n(&sh->slots, __ATOMIC_RELAXED);
+	size_t mask = __atomic_load_n(&sh->mask, __ATOMIC_RELAXED);
+	__builtin_prefetch(&slots[h & mask], 1);
+}
+
 static void lock_shards(struct store_memory *m, uint64_t set)
 {
 	for (uint64_t s = set; s; s &= s - 1)
-		pthread_mutex_lock(&m->shards[__builtin_ctzll(s)].lock);
+		shard_lock(&m->shards[__builtin_ctzll(s)]);
 }
 
 static void unlock_shards(struct store_memory *m, uint64_t set)
 {
 	for (uint64_t s = set; s; s &= s - 1)
-		pthread_mutex_unlock(&m->shards[__builtin_ctzll(s)].lock);
+		shard_unlock(&m->shards[__builtin_ctzll(s)]);
 }
 
 static bool limits_valid(const struct rate_limits *l)
@@ -261,8 +316,11 @@ enum sample_result {
 };
 
 /*
- * Look at up to SAMPLE_RECORDS records of sh from a pseudo-random slot.  An expired one
- * (TAT <= now) is returned at once; otherwise the one with the lowest TAT.
+ * Look at up to SAMPLE_RECORDS records of sh from a pseudo-random slot, in at most
+ * SAMPLE_SLOTS slots unless none of them could go (a sparse table after max_keys was
+ * lowered, or only the decision's own records): then on until one is found or the whole
+ * table was seen.  An expired one (TAT <= now) is returned at once; otherwise the one with
+ * the lowest TAT.
  */
 static enum sample_result shard_sample(struct shard *sh, const struct store_item *items,
 				       size_t n, uint64_t now, size_t *ret_slot,
@@ -271,11 +329,11 @@ static enum sample_result shard_sample(struct shard *sh, const struct store_item
 	if (sh->count == 0)
 		return SAMPLE_NONE;
 	size_t cap = sh->mask + 1;
-	size_t scan = cap < SAMPLE_SLOTS ? cap : SAMPLE_SLOTS;
 	size_t i = xorshift(&sh->rng) & sh->mask;
 	unsigned seen = 0;
 	enum sample_result r = SAMPLE_NONE;
-	for (size_t k = 0; k < scan && seen < SAMPLE_RECORDS; k++, i = (i + 1) & sh->mask) {
+	for (size_t k = 0; k < cap && seen < SAMPLE_RECORDS && (k < SAMPLE_SLOTS || r == SAMPLE_NONE);
+	     k++, i = (i + 1) & sh->mask) {
 		const struct rec *x = &sh->slots[i];
 		if (x->hash == 0)
 			continue;
@@ -320,10 +378,11 @@ static void drop(struct store_memory *m, struct shard *sh, size_t slot,
 /*
  * Drop one record to make room for a new one in shard `home`.  The caller holds the
  * shards in `held` (items' records there are protected); another shard is only tried with
- * trylock.  Returns false when nothing could be dropped (every record sampled is the
- * decision's own, or the other shards are all busy): the store then holds one record more
- * than max_keys until the next insertion (XXX: the alternative, failing a decision on a
- * store that has memory, would refuse mail for bookkeeping).
+ * trylock.  Returns false when nothing could be dropped: every record is the decision's
+ * own, or the home shard has none to give and the others were all busy.  The store then
+ * holds more than max_keys, by at most the new records of the decisions in progress, until
+ * later insertions evict again (XXX: the alternative, failing a decision on a store that
+ * has memory, would refuse mail for bookkeeping).
  */
 static bool evict_one(struct store_memory *m, unsigned home, uint64_t held,
 		      const struct store_item *items, size_t n, uint64_t now)
@@ -338,14 +397,13 @@ static bool evict_one(struct store_memory *m, unsigned home, uint64_t held,
 	}
 	/* A second opinion from another shard keeps "stalest" near global; when the home
 	 * shard has nothing to give, go on until some shard does. */
+	unsigned start = atomic_fetch_add_explicit(&m->victim_cursor, 1, memory_order_relaxed);
 	for (unsigned tries = 0; tries < SHARDS - 1; tries++) {
-		unsigned o = atomic_fetch_add_explicit(&m->victim_cursor, 1,
-						       memory_order_relaxed) % SHARDS;
-		if (o == home)
-			o = (o + 1) % SHARDS;
+		/* every other shard once, from a different one each time */
+		unsigned o = (home + 1 + (start + tries) % (SHARDS - 1)) % SHARDS;
 		struct shard *os = &m->shards[o];
 		bool own = held & (1ull << o);
-		if (!own && pthread_mutex_trylock(&os->lock) != 0) {
+		if (!own && !shard_trylock(os)) {
 			if (hr != SAMPLE_NONE)
 				break;
 			continue;
@@ -359,7 +417,7 @@ static bool evict_one(struct store_memory *m, unsigned home, uint64_t held,
 		if (take)
 			drop(m, os, oslot, orr);
 		if (!own)
-			pthread_mutex_unlock(&os->lock);
+			shard_unlock(os);
 		if (take)
 			return true;
 		if (hr != SAMPLE_NONE)
@@ -386,10 +444,7 @@ static double hot_estimate(const struct hot *e, uint64_t now)
 {
 	double best = 0;
 	for (unsigned j = 0; j < e->limits.n; j++) {
-		if (e->tat[j] <= now)
-			continue;
-		double span = (double)e->limits.w[j].burst * (double)gcra_interval(&e->limits.w[j]);
-		double f = span > 0 ? (double)(e->tat[j] - now) / span : 1;
+		double f = e->tat[j] > now ? (double)(e->tat[j] - now) * e->inv_span[j] : 0;
 		if (f > best)
 			best = f;
 	}
@@ -404,43 +459,63 @@ static void copy_text(char *dst, size_t len, struct str s)
 	dst[n] = '\0';
 }
 
+static long hot_find(const struct hot_table *t, uint64_t key_hash)
+{
+	for (uint64_t u = t->in_use; u; u &= u - 1) {
+		unsigned i = (unsigned)__builtin_ctzll(u);
+		if (t->key_hash[i] == key_hash)
+			return i;
+	}
+	return -1;
+}
+
+/*
+ * Remember an item that came near its limit.  A key already there is updated in place
+ * (the common case under a flood: the same sender refused again and again); a new one
+ * takes a free entry, or the one with the lowest estimated fill among HOT_SAMPLE.
+ */
 static void hot_record(struct shard *sh, const struct store_item *it, const uint64_t *tat,
 		       uint64_t now)
 {
-	if (!sh->hot) {
-		sh->hot = calloc(HOT_MAX, sizeof(*sh->hot));
-		if (!sh->hot)
+	struct hot_table *t = sh->hot;
+	if (!t) {
+		t = sh->hot = calloc(1, sizeof(*t));
+		if (!t)
 			return; /* top() is best effort */
 	}
-	struct hot *e = NULL, *free_e = NULL, *lowest = NULL;
-	double lowest_fill = 0;
-	for (unsigned i = 0; i < HOT_MAX; i++) {
-		struct hot *x = &sh->hot[i];
-		if (!x->in_use) {
-			if (!free_e)
-				free_e = x;
-			continue;
-		}
-		if (x->key_hash == it->key_hash) {
-			e = x;
-			break;
-		}
-		if (free_e)
-			continue;
-		double f = hot_estimate(x, now);
-		if (!lowest || f < lowest_fill) {
-			lowest = x;
-			lowest_fill = f;
+	long i = hot_find(t, it->key_hash);
+	bool fresh = i < 0;
+	if (fresh && ~t->in_use) {
+		i = __builtin_ctzll(~t->in_use);
+	} else if (fresh) {
+		/* the lowest of a sample: with many keys over their limits at once (a spam
+		 * run from many senders) every refusal comes here */
+		double lowest = 0;
+		unsigned start = (unsigned)xorshift(&sh->rng);
+		for (unsigned k = 0; k < HOT_SAMPLE; k++) {
+			unsigned x = (start + k) % HOT_MAX;
+			double f = hot_estimate(&t->e[x], now);
+			if (i < 0 || f < lowest) {
+				i = x;
+				lowest = f;
+			}
 		}
 	}
-	if (!e) {
-		e = free_e ? free_e : lowest;
+	struct hot *e = &t->e[i];
+	if (fresh) {
+		t->in_use |= 1ull << i;
+		t->key_hash[i] = it->key_hash;
 		copy_text(e->rule, sizeof(e->rule), it->rule);
 		copy_text(e->key, sizeof(e->key), it->key);
-		e->key_hash = it->key_hash;
-		e->in_use = true;
 	}
-	e->limits = *it->limits;
+	if (fresh || memcmp(&e->limits, it->limits, sizeof(e->limits)) != 0) {
+		e->limits = *it->limits;
+		for (unsigned j = 0; j < e->limits.n; j++) {
+			double span = (double)e->limits.w[j].burst *
+				      (double)gcra_interval(&e->limits.w[j]);
+			e->inv_span[j] = span > 0 ? 1 / span : 1e300;
+		}
+	}
 	memcpy(e->tat, tat, sizeof(e->tat));
 }
 
@@ -452,18 +527,29 @@ static inline bool item_charges(const struct store_item *it, bool pass)
 }
 
 /*
- * The record hashes of every (item, window) are computed once per decision; up to
- * HASHES_STACK of them live on the stack.
+ * What phase 1 of a decision learnt about one (item, window); up to SCRATCH_STACK of them
+ * live on the stack.
  */
-#define HASHES_STACK 64
+struct scratch {
+	uint64_t hash;
+	uint64_t tat;       /* as read; 0 when the record did not exist */
+	uint64_t new_tat;   /* gcra_check's, if charged */
+	uint64_t used;      /* gcra_check's: after charging if ok, else now */
+	long slot;          /* where phase 1 found it, or -1 */
+	bool ok;
+};
+
+#define SCRATCH_STACK 16
 
 /*
  * Charge the items the rules of store.h select.  First every record that does not exist
  * yet is paid for (the count against max_keys, eviction, table growth), then the TATs
- * move: a failure can only happen before the first charge.
+ * move: a failure can only happen before the first charge.  A record still as phase 1
+ * read it takes phase 1's result; one that changed since (the same (key, window) twice in
+ * a batch) is charged on top of what it holds now.
  */
 static int charge(struct store_memory *m, struct store_item *items, size_t n, bool pass,
-		  uint64_t now, uint64_t held, const uint64_t *hashes, const bool *found)
+		  uint64_t now, uint64_t held, const struct scratch *sc)
 {
 	size_t missing = 0;
 	unsigned home = 0;
@@ -473,7 +559,7 @@ static int charge(struct store_memory *m, struct store_item *items, size_t n, bo
 		unsigned wn = it->limits->n;
 		if (item_charges(it, pass) && it->cost)
 			for (unsigned j = 0; j < wn; j++)
-				if (!found[k + j]) {
+				if (sc[k + j].slot < 0) {
 					if (!missing)
 						home = shard_of(it->key_hash);
 					missing++;
@@ -503,7 +589,7 @@ static int charge(struct store_memory *m, struct store_item *items, size_t n, bo
 				if (shard_of(it->key_hash) == si && item_charges(it, pass) &&
 				    it->cost)
 					for (unsigned j = 0; j < wn; j++)
-						need += !found[k + j];
+						need += sc[k + j].slot < 0;
 				k += wn;
 			}
 			if (need && shard_reserve(&m->shards[si], m->shards[si].count + need) < 0) {
@@ -528,18 +614,28 @@ static int charge(struct store_memory *m, struct store_item *items, size_t n, bo
 		}
 		struct shard *sh = &m->shards[shard_of(it->key_hash)];
 		for (unsigned j = 0; j < wn; j++, k++) {
-			const struct rate_window *w = &it->limits->w[j];
-			/* found[] is stale after an eviction or another item's insertion */
-			long slot = shard_find(sh, hashes[k]);
-			struct gcra_result r;
-			gcra_check(w, slot >= 0 ? sh->slots[slot].tat : 0, now, it->cost, &r);
+			const struct scratch *x = &sc[k];
+			/* where phase 1 found it, unless eviction or growth moved things since */
+			long slot = x->slot;
+			if (slot < 0 || (size_t)slot > sh->mask || sh->slots[slot].hash != x->hash)
+				slot = shard_find(sh, x->hash);
+			uint64_t new_tat = x->new_tat, used = x->used;
+			bool same = slot >= 0 ? x->slot >= 0 && sh->slots[slot].tat == x->tat
+					      : x->slot < 0;
+			if (!same) {
+				const struct rate_window *w = &it->limits->w[j];
+				struct gcra_result r;
+				gcra_check(w, slot >= 0 ? sh->slots[slot].tat : 0, now, it->cost, &r);
+				new_tat = r.new_tat;
+				used = gcra_used(w, new_tat, now);
+			}
 			if (slot >= 0) {
-				sh->slots[slot].tat = r.new_tat;
+				sh->slots[slot].tat = new_tat;
 			} else {
-				shard_insert(sh, hashes[k], r.new_tat);
+				shard_insert(sh, x->hash, new_tat);
 				inserted++;
 			}
-			it->used[j] = gcra_used(w, r.new_tat, now);
+			it->used[j] = used;
 		}
 	}
 	/* an (item, window) given twice in one batch was counted twice */
@@ -548,10 +644,39 @@ static int charge(struct store_memory *m, struct store_item *items, size_t n, bo
 	return 0;
 }
 
-static int memory_decide(void *ctx, struct store_item *items, size_t n, enum store_mode mode,
-			 uint64_t now)
+/* Remember the items that came near their limits, for top(). */
+static void note_hot(struct store_memory *m, const struct store_item *items, size_t n,
+		     uint64_t now, const struct scratch *sc)
 {
-	struct store_memory *m = ctx;
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++) {
+		const struct store_item *it = &items[i];
+		unsigned wn = it->limits->n;
+		size_t k0 = k;
+		k += wn;
+		bool hot = !it->ok;
+		for (unsigned j = 0; j < wn && !hot; j++) {
+			uint64_t b = it->limits->w[j].burst;
+			hot = it->used[j] >= b - b / 2;
+		}
+		if (!hot || wn == 0)
+			continue;
+		uint64_t tat[RATE_MAX_WINDOWS] = { 0 };
+		struct shard *sh = &m->shards[shard_of(it->key_hash)];
+		for (unsigned j = 0; j < wn; j++) {
+			long slot = shard_find(sh, sc[k0 + j].hash);
+			tat[j] = slot >= 0 ? sh->slots[slot].tat : 0;
+		}
+		hot_record(sh, it, tat, now);
+	}
+}
+
+/*
+ * The general decision: any number of items, charging rules, new records, eviction.
+ */
+static int decide_batch(struct store_memory *m, struct store_item *items, size_t n,
+			enum store_mode mode, uint64_t now)
+{
 	uint64_t held = 0;
 	size_t windows = 0;
 	for (size_t i = 0; i < n; i++) {
@@ -564,16 +689,11 @@ static int memory_decide(void *ctx, struct store_item *items, size_t n, enum sto
 			windows += items[i].limits->n;
 		}
 	}
-	uint64_t hashes_stack[HASHES_STACK];
-	bool found_stack[HASHES_STACK];
-	uint64_t *hashes = hashes_stack;
-	bool *found = found_stack;
-	if (windows > HASHES_STACK) {
-		hashes = malloc(windows * sizeof(*hashes));
-		found = malloc(windows * sizeof(*found));
-		if (!hashes || !found) {
-			free(hashes);
-			free(found);
+	struct scratch sc_stack[SCRATCH_STACK];
+	struct scratch *sc = sc_stack;
+	if (windows > SCRATCH_STACK) {
+		sc = malloc(windows * sizeof(*sc));
+		if (!sc) {
 			atomic_fetch_add(&m->errors, 1);
 			return -ENOMEM;
 		}
@@ -581,11 +701,15 @@ static int memory_decide(void *ctx, struct store_item *items, size_t n, enum sto
 	size_t k = 0;
 	for (size_t i = 0; i < n; i++) {
 		const struct store_item *it = &items[i];
-		for (unsigned j = 0; j < it->limits->n; j++)
-			hashes[k++] = rec_hash(it->key_hash, j, &it->limits->w[j]);
+		const struct shard *sh = &m->shards[shard_of(it->key_hash)];
+		for (unsigned j = 0; j < it->limits->n; j++, k++) {
+			sc[k].hash = rec_hash(it->key_hash, j, &it->limits->w[j]);
+			shard_prefetch(sh, sc[k].hash);
+		}
 	}
 
 	lock_shards(m, held);
+	/* phase 1: read and check every window */
 	bool pass = true;
 	k = 0;
 	for (size_t i = 0; i < n; i++) {
@@ -596,62 +720,126 @@ static int memory_decide(void *ctx, struct store_item *items, size_t n, enum sto
 		it->retry_ns = 0;
 		memset(it->used, 0, sizeof(it->used));
 		for (unsigned j = 0; j < it->limits->n; j++, k++) {
-			const struct rate_window *w = &it->limits->w[j];
-			long slot = shard_find(sh, hashes[k]);
-			found[k] = slot >= 0;
-			uint64_t tat = slot >= 0 ? sh->slots[slot].tat : 0;
+			struct scratch *x = &sc[k];
+			x->slot = shard_find(sh, x->hash);
+			x->tat = x->slot >= 0 ? sh->slots[x->slot].tat : 0;
 			struct gcra_result r;
-			gcra_check(w, tat, now, it->cost, &r);
+			gcra_check(&it->limits->w[j], x->tat, now, it->cost, &r);
+			x->new_tat = r.new_tat;
+			x->used = r.used;
+			x->ok = r.ok;
 			if (!r.ok) {
 				it->ok = false;
 				if (r.retry_ns > it->retry_ns)
 					it->retry_ns = r.retry_ns;
 			}
-			it->used[j] = gcra_used(w, tat, now);
 		}
 		if (!it->ok && (it->flags & STORE_BLOCKING))
 			pass = false;
 	}
 	int rc = 0;
-	if (mode == STORE_CHECK) {
-		rc = charge(m, items, n, pass, now, held, hashes, found);
-		if (rc == 0) {
-			/* remember the items that came near their limits, for top() */
-			k = 0;
-			for (size_t i = 0; i < n; i++) {
-				const struct store_item *it = &items[i];
-				unsigned wn = it->limits->n;
-				size_t k0 = k;
-				k += wn;
-				bool hot = !it->ok;
-				for (unsigned j = 0; j < wn && !hot; j++) {
-					uint64_t b = it->limits->w[j].burst;
-					hot = it->used[j] >= b - b / 2;
-				}
-				if (!hot || wn == 0)
-					continue;
-				uint64_t tat[RATE_MAX_WINDOWS] = { 0 };
-				struct shard *sh = &m->shards[shard_of(it->key_hash)];
-				for (unsigned j = 0; j < wn; j++) {
-					long slot = shard_find(sh, hashes[k0 + j]);
-					tat[j] = slot >= 0 ? sh->slots[slot].tat : 0;
-				}
-				hot_record(sh, it, tat, now);
-			}
-		} else {
-			atomic_fetch_add(&m->errors, 1);
+	if (mode == STORE_CHECK)
+		rc = charge(m, items, n, pass, now, held, sc);
+	/* used[] of what was not charged: the state as it is */
+	bool any_hot = false;
+	k = 0;
+	for (size_t i = 0; i < n; i++) {
+		struct store_item *it = &items[i];
+		unsigned wn = it->limits->n;
+		bool as_is = !it->charged || !it->cost;
+		any_hot |= !it->ok;
+		for (unsigned j = 0; j < wn; j++, k++) {
+			const struct scratch *x = &sc[k];
+			const struct rate_window *w = &it->limits->w[j];
+			if (as_is)
+				it->used[j] = x->ok ? gcra_used(w, x->tat, now) : x->used;
+			any_hot |= it->used[j] >= w->burst - w->burst / 2;
 		}
+	}
+	if (mode == STORE_CHECK) {
+		if (rc < 0)
+			atomic_fetch_add(&m->errors, 1);
+		else if (any_hot)
+			note_hot(m, items, n, now, sc);
 	}
 	if (held)
 		m->shards[__builtin_ctzll(held)].decisions++;
 	else
 		atomic_fetch_add_explicit(&m->decisions, 1, memory_order_relaxed);
 	unlock_shards(m, held);
-	if (hashes != hashes_stack) {
-		free(hashes);
-		free(found);
-	}
+	if (sc != sc_stack)
+		free(sc);
 	return rc < 0 ? rc : pass;
+}
+
+/*
+ * One item whose records all exist (or that charges nothing): the common case, in one
+ * pass over its windows and without the scratch bookkeeping, which is most of the work
+ * once the record's cache line has arrived.  The result is the general path's (a single
+ * item passes unless it is blocking and over; it is charged iff it is ok; see
+ * test_store_fast_path_same); anything else goes to decide_batch().
+ */
+static int decide_one(struct store_memory *m, struct store_item *it, enum store_mode mode,
+		      uint64_t now)
+{
+	const struct rate_limits *l = it->limits;
+	unsigned wn = l->n;
+	struct shard *sh = &m->shards[shard_of(it->key_hash)];
+	uint64_t hash[RATE_MAX_WINDOWS], tat[RATE_MAX_WINDOWS];
+	long slot[RATE_MAX_WINDOWS];
+	struct gcra_result r[RATE_MAX_WINDOWS];
+	for (unsigned j = 0; j < wn; j++) {
+		hash[j] = rec_hash(it->key_hash, j, &l->w[j]);
+		shard_prefetch(sh, hash[j]);
+	}
+	shard_lock(sh);
+	bool ok = true, missing = false;
+	uint64_t retry = 0;
+	for (unsigned j = 0; j < wn; j++) {
+		slot[j] = shard_find(sh, hash[j]);
+		missing |= slot[j] < 0;
+		tat[j] = slot[j] >= 0 ? sh->slots[slot[j]].tat : 0;
+		gcra_check(&l->w[j], tat[j], now, it->cost, &r[j]);
+		if (!r[j].ok) {
+			ok = false;
+			if (r[j].retry_ns > retry)
+				retry = r[j].retry_ns;
+		}
+	}
+	bool charge = mode == STORE_CHECK && ok;
+	if (charge && it->cost && missing) {
+		shard_unlock(sh);
+		return decide_batch(m, it, 1, mode, now);
+	}
+	it->ok = ok;
+	it->charged = charge;
+	it->retry_ns = retry;
+	memset(it->used, 0, sizeof(it->used));
+	bool hot = !ok;
+	for (unsigned j = 0; j < wn; j++) {
+		if (charge && it->cost) {
+			sh->slots[slot[j]].tat = tat[j] = r[j].new_tat;
+			it->used[j] = r[j].used;
+		} else {
+			it->used[j] = r[j].ok ? gcra_used(&l->w[j], tat[j], now) : r[j].used;
+		}
+		hot |= it->used[j] >= l->w[j].burst - l->w[j].burst / 2;
+	}
+	if (hot && mode == STORE_CHECK)
+		hot_record(sh, it, tat, now);
+	sh->decisions++;
+	shard_unlock(sh);
+	return ok || !(it->flags & STORE_BLOCKING);
+}
+
+static int memory_decide(void *ctx, struct store_item *items, size_t n, enum store_mode mode,
+			 uint64_t now)
+{
+	struct store_memory *m = ctx;
+	if (n == 1 && items[0].limits && items[0].limits->n &&
+	    items[0].limits->n <= RATE_MAX_WINDOWS)
+		return decide_one(m, items, mode, now);
+	return decide_batch(m, items, n, mode, now);
 }
 
 /* ---- refund, reset ------------------------------------------------------------------ */
@@ -694,7 +882,7 @@ static int memory_reset(void *ctx, uint64_t key_hash, const struct rate_limits *
 		return 0;
 	struct shard *sh = &m->shards[shard_of(key_hash)];
 	int existed = 0;
-	pthread_mutex_lock(&sh->lock);
+	shard_lock(sh);
 	for (unsigned j = 0; j < limits->n; j++) {
 		long slot = shard_find(sh, rec_hash(key_hash, j, &limits->w[j]));
 		if (slot < 0)
@@ -703,11 +891,10 @@ static int memory_reset(void *ctx, uint64_t key_hash, const struct rate_limits *
 		atomic_fetch_sub(&m->total, 1);
 		existed = 1;
 	}
-	if (sh->hot)
-		for (unsigned i = 0; i < HOT_MAX; i++)
-			if (sh->hot[i].in_use && sh->hot[i].key_hash == key_hash)
-				sh->hot[i].in_use = false;
-	pthread_mutex_unlock(&sh->lock);
+	long h = sh->hot ? hot_find(sh->hot, key_hash) : -1;
+	if (h >= 0)
+		sh->hot->in_use &= ~(1ull << h);
+	shard_unlock(sh);
 	return existed;
 }
 
@@ -728,40 +915,50 @@ static size_t memory_top(void *ctx, struct store_top_entry *ret, size_t max, uin
 	struct store_memory *m = ctx;
 	if (max == 0)
 		return 0;
-	struct store_top_entry *all = malloc((size_t)SHARDS * HOT_MAX * sizeof(*all));
+	/* room for the entries there are now, and some that may come while we look (XXX:
+	 * past those, late arrivals are left out of this answer) */
+	size_t cap = 16;
+	for (unsigned s = 0; s < SHARDS; s++) {
+		struct shard *sh = &m->shards[s];
+		shard_lock(sh);
+		if (sh->hot)
+			cap += (size_t)__builtin_popcountll(sh->hot->in_use);
+		shard_unlock(sh);
+	}
+	struct store_top_entry *all = malloc(cap * sizeof(*all));
 	if (!all)
 		return 0;
 	size_t got = 0;
 	for (unsigned s = 0; s < SHARDS; s++) {
 		struct shard *sh = &m->shards[s];
-		pthread_mutex_lock(&sh->lock);
-		for (unsigned i = 0; sh->hot && i < HOT_MAX; i++) {
-			struct hot *e = &sh->hot[i];
-			if (!e->in_use)
-				continue;
+		shard_lock(sh);
+		for (uint64_t u = sh->hot ? sh->hot->in_use : 0; u && got < cap; u &= u - 1) {
+			unsigned i = (unsigned)__builtin_ctzll(u);
+			struct hot *e = &sh->hot->e[i];
+			uint64_t key_hash = sh->hot->key_hash[i];
 			struct store_top_entry *t = &all[got];
 			memset(t, 0, sizeof(*t));
 			unsigned fill = 0;
 			for (unsigned j = 0; j < e->limits.n; j++) {
 				const struct rate_window *w = &e->limits.w[j];
-				long slot = shard_find(sh, rec_hash(e->key_hash, j, w));
+				long slot = shard_find(sh, rec_hash(key_hash, j, w));
 				t->used[j] = slot >= 0 ? gcra_used(w, sh->slots[slot].tat, now) : 0;
 				unsigned f = fill_ppm(t->used[j], w->burst);
 				if (f > fill)
 					fill = f;
 			}
 			if (fill == 0) {
-				e->in_use = false; /* cooled down, or evicted */
+				sh->hot->in_use &= ~(1ull << i); /* cooled down, or evicted */
 				continue;
 			}
 			t->fill_ppm = fill;
 			memcpy(t->rule, e->rule, sizeof(t->rule));
 			memcpy(t->key, e->key, sizeof(t->key));
-			t->key_hash = e->key_hash;
+			t->key_hash = key_hash;
 			t->limits = e->limits;
 			got++;
 		}
-		pthread_mutex_unlock(&sh->lock);
+		shard_unlock(sh);
 	}
 	qsort(all, got, sizeof(*all), top_cmp);
 	if (got > max)
@@ -780,7 +977,7 @@ static size_t memory_expire(void *ctx, uint64_t now)
 	pthread_mutex_lock(&m->expire_lock);
 	for (unsigned visited = 0; visited < SHARDS && budget; visited++) {
 		struct shard *sh = &m->shards[m->expire_shard];
-		pthread_mutex_lock(&sh->lock);
+		shard_lock(sh);
 		size_t cap = sh->mask + 1, i = m->expire_slot < cap ? m->expire_slot : 0;
 		while (i < cap && budget) {
 			budget--;
@@ -792,7 +989,7 @@ static size_t memory_expire(void *ctx, uint64_t now)
 			}
 			i++;
 		}
-		pthread_mutex_unlock(&sh->lock);
+		shard_unlock(sh);
 		if (i < cap) {
 			m->expire_slot = i;
 			break;
@@ -823,12 +1020,12 @@ static void memory_stats(void *ctx, struct store_stats *ret)
 	uint64_t bytes = sizeof(*m), decisions = atomic_load(&m->decisions);
 	for (unsigned s = 0; s < SHARDS; s++) {
 		struct shard *sh = &m->shards[s];
-		pthread_mutex_lock(&sh->lock);
+		shard_lock(sh);
 		bytes += (uint64_t)(sh->mask + 1) * sizeof(struct rec);
 		if (sh->hot)
-			bytes += HOT_MAX * sizeof(struct hot);
+			bytes += sizeof(struct hot_table);
 		decisions += sh->decisions;
-		pthread_mutex_unlock(&sh->lock);
+		shard_unlock(sh);
 	}
 	*ret = (struct store_stats){
 		.keys = atomic_load(&m->total),
@@ -868,11 +1065,11 @@ static int snapshot_build(struct store_memory *m, uint64_t now, unsigned char **
 	uint64_t count = 0;
 	for (unsigned s = 0; s < SHARDS; s++) {
 		struct shard *sh = &m->shards[s];
-		pthread_mutex_lock(&sh->lock);
+		shard_lock(sh);
 		while (len + SNAP_RECORD * (sh->count + 1) > cap) {
 			/* grow without holding the shard: the copy may be large */
 			size_t need = len + SNAP_RECORD * (sh->count + 1);
-			pthread_mutex_unlock(&sh->lock);
+			shard_unlock(sh);
 			size_t ncap = cap * 2 > need + need / 8 ? cap * 2 : need + need / 8;
 			unsigned char *q = realloc(p, ncap);
 			if (!q) {
@@ -881,7 +1078,7 @@ static int snapshot_build(struct store_memory *m, uint64_t now, unsigned char **
 			}
 			p = q;
 			cap = ncap;
-			pthread_mutex_lock(&sh->lock);
+			shard_lock(sh);
 		}
 		for (size_t i = 0; i <= sh->mask; i++) {
 			const struct rec *x = &sh->slots[i];
@@ -892,7 +1089,7 @@ static int snapshot_build(struct store_memory *m, uint64_t now, unsigned char **
 			len += SNAP_RECORD;
 			count++;
 		}
-		pthread_mutex_unlock(&sh->lock);
+		shard_unlock(sh);
 	}
 	memcpy(p, SNAP_MAGIC, SNAP_MAGIC_LEN);
 	uint32_t version = htole32(SNAP_VERSION);
@@ -1059,7 +1256,7 @@ static int load_image(struct store *s, const void *image, size_t n, uint64_t now
 		if (tat <= now)
 			continue;
 		struct shard *sh = &m->shards[shard_of(h)];
-		pthread_mutex_lock(&sh->lock);
+		shard_lock(sh);
 		long slot = shard_find(sh, h);
 		if (slot >= 0) {
 			/* the same record twice: keep the stricter */
@@ -1067,14 +1264,14 @@ static int load_image(struct store *s, const void *image, size_t n, uint64_t now
 				sh->slots[slot].tat = tat;
 		} else if (atomic_load(&m->total) < max) {
 			if (shard_reserve(sh, sh->count + 1) < 0) {
-				pthread_mutex_unlock(&sh->lock);
+				shard_unlock(sh);
 				*why = "out of memory";
 				return -ENOMEM;
 			}
 			shard_insert(sh, h, tat);
 			atomic_fetch_add(&m->total, 1);
 		}
-		pthread_mutex_unlock(&sh->lock);
+		shard_unlock(sh);
 	}
 	return 0;
 }
