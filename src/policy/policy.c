@@ -988,15 +988,15 @@ static uint64_t rule_cost(const struct policy_rule *r, const struct policy_txn *
 /* The window that refused (the one needing the longest wait), as text. */
 static void binding_window(const struct store_item *it, char *buf, size_t len)
 {
-	unsigned __int128 best = 0;
+	uint64_t best = 0;
 	unsigned wi = 0;
 	for (unsigned i = 0; i < it->limits->n; i++) {
 		const struct rate_window *w = &it->limits->w[i];
 		uint64_t cost = it->cost ? it->cost : 1;
 		if (it->used[i] + cost > w->burst) {
-			/* 128 bits: counts up to 10^15 times intervals of days would wrap */
-			unsigned __int128 wait = (unsigned __int128)(it->used[i] + cost - w->burst) *
-						 gcra_interval(w);
+			/* saturating: counts up to 10^15 times intervals of days would wrap */
+			uint64_t over = it->used[i] + cost - w->burst, t = gcra_interval(w);
+			uint64_t wait = t && over > UINT64_MAX / t ? UINT64_MAX : over * t;
 			if (wait >= best) {
 				best = wait;
 				wi = i;
