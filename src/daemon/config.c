@@ -406,6 +406,11 @@ static int load(struct cfg_node *root, struct sluice_config *c, char *err, size_
 		r = load_store(n, c, err, el);
 	if (r == 0)
 		r = policy_load(root, &c->rules, err, el);
+	if (r == 0 && policy_has_classes(c->rules) && !milter) {
+		cfg_error(cfg_get(root, "class"), err, el, "host classes need the milter: the "
+			  "policy protocol has no end of session to give a slot back");
+		r = -EINVAL;
+	}
 	if (r == 0 && c->milter.static_handler && policy_rule_count(c->rules) +
 	    (policy_has_classes(c->rules) ? 1 : 0) > 0) {
 		cfg_error(cfg_get(milter, "reply") ? cfg_get(milter, "reply") : cfg_get(milter, "modify"),

@@ -164,7 +164,7 @@ static int limits_show_reset(struct policy *p, struct str key, const char *rule,
 		format_windows(lim, it.used, out);
 		if (!it.ok)
 			buf_printf(out, "; full, room again in %llus",
-				   (unsigned long long)((it.retry_ns + 999999999ULL) / 1000000000ULL));
+				   (unsigned long long)(it.retry_ns / 1000000000ULL + (it.retry_ns % 1000000000ULL != 0)));
 		buf_append_byte(out, '\n');
 	}
 	if (rule && !found) {
@@ -312,7 +312,7 @@ static void explain_stage(struct policy *p, const struct policy_txn *t, enum pol
 		buf_printf(out, "; this event counts %llu", (unsigned long long)r->cost);
 		if (r->state == POLICY_RULE_OVER)
 			buf_printf(out, "; room again in %llus",
-				   (unsigned long long)((r->retry_ns + 999999999ULL) / 1000000000ULL));
+				   (unsigned long long)(r->retry_ns / 1000000000ULL + (r->retry_ns % 1000000000ULL != 0)));
 		buf_append_byte(out, '\n');
 	}
 	if (d.store_error)

@@ -12,11 +12,13 @@
 
 #define TAG_HEADER "X-Sluice-Limit"
 #define MAX_HEADERS_KEPT 64
-#define MAX_HEADER_BYTES 16384
+#define MAX_HEADER_BYTES (MAX_HEADERS_KEPT * (SELECTOR_MAX_NAME + SELECTOR_MAX_VALUE))
 
 struct mp_handler {
 	struct policy *policy;
 	char macros[512]; /* "{auth_authen} ..." requested at every stage */
+	const char *header_names[MAX_HEADERS_KEPT]; /* what header: selectors read */
+	size_t nheader_names;
 };
 
 /* Per session (handler data). */
@@ -24,6 +26,7 @@ struct mp_session {
 	struct policy_msg msg;
 	struct class_slot *slot;
 	unsigned accepted_rcpts;
+	bool helo_done;           /* the helo rules ran for this SMTP session */
 	uint64_t mail_size;       /* SIZE= given with MAIL */
 	bool have_mail_size;
 	/* first occurrence of each header, for header: selectors */
@@ -191,6 +194,7 @@ static enum milter_verdict on_connect(void *ctx, struct milter_session *ms)
 		struct mp_session *st = state(ms);
 		if (!st)
 			return MILTER_TEMPFAIL;
+		st->helo_done = false;
 		struct ipaddr ip;
 		bool have_ip = ipaddr_parse(milter_session_client_addr(ms), &ip) == 0;
 		struct str name = milter_session_client_host(ms);
@@ -222,7 +226,18 @@ static enum milter_verdict on_connect(void *ctx, struct milter_session *ms)
 
 static enum milter_verdict on_helo(void *ctx, struct milter_session *ms)
 {
-	return run(ctx, ms, POLICY_HELO);
+	struct mp_handler *h = ctx;
+	struct mp_session *st = state(ms);
+	if (!st)
+		return MILTER_TEMPFAIL;
+	/* HELO comes again after STARTTLS, and clients repeat EHLO: the rules run once per
+	 * SMTP session, or a per-connection count would charge twice */
+	if (!policy_has_stage(h->policy, POLICY_HELO) || st->helo_done)
+		return MILTER_CONTINUE;
+	enum milter_verdict v = run(h, ms, POLICY_HELO);
+	if (v == MILTER_CONTINUE)
+		st->helo_done = true;
+	return v;
 }
 
 static enum milter_verdict on_mail(void *ctx, struct milter_session *ms)
@@ -255,13 +270,22 @@ static enum milter_verdict on_rcpt(void *ctx, struct milter_session *ms)
 
 static enum milter_verdict on_header(void *ctx, struct milter_session *ms)
 {
+	struct mp_handler *h = ctx;
 	struct mp_session *st = state(ms);
 	if (!st)
 		return MILTER_TEMPFAIL;
 	struct str n = milter_session_header_name(ms), v = milter_session_header_value(ms);
 	st->header_size += n.len + v.len + 4;
-	if (st->nheaders == MAX_HEADERS_KEPT)
+	/* Only the headers rules read, so that no amount of other headers can push them out
+	 * of what is kept; each value cut to what a key uses. */
+	bool wanted = false;
+	for (size_t i = 0; i < h->nheader_names && !wanted; i++)
+		wanted = strlen(h->header_names[i]) == n.len &&
+			 strncasecmp(h->header_names[i], n.ptr, n.len) == 0;
+	if (!wanted || st->nheaders == MAX_HEADERS_KEPT)
 		return MILTER_CONTINUE;
+	if (v.len > SELECTOR_MAX_VALUE)
+		v.len = SELECTOR_MAX_VALUE;
 	for (size_t i = 0; i < st->nheaders; i++)
 		if (st->headers[i].name_len == n.len &&
 		    strncasecmp(st->header_bytes.ptr + st->headers[i].name_off, n.ptr, n.len) == 0)
@@ -350,6 +374,12 @@ static void mp_want(void *ctx, struct milter_want *ret)
 		need |= MILTER_STEP_BIT(MILTER_STEP_CONNECT);
 		reply |= MILTER_STEP_BIT(MILTER_STEP_CONNECT);
 	}
+	/* later rules that read the client or the HELO name need those steps, without a
+	 * reply when no rule decides there */
+	if (policy_uses_client(p))
+		need |= MILTER_STEP_BIT(MILTER_STEP_CONNECT);
+	if (policy_uses_helo(p))
+		need |= MILTER_STEP_BIT(MILTER_STEP_HELO);
 	static const struct {
 		enum policy_stage ps;
 		enum milter_step ms;
@@ -371,10 +401,12 @@ static void mp_want(void *ctx, struct milter_want *ret)
 			MILTER_STEP_BIT(MILTER_STEP_EOM);
 		reply |= MILTER_STEP_BIT(MILTER_STEP_EOM);
 	}
-	if (policy_has_stage(p, POLICY_EOM) || policy_wants_headers(p))
+	/* headers for header: selectors; headers and body for the real size of bytes rules
+	 * at eom (otherwise the body does not pass through sluice at all) */
+	if (policy_eom_counts_bytes(p) || policy_wants_headers(p))
 		need |= MILTER_STEP_BIT(MILTER_STEP_HEADER);
-	if (policy_has_stage(p, POLICY_EOM))
-		need |= MILTER_STEP_BIT(MILTER_STEP_BODY); /* the real size */
+	if (policy_eom_counts_bytes(p))
+		need |= MILTER_STEP_BIT(MILTER_STEP_BODY);
 	if (policy_has_message_actions(p))
 		w.actions |= MILTER_ACT_ADDHDRS | MILTER_ACT_QUARANTINE;
 	w.steps = need;
@@ -415,6 +447,7 @@ struct milter_handler *milter_policy_new(struct policy *p)
 		else
 			buf_append_cstr(&b, names[i]);
 	}
+	h->nheader_names = policy_headers(p, h->header_names, ARRAY_SIZE(h->header_names));
 	mh->name = "policy";
 	mh->want = mp_want;
 	mh->on_step[MILTER_STEP_CONNECT] = on_connect;

@@ -13,6 +13,7 @@
 #include "util.h"
 
 #define INSTANCE_MAX 128
+#define SESSION_MAX 200
 
 struct pf_service {
 	pthread_mutex_t lock;
@@ -24,10 +25,13 @@ struct pf_conn {
 	struct pf_service *svc;
 	struct pfpolicy_parser parser;
 	size_t max_request;
-	/* the message under way */
+	/* the SMTP session under way: client and server address and port */
+	char session[SESSION_MAX + 1];
+	int conn_done;          /* highest of connect, helo whose rules ran; -1 none */
+	/* the message under way (Postfix sets instance once MAIL is accepted) */
 	char instance[INSTANCE_MAX + 1];
 	struct policy *policy;  /* the rule set the message started with */
-	int done_stage;         /* highest stage whose once-per-message rules ran; -1 none */
+	bool mail_done;         /* the mail rules ran for this message */
 	struct policy_msg msg;
 	struct buf out;
 };
@@ -49,7 +53,7 @@ static int pf_open(struct session *s)
 	if (!c)
 		return -ENOMEM;
 	c->svc = ps;
-	c->done_stage = -1;
+	c->conn_done = -1;
 	pthread_mutex_lock(&ps->lock);
 	c->max_request = ps->max_request;
 	pthread_mutex_unlock(&ps->lock);
@@ -68,7 +72,7 @@ static void end_message(struct pf_conn *c)
 		c->policy = NULL;
 	}
 	c->instance[0] = '\0';
-	c->done_stage = -1;
+	c->mail_done = false;
 }
 
 static void pf_close(struct session *s)
@@ -221,17 +225,35 @@ static void handle(struct session *s, struct pf_conn *c, const struct pfpolicy_r
 		answer(s, c, "DUNNO");
 		return;
 	}
+	/*
+	 * One connection serves the SMTP sessions of one smtpd process in turn.  A session
+	 * is told by its endpoints (client_port exists since Postfix 3.0); a message by
+	 * instance, which Postfix sets only once MAIL is accepted: requests before it (with
+	 * smtpd_delay_reject = no) belong to the message that follows.
+	 */
+	char sess[SESSION_MAX + 1];
+	fmt_fixed(sess, sizeof(sess), "%.60s|%.8s|%.60s|%.8s",
+		  pfpolicy_get(r, "client_address").ptr ? pfpolicy_get(r, "client_address").ptr : "",
+		  pfpolicy_get(r, "client_port").ptr ? pfpolicy_get(r, "client_port").ptr : "",
+		  pfpolicy_get(r, "server_address").ptr ? pfpolicy_get(r, "server_address").ptr : "",
+		  pfpolicy_get(r, "server_port").ptr ? pfpolicy_get(r, "server_port").ptr : "");
+	if (strcmp(sess, c->session) != 0) {
+		end_message(c);
+		memcpy(c->session, sess, sizeof(sess));
+		c->conn_done = -1;
+	}
 	struct str inst = pfpolicy_get(r, "instance");
 	if (inst.len > INSTANCE_MAX)
 		inst.len = INSTANCE_MAX;
-	if (!c->policy || inst.len != strlen(c->instance) ||
-	    (inst.len && memcmp(inst.ptr, c->instance, inst.len) != 0)) {
-		end_message(c);
-		c->policy = current_policy(c->svc, NULL);
-		if (inst.len)
-			memcpy(c->instance, inst.ptr, inst.len);
+	if (inst.len && (inst.len != strlen(c->instance) ||
+			 memcmp(inst.ptr, c->instance, inst.len) != 0)) {
+		if (c->instance[0])
+			end_message(c); /* the previous message of this session ended */
+		memcpy(c->instance, inst.ptr, inst.len);
 		c->instance[inst.len] = '\0';
 	}
+	if (!c->policy)
+		c->policy = current_policy(c->svc, NULL);
 	struct policy_txn t;
 	struct policy_decision d, best;
 	char action[PFPOLICY_MAX_ACTION];
@@ -241,15 +263,18 @@ static void handle(struct session *s, struct pf_conn *c, const struct pfpolicy_r
 	d.results = NULL;
 	d.max_results = 0;
 	/*
-	 * Once per message, the stages before RCPT not run yet; then this stage.  A stage
+	 * The stages before RCPT not run yet -- connect and helo once per SMTP session, mail
+	 * once per message -- then this stage.  A stage
 	 * that refused is not marked done: it runs again at the next request (a refused
 	 * event was not counted, so running it again counts nothing twice).
 	 */
 	int last_once = stage < POLICY_RCPT ? stage : POLICY_MAIL;
-	int st = c->done_stage + 1;
-	if (st > last_once && stage > last_once)
-		st = stage; /* the stages before RCPT ran already (at RCPT, say): this one */
-	for (; st <= last_once || st == stage; st = st == last_once ? stage : st + 1) {
+	for (int st = 0; st <= last_once || st == stage; st = st == last_once ? stage : st + 1) {
+		if ((st <= POLICY_HELO && st <= c->conn_done) || (st == POLICY_MAIL && c->mail_done)) {
+			if (st == stage)
+				break;
+			continue; /* once per session (connect, helo) or per message (mail) */
+		}
 		fill_txn(r, (enum policy_stage)st, &t);
 		policy_check(c->policy, &t, (enum policy_stage)st, &c->msg, STORE_CHECK, now, &d);
 		if (d.nover || d.store_error)
@@ -258,8 +283,10 @@ static void handle(struct session *s, struct pf_conn *c, const struct pfpolicy_r
 			best = d;
 		if (best.action >= POLICY_DISCARD)
 			break;
-		if (st <= POLICY_MAIL)
-			c->done_stage = st;
+		if (st <= POLICY_HELO)
+			c->conn_done = st;
+		else if (st == POLICY_MAIL)
+			c->mail_done = true;
 		if (st == stage)
 			break;
 	}

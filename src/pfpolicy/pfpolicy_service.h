@@ -2,10 +2,12 @@
  * pfpolicy_service -- the Postfix SMTPD policy-delegation server, on the engine.
  *
  * Each smtpd process keeps one connection and sends one request at a time; a connection
- * outlives SMTP sessions, so messages are told apart by the `instance` attribute.  Stages
- * come from protocol_state: a request at a stage runs that stage's rules, and first the
- * rules of earlier stages not yet run for this message (connect, helo, mail), because
- * with smtpd_delay_reject (Postfix's default) most checks arrive at RCPT.  A message's
+ * outlives SMTP sessions, so SMTP sessions are told apart by their endpoints (client and
+ * server address and port) and messages by the `instance` attribute.  Stages come from
+ * protocol_state: a request at a stage runs that stage's rules, and first the rules of
+ * earlier stages not yet run -- connect and helo once per SMTP session, mail once per
+ * message -- because with smtpd_delay_reject (Postfix's default) most checks arrive at
+ * RCPT.  A message's
  * charges are given back when sluice refuses it at DATA or END-OF-MESSAGE.
  */
 #ifndef SLUICE_PFPOLICY_SERVICE_H

@@ -56,6 +56,9 @@ struct policy {
 	size_t nclasses;
 	struct store *store;
 	bool wants_headers, message_actions;
+	bool uses_client, uses_helo, eom_bytes;
+	const char *headers[POLICY_MAX_RULES]; /* header: names used, once each */
+	size_t nheaders;
 	const char *macros[POLICY_MAX_RULES];
 	size_t nmacros;
 };
@@ -260,6 +263,13 @@ static int check_reply(const char *t, enum policy_action a, const char **why)
 			*why = "bad enhanced status code";
 			return -EINVAL;
 		}
+		p += i;
+	}
+	while (*p == ' ')
+		p++;
+	if (!*p) {
+		*why = "a reply needs text after its codes";
+		return -EINVAL;
 	}
 	for (const char *q = t; *q; q++) {
 		if ((unsigned char)*q < ' ' || *q == 0x7f) {
@@ -459,6 +469,11 @@ static int load_rule(struct cfg_node *n, struct policy_rule *r, char *err, size_
 			  policy_action_name(r->action));
 		return -EINVAL;
 	}
+	if (r->action == POLICY_DISCARD && r->stage == POLICY_RCPT) {
+		cfg_error(action, err, errlen, "discard at stage rcpt would drop the whole message, "
+			  "for every recipient: use stage mail, data or eom (or tempfail)");
+		return -EINVAL;
+	}
 	struct cfg_node *reply = cfg_get(n, "reply");
 	if (reply) {
 		if (cfg_string(reply, &text, err, errlen) < 0)
@@ -469,6 +484,16 @@ static int load_rule(struct cfg_node *n, struct policy_rule *r, char *err, size_
 		}
 		if (check_reply(text, r->action, &why) < 0) {
 			cfg_error(reply, err, errlen, "%s", why);
+			return -EINVAL;
+		}
+		/* worst case: %{key} 103 bytes, %{rule} 63, %{limit} 31, %{retry} 16 */
+		size_t worst = strlen(text);
+		for (const char *q = text; (q = strstr(q, "%{")); q += 2)
+			worst += strncmp(q, "%{key}", 6) == 0 ? 103 : strncmp(q, "%{rule}", 7) == 0 ? 63 :
+				 strncmp(q, "%{limit}", 8) == 0 ? 31 : 16;
+		if (worst >= POLICY_REPLY_MAX) {
+			cfg_error(reply, err, errlen, "the reply could grow past %d bytes once its "
+				  "variables are expanded: shorten it", POLICY_REPLY_MAX - 1);
 			return -EINVAL;
 		}
 		r->reply = strdup(text);
@@ -516,6 +541,40 @@ static void policy_free(struct policy *p)
 	free(p);
 }
 
+static void add_header_name(struct policy *p, const char *name)
+{
+	for (size_t i = 0; i < p->nheaders; i++)
+		if (strcasecmp(p->headers[i], name) == 0)
+			return;
+	if (p->nheaders < ARRAY_SIZE(p->headers))
+		p->headers[p->nheaders++] = name;
+}
+
+static void add_macro(struct policy *p, const char *name);
+
+/* What the MTA must tell for this selector (milter negotiation). */
+static void note_selector(struct policy *p, const struct selector *sel)
+{
+	switch (sel->kind) {
+	case SEL_CLIENT_IP:
+	case SEL_CLIENT_NAME:
+		p->uses_client = true;
+		break;
+	case SEL_HELO:
+		p->uses_helo = true;
+		break;
+	case SEL_HEADER:
+		p->wants_headers = true;
+		add_header_name(p, sel->name);
+		break;
+	case SEL_MACRO:
+		add_macro(p, sel->name);
+		break;
+	default:
+		break;
+	}
+}
+
 /* Remember a macro name for negotiation, once. */
 static void add_macro(struct policy *p, const char *name)
 {
@@ -561,18 +620,10 @@ int policy_load(struct cfg_node *root, struct policy **ret, char *err, size_t er
 			}
 		if (r->action == POLICY_TAG || r->action == POLICY_QUARANTINE)
 			p->message_actions = true;
-		for (size_t i = 0; i < r->nsel; i++) {
-			if (r->sel[i].kind == SEL_HEADER)
-				p->wants_headers = true;
-			if (r->sel[i].kind == SEL_MACRO)
-				add_macro(p, r->sel[i].name);
-		}
-		for (size_t i = 0; i < r->nex; i++) {
-			if (r->ex[i].sel.kind == SEL_HEADER)
-				p->wants_headers = true;
-			if (r->ex[i].sel.kind == SEL_MACRO)
-				add_macro(p, r->ex[i].sel.name);
-		}
+		if (r->stage == POLICY_EOM && r->count == POLICY_COUNT_BYTES)
+			p->eom_bytes = true;
+		for (size_t i = 0; i < r->nsel + r->nex; i++)
+			note_selector(p, i < r->nsel ? &r->sel[i] : &r->ex[i - r->nsel].sel);
 	}
 	struct cfg_node *last_class = NULL;
 	for (struct cfg_node *n = cfg_get(root, "class"); n; n = cfg_next_same(n)) {
@@ -650,6 +701,28 @@ bool policy_has_classes(const struct policy *p)
 bool policy_wants_headers(const struct policy *p)
 {
 	return p->wants_headers;
+}
+
+bool policy_uses_client(const struct policy *p)
+{
+	return p->uses_client;
+}
+
+bool policy_uses_helo(const struct policy *p)
+{
+	return p->uses_helo;
+}
+
+bool policy_eom_counts_bytes(const struct policy *p)
+{
+	return p->eom_bytes;
+}
+
+size_t policy_headers(const struct policy *p, const char **ret, size_t max)
+{
+	size_t n = p->nheaders < max ? p->nheaders : max;
+	memcpy(ret, p->headers, n * sizeof(*ret));
+	return n;
 }
 
 bool policy_has_message_actions(const struct policy *p)
@@ -846,6 +919,12 @@ void policy_msg_end(struct policy *p, struct policy_msg *m, bool delivered, uint
 	m->quarantine_reason[0] = '\0';
 }
 
+/* Nanoseconds to seconds, rounded up, without wrapping at the saturated "never". */
+static uint64_t ns_to_s_up(uint64_t ns)
+{
+	return ns / 1000000000ULL + (ns % 1000000000ULL != 0);
+}
+
 /* Per-thread random numbers for retry jitter (xorshift64*). */
 static uint64_t jitter_rand(void)
 {
@@ -932,6 +1011,7 @@ struct scratch {
 	const struct policy_rule *rules[POLICY_MAX_RULES];
 	struct policy_rule_result *res[POLICY_MAX_RULES];
 	char keys[POLICY_MAX_RULES][SELECTOR_MAX_KEY + 1];
+	struct rate_limits limits[POLICY_MAX_RULES]; /* copies: overrides tables are swapped */
 };
 
 /* One per thread, freed when the thread ends (worker threads end at shutdown and the
@@ -1078,7 +1158,8 @@ int policy_check(struct policy *p, const struct policy_txn *t, enum policy_stage
 		}
 		it->rule = r->name_str;
 		it->key = buf_str(&kb);
-		it->limits = lim;
+		s->limits[n] = *lim;
+		it->limits = &s->limits[n];
 		it->cost = rule_cost(r, t, st);
 		if (r->action >= POLICY_DISCARD)
 			it->flags |= STORE_BLOCKING;
@@ -1120,7 +1201,7 @@ int policy_check(struct policy *p, const struct policy_txn *t, enum policy_stage
 			o->rule = r;
 			sanitize(o->key, sizeof(o->key), it->key, POLICY_LOG_KEY - 3);
 			binding_window(it, o->limit, sizeof(o->limit));
-			o->retry_s = (it->retry_ns + 999999999ULL) / 1000000000ULL;
+			o->retry_s = ns_to_s_up(it->retry_ns);
 		}
 		if (decider == SIZE_MAX || r->action > s->rules[decider]->action)
 			decider = i;
@@ -1129,10 +1210,14 @@ int policy_check(struct policy *p, const struct policy_txn *t, enum policy_stage
 		if (mode != STORE_CHECK || !msg || rc == 0)
 			continue;
 		if (r->action == POLICY_TAG && msg->ntags < POLICY_MAX_TAGS) {
-			char key[120];
+			char key[120], tag[POLICY_REPLY_MAX];
 			sanitize(key, sizeof(key), it->key, 100);
-			fmt_fixed(msg->tags[msg->ntags++], POLICY_REPLY_MAX, "rule=%s; key=%s",
-				  r->name, key);
+			fmt_fixed(tag, sizeof(tag), "rule=%s; key=%s", r->name, key);
+			bool seen = false; /* one header per rule and key, not per recipient */
+			for (size_t k = 0; k < msg->ntags; k++)
+				seen |= strcmp(msg->tags[k], tag) == 0;
+			if (!seen)
+				fmt_fixed(msg->tags[msg->ntags++], POLICY_REPLY_MAX, "%s", tag);
 		}
 		if (r->action == POLICY_QUARANTINE && !msg->quarantine) {
 			char key[120];
@@ -1149,7 +1234,7 @@ int policy_check(struct policy *p, const struct policy_txn *t, enum policy_stage
 	d->action = r->action;
 	d->rule = r;
 	sanitize(d->key, sizeof(d->key), it->key, 100);
-	d->retry_s = (it->retry_ns + 999999999ULL) / 1000000000ULL;
+	d->retry_s = ns_to_s_up(it->retry_ns);
 	if (r->reply) {
 		char limit[32];
 		binding_window(it, limit, sizeof(limit));

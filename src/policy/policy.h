@@ -88,6 +88,12 @@ bool policy_has_stage(const struct policy *p, enum policy_stage s);
 bool policy_has_classes(const struct policy *p);
 bool policy_wants_headers(const struct policy *p);  /* a header: selector is used */
 bool policy_has_message_actions(const struct policy *p); /* tag or quarantine rules */
+/* Does a key or except list read the client (address, name) or the HELO name?  Does an
+ * eom rule count bytes?  Which header: names are read (each once)? */
+bool policy_uses_client(const struct policy *p);
+bool policy_uses_helo(const struct policy *p);
+bool policy_eom_counts_bytes(const struct policy *p);
+size_t policy_headers(const struct policy *p, const char **ret, size_t max);
 size_t policy_rule_count(const struct policy *p);
 /* Macro names used by macro: selectors ("{auth_authen}" style as written), for negotiation. */
 size_t policy_macros(const struct policy *p, const char **ret, size_t max);

@@ -625,3 +625,74 @@ def test_end_of_message_rule_after_rcpt_rule(sluiced, postfix, via):
     assert m and 4000 <= int(m.group(1)) <= 5000, shown   # the refused one was given back
     wait_all_delivered(pf, results)
     no_milter_trouble(pf) if via == "milter" else no_policy_trouble(pf)
+
+
+def test_milter_client_ip_rule_without_classes(sluiced, postfix):
+    """A rule at RCPT keyed on the client's address, with no class and no connect rule:
+    sluiced must still ask Postfix for CONNECT (without a reply) to know the client."""
+    s, pf = with_milter(sluiced, postfix, config(
+        'limit "per-client" { stage = "rcpt"; key = "client_ip"; rate = ["2/1h"]; }'))
+    results = [send(pf, f"r{i}@example.org") for i in range(4)]
+    accepted, refused = split(results)
+    assert len(accepted) == 2, describe(results, pf, s)
+    assert all(r.rcpt[0][0] == 451 and "127.0.0.1" in r.rcpt[0][1] for r in refused), \
+        describe(results, pf, s)
+    out = s.cli("limits", "show", "127.0.0.1").stdout
+    assert "used 2/2" in out, out
+
+
+def policy_request(state, instance="", client_port="40001", **attrs):
+    lines = {"request": "smtpd_access_policy", "protocol_state": state,
+             "protocol_name": "ESMTP", "client_address": "192.0.2.7",
+             "client_name": "mx.example.org", "client_port": client_port,
+             "server_address": "127.0.0.1", "server_port": "25",
+             "helo_name": "mx.example.org", "sender": "a@example.org",
+             "instance": instance}
+    lines.update(attrs)
+    return "".join(f"{k}={v}\n" for k, v in lines.items()) + "\n"
+
+
+def test_policy_service_counts_connections_per_smtp_session(sluiced):
+    """With smtpd_delay_reject = no (CONNECT, EHLO and MAIL before any instance) and with
+    several messages in one SMTP session, a connection is counted once per SMTP session,
+    and a message once."""
+    s = sluiced(config(
+        'limit "conns" { stage = "connect"; key = "client_ip"; rate = ["3/1h"]; }',
+        'limit "msgs" { stage = "mail"; key = "sender"; rate = ["100/1h"]; }',
+        milter=False, policy=True))
+    with socket.socket(socket.AF_UNIX) as c:
+        c.connect(policy_socket(s))
+        # one SMTP session, smtpd_delay_reject = no: instance is empty until MAIL is
+        # accepted, then three messages
+        for state in ("CONNECT", "EHLO", "MAIL"):
+            assert policy_exchange(c, policy_request(state)) == "action=DUNNO\n\n"
+        for i, inst in enumerate(("a.1", "a.2", "a.3")):
+            if i:
+                assert policy_exchange(c, policy_request("MAIL", inst)) == "action=DUNNO\n\n"
+            assert policy_exchange(c, policy_request(
+                "RCPT", inst, recipient=f"r{i}@example.net")) == "action=DUNNO\n\n"
+    out = s.cli("limits", "show", "192.0.2.7", "conns").stdout
+    assert "used 1/3" in out, out
+    out = s.cli("limits", "show", "a@example.org", "msgs").stdout
+    assert "used 3/100" in out, out
+    # three more SMTP sessions (other client ports) fill the budget; the fourth is refused
+    with socket.socket(socket.AF_UNIX) as c:
+        c.connect(policy_socket(s))
+        for port in ("40002", "40003"):
+            assert policy_exchange(c, policy_request("CONNECT", client_port=port)) == \
+                "action=DUNNO\n\n"
+        reply = policy_exchange(c, policy_request("CONNECT", client_port="40004"))
+        assert reply.startswith("action=451 4.7.1 "), reply
+
+
+def test_milter_helo_rule_counts_once_per_session(sluiced, postfix):
+    """HELO repeated in one SMTP session (as after STARTTLS) charges a helo rule once."""
+    s, pf = with_milter(sluiced, postfix, config(
+        'limit "per-helo" { stage = "helo"; key = "helo"; rate = ["10/1h"]; }'))
+    with smtplib.SMTP(local_hostname="client.sluice.test", timeout=30) as c:
+        c.connect("127.0.0.1", pf.port)
+        for _ in range(3):
+            c.ehlo()
+            c.rset()
+    out = s.cli("limits", "show", "client.sluice.test").stdout
+    assert "used 1/10" in out, out
