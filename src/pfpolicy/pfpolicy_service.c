@@ -184,8 +184,9 @@ static void action_text(const struct policy_decision *d, const struct policy_msg
 		return;
 	case POLICY_TAG:
 		/* Postfix ignores PREPEND at END-OF-MESSAGE */
-		if (st != POLICY_EOM && m->ntags) {
-			fmt_fixed(out, len, "PREPEND X-Sluice-Limit: %s", m->tags[m->ntags - 1]);
+		if (st != POLICY_EOM) {
+			fmt_fixed(out, len, "PREPEND X-Sluice-Limit: rule=%s; key=%s",
+				  policy_rule_name(d->rule), d->key);
 			return;
 		}
 		break;
