@@ -36,7 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <libmilter/mfapi.h>
+#include "milter_common.h"
 
 #define DOMAIN_MAX   255u       /* longest key kept (RFC 1035 name length) */
 #define TABLE_SLOTS  65536u     /* hash buckets, a power of two */
@@ -49,32 +49,15 @@ struct counter {
 	char domain[];          /* lowercase, NUL-terminated */
 };
 
-enum stage {
-	ST_CONNECT = 0,
-	ST_HELO,
-	ST_MAIL,
-	ST_RCPT,
-	ST_EOM,
-	ST__MAX,
-};
-
-struct stage_info {
-	const char *name;
-	unsigned long skip;     /* SMFIP_NO*, 0 when the stage cannot be skipped */
-	unsigned long noreply;  /* SMFIP_NR_*, 0 when the stage must be answered */
-};
-
-static const struct stage_info stages[ST__MAX] = {
-	[ST_CONNECT] = { "connect", SMFIP_NOCONNECT, SMFIP_NR_CONN },
-	[ST_HELO]    = { "helo", SMFIP_NOHELO, SMFIP_NR_HELO },
-	[ST_MAIL]    = { "mail", SMFIP_NOMAIL, SMFIP_NR_MAIL },
-	[ST_RCPT]    = { "rcpt", 0, 0 },       /* counts, and may refuse */
-	[ST_EOM]     = { "eom", 0, 0 },        /* the verdict */
-};
+/* The stages -s and -R may name; rcpt (counts, and may refuse) and eom (the verdict)
+ * are always registered and answered. */
+#define STAGES_ALLOWED (MILTER_COMMON_BIT(MILTER_COMMON_CONNECT) | \
+    MILTER_COMMON_BIT(MILTER_COMMON_HELO) | MILTER_COMMON_BIT(MILTER_COMMON_MAIL) | \
+    STAGES_ALWAYS)
+#define STAGES_ALWAYS (MILTER_COMMON_BIT(MILTER_COMMON_RCPT) | \
+    MILTER_COMMON_BIT(MILTER_COMMON_EOM))
 
 /* Set once in main() before smfi_main(); read-only in the callbacks. */
-static bool registered[ST__MAX];
-static bool noreply[ST__MAX];
 static uint64_t opt_limit = 1000000;
 static uint64_t opt_window = 60;
 static size_t opt_max_keys = 100000;
@@ -212,29 +195,6 @@ static size_t rcpt_domain(const char *rcpt, char *buf)
 
 /* ---- callbacks ------------------------------------------------------------------ */
 
-static sfsistat answer(enum stage s)
-{
-	return noreply[s] ? SMFIS_NOREPLY : SMFIS_CONTINUE;
-}
-
-static sfsistat counter_connect(SMFICTX *ctx, char *host, _SOCK_ADDR *addr)
-{
-	(void)ctx; (void)host; (void)addr;
-	return answer(ST_CONNECT);
-}
-
-static sfsistat counter_helo(SMFICTX *ctx, char *helo)
-{
-	(void)ctx; (void)helo;
-	return answer(ST_HELO);
-}
-
-static sfsistat counter_envfrom(SMFICTX *ctx, char **argv)
-{
-	(void)ctx; (void)argv;
-	return answer(ST_MAIL);
-}
-
 static sfsistat counter_envrcpt(SMFICTX *ctx, char **argv)
 {
 	char domain[DOMAIN_MAX + 1], text[DOMAIN_MAX + 32];
@@ -272,33 +232,6 @@ static sfsistat counter_close(SMFICTX *ctx)
 	return SMFIS_CONTINUE;
 }
 
-/*
- * Asks for no actions (smfi_setreply needs none), and for the MTA to skip DATA,
- * headers, EOH, body and unknown commands (this filter has no callback for them), the
- * stages not in -s, and the replies of the stages in -R.  Only bits the MTA offered are
- * requested.
- */
-static sfsistat counter_negotiate(SMFICTX *ctx, unsigned long f0, unsigned long f1,
-    unsigned long f2, unsigned long f3, unsigned long *pf0, unsigned long *pf1,
-    unsigned long *pf2, unsigned long *pf3)
-{
-	unsigned long want = SMFIP_NODATA | SMFIP_NOHDRS | SMFIP_NOEOH | SMFIP_NOBODY |
-	    SMFIP_NOUNKNOWN;
-
-	(void)ctx; (void)f0; (void)f2; (void)f3;
-	for (int st = 0; st < ST__MAX; st++) {
-		if (!registered[st])
-			want |= stages[st].skip;
-		else if (noreply[st])
-			want |= stages[st].noreply;
-	}
-	*pf0 = 0;
-	*pf1 = want & f1;
-	*pf2 = 0;
-	*pf3 = 0;
-	return SMFIS_CONTINUE;
-}
-
 /* ---- main ----------------------------------------------------------------------- */
 
 static void usage(FILE *f)
@@ -317,33 +250,6 @@ static void usage(FILE *f)
 	    "  -b BACKLOG  listen backlog (default 4096)\n"
 	    "  -T SECONDS  libmilter I/O timeout (default 7210)\n"
 	    "On exit it prints what it counted to stderr.\n", f);
-}
-
-/* Parses a comma-separated stage list into set[]; returns 0 or -EINVAL. */
-static int parse_stages(const char *list, bool set[ST__MAX])
-{
-	const char *p = list, *end;
-	size_t len;
-	int st;
-
-	memset(set, 0, ST__MAX * sizeof set[0]);
-	if (*p == '\0')
-		return 0;
-	for (;;) {
-		end = strchr(p, ',');
-		len = end != NULL ? (size_t)(end - p) : strlen(p);
-		for (st = 0; st < ST__MAX; st++)
-			if (strlen(stages[st].name) == len && strncmp(stages[st].name, p, len) == 0)
-				break;
-		if (st == ST__MAX) {
-			fprintf(stderr, "counter_milter: unknown stage \"%.*s\"\n", (int)len, p);
-			return -EINVAL;
-		}
-		set[st] = true;
-		if (end == NULL)
-			return 0;
-		p = end + 1;
-	}
 }
 
 static int parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *ret)
@@ -366,6 +272,7 @@ int main(int argc, char **argv)
 	uint64_t backlog = 4096, timeout = 7210, keys = opt_max_keys;
 	int ch, r;
 
+	milter_common_prog = "counter_milter";
 	while ((ch = getopt(argc, argv, "b:hk:l:p:R:s:T:w:")) != -1) {
 		switch (ch) {
 		case 'b': r = parse_u64(optarg, 1, 65535, &backlog); break;
@@ -389,50 +296,26 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	opt_max_keys = (size_t)keys;
-	if (parse_stages(reg, registered) < 0 || parse_stages(nr, noreply) < 0)
+	if (milter_common_stages(reg, nr, STAGES_ALLOWED, STAGES_ALWAYS) < 0)
 		return 2;
-	registered[ST_RCPT] = true;
-	registered[ST_EOM] = true;
-	for (int st = 0; st < ST__MAX; st++) {
-		if (noreply[st] && (!registered[st] || stages[st].noreply == 0)) {
-			fprintf(stderr, "counter_milter: -R %s: %s\n", stages[st].name,
-			    registered[st] ? "this stage is always answered" :
+	for (int st = 0; st < MILTER_COMMON__MAX; st++) {
+		if (milter_common_noreply[st] &&
+		    (!milter_common_registered[st] || (STAGES_ALWAYS & MILTER_COMMON_BIT(st)))) {
+			fprintf(stderr, "counter_milter: -R %s: %s\n", milter_common_stage_name(st),
+			    milter_common_registered[st] ? "this stage is always answered" :
 			    "stage not negotiated with -s");
 			return 2;
 		}
 	}
 
-	memset(&desc, 0, sizeof desc);
-	desc.xxfi_name = (char *)"counter_milter";
-	desc.xxfi_version = SMFI_VERSION;
-	desc.xxfi_flags = 0;
-	desc.xxfi_connect = registered[ST_CONNECT] ? counter_connect : NULL;
-	desc.xxfi_helo = registered[ST_HELO] ? counter_helo : NULL;
-	desc.xxfi_envfrom = registered[ST_MAIL] ? counter_envfrom : NULL;
+	/* The MTA skips DATA, headers, EOH, body and unknown commands: -s cannot name them. */
+	milter_common_desc(&desc, "counter_milter");
 	desc.xxfi_envrcpt = counter_envrcpt;
 	desc.xxfi_eom = counter_eom;
 	desc.xxfi_abort = counter_abort;
 	desc.xxfi_close = counter_close;
-	desc.xxfi_negotiate = counter_negotiate;
-
-	if (smfi_setconn((char *)sock) != MI_SUCCESS) {
-		fprintf(stderr, "counter_milter: bad socket %s\n", sock);
+	if (milter_common_listen(sock, (int)backlog, (int)timeout, &desc) < 0)
 		return 1;
-	}
-	if (smfi_setbacklog((int)backlog) != MI_SUCCESS ||
-	    smfi_settimeout((int)timeout) != MI_SUCCESS) {
-		fprintf(stderr, "counter_milter: bad backlog or timeout\n");
-		return 1;
-	}
-	if (smfi_register(desc) != MI_SUCCESS) {
-		fprintf(stderr, "counter_milter: smfi_register failed\n");
-		return 1;
-	}
-	/* Remove a stale unix socket left by an earlier run. */
-	if (smfi_opensocket(true) != MI_SUCCESS) {
-		fprintf(stderr, "counter_milter: cannot open %s\n", sock);
-		return 1;
-	}
 	r = smfi_main() == MI_SUCCESS ? 0 : 1;
 	pthread_mutex_lock(&table_lock);
 	fprintf(stderr, "counter_milter: %zu domains, %llu recipients counted, %llu refused, "

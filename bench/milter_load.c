@@ -34,11 +34,6 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <math.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -46,11 +41,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "loadgen.h"
 
 /* Commands (MTA to filter). */
 #define SMFIC_ABORT   'A'
@@ -103,10 +97,6 @@
 #define RETRY_BUSY_NS  1000000u /* retry delay when the listen backlog is full */
 #define RETRY_ERR_NS  10000000u /* pause of a slot after a failed session */
 
-#define NS_PER_S 1000000000ull
-
-#define CHECK(x) do { if (!(x)) check_failed(#x, __FILE__, __LINE__); } while (0)
-
 enum step {
 	STEP_NONE = 0,
 	STEP_OPTNEG,
@@ -154,62 +144,24 @@ static const char *const verdict_names[V__MAX] = {
 	"continue", "accept", "reject", "tempfail", "discard", "replycode", "other",
 };
 
-enum err {
-	ERR_UNEXPECTED = 0, /* a reply where no reply was expected */
-	ERR_MISSING,        /* no reply (or no close after QUIT) within the timeout */
-	ERR_BADSTEP,        /* a reply that is not legal at this step */
-	ERR_CLOSED,         /* the filter closed the connection in mid-session */
-	ERR_CONNECT,        /* connect failed or timed out */
-	ERR_IO,             /* read or write error */
-	ERR__MAX,
-};
-
-static const char *const err_names[ERR__MAX] = {
+/* The error kinds of loadgen.h; "badstep" is a reply not legal at its step. */
+static const char *const err_names[LOADGEN_ERR__MAX] = {
 	"unexpected", "missing", "badstep", "closed", "connect", "io",
 };
 
-enum phase {
-	PH_IDLE_SETUP = 0,
-	PH_WARMUP,
-	PH_MEASURE,
-	PH_DRAIN,
-	PH_DONE,
-};
-
+/* The options of milter_load alone; the common ones are in lg.opt. */
 struct opts {
-	const char *target;
-	const char *label;
-	unsigned concurrency;
-	uint64_t sessions;      /* 0: limited by duration */
-	double duration;        /* 0: limited by sessions */
-	double warmup;
 	unsigned rcpts;
 	unsigned messages;
 	unsigned headers;
 	size_t body;
 	unsigned idle;
-	double timeout;
-	long pid;               /* server process to watch in /proc, 0: none */
 	bool reuse;
 	bool fast_close;
-	bool json;
-};
-
-/* Latency histogram: exact below 256 ns, then 128 buckets per power of two (<1% error). */
-#define HIST_SUB     128u
-#define HIST_OCTAVES 40u
-#define HIST_BUCKETS (2u * HIST_SUB + HIST_OCTAVES * HIST_SUB)
-
-struct hist {
-	uint64_t count;
-	uint64_t max;
-	double sum;
-	uint64_t bucket[HIST_BUCKETS];
 };
 
 struct conn {
-	int fd;
-	unsigned id;
+	struct loadgen_conn lc;
 	bool idle;              /* an idle holder, not a load slot */
 	enum conn_state state;
 
@@ -221,15 +173,12 @@ struct conn {
 	uint64_t seq;           /* session number, varies the client address */
 	uint64_t t_start;
 	uint64_t t_last_reply;
-	uint64_t since;         /* last progress, for the timeout */
 	bool measured;
 	uint32_t tally[V__MAX]; /* verdicts of this session, committed when it completes */
 	uint32_t tally_mods;
 	bool quit_sent;
 	bool close_now;         /* CONNECT/HELO ended the session: close without QUIT */
 	bool new_session;       /* the retry starts a new session, not a new connect */
-	uint64_t retry_at;
-	struct conn *retry_next;
 
 	/* generator */
 	enum step next;
@@ -260,26 +209,11 @@ struct conn {
 	uint8_t rx_last;
 };
 
+/* What milter_load counts beside the run state in lg. */
 struct bench {
-	int ep;
-	int family;
-	struct sockaddr_storage addr;
-	socklen_t addrlen;
-
-	struct conn *conns;     /* o.concurrency load slots, then o.idle holders */
+	struct conn *conns;     /* concurrency load slots, then o.idle holders */
 	unsigned nconns;
-	struct conn *retry_head;
 
-	enum phase phase;
-	uint64_t now;
-	uint64_t t_warm_end;
-	uint64_t t0;            /* start of the measurement */
-	uint64_t t_stop;        /* end of launching with -t */
-	uint64_t t_end;         /* last measured session finished */
-	uint64_t timeout_ns;
-	uint64_t next_tick;
-
-	unsigned active;        /* load slots not retired */
 	unsigned idle_next;
 	unsigned idle_inflight;
 	unsigned idle_held;
@@ -287,95 +221,53 @@ struct bench {
 	unsigned idle_lost;
 
 	uint64_t seq;
-	uint64_t launched;      /* measured sessions started */
-	uint64_t completed;     /* measured sessions finished */
-	uint64_t failed;        /* measured sessions abandoned on an error */
 	uint64_t messages;      /* messages decided in completed measured sessions */
 	uint64_t mods;          /* modification replies at EOB in those sessions */
 	uint64_t verdicts[V__MAX];
-	uint64_t errors[ERR__MAX];
-	uint64_t connect_retries;
-	bool ever_connected;
+	uint64_t errors[LOADGEN_ERR__MAX];
 
 	bool neg_known;
 	uint32_t neg_version;
 	uint32_t neg_actions;
 	uint32_t neg_proto;
 	uint64_t neg_mismatch;
-
-	struct hist hist;
-
-	/* the server process (--pid), from /proc */
-	uint64_t completed_all; /* sessions completed in the load phase, warm-up included */
-	double cpu_start;       /* utime+stime at the start of the load phase, seconds */
-	double cpu_end;
-	long rss_kb_start;      /* before any connection */
-	long rss_kb_load;       /* at the start of the load phase, idle connections held */
-	long rss_kb_max;        /* peak during the load phase */
-	long threads_max;
-	bool proc_ok;
 };
 
+static struct loadgen lg = {
+	.opt = { .concurrency = 10, .warmup = 1.0, .timeout = 30.0 },
+};
 static struct opts o = {
-	.concurrency = 10,
-	.warmup = 1.0,
 	.rcpts = 3,
 	.messages = 1,
 	.headers = 8,
 	.body = 4096,
-	.timeout = 30.0,
 };
 static struct bench b;
 static uint8_t body_pattern[CHUNK_MAX];
-static uint8_t rbuf[65536];
-static volatile sig_atomic_t interrupted;
 
-static void conn_fail(struct conn *c, enum err e, const char *why);
+static void conn_fail(struct conn *c, enum loadgen_err e, const char *why);
 static void conn_progress(struct conn *c);
 static void slot_next(struct conn *c);
-static _Noreturn void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static _Noreturn void framing(const struct conn *c, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static void pkt_fmt(struct conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-static _Noreturn void check_failed(const char *expr, const char *file, int line)
+static struct conn *conn_of(struct loadgen_conn *lc)
 {
-	fprintf(stderr, "milter_load: internal error: %s failed at %s:%d\n", expr, file, line);
-	abort();
-}
-
-static _Noreturn void fatal(const char *fmt, ...)
-{
-	va_list ap;
-
-	fputs("milter_load: ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	exit(2);
+	return (struct conn *)((char *)lc - offsetof(struct conn, lc));
 }
 
 /* A framing error: the filter does not speak the protocol we do, so stop the run. */
 static _Noreturn void framing(const struct conn *c, const char *fmt, ...)
 {
+	char head[128];
 	va_list ap;
-	char why[256];
 
 	/* A message: truncation is harmless here, as in every snprintf into "why". */
+	snprintf(head, sizeof head, "framing error from the filter on connection %u (step %s)",
+	    c->lc.id, step_names[c->wait]);
 	va_start(ap, fmt);
-	vsnprintf(why, sizeof why, fmt, ap);
-	va_end(ap);
-	fatal("framing error from the filter on connection %u (step %s): %s; stopping",
-	    c->id, step_names[c->wait], why);
-}
-
-static uint64_t clock_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * NS_PER_S + (uint64_t)ts.tv_nsec;
+	loadgen_vstop(head, fmt, ap);
 }
 
 static uint32_t get_be32(const uint8_t *p)
@@ -389,63 +281,6 @@ static void put_be32(uint8_t *p, uint32_t v)
 	p[1] = (uint8_t)(v >> 16);
 	p[2] = (uint8_t)(v >> 8);
 	p[3] = (uint8_t)v;
-}
-
-/* ---- histogram ---------------------------------------------------------------- */
-
-static unsigned hist_index(uint64_t v)
-{
-	unsigned msb, shift, top, idx;
-
-	if (v < 2 * HIST_SUB)
-		return (unsigned)v;
-	msb = 63u - (unsigned)__builtin_clzll(v);
-	shift = msb - 7u;
-	top = (unsigned)(v >> shift);
-	idx = 2 * HIST_SUB + (shift - 1) * HIST_SUB + (top - HIST_SUB);
-	return idx < HIST_BUCKETS ? idx : HIST_BUCKETS - 1;
-}
-
-/* Middle of bucket idx, in the unit of the recorded values. */
-static double hist_mid(unsigned idx)
-{
-	unsigned k, shift, top;
-
-	if (idx < 2 * HIST_SUB)
-		return idx;
-	k = idx - 2 * HIST_SUB;
-	shift = k / HIST_SUB + 1;
-	top = k % HIST_SUB + HIST_SUB;
-	return (double)((uint64_t)top << shift) + (double)((1ull << shift) - 1) / 2.0;
-}
-
-static void hist_add(struct hist *h, uint64_t v)
-{
-	h->count++;
-	h->sum += (double)v;
-	if (v > h->max)
-		h->max = v;
-	h->bucket[hist_index(v)]++;
-}
-
-static double hist_quantile(const struct hist *h, double q)
-{
-	uint64_t want, seen = 0;
-	double v;
-
-	if (h->count == 0)
-		return 0;
-	want = (uint64_t)ceil(q * (double)h->count);
-	if (want < 1)
-		want = 1;
-	for (unsigned i = 0; i < HIST_BUCKETS; i++) {
-		seen += h->bucket[i];
-		if (seen >= want) {
-			v = hist_mid(i);
-			return v > (double)h->max ? (double)h->max : v;
-		}
-	}
-	return (double)h->max;
 }
 
 /* ---- negotiated behaviour ------------------------------------------------------ */
@@ -493,7 +328,7 @@ static size_t pkt_begin(struct conn *c, uint8_t code)
 {
 	size_t start = c->out_len;
 
-	CHECK(OUT_CAP - c->out_len >= 5);
+	LOADGEN_CHECK(OUT_CAP - c->out_len >= 5);
 	c->out[c->out_len + 4] = code;
 	c->out_len += 5;
 	return start;
@@ -501,7 +336,7 @@ static size_t pkt_begin(struct conn *c, uint8_t code)
 
 static void pkt_bytes(struct conn *c, const void *p, size_t n)
 {
-	CHECK(OUT_CAP - c->out_len >= n);
+	LOADGEN_CHECK(OUT_CAP - c->out_len >= n);
 	memcpy(c->out + c->out_len, p, n);
 	c->out_len += n;
 }
@@ -531,7 +366,7 @@ static void pkt_fmt(struct conn *c, const char *fmt, ...)
 	va_start(ap, fmt);
 	n = vsnprintf((char *)c->out + c->out_len, room, fmt, ap);
 	va_end(ap);
-	CHECK(n >= 0 && (size_t)n < room);
+	LOADGEN_CHECK(n >= 0 && (size_t)n < room);
 	c->out_len += (size_t)n + 1;
 }
 
@@ -539,7 +374,7 @@ static void pkt_end(struct conn *c, size_t start)
 {
 	size_t len = c->out_len - start - 4;
 
-	CHECK(len >= 1 && len <= UINT32_MAX);
+	LOADGEN_CHECK(len >= 1 && len <= UINT32_MAX);
 	put_be32(c->out + start, (uint32_t)len);
 }
 
@@ -569,7 +404,7 @@ static void client_addr(const struct conn *c, char *buf, size_t len)
 	uint32_t a = (uint32_t)(c->seq % 0xFFFFFEu) + 1u;
 	int n = snprintf(buf, len, "10.%u.%u.%u", a >> 16 & 0xFFu, a >> 8 & 0xFFu, a & 0xFFu);
 
-	CHECK(n > 0 && (size_t)n < len);
+	LOADGEN_CHECK(n > 0 && (size_t)n < len);
 }
 
 /* ---- the generator ---------------------------------------------------------------
@@ -578,7 +413,6 @@ static void client_addr(const struct conn *c, char *buf, size_t len)
 
 static void msg_verdict(struct conn *c, uint8_t code);
 static void session_finish(struct conn *c);
-static bool launch_allowed(void);
 static void session_reset(struct conn *c);
 
 static void gen_optneg(struct conn *c)
@@ -842,7 +676,7 @@ static void gen_abort(struct conn *c)
 static void gen_end(struct conn *c)
 {
 	session_finish(c);
-	if (o.reuse && launch_allowed()) {
+	if (o.reuse && loadgen_launch_allowed(&lg)) {
 		pkt_empty(c, SMFIC_QUIT_NC);
 		session_reset(c);
 		c->next = STEP_CONNECT;
@@ -868,7 +702,7 @@ static void gen_one(struct conn *c)
 	case STEP_EOB:     gen_eob(c); break;
 	case STEP_ABORT:   gen_abort(c); break;
 	case STEP_END:     gen_end(c); break;
-	default:           CHECK(!"generator past the end of the session");
+	default:           LOADGEN_CHECK(!"generator past the end of the session");
 	}
 }
 
@@ -890,7 +724,7 @@ static void gen_fill(struct conn *c)
 		gen_one(c);
 	}
 	if (c->wait != STEP_NONE)
-		c->since = b.now;
+		c->lc.since = lg.now;
 }
 
 /* ---- sessions and accounting ----------------------------------------------------- */
@@ -917,31 +751,14 @@ static void msg_verdict(struct conn *c, uint8_t code)
 	c->tally[verdict_of(code)]++;
 }
 
-static bool launch_allowed(void)
-{
-	if (interrupted)
-		return false;
-	if (b.phase == PH_WARMUP)
-		return true;
-	if (b.phase != PH_MEASURE)
-		return false;
-	if (o.sessions > 0 && b.launched >= o.sessions)
-		return false;
-	if (o.duration > 0 && b.now >= b.t_stop)
-		return false;
-	return true;
-}
-
 /* Resets the per-session state and counts the session if it is measured. */
 static void session_reset(struct conn *c)
 {
 	c->seq = ++b.seq;
-	c->t_start = b.now;
-	c->t_last_reply = b.now;
-	c->since = b.now;
-	c->measured = b.phase == PH_MEASURE;
-	if (c->measured)
-		b.launched++;
+	c->t_start = lg.now;
+	c->t_last_reply = lg.now;
+	c->lc.since = lg.now;
+	c->measured = loadgen_begin(&lg);
 	memset(c->tally, 0, sizeof c->tally);
 	c->tally_mods = 0;
 	c->quit_sent = false;
@@ -954,36 +771,31 @@ static void session_reset(struct conn *c)
 /* The filter owes this session nothing more: record its latency. */
 static void session_finish(struct conn *c)
 {
-	if (b.phase != PH_IDLE_SETUP)
-		b.completed_all++;
+	if (lg.phase != LOADGEN_SETUP)
+		lg.completed_all++;
 	if (!c->measured)
 		return;
 	c->measured = false;
-	b.completed++;
 	for (int i = 0; i < V__MAX; i++) {
 		b.verdicts[i] += c->tally[i];
 		b.messages += c->tally[i];
 	}
 	b.mods += c->tally_mods;
-	hist_add(&b.hist, c->t_last_reply - c->t_start);
-	if (c->t_last_reply > b.t_end)
-		b.t_end = c->t_last_reply;
+	loadgen_done(&lg, c->t_start, c->t_last_reply);
 }
 
 static void retry_push(struct conn *c, uint64_t delay_ns, bool new_session)
 {
 	c->state = CS_RETRY;
-	c->retry_at = b.now + delay_ns;
 	c->new_session = new_session;
-	c->retry_next = b.retry_head;
-	b.retry_head = c;
+	loadgen_retry_push(&lg, &c->lc, delay_ns);
 }
 
 static void conn_close(struct conn *c)
 {
-	if (c->fd >= 0) {
-		close(c->fd);
-		c->fd = -1;
+	if (c->lc.fd >= 0) {
+		close(c->lc.fd);
+		c->lc.fd = -1;
 	}
 	c->rx_hdr_have = 0;
 	c->rx_have = 0;
@@ -994,9 +806,8 @@ static void conn_close(struct conn *c)
 
 static void conn_connected(struct conn *c)
 {
-	b.ever_connected = true;
 	c->state = CS_SESSION;
-	c->since = b.now;
+	c->lc.since = lg.now;
 	c->next = STEP_OPTNEG;
 	c->wait = STEP_NONE;
 	conn_progress(c);
@@ -1005,73 +816,47 @@ static void conn_connected(struct conn *c)
 /* Opens the connection of a new session (or retries it when the backlog was full). */
 static void conn_connect(struct conn *c)
 {
-	struct epoll_event ev;
-	int fd, one = 1, err;
+	int r;
 
-	fd = socket(b.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		fatal("socket: %s%s", strerror(errno),
-		    errno == EMFILE ? " (raise the open files limit: ulimit -n)" : "");
-	if (b.family != AF_UNIX)
-		(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-	ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
-	ev.data.ptr = c;
-	if (epoll_ctl(b.ep, EPOLL_CTL_ADD, fd, &ev) < 0)
-		fatal("epoll_ctl: %s", strerror(errno));
-	c->fd = fd;
 	if (c->out == NULL) {
 		c->out = malloc(OUT_CAP);
 		if (c->out == NULL)
-			fatal("out of memory");
+			loadgen_fatal("out of memory");
 	}
-	if (connect(fd, (struct sockaddr *)&b.addr, b.addrlen) == 0) {
+	r = loadgen_connect(&lg, &c->lc);
+	if (r == 0) {
 		conn_connected(c);
-		return;
-	}
-	err = errno;
-	if (err == EINPROGRESS) {
+	} else if (r == -EINPROGRESS) {
 		c->state = CS_CONNECTING;
-		c->since = b.now;
-		return;
-	}
-	conn_close(c);
-	if (err == EAGAIN) {
-		/* A unix socket's listen backlog is full: the filter is not accepting fast
-		 * enough.  Try again shortly; the wait is part of the session's latency. */
-		b.connect_retries++;
+	} else if (r == -EAGAIN) {
+		conn_close(c);
 		retry_push(c, RETRY_BUSY_NS, false);
-		return;
 	}
-	if (!b.ever_connected)
-		fatal("cannot connect to %s: %s", o.target, strerror(err));
-	c->state = CS_SESSION;
-	c->wait = STEP_NONE;
-	conn_fail(c, ERR_CONNECT, strerror(err));
 }
 
 /* Starts the next session of a load slot, or retires the slot. */
 static void slot_next(struct conn *c)
 {
-	if (!launch_allowed()) {
+	if (!loadgen_launch_allowed(&lg)) {
 		c->state = CS_RETIRED;
-		b.active--;
+		lg.active--;
 		free(c->out);
 		c->out = NULL;
 		return;
 	}
-	b.now = clock_ns();
+	lg.now = loadgen_clock_ns();
 	session_reset(c);
 	conn_connect(c);
 }
 
 /* Abandons the session after a protocol or I/O error: close, as Postfix does. */
-static void conn_fail(struct conn *c, enum err e, const char *why)
+static void conn_fail(struct conn *c, enum loadgen_err e, const char *why)
 {
 	static uint64_t reported;
 
 	b.errors[e]++;
 	if (reported++ < 5)
-		fprintf(stderr, "milter_load: connection %u, step %s: %s error: %s\n", c->id,
+		fprintf(stderr, "milter_load: connection %u, step %s: %s error: %s\n", c->lc.id,
 		    step_names[c->wait != STEP_NONE ? c->wait : c->next], err_names[e], why);
 	conn_close(c);
 	if (c->idle) {
@@ -1089,9 +874,7 @@ static void conn_fail(struct conn *c, enum err e, const char *why)
 	}
 	if (c->measured) {
 		c->measured = false;
-		b.failed++;
-		if (b.now > b.t_end)
-			b.t_end = b.now;
+		loadgen_failed(&lg);
 	}
 	retry_push(c, RETRY_ERR_NS, true);
 }
@@ -1124,42 +907,20 @@ static void conn_session_done(struct conn *c)
 	}
 	/* Wait for the filter to close after QUIT, so that a reply it still sends (to a
 	 * step that needed none) is seen and counted. */
-	if (shutdown(c->fd, SHUT_WR) < 0) {
+	if (shutdown(c->lc.fd, SHUT_WR) < 0) {
 		conn_close(c);
 		c->state = CS_FREE;
 		return;
 	}
 	c->state = CS_CLOSING;
-	c->since = b.now;
+	c->lc.since = lg.now;
 }
 
 /* Writes queued output.  Returns 0 when all is written, -EAGAIN when the socket is
  * full, -EPIPE when the connection failed (it is then closed). */
 static int conn_flush(struct conn *c)
 {
-	ssize_t n;
-	size_t want;
-
-	while (c->out_off < c->out_len) {
-		want = c->out_len - c->out_off;
-		n = send(c->fd, c->out + c->out_off, want, MSG_NOSIGNAL);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			if (errno == EAGAIN)
-				return -EAGAIN;
-			conn_fail(c, errno == EPIPE || errno == ECONNRESET ? ERR_CLOSED : ERR_IO,
-			    strerror(errno));
-			return -EPIPE;
-		}
-		c->out_off += (size_t)n;
-		c->since = b.now;
-		if ((size_t)n < want)
-			return -EAGAIN;
-	}
-	c->out_off = 0;
-	c->out_len = 0;
-	return 0;
+	return loadgen_write(&lg, &c->lc, c->out, &c->out_off, &c->out_len);
 }
 
 /* Sends what the session has to send next; see gen_fill(). */
@@ -1239,7 +1000,7 @@ static void conn_reply(struct conn *c)
 
 	if (s == STEP_NONE) {
 		snprintf(why, sizeof why, "reply '%c' while no reply was due", code);
-		conn_fail(c, ERR_UNEXPECTED, why);
+		conn_fail(c, LOADGEN_ERR_UNEXPECTED, why);
 		return;
 	}
 	if (code == 'p')                /* PROGRESS: keep waiting, the timer restarts */
@@ -1247,7 +1008,7 @@ static void conn_reply(struct conn *c)
 	if (s == STEP_OPTNEG) {
 		if (code != SMFIC_OPTNEG) {
 			snprintf(why, sizeof why, "reply '%c' to OPTNEG", code);
-			conn_fail(c, ERR_BADSTEP, why);
+			conn_fail(c, LOADGEN_ERR_PROTO, why);
 			return;
 		}
 		reply_optneg(c);
@@ -1259,7 +1020,7 @@ static void conn_reply(struct conn *c)
 	if (code == SMFIC_OPTNEG || (is_modification(code) && s != STEP_EOB) ||
 	    (code == 's' && s != STEP_BODY) || code == 'f') {
 		snprintf(why, sizeof why, "reply '%c' is not legal at %s", code, step_names[s]);
-		conn_fail(c, ERR_BADSTEP, why);
+		conn_fail(c, LOADGEN_ERR_PROTO, why);
 		return;
 	}
 	if (is_modification(code)) {
@@ -1268,7 +1029,7 @@ static void conn_reply(struct conn *c)
 	}
 	/* A final reply. */
 	c->wait = STEP_NONE;
-	c->t_last_reply = b.now;
+	c->t_last_reply = lg.now;
 	switch (s) {
 	case STEP_CONNECT:
 	case STEP_HELO:
@@ -1311,7 +1072,7 @@ static void conn_reply(struct conn *c)
 		msg_verdict(c, code);
 		return;
 	default:
-		CHECK(!"reply awaited at an impossible step");
+		LOADGEN_CHECK(!"reply awaited at an impossible step");
 	}
 }
 
@@ -1373,7 +1134,7 @@ static bool rx_check_payload(struct conn *c)
 	if (code == 'y') {
 		if (c->rx_len < 5 || (h[0] != '4' && h[0] != '5') || h[1] < '0' || h[1] > '9' ||
 		    h[2] < '0' || h[2] > '9' || (h[3] != ' ' && h[3] != '-')) {
-			conn_fail(c, ERR_BADSTEP, "malformed REPLYCODE (needs \"4xx text\" or \"5xx text\")");
+			conn_fail(c, LOADGEN_ERR_PROTO, "malformed REPLYCODE (needs \"4xx text\" or \"5xx text\")");
 			return false;
 		}
 	}
@@ -1382,8 +1143,10 @@ static bool rx_check_payload(struct conn *c)
 
 /* Feeds received bytes to the resumable packet parser.  Returns 0, or -EPROTO if
  * the connection failed on a protocol error (it is then closed). */
-static int conn_feed(struct conn *c, const uint8_t *p, size_t n)
+static int conn_feed(struct loadgen_conn *lc, const void *data, size_t n)
 {
+	struct conn *c = conn_of(lc);
+	const uint8_t *p = data;
 	size_t take;
 
 	while (n > 0) {
@@ -1418,7 +1181,7 @@ static int conn_feed(struct conn *c, const uint8_t *p, size_t n)
 		if (!rx_check_payload(c))
 			return -EPROTO;
 		conn_reply(c);
-		if (c->fd < 0)
+		if (c->lc.fd < 0)
 			return -EPROTO;
 	}
 	return 0;
@@ -1432,138 +1195,46 @@ static void conn_eof(struct conn *c)
 		c->state = CS_FREE;
 		return;
 	case CS_HOLD:
-		conn_fail(c, ERR_CLOSED, "the filter closed an idle connection");
+		conn_fail(c, LOADGEN_ERR_CLOSED, "the filter closed an idle connection");
 		return;
 	default:
-		conn_fail(c, ERR_CLOSED, "the filter closed the connection");
+		conn_fail(c, LOADGEN_ERR_CLOSED, "the filter closed the connection");
 		return;
 	}
 }
 
-/* Reads and parses what arrived.  hup: the event reported the peer's close, whose
- * edge is consumed with this event, so read on to EOF even after a short read. */
+/* Reads and parses what arrived; see loadgen_read(). */
 static void conn_read(struct conn *c, bool hup)
 {
-	ssize_t n;
-
-	for (;;) {
-		n = read(c->fd, rbuf, sizeof rbuf);
-		if (n > 0) {
-			c->since = b.now;
-			if (conn_feed(c, rbuf, (size_t)n) < 0)
-				return;
-			/* A short read emptied the socket; edge-triggered epoll reports new
-			 * data (and a later EOF) with a new event. */
-			if ((size_t)n < sizeof rbuf && !hup)
-				return;
-			continue;
-		}
-		if (n == 0) {
-			conn_eof(c);
-			return;
-		}
-		if (errno == EINTR)
-			continue;
-		if (errno == EAGAIN)
-			return;
-		conn_fail(c, errno == ECONNRESET ? ERR_CLOSED : ERR_IO, strerror(errno));
-		return;
-	}
+	if (loadgen_read(&lg, &c->lc, hup) == LOADGEN_EOF)
+		conn_eof(c);
 }
 
-static void conn_event(struct conn *c, uint32_t ev)
+static void conn_event(struct loadgen_conn *lc, uint32_t ev)
 {
-	int err = 0;
-	socklen_t len = sizeof err;
+	struct conn *c = conn_of(lc);
+	int r;
 
-	b.now = clock_ns();
 	if (c->state == CS_CONNECTING) {
-		if (!(ev & (EPOLLOUT | EPOLLERR | EPOLLHUP)))
+		r = loadgen_connect_result(&lg, &c->lc, ev);
+		if (r < 0)
 			return;
-		if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
-			err = errno;
-		if (err != 0) {
-			if (!b.ever_connected)
-				fatal("cannot connect to %s: %s", o.target, strerror(err));
-			c->state = CS_SESSION;
-			conn_fail(c, ERR_CONNECT, strerror(err));
-			return;
-		}
 		conn_connected(c);
-		if (c->fd < 0)
+		if (c->lc.fd < 0)
 			return;
 	}
-	if (c->fd >= 0 && (ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)))
+	if (c->lc.fd >= 0 && (ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)))
 		conn_read(c, (ev & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0);
-	if (c->fd >= 0 && c->state == CS_SESSION)
+	if (c->lc.fd >= 0 && c->state == CS_SESSION)
 		conn_progress(c);
 	if (c->state == CS_FREE)
 		slot_next(c);
 }
 
-/* ---- the server process, from /proc (--pid) ------------------------------------- */
-
-/* utime+stime of all the process's threads, in seconds; -1 if unreadable. */
-static double proc_cpu(long pid)
+/* ops->fail: connecting, writing or reading failed. */
+static void conn_io_fail(struct loadgen_conn *lc, enum loadgen_err e, const char *why)
 {
-	char path[64], buf[1024];
-	unsigned long long ut, st;
-	const char *p;
-	FILE *f;
-	size_t n;
-
-	snprintf(path, sizeof path, "/proc/%ld/stat", pid);
-	f = fopen(path, "r");
-	if (f == NULL)
-		return -1;
-	n = fread(buf, 1, sizeof buf - 1, f);
-	fclose(f);
-	buf[n] = '\0';
-	/* comm may hold spaces and parentheses: the fields start after the last ')'. */
-	p = strrchr(buf, ')');
-	if (p == NULL)
-		return -1;
-	/* state is field 3; utime and stime are fields 14 and 15. */
-	if (sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
-		return -1;
-	return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-}
-
-/* Threads and VmRSS (kB) of the process.  Returns 0 or a negative errno. */
-static int proc_status(long pid, long *ret_threads, long *ret_rss_kb)
-{
-	char path[64], line[256];
-	long threads = -1, rss = -1;
-	FILE *f;
-
-	snprintf(path, sizeof path, "/proc/%ld/status", pid);
-	f = fopen(path, "r");
-	if (f == NULL)
-		return -errno;
-	while (fgets(line, sizeof line, f) != NULL) {
-		if (strncmp(line, "Threads:", 8) == 0)
-			threads = strtol(line + 8, NULL, 10);
-		else if (strncmp(line, "VmRSS:", 6) == 0)
-			rss = strtol(line + 6, NULL, 10);
-	}
-	fclose(f);
-	if (threads < 0 || rss < 0)
-		return -ENODATA;
-	*ret_threads = threads;
-	*ret_rss_kb = rss;
-	return 0;
-}
-
-static void proc_sample(void)
-{
-	long threads, rss;
-
-	if (o.pid <= 0 || proc_status(o.pid, &threads, &rss) < 0)
-		return;
-	if (threads > b.threads_max)
-		b.threads_max = threads;
-	if (rss > b.rss_kb_max)
-		b.rss_kb_max = rss;
+	conn_fail(conn_of(lc), e, why);
 }
 
 /* ---- run control --------------------------------------------------------------- */
@@ -1573,33 +1244,39 @@ static void idle_open_more(void)
 	struct conn *c;
 
 	while (b.idle_next < o.idle && b.idle_inflight < IDLE_BATCH) {
-		c = &b.conns[o.concurrency + b.idle_next++];
+		c = &b.conns[lg.opt.concurrency + b.idle_next++];
 		b.idle_inflight++;
-		b.now = clock_ns();
+		lg.now = loadgen_clock_ns();
 		session_reset(c);
 		conn_connect(c);
 	}
 }
 
-static void retry_run(void)
+/* The setup phase: the idle connections are opened before the load starts. */
+static bool idle_setup(void)
 {
-	struct conn *list = b.retry_head, *c;
+	if (loadgen_interrupted()) {
+		b.idle_failed += o.idle - b.idle_next;
+		b.idle_next = o.idle;
+	}
+	idle_open_more();
+	return b.idle_held + b.idle_failed >= o.idle;
+}
 
-	b.retry_head = NULL;
-	while (list != NULL) {
-		c = list;
-		list = c->retry_next;
-		if (b.now < c->retry_at) {
-			c->retry_next = b.retry_head;
-			b.retry_head = c;
-			continue;
-		}
-		if (c->new_session) {
-			c->state = CS_FREE;
-			slot_next(c);
-		} else {
-			conn_connect(c);
-		}
+static void slot_start(unsigned i)
+{
+	slot_next(&b.conns[i]);
+}
+
+static void conn_retry(struct loadgen_conn *lc)
+{
+	struct conn *c = conn_of(lc);
+
+	if (c->new_session) {
+		c->state = CS_FREE;
+		slot_next(c);
+	} else {
+		conn_connect(c);
 	}
 }
 
@@ -1613,125 +1290,33 @@ static void timeouts_run(void)
 		c = &b.conns[i];
 		if (c->state != CS_CONNECTING && c->state != CS_SESSION && c->state != CS_CLOSING)
 			continue;
-		if (b.now - c->since < b.timeout_ns)
+		if (!loadgen_timed_out(&lg, &c->lc))
 			continue;
 		if (c->state == CS_CONNECTING) {
 			c->state = CS_SESSION;
-			conn_fail(c, ERR_CONNECT, "connect timed out");
+			conn_fail(c, LOADGEN_ERR_CONNECT, "connect timed out");
 		} else if (c->state == CS_CLOSING) {
-			conn_fail(c, ERR_MISSING, "the filter did not close after QUIT");
+			conn_fail(c, LOADGEN_ERR_MISSING, "the filter did not close after QUIT");
 		} else if (c->wait != STEP_NONE) {
 			snprintf(why, sizeof why, "no reply to %s within %.1f s",
-			    step_names[c->wait], o.timeout);
-			conn_fail(c, ERR_MISSING, why);
+			    step_names[c->wait], lg.opt.timeout);
+			conn_fail(c, LOADGEN_ERR_MISSING, why);
 		} else {
-			conn_fail(c, ERR_IO, "the filter stopped reading");
+			conn_fail(c, LOADGEN_ERR_IO, "the filter stopped reading");
 		}
 	}
 }
 
-static void phase_run(void)
+/* Releases the idle connections the way an MTA ends a session. */
+static void idle_release(void)
 {
-	switch (b.phase) {
-	case PH_IDLE_SETUP:
-		if (interrupted) {
-			b.idle_failed += o.idle - b.idle_next;
-			b.idle_next = o.idle;
-		}
-		idle_open_more();
-		if (b.idle_held + b.idle_failed < o.idle)
-			return;
-		if (o.pid > 0) {
-			long threads;
-
-			b.cpu_start = proc_cpu(o.pid);
-			if (b.cpu_start >= 0 && proc_status(o.pid, &threads, &b.rss_kb_load) == 0) {
-				b.proc_ok = true;
-				b.threads_max = threads;
-				b.rss_kb_max = b.rss_kb_load;
-			}
-		}
-		b.phase = o.warmup > 0 ? PH_WARMUP : PH_MEASURE;
-		b.t_warm_end = b.now + (uint64_t)(o.warmup * NS_PER_S);
-		b.t0 = b.now;
-		b.t_stop = b.t0 + (uint64_t)(o.duration * NS_PER_S);
-		b.active = o.concurrency;
-		for (unsigned i = 0; i < o.concurrency; i++)
-			slot_next(&b.conns[i]);
-		return;
-	case PH_WARMUP:
-		if (b.now < b.t_warm_end && !interrupted)
-			return;
-		b.phase = PH_MEASURE;
-		b.t0 = b.now;
-		b.t_stop = b.t0 + (uint64_t)(o.duration * NS_PER_S);
-		return;
-	case PH_MEASURE:
-		if (launch_allowed())
-			return;
-		b.phase = PH_DRAIN;
-		/* fall through */
-	case PH_DRAIN:
-		if (b.active > 0)
-			return;
-		b.phase = PH_DONE;
-		return;
-	default:
-		return;
-	}
-}
-
-static void on_signal(int sig)
-{
-	(void)sig;
-	interrupted = 1;
-}
-
-static void run(void)
-{
-	struct epoll_event evs[256];
-	int n, wait_ms;
-
-	b.next_tick = clock_ns();
-	while (b.phase != PH_DONE) {
-		b.now = clock_ns();
-		if (b.retry_head != NULL)
-			wait_ms = 1;
-		else
-			wait_ms = b.now >= b.next_tick ? 0 : (int)((b.next_tick - b.now) / 1000000u) + 1;
-		n = epoll_wait(b.ep, evs, (int)(sizeof evs / sizeof evs[0]), wait_ms);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			fatal("epoll_wait: %s", strerror(errno));
-		}
-		for (int i = 0; i < n; i++)
-			conn_event(evs[i].data.ptr, evs[i].events);
-		b.now = clock_ns();
-		if (b.retry_head != NULL)
-			retry_run();
-		if (b.now >= b.next_tick) {
-			b.next_tick = b.now + 100000000u;
-			timeouts_run();
-			if (b.phase != PH_IDLE_SETUP)
-				proc_sample();
-		}
-		phase_run();
-	}
-	if (b.proc_ok) {
-		proc_sample();
-		b.cpu_end = proc_cpu(o.pid);
-		if (b.cpu_end < 0)
-			b.proc_ok = false;
-	}
-	/* Release the idle connections the way an MTA ends a session. */
-	for (unsigned i = o.concurrency; i < b.nconns; i++) {
+	for (unsigned i = lg.opt.concurrency; i < b.nconns; i++) {
 		struct conn *c = &b.conns[i];
 
 		if (c->state == CS_HOLD) {
 			static const uint8_t quit[5] = { 0, 0, 0, 1, SMFIC_QUIT };
 
-			(void)send(c->fd, quit, sizeof quit, MSG_NOSIGNAL);
+			(void)send(c->lc.fd, quit, sizeof quit, MSG_NOSIGNAL);
 			conn_close(c);
 		}
 		c->state = CS_RETIRED;
@@ -1739,79 +1324,6 @@ static void run(void)
 }
 
 /* ---- setup and report ------------------------------------------------------------ */
-
-static void parse_target(const char *t)
-{
-	struct addrinfo hints, *res;
-	char host[256], port[32];
-	const char *rest, *at, *colon;
-	int r;
-
-	if (strncmp(t, "unix:", 5) == 0 || strncmp(t, "local:", 6) == 0 || t[0] == '/') {
-		struct sockaddr_un *sun = (struct sockaddr_un *)&b.addr;
-		const char *path = t[0] == '/' ? t : strchr(t, ':') + 1;
-
-		if (strlen(path) >= sizeof sun->sun_path)
-			fatal("socket path too long: %s", path);
-		memset(sun, 0, sizeof *sun);
-		sun->sun_family = AF_UNIX;
-		memcpy(sun->sun_path, path, strlen(path) + 1);
-		b.family = AF_UNIX;
-		b.addrlen = sizeof *sun;
-		return;
-	}
-	if (strncmp(t, "inet:", 5) == 0)
-		rest = t + 5;
-	else if (strncmp(t, "inet6:", 6) == 0)
-		rest = t + 6;
-	else
-		fatal("bad socket %s (unix:/path, inet:host:port or inet:port@host)", t);
-	at = strchr(rest, '@');
-	if (at != NULL) {               /* libmilter's inet:port@host */
-		r = snprintf(port, sizeof port, "%.*s", (int)(at - rest), rest);
-		if (r < 0 || (size_t)r >= sizeof port)
-			fatal("bad socket %s", t);
-		r = snprintf(host, sizeof host, "%s", at + 1);
-	} else {                        /* inet:host:port, inet6:[addr]:port */
-		colon = strrchr(rest, ':');
-		if (colon == NULL)
-			fatal("bad socket %s (no port)", t);
-		if (rest[0] == '[' && colon > rest && colon[-1] == ']')
-			r = snprintf(host, sizeof host, "%.*s", (int)(colon - rest - 2), rest + 1);
-		else
-			r = snprintf(host, sizeof host, "%.*s", (int)(colon - rest), rest);
-		if (r >= 0 && (size_t)r < sizeof host)
-			r = snprintf(port, sizeof port, "%s", colon + 1);
-	}
-	if (r < 0 || (size_t)r >= sizeof host)
-		fatal("bad socket %s", t);
-	memset(&hints, 0, sizeof hints);
-	hints.ai_socktype = SOCK_STREAM;
-	r = getaddrinfo(host, port, &hints, &res);
-	if (r != 0)
-		fatal("cannot resolve %s: %s", t, gai_strerror(r));
-	memcpy(&b.addr, res->ai_addr, res->ai_addrlen);
-	b.addrlen = res->ai_addrlen;
-	b.family = res->ai_family;
-	freeaddrinfo(res);
-}
-
-static void raise_nofile(rlim_t need)
-{
-	struct rlimit rl;
-
-	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
-		fatal("getrlimit: %s", strerror(errno));
-	if (rl.rlim_cur < rl.rlim_max) {
-		rl.rlim_cur = rl.rlim_max;
-		if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
-			fatal("setrlimit: %s", strerror(errno));
-	}
-	if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need)
-		fatal("%llu connections need %llu descriptors; the hard limit is %llu (ulimit -Hn)",
-		    (unsigned long long)(o.concurrency + o.idle), (unsigned long long)need,
-		    (unsigned long long)rl.rlim_cur);
-}
 
 static void fill_body_pattern(void)
 {
@@ -1824,7 +1336,7 @@ static void fill_body_pattern(void)
 		n = snprintf(buf, sizeof buf,
 		    "%05u The quick brown fox jumps over the lazy dog; 0123456789 abcdefghij\r\n",
 		    line++ % 100000u);
-		CHECK(n > 0 && (size_t)n < sizeof buf);
+		LOADGEN_CHECK(n > 0 && (size_t)n < sizeof buf);
 		for (int k = 0; k < n && i < sizeof body_pattern; k++)
 			body_pattern[i++] = (uint8_t)buf[k];
 	}
@@ -1876,113 +1388,70 @@ static void flag_names(uint32_t proto, char *buf, size_t len)
 	}
 }
 
-static void json_string(const char *s)
-{
-	putchar('"');
-	for (; *s != '\0'; s++) {
-		unsigned char ch = (unsigned char)*s;
-
-		if (ch == '"' || ch == '\\')
-			printf("\\%c", ch);
-		else if (ch < 0x20)
-			printf("\\u%04x", ch);
-		else
-			putchar(ch);
-	}
-	putchar('"');
-}
-
-static uint64_t errors_total(void)
-{
-	uint64_t t = 0;
-
-	for (int i = 0; i < ERR__MAX; i++)
-		t += b.errors[i];
-	return t;
-}
-
 static void report(void)
 {
-	double elapsed = b.t_end > b.t0 ? (double)(b.t_end - b.t0) / NS_PER_S : 0;
-	double rate = elapsed > 0 ? (double)b.completed / elapsed : 0;
-	double mrate = elapsed > 0 ? (double)b.messages / elapsed : 0;
-	double p50 = hist_quantile(&b.hist, 0.50) / 1e6, p90 = hist_quantile(&b.hist, 0.90) / 1e6;
-	double p99 = hist_quantile(&b.hist, 0.99) / 1e6, max = (double)b.hist.max / 1e6;
-	double mean = b.hist.count ? b.hist.sum / (double)b.hist.count / 1e6 : 0;
-	double cpu = b.proc_ok ? b.cpu_end - b.cpu_start : 0;
-	double cpu_per = b.completed_all ? cpu * 1e6 / (double)b.completed_all : 0;
+	struct loadgen_summary s;
+	double mrate;
 	char flags[256];
 
+	loadgen_summarize(&lg, &s);
+	mrate = s.elapsed > 0 ? (double)b.messages / s.elapsed : 0;
 	flag_names(b.neg_proto, flags, sizeof flags);
-	if (o.json) {
-		printf("{\"label\":");
-		json_string(o.label != NULL ? o.label : "");
-		printf(",\"target\":");
-		json_string(o.target);
+	if (lg.opt.json) {
+		loadgen_json_begin(&lg);
 		printf(",\"concurrency\":%u,\"idle\":%u,\"idle_held\":%u,\"idle_lost\":%u,"
 		    "\"idle_failed\":%u,\"reuse\":%s,\"rcpts\":%u,\"messages_per_session\":%u,"
 		    "\"headers\":%u,\"body\":%zu,\"warmup_s\":%.3f,\"elapsed_s\":%.6f,"
 		    "\"sessions\":%" PRIu64 ",\"failed\":%" PRIu64 ",\"messages\":%" PRIu64
 		    ",\"sessions_per_s\":%.1f,\"messages_per_s\":%.1f,",
-		    o.concurrency, o.idle, b.idle_held, b.idle_lost, b.idle_failed,
-		    o.reuse ? "true" : "false", o.rcpts, o.messages, o.headers, o.body, o.warmup,
-		    elapsed, b.completed, b.failed, b.messages, rate, mrate);
-		printf("\"latency_ms\":{\"p50\":%.3f,\"p90\":%.3f,\"p99\":%.3f,\"max\":%.3f,"
-		    "\"mean\":%.3f},\"verdicts\":{", p50, p90, p99, max, mean);
-		for (int i = 0; i < V__MAX; i++)
-			printf("%s\"%s\":%" PRIu64, i ? "," : "", verdict_names[i], b.verdicts[i]);
-		printf("},\"errors\":{\"total\":%" PRIu64, errors_total());
-		for (int i = 0; i < ERR__MAX; i++)
-			printf(",\"%s\":%" PRIu64, err_names[i], b.errors[i]);
-		printf("},\"modifications\":%" PRIu64 ",\"connect_retries\":%" PRIu64
+		    lg.opt.concurrency, o.idle, b.idle_held, b.idle_lost, b.idle_failed,
+		    o.reuse ? "true" : "false", o.rcpts, o.messages, o.headers, o.body, lg.opt.warmup,
+		    s.elapsed, lg.completed, lg.failed, b.messages, s.rate, mrate);
+		loadgen_json_latency(&s);
+		printf(",");
+		loadgen_json_counts("verdicts", verdict_names, b.verdicts, V__MAX);
+		printf(",");
+		loadgen_json_errors(err_names, b.errors);
+		printf(",\"modifications\":%" PRIu64 ",\"connect_retries\":%" PRIu64
 		    ",\"negotiated\":{\"version\":%" PRIu32 ",\"actions\":%" PRIu32
 		    ",\"protocol\":%" PRIu32 ",\"mismatch\":%" PRIu64 "}", b.mods,
-		    b.connect_retries, b.neg_version, b.neg_actions, b.neg_proto, b.neg_mismatch);
-		if (b.proc_ok)
+		    lg.connect_retries, b.neg_version, b.neg_actions, b.neg_proto, b.neg_mismatch);
+		if (lg.proc.ok)
 			printf(",\"server\":{\"pid\":%ld,\"threads_max\":%ld,\"rss_kb_start\":%ld,"
 			    "\"rss_kb_load_start\":%ld,\"rss_kb_max\":%ld,\"cpu_s\":%.3f,"
-			    "\"sessions_all\":%" PRIu64 ",\"cpu_us_per_session\":%.1f}", o.pid,
-			    b.threads_max, b.rss_kb_start, b.rss_kb_load, b.rss_kb_max, cpu,
-			    b.completed_all, cpu_per);
-		printf("}\n");
-		fflush(stdout);
+			    "\"sessions_all\":%" PRIu64 ",\"cpu_us_per_session\":%.1f}", lg.opt.pid,
+			    lg.proc.threads_max, lg.proc.rss_kb_before, lg.proc.rss_kb_load,
+			    lg.proc.rss_kb_max, s.cpu, lg.completed_all, s.cpu_per);
+		loadgen_json_end();
 		return;
 	}
-	printf("%-12s %s\n", "target", o.target);
+	printf("%-12s %s\n", "target", lg.opt.target);
 	printf("%-12s version %" PRIu32 ", actions 0x%08" PRIx32 ", protocol 0x%08" PRIx32
 	    "%s\n", "negotiated", b.neg_version, b.neg_actions, b.neg_proto,
 	    b.neg_mismatch ? " (differs between connections!)" : "");
 	printf("%-12s %s\n", "", flags);
 	printf("%-12s concurrency %u; %u msg/session, %u rcpt, %u headers, %zu body bytes; %s\n",
-	    "load", o.concurrency, o.messages, o.rcpts, o.headers, o.body,
+	    "load", lg.opt.concurrency, o.messages, o.rcpts, o.headers, o.body,
 	    o.reuse ? "connection reused (QUIT_NC)" : "new connection per session");
 	if (o.idle > 0)
 		printf("%-12s %u requested, %u held to the end, %u lost, %u failed to set up\n",
 		    "idle", o.idle, b.idle_held, b.idle_lost, b.idle_failed);
 	printf("%-12s %" PRIu64 " completed, %" PRIu64 " failed, in %.3f s (after %.1f s warm-up)\n",
-	    "sessions", b.completed, b.failed, elapsed, o.warmup);
-	printf("%-12s %.1f sessions/s, %.1f messages/s\n", "rate", rate, mrate);
-	printf("%-12s p50 %.3f  p90 %.3f  p99 %.3f  max %.3f  mean %.3f\n", "latency ms",
-	    p50, p90, p99, max, mean);
+	    "sessions", lg.completed, lg.failed, s.elapsed, lg.opt.warmup);
+	printf("%-12s %.1f sessions/s, %.1f messages/s\n", "rate", s.rate, mrate);
+	loadgen_print_latency(&s);
 	printf("%-12s", "verdicts");
 	for (int i = 0; i < V__MAX; i++)
 		printf(" %s %" PRIu64 "%s", verdict_names[i], b.verdicts[i], i + 1 < V__MAX ? "," : "\n");
-	printf("%-12s %" PRIu64, "errors", errors_total());
-	if (errors_total() > 0) {
-		printf(" (");
-		for (int i = 0; i < ERR__MAX; i++)
-			printf("%s %s %" PRIu64, i ? "," : "", err_names[i], b.errors[i]);
-		printf(" )");
-	}
-	printf("\n");
-	if (b.proc_ok)
+	loadgen_print_errors(err_names, b.errors);
+	if (lg.proc.ok)
 		printf("%-12s pid %ld: threads max %ld; RSS %ld kB before, %ld kB at load start, "
 		    "%ld kB max; CPU %.3f s for %" PRIu64 " sessions = %.1f us/session\n",
-		    "server", o.pid, b.threads_max, b.rss_kb_start, b.rss_kb_load, b.rss_kb_max,
-		    cpu, b.completed_all, cpu_per);
-	if (b.mods > 0 || b.connect_retries > 0)
+		    "server", lg.opt.pid, lg.proc.threads_max, lg.proc.rss_kb_before,
+		    lg.proc.rss_kb_load, lg.proc.rss_kb_max, s.cpu, lg.completed_all, s.cpu_per);
+	if (b.mods > 0 || lg.connect_retries > 0)
 		printf("%-12s %" PRIu64 " modification replies; %" PRIu64
-		    " connect retries (backlog full)\n", "notes", b.mods, b.connect_retries);
+		    " connect retries (backlog full)\n", "notes", b.mods, lg.connect_retries);
 }
 
 static void usage(FILE *f)
@@ -2012,124 +1481,68 @@ static void usage(FILE *f)
 	    "Exit status: 0 ok, 1 protocol errors were counted, 2 usage or framing error.\n", f);
 }
 
-static unsigned long long parse_num(const char *s, unsigned long long min,
-    unsigned long long max, const char *what)
-{
-	char *end;
-	unsigned long long v;
-
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno != 0 || end == s || *end != '\0' || s[0] == '-' || v < min || v > max)
-		fatal("bad %s: %s (%llu..%llu)", what, s, min, max);
-	return v;
-}
-
-static double parse_secs(const char *s, const char *what)
-{
-	char *end;
-	double v;
-
-	errno = 0;
-	v = strtod(s, &end);
-	if (errno != 0 || end == s || *end != '\0' || !(v >= 0) || v > 86400)
-		fatal("bad %s: %s (seconds)", what, s);
-	return v;
-}
-
 static void parse_args(int argc, char **argv)
 {
-	enum { OPT_REUSE = 256, OPT_JSON, OPT_FAST_CLOSE, OPT_LABEL, OPT_PID };
+	enum { OPT_REUSE = LOADGEN_OPT__MAX, OPT_FAST_CLOSE };
 	static const struct option longs[] = {
 		{ "reuse", no_argument, NULL, OPT_REUSE },
-		{ "json", no_argument, NULL, OPT_JSON },
 		{ "fast-close", no_argument, NULL, OPT_FAST_CLOSE },
-		{ "label", required_argument, NULL, OPT_LABEL },
-		{ "pid", required_argument, NULL, OPT_PID },
-		{ "help", no_argument, NULL, 'h' },
+		LOADGEN_LONG_OPTS,
 		{ NULL, 0, NULL, 0 },
 	};
 	int ch;
 
-	while ((ch = getopt_long(argc, argv, "b:c:hi:k:m:n:p:r:t:T:w:", longs, NULL)) != -1) {
+	while ((ch = getopt_long(argc, argv, "b:i:k:m:r:" LOADGEN_SHORT_OPTS, longs, NULL)) != -1) {
 		switch (ch) {
-		case 'b': o.body = (size_t)parse_num(optarg, 0, 64u << 20, "body size"); break;
-		case 'c': o.concurrency = (unsigned)parse_num(optarg, 1, 1000000, "concurrency"); break;
-		case 'i': o.idle = (unsigned)parse_num(optarg, 0, 1000000, "idle count"); break;
-		case 'k': o.headers = (unsigned)parse_num(optarg, 0, 10000, "header count"); break;
-		case 'm': o.messages = (unsigned)parse_num(optarg, 1, 100000, "messages"); break;
-		case 'n': o.sessions = parse_num(optarg, 1, UINT64_MAX / 2, "sessions"); break;
-		case 'p': o.target = optarg; break;
-		case 'r': o.rcpts = (unsigned)parse_num(optarg, 1, 100000, "recipients"); break;
-		case 't': o.duration = parse_secs(optarg, "duration"); break;
-		case 'T': o.timeout = parse_secs(optarg, "timeout"); break;
-		case 'w': o.warmup = parse_secs(optarg, "warm-up"); break;
+		case 'b': o.body = (size_t)loadgen_parse_num(optarg, 0, 64u << 20, "body size"); break;
+		case 'i': o.idle = (unsigned)loadgen_parse_num(optarg, 0, 1000000, "idle count"); break;
+		case 'k': o.headers = (unsigned)loadgen_parse_num(optarg, 0, 10000, "header count"); break;
+		case 'm': o.messages = (unsigned)loadgen_parse_num(optarg, 1, 100000, "messages"); break;
+		case 'r': o.rcpts = (unsigned)loadgen_parse_num(optarg, 1, 100000, "recipients"); break;
 		case OPT_REUSE: o.reuse = true; break;
-		case OPT_JSON: o.json = true; break;
 		case OPT_FAST_CLOSE: o.fast_close = true; break;
-		case OPT_LABEL: o.label = optarg; break;
-		case OPT_PID: o.pid = (long)parse_num(optarg, 1, 1u << 30, "pid"); break;
-		case 'h': usage(stdout); exit(0);
-		default: usage(stderr); exit(2);
+		default: loadgen_opt(&lg.opt, ch, optarg, "sessions", usage); break;
 		}
 	}
-	if (optind < argc && o.target == NULL)
-		o.target = argv[optind++];
-	if (optind != argc || o.target == NULL) {
-		usage(stderr);
-		exit(2);
-	}
-	if (o.sessions == 0 && o.duration == 0)
-		o.duration = 5;
-	if (o.timeout <= 0)
-		fatal("the timeout must be above 0");
+	loadgen_opts_finish(&lg.opt, argc, argv, usage);
 }
 
 int main(int argc, char **argv)
 {
-	struct sigaction sa;
+	static const struct loadgen_ops ops = {
+		.event = conn_event,
+		.retry = conn_retry,
+		.tick = timeouts_run,
+		.setup = idle_setup,
+		.start = slot_start,
+		.feed = conn_feed,
+		.fail = conn_io_fail,
+	};
+	int rc;
 
+	loadgen_prog = "milter_load";
 	parse_args(argc, argv);
-	parse_target(o.target);
-	raise_nofile((rlim_t)o.concurrency + o.idle + 16);
+	loadgen_init(&lg, &ops, (unsigned long long)lg.opt.concurrency + o.idle);
 	fill_body_pattern();
-
-	memset(&sa, 0, sizeof sa);
-	sa.sa_handler = SIG_IGN;
-	sigaction(SIGPIPE, &sa, NULL);
-	sa.sa_handler = on_signal;
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
-
-	b.ep = epoll_create1(EPOLL_CLOEXEC);
-	if (b.ep < 0)
-		fatal("epoll_create1: %s", strerror(errno));
-	b.nconns = o.concurrency + o.idle;
+	b.nconns = lg.opt.concurrency + o.idle;
 	b.conns = calloc(b.nconns, sizeof *b.conns);
 	if (b.conns == NULL)
-		fatal("out of memory");
+		loadgen_fatal("out of memory");
 	for (unsigned i = 0; i < b.nconns; i++) {
-		b.conns[i].fd = -1;
-		b.conns[i].id = i;
-		b.conns[i].idle = i >= o.concurrency;
+		b.conns[i].lc.fd = -1;
+		b.conns[i].lc.id = i;
+		b.conns[i].idle = i >= lg.opt.concurrency;
 		b.conns[i].state = CS_RETIRED;
 	}
-	b.timeout_ns = (uint64_t)(o.timeout * NS_PER_S);
-	if (o.pid > 0) {
-		long threads;
 
-		if (proc_status(o.pid, &threads, &b.rss_kb_start) < 0)
-			fatal("--pid %ld: cannot read /proc/%ld/status", o.pid, o.pid);
-	}
-	b.phase = PH_IDLE_SETUP;
-	b.now = clock_ns();
-
-	run();
+	loadgen_run(&lg);
+	idle_release();
 	report();
 
+	rc = loadgen_total(b.errors, LOADGEN_ERR__MAX) > 0 || b.neg_mismatch > 0 ? 1 : 0;
 	for (unsigned i = 0; i < b.nconns; i++)
 		free(b.conns[i].out);
 	free(b.conns);
-	close(b.ep);
-	return errors_total() > 0 || b.neg_mismatch > 0 ? 1 : 0;
+	loadgen_fini(&lg);
+	return rc;
 }

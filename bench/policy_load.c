@@ -31,11 +31,6 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <math.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -44,21 +39,15 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/epoll.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "loadgen.h"
 
 #define OUT_CAP    2048u        /* one request; the longest we build is about 1 KiB */
 #define LINE_HEAD  64u          /* bytes kept of each reply line */
 #define REPLY_MAX  65536u       /* largest reply accepted (Postfix: 4 x 8192 per value) */
 #define RETRY_BUSY_NS  1000000u /* retry delay when the listen backlog is full */
 #define RETRY_ERR_NS  10000000u /* pause of a slot after a failed request */
-
-#define NS_PER_S 1000000000ull
-
-#define CHECK(x) do { if (!(x)) check_failed(#x, __FILE__, __LINE__); } while (0)
 
 enum conn_state {
 	CS_FREE = 0,    /* needs its next request */
@@ -97,60 +86,21 @@ static const char *const action_names[A__MAX] = {
 	"other",
 };
 
-enum err {
-	ERR_UNEXPECTED = 0, /* reply bytes while no request was outstanding */
-	ERR_MISSING,        /* no reply within the timeout */
-	ERR_NOACTION,       /* a reply without an action attribute */
-	ERR_CLOSED,         /* the server closed the connection */
-	ERR_CONNECT,        /* connect failed or timed out */
-	ERR_IO,             /* read or write error */
-	ERR__MAX,
-};
-
-static const char *const err_names[ERR__MAX] = {
+/* The error kinds of loadgen.h; "noaction" is a reply without an action attribute. */
+static const char *const err_names[LOADGEN_ERR__MAX] = {
 	"unexpected", "missing", "noaction", "closed", "connect", "io",
 };
 
-enum phase {
-	PH_WARMUP = 0,
-	PH_MEASURE,
-	PH_DRAIN,
-	PH_DONE,
-};
-
+/* The options of policy_load alone; the common ones are in lg.opt. */
 struct opts {
-	const char *target;
-	const char *label;
-	unsigned concurrency;
-	uint64_t requests;      /* 0: limited by duration */
-	double duration;        /* 0: limited by requests */
-	double warmup;
 	unsigned rcpts;         /* recipients (requests) per simulated SMTP session */
 	unsigned domains;       /* recipient domains */
 	unsigned per_conn;      /* requests per connection, 0: no limit */
-	double timeout;
-	long pid;               /* server process to watch in /proc, 0: none */
-	bool json;
-};
-
-/* Latency histogram: exact below 256 ns, then 128 buckets per power of two (<1% error). */
-#define HIST_SUB     128u
-#define HIST_OCTAVES 40u
-#define HIST_BUCKETS (2u * HIST_SUB + HIST_OCTAVES * HIST_SUB)
-
-struct hist {
-	uint64_t count;
-	uint64_t max;
-	double sum;
-	uint64_t bucket[HIST_BUCKETS];
 };
 
 struct conn {
-	int fd;
-	unsigned id;
+	struct loadgen_conn lc;
 	enum conn_state state;
-	uint64_t retry_at;
-	struct conn *retry_next;
 	unsigned on_conn;       /* requests answered on this connection */
 
 	/* the simulated SMTP session */
@@ -161,7 +111,6 @@ struct conn {
 	bool waiting;           /* a request is outstanding */
 	bool measured;
 	uint64_t t_start;
-	uint64_t since;         /* last progress, for the timeout */
 	char out[OUT_CAP];
 	size_t out_off;
 	size_t out_len;
@@ -174,103 +123,47 @@ struct conn {
 	enum action action;
 };
 
+/* What policy_load counts beside the run state in lg. */
 struct bench {
-	int ep;
-	int family;
-	struct sockaddr_storage addr;
-	socklen_t addrlen;
-
 	struct conn *conns;
-	struct conn *retry_head;
-
-	enum phase phase;
-	uint64_t now;
-	uint64_t t_warm_end;
-	uint64_t t0;            /* start of the measurement */
-	uint64_t t_stop;        /* end of launching with -t */
-	uint64_t t_end;         /* last measured request answered */
-	uint64_t timeout_ns;
-	uint64_t next_tick;
 	uint64_t rng;
-
-	unsigned active;        /* slots not retired */
 	uint64_t sess;
-	uint64_t launched;      /* measured requests started */
-	uint64_t completed;     /* measured requests answered */
-	uint64_t failed;        /* measured requests abandoned on an error */
-	uint64_t completed_all; /* requests answered, warm-up included */
 	uint64_t actions[A__MAX];
-	uint64_t errors[ERR__MAX];
+	uint64_t errors[LOADGEN_ERR__MAX];
 	uint64_t connects;
-	uint64_t connect_retries;
-	bool ever_connected;
-
-	struct hist hist;
-
-	/* the server process (--pid), from /proc */
-	double cpu_start;
-	double cpu_end;
-	long rss_kb_start;
-	long rss_kb_max;
-	long threads_max;
-	bool proc_ok;
 };
 
+static struct loadgen lg = {
+	.opt = { .concurrency = 100, .warmup = 1.0, .timeout = 30.0 },
+};
 static struct opts o = {
-	.concurrency = 100,
-	.warmup = 1.0,
 	.rcpts = 3,
 	.domains = 7,
-	.timeout = 30.0,
 };
 static struct bench b;
-static char rbuf[65536];
-static volatile sig_atomic_t interrupted;
 
-static void conn_fail(struct conn *c, enum err e, const char *why);
+static void conn_fail(struct conn *c, enum loadgen_err e, const char *why);
 static void slot_next(struct conn *c);
-static _Noreturn void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static _Noreturn void framing(const struct conn *c, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static void out_fmt(struct conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-static _Noreturn void check_failed(const char *expr, const char *file, int line)
+static struct conn *conn_of(struct loadgen_conn *lc)
 {
-	fprintf(stderr, "policy_load: internal error: %s failed at %s:%d\n", expr, file, line);
-	abort();
-}
-
-static _Noreturn void fatal(const char *fmt, ...)
-{
-	va_list ap;
-
-	fputs("policy_load: ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	exit(2);
+	return (struct conn *)((char *)lc - offsetof(struct conn, lc));
 }
 
 /* A malformed reply: the server does not speak the policy protocol, so stop the run. */
 static _Noreturn void framing(const struct conn *c, const char *fmt, ...)
 {
+	char head[96];
 	va_list ap;
-	char why[256];
 
 	/* A message: truncation is harmless here. */
+	snprintf(head, sizeof head, "malformed reply from the server on connection %u",
+	    c->lc.id);
 	va_start(ap, fmt);
-	vsnprintf(why, sizeof why, fmt, ap);
-	va_end(ap);
-	fatal("malformed reply from the server on connection %u: %s; stopping", c->id, why);
-}
-
-static uint64_t clock_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * NS_PER_S + (uint64_t)ts.tv_nsec;
+	loadgen_vstop(head, fmt, ap);
 }
 
 /* xorshift64*: the run is the same every time (fixed seed). */
@@ -280,63 +173,6 @@ static uint32_t rnd(void)
 	b.rng ^= b.rng << 25;
 	b.rng ^= b.rng >> 27;
 	return (uint32_t)((b.rng * 2685821657736338717ull) >> 32);
-}
-
-/* ---- histogram (as milter_load's) -------------------------------------------------- */
-
-static unsigned hist_index(uint64_t v)
-{
-	unsigned msb, shift, top, idx;
-
-	if (v < 2 * HIST_SUB)
-		return (unsigned)v;
-	msb = 63u - (unsigned)__builtin_clzll(v);
-	shift = msb - 7u;
-	top = (unsigned)(v >> shift);
-	idx = 2 * HIST_SUB + (shift - 1) * HIST_SUB + (top - HIST_SUB);
-	return idx < HIST_BUCKETS ? idx : HIST_BUCKETS - 1;
-}
-
-/* Middle of bucket idx, in the unit of the recorded values. */
-static double hist_mid(unsigned idx)
-{
-	unsigned k, shift, top;
-
-	if (idx < 2 * HIST_SUB)
-		return idx;
-	k = idx - 2 * HIST_SUB;
-	shift = k / HIST_SUB + 1;
-	top = k % HIST_SUB + HIST_SUB;
-	return (double)((uint64_t)top << shift) + (double)((1ull << shift) - 1) / 2.0;
-}
-
-static void hist_add(struct hist *h, uint64_t v)
-{
-	h->count++;
-	h->sum += (double)v;
-	if (v > h->max)
-		h->max = v;
-	h->bucket[hist_index(v)]++;
-}
-
-static double hist_quantile(const struct hist *h, double q)
-{
-	uint64_t want, seen = 0;
-	double v;
-
-	if (h->count == 0)
-		return 0;
-	want = (uint64_t)ceil(q * (double)h->count);
-	if (want < 1)
-		want = 1;
-	for (unsigned i = 0; i < HIST_BUCKETS; i++) {
-		seen += h->bucket[i];
-		if (seen >= want) {
-			v = hist_mid(i);
-			return v > (double)h->max ? (double)h->max : v;
-		}
-	}
-	return (double)h->max;
 }
 
 /* ---- the request -------------------------------------------------------------------- */
@@ -351,7 +187,7 @@ static void out_fmt(struct conn *c, const char *fmt, ...)
 	va_start(ap, fmt);
 	n = vsnprintf(c->out + c->out_len, room, fmt, ap);
 	va_end(ap);
-	CHECK(n >= 0 && (size_t)n < room);
+	LOADGEN_CHECK(n >= 0 && (size_t)n < room);
 	c->out_len += (size_t)n;
 }
 
@@ -376,7 +212,7 @@ static void request_build(struct conn *c)
 	s = c->sess;
 	a = (uint32_t)(s % 0xFFFFFEu) + 1u;
 	n = snprintf(addr, sizeof addr, "10.%u.%u.%u", a >> 16 & 0xFFu, a >> 8 & 0xFFu, a & 0xFFu);
-	CHECK(n > 0 && (size_t)n < sizeof addr);
+	LOADGEN_CHECK(n > 0 && (size_t)n < sizeof addr);
 	tls = s % 2 == 0;
 	sasl = s % 10 == 0;
 
@@ -399,7 +235,7 @@ static void request_build(struct conn *c)
 		out_fmt(c, "client_name=client%" PRIu64 ".bench.test\n"
 		    "reverse_client_name=client%" PRIu64 ".bench.test\n", s, s);
 	/* smtpd's pid, the session's start time and a counter, in hex. */
-	out_fmt(c, "instance=%x.%" PRIx64 ".%x.0\n", 4096u + c->id, 0x67000000u + s,
+	out_fmt(c, "instance=%x.%" PRIx64 ".%x.0\n", 4096u + c->lc.id, 0x67000000u + s,
 	    (unsigned)(s * 7919u % 1000000u));
 	if (sasl)
 		out_fmt(c, "sasl_method=PLAIN\nsasl_username=user%" PRIu64 "\nsasl_sender=\n", s);
@@ -488,31 +324,29 @@ static void reply_done(struct conn *c)
 	c->reply_len = 0;
 	c->have_action = false;
 	if (!ok) {
-		conn_fail(c, ERR_NOACTION, "a reply without action=");
+		conn_fail(c, LOADGEN_ERR_PROTO, "a reply without action=");
 		return;
 	}
-	b.completed_all++;
+	lg.completed_all++;
 	c->on_conn++;
 	if (!c->measured)
 		return;
 	c->measured = false;
-	b.completed++;
 	b.actions[c->action]++;
-	hist_add(&b.hist, b.now - c->t_start);
-	if (b.now > b.t_end)
-		b.t_end = b.now;
+	loadgen_done(&lg, c->t_start, lg.now);
 }
 
 /* Feeds received bytes to the resumable reply parser.  Returns 0, or -EPROTO if the
  * connection failed (it is then closed). */
-static int conn_feed(struct conn *c, const char *p, size_t n)
+static int conn_feed(struct loadgen_conn *lc, const void *data, size_t n)
 {
-	const char *nl;
+	struct conn *c = conn_of(lc);
+	const char *p = data, *nl;
 	size_t take, keep;
 
 	while (n > 0) {
 		if (!c->waiting) {
-			conn_fail(c, ERR_UNEXPECTED, "reply bytes while no request was outstanding");
+			conn_fail(c, LOADGEN_ERR_UNEXPECTED, "reply bytes while no request was outstanding");
 			return -EPROTO;
 		}
 		nl = memchr(p, '\n', n);
@@ -533,7 +367,7 @@ static int conn_feed(struct conn *c, const char *p, size_t n)
 		n -= take + 1;
 		if (c->line_len == 0) {
 			reply_done(c);
-			if (c->fd < 0)
+			if (c->lc.fd < 0)
 				return -EPROTO;
 			continue;
 		}
@@ -545,36 +379,19 @@ static int conn_feed(struct conn *c, const char *p, size_t n)
 
 /* ---- connections ------------------------------------------------------------------- */
 
-static bool launch_allowed(void)
-{
-	if (interrupted)
-		return false;
-	if (b.phase == PH_WARMUP)
-		return true;
-	if (b.phase != PH_MEASURE)
-		return false;
-	if (o.requests > 0 && b.launched >= o.requests)
-		return false;
-	if (o.duration > 0 && b.now >= b.t_stop)
-		return false;
-	return true;
-}
-
 /* Parks a slot until delay_ns from now.  retry_run() then reconnects for the request
  * still outstanding (c->waiting), or starts the next request. */
 static void retry_push(struct conn *c, uint64_t delay_ns)
 {
 	c->state = CS_RETRY;
-	c->retry_at = b.now + delay_ns;
-	c->retry_next = b.retry_head;
-	b.retry_head = c;
+	loadgen_retry_push(&lg, &c->lc, delay_ns);
 }
 
 static void conn_close(struct conn *c)
 {
-	if (c->fd >= 0) {
-		close(c->fd);
-		c->fd = -1;
+	if (c->lc.fd >= 0) {
+		close(c->lc.fd);
+		c->lc.fd = -1;
 	}
 	c->on_conn = 0;
 	c->reply_len = 0;
@@ -586,95 +403,52 @@ static void conn_close(struct conn *c)
  * is full, -EPIPE when the connection failed (it is then closed). */
 static int conn_flush(struct conn *c)
 {
-	ssize_t n;
-
-	while (c->out_off < c->out_len) {
-		n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			if (errno == EAGAIN)
-				return -EAGAIN;
-			conn_fail(c, errno == EPIPE || errno == ECONNRESET ? ERR_CLOSED : ERR_IO,
-			    strerror(errno));
-			return -EPIPE;
-		}
-		c->out_off += (size_t)n;
-		c->since = b.now;
-	}
-	return 0;
+	return loadgen_write(&lg, &c->lc, c->out, &c->out_off, &c->out_len);
 }
 
 static void conn_connected(struct conn *c)
 {
-	b.ever_connected = true;
 	b.connects++;
 	c->state = CS_READY;
-	c->since = b.now;
+	c->lc.since = lg.now;
 	(void)conn_flush(c);
 }
 
 /* Opens a connection for the request already built in c->out. */
 static void conn_connect(struct conn *c)
 {
-	struct epoll_event ev;
-	int fd, one = 1, err;
+	int r = loadgen_connect(&lg, &c->lc);
 
-	fd = socket(b.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		fatal("socket: %s%s", strerror(errno),
-		    errno == EMFILE ? " (raise the open files limit: ulimit -n)" : "");
-	if (b.family != AF_UNIX)
-		(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-	ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
-	ev.data.ptr = c;
-	if (epoll_ctl(b.ep, EPOLL_CTL_ADD, fd, &ev) < 0)
-		fatal("epoll_ctl: %s", strerror(errno));
-	c->fd = fd;
-	if (connect(fd, (struct sockaddr *)&b.addr, b.addrlen) == 0) {
+	if (r == 0) {
 		conn_connected(c);
-		return;
-	}
-	err = errno;
-	if (err == EINPROGRESS) {
+	} else if (r == -EINPROGRESS) {
 		c->state = CS_CONNECTING;
-		c->since = b.now;
-		return;
-	}
-	conn_close(c);
-	if (err == EAGAIN) {
-		/* A unix socket's listen backlog is full.  Try again shortly; the wait is
-		 * part of the request's latency. */
-		b.connect_retries++;
+	} else if (r == -EAGAIN) {
+		/* The request is still to be sent: it waits on the retry list. */
+		conn_close(c);
 		retry_push(c, RETRY_BUSY_NS);
-		return;
 	}
-	if (!b.ever_connected)
-		fatal("cannot connect to %s: %s", o.target, strerror(err));
-	conn_fail(c, ERR_CONNECT, strerror(err));
 }
 
 /* Starts the next request of a slot (on a new connection if it has none), or retires
  * the slot. */
 static void slot_next(struct conn *c)
 {
-	if (!launch_allowed()) {
+	if (!loadgen_launch_allowed(&lg)) {
 		conn_close(c);
 		c->state = CS_RETIRED;
-		b.active--;
+		lg.active--;
 		return;
 	}
 	if (o.per_conn > 0 && c->on_conn >= o.per_conn)
 		conn_close(c);
-	b.now = clock_ns();
+	lg.now = loadgen_clock_ns();
 	request_build(c);
 	c->waiting = true;
-	c->t_start = b.now;
-	c->since = b.now;
-	c->measured = b.phase == PH_MEASURE;
-	if (c->measured)
-		b.launched++;
-	if (c->fd < 0) {
+	c->t_start = lg.now;
+	c->lc.since = lg.now;
+	c->measured = loadgen_begin(&lg);
+	if (c->lc.fd < 0) {
 		conn_connect(c);
 		return;
 	}
@@ -684,82 +458,51 @@ static void slot_next(struct conn *c)
 
 /* Abandons the request after an error: close, and start over on a new connection
  * after a pause (Postfix waits retry_delay, 1 s, and tries again). */
-static void conn_fail(struct conn *c, enum err e, const char *why)
+static void conn_fail(struct conn *c, enum loadgen_err e, const char *why)
 {
 	static uint64_t reported;
 
 	b.errors[e]++;
 	if (reported++ < 5)
-		fprintf(stderr, "policy_load: connection %u: %s error: %s\n", c->id, err_names[e],
+		fprintf(stderr, "policy_load: connection %u: %s error: %s\n", c->lc.id, err_names[e],
 		    why);
 	conn_close(c);
 	c->waiting = false;
 	if (c->measured) {
 		c->measured = false;
-		b.failed++;
-		if (b.now > b.t_end)
-			b.t_end = b.now;
+		loadgen_failed(&lg);
 	}
 	c->sess = 0;            /* the next request starts a new simulated session */
 	retry_push(c, RETRY_ERR_NS);
 }
 
-/* Reads and parses what arrived.  hup: the event reported the peer's close, whose
- * edge is consumed with this event, so read on to EOF even after a short read. */
+/* Reads and parses what arrived; see loadgen_read(). */
 static void conn_read(struct conn *c, bool hup)
 {
-	ssize_t n;
+	int r = loadgen_read(&lg, &c->lc, hup);
 
-	for (;;) {
-		n = read(c->fd, rbuf, sizeof rbuf);
-		if (n > 0) {
-			c->since = b.now;
-			if (conn_feed(c, rbuf, (size_t)n) < 0)
-				return;
-			if ((size_t)n < sizeof rbuf && !hup)
-				return;
-			continue;
-		}
-		if (n == 0 && !c->waiting && o.per_conn > 0 && c->on_conn >= o.per_conn) {
-			/* We were about to close it ourselves (-l): not an error. */
-			conn_close(c);
-			c->state = CS_FREE;
-			return;
-		}
-		if (n == 0) {
-			conn_fail(c, ERR_CLOSED, c->waiting ?
-			    "the server closed the connection before its reply" :
-			    "the server closed the connection between requests");
-			return;
-		}
-		if (errno == EINTR)
-			continue;
-		if (errno == EAGAIN)
-			return;
-		conn_fail(c, errno == ECONNRESET ? ERR_CLOSED : ERR_IO, strerror(errno));
-		return;
+	if (r == LOADGEN_EOF && !c->waiting && o.per_conn > 0 && c->on_conn >= o.per_conn) {
+		/* We were about to close it ourselves (-l): not an error. */
+		conn_close(c);
+		c->state = CS_FREE;
+	} else if (r == LOADGEN_EOF) {
+		conn_fail(c, LOADGEN_ERR_CLOSED, c->waiting ?
+		    "the server closed the connection before its reply" :
+		    "the server closed the connection between requests");
 	}
 }
 
-static void conn_event(struct conn *c, uint32_t ev)
+static void conn_event(struct loadgen_conn *lc, uint32_t ev)
 {
-	int err = 0;
-	socklen_t len = sizeof err;
+	struct conn *c = conn_of(lc);
+	int r;
 
-	b.now = clock_ns();
 	if (c->state == CS_CONNECTING) {
-		if (!(ev & (EPOLLOUT | EPOLLERR | EPOLLHUP)))
+		r = loadgen_connect_result(&lg, &c->lc, ev);
+		if (r < 0)
 			return;
-		if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
-			err = errno;
-		if (err != 0) {
-			if (!b.ever_connected)
-				fatal("cannot connect to %s: %s", o.target, strerror(err));
-			conn_fail(c, ERR_CONNECT, strerror(err));
-			return;
-		}
 		conn_connected(c);
-		if (c->fd < 0)
+		if (c->lc.fd < 0)
 			return;
 	}
 	if (c->state != CS_READY)
@@ -772,95 +515,32 @@ static void conn_event(struct conn *c, uint32_t ev)
 		conn_read(c, (ev & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0);
 	/* Answered and still connected: send the next request at once, as smtpd does
 	 * for the next recipient. */
-	if (c->state == CS_FREE || (c->fd >= 0 && c->state == CS_READY && !c->waiting))
+	if (c->state == CS_FREE || (c->lc.fd >= 0 && c->state == CS_READY && !c->waiting))
 		slot_next(c);
 }
 
-/* ---- the server process, from /proc (--pid), as milter_load --------------------- */
-
-/* utime+stime of all the process's threads, in seconds; -1 if unreadable. */
-static double proc_cpu(long pid)
+/* ops->fail: connecting, writing or reading failed. */
+static void conn_io_fail(struct loadgen_conn *lc, enum loadgen_err e, const char *why)
 {
-	char path[64], buf[1024];
-	unsigned long long ut, st;
-	const char *p;
-	FILE *f;
-	size_t n;
-
-	snprintf(path, sizeof path, "/proc/%ld/stat", pid);
-	f = fopen(path, "r");
-	if (f == NULL)
-		return -1;
-	n = fread(buf, 1, sizeof buf - 1, f);
-	fclose(f);
-	buf[n] = '\0';
-	/* comm may hold spaces and parentheses: the fields start after the last ')'. */
-	p = strrchr(buf, ')');
-	if (p == NULL)
-		return -1;
-	if (sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
-		return -1;
-	return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-}
-
-/* Threads and VmRSS (kB) of the process.  Returns 0 or a negative errno. */
-static int proc_status(long pid, long *ret_threads, long *ret_rss_kb)
-{
-	char path[64], line[256];
-	long threads = -1, rss = -1;
-	FILE *f;
-
-	snprintf(path, sizeof path, "/proc/%ld/status", pid);
-	f = fopen(path, "r");
-	if (f == NULL)
-		return -errno;
-	while (fgets(line, sizeof line, f) != NULL) {
-		if (strncmp(line, "Threads:", 8) == 0)
-			threads = strtol(line + 8, NULL, 10);
-		else if (strncmp(line, "VmRSS:", 6) == 0)
-			rss = strtol(line + 6, NULL, 10);
-	}
-	fclose(f);
-	if (threads < 0 || rss < 0)
-		return -ENODATA;
-	*ret_threads = threads;
-	*ret_rss_kb = rss;
-	return 0;
-}
-
-static void proc_sample(void)
-{
-	long threads, rss;
-
-	if (o.pid <= 0 || proc_status(o.pid, &threads, &rss) < 0)
-		return;
-	if (threads > b.threads_max)
-		b.threads_max = threads;
-	if (rss > b.rss_kb_max)
-		b.rss_kb_max = rss;
+	conn_fail(conn_of(lc), e, why);
 }
 
 /* ---- run control ----------------------------------------------------------------- */
 
-static void retry_run(void)
+static void slot_start(unsigned i)
 {
-	struct conn *list = b.retry_head, *c;
+	slot_next(&b.conns[i]);
+}
 
-	b.retry_head = NULL;
-	while (list != NULL) {
-		c = list;
-		list = c->retry_next;
-		if (b.now < c->retry_at) {
-			c->retry_next = b.retry_head;
-			b.retry_head = c;
-			continue;
-		}
-		if (!c->waiting) {
-			c->state = CS_FREE;
-			slot_next(c);
-		} else {
-			conn_connect(c);
-		}
+static void conn_retry(struct loadgen_conn *lc)
+{
+	struct conn *c = conn_of(lc);
+
+	if (!c->waiting) {
+		c->state = CS_FREE;
+		slot_next(c);
+	} else {
+		conn_connect(c);
 	}
 }
 
@@ -870,258 +550,61 @@ static void timeouts_run(void)
 	struct conn *c;
 	char why[64];
 
-	for (unsigned i = 0; i < o.concurrency; i++) {
+	for (unsigned i = 0; i < lg.opt.concurrency; i++) {
 		c = &b.conns[i];
 		if (c->state != CS_CONNECTING && c->state != CS_READY)
 			continue;
-		if (b.now - c->since < b.timeout_ns)
+		if (!loadgen_timed_out(&lg, &c->lc))
 			continue;
 		if (c->state == CS_CONNECTING) {
-			conn_fail(c, ERR_CONNECT, "connect timed out");
+			conn_fail(c, LOADGEN_ERR_CONNECT, "connect timed out");
 		} else if (c->out_off < c->out_len) {
-			conn_fail(c, ERR_IO, "the server stopped reading");
+			conn_fail(c, LOADGEN_ERR_IO, "the server stopped reading");
 		} else {
-			snprintf(why, sizeof why, "no reply within %.1f s", o.timeout);
-			conn_fail(c, ERR_MISSING, why);
+			snprintf(why, sizeof why, "no reply within %.1f s", lg.opt.timeout);
+			conn_fail(c, LOADGEN_ERR_MISSING, why);
 		}
-	}
-}
-
-static void phase_run(void)
-{
-	switch (b.phase) {
-	case PH_WARMUP:
-		if (b.now < b.t_warm_end && !interrupted)
-			return;
-		b.phase = PH_MEASURE;
-		b.t0 = b.now;
-		b.t_stop = b.t0 + (uint64_t)(o.duration * NS_PER_S);
-		return;
-	case PH_MEASURE:
-		if (launch_allowed())
-			return;
-		b.phase = PH_DRAIN;
-		/* fall through */
-	case PH_DRAIN:
-		if (b.active > 0)
-			return;
-		b.phase = PH_DONE;
-		return;
-	default:
-		return;
-	}
-}
-
-static void on_signal(int sig)
-{
-	(void)sig;
-	interrupted = 1;
-}
-
-static void run(void)
-{
-	struct epoll_event evs[256];
-	int n, wait_ms;
-
-	b.now = clock_ns();
-	if (o.pid > 0) {
-		long threads;
-
-		b.cpu_start = proc_cpu(o.pid);
-		if (b.cpu_start >= 0 && proc_status(o.pid, &threads, &b.rss_kb_start) == 0) {
-			b.proc_ok = true;
-			b.threads_max = threads;
-			b.rss_kb_max = b.rss_kb_start;
-		}
-	}
-	b.phase = o.warmup > 0 ? PH_WARMUP : PH_MEASURE;
-	b.t_warm_end = b.now + (uint64_t)(o.warmup * NS_PER_S);
-	b.t0 = b.now;
-	b.t_stop = b.t0 + (uint64_t)(o.duration * NS_PER_S);
-	b.active = o.concurrency;
-	for (unsigned i = 0; i < o.concurrency; i++)
-		slot_next(&b.conns[i]);
-
-	b.next_tick = clock_ns();
-	while (b.phase != PH_DONE) {
-		b.now = clock_ns();
-		if (b.retry_head != NULL)
-			wait_ms = 1;
-		else
-			wait_ms = b.now >= b.next_tick ? 0 : (int)((b.next_tick - b.now) / 1000000u) + 1;
-		n = epoll_wait(b.ep, evs, (int)(sizeof evs / sizeof evs[0]), wait_ms);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			fatal("epoll_wait: %s", strerror(errno));
-		}
-		for (int i = 0; i < n; i++)
-			conn_event(evs[i].data.ptr, evs[i].events);
-		b.now = clock_ns();
-		if (b.retry_head != NULL)
-			retry_run();
-		if (b.now >= b.next_tick) {
-			b.next_tick = b.now + 100000000u;
-			timeouts_run();
-			proc_sample();
-		}
-		phase_run();
-	}
-	if (b.proc_ok) {
-		proc_sample();
-		b.cpu_end = proc_cpu(o.pid);
-		if (b.cpu_end < 0)
-			b.proc_ok = false;
 	}
 }
 
 /* ---- setup and report -------------------------------------------------------------- */
 
-static void parse_target(const char *t)
-{
-	struct addrinfo hints, *res;
-	char host[256], port[32];
-	const char *rest, *at, *colon;
-	int r;
-
-	if (strncmp(t, "unix:", 5) == 0 || strncmp(t, "local:", 6) == 0 || t[0] == '/') {
-		struct sockaddr_un *sun = (struct sockaddr_un *)&b.addr;
-		const char *path = t[0] == '/' ? t : strchr(t, ':') + 1;
-
-		if (strlen(path) >= sizeof sun->sun_path)
-			fatal("socket path too long: %s", path);
-		memset(sun, 0, sizeof *sun);
-		sun->sun_family = AF_UNIX;
-		memcpy(sun->sun_path, path, strlen(path) + 1);
-		b.family = AF_UNIX;
-		b.addrlen = sizeof *sun;
-		return;
-	}
-	if (strncmp(t, "inet:", 5) == 0)
-		rest = t + 5;
-	else if (strncmp(t, "inet6:", 6) == 0)
-		rest = t + 6;
-	else
-		fatal("bad socket %s (unix:/path, inet:host:port or inet:port@host)", t);
-	at = strchr(rest, '@');
-	if (at != NULL) {               /* libmilter's inet:port@host */
-		r = snprintf(port, sizeof port, "%.*s", (int)(at - rest), rest);
-		if (r < 0 || (size_t)r >= sizeof port)
-			fatal("bad socket %s", t);
-		r = snprintf(host, sizeof host, "%s", at + 1);
-	} else {                        /* inet:host:port, inet6:[addr]:port */
-		colon = strrchr(rest, ':');
-		if (colon == NULL)
-			fatal("bad socket %s (no port)", t);
-		if (rest[0] == '[' && colon > rest && colon[-1] == ']')
-			r = snprintf(host, sizeof host, "%.*s", (int)(colon - rest - 2), rest + 1);
-		else
-			r = snprintf(host, sizeof host, "%.*s", (int)(colon - rest), rest);
-		if (r >= 0 && (size_t)r < sizeof host)
-			r = snprintf(port, sizeof port, "%s", colon + 1);
-	}
-	if (r < 0 || (size_t)r >= sizeof host)
-		fatal("bad socket %s", t);
-	memset(&hints, 0, sizeof hints);
-	hints.ai_socktype = SOCK_STREAM;
-	r = getaddrinfo(host, port, &hints, &res);
-	if (r != 0)
-		fatal("cannot resolve %s: %s", t, gai_strerror(r));
-	memcpy(&b.addr, res->ai_addr, res->ai_addrlen);
-	b.addrlen = res->ai_addrlen;
-	b.family = res->ai_family;
-	freeaddrinfo(res);
-}
-
-static void raise_nofile(rlim_t need)
-{
-	struct rlimit rl;
-
-	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
-		fatal("getrlimit: %s", strerror(errno));
-	if (rl.rlim_cur < rl.rlim_max) {
-		rl.rlim_cur = rl.rlim_max;
-		if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
-			fatal("setrlimit: %s", strerror(errno));
-	}
-	if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need)
-		fatal("%u connections need %llu descriptors; the hard limit is %llu (ulimit -Hn)",
-		    o.concurrency, (unsigned long long)need, (unsigned long long)rl.rlim_cur);
-}
-
-static void json_string(const char *s)
-{
-	putchar('"');
-	for (; *s != '\0'; s++) {
-		unsigned char ch = (unsigned char)*s;
-
-		if (ch == '"' || ch == '\\')
-			printf("\\%c", ch);
-		else if (ch < 0x20)
-			printf("\\u%04x", ch);
-		else
-			putchar(ch);
-	}
-	putchar('"');
-}
-
-static uint64_t errors_total(void)
-{
-	uint64_t t = 0;
-
-	for (int i = 0; i < ERR__MAX; i++)
-		t += b.errors[i];
-	return t;
-}
-
 static void report(void)
 {
-	double elapsed = b.t_end > b.t0 ? (double)(b.t_end - b.t0) / NS_PER_S : 0;
-	double rate = elapsed > 0 ? (double)b.completed / elapsed : 0;
-	double p50 = hist_quantile(&b.hist, 0.50) / 1e6, p90 = hist_quantile(&b.hist, 0.90) / 1e6;
-	double p99 = hist_quantile(&b.hist, 0.99) / 1e6, max = (double)b.hist.max / 1e6;
-	double mean = b.hist.count ? b.hist.sum / (double)b.hist.count / 1e6 : 0;
-	double cpu = b.proc_ok ? b.cpu_end - b.cpu_start : 0;
-	double cpu_per = b.completed_all ? cpu * 1e6 / (double)b.completed_all : 0;
+	struct loadgen_summary s;
 	bool first;
 
-	if (o.json) {
-		printf("{\"label\":");
-		json_string(o.label != NULL ? o.label : "");
-		printf(",\"target\":");
-		json_string(o.target);
+	loadgen_summarize(&lg, &s);
+	if (lg.opt.json) {
+		loadgen_json_begin(&lg);
 		printf(",\"concurrency\":%u,\"rcpts\":%u,\"domains\":%u,\"requests_per_conn\":%u,"
 		    "\"warmup_s\":%.3f,\"elapsed_s\":%.6f,\"requests\":%" PRIu64
 		    ",\"failed\":%" PRIu64 ",\"requests_per_s\":%.1f,",
-		    o.concurrency, o.rcpts, o.domains, o.per_conn, o.warmup, elapsed, b.completed,
-		    b.failed, rate);
-		printf("\"latency_ms\":{\"p50\":%.3f,\"p90\":%.3f,\"p99\":%.3f,\"max\":%.3f,"
-		    "\"mean\":%.3f},\"actions\":{", p50, p90, p99, max, mean);
-		for (int i = 0; i < A__MAX; i++)
-			printf("%s\"%s\":%" PRIu64, i ? "," : "", action_names[i], b.actions[i]);
-		printf("},\"errors\":{\"total\":%" PRIu64, errors_total());
-		for (int i = 0; i < ERR__MAX; i++)
-			printf(",\"%s\":%" PRIu64, err_names[i], b.errors[i]);
-		printf("},\"connects\":%" PRIu64 ",\"connect_retries\":%" PRIu64, b.connects,
-		    b.connect_retries);
-		if (b.proc_ok)
+		    lg.opt.concurrency, o.rcpts, o.domains, o.per_conn, lg.opt.warmup, s.elapsed,
+		    lg.completed, lg.failed, s.rate);
+		loadgen_json_latency(&s);
+		printf(",");
+		loadgen_json_counts("actions", action_names, b.actions, A__MAX);
+		printf(",");
+		loadgen_json_errors(err_names, b.errors);
+		printf(",\"connects\":%" PRIu64 ",\"connect_retries\":%" PRIu64, b.connects,
+		    lg.connect_retries);
+		if (lg.proc.ok)
 			printf(",\"server\":{\"pid\":%ld,\"threads_max\":%ld,\"rss_kb_start\":%ld,"
 			    "\"rss_kb_max\":%ld,\"cpu_s\":%.3f,\"requests_all\":%" PRIu64
-			    ",\"cpu_us_per_request\":%.1f}", o.pid, b.threads_max, b.rss_kb_start,
-			    b.rss_kb_max, cpu, b.completed_all, cpu_per);
-		printf("}\n");
-		fflush(stdout);
+			    ",\"cpu_us_per_request\":%.1f}", lg.opt.pid, lg.proc.threads_max,
+			    lg.proc.rss_kb_load, lg.proc.rss_kb_max, s.cpu, lg.completed_all, s.cpu_per);
+		loadgen_json_end();
 		return;
 	}
-	printf("%-12s %s\n", "target", o.target);
+	printf("%-12s %s\n", "target", lg.opt.target);
 	printf("%-12s concurrency %u; %u rcpt/session, %u recipient domains; %s\n", "load",
-	    o.concurrency, o.rcpts, o.domains,
+	    lg.opt.concurrency, o.rcpts, o.domains,
 	    o.per_conn ? "new connection after -l requests" : "connections kept");
 	printf("%-12s %" PRIu64 " answered, %" PRIu64 " failed, in %.3f s (after %.1f s warm-up)\n",
-	    "requests", b.completed, b.failed, elapsed, o.warmup);
-	printf("%-12s %.1f requests/s\n", "rate", rate);
-	printf("%-12s p50 %.3f  p90 %.3f  p99 %.3f  max %.3f  mean %.3f\n", "latency ms",
-	    p50, p90, p99, max, mean);
+	    "requests", lg.completed, lg.failed, s.elapsed, lg.opt.warmup);
+	printf("%-12s %.1f requests/s\n", "rate", s.rate);
+	loadgen_print_latency(&s);
 	printf("%-12s", "actions");
 	first = true;
 	for (int i = 0; i < A__MAX; i++) {
@@ -1130,21 +613,16 @@ static void report(void)
 		printf("%s %s %" PRIu64, first ? "" : ",", action_names[i], b.actions[i]);
 		first = false;
 	}
-	printf("\n%-12s %" PRIu64, "errors", errors_total());
-	if (errors_total() > 0) {
-		printf(" (");
-		for (int i = 0; i < ERR__MAX; i++)
-			printf("%s %s %" PRIu64, i ? "," : "", err_names[i], b.errors[i]);
-		printf(" )");
-	}
 	printf("\n");
-	if (b.proc_ok)
+	loadgen_print_errors(err_names, b.errors);
+	if (lg.proc.ok)
 		printf("%-12s pid %ld: threads max %ld; RSS %ld kB at start, %ld kB max; "
-		    "CPU %.3f s for %" PRIu64 " requests = %.1f us/request\n", "server", o.pid,
-		    b.threads_max, b.rss_kb_start, b.rss_kb_max, cpu, b.completed_all, cpu_per);
-	if (b.connect_retries > 0 || b.connects > o.concurrency)
+		    "CPU %.3f s for %" PRIu64 " requests = %.1f us/request\n", "server", lg.opt.pid,
+		    lg.proc.threads_max, lg.proc.rss_kb_load, lg.proc.rss_kb_max, s.cpu,
+		    lg.completed_all, s.cpu_per);
+	if (lg.connect_retries > 0 || b.connects > lg.opt.concurrency)
 		printf("%-12s %" PRIu64 " connections opened; %" PRIu64
-		    " connect retries (backlog full)\n", "notes", b.connects, b.connect_retries);
+		    " connect retries (backlog full)\n", "notes", b.connects, lg.connect_retries);
 }
 
 static void usage(FILE *f)
@@ -1173,114 +651,60 @@ static void usage(FILE *f)
 	    "that is not name=value lines.\n", f);
 }
 
-static unsigned long long parse_num(const char *s, unsigned long long min,
-    unsigned long long max, const char *what)
-{
-	char *end;
-	unsigned long long v;
-
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno != 0 || end == s || *end != '\0' || s[0] == '-' || v < min || v > max)
-		fatal("bad %s: %s (%llu..%llu)", what, s, min, max);
-	return v;
-}
-
-static double parse_secs(const char *s, const char *what)
-{
-	char *end;
-	double v;
-
-	errno = 0;
-	v = strtod(s, &end);
-	if (errno != 0 || end == s || *end != '\0' || !(v >= 0) || v > 86400)
-		fatal("bad %s: %s (seconds)", what, s);
-	return v;
-}
-
 static void parse_args(int argc, char **argv)
 {
-	enum { OPT_JSON = 256, OPT_LABEL, OPT_PID };
 	static const struct option longs[] = {
-		{ "json", no_argument, NULL, OPT_JSON },
-		{ "label", required_argument, NULL, OPT_LABEL },
-		{ "pid", required_argument, NULL, OPT_PID },
-		{ "help", no_argument, NULL, 'h' },
+		LOADGEN_LONG_OPTS,
 		{ NULL, 0, NULL, 0 },
 	};
 	int ch;
 
-	while ((ch = getopt_long(argc, argv, "c:d:hl:n:p:r:t:T:w:", longs, NULL)) != -1) {
+	while ((ch = getopt_long(argc, argv, "d:l:r:" LOADGEN_SHORT_OPTS, longs, NULL)) != -1) {
 		switch (ch) {
-		case 'c': o.concurrency = (unsigned)parse_num(optarg, 1, 1000000, "concurrency"); break;
-		case 'd': o.domains = (unsigned)parse_num(optarg, 1, 100000000, "domains"); break;
-		case 'l': o.per_conn = (unsigned)parse_num(optarg, 0, 1000000000, "requests per connection"); break;
-		case 'n': o.requests = parse_num(optarg, 1, UINT64_MAX / 2, "requests"); break;
-		case 'p': o.target = optarg; break;
-		case 'r': o.rcpts = (unsigned)parse_num(optarg, 1, 100000, "recipients"); break;
-		case 't': o.duration = parse_secs(optarg, "duration"); break;
-		case 'T': o.timeout = parse_secs(optarg, "timeout"); break;
-		case 'w': o.warmup = parse_secs(optarg, "warm-up"); break;
-		case OPT_JSON: o.json = true; break;
-		case OPT_LABEL: o.label = optarg; break;
-		case OPT_PID: o.pid = (long)parse_num(optarg, 1, 1u << 30, "pid"); break;
-		case 'h': usage(stdout); exit(0);
-		default: usage(stderr); exit(2);
+		case 'd': o.domains = (unsigned)loadgen_parse_num(optarg, 1, 100000000, "domains"); break;
+		case 'l':
+			o.per_conn = (unsigned)loadgen_parse_num(optarg, 0, 1000000000,
+			    "requests per connection");
+			break;
+		case 'r': o.rcpts = (unsigned)loadgen_parse_num(optarg, 1, 100000, "recipients"); break;
+		default: loadgen_opt(&lg.opt, ch, optarg, "requests", usage); break;
 		}
 	}
-	if (optind < argc && o.target == NULL)
-		o.target = argv[optind++];
-	if (optind != argc || o.target == NULL) {
-		usage(stderr);
-		exit(2);
-	}
-	if (o.requests == 0 && o.duration == 0)
-		o.duration = 5;
-	if (o.timeout <= 0)
-		fatal("the timeout must be above 0");
+	loadgen_opts_finish(&lg.opt, argc, argv, usage);
 }
 
 int main(int argc, char **argv)
 {
-	struct sigaction sa;
+	static const struct loadgen_ops ops = {
+		.event = conn_event,
+		.retry = conn_retry,
+		.tick = timeouts_run,
+		.start = slot_start,
+		.feed = conn_feed,
+		.fail = conn_io_fail,
+	};
+	int rc;
 
+	loadgen_prog = "policy_load";
 	parse_args(argc, argv);
-	parse_target(o.target);
-	raise_nofile((rlim_t)o.concurrency + 16);
-
-	memset(&sa, 0, sizeof sa);
-	sa.sa_handler = SIG_IGN;
-	sigaction(SIGPIPE, &sa, NULL);
-	sa.sa_handler = on_signal;
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
-
-	if (o.pid > 0) {
-		long threads, rss;
-
-		if (proc_status(o.pid, &threads, &rss) < 0)
-			fatal("--pid %ld: cannot read /proc/%ld/status", o.pid, o.pid);
-	}
-	b.ep = epoll_create1(EPOLL_CLOEXEC);
-	if (b.ep < 0)
-		fatal("epoll_create1: %s", strerror(errno));
-	b.conns = calloc(o.concurrency, sizeof *b.conns);
+	loadgen_init(&lg, &ops, lg.opt.concurrency);
+	b.conns = calloc(lg.opt.concurrency, sizeof *b.conns);
 	if (b.conns == NULL)
-		fatal("out of memory");
-	for (unsigned i = 0; i < o.concurrency; i++) {
-		b.conns[i].fd = -1;
-		b.conns[i].id = i;
+		loadgen_fatal("out of memory");
+	for (unsigned i = 0; i < lg.opt.concurrency; i++) {
+		b.conns[i].lc.fd = -1;
+		b.conns[i].lc.id = i;
 		b.conns[i].state = CS_FREE;
 	}
-	b.timeout_ns = (uint64_t)(o.timeout * NS_PER_S);
 	b.rng = 0x9E3779B97F4A7C15ull;
 
-	run();
+	loadgen_run(&lg);
 	report();
 
-	for (unsigned i = 0; i < o.concurrency; i++)
+	rc = loadgen_total(b.errors, LOADGEN_ERR__MAX) > 0 ? 1 : 0;
+	for (unsigned i = 0; i < lg.opt.concurrency; i++)
 		conn_close(&b.conns[i]);
 	free(b.conns);
-	close(b.ep);
-	return errors_total() > 0 ? 1 : 0;
+	loadgen_fini(&lg);
+	return rc;
 }

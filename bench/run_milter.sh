@@ -16,6 +16,9 @@
 # BENCH_KEEP=1 keeps the temporary directory (configs, logs, JSON lines).
 
 set -u
+PROG=run_milter
+# shellcheck source=lib.sh source-path=SCRIPTDIR
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 BUILD=${1:-./build}
 DURATION=${BENCH_DURATION:-5}
@@ -28,27 +31,9 @@ LOAD=$BUILD/bench/milter_load
 NULL_MILTER=$BUILD/bench/null_milter
 SLUICED=$BUILD/src/daemon/sluiced
 
-say() { printf '%s\n' "run_milter: $*" >&2; }
-die() { say "$*"; exit 1; }
-
-[ -x "$LOAD" ] || die "$LOAD not found: build first (meson setup $BUILD && ninja -C $BUILD)"
-
-DIR=$(mktemp -d "${TMPDIR:-/tmp}/sluice-bench.XXXXXX") || die "mktemp failed"
-declare -A PID SOCK NOTE
-
-cleanup() {
-	local name
-	for name in "${!PID[@]}"; do
-		stop "$name"
-	done
-	if [ "${BENCH_KEEP:-0}" = 1 ]; then
-		say "kept $DIR"
-	else
-		rm -rf "$DIR"
-	fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+need_built "$LOAD"
+bench_tmpdir
+declare -A SOCK NOTE
 
 # Every idle connection costs a descriptor in milter_load and one in the filter;
 # sluiced also wants max_sessions (30000) + 64 so as not to warn.  Raising the hard
@@ -64,7 +49,7 @@ if [ "$(ulimit -Hn)" != unlimited ] && [ "$(ulimit -Hn)" -lt "$want" ]; then
 	    [ "$(ulimit -Hn)" -ge "$need" ] ||
 	    say "cannot raise the hard open files limit to $need"
 fi
-ulimit -n "$(ulimit -Hn)" 2>/dev/null
+nofile_max
 if [ "$(ulimit -n)" != unlimited ] && [ "$(ulimit -n)" -lt "$need" ]; then
 	say "open files limit $(ulimit -n) < $need: lowering BENCH_IDLE"
 	IDLE=$(( $(ulimit -n) - 2048 - IDLE_LOAD ))
@@ -75,39 +60,23 @@ fi
 
 NAMES=()
 
-wait_socket() {                 # wait_socket PATH PID: the filter is listening
-
-	for _ in $(seq 1 100); do
-		[ -S "$1" ] && return 0
-		kill -0 "$2" 2>/dev/null || return 1
-		sleep 0.1
-	done
-	return 1
-}
-
 start_sluiced() {
 	local conf=$DIR/sluice.conf log=$DIR/sluiced.log
 	rm -f "$DIR/milter.sock" "$DIR/control.sock"
-	cat > "$conf" <<EOF
-workers = 2;
-stats_interval = 0;
-log { target = "stderr"; level = "warning"; }
-control { listen = "unix:$DIR/control.sock"; }
+	{
+		sluiced_conf_head "$DIR"
+		cat <<EOF
 milter {
   listen = "unix:$DIR/milter.sock";
   max_sessions = 30000;
   reply { connect = "continue"; helo = "continue"; mail = "continue"; rcpt = "continue"; eom = "accept"; }
 }
 EOF
+	} > "$conf"
 	"$SLUICED" -c "$conf" 2>>"$log" &
 	PID[sluiced]=$!
 	SOCK[sluiced]=$DIR/milter.sock
-	if ! wait_socket "$DIR/milter.sock" "${PID[sluiced]}"; then
-		say "sluiced did not come up; its log:"
-		tail -n 20 "$log" >&2
-		stop sluiced
-		return 1
-	fi
+	started sluiced sluiced "$log" "$DIR/milter.sock"
 }
 
 start_libmilter() {
@@ -117,12 +86,7 @@ start_libmilter() {
 	    2>>"$DIR/null_milter.log" &
 	PID[libmilter]=$!
 	SOCK[libmilter]=$DIR/null.sock
-	if ! wait_socket "$DIR/null.sock" "${PID[libmilter]}"; then
-		say "null_milter did not come up; its log:"
-		tail -n 20 "$DIR/null_milter.log" >&2
-		stop libmilter
-		return 1
-	fi
+	started libmilter null_milter "$DIR/null_milter.log" "$DIR/null.sock"
 }
 
 start() {                       # start NAME
@@ -130,19 +94,6 @@ start() {                       # start NAME
 	sluiced) start_sluiced ;;
 	libmilter) start_libmilter ;;
 	esac
-}
-
-stop() {                        # stop NAME; libmilter waits for open sessions on SIGTERM:
-	local pid=${PID[$1]:-}      # give up after 5 seconds
-	[ -n "$pid" ] || return 0
-	kill "$pid" 2>/dev/null
-	for _ in $(seq 1 50); do
-		kill -0 "$pid" 2>/dev/null || break
-		sleep 0.1
-	done
-	kill -KILL "$pid" 2>/dev/null
-	wait "$pid" 2>/dev/null
-	PID[$1]=
 }
 
 if [ -x "$SLUICED" ]; then
@@ -166,31 +117,22 @@ done
 ROWS=()
 declare -A PROTO
 
-jget() {                        # jget KEY FILE: a scalar from milter_load's JSON line
-	sed -n "s/.*\"$1\":\\([^,}]*\\).*/\\1/p" "$2" | head -n 1
-}
-
 # measure NAME CONCURRENCY IDLE [ROW]: one run; appends a table row unless ROW is "no".
 # Sets LAST_RSS_KB to the filter's peak RSS during the run.
 measure() {
 	local name=$1 conc=$2 idle=$3 row=${4:-yes}
-	local pid=${PID[$name]:-} out=$DIR/$name-c$2-i$3.json rc
+	local pid=${PID[$name]:-} out=$DIR/$name-c$2-i$3.json
 	LAST_RSS_KB=
 	if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then
 		[ "$row" = no ] || ROWS+=("| $name | $conc | $idle | - | - | - | - | - | - | - | ${NOTE[$name]:-not running} |")
 		return 1
 	fi
 	say "$name: concurrency $conc, idle $idle, ${DURATION}s"
-	"$LOAD" -c "$conc" -i "$idle" -t "$DURATION" -w "$WARMUP" --json --label "$name" \
-	    --pid "$pid" "unix:${SOCK[$name]}" > "$out" 2>"$out.err"
-	rc=$?
-	if [ "$rc" -ge 2 ] || [ ! -s "$out" ]; then
-		say "$name: milter_load failed (exit $rc):"
-		tail -n 5 "$out.err" >&2
-		[ "$row" = no ] || ROWS+=("| $name | $conc | $idle | - | - | - | - | - | - | - | milter_load failed: $(tail -n 1 "$out.err" | cut -c 1-80) |")
+	if ! load_run "$name" "$out" milter_load "$LOAD" -c "$conc" -i "$idle" -t "$DURATION" \
+	    -w "$WARMUP" --json --label "$name" --pid "$pid" "unix:${SOCK[$name]}"; then
+		[ "$row" = no ] || ROWS+=("| $name | $conc | $idle | - | - | - | - | - | - | - | milter_load failed: $LOAD_FAILED |")
 		return 1
 	fi
-	[ "$rc" -eq 0 ] || { say "$name: protocol errors:"; head -n 5 "$out.err" >&2; }
 
 	local rate p50 p99 threads rss cpu errs held lost proto
 	rate=$(jget sessions_per_s "$out")
@@ -253,7 +195,7 @@ fi
 
 echo "## milter benchmark"
 echo
-echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -sr), $(nproc) CPUs;" \
+echo "$(machine)" \
     "${DURATION}s per point after ${WARMUP}s warm-up; each session: new unix-socket" \
     "connection, OPTNEG, CONNECT, HELO, MAIL, 3 RCPT, end-of-message, QUIT."
 echo

@@ -20,6 +20,9 @@
 # temporary directory: configuration, log, JSON lines).
 
 set -u
+PROG=run_policy
+# shellcheck source=lib.sh source-path=SCRIPTDIR
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 BUILD=${1:-./build}
 DURATION=${BENCH_DURATION:-5}
@@ -33,67 +36,23 @@ MILTER_LOAD=$BUILD/bench/milter_load
 POLICY_LOAD=$BUILD/bench/policy_load
 SLUICED=$BUILD/src/daemon/sluiced
 
-say() { printf '%s\n' "run_policy: $*" >&2; }
-die() { say "$*"; exit 1; }
-
-for f in "$MILTER_LOAD" "$POLICY_LOAD" "$SLUICED"; do
-	[ -x "$f" ] || die "$f not found: build first (meson setup $BUILD && ninja -C $BUILD)"
-done
-
-DIR=$(mktemp -d "${TMPDIR:-/tmp}/sluice-bench.XXXXXX") || die "mktemp failed"
-SPID=
-
-cleanup() {
-	if [ -n "$SPID" ]; then
-		kill "$SPID" 2>/dev/null
-		for _ in $(seq 1 50); do
-			kill -0 "$SPID" 2>/dev/null || break
-			sleep 0.1
-		done
-		kill -KILL "$SPID" 2>/dev/null
-		wait "$SPID" 2>/dev/null
-	fi
-	if [ "${BENCH_KEEP:-0}" = 1 ]; then
-		say "kept $DIR"
-	else
-		rm -rf "$DIR"
-	fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-ulimit -n "$(ulimit -Hn)" 2>/dev/null
+need_built "$MILTER_LOAD" "$POLICY_LOAD" "$SLUICED"
+bench_tmpdir
+nofile_max
 
 # ---- sluiced --------------------------------------------------------------------------
-
-# The five rules, all decided at RCPT so that both services decide all five per
-# recipient (a policy request arrives at RCPT with every attribute).
-rules_conf() {
-	local rule name key
-	for rule in per-rcpt-domain:rcpt_domain per-sender-domain:sender_domain \
-	    per-client-ip:client_ip per-client-net:client_ip/24 \
-	    per-sender-rcpt-domain:sender+rcpt_domain; do
-		name=${rule%%:*}
-		key=${rule#*:}
-		printf 'limit "%s" { stage = "rcpt"; key = "%s"; count = "messages"; rate = ["%s"]; }\n' \
-		    "$name" "$key" "$RATE"
-	done
-}
 
 CONF=$DIR/sluice.conf
 LOG=$DIR/sluiced.log
 {
-	# state_dir names a directory that does not exist: no snapshot of the counters.
+	sluiced_conf_head "$DIR" state
 	cat <<EOF
-workers = 2;
-stats_interval = 0;
-state_dir = "$DIR/no-state";
-log { target = "stderr"; level = "warning"; }
-control { listen = "unix:$DIR/control.sock"; }
 policy { listen = "unix:$DIR/policy.sock"; }
 milter { listen = "unix:$DIR/milter.sock"; max_sessions = 30000; }
 EOF
-	rules_conf
+	# The five rules, all decided at RCPT so that both services decide all five per
+	# recipient (a policy request arrives at RCPT with every attribute).
+	rules_conf "$RATE"
 	[ -z "${BENCH_EXTRA_CONF:-}" ] || printf '%s\n' "$BENCH_EXTRA_CONF"
 } > "$CONF"
 
@@ -104,53 +63,29 @@ if ! "$SLUICED" -t -c "$CONF" > "$DIR/check.log" 2>&1; then
 	exit 1
 fi
 
-wait_socket() {                 # wait_socket PATH PID: the daemon is listening
-	for _ in $(seq 1 100); do
-		[ -S "$1" ] && return 0
-		kill -0 "$2" 2>/dev/null || return 1
-		sleep 0.1
-	done
-	return 1
-}
-
 "$SLUICED" -c "$CONF" 2>>"$LOG" &
-SPID=$!
-if ! wait_socket "$DIR/policy.sock" "$SPID" || ! wait_socket "$DIR/milter.sock" "$SPID"; then
-	say "sluiced did not come up; its log:"
-	tail -n 20 "$LOG" >&2
-	exit 1
-fi
+PID[sluiced]=$!
+started sluiced sluiced "$LOG" "$DIR/policy.sock" "$DIR/milter.sock" || exit 1
 
 # ---- measuring ------------------------------------------------------------------------
-
-jget() {                        # jget KEY FILE: the scalar named KEY in a JSON line (unique keys)
-	sed -n "s/.*\"$1\":\\([^,}]*\\).*/\\1/p" "$2" | head -n 1
-}
 
 ROWS=()
 PROTO=
 
 # run_one NAME OUT COMMAND...: one load run; 0 if it produced a JSON line.
 run_one() {
-	local name=$1 out=$2 rc
+	local name=$1 out=$2
 	shift 2
-	if ! kill -0 "$SPID" 2>/dev/null; then
+	if ! kill -0 "${PID[sluiced]}" 2>/dev/null; then
 		say "sluiced is no longer running; its log:"
 		tail -n 20 "$LOG" >&2
 		ROWS+=("| $name | $CONC | - | - | - | - | - | - | - | - | sluiced died |")
 		return 1
 	fi
 	say "$name: concurrency $CONC, ${DURATION}s"
-	"$@" > "$out" 2>"$out.err"
-	rc=$?
-	if [ "$rc" -ge 2 ] || [ ! -s "$out" ]; then
-		say "$name: load generator failed (exit $rc):"
-		tail -n 5 "$out.err" >&2
-		ROWS+=("| $name | $CONC | - | - | - | - | - | - | - | - | failed: $(tail -n 1 "$out.err" | cut -c 1-80) |")
-		return 1
-	fi
-	[ "$rc" -eq 0 ] || { say "$name: protocol errors:"; head -n 5 "$out.err" >&2; }
-	return 0
+	load_run "$name" "$out" "load generator" "$@" && return 0
+	ROWS+=("| $name | $CONC | - | - | - | - | - | - | - | - | failed: $LOAD_FAILED |")
+	return 1
 }
 
 # row NAME UNIT RATE CHECKS_PER_UNIT P50 P99 THREADS RSS_KB CPU_PER_UNIT REFUSED ERRORS
@@ -163,7 +98,7 @@ row() {
 
 out=$DIR/policy.json
 if run_one policy "$out" "$POLICY_LOAD" -c "$CONC" -t "$DURATION" -w "$WARMUP" \
-    -r "$RCPTS" -d "$DOMAINS" --json --label policy --pid "$SPID" "unix:$DIR/policy.sock"; then
+    -r "$RCPTS" -d "$DOMAINS" --json --label policy --pid "${PID[sluiced]}" "unix:$DIR/policy.sock"; then
 	req=$(jget requests "$out")
 	row policy req "$(jget requests_per_s "$out")" 1 "$(jget p50 "$out")" \
 	    "$(jget p99 "$out")" "$(jget threads_max "$out")" "$(jget rss_kb_max "$out")" \
@@ -173,7 +108,7 @@ fi
 
 out=$DIR/milter.json
 if run_one milter "$out" "$MILTER_LOAD" -c "$CONC" -t "$DURATION" -w "$WARMUP" \
-    -r "$RCPTS" --json --label milter --pid "$SPID" "unix:$DIR/milter.sock"; then
+    -r "$RCPTS" --json --label milter --pid "${PID[sluiced]}" "unix:$DIR/milter.sock"; then
 	msgs=$(jget messages "$out")
 	row milter session "$(jget sessions_per_s "$out")" "$RCPTS" "$(jget p50 "$out")" \
 	    "$(jget p99 "$out")" "$(jget threads_max "$out")" "$(jget rss_kb_max "$out")" \
@@ -186,7 +121,7 @@ fi
 
 echo "## policy benchmark"
 echo
-echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -sr), $(nproc) CPUs;" \
+echo "$(machine)" \
     "${DURATION}s per row after ${WARMUP}s warm-up; one sluiced, five limit rules at RCPT" \
     "(rcpt_domain, sender_domain, client_ip, client_ip/24, sender+rcpt_domain; $RATE each)."
 echo

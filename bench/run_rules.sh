@@ -31,6 +31,9 @@
 # one JSON line per run).
 
 set -u
+PROG=run_rules
+# shellcheck source=lib.sh source-path=SCRIPTDIR
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 BUILD=${1:-./build}
 DURATION=${BENCH_DURATION:-5}
@@ -44,94 +47,36 @@ COUNTER=$BUILD/bench/counter_milter
 NULL_MILTER=$BUILD/bench/null_milter
 SLUICED=$BUILD/src/daemon/sluiced
 
-say() { printf '%s\n' "run_rules: $*" >&2; }
-die() { say "$*"; exit 1; }
-
-[ -x "$LOAD" ] || die "$LOAD not found: build first (meson setup $BUILD && ninja -C $BUILD)"
-
-DIR=$(mktemp -d "${TMPDIR:-/tmp}/sluice-bench.XXXXXX") || die "mktemp failed"
+need_built "$LOAD"
+bench_tmpdir
 read -r -a NAMES <<<"${BENCH_FILTERS:-norules rules counter null}"
-declare -A PID SOCK NOTE LABEL
+declare -A SOCK NOTE LABEL
 LABEL[norules]="(a) sluiced, no rules"
 LABEL[rules]="(b) sluiced, 5 rules"
 LABEL[counter]="(c) counter_milter, 1 rule"
 LABEL[null]="null_milter, no rules"
 
-stop() {                        # stop NAME; libmilter waits for open sessions on SIGTERM:
-	local pid=${PID[$1]:-}      # give up after 5 seconds
-	[ -n "$pid" ] || return 0
-	kill "$pid" 2>/dev/null
-	for _ in $(seq 1 50); do
-		kill -0 "$pid" 2>/dev/null || break
-		sleep 0.1
-	done
-	kill -KILL "$pid" 2>/dev/null
-	wait "$pid" 2>/dev/null
-	PID[$1]=
-}
-
-cleanup() {
-	local name
-	for name in "${NAMES[@]}"; do
-		stop "$name"
-	done
-	if [ "${BENCH_KEEP:-0}" = 1 ]; then
-		say "kept $DIR"
-	else
-		rm -rf "$DIR"
-	fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-ulimit -n "$(ulimit -Hn)" 2>/dev/null
+nofile_max
 
 # ---- the filters ----------------------------------------------------------------------
-
-wait_socket() {                 # wait_socket PATH PID: the filter is listening
-	for _ in $(seq 1 100); do
-		[ -S "$1" ] && return 0
-		kill -0 "$2" 2>/dev/null || return 1
-		sleep 0.1
-	done
-	return 1
-}
 
 # (a): the round trips (b) has, without rules.
 REPLY_BLOCK='  reply { rcpt = "continue"; eom = "accept"; }'
 # counter_milter and null_milter: the steps (b) negotiates.
 LIBMILTER_STEPS=(-s 'mail,rcpt,eom' -R mail)
 
-# The five rules of run_policy.sh, all decided at RCPT.
-rules_conf() {
-	local rule name key
-	for rule in per-rcpt-domain:rcpt_domain per-sender-domain:sender_domain \
-	    per-client-ip:client_ip per-client-net:client_ip/24 \
-	    per-sender-rcpt-domain:sender+rcpt_domain; do
-		name=${rule%%:*}
-		key=${rule#*:}
-		printf 'limit "%s" { stage = "rcpt"; key = "%s"; count = "messages"; rate = ["%s"]; }\n' \
-		    "$name" "$key" "$RATE"
-	done
-}
-
 # sluiced_conf NAME: the configuration of filter NAME (norules or rules) on stdout.
 sluiced_conf() {
 	local d=$DIR/$1
-	# state_dir names a directory that does not exist: no snapshot of the counters.
+	sluiced_conf_head "$d" state
 	cat <<EOF
-workers = 2;
-stats_interval = 0;
-state_dir = "$d/no-state";
-log { target = "stderr"; level = "warning"; }
-control { listen = "unix:$d/control.sock"; }
 milter {
   listen = "unix:$d/milter.sock";
   max_sessions = 30000;
 EOF
 	[ "$1" = rules ] || echo "$REPLY_BLOCK"
 	echo "}"
-	[ "$1" = norules ] || rules_conf
+	[ "$1" = norules ] || rules_conf "$RATE"
 	[ -z "${BENCH_EXTRA_CONF:-}" ] || printf '%s\n' "$BENCH_EXTRA_CONF"
 }
 
@@ -148,13 +93,8 @@ start_sluiced() {               # start_sluiced norules|rules
 	"$SLUICED" -c "$d/sluice.conf" 2>>"$d/sluiced.log" &
 	PID[$name]=$!
 	SOCK[$name]=$d/milter.sock
-	if ! wait_socket "$d/milter.sock" "${PID[$name]}"; then
-		say "$name: sluiced did not come up; its log:"
-		tail -n 20 "$d/sluiced.log" >&2
-		stop "$name"
-		NOTE[$name]="failed to start"
-		return 1
-	fi
+	started "$name" "$name: sluiced" "$d/sluiced.log" "$d/milter.sock" ||
+	    { NOTE[$name]="failed to start"; return 1; }
 }
 
 start_libmilter() {             # start_libmilter NAME PROGRAM [ARGS...]: counter or null
@@ -164,13 +104,8 @@ start_libmilter() {             # start_libmilter NAME PROGRAM [ARGS...]: counte
 	"$prog" -p "unix:$d/milter.sock" "$@" 2>>"$d/$name.log" &
 	PID[$name]=$!
 	SOCK[$name]=$d/milter.sock
-	if ! wait_socket "$d/milter.sock" "${PID[$name]}"; then
-		say "$name did not come up; its log:"
-		tail -n 20 "$d/$name.log" >&2
-		stop "$name"
-		NOTE[$name]="failed to start"
-		return 1
-	fi
+	started "$name" "$name" "$d/$name.log" "$d/milter.sock" ||
+	    { NOTE[$name]="failed to start"; return 1; }
 }
 
 for n in "${NAMES[@]}"; do
@@ -201,10 +136,6 @@ done
 
 # ---- measuring ------------------------------------------------------------------------
 
-jget() {                        # jget KEY FILE: the scalar named KEY in a JSON line (unique keys)
-	sed -n "s/.*\"$1\":\\([^,}]*\\).*/\\1/p" "$2" | head -n 1
-}
-
 for r in $(seq 1 "$ROUNDS"); do
 	for n in "${NAMES[@]}"; do
 		pid=${PID[$n]:-}
@@ -217,17 +148,11 @@ for r in $(seq 1 "$ROUNDS"); do
 		fi
 		out=$DIR/$n-r$r.json
 		say "$n: round $r of $ROUNDS, concurrency $CONC, ${DURATION}s"
-		"$LOAD" -c "$CONC" -t "$DURATION" -w "$WARMUP" --json --label "$n" --pid "$pid" \
-		    "unix:${SOCK[$n]}" > "$out" 2>"$out.err"
-		rc=$?
-		if [ "$rc" -ge 2 ] || [ ! -s "$out" ]; then
-			say "$n: milter_load failed (exit $rc):"
-			tail -n 5 "$out.err" >&2
-			NOTE[$n]="milter_load failed: $(tail -n 1 "$out.err" | cut -c 1-80)"
+		if ! load_run "$n" "$out" milter_load "$LOAD" -c "$CONC" -t "$DURATION" -w "$WARMUP" \
+		    --json --label "$n" --pid "$pid" "unix:${SOCK[$n]}"; then
+			NOTE[$n]="milter_load failed: $LOAD_FAILED"
 			rm -f "$out"
-			continue
 		fi
-		[ "$rc" -eq 0 ] || { say "$n: protocol errors:"; head -n 5 "$out.err" >&2; }
 	done
 done
 
@@ -287,7 +212,7 @@ ratio() {
 
 echo "## rule benchmark"
 echo
-echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -sr), $(nproc) CPUs; milter_load at" \
+echo "$(machine) milter_load at" \
     "concurrency $CONC, ${DURATION}s per run after ${WARMUP}s warm-up, rounds: $ROUNDS; each" \
     "session: new unix-socket connection, OPTNEG, MAIL (no reply), 3 RCPT, end-of-message," \
     "QUIT, and the MACRO packets of CONNECT and HELO, which every filter skips."
