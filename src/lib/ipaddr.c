@@ -184,25 +184,50 @@ bool ipaddr_in_prefix(const struct ipaddr *a, const struct ipaddr *prefix, unsig
 	return true;
 }
 
+/* Decimal digits of v (< 1000) at p; returns the count. */
+static size_t put_dec(char *p, unsigned v)
+{
+	size_t n = 0;
+	if (v >= 100)
+		p[n++] = (char)('0' + v / 100);
+	if (v >= 10)
+		p[n++] = (char)('0' + v / 10 % 10);
+	p[n++] = (char)('0' + v % 10);
+	return n;
+}
+
+/*
+ * Keys built from client addresses format one for every decision, so IPv4 and the prefix
+ * are written by hand (glibc's inet_ntop and snprintf go through vfprintf); IPv6 keeps
+ * inet_ntop for RFC 5952's compression rules.
+ */
 int ipaddr_format(const struct ipaddr *a, unsigned bits, char *buf, size_t len)
 {
-	char text[INET6_ADDRSTRLEN];
-	int w;
+	char text[INET6_ADDRSTRLEN + 4];
+	size_t w = 0;
 
 	if (len > 0)
 		buf[0] = '\0';
-	if (a->family != 4 && a->family != 6)
+	if (a->family == 4) {
+		for (int i = 0; i < 4; i++) {
+			if (i)
+				text[w++] = '.';
+			w += put_dec(text + w, a->b[i]);
+		}
+	} else if (a->family == 6) {
+		if (!inet_ntop(AF_INET6, a->b, text, INET6_ADDRSTRLEN))
+			return -EINVAL;
+		w = strlen(text);
+	} else {
 		return -EINVAL;
-	if (!inet_ntop(a->family == 4 ? AF_INET : AF_INET6, a->b, text, sizeof(text)))
-		return -EINVAL;
-	if (bits < family_bits(a))
-		w = snprintf(buf, len, "%s/%u", text, bits);
-	else
-		w = snprintf(buf, len, "%s", text);
-	if (w < 0 || (size_t)w >= len) {
-		if (len > 0)
-			buf[0] = '\0';
-		return -ENOSPC;
 	}
-	return w;
+	if (bits < family_bits(a)) {
+		text[w++] = '/';
+		w += put_dec(text + w, bits);
+	}
+	if (w >= len)
+		return -ENOSPC;
+	memcpy(buf, text, w);
+	buf[w] = '\0';
+	return (int)w;
 }

@@ -240,16 +240,24 @@ static enum milter_verdict on_helo(void *ctx, struct milter_session *ms)
 	return v;
 }
 
+/* Forget the message's own state (at its end, and at MAIL when MAIL is negotiated). */
+static void message_reset(struct mp_session *st)
+{
+	st->accepted_rcpts = 0;
+	st->mail_size = 0;
+	st->have_mail_size = false;
+	st->nheaders = 0;
+	st->header_size = 0;
+	buf_reset(&st->header_bytes);
+}
+
 static enum milter_verdict on_mail(void *ctx, struct milter_session *ms)
 {
 	struct mp_session *st = state(ms);
 	if (!st)
 		return MILTER_TEMPFAIL;
-	st->accepted_rcpts = 0;
+	message_reset(st);
 	st->mail_size = mail_size_arg(ms, &st->have_mail_size);
-	st->nheaders = 0;
-	st->header_size = 0;
-	buf_reset(&st->header_bytes);
 	struct mp_handler *h = ctx;
 	if (!policy_has_stage(h->policy, POLICY_MAIL))
 		return MILTER_CONTINUE;
@@ -327,8 +335,10 @@ static enum milter_verdict on_eom(void *ctx, struct milter_session *ms)
 	enum milter_verdict v = MILTER_CONTINUE;
 	if (policy_has_stage(h->policy, POLICY_EOM))
 		v = run(h, ms, POLICY_EOM);
-	if (v != MILTER_CONTINUE)
+	if (v != MILTER_CONTINUE) {
+		message_reset(st);
 		return v; /* refused: run() gave the message's charges back */
+	}
 	for (size_t i = 0; i < st->msg.ntags; i++)
 		if (milter_session_add_header(ms, str_cstr(TAG_HEADER), str_cstr(st->msg.tags[i])) < 0)
 			session_log(milter_session_session(ms), LOG_LEVEL_WARNING,
@@ -338,6 +348,7 @@ static enum milter_verdict on_eom(void *ctx, struct milter_session *ms)
 		session_log(milter_session_session(ms), LOG_LEVEL_WARNING,
 			    "cannot quarantine: the MTA did not offer it");
 	policy_msg_end(h->policy, &st->msg, true, realtime_ns());
+	message_reset(st);
 	return MILTER_ACCEPT;
 }
 
@@ -345,8 +356,10 @@ static void on_abort(void *ctx, struct milter_session *ms)
 {
 	struct mp_handler *h = ctx;
 	struct mp_session *st = milter_session_handler_data(ms);
-	if (st)
+	if (st) {
 		policy_msg_end(h->policy, &st->msg, false, realtime_ns());
+		message_reset(st);
+	}
 }
 
 static void on_close(void *ctx, struct milter_session *ms)
@@ -396,11 +409,13 @@ static void mp_want(void *ctx, struct milter_want *ret)
 				message = true;
 		}
 	if (message || policy_has_message_actions(p)) {
-		/* the message's fate decides refunds; recipients and sizes are counted */
-		need |= MILTER_STEP_BIT(MILTER_STEP_MAIL) | MILTER_STEP_BIT(MILTER_STEP_RCPT) |
-			MILTER_STEP_BIT(MILTER_STEP_EOM);
+		/* the message's fate decides refunds (the session says where a message ends,
+		 * with or without MAIL); recipients are counted */
+		need |= MILTER_STEP_BIT(MILTER_STEP_RCPT) | MILTER_STEP_BIT(MILTER_STEP_EOM);
 		reply |= MILTER_STEP_BIT(MILTER_STEP_EOM);
 	}
+	if (policy_uses_mail_size(p) || policy_uses_sender(p))
+		need |= MILTER_STEP_BIT(MILTER_STEP_MAIL); /* the sender, SIZE=, {auth_authen} */
 	/* headers for header: selectors; headers and body for the real size of bytes rules
 	 * at eom (otherwise the body does not pass through sluice at all) */
 	if (policy_eom_counts_bytes(p) || policy_wants_headers(p))

@@ -56,7 +56,7 @@ struct policy {
 	size_t nclasses;
 	struct store *store;
 	bool wants_headers, message_actions;
-	bool uses_client, uses_helo, eom_bytes;
+	bool uses_client, uses_helo, uses_sender, eom_bytes, size_bytes;
 	const char *headers[POLICY_MAX_RULES]; /* header: names used, once each */
 	size_t nheaders;
 	const char *macros[POLICY_MAX_RULES];
@@ -563,6 +563,11 @@ static void note_selector(struct policy *p, const struct selector *sel)
 	case SEL_HELO:
 		p->uses_helo = true;
 		break;
+	case SEL_SENDER:
+	case SEL_SENDER_DOMAIN:
+	case SEL_SASL_USER:
+		p->uses_sender = true; /* the MAIL command and its macros */
+		break;
 	case SEL_HEADER:
 		p->wants_headers = true;
 		add_header_name(p, sel->name);
@@ -622,6 +627,8 @@ int policy_load(struct cfg_node *root, struct policy **ret, char *err, size_t er
 			p->message_actions = true;
 		if (r->stage == POLICY_EOM && r->count == POLICY_COUNT_BYTES)
 			p->eom_bytes = true;
+		if (r->stage < POLICY_EOM && r->count == POLICY_COUNT_BYTES)
+			p->size_bytes = true;
 		for (size_t i = 0; i < r->nsel + r->nex; i++)
 			note_selector(p, i < r->nsel ? &r->sel[i] : &r->ex[i - r->nsel].sel);
 	}
@@ -716,6 +723,16 @@ bool policy_uses_helo(const struct policy *p)
 bool policy_eom_counts_bytes(const struct policy *p)
 {
 	return p->eom_bytes;
+}
+
+bool policy_uses_mail_size(const struct policy *p)
+{
+	return p->size_bytes;
+}
+
+bool policy_uses_sender(const struct policy *p)
+{
+	return p->uses_sender;
 }
 
 size_t policy_headers(const struct policy *p, const char **ret, size_t max)
@@ -1210,14 +1227,14 @@ int policy_check(struct policy *p, const struct policy_txn *t, enum policy_stage
 		if (mode != STORE_CHECK || !msg || rc == 0)
 			continue;
 		if (r->action == POLICY_TAG && msg->ntags < POLICY_MAX_TAGS) {
-			char key[120], tag[POLICY_REPLY_MAX];
+			char key[120], tag[POLICY_TAG_MAX];
 			sanitize(key, sizeof(key), it->key, 100);
 			fmt_fixed(tag, sizeof(tag), "rule=%s; key=%s", r->name, key);
 			bool seen = false; /* one header per rule and key, not per recipient */
 			for (size_t k = 0; k < msg->ntags; k++)
 				seen |= strcmp(msg->tags[k], tag) == 0;
 			if (!seen)
-				fmt_fixed(msg->tags[msg->ntags++], POLICY_REPLY_MAX, "%s", tag);
+				fmt_fixed(msg->tags[msg->ntags++], POLICY_TAG_MAX, "%s", tag);
 		}
 		if (r->action == POLICY_QUARANTINE && !msg->quarantine) {
 			char key[120];

@@ -67,6 +67,7 @@ const char *policy_count_name(enum policy_count c);
 
 #define POLICY_REPLY_MAX 512
 #define POLICY_MAX_TAGS 8
+#define POLICY_TAG_MAX 192   /* "rule=NAME; key=KEY" with the key cut to 100 bytes */
 #define POLICY_LEDGER_MAX 1024 /* charges remembered per message for refunds */
 
 struct policy;
@@ -93,6 +94,10 @@ bool policy_has_message_actions(const struct policy *p); /* tag or quarantine ru
 bool policy_uses_client(const struct policy *p);
 bool policy_uses_helo(const struct policy *p);
 bool policy_eom_counts_bytes(const struct policy *p);
+/* Does a bytes rule before eom read MAIL's SIZE=? */
+bool policy_uses_mail_size(const struct policy *p);
+/* Does a key or except list read the sender or the SASL user (MAIL and its macros)? */
+bool policy_uses_sender(const struct policy *p);
 size_t policy_headers(const struct policy *p, const char **ret, size_t max);
 size_t policy_rule_count(const struct policy *p);
 /* Macro names used by macro: selectors ("{auth_authen}" style as written), for negotiation. */
@@ -120,9 +125,9 @@ struct policy_msg {
 	bool overflow;  /* more than POLICY_LEDGER_MAX: later charges are not refundable */
 	/* tags and quarantine to apply at the end of the message */
 	size_t ntags;
-	char tags[POLICY_MAX_TAGS][POLICY_REPLY_MAX];
+	char tags[POLICY_MAX_TAGS][POLICY_TAG_MAX];
 	bool quarantine;
-	char quarantine_reason[POLICY_REPLY_MAX];
+	char quarantine_reason[POLICY_TAG_MAX];
 };
 
 void policy_msg_clear(struct policy_msg *m);
