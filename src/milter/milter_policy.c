@@ -17,8 +17,6 @@
 struct mp_handler {
 	struct policy *policy;
 	char macros[512]; /* "{auth_authen} ..." requested at every stage */
-	const char *header_names[MAX_HEADERS_KEPT]; /* what header: selectors read */
-	size_t nheader_names;
 };
 
 /* Per session (handler data). */
@@ -137,14 +135,9 @@ static void log_over(struct milter_session *ms, const struct policy_decision *d,
 	struct str addr = milter_session_client_addr(ms);
 	log_quote(peer, sizeof(peer), addr, 60);
 	for (size_t i = 0; i < d->nover; i++) {
-		const struct policy_over *o = &d->over[i];
-		enum policy_action a = policy_rule_action(o->rule);
-		session_log(s, a == POLICY_WARN ? LOG_LEVEL_WARNING : LOG_LEVEL_NOTICE,
-			    "limit rule=%s key=\"%s\" stage=%s action=%s%s limit=%s retry=%llus "
-			    "client=%s", policy_rule_name(o->rule), o->key, policy_stage_name(st),
-			    policy_action_name(a),
-			    o->rule == d->rule ? "" : a == POLICY_WARN || a == POLICY_TAG ? "" :
-			    " (not the decision)", o->limit, (unsigned long long)o->retry_s, peer);
+		char line[512];
+		enum log_level level = policy_over_line(d, i, st, line, sizeof(line));
+		session_log(s, level, "%s client=%s", line, peer);
 	}
 	if (d->store_error)
 		session_log(s, LOG_LEVEL_ERROR, "limit store error (%s): letting the %s through",
@@ -286,10 +279,10 @@ static enum milter_verdict on_header(void *ctx, struct milter_session *ms)
 	st->header_size += n.len + v.len + 4;
 	/* Only the headers rules read, so that no amount of other headers can push them out
 	 * of what is kept; each value cut to what a key uses. */
+	const struct policy_names *names = &policy_needs(h->policy)->headers;
 	bool wanted = false;
-	for (size_t i = 0; i < h->nheader_names && !wanted; i++)
-		wanted = strlen(h->header_names[i]) == n.len &&
-			 strncasecmp(h->header_names[i], n.ptr, n.len) == 0;
+	for (size_t i = 0; i < names->n && !wanted; i++)
+		wanted = strlen(names->v[i]) == n.len && strncasecmp(names->v[i], n.ptr, n.len) == 0;
 	if (!wanted || st->nheaders == MAX_HEADERS_KEPT)
 		return MILTER_CONTINUE;
 	if (v.len > SELECTOR_MAX_VALUE)
@@ -380,6 +373,7 @@ static void mp_want(void *ctx, struct milter_want *ret)
 {
 	struct mp_handler *h = ctx;
 	struct policy *p = h->policy;
+	const struct policy_needs *nd = policy_needs(p);
 	struct milter_want w = { 0 };
 	uint32_t need = 0, reply = 0;
 	bool message = false;
@@ -389,9 +383,9 @@ static void mp_want(void *ctx, struct milter_want *ret)
 	}
 	/* later rules that read the client or the HELO name need those steps, without a
 	 * reply when no rule decides there */
-	if (policy_uses_client(p))
+	if (nd->client)
 		need |= MILTER_STEP_BIT(MILTER_STEP_CONNECT);
-	if (policy_uses_helo(p))
+	if (nd->helo)
 		need |= MILTER_STEP_BIT(MILTER_STEP_HELO);
 	static const struct {
 		enum policy_stage ps;
@@ -408,21 +402,21 @@ static void mp_want(void *ctx, struct milter_want *ret)
 			if (map[i].ps >= POLICY_MAIL)
 				message = true;
 		}
-	if (message || policy_has_message_actions(p)) {
+	if (message || nd->message_actions) {
 		/* the message's fate decides refunds (the session says where a message ends,
 		 * with or without MAIL); recipients are counted */
 		need |= MILTER_STEP_BIT(MILTER_STEP_RCPT) | MILTER_STEP_BIT(MILTER_STEP_EOM);
 		reply |= MILTER_STEP_BIT(MILTER_STEP_EOM);
 	}
-	if (policy_uses_mail_size(p) || policy_uses_sender(p))
+	if (nd->mail_size || nd->sender)
 		need |= MILTER_STEP_BIT(MILTER_STEP_MAIL); /* the sender, SIZE=, {auth_authen} */
 	/* headers for header: selectors; headers and body for the real size of bytes rules
 	 * at eom (otherwise the body does not pass through sluice at all) */
-	if (policy_eom_counts_bytes(p) || policy_wants_headers(p))
+	if (nd->eom_bytes || nd->headers.n)
 		need |= MILTER_STEP_BIT(MILTER_STEP_HEADER);
-	if (policy_eom_counts_bytes(p))
+	if (nd->eom_bytes)
 		need |= MILTER_STEP_BIT(MILTER_STEP_BODY);
-	if (policy_has_message_actions(p))
+	if (nd->message_actions)
 		w.actions |= MILTER_ACT_ADDHDRS | MILTER_ACT_QUARANTINE;
 	w.steps = need;
 	w.replies = reply;
@@ -450,19 +444,17 @@ struct milter_handler *milter_policy_new(struct policy *p)
 	}
 	h->policy = policy_ref(p);
 	/* {auth_authen} for sasl_user, and what macro: selectors name */
-	const char *names[64];
-	size_t n = policy_macros(p, names, ARRAY_SIZE(names));
+	const struct policy_names *names = &policy_needs(p)->macros;
 	struct buf b;
 	buf_init_fixed(&b, h->macros, sizeof(h->macros));
 	buf_append_cstr(&b, "{auth_authen}");
-	for (size_t i = 0; i < n; i++) {
+	for (size_t i = 0; i < names->n; i++) {
 		buf_append_byte(&b, ' ');
-		if (names[i][0] != '{' && strlen(names[i]) > 1)
-			buf_printf(&b, "{%s}", names[i]);
+		if (names->v[i][0] != '{' && strlen(names->v[i]) > 1)
+			buf_printf(&b, "{%s}", names->v[i]);
 		else
-			buf_append_cstr(&b, names[i]);
+			buf_append_cstr(&b, names->v[i]);
 	}
-	h->nheader_names = policy_headers(p, h->header_names, ARRAY_SIZE(h->header_names));
 	mh->name = "policy";
 	mh->want = mp_want;
 	mh->on_step[MILTER_STEP_CONNECT] = on_connect;

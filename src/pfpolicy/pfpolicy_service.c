@@ -154,13 +154,9 @@ static void log_over(struct session *s, const struct policy_decision *d, enum po
 	log_quote(peer, sizeof(peer), pfpolicy_get(r, "client_address"), 60);
 	log_quote(qid, sizeof(qid), pfpolicy_get(r, "queue_id"), 20);
 	for (size_t i = 0; i < d->nover; i++) {
-		const struct policy_over *o = &d->over[i];
-		enum policy_action a = policy_rule_action(o->rule);
-		session_log(s, a == POLICY_WARN ? LOG_LEVEL_WARNING : LOG_LEVEL_NOTICE,
-			    "limit rule=%s key=\"%s\" stage=%s action=%s limit=%s retry=%llus "
-			    "client=%s qid=%s", policy_rule_name(o->rule), o->key,
-			    policy_stage_name(st), policy_action_name(a), o->limit,
-			    (unsigned long long)o->retry_s, peer, qid);
+		char line[512];
+		enum log_level level = policy_over_line(d, i, st, line, sizeof(line));
+		session_log(s, level, "%s client=%s qid=%s", line, peer, qid);
 	}
 	if (d->store_error)
 		session_log(s, LOG_LEVEL_ERROR, "limit store error (%s): answering DUNNO",

@@ -55,12 +55,7 @@ struct policy {
 	struct policy_class *classes;
 	size_t nclasses;
 	struct store *store;
-	bool wants_headers, message_actions;
-	bool uses_client, uses_helo, uses_sender, eom_bytes, size_bytes;
-	const char *headers[POLICY_MAX_RULES]; /* header: names used, once each */
-	size_t nheaders;
-	const char *macros[POLICY_MAX_RULES];
-	size_t nmacros;
+	struct policy_needs needs;
 };
 
 static const char *const stage_names[] = { "connect", "helo", "mail", "rcpt", "data", "eom" };
@@ -541,53 +536,41 @@ static void policy_free(struct policy *p)
 	free(p);
 }
 
-static void add_header_name(struct policy *p, const char *name)
+/* Add a name once (names compare as the MTA does: header names without case). */
+static void names_add(struct policy_names *l, const char *name, bool nocase)
 {
-	for (size_t i = 0; i < p->nheaders; i++)
-		if (strcasecmp(p->headers[i], name) == 0)
+	for (size_t i = 0; i < l->n; i++)
+		if ((nocase ? strcasecmp : strcmp)(l->v[i], name) == 0)
 			return;
-	if (p->nheaders < ARRAY_SIZE(p->headers))
-		p->headers[p->nheaders++] = name;
+	if (l->n < ARRAY_SIZE(l->v))
+		l->v[l->n++] = name;
 }
 
-static void add_macro(struct policy *p, const char *name);
-
 /* What the MTA must tell for this selector (milter negotiation). */
-static void note_selector(struct policy *p, const struct selector *sel)
+static void note_selector(struct policy_needs *n, const struct selector *sel)
 {
 	switch (sel->kind) {
 	case SEL_CLIENT_IP:
 	case SEL_CLIENT_NAME:
-		p->uses_client = true;
+		n->client = true;
 		break;
 	case SEL_HELO:
-		p->uses_helo = true;
+		n->helo = true;
 		break;
 	case SEL_SENDER:
 	case SEL_SENDER_DOMAIN:
 	case SEL_SASL_USER:
-		p->uses_sender = true; /* the MAIL command and its macros */
+		n->sender = true; /* the MAIL command and its macros */
 		break;
 	case SEL_HEADER:
-		p->wants_headers = true;
-		add_header_name(p, sel->name);
+		names_add(&n->headers, sel->name, true);
 		break;
 	case SEL_MACRO:
-		add_macro(p, sel->name);
+		names_add(&n->macros, sel->name, false);
 		break;
 	default:
 		break;
 	}
-}
-
-/* Remember a macro name for negotiation, once. */
-static void add_macro(struct policy *p, const char *name)
-{
-	for (size_t i = 0; i < p->nmacros; i++)
-		if (strcmp(p->macros[i], name) == 0)
-			return;
-	if (p->nmacros < ARRAY_SIZE(p->macros))
-		p->macros[p->nmacros++] = name;
 }
 
 int policy_load(struct cfg_node *root, struct policy **ret, char *err, size_t errlen)
@@ -623,14 +606,15 @@ int policy_load(struct cfg_node *root, struct policy **ret, char *err, size_t er
 				cfg_error(n, err, errlen, "a second rule named \"%s\"", r->name);
 				goto fail;
 			}
+		struct policy_needs *nd = &p->needs;
 		if (r->action == POLICY_TAG || r->action == POLICY_QUARANTINE)
-			p->message_actions = true;
-		if (r->stage == POLICY_EOM && r->count == POLICY_COUNT_BYTES)
-			p->eom_bytes = true;
-		if (r->stage < POLICY_EOM && r->count == POLICY_COUNT_BYTES)
-			p->size_bytes = true;
+			nd->message_actions = true;
+		if (r->count == POLICY_COUNT_BYTES && r->stage == POLICY_EOM)
+			nd->eom_bytes = true;
+		else if (r->count == POLICY_COUNT_BYTES)
+			nd->mail_size = true;
 		for (size_t i = 0; i < r->nsel + r->nex; i++)
-			note_selector(p, i < r->nsel ? &r->sel[i] : &r->ex[i - r->nsel].sel);
+			note_selector(nd, i < r->nsel ? &r->sel[i] : &r->ex[i - r->nsel].sel);
 	}
 	struct cfg_node *last_class = NULL;
 	for (struct cfg_node *n = cfg_get(root, "class"); n; n = cfg_next_same(n)) {
@@ -705,58 +689,14 @@ bool policy_has_classes(const struct policy *p)
 	return p->nclasses > 0;
 }
 
-bool policy_wants_headers(const struct policy *p)
+const struct policy_needs *policy_needs(const struct policy *p)
 {
-	return p->wants_headers;
-}
-
-bool policy_uses_client(const struct policy *p)
-{
-	return p->uses_client;
-}
-
-bool policy_uses_helo(const struct policy *p)
-{
-	return p->uses_helo;
-}
-
-bool policy_eom_counts_bytes(const struct policy *p)
-{
-	return p->eom_bytes;
-}
-
-bool policy_uses_mail_size(const struct policy *p)
-{
-	return p->size_bytes;
-}
-
-bool policy_uses_sender(const struct policy *p)
-{
-	return p->uses_sender;
-}
-
-size_t policy_headers(const struct policy *p, const char **ret, size_t max)
-{
-	size_t n = p->nheaders < max ? p->nheaders : max;
-	memcpy(ret, p->headers, n * sizeof(*ret));
-	return n;
-}
-
-bool policy_has_message_actions(const struct policy *p)
-{
-	return p->message_actions;
+	return &p->needs;
 }
 
 size_t policy_rule_count(const struct policy *p)
 {
 	return p->nrules;
-}
-
-size_t policy_macros(const struct policy *p, const char **ret, size_t max)
-{
-	size_t n = p->nmacros < max ? p->nmacros : max;
-	memcpy(ret, p->macros, n * sizeof(*ret));
-	return n;
 }
 
 int policy_reload_overrides(struct policy *p, struct buf *err)
@@ -1258,6 +1198,19 @@ int policy_check(struct policy *p, const struct policy_txn *t, enum policy_stage
 		expand_reply(r, d->key, limit, d->retry_s, d->reply, sizeof(d->reply));
 	}
 	return 0;
+}
+
+enum log_level policy_over_line(const struct policy_decision *d, size_t i,
+				enum policy_stage st, char *buf, size_t len)
+{
+	const struct policy_over *o = &d->over[i];
+	enum policy_action a = o->rule->action;
+	/* a refusing rule that did not decide (a stricter one did) says so */
+	bool aside = o->rule != d->rule && a != POLICY_WARN && a != POLICY_TAG;
+	fmt_fixed(buf, len, "limit rule=%s key=\"%s\" stage=%s action=%s%s limit=%s retry=%llus",
+		  o->rule->name, o->key, policy_stage_name(st), policy_action_name(a),
+		  aside ? " (not the decision)" : "", o->limit, (unsigned long long)o->retry_s);
+	return a == POLICY_WARN ? LOG_LEVEL_WARNING : LOG_LEVEL_NOTICE;
 }
 
 /* ---- classes ---- */

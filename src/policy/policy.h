@@ -28,6 +28,7 @@
 #include "buf.h"
 #include "cfg.h"
 #include "ipaddr.h"
+#include "log.h"
 #include "rate.h"
 #include "selector.h"
 #include "store.h"
@@ -87,21 +88,29 @@ struct store *policy_store(const struct policy *p);
 /* Does any rule run at this stage?  Is there any class?  (Milter negotiation.) */
 bool policy_has_stage(const struct policy *p, enum policy_stage s);
 bool policy_has_classes(const struct policy *p);
-bool policy_wants_headers(const struct policy *p);  /* a header: selector is used */
-bool policy_has_message_actions(const struct policy *p); /* tag or quarantine rules */
-/* Does a key or except list read the client (address, name) or the HELO name?  Does an
- * eom rule count bytes?  Which header: names are read (each once)? */
-bool policy_uses_client(const struct policy *p);
-bool policy_uses_helo(const struct policy *p);
-bool policy_eom_counts_bytes(const struct policy *p);
-/* Does a bytes rule before eom read MAIL's SIZE=? */
-bool policy_uses_mail_size(const struct policy *p);
-/* Does a key or except list read the sender or the SASL user (MAIL and its macros)? */
-bool policy_uses_sender(const struct policy *p);
-size_t policy_headers(const struct policy *p, const char **ret, size_t max);
 size_t policy_rule_count(const struct policy *p);
-/* Macro names used by macro: selectors ("{auth_authen}" style as written), for negotiation. */
-size_t policy_macros(const struct policy *p, const char **ret, size_t max);
+
+#define POLICY_MAX_NAMES 256
+
+/* Names read by header: or macro: selectors, each once (the strings live in the policy). */
+struct policy_names {
+	const char *v[POLICY_MAX_NAMES];
+	size_t n;
+};
+
+/* What the rules read and do, computed at load: what the milter asks the MTA for. */
+struct policy_needs {
+	bool client;          /* a key or except list reads client_ip or client_name */
+	bool helo;            /* ... the HELO name */
+	bool sender;          /* ... the sender or the SASL user (MAIL and its macros) */
+	bool mail_size;       /* a bytes rule before eom reads MAIL's SIZE= */
+	bool eom_bytes;       /* an eom rule counts bytes: headers and body are measured */
+	bool message_actions; /* tag or quarantine rules */
+	struct policy_names headers; /* header: names (case-insensitive) */
+	struct policy_names macros;  /* macro: names, as written ("{auth_authen}" style) */
+};
+
+const struct policy_needs *policy_needs(const struct policy *p);
 /*
  * Reload overrides files that changed on disk (checked by mtime, size and inode).
  * Returns how many were reloaded; a file that fails to parse keeps its old table and its
@@ -188,6 +197,13 @@ struct policy_decision {
 int policy_check(struct policy *p, const struct policy_txn *t, enum policy_stage st,
 		 struct policy_msg *msg, enum store_mode mode, uint64_t now,
 		 struct policy_decision *d);
+/*
+ * The log line of d->over[i] ("limit rule=... key=\"...\" stage=... action=... limit=...
+ * retry=...s"), for the caller to complete with its context (client, queue id); returns the
+ * level to log it at (warning for warn rules, notice otherwise).
+ */
+enum log_level policy_over_line(const struct policy_decision *d, size_t i,
+				enum policy_stage st, char *buf, size_t len);
 /*
  * The message ended.  delivered = false (aborted, refused at DATA or EOM): every
  * refundable charge of the message goes back to the store.  The ledger is cleared either

@@ -372,14 +372,13 @@ static void test_negotiation(void **state)
 	assert_true(policy_has_stage(e.p, POLICY_RCPT));
 	assert_true(policy_has_stage(e.p, POLICY_DATA));
 	assert_false(policy_has_stage(e.p, POLICY_EOM));
-	assert_true(policy_wants_headers(e.p));
-	assert_true(policy_has_message_actions(e.p));
+	assert_true(policy_needs(e.p)->headers.n > 0);
+	assert_true(policy_needs(e.p)->message_actions);
 	assert_false(policy_has_classes(e.p));
-	const char *macros[8];
-	size_t n = policy_macros(e.p, macros, ARRAY_SIZE(macros));
-	assert_int_equal(n, 2);
-	assert_string_equal(macros[0], "{daemon_name}");
-	assert_string_equal(macros[1], "{auth_type}");
+	const struct policy_names *macros = &policy_needs(e.p)->macros;
+	assert_int_equal(macros->n, 2);
+	assert_string_equal(macros->v[0], "{daemon_name}");
+	assert_string_equal(macros->v[1], "{auth_type}");
 	/* no rule at this stage: nothing to decide */
 	struct run r;
 	run(&e, &(struct tx){ .sender = "" }, POLICY_MAIL, NULL, STORE_CHECK, T0, &r);
@@ -389,8 +388,8 @@ static void test_negotiation(void **state)
 
 	env_load(&e, "");
 	assert_int_equal(policy_rule_count(e.p), 0);
-	assert_false(policy_wants_headers(e.p));
-	assert_false(policy_has_message_actions(e.p));
+	assert_false(policy_needs(e.p)->headers.n > 0);
+	assert_false(policy_needs(e.p)->message_actions);
 	assert_false(policy_has_classes(e.p));
 	env_free(&e);
 }
@@ -1350,7 +1349,7 @@ static void test_tag_quarantine(void **state)
 		     "limit \"quar\" { stage = rcpt; key = rcpt_domain; rate = 1/1h;\n"
 		     "  action = quarantine; }\n"
 		     "limit \"tag2\" { stage = rcpt; key = rcpt; rate = 1/1h; action = tag; }\n");
-	assert_true(policy_has_message_actions(e.p));
+	assert_true(policy_needs(e.p)->message_actions);
 	struct policy_msg m;
 	memset(&m, 0, sizeof(m));
 	struct tx mail = { .sender = "<s@Example.ORG>" };
