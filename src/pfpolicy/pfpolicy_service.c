@@ -228,12 +228,19 @@ static void handle(struct session *s, struct pf_conn *c, const struct pfpolicy_r
 	 * instance, which Postfix sets only once MAIL is accepted: requests before it (with
 	 * smtpd_delay_reject = no) belong to the message that follows.
 	 */
+	static const char *const ends[] = { "client_address", "client_port", "server_address",
+					    "server_port" };
 	char sess[SESSION_MAX + 1];
-	fmt_fixed(sess, sizeof(sess), "%.60s|%.8s|%.60s|%.8s",
-		  pfpolicy_get(r, "client_address").ptr ? pfpolicy_get(r, "client_address").ptr : "",
-		  pfpolicy_get(r, "client_port").ptr ? pfpolicy_get(r, "client_port").ptr : "",
-		  pfpolicy_get(r, "server_address").ptr ? pfpolicy_get(r, "server_address").ptr : "",
-		  pfpolicy_get(r, "server_port").ptr ? pfpolicy_get(r, "server_port").ptr : "");
+	struct buf sb;
+	buf_init_fixed(&sb, sess, sizeof(sess));
+	for (size_t i = 0; i < ARRAY_SIZE(ends); i++) {
+		/* values are slices of the request, not NUL-terminated strings */
+		struct str v = pfpolicy_get(r, ends[i]);
+		if (v.len > SESSION_MAX / ARRAY_SIZE(ends) - 1)
+			v.len = SESSION_MAX / ARRAY_SIZE(ends) - 1;
+		buf_append_str(&sb, v);
+		buf_append_byte(&sb, '|');
+	}
 	if (strcmp(sess, c->session) != 0) {
 		end_message(c);
 		memcpy(c->session, sess, sizeof(sess));

@@ -696,3 +696,25 @@ def test_milter_helo_rule_counts_once_per_session(sluiced, postfix):
             c.rset()
     out = s.cli("limits", "show", "client.sluice.test").stdout
     assert "used 1/10" in out, out
+
+
+def test_policy_service_session_in_postfix_attribute_order(sluiced):
+    """Attributes in the order Postfix writes them, where `instance` follows the client's
+    address closely: two messages of one SMTP session are one connection."""
+    s = sluiced(config(
+        'limit "conns" { stage = "connect"; key = "client_ip"; rate = ["3/1h"]; }',
+        milter=False, policy=True))
+
+    def request(instance, rcpt):
+        return ("request=smtpd_access_policy\nprotocol_state=RCPT\nprotocol_name=ESMTP\n"
+                "helo_name=h\nqueue_id=\nsender=a@x.org\n"
+                f"recipient={rcpt}\nrecipient_count=0\nclient_address=192.0.2.9\n"
+                f"client_name=c\nreverse_client_name=c\ninstance={instance}\n"
+                "client_port=40001\nserver_address=127.0.0.1\nserver_port=25\n\n")
+
+    with socket.socket(socket.AF_UNIX) as c:
+        c.connect(policy_socket(s))
+        for inst in ("b.1", "b.2"):
+            assert policy_exchange(c, request(inst, f"r@{inst}.example")) == "action=DUNNO\n\n"
+    out = s.cli("limits", "show", "192.0.2.9", "conns").stdout
+    assert "used 1/3" in out, out
