@@ -321,15 +321,52 @@ static int load_policy(struct cfg_node *m, struct sluice_config *c, char *err, s
 	return r;
 }
 
+static const char *const redis_keys[] = { "server", "user", "password", "password_file", "db",
+					   "prefix", "timeout", "sentinels", "master_name",
+					   "on_failure", "nodes", "node", "lease" };
+
+/* The Redis password: inline, or the first line of password_file. */
+static int load_password(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
+{
+	char *file = NULL;
+	int r = get_string(m, "password", &c->store.password, err, el);
+	if (r == 0)
+		r = get_string(m, "password_file", &file, err, el);
+	if (r == 0 && file && c->store.password) {
+		ERR(cfg_get(m, "password_file"), err, el, "give password or password_file, not both");
+		r = -EINVAL;
+	}
+	if (r == 0 && file) {
+		char *text = NULL;
+		size_t len;
+		int fr = file_read_all(file, 4096, &text, &len);
+		if (fr < 0) {
+			ERR(cfg_get(m, "password_file"), err, el, "%s: %s", file, strerror(-fr));
+			r = -EINVAL;
+		} else {
+			text[strcspn(text, "\r\n")] = '\0';
+			if (!text[0]) {
+				ERR(cfg_get(m, "password_file"), err, el, "%s is empty", file);
+				r = -EINVAL;
+				free(text);
+			} else {
+				c->store.password = text;
+			}
+		}
+	}
+	free(file);
+	return r;
+}
+
 static int load_store(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
 {
 	char *type = NULL;
 	int r = get_string(m, "type", &type, err, el);
-	if (r == 0 && type && strcmp(type, "memory") != 0) {
-		ERR(cfg_get(m, "type"), err, el, "\"%.50s\": this sluiced has the memory store only",
-		    type);
+	if (r == 0 && type && strcmp(type, "memory") != 0 && strcmp(type, "redis") != 0) {
+		ERR(cfg_get(m, "type"), err, el, "\"%.50s\": expected memory or redis", type);
 		r = -EINVAL;
 	}
+	c->store.redis = r == 0 && type && strcmp(type, "redis") == 0;
 	free(type);
 	int64_t v;
 	struct cfg_node *n;
@@ -342,6 +379,71 @@ static int load_store(struct cfg_node *m, struct sluice_config *c, char *err, si
 	if (r == 0)
 		r = get_duration(m, "overrides_check", 1000, INT64_C(3600000),
 				 &c->store.overrides_check_ms, err, el);
+	if (r == 0 && !c->store.redis) {
+		for (size_t i = 0; i < ARRAY_SIZE(redis_keys); i++)
+			if ((n = cfg_get(m, redis_keys[i]))) {
+				ERR(n, err, el, "only with type = \"redis\"");
+				return -EINVAL;
+			}
+		return 0;
+	}
+	if (r == 0)
+		r = get_string(m, "server", &c->store.server, err, el);
+	if (r == 0)
+		r = get_string(m, "user", &c->store.user, err, el);
+	if (r == 0)
+		r = load_password(m, c, err, el);
+	if (r == 0 && c->store.user && !c->store.password) {
+		ERR(cfg_get(m, "user"), err, el, "a user needs a password (or password_file)");
+		r = -EINVAL;
+	}
+	if (r == 0)
+		r = get_uint(m, "db", 0, 1000000, &c->store.db, err, el);
+	if (r == 0)
+		r = get_string(m, "prefix", &c->store.prefix, err, el);
+	if (r == 0)
+		r = get_duration(m, "timeout", 1, 60000, &c->store.timeout_ms, err, el);
+	if (r == 0)
+		r = get_string_list(m, "sentinels", NULL, &c->store.sentinels, err, el);
+	if (r == 0)
+		r = get_string(m, "master_name", &c->store.master_name, err, el);
+	if (r == 0 && c->store.sentinels) {
+		while (c->store.sentinels[c->store.nsentinels])
+			c->store.nsentinels++;
+		if (!c->store.master_name) {
+			ERR(cfg_get(m, "sentinels"), err, el, "sentinels need master_name");
+			r = -EINVAL;
+		} else if (c->store.server) {
+			ERR(cfg_get(m, "server"), err, el, "give server or sentinels, not both "
+			    "(sentinels say where the master is)");
+			r = -EINVAL;
+		}
+	} else if (r == 0 && c->store.master_name) {
+		ERR(cfg_get(m, "master_name"), err, el, "master_name needs sentinels");
+		r = -EINVAL;
+	}
+	char *fail = NULL;
+	if (r == 0)
+		r = get_string(m, "on_failure", &fail, err, el);
+	if (r == 0 && fail) {
+		if (strcmp(fail, "local") == 0)
+			c->store.on_failure = STORE_FAIL_LOCAL;
+		else if (strcmp(fail, "accept") == 0)
+			c->store.on_failure = STORE_FAIL_ACCEPT;
+		else if (strcmp(fail, "tempfail") == 0)
+			c->store.on_failure = STORE_FAIL_TEMPFAIL;
+		else {
+			ERR(cfg_get(m, "on_failure"), err, el, "expected local, accept or tempfail");
+			r = -EINVAL;
+		}
+	}
+	free(fail);
+	if (r == 0)
+		r = get_uint(m, "nodes", 1, 1000, &c->store.nodes, err, el);
+	if (r == 0)
+		r = get_string(m, "node", &c->store.node, err, el);
+	if (r == 0)
+		r = get_duration(m, "lease", 1000, INT64_C(3600000), &c->store.lease_ms, err, el);
 	return r;
 }
 
@@ -455,6 +557,10 @@ int config_load(const char *path, struct sluice_config **ret, char *err, size_t 
 	c->store.max_keys = 1000000;
 	c->store.snapshot_interval_ms = 300 * 1000;
 	c->store.overrides_check_ms = 5 * 1000;
+	c->store.timeout_ms = 50;
+	c->store.on_failure = STORE_FAIL_LOCAL;
+	c->store.nodes = 1;
+	c->store.lease_ms = 15 * 1000;
 	c->state_dir = strdup("/var/lib/sluice");
 	r = c->path && c->state_dir ? load(root, c, err, errlen) : -ENOMEM;
 	cfg_free(root);
@@ -486,6 +592,18 @@ struct sluice_config *config_free(struct sluice_config *c)
 	listen_conf_clear(&c->policy.listen);
 	milter_static_conf_clear(&c->milter.handler);
 	free(c->state_dir);
+	free(c->store.server);
+	free(c->store.user);
+	if (c->store.password)
+		explicit_bzero(c->store.password, strlen(c->store.password));
+	free(c->store.password);
+	free(c->store.prefix);
+	if (c->store.sentinels)
+		for (char **p = c->store.sentinels; *p; p++)
+			free(*p);
+	free(c->store.sentinels);
+	free(c->store.master_name);
+	free(c->store.node);
 	policy_unref(c->rules);
 	free(c);
 	return NULL;

@@ -55,9 +55,24 @@ struct sluice_config {
 	} policy;
 	char *state_dir;
 	struct {
+		bool redis;                   /* type = "redis" (else "memory") */
 		uint64_t max_keys;
 		int64_t snapshot_interval_ms; /* 0 = only at shutdown */
 		int64_t overrides_check_ms;   /* how often overrides files are checked */
+		/* redis */
+		char *server;
+		char *user;
+		char *password;               /* from password or password_file */
+		unsigned db;
+		char *prefix;
+		int64_t timeout_ms;
+		char **sentinels;             /* NULL-terminated, or NULL */
+		size_t nsentinels;
+		char *master_name;
+		enum store_failure on_failure;
+		unsigned nodes;
+		char *node;
+		int64_t lease_ms;
 	} store;
 	struct policy *rules;                 /* limit and class blocks (never NULL) */
 };

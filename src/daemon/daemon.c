@@ -43,7 +43,7 @@ struct daemon {
 	struct service *control;
 	struct store *store;
 	struct event *ev_term, *ev_int, *ev_hup, *ev_stats, *ev_drain;
-	struct event *ev_snapshot, *ev_expire, *ev_overrides;
+	struct event *ev_snapshot, *ev_expire, *ev_overrides, *ev_lease;
 	const char *config_path;
 	uint64_t drain_deadline_ms;
 	uint64_t started_ms;
@@ -227,6 +227,111 @@ static void on_overrides(evutil_socket_t fd, short what, void *arg)
 	arm_timer(d->ev_overrides, d->cfg->store.overrides_check_ms);
 }
 
+static void store_notify(void *arg, bool bad, const char *msg)
+{
+	(void)arg;
+	if (bad)
+		log_error("%s", msg);
+	else
+		log_notice("%s", msg);
+}
+
+/* The Redis store (type = "redis"). */
+static struct store *open_redis(const struct sluice_config *c)
+{
+	char err[512];
+	struct store_redis_conf rc = {
+		.server = c->store.server,
+		.user = c->store.user,
+		.password = c->store.password,
+		.db = c->store.db,
+		.prefix = c->store.prefix,
+		.timeout_ms = (uint64_t)c->store.timeout_ms,
+		.sentinels = (const char *const *)c->store.sentinels,
+		.nsentinels = c->store.nsentinels,
+		.master_name = c->store.master_name,
+		.on_failure = c->store.on_failure,
+		.nodes = c->store.nodes,
+		.node_id = c->store.node,
+		.lease_ms = (uint64_t)c->store.lease_ms,
+		.local_max_keys = c->store.max_keys,
+		.notify = store_notify,
+	};
+	struct store *s = store_redis_new(&rc, err, sizeof(err));
+	if (!s)
+		fatal("%s: store: %s", c->path, err);
+	return s;
+}
+
+/* The memory store, with its snapshot in state_dir when that directory exists. */
+static struct store *open_store(const struct sluice_config *c)
+{
+	if (c->store.redis)
+		return open_redis(c);
+	char path[4096], warn[512];
+	struct stat st;
+	struct store_memory_conf mc = { .max_keys = c->store.max_keys, .snapshot = NULL };
+	if (stat(c->state_dir, &st) == 0 && S_ISDIR(st.st_mode)) {
+		if (fmt_fixed(path, sizeof(path), "%s/limits.snapshot", c->state_dir) < 0)
+			fatal("state_dir path too long");
+		mc.snapshot = path;
+	} else {
+		log_warning("state_dir %s is not a directory: limits will start from zero at "
+			    "every restart", c->state_dir);
+	}
+	struct store *s = store_memory_new(&mc, realtime_ns(), warn, sizeof(warn));
+	if (!s)
+		fatal("out of memory at start");
+	if (warn[0])
+		log_error("%s", warn);
+	return s;
+}
+
+static bool str_same(const char *a, const char *b)
+{
+	return (!a && !b) || (a && b && strcmp(a, b) == 0);
+}
+
+/* Do two configurations describe the same store?  (It is made once, at start.) */
+static bool store_same(const struct sluice_config *a, const struct sluice_config *b)
+{
+	if (a->store.redis != b->store.redis)
+		return false;
+	if (!a->store.redis)
+		return true;
+	bool same = str_same(a->store.server, b->store.server) &&
+		    str_same(a->store.user, b->store.user) &&
+		    str_same(a->store.password, b->store.password) &&
+		    a->store.db == b->store.db && str_same(a->store.prefix, b->store.prefix) &&
+		    a->store.timeout_ms == b->store.timeout_ms &&
+		    str_same(a->store.master_name, b->store.master_name) &&
+		    a->store.on_failure == b->store.on_failure &&
+		    a->store.nodes == b->store.nodes && str_same(a->store.node, b->store.node) &&
+		    a->store.lease_ms == b->store.lease_ms &&
+		    a->store.nsentinels == b->store.nsentinels;
+	for (size_t i = 0; same && i < a->store.nsentinels; i++)
+		same = strcmp(a->store.sentinels[i], b->store.sentinels[i]) == 0;
+	return same;
+}
+
+/* Renew this node's class-slot leases in the shared store, with its own counts. */
+static void on_lease(evutil_socket_t fd, short what, void *arg)
+{
+	struct daemon *d = arg;
+	(void)fd;
+	(void)what;
+	char names[256][64];
+	unsigned counts[256];
+	const char *ptrs[256];
+	size_t n = class_registry_counts(names, counts, 256);
+	for (size_t i = 0; i < n; i++)
+		ptrs[i] = names[i];
+	if (n && d->store->ops->slots_renew)
+		d->store->ops->slots_renew(d->store->ctx, ptrs, counts, n);
+	uint64_t every = (uint64_t)d->cfg->store.lease_ms / 3;
+	arm_timer(d->ev_lease, (int64_t)(every ? every : 1000));
+}
+
 static bool listen_equal(const struct listen_conf *a, const struct listen_conf *b)
 {
 	if (a->n != b->n || a->mode != b->mode)
@@ -255,6 +360,8 @@ static void reload(struct daemon *d)
 		log_warning("reload: workers changed; it takes effect at the next restart");
 	if (strcmp(old->state_dir, nc->state_dir) != 0)
 		log_warning("reload: state_dir changed; it takes effect at the next restart");
+	if (!store_same(old, nc))
+		log_warning("reload: store settings changed; they take effect at the next restart");
 	policy_set_store(nc->rules, d->store);
 	struct milter_handler *h = d->milter ? milter_handler_for(nc) : NULL;
 	if (d->milter && !h) {
@@ -273,7 +380,8 @@ static void reload(struct daemon *d)
 		struct pfpolicy_conf pc = pfpolicy_conf(nc);
 		pfpolicy_service_set_conf(d->policy, &pc);
 	}
-	store_memory_set_max_keys(d->store, nc->store.max_keys);
+	if (!store_is_shared(d->store))
+		store_memory_set_max_keys(d->store, nc->store.max_keys);
 	pthread_mutex_lock(&d->cfg_lock);
 	d->cfg = nc;
 	pthread_mutex_unlock(&d->cfg_lock);
@@ -479,28 +587,6 @@ static int open_listeners(struct daemon *d)
 	return 0;
 }
 
-/* The memory store, with its snapshot in state_dir when that directory exists. */
-static struct store *open_store(const struct sluice_config *c)
-{
-	char path[4096], warn[512];
-	struct stat st;
-	struct store_memory_conf mc = { .max_keys = c->store.max_keys, .snapshot = NULL };
-	if (stat(c->state_dir, &st) == 0 && S_ISDIR(st.st_mode)) {
-		if (fmt_fixed(path, sizeof(path), "%s/limits.snapshot", c->state_dir) < 0)
-			fatal("state_dir path too long");
-		mc.snapshot = path;
-	} else {
-		log_warning("state_dir %s is not a directory: limits will start from zero at "
-			    "every restart", c->state_dir);
-	}
-	struct store *s = store_memory_new(&mc, realtime_ns(), warn, sizeof(warn));
-	if (!s)
-		fatal("out of memory at start");
-	if (warn[0])
-		log_error("%s", warn);
-	return s;
-}
-
 static int write_pid_file(const char *path)
 {
 	char tmp[4096], line[32];
@@ -583,6 +669,7 @@ int daemon_main(int argc, char **argv)
 	d.base = event_base_new();
 	if (!d.base)
 		fatal("cannot create the event loop");
+	thread_set_base(d.base); /* the Redis store's lease renewals run on this loop */
 	/* Signals first: a SIGTERM that arrives while the listeners open is handled (once the
 	 * loop runs) like any other, with the snapshot saved and the sockets removed. */
 	d.ev_term = evsignal_new(d.base, SIGTERM, on_signal, &d);
@@ -609,10 +696,21 @@ int daemon_main(int argc, char **argv)
 	}
 	if (d.cfg->control.n && !(d.control = control_service_new(d.e, &d)))
 		fatal("out of memory at start");
-	log_info("rules: %zu limits, %s; store: memory, max_keys %llu",
-		 policy_rule_count(d.cfg->rules),
-		 policy_has_classes(d.cfg->rules) ? "host classes" : "no host classes",
-		 (unsigned long long)d.cfg->store.max_keys);
+	if (d.cfg->store.redis)
+		log_info("rules: %zu limits, %s; store: redis %s, timeout %lldms, on_failure %s, "
+			 "nodes %u", policy_rule_count(d.cfg->rules),
+			 policy_has_classes(d.cfg->rules) ? "host classes" : "no host classes",
+			 d.cfg->store.server ? d.cfg->store.server :
+			 d.cfg->store.master_name ? d.cfg->store.master_name : "127.0.0.1:6379",
+			 (long long)d.cfg->store.timeout_ms,
+			 d.cfg->store.on_failure == STORE_FAIL_LOCAL ? "local" :
+			 d.cfg->store.on_failure == STORE_FAIL_ACCEPT ? "accept" : "tempfail",
+			 d.cfg->store.nodes);
+	else
+		log_info("rules: %zu limits, %s; store: memory, max_keys %llu",
+			 policy_rule_count(d.cfg->rules),
+			 policy_has_classes(d.cfg->rules) ? "host classes" : "no host classes",
+			 (unsigned long long)d.cfg->store.max_keys);
 	apply_limits(&d, d.cfg);
 	if (open_listeners(&d) < 0) {
 		engine_free(d.e);
@@ -641,8 +739,12 @@ int daemon_main(int argc, char **argv)
 	d.ev_snapshot = evtimer_new(d.base, on_snapshot, &d);
 	d.ev_expire = evtimer_new(d.base, on_expire, &d);
 	d.ev_overrides = evtimer_new(d.base, on_overrides, &d);
-	if (!d.ev_stats || !d.ev_drain || !d.ev_snapshot || !d.ev_expire || !d.ev_overrides)
+	d.ev_lease = evtimer_new(d.base, on_lease, &d);
+	if (!d.ev_stats || !d.ev_drain || !d.ev_snapshot || !d.ev_expire || !d.ev_overrides ||
+	    !d.ev_lease)
 		fatal("cannot create timers");
+	if (store_is_shared(d.store))
+		on_lease(-1, 0, &d); /* connects at once, and renews from then on */
 	arm_stats(&d);
 	arm_timer(d.ev_snapshot, d.cfg->store.snapshot_interval_ms);
 	arm_timer(d.ev_expire, 1000);
@@ -654,6 +756,9 @@ int daemon_main(int argc, char **argv)
 	log_stats(&d, false);
 	engine_stop_listening(d.e);
 	engine_stop(d.e);
+	/* the store's connections live on the loops: freed while the loops still exist */
+	save_snapshot(&d);
+	d.store = store_free(d.store);
 	engine_free(d.e);
 	event_free(d.ev_term);
 	event_free(d.ev_int);
@@ -663,13 +768,13 @@ int daemon_main(int argc, char **argv)
 	event_free(d.ev_snapshot);
 	event_free(d.ev_expire);
 	event_free(d.ev_overrides);
+	event_free(d.ev_lease);
+	thread_set_base(NULL);
 	event_base_free(d.base);
-	save_snapshot(&d);
 	if (d.pid_file && d.pid_file[0])
 		unlink(d.pid_file);
 	free(d.pid_file);
 	config_free(d.cfg);
-	store_free(d.store);
 	pthread_mutex_destroy(&d.cfg_lock);
 	log_notice("sluiced stopped");
 	return 0;

@@ -56,10 +56,18 @@ void policy_control_stats(struct policy *p, struct store *s, bool json, struct b
 		}
 		buf_printf(out, "],\"store\":{\"type\":\"%s\",\"keys\":%llu,\"max_keys\":%llu,"
 			   "\"bytes\":%llu,\"evicted\":%llu,\"expired\":%llu,\"decisions\":%llu,"
-			   "\"errors\":%llu}", s->type, (unsigned long long)ss.keys,
+			   "\"errors\":%llu", s->type, (unsigned long long)ss.keys,
 			   (unsigned long long)ss.max_keys, (unsigned long long)ss.bytes,
 			   (unsigned long long)ss.evicted, (unsigned long long)ss.expired,
 			   (unsigned long long)ss.decisions, (unsigned long long)ss.errors);
+		if (ss.shared) {
+			buf_printf(out, ",\"shared\":{\"up\":%s,\"state\":", ss.up ? "true" : "false");
+			json_string(out, ss.state);
+			buf_printf(out, ",\"fallbacks\":%llu,\"timeouts\":%llu,\"reconnects\":%llu}",
+				   (unsigned long long)ss.fallbacks, (unsigned long long)ss.timeouts,
+				   (unsigned long long)ss.reconnects);
+		}
+		buf_append_byte(out, '}');
 		return;
 	}
 	for (size_t i = 0; i < n; i++)
@@ -67,6 +75,15 @@ void policy_control_stats(struct policy *p, struct store *s, bool json, struct b
 			   "%u, entered %llu, refused %llu\n", cs[i].name, cs[i].used, cs[i].peak,
 			   cs[i].inbound, cs[i].sessions, (unsigned long long)cs[i].entered,
 			   (unsigned long long)cs[i].refused);
+	if (ss.shared) {
+		buf_printf(out, "store %s: %s; %llu decisions, %llu answered by on_failure, %llu "
+			   "timeouts, %llu reconnections, %llu errors; local share: %llu keys\n",
+			   s->type, ss.state, (unsigned long long)ss.decisions,
+			   (unsigned long long)ss.fallbacks, (unsigned long long)ss.timeouts,
+			   (unsigned long long)ss.reconnects, (unsigned long long)ss.errors,
+			   (unsigned long long)ss.keys);
+		return;
+	}
 	buf_printf(out, "store %s: %llu keys of %llu, %.1f MiB, %llu decisions, %llu evicted, "
 		   "%llu expired, %llu errors\n", s->type, (unsigned long long)ss.keys,
 		   (unsigned long long)ss.max_keys, (double)ss.bytes / 1048576.0,

@@ -616,7 +616,9 @@ static int worker_post(struct worker *w, const struct worker_msg *m)
 static void *worker_main(void *arg)
 {
 	struct worker *w = arg;
+	thread_set_base(w->base);
 	event_base_dispatch(w->base);
+	thread_set_base(NULL);
 	return NULL;
 }
 

@@ -104,3 +104,15 @@ int file_read_all(const char *path, size_t max, char **ret, size_t *ret_len)
 	*ret_len = len;
 	return 0;
 }
+
+static _Thread_local struct event_base *current_base;
+
+void thread_set_base(struct event_base *b)
+{
+	current_base = b;
+}
+
+struct event_base *thread_base(void)
+{
+	return current_base;
+}

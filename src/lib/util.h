@@ -48,4 +48,11 @@ int fmt_fixed(char *dst, size_t len, const char *fmt, ...) __attribute__((format
 /* Read a whole file (<= max bytes) into a malloc'ed NUL-terminated buffer. */
 int file_read_all(const char *path, size_t max, char **ret, size_t *ret_len);
 
+/* The event loop the calling thread runs, set by that thread when its loop starts (the
+ * engine's workers, the daemon's main thread); NULL on other threads.  Backends that
+ * answer asynchronously (the Redis store) find their connection for this loop by it. */
+struct event_base;
+void thread_set_base(struct event_base *b);
+struct event_base *thread_base(void);
+
 #endif

@@ -23,6 +23,12 @@ struct mp_handler {
 struct mp_session {
 	struct policy_msg msg;
 	struct class_slot *slot;
+	/* a decision the store answers later (Redis): the session waits for it */
+	struct policy_pending *pending;
+	enum policy_stage pending_stage;
+	struct mp_handler *h;
+	struct milter_session *ms;
+	const char *pending_class;
 	unsigned accepted_rcpts;
 	bool helo_done;           /* the helo rules ran for this SMTP session */
 	uint64_t mail_size;       /* SIZE= given with MAIL */
@@ -159,25 +165,127 @@ static enum milter_verdict verdict(struct milter_session *ms, struct policy_deci
 	}
 }
 
+/* Forget the message's own state (at its end, and at MAIL when MAIL is negotiated). */
+static void message_reset(struct mp_session *st)
+{
+	st->accepted_rcpts = 0;
+	st->mail_size = 0;
+	st->have_mail_size = false;
+	st->nheaders = 0;
+	st->header_size = 0;
+	buf_reset(&st->header_bytes);
+}
+
+/* End of message, accepted so far: tags and quarantine, then the ledger is closed. */
+static enum milter_verdict eom_accept(struct mp_handler *h, struct milter_session *ms,
+				      struct mp_session *st)
+{
+	for (size_t i = 0; i < st->msg.ntags; i++)
+		if (milter_session_add_header(ms, str_cstr(TAG_HEADER), str_cstr(st->msg.tags[i])) < 0)
+			session_log(milter_session_session(ms), LOG_LEVEL_WARNING,
+				    "cannot add the %s header: the MTA did not offer it", TAG_HEADER);
+	if (st->msg.quarantine &&
+	    milter_session_quarantine(ms, str_cstr(st->msg.quarantine_reason)) < 0)
+		session_log(milter_session_session(ms), LOG_LEVEL_WARNING,
+			    "cannot quarantine: the MTA did not offer it");
+	policy_msg_end(h->policy, &st->msg, true, realtime_ns());
+	message_reset(st);
+	return MILTER_ACCEPT;
+}
+
+/* What a stage does with its decision (NULL: no rule ran, so it passes), answered now or
+ * after the store's round trip. */
+static enum milter_verdict after(struct mp_handler *h, struct milter_session *ms,
+				 struct mp_session *st, enum policy_stage stage,
+				 struct policy_decision *d)
+{
+	if (d && (d->nover || d->store_error))
+		log_over(ms, d, stage);
+	enum milter_verdict v = d ? verdict(ms, d) : MILTER_CONTINUE;
+	if (v != MILTER_CONTINUE && stage >= POLICY_DATA)
+		policy_msg_end(h->policy, &st->msg, false, realtime_ns());
+	switch (stage) {
+	case POLICY_HELO:
+		/* HELO comes again after STARTTLS, and clients repeat EHLO: the rules run once
+		 * per SMTP session, or a per-connection count would charge twice */
+		if (v == MILTER_CONTINUE)
+			st->helo_done = true;
+		break;
+	case POLICY_RCPT:
+		if (v == MILTER_CONTINUE)
+			st->accepted_rcpts++;
+		break;
+	case POLICY_EOM:
+		if (v != MILTER_CONTINUE)
+			message_reset(st); /* refused: its charges went back above */
+		else
+			v = eom_accept(h, ms, st);
+		break;
+	default:
+		break;
+	}
+	return v;
+}
+
+static void on_decided(void *arg, struct policy_decision *d)
+{
+	struct mp_session *st = arg;
+	st->pending = NULL;
+	milter_session_resume(st->ms, after(st->h, st->ms, st, st->pending_stage, d));
+}
+
 static enum milter_verdict run(struct mp_handler *h, struct milter_session *ms,
 			       enum policy_stage stage)
 {
 	struct mp_session *st = state(ms);
 	if (!st)
 		return MILTER_TEMPFAIL;
+	if (!policy_has_stage(h->policy, stage))
+		return after(h, ms, st, stage, NULL);
 	struct txn_ctx c;
 	struct policy_txn t;
 	fill_txn(ms, st, &c, &t);
 	struct policy_decision d;
 	d.results = NULL;
 	d.max_results = 0;
-	policy_check(h->policy, &t, stage, &st->msg, STORE_CHECK, realtime_ns(), &d);
-	if (d.nover || d.store_error)
-		log_over(ms, &d, stage);
-	enum milter_verdict v = verdict(ms, &d);
-	if (v != MILTER_CONTINUE && stage >= POLICY_DATA)
-		policy_msg_end(h->policy, &st->msg, false, realtime_ns());
-	return v;
+	st->h = h;
+	st->ms = ms;
+	st->pending_stage = stage;
+	if (policy_check_start(h->policy, &t, stage, &st->msg, STORE_CHECK, realtime_ns(), &d,
+			       on_decided, st, &st->pending) == 1)
+		return MILTER_PENDING;
+	return after(h, ms, st, stage, &d);
+}
+
+static enum milter_verdict class_full(struct milter_session *ms, const char *cls)
+{
+	char peer[120];
+	log_quote(peer, sizeof(peer), milter_session_client_addr(ms), 60);
+	session_log(milter_session_session(ms), LOG_LEVEL_NOTICE,
+		    "class=%s full: refusing client=%s with 421", cls, peer);
+	char reply[160];
+	fmt_fixed(reply, sizeof(reply), "421 4.7.0 Too many sessions from your "
+		  "network (class %s), try again later", cls);
+	if (milter_session_set_reply(ms, str_cstr(reply)) < 0)
+		return MILTER_TEMPFAIL;
+	return MILTER_REPLY;
+}
+
+/* After the class: the connect rules. */
+static enum milter_verdict connect_rules(struct mp_handler *h, struct milter_session *ms)
+{
+	if (!policy_has_stage(h->policy, POLICY_CONNECT))
+		return MILTER_CONTINUE;
+	return run(h, ms, POLICY_CONNECT);
+}
+
+static void on_class_done(void *arg, int rc)
+{
+	struct mp_session *st = arg;
+	st->pending = NULL;
+	enum milter_verdict v = rc ? connect_rules(st->h, st->ms) : class_full(st->ms, st->pending_class);
+	if (v != MILTER_PENDING)
+		milter_session_resume(st->ms, v);
 }
 
 static enum milter_verdict on_connect(void *ctx, struct milter_session *ms)
@@ -196,25 +304,21 @@ static enum milter_verdict on_connect(void *ctx, struct milter_session *ms)
 		const char *cls = NULL;
 		if (st->slot) {
 			/* a second CONNECT on one milter connection (after QUIT_NC) */
-			class_slot_release(st->slot);
+			policy_class_release(h->policy, st->slot);
 			st->slot = NULL;
 		}
-		if (policy_class_enter(h->policy, have_ip ? &ip : NULL, name, &st->slot, &cls) == 0) {
-			char peer[120];
-			log_quote(peer, sizeof(peer), milter_session_client_addr(ms), 60);
-			session_log(milter_session_session(ms), LOG_LEVEL_NOTICE,
-				    "class=%s full: refusing client=%s with 421", cls, peer);
-			char reply[160];
-			fmt_fixed(reply, sizeof(reply), "421 4.7.0 Too many sessions from your "
-				  "network (class %s), try again later", cls);
-			if (milter_session_set_reply(ms, str_cstr(reply)) < 0)
-				return MILTER_TEMPFAIL;
-			return MILTER_REPLY;
+		st->h = h;
+		st->ms = ms;
+		int r = policy_class_enter_start(h->policy, have_ip ? &ip : NULL, name, &st->slot,
+						 &cls, on_class_done, st, &st->pending);
+		if (r == 2) {
+			st->pending_class = cls;
+			return MILTER_PENDING;
 		}
+		if (r == 0)
+			return class_full(ms, cls);
 	}
-	if (!policy_has_stage(h->policy, POLICY_CONNECT))
-		return MILTER_CONTINUE;
-	return run(h, ms, POLICY_CONNECT);
+	return connect_rules(h, ms);
 }
 
 static enum milter_verdict on_helo(void *ctx, struct milter_session *ms)
@@ -223,25 +327,9 @@ static enum milter_verdict on_helo(void *ctx, struct milter_session *ms)
 	struct mp_session *st = state(ms);
 	if (!st)
 		return MILTER_TEMPFAIL;
-	/* HELO comes again after STARTTLS, and clients repeat EHLO: the rules run once per
-	 * SMTP session, or a per-connection count would charge twice */
 	if (!policy_has_stage(h->policy, POLICY_HELO) || st->helo_done)
 		return MILTER_CONTINUE;
-	enum milter_verdict v = run(h, ms, POLICY_HELO);
-	if (v == MILTER_CONTINUE)
-		st->helo_done = true;
-	return v;
-}
-
-/* Forget the message's own state (at its end, and at MAIL when MAIL is negotiated). */
-static void message_reset(struct mp_session *st)
-{
-	st->accepted_rcpts = 0;
-	st->mail_size = 0;
-	st->have_mail_size = false;
-	st->nheaders = 0;
-	st->header_size = 0;
-	buf_reset(&st->header_bytes);
+	return run(h, ms, POLICY_HELO);
 }
 
 static enum milter_verdict on_mail(void *ctx, struct milter_session *ms)
@@ -259,14 +347,8 @@ static enum milter_verdict on_mail(void *ctx, struct milter_session *ms)
 
 static enum milter_verdict on_rcpt(void *ctx, struct milter_session *ms)
 {
-	struct mp_handler *h = ctx;
-	enum milter_verdict v = MILTER_CONTINUE;
-	if (policy_has_stage(h->policy, POLICY_RCPT))
-		v = run(h, ms, POLICY_RCPT);
-	struct mp_session *st = state(ms);
-	if (st && v == MILTER_CONTINUE)
-		st->accepted_rcpts++;
-	return v;
+	/* without rcpt rules too: recipients are counted (after()) */
+	return run(ctx, ms, POLICY_RCPT);
 }
 
 static enum milter_verdict on_header(void *ctx, struct milter_session *ms)
@@ -321,28 +403,8 @@ static enum milter_verdict on_body(void *ctx, struct milter_session *ms)
 
 static enum milter_verdict on_eom(void *ctx, struct milter_session *ms)
 {
-	struct mp_handler *h = ctx;
-	struct mp_session *st = state(ms);
-	if (!st)
-		return MILTER_TEMPFAIL;
-	enum milter_verdict v = MILTER_CONTINUE;
-	if (policy_has_stage(h->policy, POLICY_EOM))
-		v = run(h, ms, POLICY_EOM);
-	if (v != MILTER_CONTINUE) {
-		message_reset(st);
-		return v; /* refused: run() gave the message's charges back */
-	}
-	for (size_t i = 0; i < st->msg.ntags; i++)
-		if (milter_session_add_header(ms, str_cstr(TAG_HEADER), str_cstr(st->msg.tags[i])) < 0)
-			session_log(milter_session_session(ms), LOG_LEVEL_WARNING,
-				    "cannot add the %s header: the MTA did not offer it", TAG_HEADER);
-	if (st->msg.quarantine &&
-	    milter_session_quarantine(ms, str_cstr(st->msg.quarantine_reason)) < 0)
-		session_log(milter_session_session(ms), LOG_LEVEL_WARNING,
-			    "cannot quarantine: the MTA did not offer it");
-	policy_msg_end(h->policy, &st->msg, true, realtime_ns());
-	message_reset(st);
-	return MILTER_ACCEPT;
+	/* without eom rules too: tags, quarantine and the ledger's end (after()) */
+	return run(ctx, ms, POLICY_EOM);
 }
 
 static void on_abort(void *ctx, struct milter_session *ms)
@@ -361,9 +423,11 @@ static void on_close(void *ctx, struct milter_session *ms)
 	struct mp_session *st = milter_session_handler_data(ms);
 	if (!st)
 		return;
+	policy_pending_cancel(st->pending);
+	st->pending = NULL;
 	policy_msg_end(h->policy, &st->msg, false, realtime_ns());
 	policy_msg_clear(&st->msg);
-	class_slot_release(st->slot);
+	policy_class_release(h->policy, st->slot);
 	buf_clear(&st->header_bytes);
 	free(st);
 	milter_session_set_handler_data(ms, NULL);

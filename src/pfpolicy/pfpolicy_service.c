@@ -34,6 +34,16 @@ struct pf_conn {
 	bool mail_done;         /* the mail rules ran for this message */
 	struct policy_msg msg;
 	struct buf out;
+	/* the request under way: its stages run in turn, and one may wait for the store
+	 * (Redis), with the session paused and the request left in the input buffer */
+	struct session *s;
+	struct evbuffer *in;
+	struct policy_pending *pending;
+	struct pfpolicy_request req;  /* slices into `in`, not drained until answered */
+	size_t req_len;
+	int stage, cur, last_once;
+	struct policy_decision best;
+	uint64_t now;
 };
 
 static struct policy *current_policy(struct pf_service *ps, size_t *max_request)
@@ -80,6 +90,7 @@ static void pf_close(struct session *s)
 	struct pf_conn *c = session_data(s);
 	if (!c)
 		return;
+	policy_pending_cancel(c->pending);
 	end_message(c);
 	policy_msg_clear(&c->msg);
 	buf_clear(&c->out);
@@ -202,7 +213,81 @@ static void answer(struct session *s, struct pf_conn *c, const char *action)
 	session_write(s, c->out.ptr, c->out.len);
 }
 
-static void handle(struct session *s, struct pf_conn *c, const struct pfpolicy_request *r)
+/* One stage's decision into the request's answer.  True when the request is decided. */
+static bool stage_done(struct session *s, struct pf_conn *c, int st, struct policy_decision *d)
+{
+	if (d->nover || d->store_error)
+		log_over(s, d, (enum policy_stage)st, &c->req);
+	if (d->action > c->best.action)
+		c->best = *d;
+	if (c->best.action >= POLICY_DISCARD)
+		return true;
+	if (st <= POLICY_HELO)
+		c->conn_done = st;
+	else if (st == POLICY_MAIL)
+		c->mail_done = true;
+	return st == c->stage;
+}
+
+static void on_decided(void *arg, struct policy_decision *d);
+
+/*
+ * The stages before RCPT not run yet -- connect and helo once per SMTP session, mail once
+ * per message -- then the request's own stage.  A stage that refused is not marked done:
+ * it runs again at the next request (a refused event was not counted, so running it
+ * again counts nothing twice).  Returns false when a stage waits for the store.
+ */
+static bool run_stages(struct session *s, struct pf_conn *c)
+{
+	for (;;) {
+		int st = c->cur;
+		if ((st <= POLICY_HELO && st <= c->conn_done) || (st == POLICY_MAIL && c->mail_done)) {
+			if (st == c->stage)
+				return true;
+		} else {
+			struct policy_txn t;
+			struct policy_decision d;
+			fill_txn(&c->req, (enum policy_stage)st, &t);
+			d.results = NULL;
+			d.max_results = 0;
+			if (policy_check_start(c->policy, &t, (enum policy_stage)st, &c->msg,
+					       STORE_CHECK, c->now, &d, on_decided, c,
+					       &c->pending) == 1)
+				return false;
+			if (stage_done(s, c, st, &d))
+				return true;
+		}
+		c->cur = st == c->last_once ? c->stage : st + 1;
+	}
+}
+
+static void conclude(struct session *s, struct pf_conn *c)
+{
+	char action[PFPOLICY_MAX_ACTION];
+	if (c->best.action >= POLICY_DISCARD && c->stage >= POLICY_DATA)
+		policy_msg_end(c->policy, &c->msg, false, c->now);
+	action_text(&c->best, &c->msg, (enum policy_stage)c->stage, action, sizeof(action));
+	answer(s, c, action);
+}
+
+static void on_decided(void *arg, struct policy_decision *d)
+{
+	struct pf_conn *c = arg;
+	struct session *s = c->s;
+	int st = c->cur;
+	c->pending = NULL;
+	if (!stage_done(s, c, st, d)) {
+		c->cur = st == c->last_once ? c->stage : st + 1;
+		if (!run_stages(s, c))
+			return;
+	}
+	conclude(s, c);
+	evbuffer_drain(c->in, c->req_len);
+	session_resume(s); /* reads what came meanwhile; may end the session */
+}
+
+/* Returns false when the answer waits for the store (the request stays in the input). */
+static bool handle(struct session *s, struct pf_conn *c, const struct pfpolicy_request *r)
 {
 	struct str state = pfpolicy_get(r, "protocol_state");
 	struct str request = pfpolicy_get(r, "request");
@@ -211,7 +296,7 @@ static void handle(struct session *s, struct pf_conn *c, const struct pfpolicy_r
 		log_quote(q, sizeof(q), request, 40);
 		session_log(s, LOG_LEVEL_WARNING, "request=%s is not smtpd_access_policy: DUNNO", q);
 		answer(s, c, "DUNNO");
-		return;
+		return true;
 	}
 	int stage = -1;
 	for (size_t i = 0; i < ARRAY_SIZE(states); i++)
@@ -220,7 +305,7 @@ static void handle(struct session *s, struct pf_conn *c, const struct pfpolicy_r
 			stage = (int)states[i].stage;
 	if (stage < 0) { /* VRFY, ETRN: nothing to count */
 		answer(s, c, "DUNNO");
-		return;
+		return true;
 	}
 	/*
 	 * One connection serves the SMTP sessions of one smtpd process in turn.  A session
@@ -258,52 +343,25 @@ static void handle(struct session *s, struct pf_conn *c, const struct pfpolicy_r
 	}
 	if (!c->policy)
 		c->policy = current_policy(c->svc, NULL);
-	struct policy_txn t;
-	struct policy_decision d, best;
-	char action[PFPOLICY_MAX_ACTION];
-	uint64_t now = realtime_ns();
-	best.action = POLICY_ACCEPT;
-	best.rule = NULL;
-	d.results = NULL;
-	d.max_results = 0;
-	/*
-	 * The stages before RCPT not run yet -- connect and helo once per SMTP session, mail
-	 * once per message -- then this stage.  A stage
-	 * that refused is not marked done: it runs again at the next request (a refused
-	 * event was not counted, so running it again counts nothing twice).
-	 */
-	int last_once = stage < POLICY_RCPT ? stage : POLICY_MAIL;
-	for (int st = 0; st <= last_once || st == stage; st = st == last_once ? stage : st + 1) {
-		if ((st <= POLICY_HELO && st <= c->conn_done) || (st == POLICY_MAIL && c->mail_done)) {
-			if (st == stage)
-				break;
-			continue; /* once per session (connect, helo) or per message (mail) */
-		}
-		fill_txn(r, (enum policy_stage)st, &t);
-		policy_check(c->policy, &t, (enum policy_stage)st, &c->msg, STORE_CHECK, now, &d);
-		if (d.nover || d.store_error)
-			log_over(s, &d, (enum policy_stage)st, r);
-		if (d.action > best.action)
-			best = d;
-		if (best.action >= POLICY_DISCARD)
-			break;
-		if (st <= POLICY_HELO)
-			c->conn_done = st;
-		else if (st == POLICY_MAIL)
-			c->mail_done = true;
-		if (st == stage)
-			break;
-	}
-	if (best.action >= POLICY_DISCARD && stage >= POLICY_DATA)
-		policy_msg_end(c->policy, &c->msg, false, now);
-	action_text(&best, &c->msg, (enum policy_stage)stage, action, sizeof(action));
-	answer(s, c, action);
+	c->req = *r;
+	c->stage = stage;
+	c->last_once = stage < POLICY_RCPT ? stage : POLICY_MAIL;
+	c->cur = 0;
+	c->now = realtime_ns();
+	c->best.action = POLICY_ACCEPT;
+	c->best.rule = NULL;
+	c->s = s;
+	if (!run_stages(s, c))
+		return false;
+	conclude(s, c);
+	return true;
 }
 
 static void pf_input(struct session *s, struct evbuffer *in)
 {
 	struct pf_conn *c = session_data(s);
-	for (;;) {
+	c->in = in;
+	while (!c->pending) {
 		size_t avail = evbuffer_get_length(in);
 		if (avail == 0)
 			return;
@@ -326,7 +384,11 @@ static void pf_input(struct session *s, struct evbuffer *in)
 			session_protocol_error(s, why ? why : "malformed request");
 			return;
 		}
-		handle(s, c, &req);
+		c->req_len = (size_t)n;
+		if (!handle(s, c, &req)) {
+			session_pause(s); /* on_decided answers, drains and resumes */
+			return;
+		}
 		evbuffer_drain(in, (size_t)n);
 	}
 }

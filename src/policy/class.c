@@ -145,6 +145,14 @@ int class_attach(struct policy_class *c)
 	return c->ctr ? 0 : -ENOMEM;
 }
 
+static void note_entered(struct class_counter *k, unsigned used)
+{
+	atomic_fetch_add(&k->entered, 1);
+	unsigned peak = atomic_load(&k->peak);
+	while (used > peak && !atomic_compare_exchange_weak(&k->peak, &peak, used))
+		;
+}
+
 int class_enter_inbound(struct policy_class *c, struct class_slot **ret)
 {
 	struct class_counter *k = c->ctr;
@@ -155,15 +163,48 @@ int class_enter_inbound(struct policy_class *c, struct class_slot **ret)
 			return 0;
 		}
 	} while (!atomic_compare_exchange_weak(&k->used, &used, used + 1));
-	atomic_fetch_add(&k->entered, 1);
-	unsigned peak = atomic_load(&k->peak);
-	while (used + 1 > peak && !atomic_compare_exchange_weak(&k->peak, &peak, used + 1))
-		;
+	note_entered(k, used + 1);
 	pthread_mutex_lock(&registry_lock);
 	k->refs++; /* the slot keeps the counter alive across reloads */
 	pthread_mutex_unlock(&registry_lock);
 	*ret = (struct class_slot *)k;
 	return 1;
+}
+
+unsigned class_reserve(struct policy_class *c, struct class_slot **ret)
+{
+	struct class_counter *k = c->ctr;
+	unsigned used = atomic_fetch_add(&k->used, 1) + 1;
+	pthread_mutex_lock(&registry_lock);
+	k->refs++;
+	pthread_mutex_unlock(&registry_lock);
+	*ret = (struct class_slot *)k;
+	return used;
+}
+
+void class_slot_granted(struct class_slot *s)
+{
+	struct class_counter *k = (struct class_counter *)s;
+	note_entered(k, atomic_load(&k->used));
+}
+
+void class_slot_refused(struct class_slot *s)
+{
+	struct class_counter *k = (struct class_counter *)s;
+	atomic_fetch_add(&k->refused, 1);
+	class_slot_release(s);
+}
+
+size_t class_registry_counts(char (*names)[64], unsigned *counts, size_t max)
+{
+	size_t n = 0;
+	pthread_mutex_lock(&registry_lock);
+	for (struct class_counter *c = registry; c && n < max; c = c->next, n++) {
+		memcpy(names[n], c->name, sizeof(c->name));
+		counts[n] = atomic_load(&c->used);
+	}
+	pthread_mutex_unlock(&registry_lock);
+	return n;
 }
 
 void class_slot_release(struct class_slot *s)

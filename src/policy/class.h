@@ -33,6 +33,12 @@ void class_clear(struct policy_class *c);
 int class_attach(struct policy_class *c);
 /* Take an incoming slot: 1 (*ret set), or 0 when the class is at inbound. */
 int class_enter_inbound(struct policy_class *c, struct class_slot **ret);
+/* Take a slot whatever the count (the shared store decides); returns the count with it. */
+unsigned class_reserve(struct policy_class *c, struct class_slot **ret);
+/* A reserved slot the shared store granted (counted as entered, peak updated). */
+void class_slot_granted(struct class_slot *s);
+/* A reserved slot the shared store refused: given back, counted as refused. */
+void class_slot_refused(struct class_slot *s);
 void class_stats_get(const struct policy_class *c, struct class_stats *ret);
 
 #endif

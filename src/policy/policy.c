@@ -858,6 +858,7 @@ void policy_msg_end(struct policy *p, struct policy_msg *m, bool delivered, uint
 			struct store_item *it = &items[k++];
 			memset(it, 0, sizeof(*it));
 			it->key_hash = m->charges[i].key_hash;
+			it->rule = m->charges[i].rule->name_str;
 			it->limits = &m->charges[i].limits;
 			it->cost = m->charges[i].cost;
 			it->charged = true;
@@ -1043,9 +1044,16 @@ static void binding_window(const struct store_item *it, char *buf, size_t len)
 	rate_window_format(&it->limits->w[wi], buf, len);
 }
 
-int policy_check(struct policy *p, const struct policy_txn *t, enum policy_stage st,
-		 struct policy_msg *msg, enum store_mode mode, uint64_t now,
-		 struct policy_decision *d)
+/* Where a decision's working set lives: the thread's scratch, or a pending call. */
+struct work {
+	struct store_item *items;
+	const struct policy_rule **rules;
+	struct policy_rule_result **res;
+	char (*keys)[SELECTOR_MAX_KEY + 1];
+	struct rate_limits *limits;
+};
+
+static void decision_reset(struct policy_decision *d)
 {
 	d->action = POLICY_ACCEPT;
 	d->rule = NULL;
@@ -1055,13 +1063,12 @@ int policy_check(struct policy *p, const struct policy_txn *t, enum policy_stage
 	d->nover = 0;
 	d->nresults = 0;
 	d->store_error = 0;
-	if (p->stage_n[st] == 0)
-		return 0;
-	struct scratch *s = scratch_get();
-	if (!s) {
-		d->store_error = -ENOMEM;
-		return 0;
-	}
+}
+
+/* The rules of stage st that apply to t, as store items in w.  Returns how many. */
+static size_t prepare(struct policy *p, const struct policy_txn *t, enum policy_stage st,
+		      struct policy_msg *msg, struct policy_decision *d, const struct work *w)
+{
 	size_t n = 0;
 	for (size_t k = 0; k < p->stage_n[st]; k++) {
 		const struct policy_rule *r = &p->rules[p->stage_rules[st][k]];
@@ -1080,7 +1087,7 @@ int policy_check(struct policy *p, const struct policy_txn *t, enum policy_stage
 			continue;
 		}
 		struct buf kb;
-		buf_init_fixed(&kb, s->keys[n], sizeof(s->keys[n]));
+		buf_init_fixed(&kb, w->keys[n], sizeof(w->keys[n]));
 		const struct selector *missing = NULL;
 		if (selector_key(r->sel, r->nsel, t, &kb, &missing) != 1) {
 			if (res) {
@@ -1102,7 +1109,7 @@ int policy_check(struct policy *p, const struct policy_txn *t, enum policy_stage
 				res->state = POLICY_RULE_UNLIMITED;
 			continue;
 		}
-		struct store_item *it = &s->items[n];
+		struct store_item *it = &w->items[n];
 		memset(it, 0, sizeof(*it));
 		it->key_hash = store_key_hash(p->store, r->name_str, buf_str(&kb));
 		/* messages and bytes counted at RCPT: once per message and key */
@@ -1115,34 +1122,47 @@ int policy_check(struct policy *p, const struct policy_txn *t, enum policy_stage
 		}
 		it->rule = r->name_str;
 		it->key = buf_str(&kb);
-		s->limits[n] = *lim;
-		it->limits = &s->limits[n];
+		w->limits[n] = *lim;
+		it->limits = &w->limits[n];
 		it->cost = rule_cost(r, t, st);
 		if (r->action >= POLICY_DISCARD)
 			it->flags |= STORE_BLOCKING;
 		if (r->count_rejected)
 			it->flags |= STORE_COUNT_REJECTED;
-		s->rules[n] = r;
-		s->res[n] = res;
+		w->rules[n] = r;
+		w->res[n] = res;
 		if (res) {
 			res->limits = *lim;
 			res->cost = it->cost;
 		}
 		n++;
 	}
-	if (n == 0)
-		return 0;
-	int rc = store_decide(p->store, s->items, n, mode, now);
+	return n;
+}
+
+#define TEMPFAIL_REPLY "451 4.3.0 Rate limits are unavailable, try again later"
+
+/* The store's answer rc for w's n items into d (and msg's ledger, tags, quarantine). */
+static void finish(enum policy_stage st, struct policy_msg *msg, enum store_mode mode,
+		   struct policy_decision *d, const struct work *w, size_t n, int rc)
+{
+	if (rc == STORE_TEMPFAIL) {
+		/* the store is away and configured to refuse for the time being */
+		d->action = POLICY_TEMPFAIL;
+		d->store_error = rc;
+		fmt_fixed(d->reply, sizeof(d->reply), "%s", TEMPFAIL_REPLY);
+		return;
+	}
 	if (rc < 0) {
 		/* fail open: a store that cannot answer must not stop the mail */
 		d->store_error = rc;
-		return 0;
+		return;
 	}
 	size_t decider = SIZE_MAX;
 	for (size_t i = 0; i < n; i++) {
-		struct store_item *it = &s->items[i];
-		const struct policy_rule *r = s->rules[i];
-		struct policy_rule_result *res = s->res[i];
+		struct store_item *it = &w->items[i];
+		const struct policy_rule *r = w->rules[i];
+		struct policy_rule_result *res = w->res[i];
 		if (res) {
 			res->state = it->ok ? POLICY_RULE_PASS : POLICY_RULE_OVER;
 			memcpy(res->used, it->used, sizeof(res->used));
@@ -1160,7 +1180,7 @@ int policy_check(struct policy *p, const struct policy_txn *t, enum policy_stage
 			binding_window(it, o->limit, sizeof(o->limit));
 			o->retry_s = ns_to_s_up(it->retry_ns);
 		}
-		if (decider == SIZE_MAX || r->action > s->rules[decider]->action)
+		if (decider == SIZE_MAX || r->action > w->rules[decider]->action)
 			decider = i;
 		/* a refused event (a recipient refused at RCPT) is no part of the message: it
 		 * must not tag or quarantine what the accepted recipients get */
@@ -1185,9 +1205,9 @@ int policy_check(struct policy *p, const struct policy_txn *t, enum policy_stage
 		}
 	}
 	if (decider == SIZE_MAX)
-		return 0;
-	struct store_item *it = &s->items[decider];
-	const struct policy_rule *r = s->rules[decider];
+		return;
+	struct store_item *it = &w->items[decider];
+	const struct policy_rule *r = w->rules[decider];
 	d->action = r->action;
 	d->rule = r;
 	sanitize(d->key, sizeof(d->key), it->key, 100);
@@ -1197,7 +1217,156 @@ int policy_check(struct policy *p, const struct policy_txn *t, enum policy_stage
 		binding_window(it, limit, sizeof(limit));
 		expand_reply(r, d->key, limit, d->retry_s, d->reply, sizeof(d->reply));
 	}
+}
+
+static struct work scratch_work(struct scratch *s)
+{
+	return (struct work){ s->items, s->rules, s->res, s->keys, s->limits };
+}
+
+int policy_check(struct policy *p, const struct policy_txn *t, enum policy_stage st,
+		 struct policy_msg *msg, enum store_mode mode, uint64_t now,
+		 struct policy_decision *d)
+{
+	decision_reset(d);
+	if (p->stage_n[st] == 0)
+		return 0;
+	struct scratch *s = scratch_get();
+	if (!s) {
+		d->store_error = -ENOMEM;
+		return 0;
+	}
+	struct work w = scratch_work(s);
+	size_t n = prepare(p, t, st, msg, d, &w);
+	if (n == 0)
+		return 0;
+	finish(st, msg, mode, d, &w, n, store_decide(p->store, s->items, n, mode, now));
 	return 0;
+}
+
+/* ---- decisions that wait for the store ---- */
+
+enum pending_kind { PENDING_CHECK = 0, PENDING_SLOT };
+
+struct policy_pending {
+	enum pending_kind kind;
+	struct policy *p;
+	void *arg;
+	/* PENDING_CHECK */
+	struct store_call call;
+	enum policy_stage st;
+	struct policy_msg *msg;
+	enum store_mode mode;
+	policy_done_fn *done;
+	struct policy_decision d;
+	struct work w;
+	size_t n;
+	/* PENDING_SLOT */
+	struct store_slot_call slot_call;
+	struct class_slot *slot;
+	struct class_slot **ret_slot;
+	policy_slot_done_fn *slot_done;
+};
+
+static void check_done(struct store_call *c, int rc)
+{
+	struct policy_pending *pp = c->arg;
+	finish(pp->st, pp->msg, pp->mode, &pp->d, &pp->w, pp->n, rc);
+	pp->done(pp->arg, &pp->d);
+	free(pp);
+}
+
+int policy_check_start(struct policy *p, const struct policy_txn *t, enum policy_stage st,
+		       struct policy_msg *msg, enum store_mode mode, uint64_t now,
+		       struct policy_decision *d, policy_done_fn *done, void *arg,
+		       struct policy_pending **ret)
+{
+	*ret = NULL;
+	if (!p->store->ops->decide_start || p->stage_n[st] == 0)
+		return policy_check(p, t, st, msg, mode, now, d);
+	decision_reset(d);
+	struct scratch *s = scratch_get();
+	if (!s) {
+		d->store_error = -ENOMEM;
+		return 0;
+	}
+	struct work sw = scratch_work(s);
+	size_t n = prepare(p, t, st, msg, d, &sw);
+	if (n == 0)
+		return 0;
+	/* one block: the call, then its items, rules, results, limits and keys */
+	size_t keys = 0;
+	for (size_t i = 0; i < n; i++)
+		keys += s->items[i].key.len + 1;
+	size_t size = sizeof(struct policy_pending) + n * (sizeof(struct store_item) +
+		sizeof(struct policy_rule *) + sizeof(struct policy_rule_result *) +
+		sizeof(struct rate_limits)) + keys;
+	struct policy_pending *pp = malloc(size);
+	if (!pp) {
+		d->store_error = -ENOMEM;
+		return 0;
+	}
+	memset(pp, 0, sizeof(*pp));
+	unsigned char *q = (unsigned char *)(pp + 1);
+	pp->w.items = (struct store_item *)q;
+	q += n * sizeof(struct store_item);
+	pp->w.limits = (struct rate_limits *)q;
+	q += n * sizeof(struct rate_limits);
+	pp->w.rules = (const struct policy_rule **)q;
+	q += n * sizeof(struct policy_rule *);
+	pp->w.res = (struct policy_rule_result **)q;
+	q += n * sizeof(struct policy_rule_result *);
+	char *kp = (char *)q;
+	for (size_t i = 0; i < n; i++) {
+		pp->w.items[i] = s->items[i];
+		pp->w.limits[i] = s->limits[i];
+		pp->w.items[i].limits = &pp->w.limits[i];
+		memcpy(kp, s->items[i].key.ptr, s->items[i].key.len);
+		kp[s->items[i].key.len] = '\0';
+		pp->w.items[i].key = str_make(kp, s->items[i].key.len);
+		kp += s->items[i].key.len + 1;
+		pp->w.rules[i] = s->rules[i];
+		pp->w.res[i] = s->res[i];
+	}
+	pp->kind = PENDING_CHECK;
+	pp->p = p;
+	pp->n = n;
+	pp->st = st;
+	pp->msg = msg;
+	pp->mode = mode;
+	pp->done = done;
+	pp->arg = arg;
+	pp->d = *d;
+	pp->call.items = pp->w.items;
+	pp->call.n = n;
+	pp->call.mode = mode;
+	pp->call.now = now;
+	pp->call.done = check_done;
+	pp->call.arg = pp;
+	int rc = store_decide_start(p->store, &pp->call);
+	if (rc == STORE_PENDING) {
+		*ret = pp;
+		return 1;
+	}
+	finish(st, msg, mode, &pp->d, &pp->w, n, rc);
+	*d = pp->d;
+	free(pp);
+	return 0;
+}
+
+void policy_pending_cancel(struct policy_pending *pp)
+{
+	if (!pp)
+		return;
+	if (pp->kind == PENDING_CHECK) {
+		store_call_cancel(pp->p->store, &pp->call);
+	} else {
+		store_slot_cancel(pp->p->store, &pp->slot_call);
+		/* the reservation goes back here; if Redis granted it meanwhile, this node's
+		 * next lease renewal sets its count right */
+		class_slot_release(pp->slot);
+	}
+	free(pp);
 }
 
 enum log_level policy_over_line(const struct policy_decision *d, size_t i,
@@ -1227,6 +1396,73 @@ int policy_class_enter(struct policy *p, const struct ipaddr *ip, struct str nam
 	}
 	*ret = NULL;
 	return 1;
+}
+
+static void slot_done(struct store_slot_call *sc, int rc)
+{
+	struct policy_pending *pp = sc->arg;
+	if (rc == 1) {
+		class_slot_granted(pp->slot);
+		*pp->ret_slot = pp->slot;
+	} else {
+		class_slot_refused(pp->slot);
+		rc = 0;
+	}
+	pp->slot_done(pp->arg, rc);
+	free(pp);
+}
+
+int policy_class_enter_start(struct policy *p, const struct ipaddr *ip, struct str name,
+			     struct class_slot **ret_slot, const char **ret_class,
+			     policy_slot_done_fn *done, void *arg, struct policy_pending **ret)
+{
+	*ret = NULL;
+	if (!store_is_shared(p->store))
+		return policy_class_enter(p, ip, name, ret_slot, ret_class);
+	struct policy_class *c = NULL;
+	for (size_t i = 0; i < p->nclasses && !c; i++)
+		if (mask_list_match_host(p->classes[i].hosts, ip, name))
+			c = &p->classes[i];
+	*ret_slot = NULL;
+	if (!c)
+		return 1;
+	*ret_class = c->name;
+	struct policy_pending *pp = calloc(1, sizeof(*pp));
+	if (!pp)
+		return policy_class_enter(p, ip, name, ret_slot, ret_class);
+	pp->kind = PENDING_SLOT;
+	pp->p = p;
+	pp->arg = arg;
+	pp->ret_slot = ret_slot;
+	pp->slot_done = done;
+	/* reserve here first: this node never holds more than it tells the others */
+	pp->slot_call.local_used = class_reserve(c, &pp->slot);
+	pp->slot_call.cls = c->name;
+	pp->slot_call.cap = c->inbound;
+	pp->slot_call.done = slot_done;
+	pp->slot_call.arg = pp;
+	int rc = store_slot_enter(p->store, &pp->slot_call);
+	if (rc == STORE_PENDING) {
+		*ret = pp;
+		return 2;
+	}
+	if (rc == 1) {
+		class_slot_granted(pp->slot);
+		*ret_slot = pp->slot;
+	} else {
+		class_slot_refused(pp->slot);
+	}
+	free(pp);
+	return rc == 1;
+}
+
+void policy_class_release(struct policy *p, struct class_slot *s)
+{
+	if (!s)
+		return;
+	if (store_is_shared(p->store))
+		store_slot_release(p->store, class_slot_name(s));
+	class_slot_release(s);
 }
 
 const char *policy_class_match(const struct policy *p, const struct ipaddr *ip, struct str name)

@@ -198,6 +198,22 @@ int policy_check(struct policy *p, const struct policy_txn *t, enum policy_stage
 		 struct policy_msg *msg, enum store_mode mode, uint64_t now,
 		 struct policy_decision *d);
 /*
+ * As policy_check(), when the store may answer later (Redis).  Returns 0 when d is
+ * complete now; or 1 when the answer is pending: *ret is set, and done(arg, dd) runs later
+ * on this thread's event loop, with dd a decision owned by the call (valid during the
+ * callback only) that carries d's results and max_results.  msg, and d->results, must
+ * stay valid until then; policy_pending_cancel(*ret) withdraws the call instead.
+ */
+struct policy_pending;
+typedef void policy_done_fn(void *arg, struct policy_decision *dd);
+int policy_check_start(struct policy *p, const struct policy_txn *t, enum policy_stage st,
+		       struct policy_msg *msg, enum store_mode mode, uint64_t now,
+		       struct policy_decision *d, policy_done_fn *done, void *arg,
+		       struct policy_pending **ret);
+/* Withdraw a pending decision or class entry: its callback will not run.  NULL is fine. */
+void policy_pending_cancel(struct policy_pending *pp);
+
+/*
  * The log line of d->over[i] ("limit rule=... key=\"...\" stage=... action=... limit=...
  * retry=...s"), for the caller to complete with its context (client, queue id); returns the
  * level to log it at (warning for warn rules, notice otherwise).
@@ -238,6 +254,20 @@ struct class_slot;
 int policy_class_enter(struct policy *p, const struct ipaddr *ip, struct str name,
 		       struct class_slot **ret, const char **ret_class);
 void class_slot_release(struct class_slot *s);
+/*
+ * As policy_class_enter(), asking the shared store when there is one (the class's
+ * inbound limit then counts every node's sessions).  Returns 1 or 0 as policy_class_enter
+ * does, or 2 when pending: *ret is set and done(arg, rc) runs later with rc 1 (*ret_slot
+ * set) or 0 (full).  ret_slot must stay valid until then.
+ */
+typedef void policy_slot_done_fn(void *arg, int rc);
+int policy_class_enter_start(struct policy *p, const struct ipaddr *ip, struct str name,
+			     struct class_slot **ret_slot, const char **ret_class,
+			     policy_slot_done_fn *done, void *arg, struct policy_pending **ret);
+/* Give a slot back, to the shared store too. */
+void policy_class_release(struct policy *p, struct class_slot *s);
+/* Every class this process knows, with the slots it holds (lease renewals). */
+size_t class_registry_counts(char (*names)[64], unsigned *counts, size_t max);
 /* The class a host falls in (first match), without taking a slot; NULL without classes. */
 const char *policy_class_match(const struct policy *p, const struct ipaddr *ip, struct str name);
 const char *class_slot_name(const struct class_slot *s);

@@ -44,3 +44,48 @@ struct store *store_free(struct store *s)
 	free(s);
 	return NULL;
 }
+
+int store_decide_start(struct store *s, struct store_call *c)
+{
+	c->req = NULL;
+	if (s->ops->decide_start)
+		return s->ops->decide_start(s->ctx, c);
+	if (c->mode == STORE_RESET) {
+		int any = 0;
+		for (size_t i = 0; i < c->n; i++)
+			any |= s->ops->reset(s->ctx, c->items[i].key_hash, c->items[i].limits) > 0;
+		return any;
+	}
+	return s->ops->decide(s->ctx, c->items, c->n, c->mode, c->now);
+}
+
+void store_call_cancel(struct store *s, struct store_call *c)
+{
+	if (c->req && s->ops->cancel)
+		s->ops->cancel(s->ctx, c);
+	c->req = NULL;
+}
+
+int store_slot_enter(struct store *s, struct store_slot_call *c)
+{
+	c->req = NULL;
+	return s->ops->slot_enter ? s->ops->slot_enter(s->ctx, c) : 1;
+}
+
+void store_slot_cancel(struct store *s, struct store_slot_call *c)
+{
+	if (c->req && s->ops->slot_cancel)
+		s->ops->slot_cancel(s->ctx, c);
+	c->req = NULL;
+}
+
+void store_slot_release(struct store *s, const char *cls)
+{
+	if (s->ops->slot_release)
+		s->ops->slot_release(s->ctx, cls);
+}
+
+bool store_is_shared(const struct store *s)
+{
+	return s->ops->slot_enter != NULL;
+}

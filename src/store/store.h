@@ -21,10 +21,16 @@
  * A key whose TAT <= now in every window holds no information and may be dropped.
  *
  * Thread-safe: all workers share one store.
+ *
+ * Asynchronous backends (Redis) answer through store_decide_start(): the decision is
+ * sent on the calling thread's event loop (engine_thread_base()) and its callback runs
+ * on that loop, never on another thread.  The memory store answers at once through the
+ * same call, so callers write one path.
  */
 #ifndef SLUICE_STORE_H
 #define SLUICE_STORE_H
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -55,6 +61,8 @@ struct store_item {
 enum store_mode {
 	STORE_CHECK = 0,    /* decide and charge */
 	STORE_PEEK,         /* decide, charge nothing (explain, `sluice test`) */
+	STORE_RESET,        /* store_decide_start() only: forget every window of each item;
+			     * the result is 1 if any of them existed, else 0 */
 };
 
 /*
@@ -70,9 +78,54 @@ enum store_mode {
 struct store_top_entry;
 struct store_stats;
 
+/* A decision refused because the store is unavailable and is configured to say so
+ * (redis on_failure = tempfail): the caller answers with a temporary failure. */
+#define STORE_TEMPFAIL (-EAGAIN)
+/* store_decide_start(), store_slot_enter(): the answer comes later through done(). */
+#define STORE_PENDING 2
+
+/*
+ * One decision in flight.  The caller owns the call and its items, and keeps both valid
+ * until done() has run or store_call_cancel() has returned.  done() runs on the thread
+ * that started the call, from its event loop, with rc as decide() returns.
+ */
+struct store_call {
+	struct store_item *items;
+	size_t n;
+	enum store_mode mode;
+	uint64_t now;
+	void (*done)(struct store_call *c, int rc);
+	void *arg;
+	void *req;      /* the backend's request while pending */
+};
+
+/*
+ * A concurrency slot of a host class (Sendmail XLA), shared by the nodes of a cluster.
+ * local_used is this node's count with this session's slot already reserved (the caller
+ * reserves first, so a node never holds more than it says).  Answer: 1 entered, 0 full.
+ */
+struct store_slot_call {
+	const char *cls;
+	unsigned cap;
+	unsigned local_used;
+	void (*done)(struct store_slot_call *c, int rc);
+	void *arg;
+	void *req;
+};
+
 struct store_ops {
 	int (*decide)(void *ctx, struct store_item *items, size_t n, enum store_mode mode,
 		      uint64_t now);
+	/* Optional (NULL: decide() answers at once).  STORE_PENDING or decide()'s result. */
+	int (*decide_start)(void *ctx, struct store_call *c);
+	void (*cancel)(void *ctx, struct store_call *c);
+	/* Optional shared class slots (NULL: the node's own counters are the whole truth).
+	 * slot_enter: 1, 0 or STORE_PENDING.  slot_release gives one back (no answer).
+	 * slots_renew renews this node's leases with its current counts, from a timer. */
+	int (*slot_enter)(void *ctx, struct store_slot_call *c);
+	void (*slot_cancel)(void *ctx, struct store_slot_call *c);
+	void (*slot_release)(void *ctx, const char *cls);
+	void (*slots_renew)(void *ctx, const char *const *cls, const unsigned *counts, size_t n);
 	/* Give back what items with charged set took (TAT -= cost*T, not below now). */
 	void (*refund)(void *ctx, const struct store_item *items, size_t n, uint64_t now);
 	/* Forget a (rule, key): every window of limits.  Returns 1 if it existed, else 0. */
@@ -100,6 +153,12 @@ struct store_top_entry {
 };
 
 struct store_stats {
+	bool shared;            /* a cluster store: the fields below describe its link */
+	bool up;                /* every connection is usable */
+	char state[160];        /* "connected to ...", "unreachable since ...: deciding locally" */
+	uint64_t fallbacks;     /* decisions answered by on_failure */
+	uint64_t timeouts;
+	uint64_t reconnects;
 	uint64_t keys;          /* (key, window) records held */
 	uint64_t max_keys;
 	uint64_t bytes;         /* memory held by the tables */
@@ -124,6 +183,15 @@ static inline int store_decide(struct store *s, struct store_item *items, size_t
 {
 	return s->ops->decide(s->ctx, items, n, mode, now);
 }
+
+/* Start a decision: its result now (as decide()), or STORE_PENDING. */
+int store_decide_start(struct store *s, struct store_call *c);
+/* The caller no longer wants the answer: done() will not run.  Accepts a finished call. */
+void store_call_cancel(struct store *s, struct store_call *c);
+/* Shared slots: see struct store_slot_call.  Without a shared store: 1. */
+int store_slot_enter(struct store *s, struct store_slot_call *c);
+void store_slot_cancel(struct store *s, struct store_slot_call *c);
+void store_slot_release(struct store *s, const char *cls);
 
 static inline void store_refund(struct store *s, const struct store_item *items, size_t n,
 				uint64_t now)
@@ -160,6 +228,39 @@ void store_memory_set_max_keys(struct store *s, uint64_t max_keys);
  * store_memory_new().
  */
 int store_memory_load_buffer(struct store *s, const void *p, size_t n, uint64_t now);
+
+/* ---- the Redis store (store_redis.c) ---- */
+enum store_failure {
+	STORE_FAIL_LOCAL = 0, /* each node enforces its share (limit / nodes) in memory */
+	STORE_FAIL_ACCEPT,    /* let everything through */
+	STORE_FAIL_TEMPFAIL,  /* answer every decision with a temporary failure */
+};
+
+struct store_redis_conf {
+	const char *server;      /* "host:port", "[v6]:port", "unix:/path"; NULL with sentinels */
+	const char *user;        /* ACL user, or NULL */
+	const char *password;    /* or NULL */
+	unsigned db;
+	const char *prefix;      /* of every key; "sluice:" */
+	uint64_t timeout_ms;     /* the longest a decision waits for Redis */
+	const char *const *sentinels; /* "host:port" each; with master_name */
+	size_t nsentinels;
+	const char *master_name;
+	enum store_failure on_failure;
+	unsigned nodes;          /* for local shares */
+	const char *node_id;     /* lease owner, unique per running process */
+	uint64_t lease_ms;       /* class slots held by a silent node expire after this */
+	uint64_t local_max_keys; /* the fallback memory store's bound */
+	/* State changes for the daemon's log (may run on any thread; may be NULL). */
+	void (*notify)(void *arg, bool bad, const char *msg);
+	void *notify_arg;
+};
+
+/* Create the Redis store; connections are made on first use by each thread's loop.
+ * NULL with err on a bad address or allocation failure. */
+struct store *store_redis_new(const struct store_redis_conf *conf, char *err, size_t errlen);
+/* Does this store keep state apart from this process (a cluster store)? */
+bool store_is_shared(const struct store *s);
 
 /* GCRA on one window, exposed for tests and for the store backends. */
 struct gcra_result {

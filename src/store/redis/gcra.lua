@@ -1,0 +1,194 @@
+-- gcra.lua -- one atomic GCRA decision over a batch of items, for the Redis store.
+--
+-- The same rules as the memory store (src/store/store.h), so that a rule decides the same
+-- way whichever store holds its state; tests/cases/store.cases is run against both.  A
+-- script runs alone on the server, so no other decision sees a state between the check
+-- and the charge of a batch.
+--
+-- KEYS: one per (item, window), in item order then window order.
+-- ARGV: mode ("check" | "peek"), now, n items; then per item: cost, flags, nwin; then
+--   per window: T (the emission interval in ns, ceil(period / count)), burst.
+--   flags: 1 = blocking (its refusal refuses the event), 2 = count rejected (charged
+--   even when the event is refused).
+-- Reply: { pass, then per item: ok, charged, retry_ns (a decimal string), used per window }.
+--
+-- Times.  now and the stored TATs are decimal strings of ns since the epoch ("" for now:
+-- the server's TIME).  They exceed 2^53, past which Lua's doubles round, so they are
+-- split into seconds and nanoseconds and all arithmetic is on differences from now.
+-- Those are exact below 2^53 ns (104 days): cost*T, burst*T and TAT - now of every
+-- limit up to a few months.  XXX: past that the doubles round -- by a few ns at 10^16 ns
+-- (one per 366 days, say) -- where the memory store's 128-bit arithmetic stays exact;
+-- both saturate a TAT or a retry at 2^64 - 1 ns.
+--
+-- Invariants: a key holds a TAT only while it is ahead of now (its PX ends one second
+-- after the TAT passes, when it says nothing); this script writes a TAT only as
+-- max(TAT, now) + cost*T, in a decision that charged (refund.lua only lowers one).
+
+local function digits(s, what)
+	if type(s) ~= 'string' or not string.find(s, '^%d+$') or #s > 20 then
+		error('gcra.lua: ' .. what .. ' is not a decimal integer: ' .. tostring(s))
+	end
+	return s
+end
+
+-- A decimal ns string as (seconds, nanoseconds), each exact in a double.
+local function split_ns(s)
+	local n = #s
+	if n > 9 then
+		return tonumber(string.sub(s, 1, n - 9)), tonumber(string.sub(s, n - 8))
+	end
+	return 0, tonumber(s)
+end
+
+local now_s, now_n
+if ARGV[2] == '' then
+	local t = redis.call('TIME')
+	now_s, now_n = tonumber(t[1]), tonumber(t[2]) * 1000
+else
+	now_s, now_n = split_ns(digits(ARGV[2], 'now'))
+end
+
+-- TAT - now, in ns (a missing key is TAT = now)
+local function ahead_of(tat)
+	if not tat then
+		return 0
+	end
+	local s, n = split_ns(digits(tat, 'stored TAT'))
+	return (s - now_s) * 1e9 + (n - now_n)
+end
+
+-- A whole double >= 0 in decimal, saturating at 2^64 - 1 as the memory store does
+-- ('%d' goes through a C long and is wrong past 2^63; '%.0f' prints a whole double
+-- exactly).
+local U64_MAX = '18446744073709551615'
+local function u64_string(x)
+	if x >= 18446744073709551616 then
+		return U64_MAX
+	end
+	return string.format('%.0f', x)
+end
+
+-- now + rel as a decimal ns string, and the rel it holds, for rel >= 0 whole, saturating at 2^64 - 1 ns (the
+-- year 2554: "never").  fmod is exact; the quotient is rounded to the integer it must be.
+local function tat_string(rel)
+	local r = math.fmod(rel, 1e9)
+	local q = math.floor((rel - r) / 1e9 + 0.5)
+	local s, n = now_s + q, now_n + r
+	if n >= 1e9 then
+		s, n = s + 1, n - 1e9
+	end
+	if s > 18446744073 or (s == 18446744073 and n > 709551615) then
+		return U64_MAX, (18446744073 - now_s) * 1e9 + (709551615 - now_n)
+	end
+	if s == 0 then
+		return string.format('%d', n), rel
+	end
+	return string.format('%.0f%09d', s, n), rel
+end
+
+-- ceil(a / b) for whole a >= 0, b > 0, exact below 2^53 (a plain a / b may round across
+-- an integer).
+local function div_ceil(a, b)
+	local q = math.floor(a / b)
+	local r = a - q * b
+	while r < 0 do
+		q, r = q - 1, r + b
+	end
+	while r >= b do
+		q, r = q + 1, r - b
+	end
+	if r > 0 then
+		q = q + 1
+	end
+	return q
+end
+
+local function used_at(rel, t)
+	if rel > 0 and t > 0 then
+		return div_ceil(rel, t)
+	end
+	return 0
+end
+
+local mode = ARGV[1]
+if mode ~= 'check' and mode ~= 'peek' then
+	error('gcra.lua: mode is neither check nor peek: ' .. tostring(mode))
+end
+local n = tonumber(digits(ARGV[3], 'item count'))
+
+-- Read and decide every window before anything is written.
+local items = {}
+local a, k = 4, 1
+local pass = true
+for i = 1, n do
+	local it = {
+		cost = tonumber(digits(ARGV[a], 'cost')),
+		flags = tonumber(digits(ARGV[a + 1], 'flags')),
+		ok = true,
+		retry = 0,
+		win = {},
+	}
+	local nwin = tonumber(digits(ARGV[a + 2], 'window count'))
+	a = a + 3
+	local c = it.cost
+	if c == 0 then
+		c = 1 -- cost 0 asks "is there room at all": checked as 1, charges nothing
+	end
+	for j = 1, nwin do
+		local key = KEYS[k]
+		if not key then
+			error('gcra.lua: fewer keys than windows')
+		end
+		local t = tonumber(digits(ARGV[a], 'T'))
+		local burst = tonumber(digits(ARGV[a + 1], 'burst'))
+		a, k = a + 2, k + 1
+		local ahead = ahead_of(redis.call('GET', key) or nil)
+		if ahead < 0 then
+			ahead = 0 -- base = max(TAT, now)
+		end
+		-- conforms iff ahead + c*T <= burst*T; compared as ahead <= (burst - c)*T so
+		-- that no product exceeds the burst's
+		local retry
+		if c <= burst then
+			retry = ahead - (burst - c) * t
+		else
+			retry = ahead + (c - burst) * t
+		end
+		if retry > 0 then
+			it.ok = false
+			if retry > it.retry then
+				it.retry = retry
+			end
+		end
+		it.win[j] = { key = key, t = t, ahead = ahead }
+	end
+	if not it.ok and bit.band(it.flags, 1) ~= 0 then
+		pass = false
+	end
+	items[i] = it
+end
+if KEYS[k] then
+	error('gcra.lua: more keys than windows')
+end
+
+local reply = { pass and 1 or 0 }
+for i = 1, n do
+	local it = items[i]
+	local charged = mode == 'check' and it.ok and (pass or bit.band(it.flags, 2) ~= 0)
+	reply[#reply + 1] = it.ok and 1 or 0
+	reply[#reply + 1] = charged and 1 or 0
+	reply[#reply + 1] = u64_string(it.retry)
+	for j = 1, #it.win do
+		local w = it.win[j]
+		local rel = w.ahead
+		if charged and it.cost > 0 then
+			local tat
+			tat, rel = tat_string(rel + it.cost * w.t)
+			-- the key lives until its TAT has passed, and a second more for the nodes
+			-- whose clocks (which give now) run up to a second behind this caller's
+			redis.call('SET', w.key, tat, 'PX', string.format('%.0f', div_ceil(rel, 1e6) + 1000))
+		end
+		reply[#reply + 1] = used_at(rel, w.t)
+	end
+end
+return reply

@@ -1,0 +1,326 @@
+"""Limits shared by a cluster through a real redis-server.
+
+Each test starts its own redis-server on a unix socket (or a loopback port for Sentinel)
+in the test's directory, and two sluiced nodes with `store { type = "redis"; }`.  Mail
+goes through two private Postfix instances, one per node, or straight to the nodes with
+the milter client of milter_wire.py when a test must hold sessions open or time single
+decisions.
+"""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+from conftest import free_port, wait_until
+import milter_wire as mw
+from test_policy import (DOMAIN, TO, config, per_domain, send, split, describe,
+                         wait_all_delivered, policy_socket)
+
+REDIS_SERVER = "/usr/bin/redis-server"
+REDIS_CLI = "/usr/bin/redis-cli"
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+
+
+class Redis:
+    """A redis-server of the test's own, on a unix socket (port=None) or loopback."""
+
+    def __init__(self, directory, port=None, extra=()):
+        self.dir = directory
+        self.port = port
+        self.sock = f"{directory}/redis.sock"
+        self.extra = list(extra)
+        self.proc = None
+
+    @property
+    def address(self):
+        return f"127.0.0.1:{self.port}" if self.port else f"unix:{self.sock}"
+
+    def start(self):
+        args = [REDIS_SERVER, "--port", str(self.port or 0), "--bind", "127.0.0.1",
+                "--save", "", "--appendonly", "no", "--dir", str(self.dir),
+                "--logfile", f"{self.dir}/redis.log"] + self.extra
+        if not self.port:
+            args += ["--unixsocket", self.sock, "--unixsocketperm", "777"]
+        self.proc = subprocess.Popen(args)
+        wait_until(lambda: self.ping(), 10, "redis-server answering")
+
+    def cli(self, *args, check=True):
+        where = ["-p", str(self.port)] if self.port else ["-s", self.sock]
+        r = subprocess.run([REDIS_CLI, *where, *args], capture_output=True, text=True,
+                           timeout=10)
+        if check:
+            assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    def ping(self):
+        try:
+            return self.cli("PING", check=False) == "PONG"
+        except subprocess.TimeoutExpired:
+            return False
+
+    def keys(self, pattern="*"):
+        out = self.cli("--scan", "--pattern", pattern)
+        return [k for k in out.splitlines() if k]
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            self.proc.wait(10)
+        self.proc = None
+
+
+@pytest.fixture
+def redis(workdir):
+    if not os.path.exists(REDIS_SERVER):
+        pytest.skip("redis-server is not installed")
+    servers = []
+
+    def factory(port=None, extra=(), name="redis"):
+        d = workdir / f"{name}{len(servers)}"
+        d.mkdir()
+        r = Redis(d, port, extra)
+        servers.append(r)
+        r.start()
+        return r
+
+    yield factory
+    for r in servers:
+        r.stop()
+
+
+def redis_store(r, on_failure="local", nodes=2, timeout="50ms", extra=""):
+    return (f'store {{ type = "redis"; server = "{r.address}"; on_failure = "{on_failure}"; '
+            f'nodes = {nodes}; timeout = {timeout}; {extra} }}')
+
+
+def two_nodes(sluiced, text, env_b=None):
+    a = sluiced(text)
+    b = sluiced(text, env=env_b)
+    return a, b
+
+
+# ---------------------------------------------------------------------------------------
+# one budget for two nodes
+
+def test_two_nodes_share_one_rate_limit_through_the_milter(sluiced, postfix, redis):
+    """30 messages spread over two nodes (each behind its own Postfix) under one 10/1h
+    rule: exactly 10 accepted in all."""
+    r = redis()
+    text = config(per_domain("10/1h"), redis_store(r))
+    a, b = two_nodes(sluiced, text)
+    pa = postfix(milter=f"unix:{a.milter_socket}")
+    pb = postfix(milter=f"unix:{b.milter_socket}")
+    results = [send(pa if i % 2 == 0 else pb, TO, subject=f"message {i}") for i in range(30)]
+    accepted, refused = split(results)
+    assert len(accepted) == 10 and len(refused) == 20, describe(results, pa, a)
+    # both nodes took part in the 10
+    assert any(x.accepted for x in results[0::2]) and any(x.accepted for x in results[1::2])
+    for x in refused:
+        assert x.rcpt[0][0] == 451 and f"Rate limit exceeded for {DOMAIN}" in x.rcpt[0][1]
+    wait_all_delivered(pa, results[0::2])
+    wait_all_delivered(pb, results[1::2])
+    # the state is in Redis, named by rule and window
+    keys = r.keys("sluice:per-domain:10/1h:*")
+    assert len(keys) == 1, r.keys()
+    assert 0 < int(r.cli("PTTL", keys[0])) <= 3600 * 1000 + 1000
+    assert "connected to" in a.cli("stats").stdout
+
+
+def test_two_nodes_share_one_rate_limit_through_the_policy_service(sluiced, postfix, redis):
+    r = redis()
+    text = config(per_domain("10/1h"), redis_store(r), milter=False, policy=True)
+    a, b = two_nodes(sluiced, text)
+    pa = postfix(smtpd_recipient_restrictions=f"check_policy_service unix:{policy_socket(a)}")
+    pb = postfix(smtpd_recipient_restrictions=f"check_policy_service unix:{policy_socket(b)}")
+    results = [send(pa if i % 2 == 0 else pb, TO, subject=f"message {i}") for i in range(30)]
+    accepted, refused = split(results)
+    assert len(accepted) == 10 and len(refused) == 20, describe(results, pa, a)
+    assert any(x.accepted for x in results[0::2]) and any(x.accepted for x in results[1::2])
+    for x in refused:
+        assert x.rcpt[0][0] == 451 and "Rate limit exceeded" in x.rcpt[0][1], x
+    wait_all_delivered(pa, results[0::2])
+    wait_all_delivered(pb, results[1::2])
+
+
+def test_a_node_with_a_skewed_clock_agrees_with_the_others(sluiced, postfix, redis):
+    """Node B's clock is 5 minutes ahead (libfaketime): with a 10/1m rule its own clock
+    would see node A's charges as long gone and accept 10 more.  Time comes from Redis,
+    so the two still accept exactly 10 between them."""
+    if not os.path.exists(FAKETIME_LIB):
+        pytest.skip("libfaketime is not installed (Debian package faketime)")
+    r = redis()
+    text = config(per_domain("10/1m"), redis_store(r))
+    env_b = dict(os.environ, LD_PRELOAD=FAKETIME_LIB, FAKETIME="+5m",
+                 FAKETIME_DONT_RESET="1", DONT_FAKE_MONOTONIC="1")
+    if "asan" in os.environ.get("SLUICED", "") or "ASAN_OPTIONS" in os.environ:
+        pytest.skip("libfaketime cannot be preloaded under AddressSanitizer")
+    a, b = two_nodes(sluiced, text, env_b=env_b)
+    assert "running" in b.cli("status").stdout
+    pa = postfix(milter=f"unix:{a.milter_socket}")
+    pb = postfix(milter=f"unix:{b.milter_socket}")
+    t0 = time.monotonic()
+    results = [send(pa if i % 2 == 0 else pb, TO, subject=f"message {i}") for i in range(30)]
+    assert time.monotonic() - t0 < 5.5, "too slow for a 10/1m check"
+    accepted, refused = split(results)
+    assert len(accepted) == 10, describe(results, pb, b)
+    # the retry hints from both nodes agree: under a minute
+    for x in refused:
+        m = re.search(r"try again in (\d+)s", x.rcpt[0][1])
+        assert m and 1 <= int(m.group(1)) <= 8, x
+
+
+# ---------------------------------------------------------------------------------------
+# host classes across nodes, as leases
+
+CLASS_ALL = 'class "all" { hosts = ["*"]; sessions = 4; inbound = 4; }'
+
+
+def open_session(node, ip):
+    """A milter session that has sent CONNECT; returns (client, reply code)."""
+    c = mw.MilterClient(node.milter_socket)
+    c.negotiate()
+    code, payload = c.connect(address=ip)
+    return c, code
+
+
+def test_class_sessions_shared_by_two_nodes_and_freed_when_a_node_dies(sluiced, redis):
+    r = redis()
+    text = config(CLASS_ALL, redis_store(r, extra="lease = 3s;"))
+    a, b = two_nodes(sluiced, text)
+    held, refused = [], 0
+    # 10 simultaneous sessions, alternating between the nodes
+    for i in range(10):
+        node = a if i % 2 == 0 else b
+        c, code = open_session(node, f"192.0.2.{i + 1}")
+        if code == mw.CONTINUE:
+            held.append((node, c))
+        else:
+            assert code == mw.REPLYCODE, code
+            refused += 1
+            c.close()
+    assert len(held) == 4 and refused == 6, (len(held), refused)
+    on_b = [c for node, c in held if node is b]
+    assert on_b, "node B should hold some of the slots"
+    # node A sees the class full
+    c, code = open_session(a, "192.0.2.50")
+    assert code == mw.REPLYCODE
+    c.close()
+    # node B dies holding its slots; they come back once its lease expires (3 s)
+    b.signal(signal.SIGKILL)
+    b.wait(10)
+    b.expected_rc = -signal.SIGKILL
+    t0 = time.monotonic()
+    got = []
+
+    def enter():
+        cl, code = open_session(a, "192.0.2.60")
+        if code == mw.CONTINUE:
+            got.append(cl)
+            return len(got) == len(on_b)
+        cl.close()
+        return False
+    wait_until(enter, 10, "node B's slots coming back")
+    assert time.monotonic() - t0 <= 3 + 2, "slots came back later than the lease"
+    # and never more than 4 at once
+    c, code = open_session(a, "192.0.2.61")
+    assert code == mw.REPLYCODE
+    c.close()
+    for node, cl in held:
+        if node is a:
+            cl.close()
+    for cl in got:
+        cl.close()
+
+
+# ---------------------------------------------------------------------------------------
+# Redis away
+
+def rcpt_decision(node, rcpt="<x@example.net>"):
+    """One milter session with one message: (reply code to RCPT, its text, seconds the RCPT
+    took).  A message accepted at RCPT is taken to its end, so that it stays counted (a
+    message the client abandons gives its charges back)."""
+    with mw.MilterClient(node.milter_socket) as c:
+        c.negotiate()
+        c.connect()
+        c.helo()
+        c.mail()
+        t0 = time.monotonic()
+        code, payload = c.rcpt(rcpt)
+        took = time.monotonic() - t0
+        if code == mw.CONTINUE:
+            c.data()
+            c.header("Subject", "x")
+            c.eoh()
+            c.body(b"hello\r\n")
+            _, end, _ = c.eob()
+            assert end in (mw.ACCEPT, mw.CONTINUE), end
+        return code, payload, took
+
+
+@pytest.mark.parametrize("mode", ["local", "accept", "tempfail"])
+def test_redis_stopped_and_back(sluiced, redis, mode):
+    """Stop redis-server in the middle of a run: every decision is answered within the
+    timeout as on_failure says; once Redis is back the node uses it again."""
+    r = redis()
+    node = sluiced(config(per_domain("10/1h"), redis_store(r, on_failure=mode, nodes=2,
+                                                          timeout="100ms")))
+    for _ in range(3):
+        code, _, _ = rcpt_decision(node)
+        assert code == mw.CONTINUE
+    assert len(r.keys("sluice:per-domain:*")) == 1
+    r.stop()
+    results = [rcpt_decision(node) for _ in range(8)]
+    for code, payload, took in results:
+        assert took < 0.1 + 0.25, f"a decision waited {took:.3f}s with Redis away"
+    codes = [code for code, _, _ in results]
+    if mode == "accept":
+        assert codes == [mw.CONTINUE] * 8
+    elif mode == "tempfail":
+        assert all(c == mw.REPLYCODE for c in codes)
+        assert b"451 4.3.0" in results[0][1]
+    else:
+        # this node's share of 10 (nodes = 2), counted here from zero
+        assert codes == [mw.CONTINUE] * 5 + [mw.REPLYCODE] * 3, codes
+    node.log.wait_for(r"redis store: .* unreachable .*on_failure=" + mode)
+    stats = node.cli("stats").stdout
+    assert "unreachable" in stats, stats
+    r.start()
+    node.log.wait_for(r"redis store: .* again after", timeout=15)
+    # Redis (emptied by the restart: no persistence) decides again
+    wait_until(lambda: rcpt_decision(node)[0] == mw.CONTINUE and
+               len(r.keys("sluice:per-domain:*")) == 1, 10, "decisions back in Redis")
+    assert "connected to" in node.cli("stats").stdout
+
+
+def test_a_stalled_redis_costs_each_decision_at_most_the_timeout(sluiced, redis):
+    """SIGSTOP: the connection stays up but nothing answers."""
+    r = redis()
+    node = sluiced(config(per_domain("10/1h"), redis_store(r, timeout="50ms")))
+    assert rcpt_decision(node)[0] == mw.CONTINUE
+    r.proc.send_signal(signal.SIGSTOP)
+    try:
+        worst = max(rcpt_decision(node)[2] for _ in range(10))
+        assert worst < 0.05 + 0.2, f"a decision waited {worst:.3f}s"
+    finally:
+        r.proc.send_signal(signal.SIGCONT)
+    wait_until(lambda: rcpt_decision(node)[2] < 0.05, 15, "fast answers again")
+
+
+def test_bad_store_configuration_is_refused_with_file_and_line(sluiced, workdir):
+    s = sluiced(config(per_domain("10/1h"), 'store { type = "redis"; on_failure = "maybe"; }'),
+                start=False)
+    r = subprocess.run([os.environ["SLUICED"], "-t", "-c", str(s.config)],
+                       capture_output=True, text=True)
+    assert r.returncode == 1
+    assert re.search(r"sluiced\.conf:\d+: store\.on_failure: expected local, accept or tempfail",
+                     r.stderr), r.stderr
+    s.write_config(config(per_domain("10/1h"), 'store { type = "memory"; server = "x"; }'))
+    r = subprocess.run([os.environ["SLUICED"], "-t", "-c", str(s.config)],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and 'only with type = "redis"' in r.stderr, r.stderr

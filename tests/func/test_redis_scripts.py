@@ -1,0 +1,639 @@
+"""The Redis store's Lua scripts (src/store/redis/*.lua) on a real redis-server.
+
+Every case of tests/cases/store.cases -- the table tests/unit/test_store_cases.c runs
+against the memory store and slide.c -- runs here through gcra.lua, refund.lua and
+slide.lua with `redis-cli --eval`, and must give the same answers to the nanosecond: a
+rule decides the same way whichever store holds its state.
+
+Then what only the scripts have: the expiry every write sets (a key lives exactly as
+long as it holds information, plus a second), the server's TIME when the caller passes
+"" for now, input checks, and the concurrency-slot leases (slot_enter, slot_release,
+slot_renew) with explicit times, where a node whose lease ran out stops counting; and
+random traffic through gcra.lua, refund.lua and slide.lua against a model of the rules in
+exact integers, for the carries and roundings a hand-written table may miss.
+
+The server is private to this module: its own unix socket in a temporary directory, no
+TCP port, no persistence; every test starts from an empty database.
+"""
+
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+
+import pytest
+
+from conftest import unix_listening, wait_until
+
+HERE = pathlib.Path(__file__).resolve().parent
+SOURCE_ROOT = HERE.parent.parent
+SCRIPTS = SOURCE_ROOT / "src/store/redis"
+CASES = SOURCE_ROOT / "tests/cases/store.cases"
+REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
+
+SEC = 10**9
+U64_MAX = 2**64 - 1
+DEFAULT_EPOCH = 1700000000 * SEC
+BLOCKING, COUNT_REJECTED = 1, 2
+
+
+# ---------------------------------------------------------------------------------------
+# the table (its format is described at the top of the file)
+
+UNITS = {"ns": 1, "us": 10**3, "ms": 10**6, "s": SEC, "m": 60 * SEC, "h": 3600 * SEC,
+         "d": 86400 * SEC}
+DURATION = re.compile(r"\d+[a-z]*(?:[+-]\d+[a-z]*)*")
+
+
+class TableError(Exception):
+    pass
+
+
+def duration(text):
+    if not DURATION.fullmatch(text):
+        raise TableError(f"bad duration {text!r}")
+    total = 0
+    for sign, digits, unit in re.findall(r"([+-]?)(\d+)([a-z]*)", text):
+        if unit and unit not in UNITS:
+            raise TableError(f"bad unit in {text!r}")
+        total += (-1 if sign == "-" else 1) * int(digits) * UNITS.get(unit or "ns")
+    if total < 0:
+        raise TableError(f"negative duration {text!r}")
+    return total
+
+
+def window(text):
+    m = re.fullmatch(r"(\d+)/([^:]+)(?::(\d+))?", text)
+    if not m:
+        raise TableError(f"bad window {text!r}")
+    count, period = int(m.group(1)), duration(m.group(2))
+    burst = int(m.group(3)) if m.group(3) else count
+    if count == 0 or period == 0 or burst == 0:
+        raise TableError(f"bad window {text!r}")
+    return {"count": count, "period": period, "burst": burst,
+            "t": -(-period // count)}      # T = ceil(period / count)
+
+
+def parse_item(case, text, want_flags):
+    parts = text.split(":")
+    if len(parts) != (3 if want_flags else 2) or parts[0] not in case["keys"]:
+        raise TableError(f"bad item {text!r}")
+    flags = 0
+    if want_flags and parts[2] != "-":
+        for f in parts[2]:
+            flags |= {"b": BLOCKING, "c": COUNT_REJECTED}.get(f, 0)
+            if f not in "bc":
+                raise TableError(f"bad flags in {text!r}")
+    return {"key": parts[0], "cost": int(parts[1]), "flags": flags}
+
+
+def parse_result(case, item, text):
+    name, _, rest = text.partition("=")
+    fields = rest.split(",")
+    if name != item["key"] or len(fields) != 4 or fields[0] not in ("ok", "over") or \
+            fields[1] not in ("charged", "-"):
+        raise TableError(f"bad result {text!r} for item {item['key']}")
+    used = [int(u) for u in fields[3].split("/")]
+    if len(used) != len(case["keys"][name]):
+        raise TableError(f"used in {text!r} needs one value per window")
+    return {"ok": fields[0] == "ok", "charged": fields[1] == "charged",
+            "retry": duration(fields[2]), "used": used}
+
+
+def load_cases(path):
+    cases = []
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        tok = re.sub(r"(^|\s)#.*", "", line).split()
+        if not tok:
+            continue
+        try:
+            if tok[0] == "case":
+                if any(c["name"] == " ".join(tok[1:]) for c in cases) or len(tok) < 2:
+                    raise TableError("a case needs a unique name")
+                cases.append({"name": " ".join(tok[1:]), "epoch": DEFAULT_EPOCH, "keys": {},
+                              "steps": []})
+                continue
+            if not cases:
+                raise TableError("before the first case")
+            case = cases[-1]
+            if tok[0] == "epoch":
+                if len(tok) != 2 or case["steps"]:
+                    raise TableError("epoch NS, before the first step")
+                case["epoch"] = int(tok[1])
+            elif tok[0] == "key":
+                if len(tok) < 3 or len(tok) > 6 or tok[1] in case["keys"]:
+                    raise TableError("key NAME WINDOW...")
+                case["keys"][tok[1]] = [window(w) for w in tok[2:]]
+            elif tok[0] == "decide":
+                arrow = tok.index("=>")
+                if tok[1] not in ("check", "peek") or arrow < 4 or \
+                        tok[arrow + 1] not in ("pass", "refuse") or \
+                        len(tok) - arrow - 2 != arrow - 3:
+                    raise TableError("decide MODE TIME ITEM... => PASS RESULT...")
+                items = [parse_item(case, t, True) for t in tok[3:arrow]]
+                for item, res in zip(items, tok[arrow + 2:]):
+                    item["want"] = parse_result(case, item, res)
+                case["steps"].append({"kind": "decide", "line": lineno, "mode": tok[1],
+                                      "now": case["epoch"] + duration(tok[2]),
+                                      "items": items, "pass": tok[arrow + 1] == "pass"})
+            elif tok[0] == "refund":
+                if len(tok) < 3:
+                    raise TableError("refund TIME ITEM...")
+                case["steps"].append({"kind": "refund", "line": lineno,
+                                      "now": case["epoch"] + duration(tok[1]),
+                                      "items": [parse_item(case, t, False) for t in tok[2:]]})
+            elif tok[0] == "slide":
+                if len(tok) != 10 or tok[6] != "=>" or tok[1] not in ("take", "peek") or \
+                        tok[7] not in ("ok", "no"):
+                    raise TableError("slide MODE TIME NAME N W => OK WAIT COUNT")
+                case["steps"].append({
+                    "kind": "slide", "line": lineno, "mode": tok[1],
+                    "now": case["epoch"] + duration(tok[2]), "name": tok[3],
+                    "limit": int(tok[4]), "window": duration(tok[5]), "ok": tok[7] == "ok",
+                    "wait": U64_MAX if tok[8] == "never" else duration(tok[8]),
+                    "count": int(tok[9])})
+            else:
+                raise TableError(f"unknown directive {tok[0]!r}")
+        except (TableError, ValueError, IndexError) as e:
+            raise TableError(f"{path}:{lineno}: {e}") from None
+    return cases
+
+
+TABLE = load_cases(CASES)
+
+
+# ---------------------------------------------------------------------------------------
+# redis-server and redis-cli
+
+# How redis-cli prints an error reply when its output is not a terminal.
+ERROR_REPLY = re.compile(r"(\(error\) )?(ERR|WRONGTYPE|NOSCRIPT|BUSY|NOPERM|READONLY|LOADING|"
+                         r"OOM|EXECABORT|MISCONF|NOAUTH|WRONGPASS)\b")
+
+
+class Redis:
+    """A private redis-server on a unix socket, driven through redis-cli."""
+
+    def __init__(self, directory):
+        self.dir = pathlib.Path(directory)
+        self.sock = str(self.dir / "redis.sock")
+        self.log = self.dir / "redis.log"
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            [REDIS_SERVER, "--port", "0", "--unixsocket", self.sock, "--save", "",
+             "--appendonly", "no", "--dir", str(self.dir), "--logfile", str(self.log)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+        def ready():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"redis-server exited {self.proc.returncode}:\n"
+                                     f"{self.log.read_text(errors='replace')}")
+            return unix_listening(self.sock) and self.cli("PING") == ["PONG"]
+        wait_until(ready, 15, "redis-server to answer")
+        return self
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def cli(self, *args):
+        """Run redis-cli; its raw output as lines.  An error reply raises: redis-cli
+        exits 0 on one, so the text is what tells."""
+        res = subprocess.run([REDIS_CLI, "-s", self.sock, *map(str, args)],
+                             capture_output=True, text=True, timeout=30)
+        lines = res.stdout.splitlines()
+        if res.returncode != 0 or (lines and ERROR_REPLY.match(lines[0])):
+            raise RedisError(f"redis-cli {' '.join(map(str, args))}: rc {res.returncode}\n"
+                             f"{res.stdout}{res.stderr}")
+        return lines
+
+    def eval(self, script, keys, args):
+        return self.cli("--eval", SCRIPTS / script, *keys, ",", *args)
+
+    def time_ns(self):
+        secs, micros = self.cli("TIME")
+        return int(secs) * SEC + int(micros) * 1000
+
+
+class RedisError(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def redis_server(func_tmp):
+    for tool in (REDIS_SERVER, REDIS_CLI):
+        if not pathlib.Path(tool).exists():
+            pytest.skip(f"{tool} not installed")
+    d = func_tmp / "redis-scripts"
+    d.mkdir()
+    server = Redis(d)
+    try:
+        server.start()
+    except BaseException:
+        server.stop()
+        raise
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis(redis_server):
+    redis_server.cli("FLUSHALL")
+    return redis_server
+
+
+# ---------------------------------------------------------------------------------------
+# the table through the scripts
+
+def window_keys(name, windows):
+    """One key per window, named by the window as the memory store's records are: a
+    window whose numbers change starts afresh."""
+    return [f"case:{name}:{j}:{w['count']}:{w['period']}:{w['burst']}"
+            for j, w in enumerate(windows)]
+
+
+def gcra(redis, case, mode, now, items):
+    """Run gcra.lua; returns (pass, [(ok, charged, retry, [used...]) per item])."""
+    keys, args = [], [mode, now, len(items)]
+    for it in items:
+        windows = case["keys"][it["key"]]
+        keys += window_keys(it["key"], windows)
+        args += [it["cost"], it["flags"], len(windows)]
+        for w in windows:
+            args += [w["t"], w["burst"]]
+    out = [int(x) for x in redis.eval("gcra.lua", keys, args)]
+    passed, at, results = out[0], 1, []
+    for it in items:
+        nw = len(case["keys"][it["key"]])
+        ok, charged, retry = out[at:at + 3]
+        results.append((ok, charged, retry, out[at + 3:at + 3 + nw]))
+        at += 3 + nw
+    assert at == len(out), f"reply longer than expected: {out}"
+    return passed, results
+
+
+def refund(redis, case, now, items):
+    keys, args = [], [now, len(items)]
+    for it in items:
+        windows = case["keys"][it["key"]]
+        keys += window_keys(it["key"], windows)
+        args += [it["cost"], len(windows)] + [w["t"] for w in windows]
+    return int(redis.eval("refund.lua", keys, args)[0])
+
+
+def run_case(redis, case):
+    sends = 0
+    for st in case["steps"]:
+        where = f"{CASES}:{st['line']}"
+        if st["kind"] == "decide":
+            passed, results = gcra(redis, case, st["mode"], st["now"], st["items"])
+            assert passed == int(st["pass"]), f"{where}: pass {passed}"
+            for i, (it, got) in enumerate(zip(st["items"], results)):
+                w = it["want"]
+                want = (int(w["ok"]), int(w["charged"]), w["retry"], w["used"])
+                assert got == want, f"{where}: item {i} ({it['key']}): got {got}, expected {want}"
+        elif st["kind"] == "refund":
+            refund(redis, case, st["now"], st["items"])
+        else:
+            sends += 1
+            out = redis.eval("slide.lua", [f"slide:{st['name']}"],
+                             [st["mode"], st["now"], st["limit"], st["window"],
+                              f"node1:{sends}"])
+            got = (int(out[0]), int(out[1]), int(out[2]))
+            want = (int(st["ok"]), st["wait"], st["count"])
+            assert got == want, f"{where}: got {got}, expected {want}"
+
+
+@pytest.mark.parametrize("case", TABLE, ids=[c["name"] for c in TABLE])
+def test_case(redis, case):
+    run_case(redis, case)
+
+
+def test_the_table_is_whole():
+    """Every kind of step is in the table, so neither program runs a table that tests less
+    than it seems to."""
+    kinds = {(st["kind"], st.get("mode")) for c in TABLE for st in c["steps"]}
+    assert kinds >= {("decide", "check"), ("decide", "peek"), ("refund", None),
+                     ("slide", "take"), ("slide", "peek")}
+    assert len(TABLE) >= 30
+
+
+# ---------------------------------------------------------------------------------------
+# expiry: a key lives as long as it holds information, plus a second
+
+MIN = 60 * SEC
+
+
+def pttl_about(redis, key, ms):
+    """PTTL is ms minus the moments since the write (a slow machine: up to 2 s)."""
+    pttl = int(redis.cli("PTTL", key)[0])
+    assert ms - 2000 < pttl <= ms, f"PTTL {key} = {pttl}, expected just under {ms}"
+
+
+def test_gcra_sets_px_while_the_tat_is_ahead(redis):
+    case = {"keys": {"k": [window("10/1m")], "s": [window("7/10s:3")]}}
+    key = window_keys("k", case["keys"]["k"])[0]
+    now = redis.time_ns()
+    item = {"key": "k", "cost": 3, "flags": BLOCKING}
+    assert gcra(redis, case, "check", now, [item]) == (1, [(1, 1, 0, [3])])
+    assert redis.cli("GET", key) == [str(now + 18 * SEC)]
+    pttl_about(redis, key, 18000 + 1000)
+    item["cost"] = 1
+    gcra(redis, case, "check", now, [item])
+    pttl_about(redis, key, 24000 + 1000)
+    # T = 1428571429 ns: the TAT to the ns, the PX rounded up to the ms
+    skey = window_keys("s", case["keys"]["s"])[0]
+    gcra(redis, case, "check", now, [{"key": "s", "cost": 1, "flags": 0}])
+    assert redis.cli("GET", skey) == [str(now + 1428571429)]
+    pttl_about(redis, skey, 1429 + 1000)
+    # a refund shortens the PX with the TAT; one that leaves nothing owed deletes the key
+    assert refund(redis, case, now, [{"key": "k", "cost": 2}]) == 1
+    assert redis.cli("GET", key) == [str(now + 12 * SEC)]
+    pttl_about(redis, key, 12000 + 1000)
+    assert refund(redis, case, now, [{"key": "k", "cost": 2}, {"key": "s", "cost": 1}]) == 2
+    assert redis.cli("EXISTS", key, skey) == ["0"]
+    assert refund(redis, case, now, [{"key": "k", "cost": 2}]) == 0
+
+
+def test_gcra_writes_only_charges(redis):
+    case = {"keys": {"k": [window("2/1m")], "j": [window("2/1m")]}}
+    now = redis.time_ns()
+    peek = [{"key": "k", "cost": 1, "flags": BLOCKING}]
+    assert gcra(redis, case, "peek", now, peek) == (1, [(1, 0, 0, [0])])
+    zero = [{"key": "k", "cost": 0, "flags": BLOCKING}]
+    assert gcra(redis, case, "check", now, zero) == (1, [(1, 1, 0, [0])])
+    assert redis.cli("DBSIZE") == ["0"]
+    # a refused decision writes nothing, not even the expiry of the item that had room
+    gcra(redis, case, "check", now, [{"key": "j", "cost": 2, "flags": BLOCKING}])
+    jkey = window_keys("j", case["keys"]["j"])[0]
+    before = redis.cli("GET", jkey)
+    batch = [{"key": "j", "cost": 1, "flags": BLOCKING}, {"key": "k", "cost": 1, "flags": 0}]
+    assert gcra(redis, case, "check", now, batch) == (0, [(0, 0, 30 * SEC, [2]), (1, 0, 0, [0])])
+    assert redis.cli("GET", jkey) == before
+    assert redis.cli("DBSIZE") == ["1"]
+
+
+def test_gcra_and_refund_use_time_for_an_empty_now(redis):
+    case = {"keys": {"k": [window("10/1m")]}}
+    key = window_keys("k", case["keys"]["k"])[0]
+    t1 = redis.time_ns()
+    assert gcra(redis, case, "check", "", [{"key": "k", "cost": 2, "flags": BLOCKING}]) == \
+        (1, [(1, 1, 0, [2])])
+    t2 = redis.time_ns()
+    tat = int(redis.cli("GET", key)[0])
+    assert t1 <= tat - 12 * SEC <= t2
+    assert (tat - 12 * SEC) % 1000 == 0     # TIME has microseconds
+    pttl_about(redis, key, 12000 + 1000)
+    assert refund(redis, case, "", [{"key": "k", "cost": 2}]) == 1
+    assert redis.cli("EXISTS", key) == ["0"]
+
+
+def test_slide_expiry_and_time(redis):
+    t1 = redis.time_ns()
+    out = redis.eval("slide.lua", ["lane"], ["take", "", 2, MIN, "n1:1"])
+    t2 = redis.time_ns()
+    assert out == ["1", "0", "1"]
+    score = int(redis.cli("ZSCORE", "lane", "n1:1")[0])
+    assert t1 // 1000 <= score <= t2 // 1000
+    pttl_about(redis, "lane", 60000 + 1000)
+    # W off the ms: rounded up
+    redis.eval("slide.lua", ["lane2"], ["take", t1, 2, 1500 * 10**6 + 1, "n1:2"])
+    pttl_about(redis, "lane2", 1501 + 1000)
+    # peek writes nothing
+    assert redis.eval("slide.lua", ["lane3"], ["peek", t1, 2, MIN, ""]) == ["1", "0", "0"]
+    assert redis.cli("EXISTS", "lane3") == ["0"]
+
+
+def test_scripts_check_their_input(redis):
+    case = {"keys": {"k": [window("10/1m")]}}
+    with pytest.raises(RedisError, match="more keys than windows"):
+        redis.eval("gcra.lua", ["a", "b"], ["check", DEFAULT_EPOCH, 1, 1, 1, 1, 6 * SEC, 10])
+    with pytest.raises(RedisError, match="fewer keys than windows"):
+        redis.eval("gcra.lua", ["a"], ["check", DEFAULT_EPOCH, 1, 1, 1, 2, 6 * SEC, 10, 1, 1])
+    with pytest.raises(RedisError, match="now is not a decimal"):
+        gcra(redis, case, "check", "-5", [{"key": "k", "cost": 1, "flags": 1}])
+    with pytest.raises(RedisError, match="neither check nor peek"):
+        gcra(redis, case, "charge", DEFAULT_EPOCH, [{"key": "k", "cost": 1, "flags": 1}])
+    with pytest.raises(RedisError, match="member id"):
+        redis.eval("slide.lua", ["lane"], ["take", DEFAULT_EPOCH, 1, MIN, ""])
+    with pytest.raises(RedisError, match="lease_ms"):
+        redis.eval("slot_enter.lua", ["cls"], ["a", 1, 0, 1000])
+    assert redis.cli("DBSIZE") == ["0"]
+
+
+# ---------------------------------------------------------------------------------------
+# concurrency slots: leases
+
+def enter(redis, node, cap, lease, now, key="cls"):
+    return [int(x) for x in redis.eval("slot_enter.lua", [key], [node, cap, lease, now])]
+
+
+def release(redis, node, key="cls"):
+    return int(redis.eval("slot_release.lua", [key], [node])[0])
+
+
+def renew(redis, node, lease, now, counts):
+    keys = list(counts)
+    return [int(x) for x in redis.eval("slot_renew.lua", keys,
+                                       [node, lease, now, *counts.values()])]
+
+
+def fields(redis, key="cls"):
+    out = redis.cli("HGETALL", key)
+    return dict(zip(out[0::2], out[1::2]))
+
+
+def test_slot_enter_up_to_cap(redis):
+    assert enter(redis, "a", 2, 1000, 1000) == [1, 1]
+    assert enter(redis, "b", 2, 1000, 1000) == [1, 2]
+    assert enter(redis, "c", 2, 1000, 1000) == [0, 2]
+    assert fields(redis) == {"c:a": "1", "e:a": "2000", "c:b": "1", "e:b": "2000"}
+    pttl_about(redis, "cls", 2000)
+
+
+def test_slot_an_expired_lease_stops_counting(redis):
+    assert enter(redis, "a", 1, 1000, 1000) == [1, 1]
+    # a lease holds up to its expiry, included
+    assert enter(redis, "b", 1, 1000, 2000) == [0, 1]
+    # one ms later a's slot is gone, and so are its fields
+    assert enter(redis, "b", 1, 1000, 2001) == [1, 1]
+    assert fields(redis) == {"c:b": "1", "e:b": "3001"}
+    # a late release by a finds nothing, and brings back no field
+    assert release(redis, "a") == 0
+    assert fields(redis) == {"c:b": "1", "e:b": "3001"}
+
+
+def test_slot_release_never_below_zero(redis):
+    enter(redis, "a", 5, 1000, 1000)
+    enter(redis, "a", 5, 1000, 1000)
+    assert release(redis, "a") == 1
+    assert release(redis, "a") == 0
+    assert release(redis, "a") == 0
+    assert fields(redis)["c:a"] == "0"
+    assert release(redis, "nobody") == 0
+    assert "c:nobody" not in fields(redis)
+
+
+def test_slot_renew(redis):
+    assert enter(redis, "b", 10, 1000, 5000, key="h1") == [1, 1]      # b's lease: 6000
+    assert renew(redis, "a", 1000, 5000, {"h1": 2, "h2": 0}) == [3, 0]
+    assert fields(redis, "h1") == {"c:b": "1", "e:b": "6000", "c:a": "2", "e:a": "6000"}
+    assert redis.cli("EXISTS", "h2") == ["0"]
+    pttl_about(redis, "h1", 2000)
+    # b did not renew: at 6001 it no longer counts and its fields go
+    assert renew(redis, "a", 1000, 6001, {"h1": 3, "h2": 1}) == [3, 1]
+    assert fields(redis, "h1") == {"c:a": "3", "e:a": "7001"}
+    assert fields(redis, "h2") == {"c:a": "1", "e:a": "7001"}
+    # a count of 0 removes the node
+    assert renew(redis, "a", 1000, 6500, {"h1": 0}) == [0]
+    assert redis.cli("EXISTS", "h1") == ["0"]
+
+
+def test_slot_expiry_is_only_extended(redis):
+    enter(redis, "long", 10, 10000, 1000)
+    pttl_about(redis, "cls", 20000)
+    enter(redis, "short", 10, 1000, 1000)
+    pttl_about(redis, "cls", 20000)
+
+
+def test_slot_time_for_an_empty_now(redis):
+    t1 = redis.time_ns() // 10**6
+    assert enter(redis, "a", 1, 5000, "") == [1, 1]
+    t2 = redis.time_ns() // 10**6
+    assert t1 + 5000 <= int(fields(redis)["e:a"]) <= t2 + 5000
+    assert renew(redis, "a", 5000, "", {"cls": 1}) == [1]
+    assert t1 + 5000 <= int(fields(redis)["e:a"]) <= redis.time_ns() // 10**6 + 5000
+
+
+# ---------------------------------------------------------------------------------------
+# random traffic against a model of store.h and slide.h in exact integers
+#
+# "now" follows the real clock plus an offset that only grows, so no key's PX (set from
+# the server's clock) ends while the TAT it holds is still ahead in the test's time.
+
+class GcraModel:
+    """store.h's rules, per (key, window) TAT."""
+
+    def __init__(self):
+        self.tat = {}
+
+    def decide(self, mode, now, items):
+        results, passed = [], True
+        for it in items:
+            c = it["cost"] or 1
+            ok, retry, wins = True, 0, []
+            for key, w in zip(it["keys"], it["windows"]):
+                base = max(self.tat.get(key, 0), now)
+                need, limit = base - now + c * w["t"], w["burst"] * w["t"]
+                if need > limit:
+                    ok, retry = False, max(retry, need - limit)
+                wins.append((key, w, base))
+            results.append([ok, retry, wins])
+            if not ok and it["flags"] & BLOCKING:
+                passed = False
+        out = []
+        for it, (ok, retry, wins) in zip(items, results):
+            charged = mode == "check" and ok and (passed or it["flags"] & COUNT_REJECTED)
+            used = []
+            for key, w, base in wins:
+                if charged and it["cost"]:
+                    self.tat[key] = min(base + it["cost"] * w["t"], U64_MAX)
+                after = max(self.tat.get(key, 0), now) - now
+                used.append(-(-after // w["t"]) if w["t"] else 0)
+            out.append((int(ok), int(bool(charged)), min(retry, U64_MAX), used))
+        return int(passed), out
+
+    def refund(self, now, items):
+        for it in items:
+            for key, w in zip(it["keys"], it["windows"]):
+                tat = self.tat.get(key)
+                if tat is None or tat <= now or not it["cost"]:
+                    continue
+                tat -= it["cost"] * w["t"]
+                if tat <= now:
+                    del self.tat[key]
+                else:
+                    self.tat[key] = tat
+
+
+def random_window(rng):
+    count = rng.choice([1, 2, 3, 7, 10, 13, 100])
+    period = rng.choice([1000, 7919, 10**6, SEC, 10 * SEC, MIN, 3600 * SEC]) * rng.choice([1, 3])
+    burst = max(1, count + rng.choice([0, 0, -count // 2, count]))
+    return {"count": count, "period": period, "burst": burst, "t": -(-period // count)}
+
+
+def test_gcra_random_against_model(redis):
+    import random
+    import time
+    rng = random.Random(20240601)
+    model = GcraModel()
+    keys = {}
+    for k in range(5):
+        windows = [random_window(rng) for _ in range(rng.choice([1, 1, 2, 3]))]
+        keys[f"r{k}"] = {"windows": windows, "keys": window_keys(f"r{k}", windows)}
+    case = {"keys": {name: v["windows"] for name, v in keys.items()}}
+    offset, charged_items, refused = 0, [], 0
+    for step in range(400):
+        gap = rng.random()
+        offset += 0 if gap < 0.4 else rng.randrange(2000) if gap < 0.8 else \
+            rng.randrange(20 * SEC)
+        now = time.time_ns() + offset
+        if charged_items and rng.random() < 0.08:
+            items = charged_items.pop(rng.randrange(len(charged_items)))
+            refund(redis, case, now, items)
+            model.refund(now, [dict(it, **keys[it["key"]]) for it in items])
+            continue
+        names = rng.sample(sorted(keys), rng.choice([1, 1, 2, 3]))
+        items = [{"key": n, "cost": rng.randrange(0, 5),
+                  "flags": rng.choice([0, BLOCKING, BLOCKING, BLOCKING | COUNT_REJECTED,
+                                       COUNT_REJECTED])} for n in names]
+        mode = "peek" if rng.random() < 0.15 else "check"
+        got = gcra(redis, case, mode, now, items)
+        want = model.decide(mode, now, [dict(it, **keys[it["key"]]) for it in items])
+        assert got == want, f"step {step} {mode} now {now} {items}: got {got}, model {want}"
+        refused += not got[0]
+        charged = [it for it, r in zip(items, got[1]) if r[1] and it["cost"]]
+        if charged:
+            charged_items.append(charged)
+    assert refused > 20
+
+
+def test_slide_random_against_model(redis):
+    import random
+    import time
+    rng = random.Random(77)
+    for lane in range(4):
+        # windows off the us, and long enough that real time between steps does not
+        # empty them
+        limit = rng.randrange(1, 6)
+        w = rng.choice([50 * 10**6 + 1500, 200 * 10**6 - 1, SEC + 999999, 3 * SEC + 7])
+        w_us, sent, offset, refused = -(-w // 1000), [], 0, 0
+        for step in range(120):
+            offset += 0 if rng.random() < 0.5 else rng.randrange(w // limit + 2000)
+            now = time.time_ns() + offset
+            mode = "peek" if rng.random() < 0.2 else "take"
+            out = [int(x) for x in redis.eval("slide.lua", [f"lane{lane}"],
+                                              [mode, now, limit, w, f"n:{step}"])]
+            fl = now // 1000
+            live = sorted(s for s in sent if s + w_us > fl)
+            if mode == "take":
+                sent = list(live)
+            if len(live) < limit:
+                if mode == "take":
+                    sent.append(-(-now // 1000))
+                want = [1, 0, len(live) + (mode == "take")]
+            else:
+                leaves = live[len(live) - limit] + w_us
+                want = [0, (leaves - fl) * 1000 - now % 1000, len(live)]
+                refused += 1
+            assert out == want, f"lane {lane} step {step} {mode} now {now}: {out} != {want}"
+        assert refused > 0
