@@ -19,10 +19,43 @@ static void send_reply(struct session *s, bool ok, struct str body)
 	buf_clear(&out);
 }
 
+/* A command waiting for the store: its reply buffer and the request's length. */
+struct ctl_wait {
+	struct control_wait w;
+	struct session *s;
+	struct evbuffer *in;
+	struct buf body;
+	bool ok;
+	size_t used;
+};
+
+static void wait_done(struct control_wait *w)
+{
+	struct ctl_wait *cw = w->svc;
+	struct session *s = cw->s;
+	send_reply(s, cw->ok, buf_str(&cw->body));
+	evbuffer_drain(cw->in, cw->used);
+	buf_clear(&cw->body);
+	session_set_data(s, NULL);
+	free(cw);
+	session_resume(s); /* the next request, if one came meanwhile; may end the session */
+}
+
+static void control_close(struct session *s)
+{
+	struct ctl_wait *cw = session_data(s);
+	if (!cw)
+		return;
+	if (cw->w.cancel)
+		cw->w.cancel(&cw->w);
+	buf_clear(&cw->body);
+	free(cw);
+}
+
 static void control_input(struct session *s, struct evbuffer *in)
 {
 	struct daemon *d = service_arg(session_service(s));
-	for (;;) {
+	while (!session_data(s)) {
 		size_t avail = evbuffer_get_length(in);
 		if (avail == 0)
 			return;
@@ -39,22 +72,41 @@ static void control_input(struct session *s, struct evbuffer *in)
 			session_protocol_error(s, why);
 			return;
 		}
-		struct buf body;
-		buf_init(&body, CONTROL_BODY_MAX);
-		bool ok = false;
-		if (daemon_control(d, req.argc, req.argv, &body, &ok) < 0) {
-			buf_reset(&body);
-			buf_append_cstr(&body, "internal error\n");
-			ok = false;
+		struct ctl_wait *cw = calloc(1, sizeof(*cw));
+		if (!cw) {
+			session_protocol_error(s, "out of memory");
+			return;
 		}
-		send_reply(s, ok, buf_str(&body));
-		buf_clear(&body);
+		buf_init(&cw->body, CONTROL_BODY_MAX);
+		cw->s = s;
+		cw->in = in;
+		cw->used = used;
+		cw->w.out = &cw->body;
+		cw->w.ok = &cw->ok;
+		cw->w.done = wait_done;
+		cw->w.svc = cw;
+		r = daemon_control(d, req.argc, req.argv, &cw->body, &cw->ok, &cw->w);
+		if (r == 1) {
+			/* the request stays in the input until wait_done() answers it */
+			session_set_data(s, cw);
+			session_pause(s);
+			return;
+		}
+		if (r < 0) {
+			buf_reset(&cw->body);
+			buf_append_cstr(&cw->body, "internal error\n");
+			cw->ok = false;
+		}
+		send_reply(s, cw->ok, buf_str(&cw->body));
+		buf_clear(&cw->body);
+		free(cw);
 		evbuffer_drain(in, used);
 	}
 }
 
 static const struct service_ops control_ops = {
 	.input = control_input,
+	.close = control_close,
 	.refuse_msg = "error 17\ntoo many sessions",
 };
 

@@ -438,7 +438,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 }
 
 int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct buf *out,
-		   bool *ret_ok)
+		   bool *ret_ok, struct control_wait *w)
 {
 	bool json = false;
 	for (size_t i = 1; i < argc; i++)
@@ -514,8 +514,9 @@ int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct
 		pthread_mutex_lock(&d->cfg_lock);
 		struct policy *p = policy_ref(d->cfg->rules);
 		pthread_mutex_unlock(&d->cfg_lock);
-		int r = str_eq_cstr(argv[0], "test") ? policy_control_test(p, argc, argv, out, ret_ok)
-						     : policy_control_limits(p, argc, argv, out, ret_ok);
+		/* the command holds its own reference while it waits */
+		int r = str_eq_cstr(argv[0], "test") ? policy_control_test(p, argc, argv, out, ret_ok, w)
+						     : policy_control_limits(p, argc, argv, out, ret_ok, w);
 		policy_unref(p);
 		return r;
 	}

@@ -12,8 +12,24 @@ struct daemon;
 /* The whole program; main() only calls this. */
 int daemon_main(int argc, char **argv);
 
-/* Control commands (run on a worker thread): status, stats [--json], reload. */
+/*
+ * A control command that answers later: it waits for the shared store (Redis), which no
+ * thread may block on.  The command fills out and *ok, then calls done(w) on the same
+ * thread; if the session ends first, the service calls cancel(w) instead, and done must
+ * not be called after that.
+ */
+struct control_wait {
+	struct buf *out;
+	bool *ok;
+	void (*done)(struct control_wait *w);   /* set by the service */
+	void (*cancel)(struct control_wait *w); /* set by the command */
+	void *cmd;                              /* the command's state */
+	void *svc;                              /* the service's state */
+};
+
+/* Control commands (run on a worker thread): status, stats [--json], reload, limits,
+ * test.  Returns 0 (answered in out), 1 (answers later through w), or <0. */
 int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct buf *out,
-		   bool *ret_ok);
+		   bool *ret_ok, struct control_wait *w);
 
 #endif

@@ -137,66 +137,163 @@ static int limits_top(struct policy *p, const char *rule, bool json, struct buf 
 	return 0;
 }
 
+/* One rule's part of `limits show|reset`, answered by the store now or later. */
+struct show_slot {
+	struct show_job *job;
+	const struct policy_rule *rule;
+	char key[RATE_MAX_OVERRIDE_KEY + 1];
+	struct str k;
+	bool overridden, unlimited, skip;
+	struct rate_limits lim;
+	struct store_item it;
+	struct store_call call;
+	int rc;
+	bool pending;
+};
+
+struct show_job {
+	struct policy *p;
+	bool reset;
+	size_t n, waiting;
+	struct control_wait *w;
+	struct show_slot slots[];
+};
+
+static void show_format(struct show_job *job, struct buf *out)
+{
+	for (size_t i = 0; i < job->n; i++) {
+		struct show_slot *sl = &job->slots[i];
+		const char *name = policy_rule_name(sl->rule);
+		if (sl->skip)
+			continue;
+		if (sl->unlimited) {
+			buf_printf(out, "%s %.*s: unlimited (overrides file)\n", name,
+				   (int)sl->k.len, sl->k.ptr);
+			continue;
+		}
+		if (sl->rc < 0) {
+			buf_printf(out, "%s: store error (%s)\n", name, strerror(-sl->rc));
+			continue;
+		}
+		if (job->reset) {
+			buf_printf(out, "%s %.*s: %s\n", name, (int)sl->k.len, sl->k.ptr,
+				   sl->rc > 0 ? "reset" : "nothing to reset");
+			continue;
+		}
+		buf_printf(out, "%s %.*s%s: ", name, (int)sl->k.len, sl->k.ptr,
+			   sl->overridden ? " (override)" : "");
+		format_windows(&sl->lim, sl->it.used, out);
+		if (!sl->it.ok)
+			buf_printf(out, "; full, room again in %llus",
+				   (unsigned long long)(sl->it.retry_ns / 1000000000ULL +
+							(sl->it.retry_ns % 1000000000ULL != 0)));
+		buf_append_byte(out, '\n');
+	}
+}
+
+static void show_job_free(struct show_job *job)
+{
+	policy_unref(job->p);
+	free(job);
+}
+
+static void show_done(struct store_call *c, int rc)
+{
+	struct show_slot *sl = c->arg;
+	struct show_job *job = sl->job;
+	sl->rc = rc;
+	sl->pending = false;
+	if (--job->waiting)
+		return;
+	struct control_wait *w = job->w;
+	show_format(job, w->out);
+	*w->ok = true;
+	w->cancel = NULL;
+	show_job_free(job);
+	w->done(w);
+}
+
+static void show_cancel(struct control_wait *w)
+{
+	struct show_job *job = w->cmd;
+	struct store *s = policy_store(job->p);
+	for (size_t i = 0; i < job->n; i++)
+		if (job->slots[i].pending)
+			store_call_cancel(s, &job->slots[i].call);
+	show_job_free(job);
+}
+
 static int limits_show_reset(struct policy *p, struct str key, const char *rule, bool reset,
-			     struct buf *out, bool *ret_ok)
+			     struct buf *out, bool *ret_ok, struct control_wait *w)
 {
 	struct store *s = policy_store(p);
+	size_t nrules = 0;
+	while (policy_rule_at(p, nrules))
+		nrules++;
+	struct show_job *job = calloc(1, sizeof(*job) + (nrules + 1) * sizeof(job->slots[0]));
+	if (!job)
+		return -ENOMEM;
+	job->p = policy_ref(p);
+	job->reset = reset;
+	job->w = w;
 	size_t found = 0;
-	for (size_t i = 0; policy_rule_at(p, i); i++) {
+	uint64_t now = realtime_ns();
+	for (size_t i = 0; i < nrules; i++) {
 		const struct policy_rule *r = policy_rule_at(p, i);
 		if (rule && strcmp(rule, policy_rule_name(r)) != 0)
 			continue;
 		found++;
-		char norm[RATE_MAX_OVERRIDE_KEY + 1];
-		int len = policy_rule_normalize_key(r, key, norm);
+		struct show_slot *sl = &job->slots[job->n];
+		sl->job = job;
+		sl->rule = r;
+		int len = policy_rule_normalize_key(r, key, sl->key);
 		if (len < 0) {
 			if (rule)
 				buf_printf(out, "%s: not a key of this rule (%s)\n",
 					   policy_rule_name(r), policy_rule_key_spec(r));
 			continue;
 		}
-		struct str k = str_make(norm, (size_t)len);
-		bool ov;
-		const struct rate_limits *lim = policy_rule_limits(r, k, &ov);
+		job->n++;
+		sl->k = str_make(sl->key, (size_t)len);
+		const struct rate_limits *lim = policy_rule_limits(r, sl->k, &sl->overridden);
 		if (!lim) {
-			buf_printf(out, "%s %.*s: unlimited (overrides file)\n", policy_rule_name(r),
-				   (int)k.len, k.ptr);
+			sl->unlimited = true;
 			continue;
 		}
-		uint64_t h = policy_rule_key_hash(p, r, k);
-		if (reset) {
-			int rc = s->ops->reset(s->ctx, h, lim);
-			buf_printf(out, "%s %.*s: %s\n", policy_rule_name(r), (int)k.len, k.ptr,
-				   rc > 0 ? "reset" : "nothing to reset");
-			continue;
+		sl->lim = *lim;
+		sl->it = (struct store_item){ .key_hash = policy_rule_key_hash(p, r, sl->k),
+					      .rule = str_cstr(policy_rule_name(r)), .key = sl->k,
+					      .limits = &sl->lim, .cost = 0 };
+		sl->call = (struct store_call){ .items = &sl->it, .n = 1,
+						.mode = reset ? STORE_RESET : STORE_PEEK,
+						.now = now, .done = show_done, .arg = sl };
+		sl->rc = store_decide_start(s, &sl->call);
+		if (sl->rc == STORE_PENDING) {
+			sl->pending = true;
+			job->waiting++;
 		}
-		struct store_item it = { .key_hash = h, .rule = str_cstr(policy_rule_name(r)),
-					 .key = k, .limits = lim, .cost = 0 };
-		if (store_decide(s, &it, 1, STORE_PEEK, realtime_ns()) < 0) {
-			buf_printf(out, "%s: store error\n", policy_rule_name(r));
-			continue;
-		}
-		buf_printf(out, "%s %.*s%s: ", policy_rule_name(r), (int)k.len, k.ptr,
-			   ov ? " (override)" : "");
-		format_windows(lim, it.used, out);
-		if (!it.ok)
-			buf_printf(out, "; full, room again in %llus",
-				   (unsigned long long)(it.retry_ns / 1000000000ULL + (it.retry_ns % 1000000000ULL != 0)));
-		buf_append_byte(out, '\n');
 	}
 	if (rule && !found) {
 		buf_printf(out, "no rule named \"%s\"\n", rule);
 		*ret_ok = false;
+		show_job_free(job);
 		return 0;
 	}
 	if (!found)
 		buf_append_cstr(out, "no limit rules are configured\n");
+	if (job->waiting) {
+		w->cmd = job;
+		w->cancel = show_cancel;
+		return 1;
+	}
+	show_format(job, out);
 	*ret_ok = true;
+	show_job_free(job);
 	return 0;
 }
 
 int policy_control_limits(struct policy *p, size_t argc, const struct str *argv,
-			  struct buf *out, bool *ret_ok)
+			  struct buf *out, bool *ret_ok, struct control_wait *w)
 {
 	bool json = false;
 	size_t n = 0;
@@ -216,11 +313,17 @@ int policy_control_limits(struct policy *p, size_t argc, const struct str *argv,
 			return 0;
 		}
 		*ret_ok = true;
+		if (store_is_shared(policy_store(p))) {
+			buf_append_cstr(out, "limits top needs the memory store: with the redis "
+					"store the keys live in Redis (redis-cli --scan --pattern "
+					"'PREFIX*')\n");
+			return 0;
+		}
 		return limits_top(p, n == 2 ? args[1] : NULL, json, out);
 	}
 	if (n >= 2 && n <= 3 && (strcmp(args[0], "show") == 0 || strcmp(args[0], "reset") == 0))
 		return limits_show_reset(p, str_cstr(args[1]), n == 3 ? args[2] : NULL,
-					 strcmp(args[0], "reset") == 0, out, ret_ok);
+					 strcmp(args[0], "reset") == 0, out, ret_ok, w);
 	buf_append_cstr(out, "usage: limits top [RULE] [--json] | limits show KEY [RULE] | "
 			"limits reset KEY [RULE]\n");
 	return 0;
@@ -296,19 +399,33 @@ static const char *rule_state_text(enum policy_rule_state s)
 	return "?";
 }
 
-static void explain_stage(struct policy *p, const struct policy_txn *t, enum policy_stage st,
-			  const char *what, struct buf *out, enum policy_action *worst)
-{
-	if (!policy_has_stage(p, st))
-		return;
-	struct policy_rule_result res[64];
+/* One stage of `test`: its decision with a result per rule, answered now or later. */
+struct explain_slot {
+	struct test_job *job;
+	enum policy_stage st;
+	char what[600];
 	struct policy_decision d;
-	d.results = res;
-	d.max_results = ARRAY_SIZE(res);
-	policy_check(p, t, st, NULL, STORE_PEEK, realtime_ns(), &d);
-	buf_printf(out, "stage %s%s%s:\n", policy_stage_name(st), what ? " " : "", what ? what : "");
-	for (size_t i = 0; i < d.nresults; i++) {
-		const struct policy_rule_result *r = &res[i];
+	struct policy_rule_result *res;
+	struct policy_pending *pp;
+	bool pending;
+};
+
+struct test_job {
+	struct policy *p;
+	struct test_txn *tt;
+	size_t n, waiting;
+	struct control_wait *w;
+	struct explain_slot slots[TEST_MAX_RCPTS + 5];
+};
+
+static void explain_format(const struct explain_slot *sl, struct buf *out,
+			   enum policy_action *worst)
+{
+	const struct policy_decision *d = &sl->d;
+	buf_printf(out, "stage %s%s%s:\n", policy_stage_name(sl->st), sl->what[0] ? " " : "",
+		   sl->what);
+	for (size_t i = 0; i < d->nresults; i++) {
+		const struct policy_rule_result *r = &sl->res[i];
 		buf_printf(out, "  limit %s (key %s, count %s, action %s): ",
 			   policy_rule_name(r->rule), policy_rule_key_spec(r->rule),
 			   policy_count_name(policy_rule_count_kind(r->rule)),
@@ -332,20 +449,98 @@ static void explain_stage(struct policy *p, const struct policy_txn *t, enum pol
 				   (unsigned long long)(r->retry_ns / 1000000000ULL + (r->retry_ns % 1000000000ULL != 0)));
 		buf_append_byte(out, '\n');
 	}
-	if (d.store_error)
-		buf_printf(out, "  store error: %s\n", strerror(-d.store_error));
-	buf_printf(out, "  verdict: %s%s%s\n", policy_action_name(d.action),
-		   d.reply[0] ? " " : "", d.reply);
-	if (d.action > *worst)
-		*worst = d.action;
+	if (d->store_error)
+		buf_printf(out, "  store error: %s\n", strerror(-d->store_error));
+	buf_printf(out, "  verdict: %s%s%s\n", policy_action_name(d->action),
+		   d->reply[0] ? " " : "", d->reply);
+	if (d->action > *worst)
+		*worst = d->action;
+}
+
+static void test_job_free(struct test_job *job)
+{
+	for (size_t i = 0; i < job->n; i++)
+		free(job->slots[i].res);
+	free(job->tt);
+	policy_unref(job->p);
+	free(job);
+}
+
+static void test_format(struct test_job *job, struct buf *out)
+{
+	enum policy_action worst = POLICY_ACCEPT;
+	for (size_t i = 0; i < job->n; i++)
+		explain_format(&job->slots[i], out, &worst);
+	buf_printf(out, "result: %s\n", policy_action_name(worst));
+}
+
+static void explain_done(void *arg, struct policy_decision *dd)
+{
+	struct explain_slot *sl = arg;
+	struct test_job *job = sl->job;
+	sl->d = *dd; /* its results are sl->res, filled in place */
+	sl->pending = false;
+	if (--job->waiting)
+		return;
+	struct control_wait *w = job->w;
+	test_format(job, w->out);
+	*w->ok = true;
+	w->cancel = NULL;
+	test_job_free(job);
+	w->done(w);
+}
+
+static void test_cancel(struct control_wait *w)
+{
+	struct test_job *job = w->cmd;
+	for (size_t i = 0; i < job->n; i++)
+		if (job->slots[i].pending)
+			policy_pending_cancel(job->slots[i].pp);
+	test_job_free(job);
+}
+
+/* Start one stage's decision (nothing is charged: STORE_PEEK). */
+static int explain_start(struct test_job *job, const struct policy_txn *t, enum policy_stage st,
+			 const char *what)
+{
+	struct policy *p = job->p;
+	if (!policy_has_stage(p, st))
+		return 0;
+	struct explain_slot *sl = &job->slots[job->n];
+	size_t nrules = 0;
+	while (policy_rule_at(p, nrules))
+		nrules++;
+	sl->res = calloc(nrules ? nrules : 1, sizeof(*sl->res));
+	if (!sl->res)
+		return -ENOMEM;
+	job->n++;
+	sl->job = job;
+	sl->st = st;
+	fmt_fixed(sl->what, sizeof(sl->what), "%s", what ? what : "");
+	sl->d.results = sl->res;
+	sl->d.max_results = nrules;
+	if (policy_check_start(p, t, st, NULL, STORE_PEEK, realtime_ns(), &sl->d, explain_done, sl,
+			       &sl->pp) == 1) {
+		sl->pending = true;
+		job->waiting++;
+	}
+	return 0;
 }
 
 int policy_control_test(struct policy *p, size_t argc, const struct str *argv,
-			struct buf *out, bool *ret_ok)
+			struct buf *out, bool *ret_ok, struct control_wait *w)
 {
+	struct test_job *job = calloc(1, sizeof(*job));
 	struct test_txn *tt = calloc(1, sizeof(*tt));
-	if (!tt)
+	if (!tt || !job) {
+		free(tt);
+		free(job);
 		return -ENOMEM;
+	}
+	job->p = policy_ref(p);
+	job->tt = tt;
+	job->w = w;
+	int rc = 0;
 	*ret_ok = false;
 	for (size_t i = 1; i < argc; i++) {
 		const char *eq = memchr(argv[i].ptr, '=', argv[i].len);
@@ -409,25 +604,31 @@ int policy_control_test(struct policy *p, size_t argc, const struct str *argv,
 					   cs[i].used >= cs[i].inbound ? "a new session would be refused "
 					   "(421)" : "a new session would be served");
 	}
-	enum policy_action worst = POLICY_ACCEPT;
-	explain_stage(p, &t, POLICY_CONNECT, NULL, out, &worst);
-	explain_stage(p, &t, POLICY_HELO, NULL, out, &worst);
+	/* a job of its own for every stage, started together: a peek charges nothing, so
+	 * the stages do not depend on each other, and with a shared store they wait once */
+	explain_start(job, &t, POLICY_CONNECT, NULL);
+	explain_start(job, &t, POLICY_HELO, NULL);
 	t.have_sender = true;
 	t.sender = str_cstr(tt->from);
-	explain_stage(p, &t, POLICY_MAIL, NULL, out, &worst);
+	explain_start(job, &t, POLICY_MAIL, NULL);
 	for (size_t i = 0; i < tt->nrcpt; i++) {
 		t.rcpt = str_cstr(tt->rcpt[i]);
 		char what[600];
 		fmt_fixed(what, sizeof(what), "(recipient %s)", tt->rcpt[i]);
-		explain_stage(p, &t, POLICY_RCPT, what, out, &worst);
+		explain_start(job, &t, POLICY_RCPT, what);
 	}
 	t.rcpt = STR_NULL;
 	t.rcpt_count = (unsigned)tt->nrcpt;
-	explain_stage(p, &t, POLICY_DATA, NULL, out, &worst);
-	explain_stage(p, &t, POLICY_EOM, NULL, out, &worst);
-	buf_printf(out, "result: %s\n", policy_action_name(worst));
+	explain_start(job, &t, POLICY_DATA, NULL);
+	explain_start(job, &t, POLICY_EOM, NULL);
+	if (job->waiting) {
+		w->cmd = job;
+		w->cancel = test_cancel;
+		return 1;
+	}
+	test_format(job, out);
 	*ret_ok = true;
 done:
-	free(tt);
-	return 0;
+	test_job_free(job);
+	return rc;
 }

@@ -10,16 +10,18 @@
 #include <stddef.h>
 
 #include "buf.h"
+#include "daemon.h"
 #include "policy.h"
 #include "store.h"
 #include "str.h"
 
+/* Both return 0 (answered), or 1 when the answer comes through w (a shared store). */
 int policy_control_limits(struct policy *p, size_t argc, const struct str *argv,
-			  struct buf *out, bool *ret_ok);
+			  struct buf *out, bool *ret_ok, struct control_wait *w);
 /* test NAME=VALUE... with values %XX-encoded: client_ip, client_name, helo, sasl_user,
  * from, rcpt (repeated), header ("Name: value", repeated), size. */
 int policy_control_test(struct policy *p, size_t argc, const struct str *argv,
-			struct buf *out, bool *ret_ok);
+			struct buf *out, bool *ret_ok, struct control_wait *w);
 void policy_control_stats(struct policy *p, struct store *s, bool json, struct buf *out);
 
 #endif

@@ -324,3 +324,28 @@ def test_bad_store_configuration_is_refused_with_file_and_line(sluiced, workdir)
     r = subprocess.run([os.environ["SLUICED"], "-t", "-c", str(s.config)],
                        capture_output=True, text=True)
     assert r.returncode == 1 and 'only with type = "redis"' in r.stderr, r.stderr
+
+
+def test_operator_commands_read_the_shared_counts(sluiced, redis):
+    """`sluice test` and `sluice limits show|reset` on one node see and change what the
+    other node counted: they ask Redis (without blocking the node's loops)."""
+    r = redis()
+    a, b = two_nodes(sluiced, config(per_domain("10/1h"), redis_store(r)))
+    for _ in range(3):
+        assert rcpt_decision(a)[0] == mw.CONTINUE
+    args = ("test", "--client-ip", "192.0.2.1", "--from", "s@example.org", "--rcpt",
+            "x@example.net")
+    out = b.cli(*args).stdout
+    assert re.search(r"key example\.net: within its limits; 10/1h used 3/10", out), out
+    assert "nothing is counted" in out and re.search(r"^result: accept$", out, re.M), out
+    assert b.cli(*args).stdout == out  # explaining counted nothing
+    shown = b.cli("limits", "show", "example.net").stdout
+    assert re.search(r"^per-domain example\.net: 10/1h used 3/10$", shown, re.M), shown
+    top = b.cli("limits", "top").stdout
+    assert "needs the memory store" in top, top
+    res = b.cli("limits", "reset", "example.net").stdout
+    assert re.search(r"^per-domain example\.net: reset$", res, re.M), res
+    assert r.keys("sluice:per-domain:*") == []
+    assert re.search(r"used 0/10$", a.cli("limits", "show", "example.net").stdout, re.M)
+    res = b.cli("limits", "reset", "example.net").stdout
+    assert "nothing to reset" in res, res
