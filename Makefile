@@ -12,7 +12,7 @@ FUZZ_TIME ?= 600
 MESON_TEST_FLAGS ?= --print-errorlogs --num-processes 1
 
 BUILD_PKGS = meson ninja-build pkg-config gcc libevent-dev libcmocka-dev scdoc libxxhash-dev libhiredis-dev
-TEST_PKGS = postfix miltertest swaks python3-pytest redis-server clang libclang-rt-14-dev
+TEST_PKGS = postfix miltertest swaks python3-pytest redis-server clang libclang-rt-14-dev faketime
 BENCH_PKGS = libmilter-dev
 FUZZ_PKGS = clang libclang-rt-14-dev
 

@@ -326,7 +326,9 @@ static void on_lease(evutil_socket_t fd, short what, void *arg)
 	size_t n = class_registry_counts(names, counts, 256);
 	for (size_t i = 0; i < n; i++)
 		ptrs[i] = names[i];
-	if (n && d->store->ops->slots_renew)
+	/* also with no class: the main loop's connection is made at start, so a Redis that
+	 * cannot be reached or refuses the password is reported before any mail comes */
+	if (d->store->ops->slots_renew)
 		d->store->ops->slots_renew(d->store->ctx, ptrs, counts, n);
 	uint64_t every = (uint64_t)d->cfg->store.lease_ms / 3;
 	arm_timer(d->ev_lease, (int64_t)(every ? every : 1000));

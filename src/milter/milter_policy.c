@@ -145,7 +145,11 @@ static void log_over(struct milter_session *ms, const struct policy_decision *d,
 		enum log_level level = policy_over_line(d, i, st, line, sizeof(line));
 		session_log(s, level, "%s client=%s", line, peer);
 	}
-	if (d->store_error)
+	if (d->store_error == STORE_TEMPFAIL)
+		session_log(s, LOG_LEVEL_WARNING, "limit store unavailable (on_failure tempfail): "
+			    "answering the %s with \"%s\" client=%s", policy_stage_name(st), d->reply,
+			    peer);
+	else if (d->store_error)
 		session_log(s, LOG_LEVEL_ERROR, "limit store error (%s): letting the %s through",
 			    strerror(-d->store_error), policy_stage_name(st));
 }

@@ -169,7 +169,10 @@ static void log_over(struct session *s, const struct policy_decision *d, enum po
 		enum log_level level = policy_over_line(d, i, st, line, sizeof(line));
 		session_log(s, level, "%s client=%s qid=%s", line, peer, qid);
 	}
-	if (d->store_error)
+	if (d->store_error == STORE_TEMPFAIL)
+		session_log(s, LOG_LEVEL_WARNING, "limit store unavailable (on_failure tempfail): "
+			    "answering \"%s\" client=%s qid=%s", d->reply, peer, qid);
+	else if (d->store_error)
 		session_log(s, LOG_LEVEL_ERROR, "limit store error (%s): answering DUNNO",
 			    strerror(-d->store_error));
 }

@@ -692,7 +692,8 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 		char why[160];
 		fmt_fixed(why, sizeof(why), "%s: %.100s", r->what ? r->what : "script", rep->str);
 		if ((reply_means_reconnect(rep) || r->kind == REQ_SETUP) && c->ac) {
-			fmt_fixed(c->err, sizeof(c->err), "%s", why);
+			if (!c->err[0]) /* the first reason of this attempt: later ones follow */
+				fmt_fixed(c->err, sizeof(c->err), "%s", why);
 			redisAsyncDisconnect(c->ac); /* its callbacks run later, not in this one */
 		}
 		req_fail(r);
@@ -735,6 +736,12 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 		if (r->script < SC_COUNT && rep->type == REDIS_REPLY_STRING && rep->len == 40) {
 			memcpy(c->sha[r->script], rep->str, 40);
 			c->sha[r->script][40] = '\0';
+			if (r->script == SC_COUNT - 1 && c->ac) {
+				/* the last setup reply: the connection works */
+				c->backoff_ms = 0;
+				c->err[0] = '\0';
+				conn_mark(c, true, NULL);
+			}
 		} else if (r->script == SC_ROLE && rep->type == REDIS_REPLY_ARRAY &&
 			   rep->elements >= 1 && rep->element[0]->type == REDIS_REPLY_STRING &&
 			   strcmp(rep->element[0]->str, "master") != 0 && c->ac) {
@@ -903,11 +910,10 @@ static void on_connect(const redisAsyncContext *ac, int status)
 		evtimer_add(c->retry, &tv);
 		return;
 	}
+	/* usable once the setup commands have answered (a server that accepts connections
+	 * but refuses the password, or does not answer, is not back) */
 	c->connected = true;
-	c->backoff_ms = 0;
-	c->err[0] = '\0';
 	c->last_reply_ms = now_ms();
-	conn_mark(c, true, NULL);
 	timer_arm(c);
 }
 
@@ -960,6 +966,7 @@ static void connect_master(struct rconn *c)
 	}
 	c->ac = ac;
 	c->connected = false;
+	c->err[0] = '\0';
 	memset(c->sha, 0, sizeof(c->sha));
 	redisAsyncSetConnectCallback(ac, on_connect);
 	redisAsyncSetDisconnectCallback(ac, on_disconnect);
@@ -1087,7 +1094,9 @@ static struct rconn *conn_get(struct rstore *st)
 	return c;
 }
 
-/* A connection that can take a request now, or NULL (the caller uses on_failure). */
+/* A connection that can take a request now, or NULL (the caller uses on_failure).
+ * XXX with sentinels, a loop's first decisions are answered by on_failure while its
+ * connection asks the sentinels (without them they queue until the connection is up). */
 static struct rconn *conn_usable(struct rstore *st)
 {
 	struct rconn *c = conn_get(st);

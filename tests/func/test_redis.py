@@ -34,6 +34,8 @@ class Redis:
         self.port = port
         self.sock = f"{directory}/redis.sock"
         self.extra = list(extra)
+        self.password = (self.extra[self.extra.index("--requirepass") + 1]
+                         if "--requirepass" in self.extra else None)
         self.proc = None
 
     @property
@@ -51,6 +53,8 @@ class Redis:
 
     def cli(self, *args, check=True):
         where = ["-p", str(self.port)] if self.port else ["-s", self.sock]
+        if self.password:
+            where += ["-a", self.password, "--no-auth-warning"]
         r = subprocess.run([REDIS_CLI, *where, *args], capture_output=True, text=True,
                            timeout=10)
         if check:
@@ -284,6 +288,8 @@ def test_redis_stopped_and_back(sluiced, redis, mode):
     elif mode == "tempfail":
         assert all(c == mw.REPLYCODE for c in codes)
         assert b"451 4.3.0" in results[0][1]
+        node.log.wait_for(r"limit store unavailable \(on_failure tempfail\): answering the "
+                          r"rcpt with \"451 4\.3\.0 ")
     else:
         # this node's share of 10 (nodes = 2), counted here from zero
         assert codes == [mw.CONTINUE] * 5 + [mw.REPLYCODE] * 3, codes
@@ -349,3 +355,71 @@ def test_operator_commands_read_the_shared_counts(sluiced, redis):
     assert re.search(r"used 0/10$", a.cli("limits", "show", "example.net").stdout, re.M)
     res = b.cli("limits", "reset", "example.net").stdout
     assert "nothing to reset" in res, res
+
+
+def test_sentinel_finds_the_master_and_follows_a_failover(sluiced, redis, workdir):
+    """sentinels + master_name: sluiced asks Redis Sentinel where the master is; after a
+    failover the old master refuses writes (READONLY) and sluiced goes through the
+    sentinels to the new one."""
+    pm, pr, ps = free_port(), free_port(), free_port()
+    while len({pm, pr, ps}) < 3:
+        pr, ps = free_port(), free_port()
+    master = redis(port=pm, name="master")
+    replica = redis(port=pr, extra=["--replicaof", "127.0.0.1", str(pm)], name="replica")
+    sdir = workdir / "sentinel"
+    sdir.mkdir()
+    conf = sdir / "sentinel.conf"
+    conf.write_text(f"port {ps}\nbind 127.0.0.1\ndir {sdir}\nlogfile {sdir}/sentinel.log\n"
+                    f"sentinel monitor main 127.0.0.1 {pm} 1\n"
+                    "sentinel down-after-milliseconds main 1000\n"
+                    "sentinel failover-timeout main 5000\n")
+    sentinel = subprocess.Popen([REDIS_SERVER, str(conf), "--sentinel"])
+    try:
+        def cli(port, *args):
+            return subprocess.run([REDIS_CLI, "-p", str(port), *args], capture_output=True,
+                                  text=True, timeout=10).stdout.strip()
+        wait_until(lambda: cli(ps, "SENTINEL", "get-master-addr-by-name", "main")
+                   .split() == ["127.0.0.1", str(pm)], 15, "sentinel watching the master")
+        wait_until(lambda: "master_link_status:up" in cli(pr, "INFO", "replication"), 15,
+                   "the replica in sync")
+        node = sluiced(config(per_domain("10/1h"),
+                              f'store {{ type = "redis"; sentinels = ["127.0.0.1:{ps}"]; '
+                              'master_name = "main"; nodes = 2; }'))
+        # a worker's first decision, while it asks the sentinels, is answered locally
+        wait_until(lambda: rcpt_decision(node)[0] == mw.CONTINUE and
+                   len(master.keys("sluice:per-domain:*")) == 1, 10, "decisions in Redis")
+        node.log.wait_for(r"redis store: connected to master 'main'")
+        cli(ps, "SENTINEL", "FAILOVER", "main")
+        wait_until(lambda: cli(pr, "ROLE").splitlines()[:1] == ["master"], 30,
+                   "the replica promoted")
+        # decisions go on (on_failure answers during the switch); the new master is used
+        def on_new_master():
+            rcpt_decision(node, "<y@example.com>")
+            return len(replica.keys("sluice:per-domain:*")) == 2
+        wait_until(on_new_master, 30, "decisions reaching the new master")
+        assert node.alive()
+    finally:
+        sentinel.terminate()
+        sentinel.wait(10)
+
+
+def test_redis_password(sluiced, redis):
+    """A wrong password: the node says why, decides locally, and does not flap between
+    "unreachable" and "back"; the right one (from a password_file) works."""
+    r = redis(extra=["--requirepass", "s3cret"])
+    node = sluiced(config(per_domain("10/1h"),
+                          redis_store(r, extra='password = "wrong";')))
+    node.log.wait_for(r"redis store: .* unreachable \(AUTH: .*(WRONGPASS|invalid)")
+    assert rcpt_decision(node)[0] == mw.CONTINUE  # on_failure = local
+    time.sleep(2)
+    assert node.log.findall(r"again after") == [], node.log.tail(20)
+    assert len(node.log.findall(r"unreachable")) == 1, node.log.tail(20)
+    assert "AUTH" in node.cli("stats").stdout
+    secret = node.dir / "redis.secret"
+    secret.write_text("s3cret\n")
+    other = sluiced(config(per_domain("10/1h"),
+                           redis_store(r, extra=f'password_file = "{secret}";')))
+    wait_until(lambda: rcpt_decision(other)[0] == mw.CONTINUE and
+               len(r.keys()) == 1, 10,
+               "decisions in Redis with the right password")
+    assert "s3cret" not in other.log.text() and "s3cret" not in other.cli("stats").stdout
