@@ -259,6 +259,13 @@ struct store_redis_conf {
 /* Create the Redis store; connections are made on first use by each thread's loop.
  * NULL with err on a bad address or allocation failure. */
 struct store *store_redis_new(const struct store_redis_conf *conf, char *err, size_t errlen);
+/*
+ * The decision script's reply (a hiredis redisReply) into items[0..n), whose limits must
+ * be set: 1 or 0 as decide() returns, or -EPROTO for a reply of the wrong shape (the
+ * items may then be partly written).  For the fuzzer; the store uses it for every reply.
+ */
+int store_redis_parse_decide(const void *reply, struct store_item *items, size_t n,
+			     enum store_mode mode);
 /* Does this store keep state apart from this process (a cluster store)? */
 bool store_is_shared(const struct store *s);
 

@@ -613,26 +613,36 @@ static uint64_t reply_u64(const redisReply *r)
 	return 0;
 }
 
-/* The script's reply into the items: rc as decide(), or -EPROTO. */
-static int parse_decide(const redisReply *r, struct store_call *call)
+int store_redis_parse_decide(const void *reply, struct store_item *items, size_t n,
+			     enum store_mode mode)
 {
-	if (call->mode == STORE_RESET)
+	const redisReply *r = reply;
+	if (mode == STORE_RESET)
 		return r->type == REDIS_REPLY_INTEGER ? r->integer > 0 : -EPROTO;
 	if (r->type != REDIS_REPLY_ARRAY || r->elements < 1)
 		return -EPROTO;
 	size_t k = 1;
-	for (size_t i = 0; i < call->n; i++) {
-		struct store_item *it = &call->items[i];
-		if (k + 3 + it->limits->n > r->elements)
+	for (size_t i = 0; i < n; i++) {
+		struct store_item *it = &items[i];
+		unsigned nw = it->limits->n <= RATE_MAX_WINDOWS ? it->limits->n : RATE_MAX_WINDOWS;
+		if (k > r->elements || r->elements - k < 3 + (size_t)nw)
 			return -EPROTO;
 		it->ok = reply_u64(r->element[k]) != 0;
 		it->charged = reply_u64(r->element[k + 1]) != 0;
 		it->retry_ns = reply_u64(r->element[k + 2]);
 		k += 3;
-		for (unsigned j = 0; j < it->limits->n; j++)
+		for (unsigned j = 0; j < nw; j++)
 			it->used[j] = reply_u64(r->element[k++]);
+		/* a reply that contradicts itself is not believed */
+		if (it->charged && !it->ok)
+			return -EPROTO;
 	}
 	return reply_u64(r->element[0]) != 0;
+}
+
+static int parse_decide(const redisReply *r, struct store_call *call)
+{
+	return store_redis_parse_decide(r, call->items, call->n, call->mode);
 }
 
 /* ---- the connection ------------------------------------------------------------------- */
@@ -736,7 +746,8 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 		if (r->script < SC_COUNT && rep->type == REDIS_REPLY_STRING && rep->len == 40) {
 			memcpy(c->sha[r->script], rep->str, 40);
 			c->sha[r->script][40] = '\0';
-			if (r->script == SC_COUNT - 1 && c->ac) {
+			if (r->script == SC_COUNT - 1 && c->ac &&
+			    !(c->ac->c.flags & REDIS_DISCONNECTING)) {
 				/* the last setup reply: the connection works */
 				c->backoff_ms = 0;
 				c->err[0] = '\0';
@@ -1130,14 +1141,20 @@ static int redis_decide_start(void *ctx, struct store_call *call)
 	return STORE_PENDING;
 }
 
-static void redis_cancel(void *ctx, struct store_call *call)
+/* The caller gave up on r: nobody is answered; r itself waits for its reply to be freed. */
+static void req_withdraw(struct rreq *r)
 {
-	(void)ctx;
-	struct rreq *r = call->req;
 	if (!r)
 		return;
 	r->call = NULL;
+	r->slot = NULL;
 	req_unlink(r);
+}
+
+static void redis_cancel(void *ctx, struct store_call *call)
+{
+	(void)ctx;
+	req_withdraw(call->req);
 	call->req = NULL;
 }
 
@@ -1230,7 +1247,7 @@ static void redis_stats(void *ctx, struct store_stats *ret)
 	st->local->ops->stats(st->local->ctx, &local);
 	memset(ret, 0, sizeof(*ret));
 	ret->shared = true;
-	ret->up = atomic_load(&st->down) == 0;
+	ret->up = atomic_load(&st->announced) && atomic_load(&st->down) == 0;
 	pthread_mutex_lock(&st->lock);
 	if (st->state[0])
 		fmt_fixed(ret->state, sizeof(ret->state), "%s", st->state);
@@ -1290,11 +1307,7 @@ static int redis_slot_enter(void *ctx, struct store_slot_call *sc)
 static void redis_slot_cancel(void *ctx, struct store_slot_call *sc)
 {
 	(void)ctx;
-	struct rreq *r = sc->req;
-	if (!r)
-		return;
-	r->slot = NULL;
-	req_unlink(r);
+	req_withdraw(sc->req);
 	sc->req = NULL;
 }
 
@@ -1359,12 +1372,8 @@ static void redis_destroy(void *ctx)
 	size_t n = atomic_load(&st->nconns);
 	for (size_t i = 0; i < n; i++) {
 		struct rconn *c = st->conns[i];
-		while (c->head) {
-			struct rreq *r = c->head;
-			r->call = NULL;
-			r->slot = NULL;
-			req_unlink(r);
-		}
+		while (c->head)
+			req_withdraw(c->head);
 		if (c->sac) {
 			c->sac->data = NULL;
 			redisAsyncFree(c->sac);

@@ -1,0 +1,160 @@
+/*
+ * test_store_redis -- the Redis store's own logic, without a Redis: the configuration it
+ * refuses, and what on_failure answers (a thread with no event loop has no connection,
+ * so every decision there is answered as while Redis is away).  Decisions through a real
+ * redis-server are in tests/func/test_redis.py; the scripts in test_redis_scripts.py.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "store.h"
+#include "util.h"
+
+#define SEC 1000000000ULL
+
+static struct store *make(const char *server, enum store_failure f, unsigned nodes,
+			  char *err, size_t errlen)
+{
+	struct store_redis_conf c = { .server = server, .on_failure = f, .nodes = nodes,
+				      .timeout_ms = 50, .local_max_keys = 1000 };
+	return store_redis_new(&c, err, errlen);
+}
+
+static void test_bad_addresses(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *server, *why;
+	} cases[] = {
+		{ "127.0.0.1:0", "bad port" },
+		{ "127.0.0.1:65536", "bad port" },
+		{ "127.0.0.1:x", "bad port" },
+		{ "[::1", "expected [v6]:port" },
+		{ "[::1]x", "expected [v6]:port" },
+		{ "::1:6379", "expected host:port" },
+		{ ":6379", "expected host:port" },
+		{ "unix:", "bad socket path" },
+		{ "no-such-host.invalid:6379", "cannot resolve" },
+	};
+	for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
+		char err[256] = "";
+		struct store *s = make(cases[i].server, STORE_FAIL_LOCAL, 1, err, sizeof(err));
+		if (s || !strstr(err, cases[i].why))
+			fail_msg("%s: %s", cases[i].server, s ? "accepted" : err);
+	}
+	static const char *const good[] = { "127.0.0.1:6379", "[::1]:6379", "localhost",
+					    "unix:/run/redis.sock", "/run/redis.sock" };
+	for (size_t i = 0; i < ARRAY_SIZE(good); i++) {
+		char err[256] = "";
+		struct store *s = make(good[i], STORE_FAIL_LOCAL, 1, err, sizeof(err));
+		if (!s)
+			fail_msg("%s: %s", good[i], err);
+		assert_true(store_is_shared(s));
+		assert_string_equal(s->type, "redis");
+		store_free(s);
+	}
+	struct store_redis_conf c = { .sentinels = (const char *const[]){ "127.0.0.1:26379" },
+				      .nsentinels = 1 };
+	char err[256] = "";
+	assert_null(store_redis_new(&c, err, sizeof(err)));
+	assert_non_null(strstr(err, "master_name"));
+}
+
+static struct store_item item(struct store *s, const char *key, const struct rate_limits *l)
+{
+	struct store_item it = { .rule = str_cstr("r"), .key = str_cstr(key), .limits = l,
+				 .cost = 1, .flags = STORE_BLOCKING };
+	it.key_hash = store_key_hash(s, it.rule, it.key);
+	return it;
+}
+
+/* Decide one item through store_decide_start(): with no loop it must answer at once. */
+static int decide_now(struct store *s, struct store_item *it)
+{
+	struct store_call c = { .items = it, .n = 1, .mode = STORE_CHECK, .now = realtime_ns() };
+	int rc = store_decide_start(s, &c);
+	assert_int_not_equal(rc, STORE_PENDING);
+	return rc;
+}
+
+static void test_on_failure_local_share(void **state)
+{
+	(void)state;
+	char err[256];
+	/* 10/1m over 3 nodes: each node 3 (rounded down), burst 3 */
+	struct store *s = make("127.0.0.1:6379", STORE_FAIL_LOCAL, 3, err, sizeof(err));
+	assert_non_null(s);
+	struct rate_limits l = { 1, { { .count = 10, .period_ns = 60 * SEC, .burst = 10 } } };
+	int ok = 0;
+	for (int i = 0; i < 10; i++) {
+		struct store_item it = item(s, "k", &l);
+		ok += decide_now(s, &it) == 1;
+		if (i >= 3)
+			assert_true(!it.ok && it.retry_ns > 0);
+		/* the caller's limits are given back as they were */
+		assert_ptr_equal(it.limits, &l);
+	}
+	assert_int_equal(ok, 3);
+	assert_true(l.w[0].count == 10 && l.w[0].burst == 10);
+	/* a share never goes below 1 */
+	struct rate_limits one = { 1, { { .count = 1, .period_ns = 60 * SEC, .burst = 1 } } };
+	struct store_item it = item(s, "k2", &one);
+	assert_int_equal(decide_now(s, &it), 1);
+	it = item(s, "k2", &one);
+	assert_int_equal(decide_now(s, &it), 0);
+	struct store_stats st;
+	s->ops->stats(s->ctx, &st);
+	assert_true(st.shared && !st.up);
+	assert_true(st.fallbacks == 12 && st.decisions == 12);
+	assert_non_null(strstr(st.state, "not connected yet"));
+	/* slots: this node's share of inbound = 4 over 3 nodes is 1 */
+	struct store_slot_call sc = { .cls = "c", .cap = 4, .local_used = 1 };
+	assert_int_equal(store_slot_enter(s, &sc), 1);
+	sc.local_used = 2;
+	assert_int_equal(store_slot_enter(s, &sc), 0);
+	store_free(s);
+}
+
+static void test_on_failure_accept_and_tempfail(void **state)
+{
+	(void)state;
+	char err[256];
+	struct rate_limits l = { 1, { { .count = 1, .period_ns = 60 * SEC, .burst = 1 } } };
+	struct store *s = make("127.0.0.1:6379", STORE_FAIL_ACCEPT, 2, err, sizeof(err));
+	assert_non_null(s);
+	for (int i = 0; i < 5; i++) {
+		struct store_item it = item(s, "k", &l);
+		assert_int_equal(decide_now(s, &it), 1);
+		assert_true(it.ok && !it.charged);
+	}
+	struct store_slot_call sc = { .cls = "c", .cap = 1, .local_used = 100 };
+	assert_int_equal(store_slot_enter(s, &sc), 1);
+	store_free(s);
+	s = make("127.0.0.1:6379", STORE_FAIL_TEMPFAIL, 2, err, sizeof(err));
+	assert_non_null(s);
+	struct store_item it = item(s, "k", &l);
+	assert_int_equal(decide_now(s, &it), STORE_TEMPFAIL);
+	assert_false(it.charged);
+	sc.local_used = 1;
+	assert_int_equal(store_slot_enter(s, &sc), 0);
+	/* a reset cannot reach Redis: nothing is claimed */
+	struct store_call rc = { .items = &it, .n = 1, .mode = STORE_RESET };
+	assert_int_equal(store_decide_start(s, &rc), 0);
+	store_free(s);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_bad_addresses),
+		cmocka_unit_test(test_on_failure_local_share),
+		cmocka_unit_test(test_on_failure_accept_and_tempfail),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
