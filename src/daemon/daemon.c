@@ -476,22 +476,39 @@ int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct
 		pthread_mutex_lock(&d->cfg_lock);
 		const char *path = d->cfg->path;
 		double up = (double)(now_ms() - d->started_ms) / 1000.0;
-		if (json)
+		struct store_stats ss;
+		d->store->ops->stats(d->store->ctx, &ss);
+		char store[200];
+		if (ss.shared)
+			fmt_fixed(store, sizeof(store), "%s, %s", d->store->type, ss.state);
+		else
+			fmt_fixed(store, sizeof(store), "%s", d->store->type);
+		if (json) {
 			buf_printf(out,
 				   "{\"version\":\"%s\",\"pid\":%ld,\"uptime\":%.0f,\"workers\":%u,"
 				   "\"sessions\":%u,\"reloads\":%lu,\"stopping\":%s,"
-				   "\"nofile\":%llu}\n",
+				   "\"nofile\":%llu,\"store\":{\"type\":\"%s\",\"up\":%s,\"state\":\"",
 				   SLUICE_VERSION, (long)getpid(), up, engine_workers(d->e),
 				   engine_sessions(d->e), d->reloads, d->stopping ? "true" : "false",
-				   (unsigned long long)d->nofile);
-		else
+				   (unsigned long long)d->nofile, d->store->type,
+				   !ss.shared || ss.up ? "true" : "false");
+			/* the state quotes Redis's error text: keep the JSON valid */
+			for (const char *q = ss.shared ? ss.state : "memory"; *q; q++)
+				if (*q == '"' || *q == '\\')
+					buf_printf(out, "\\%c", *q);
+				else if ((unsigned char)*q >= 0x20 && (unsigned char)*q < 0x7f)
+					buf_append_byte(out, (unsigned char)*q);
+			buf_append_cstr(out, "\"}}\n");
+		} else {
 			buf_printf(out,
 				   "sluiced %s running, pid %ld, up %.0f s\n"
 				   "configuration: %s (reloaded %lu times)\n"
-				   "workers: %u, sessions open: %u, file descriptor limit: %llu%s\n",
+				   "workers: %u, sessions open: %u, file descriptor limit: %llu\n"
+				   "store: %s%s\n",
 				   SLUICE_VERSION, (long)getpid(), up, path, d->reloads,
 				   engine_workers(d->e), engine_sessions(d->e),
-				   (unsigned long long)d->nofile, d->stopping ? "\nstopping" : "");
+				   (unsigned long long)d->nofile, store, d->stopping ? "\nstopping" : "");
+		}
 		pthread_mutex_unlock(&d->cfg_lock);
 		*ret_ok = true;
 		return 0;

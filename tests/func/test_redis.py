@@ -7,6 +7,7 @@ the milter client of milter_wire.py when a test must hold sessions open or time 
 decisions.
 """
 
+import json
 import os
 import re
 import signal
@@ -296,12 +297,16 @@ def test_redis_stopped_and_back(sluiced, redis, mode):
     node.log.wait_for(r"redis store: .* unreachable .*on_failure=" + mode)
     stats = node.cli("stats").stdout
     assert "unreachable" in stats, stats
+    status = node.cli("status").stdout
+    assert re.search(r"^store: redis, unreachable \(.*\): on_failure=" + mode, status, re.M), status
+    assert json.loads(node.cli("status", "--json").stdout)["store"]["up"] is False
     r.start()
     node.log.wait_for(r"redis store: .* again after", timeout=15)
     # Redis (emptied by the restart: no persistence) decides again
     wait_until(lambda: rcpt_decision(node)[0] == mw.CONTINUE and
                len(r.keys("sluice:per-domain:*")) == 1, 10, "decisions back in Redis")
     assert "connected to" in node.cli("stats").stdout
+    assert json.loads(node.cli("status", "--json").stdout)["store"]["up"] is True
 
 
 def test_a_stalled_redis_costs_each_decision_at_most_the_timeout(sluiced, redis):
