@@ -71,6 +71,7 @@ bench: deps-bench build
 	$(BUILD)/bench/store_bench
 	bench/run_rules.sh $(BUILD)
 	bench/run_policy.sh $(BUILD)
+	bench/run_redis.sh $(BUILD)
 
 $(FUZZ_BUILD)/build.ninja:
 	CC=clang meson setup $(FUZZ_BUILD) -Dfuzzing=true -Dfunc_tests=false \
