@@ -13,7 +13,7 @@ MESON_TEST_FLAGS ?= --print-errorlogs --num-processes 1
 
 BUILD_PKGS = meson ninja-build pkg-config gcc libevent-dev libcmocka-dev scdoc libxxhash-dev libhiredis-dev
 TEST_PKGS = postfix miltertest swaks python3-pytest redis-server clang libclang-rt-14-dev faketime
-BENCH_PKGS = libmilter-dev
+BENCH_PKGS = libmilter-dev redis-server
 FUZZ_PKGS = clang libclang-rt-14-dev
 
 .PHONY: all build run check test asan-check bench fuzz clean deps-build deps-test deps-bench

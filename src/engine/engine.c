@@ -87,6 +87,7 @@ struct session {
 	bool opened;
 	bool closing;
 	bool paused;
+	bool read_off;          /* paused, and input came: reading is switched off */
 	bool in_input; /* inside ops->input: defer frees */
 	bool dead;     /* freed when in_input unwinds */
 	bool timed_out;
@@ -416,8 +417,14 @@ static void session_run_input(struct session *s)
 
 static void on_read(struct bufferevent *bev, void *arg)
 {
-	(void)bev;
-	session_run_input(arg);
+	struct session *s = arg;
+	if (s->paused && !s->read_off) {
+		/* input while a decision is pending: keep it, read no more until resumed */
+		s->read_off = true;
+		bufferevent_disable(bev, EV_READ);
+		return;
+	}
+	session_run_input(s);
 }
 
 static void on_drained(struct bufferevent *bev, void *arg)
@@ -476,10 +483,12 @@ int session_write(struct session *s, const void *p, size_t n)
 
 void session_pause(struct session *s)
 {
-	/* Reading stops, and so does the read timeout: the code that paused the session
-	 * bounds its own wait (a pending decision has its own deadline). */
+	/* Input is not handed over, and the read timeout stops: the code that paused the
+	 * session bounds its own wait (a pending decision has its own deadline).  Reading
+	 * itself goes on until input actually comes (on_read switches it off): the peer is
+	 * waiting for an answer and usually sends nothing, and switching reading off and on
+	 * around every decision would cost two epoll_ctl calls each time. */
 	s->paused = true;
-	bufferevent_disable(s->bev, EV_READ);
 }
 
 void session_resume(struct session *s)
@@ -487,7 +496,10 @@ void session_resume(struct session *s)
 	if (!s->paused)
 		return;
 	s->paused = false;
-	bufferevent_enable(s->bev, EV_READ);
+	if (s->read_off) {
+		s->read_off = false;
+		bufferevent_enable(s->bev, EV_READ);
+	}
 	if (s->in_input)
 		return; /* the input loop goes on by itself */
 	if (evbuffer_get_length(bufferevent_get_input(s->bev)))

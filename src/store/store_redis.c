@@ -471,31 +471,72 @@ struct argv_buf {
 	size_t used, size;
 };
 
+/* One allocation for the pointers, the lengths and the text: a decision makes one. */
 static int argv_init(struct argv_buf *a, size_t cap, size_t text)
 {
-	a->argv = malloc(cap * sizeof(*a->argv));
-	a->len = malloc(cap * sizeof(*a->len));
-	a->text = malloc(text);
+	size_t ptrs = cap * (sizeof(*a->argv) + sizeof(*a->len));
+	void *block = malloc(ptrs + text);
+	if (!block)
+		return -ENOMEM;
+	a->argv = block;
+	a->len = (size_t *)(a->argv + cap);
+	a->text = (char *)block + ptrs;
 	a->n = a->used = 0;
 	a->cap = cap;
 	a->size = text;
-	if (!a->argv || !a->len || !a->text) {
-		free(a->argv);
-		free(a->len);
-		free(a->text);
-		return -ENOMEM;
-	}
 	return 0;
 }
 
 static void argv_clear(struct argv_buf *a)
 {
 	free(a->argv);
-	free(a->len);
-	free(a->text);
 }
 
-/* Text pointers are fixed up at the end (the arena does not move: sized up front). */
+/* Room for n more bytes of text and one more argument, or NULL. */
+static char *argv_room(struct argv_buf *a, size_t n)
+{
+	if (a->n == a->cap || a->size - a->used < n + 1)
+		return NULL;
+	return a->text + a->used;
+}
+
+static int argv_commit(struct argv_buf *a, size_t n)
+{
+	a->argv[a->n] = a->text + a->used;
+	a->len[a->n] = n;
+	a->text[a->used + n] = '\0';
+	a->n++;
+	a->used += n + 1;
+	return 0;
+}
+
+static int argv_add_cstr(struct argv_buf *a, const char *v)
+{
+	size_t n = strlen(v);
+	char *p = argv_room(a, n);
+	if (!p)
+		return -ENOBUFS;
+	memcpy(p, v, n);
+	return argv_commit(a, n);
+}
+
+/* A decimal number (every script argument but a few is one): no printf on this path. */
+static int argv_add_u64(struct argv_buf *a, uint64_t v)
+{
+	char tmp[20];
+	size_t n = 0;
+	do {
+		tmp[n++] = (char)('0' + v % 10);
+		v /= 10;
+	} while (v);
+	char *p = argv_room(a, n);
+	if (!p)
+		return -ENOBUFS;
+	for (size_t i = 0; i < n; i++)
+		p[i] = tmp[n - 1 - i];
+	return argv_commit(a, n);
+}
+
 static int argv_add(struct argv_buf *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int argv_add(struct argv_buf *a, const char *fmt, ...)
 {
@@ -524,14 +565,30 @@ static int argv_add_bytes(struct argv_buf *a, const char *p, size_t n)
 	return 0;
 }
 
-/* The Redis key of one window of an item. */
+/* The Redis key of one window of an item: PREFIX RULE ":" WINDOW ":" HASH16. */
 static int add_key(struct argv_buf *a, const struct rstore *st, struct str rule,
 		   const struct rate_window *w, uint64_t key_hash)
 {
+	static const char hex[] = "0123456789abcdef";
 	char wt[64];
 	rate_window_format(w, wt, sizeof(wt));
-	return argv_add(a, "%s%.*s:%s:%016llx", st->prefix, (int)rule.len, rule.ptr ? rule.ptr : "",
-			wt, (unsigned long long)key_hash);
+	size_t lp = strlen(st->prefix), lw = strlen(wt);
+	char *p = argv_room(a, lp + rule.len + 1 + lw + 1 + 16);
+	if (!p)
+		return -ENOBUFS;
+	char *q = p;
+	memcpy(q, st->prefix, lp);
+	q += lp;
+	if (rule.len)
+		memcpy(q, rule.ptr, rule.len);
+	q += rule.len;
+	*q++ = ':';
+	memcpy(q, wt, lw);
+	q += lw;
+	*q++ = ':';
+	for (int i = 15; i >= 0; i--)
+		*q++ = hex[(key_hash >> (i * 4)) & 15];
+	return argv_commit(a, (size_t)(q - p));
 }
 
 static uint64_t count_windows(const struct store_item *items, size_t n)
@@ -547,13 +604,13 @@ static int script_head(struct argv_buf *a, const struct rconn *c, enum script_id
 		       uint64_t nkeys)
 {
 	if (!eval && c->sha[sc][0]) {
-		argv_add(a, "EVALSHA");
-		argv_add(a, "%s", c->sha[sc]);
+		argv_add_cstr(a, "EVALSHA");
+		argv_add_cstr(a, c->sha[sc]);
 	} else {
-		argv_add(a, "EVAL");
+		argv_add_cstr(a, "EVAL");
 		argv_add_bytes(a, scripts[sc].text, scripts[sc].len);
 	}
-	return argv_add(a, "%llu", (unsigned long long)nkeys);
+	return argv_add_u64(a, nkeys);
 }
 
 static int build_decide(struct argv_buf *a, const struct rconn *c, const struct store_call *call,
@@ -569,7 +626,7 @@ static int build_decide(struct argv_buf *a, const struct rconn *c, const struct 
 		return -ENOMEM;
 	enum script_id sc = call->mode == STORE_RESET ? SC_COUNT : SC_GCRA;
 	if (sc == SC_COUNT) {
-		argv_add(a, "DEL");
+		argv_add_cstr(a, "DEL");
 	} else {
 		script_head(a, c, sc, eval, nk);
 	}
@@ -581,17 +638,17 @@ static int build_decide(struct argv_buf *a, const struct rconn *c, const struct 
 	}
 	if (sc == SC_COUNT)
 		return 0;
-	argv_add(a, "%s", call->mode == STORE_PEEK ? "peek" : "check");
-	argv_add(a, "%s", "");
-	argv_add(a, "%zu", call->n);
+	argv_add_cstr(a, call->mode == STORE_PEEK ? "peek" : "check");
+	argv_add_cstr(a, "");
+	argv_add_u64(a, call->n);
 	for (size_t i = 0; i < call->n; i++) {
 		const struct store_item *it = &call->items[i];
-		argv_add(a, "%llu", (unsigned long long)it->cost);
-		argv_add(a, "%u", it->flags & (STORE_BLOCKING | STORE_COUNT_REJECTED));
-		argv_add(a, "%u", it->limits->n);
+		argv_add_u64(a, it->cost);
+		argv_add_u64(a, it->flags & (STORE_BLOCKING | STORE_COUNT_REJECTED));
+		argv_add_u64(a, it->limits->n);
 		for (unsigned j = 0; j < it->limits->n; j++) {
-			argv_add(a, "%llu", (unsigned long long)gcra_interval(&it->limits->w[j]));
-			if (argv_add(a, "%llu", (unsigned long long)it->limits->w[j].burst) < 0)
+			argv_add_u64(a, gcra_interval(&it->limits->w[j]));
+			if (argv_add_u64(a, it->limits->w[j].burst) < 0)
 				goto overflow;
 		}
 	}
@@ -1194,20 +1251,19 @@ static void redis_refund(void *ctx, const struct store_item *items, size_t n, ui
 		if (items[i].charged && items[i].cost)
 			for (unsigned j = 0; j < items[i].limits->n; j++)
 				add_key(&a, st, items[i].rule, &items[i].limits->w[j], items[i].key_hash);
-	argv_add(&a, "%s", "");
+	argv_add_cstr(&a, "");
 	size_t count = 0;
 	for (size_t i = 0; i < n; i++)
 		count += items[i].charged && items[i].cost;
-	argv_add(&a, "%zu", count);
+	argv_add_u64(&a, count);
 	int bad = 0;
 	for (size_t i = 0; i < n; i++) {
 		if (!items[i].charged || !items[i].cost)
 			continue;
-		argv_add(&a, "%llu", (unsigned long long)items[i].cost);
-		argv_add(&a, "%u", items[i].limits->n);
+		argv_add_u64(&a, items[i].cost);
+		argv_add_u64(&a, items[i].limits->n);
 		for (unsigned j = 0; j < items[i].limits->n; j++)
-			bad |= argv_add(&a, "%llu",
-					(unsigned long long)gcra_interval(&items[i].limits->w[j]));
+			bad |= argv_add_u64(&a, gcra_interval(&items[i].limits->w[j]));
 	}
 	struct rreq *r = bad ? NULL : req_new(c, REQ_OTHER, SC_REFUND);
 	if (!r) {
@@ -1290,10 +1346,10 @@ static int redis_slot_enter(void *ctx, struct store_slot_call *sc)
 	}
 	script_head(&a, c, SC_SLOT_ENTER, false, 1);
 	argv_add(&a, "%sclass:%s", st->prefix, sc->cls);
-	argv_add(&a, "%s", st->node_id);
-	argv_add(&a, "%u", sc->cap);
-	argv_add(&a, "%llu", (unsigned long long)st->conf.lease_ms);
-	argv_add(&a, "%s", "");
+	argv_add_cstr(&a, st->node_id);
+	argv_add_u64(&a, sc->cap);
+	argv_add_u64(&a, st->conf.lease_ms);
+	argv_add_cstr(&a, "");
 	r->slot = sc;
 	r->what = "slot";
 	sc->req = r;
@@ -1320,7 +1376,7 @@ static void redis_slot_release(void *ctx, const char *cls)
 		return; /* the next renewal sets this node's count right */
 	script_head(&a, c, SC_SLOT_RELEASE, false, 1);
 	argv_add(&a, "%sclass:%s", st->prefix, cls);
-	argv_add(&a, "%s", st->node_id);
+	argv_add_cstr(&a, st->node_id);
 	struct rreq *r = req_new(c, REQ_OTHER, SC_SLOT_RELEASE);
 	if (!r) {
 		argv_clear(&a);
@@ -1345,11 +1401,11 @@ static void redis_slots_renew(void *ctx, const char *const *cls, const unsigned 
 	script_head(&a, c, SC_SLOT_RENEW, false, n);
 	for (size_t i = 0; i < n; i++)
 		argv_add(&a, "%sclass:%s", st->prefix, cls[i]);
-	argv_add(&a, "%s", st->node_id);
-	argv_add(&a, "%llu", (unsigned long long)st->conf.lease_ms);
-	argv_add(&a, "%s", "");
+	argv_add_cstr(&a, st->node_id);
+	argv_add_u64(&a, st->conf.lease_ms);
+	argv_add_cstr(&a, "");
 	for (size_t i = 0; i < n; i++)
-		argv_add(&a, "%u", counts[i]);
+		argv_add_u64(&a, counts[i]);
 	struct rreq *r = req_new(c, REQ_OTHER, SC_SLOT_RENEW);
 	if (!r) {
 		argv_clear(&a);

@@ -24,36 +24,49 @@
 -- after the TAT passes, when it says nothing); this script writes a TAT only as
 -- max(TAT, now) + cost*T, in a decision that charged (refund.lua only lowers one).
 
-local function digits(s, what)
-	if type(s) ~= 'string' or not string.find(s, '^%d+$') or #s > 20 then
+-- Arguments come from sluiced, which formats them; a decision runs this script for every
+-- SMTP event, so they are checked with tonumber alone (a pattern match per argument cost
+-- as much as the decision itself).
+local function num(s, what)
+	local v = tonumber(s)
+	if not v or v < 0 then
 		error('gcra.lua: ' .. what .. ' is not a decimal integer: ' .. tostring(s))
 	end
-	return s
+	return v
 end
 
--- A decimal ns string as (seconds, nanoseconds), each exact in a double.
-local function split_ns(s)
-	local n = #s
-	if n > 9 then
-		return tonumber(string.sub(s, 1, n - 9)), tonumber(string.sub(s, n - 8))
-	end
-	return 0, tonumber(s)
-end
+local sub = string.sub
 
 local now_s, now_n
-if ARGV[2] == '' then
+local arg_now = ARGV[2]
+if arg_now == '' then
 	local t = redis.call('TIME')
 	now_s, now_n = tonumber(t[1]), tonumber(t[2]) * 1000
 else
-	now_s, now_n = split_ns(digits(ARGV[2], 'now'))
+	local l = #arg_now
+	if l > 9 then
+		now_s, now_n = num(sub(arg_now, 1, l - 9), 'now'), num(sub(arg_now, l - 8), 'now')
+	else
+		now_s, now_n = 0, num(arg_now, 'now')
+	end
 end
 
--- TAT - now, in ns (a missing key is TAT = now)
+-- TAT - now, in ns (a missing key is TAT = now): the decimal string is split into
+-- seconds and nanoseconds, each exact in a double.
 local function ahead_of(tat)
 	if not tat then
 		return 0
 	end
-	local s, n = split_ns(digits(tat, 'stored TAT'))
+	local l = #tat
+	local s, n
+	if l > 9 then
+		s, n = tonumber(sub(tat, 1, l - 9)), tonumber(sub(tat, l - 8))
+	else
+		s, n = 0, tonumber(tat)
+	end
+	if not s or not n then
+		error('gcra.lua: stored TAT is not a decimal integer: ' .. tat)
+	end
 	return (s - now_s) * 1e9 + (n - now_n)
 end
 
@@ -114,7 +127,7 @@ local mode = ARGV[1]
 if mode ~= 'check' and mode ~= 'peek' then
 	error('gcra.lua: mode is neither check nor peek: ' .. tostring(mode))
 end
-local n = tonumber(digits(ARGV[3], 'item count'))
+local n = num(ARGV[3], 'item count')
 
 -- Read and decide every window before anything is written.
 local items = {}
@@ -122,13 +135,13 @@ local a, k = 4, 1
 local pass = true
 for i = 1, n do
 	local it = {
-		cost = tonumber(digits(ARGV[a], 'cost')),
-		flags = tonumber(digits(ARGV[a + 1], 'flags')),
+		cost = num(ARGV[a], 'cost'),
+		flags = num(ARGV[a + 1], 'flags'),
 		ok = true,
 		retry = 0,
 		win = {},
 	}
-	local nwin = tonumber(digits(ARGV[a + 2], 'window count'))
+	local nwin = num(ARGV[a + 2], 'window count')
 	a = a + 3
 	local c = it.cost
 	if c == 0 then
@@ -139,8 +152,8 @@ for i = 1, n do
 		if not key then
 			error('gcra.lua: fewer keys than windows')
 		end
-		local t = tonumber(digits(ARGV[a], 'T'))
-		local burst = tonumber(digits(ARGV[a + 1], 'burst'))
+		local t = num(ARGV[a], 'T')
+		local burst = num(ARGV[a + 1], 'burst')
 		a, k = a + 2, k + 1
 		local ahead = ahead_of(redis.call('GET', key) or nil)
 		if ahead < 0 then
