@@ -5,6 +5,7 @@
 #include <libgen.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -1306,7 +1307,14 @@ int policy_check_start(struct policy *p, const struct policy_txn *t, enum policy
 		d->store_error = -ENOMEM;
 		return 0;
 	}
-	memset(pp, 0, sizeof(*pp));
+	/* the call's own decision starts empty but for the caller's results (a decision is
+	 * kilobytes: neither cleared nor copied whole on this path) */
+	memset(pp, 0, offsetof(struct policy_pending, d));
+	decision_reset(&pp->d);
+	pp->d.results = d->results;
+	pp->d.max_results = d->max_results;
+	pp->d.nresults = d->nresults;
+	memset(&pp->w, 0, sizeof(*pp) - offsetof(struct policy_pending, w));
 	unsigned char *q = (unsigned char *)(pp + 1);
 	pp->w.items = (struct store_item *)q;
 	q += n * sizeof(struct store_item);
@@ -1336,7 +1344,6 @@ int policy_check_start(struct policy *p, const struct policy_txn *t, enum policy
 	pp->mode = mode;
 	pp->done = done;
 	pp->arg = arg;
-	pp->d = *d;
 	pp->call.items = pp->w.items;
 	pp->call.n = n;
 	pp->call.mode = mode;
@@ -1348,8 +1355,9 @@ int policy_check_start(struct policy *p, const struct policy_txn *t, enum policy
 		*ret = pp;
 		return 1;
 	}
-	finish(st, msg, mode, &pp->d, &pp->w, n, rc);
-	*d = pp->d;
+	/* answered at once (on_failure): into the caller's decision */
+	d->nresults = pp->d.nresults;
+	finish(st, msg, mode, d, &pp->w, n, rc);
 	free(pp);
 	return 0;
 }
