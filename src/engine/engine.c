@@ -487,7 +487,10 @@ void session_pause(struct session *s)
 	 * session bounds its own wait (a pending decision has its own deadline).  Reading
 	 * itself goes on until input actually comes (on_read switches it off): the peer is
 	 * waiting for an answer and usually sends nothing, and switching reading off and on
-	 * around every decision would cost two epoll_ctl calls each time. */
+	 * around every decision would cost two epoll_ctl calls each time.  So a paused
+	 * session's input buffer may still grow, and a read may move the bytes of its last
+	 * chain: a service that pauses keeps no pointer into its input across the pause
+	 * (the milter drains each packet first, the policy service copies its request). */
 	s->paused = true;
 }
 

@@ -37,10 +37,9 @@ struct pf_conn {
 	/* the request under way: its stages run in turn, and one may wait for the store
 	 * (Redis), with the session paused and the request left in the input buffer */
 	struct session *s;
-	struct evbuffer *in;
 	struct policy_pending *pending;
-	struct pfpolicy_request req;  /* slices into `in`, not drained until answered */
-	size_t req_len;
+	struct pfpolicy_request req;  /* slices into the input, or into held while pending */
+	char *held;                   /* the request's bytes, copied when it must wait */
 	int stage, cur, last_once;
 	struct policy_decision best;
 	uint64_t now;
@@ -91,6 +90,7 @@ static void pf_close(struct session *s)
 	if (!c)
 		return;
 	policy_pending_cancel(c->pending);
+	free(c->held);
 	end_message(c);
 	policy_msg_clear(&c->msg);
 	buf_clear(&c->out);
@@ -285,7 +285,8 @@ static void on_decided(void *arg, struct policy_decision *d)
 			return;
 	}
 	conclude(s, c);
-	evbuffer_drain(c->in, c->req_len);
+	free(c->held);
+	c->held = NULL;
 	session_resume(s); /* reads what came meanwhile; may end the session */
 }
 
@@ -360,10 +361,26 @@ static bool handle(struct session *s, struct pf_conn *c, const struct pfpolicy_r
 	return true;
 }
 
+/* Copy the request's n bytes at p, and point its slices into the copy. */
+static int hold_request(struct pf_conn *c, const char *p, size_t n)
+{
+	c->held = malloc(n ? n : 1);
+	if (!c->held)
+		return -ENOMEM;
+	memcpy(c->held, p, n);
+	for (size_t i = 0; i < c->req.n; i++) {
+		struct pfpolicy_attr *a = &c->req.attr[i];
+		if (a->name.ptr)
+			a->name.ptr = c->held + (a->name.ptr - p);
+		if (a->value.ptr)
+			a->value.ptr = c->held + (a->value.ptr - p);
+	}
+	return 0;
+}
+
 static void pf_input(struct session *s, struct evbuffer *in)
 {
 	struct pf_conn *c = session_data(s);
-	c->in = in;
 	while (!c->pending) {
 		size_t avail = evbuffer_get_length(in);
 		if (avail == 0)
@@ -387,9 +404,15 @@ static void pf_input(struct session *s, struct evbuffer *in)
 			session_protocol_error(s, why ? why : "malformed request");
 			return;
 		}
-		c->req_len = (size_t)n;
 		if (!handle(s, c, &req)) {
-			session_pause(s); /* on_decided answers, drains and resumes */
+			/* the answer waits for the store: the request leaves the input buffer
+			 * (which may grow and move while the session waits) for a copy of its own */
+			if (hold_request(c, p, (size_t)n) < 0) {
+				session_protocol_error(s, "out of memory");
+				return;
+			}
+			evbuffer_drain(in, (size_t)n);
+			session_pause(s); /* on_decided answers and resumes */
 			return;
 		}
 		evbuffer_drain(in, (size_t)n);

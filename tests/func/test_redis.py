@@ -428,3 +428,43 @@ def test_redis_password(sluiced, redis):
                len(r.keys()) == 1, 10,
                "decisions in Redis with the right password")
     assert "s3cret" not in other.log.text() and "s3cret" not in other.cli("stats").stdout
+
+
+def test_policy_requests_pipelined_while_a_decision_waits_for_redis(sluiced, redis):
+    """Requests that arrive while one waits for Redis are read and kept, and answered in
+    order once it is back: the waiting request keeps its own copy of its attributes."""
+    r = redis()
+    node = sluiced(config(per_domain("2/1h"), redis_store(r), milter=False, policy=True))
+
+    def request(rcpt, port):
+        attrs = {"request": "smtpd_access_policy", "protocol_state": "RCPT",
+                 "protocol_name": "ESMTP", "client_address": "192.0.2.9",
+                 "client_port": str(port), "server_address": "127.0.0.1",
+                 "server_port": "25", "client_name": "client.example", "helo_name": "h",
+                 "sender": "s@example.org", "recipient": rcpt, "recipient_count": "0",
+                 "instance": f"inst.{port}", "size": "0"}
+        return "".join(f"{k}={v}\n" for k, v in attrs.items()).encode() + b"\n"
+    rcpts = [f"u{i}@d{i % 3}.example" for i in range(12)]
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(policy_socket(node))
+        # every request in one write: the later ones come in while the first waits
+        blob = b"".join(request(rc, 40000 + i) for i, rc in enumerate(rcpts))
+        sock.sendall(blob)
+        sock.settimeout(10)
+        data = b""
+        while data.count(b"\n\n") < len(rcpts):
+            chunk = sock.recv(65536)
+            assert chunk, f"closed after {data!r}"
+            data += chunk
+    answers = [a for a in data.decode().split("\n\n") if a]
+    assert len(answers) == len(rcpts), answers
+    # 2 per domain per hour: the first two of each domain pass, the rest are refused
+    seen = {}
+    for rc, ans in zip(rcpts, answers):
+        dom = rc.split("@")[1]
+        seen[dom] = seen.get(dom, 0) + 1
+        if seen[dom] <= 2:
+            assert ans == "action=DUNNO", (rc, ans)
+        else:
+            assert ans.startswith("action=451 4.7.1 Rate limit exceeded for " + dom), (rc, ans)
+    assert len(r.keys("sluice:per-domain:*")) == 3
