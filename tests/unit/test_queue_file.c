@@ -1,0 +1,210 @@
+/*
+ * test_queue_file -- the queue's message file (src/queue/queue_file.c): queue IDs, a
+ * file written and indexed back, the offsets a status change writes to, and every way a
+ * file is refused (incomplete, damaged, out of order).
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "queue_file.h"
+#include "util.h"
+
+static void test_ids(void **state)
+{
+	(void)state;
+	char a[QUEUE_ID_LEN + 1], b[QUEUE_ID_LEN + 1], c[QUEUE_ID_LEN + 1];
+	uint64_t t = 1795309607134392ULL;
+	queue_id_make(a, t, 1);
+	queue_id_make(b, t, 2);
+	queue_id_make(c, t + 1, 0);
+	assert_int_equal(strlen(a), QUEUE_ID_LEN);
+	assert_true(strcmp(a, b) < 0 && strcmp(b, c) < 0); /* sorted by arrival, then seq */
+	assert_true(queue_id_valid(str_cstr(a)));
+	assert_true(queue_id_time_us(a) == t && queue_id_time_us(c) == t + 1);
+	/* the sequence wraps at 28 bits and never reaches into the time */
+	queue_id_make(b, t, 0xFFFFFFFFu);
+	assert_true(queue_id_time_us(b) == t);
+	assert_true(strcmp(a, b) < 0 && strcmp(b, c) < 0);
+	for (const char *p = a; *p; p++)
+		assert_non_null(strchr("0123456789ABCDEFGHJKMNPQRSTVWXYZ", *p));
+	static const char *const bad[] = { "", "0123456789ABCDE", "0123456789ABCDEFG",
+					   "0123456789ABCDEI", "0123456789abcdef",
+					   "0123456789ABCD/F" };
+	for (size_t i = 0; i < ARRAY_SIZE(bad); i++)
+		assert_false(queue_id_valid(str_cstr(bad[i])));
+}
+
+/* A whole file: head, n recipients, body split into chunks, end. */
+static void build(struct buf *b, size_t nrcpt, const char *body)
+{
+	struct queue_envelope e = { .arrival_us = 1795309607134392ULL,
+				    .sender = str_cstr("list@example.org"),
+				    .client = str_cstr("mx [192.0.2.1]"), .helo = str_cstr("mx.example"),
+				    .flags = QUEUE_8BITMIME, .size = 4096 };
+	queue_id_make(e.id, e.arrival_us, 7);
+	buf_reset(b);
+	struct queue_writer *w = queue_writer_new(b);
+	assert_non_null(w);
+	assert_int_equal(queue_write_head(w, &e), 0);
+	for (size_t i = 0; i < nrcpt; i++) {
+		char r[64];
+		snprintf(r, sizeof(r), "user%zu@example.net", i);
+		assert_int_equal(queue_write_rcpt(w, str_cstr(r)), 0);
+	}
+	size_t len = strlen(body);
+	for (size_t off = 0; off < len; off += 5)
+		assert_int_equal(queue_write_body(w, str_make(body + off, len - off < 5 ? len - off : 5)), 0);
+	assert_int_equal(queue_write_end(w), 0);
+	queue_writer_free(w);
+}
+
+static int collect(void *arg, struct str chunk)
+{
+	struct buf *out = arg;
+	return buf_append_str(out, chunk);
+}
+
+static void test_round_trip(void **state)
+{
+	(void)state;
+	struct buf b, body;
+	buf_init(&b, 1 << 24);
+	buf_init(&body, 1 << 20);
+	const char *text = "Subject: hello\r\n\r\nThe list post.\r\n";
+	build(&b, 3, text);
+	struct queue_index ix;
+	const char *why;
+	assert_int_equal(queue_file_load(b.ptr, b.len, &ix, &why), 0);
+	assert_int_equal(ix.nrcpt, 3);
+	assert_true(str_eq_cstr(ix.env.sender, "list@example.org"));
+	assert_true(str_eq_cstr(ix.env.helo, "mx.example"));
+	assert_true(ix.env.flags == QUEUE_8BITMIME && ix.env.size == 4096);
+	assert_true(ix.env.arrival_us == queue_id_time_us(ix.env.id));
+	assert_true(str_eq_cstr(ix.rcpt[2].addr, "user2@example.net"));
+	assert_int_equal(ix.body_len, strlen(text));
+	assert_int_equal(queue_file_body(b.ptr, b.len, &ix, collect, &body), 0);
+	assert_int_equal(body.len, strlen(text));
+	assert_memory_equal(body.ptr, text, body.len);
+	/* the indexed offsets are where the status bytes are (test_refusals changes them
+	 * in place and loads the file again) */
+	for (size_t i = 0; i < ix.nrcpt; i++) {
+		assert_int_equal(b.ptr[ix.rcpt[i].status_off], 'T');
+		assert_int_equal(ix.rcpt[i].status, 'T');
+	}
+	assert_int_equal(b.ptr[ix.control_off + QUEUE_CTL_HOLD], '-');
+	queue_index_clear(&ix);
+	buf_clear(&b);
+	buf_clear(&body);
+}
+
+static void test_many_recipients(void **state)
+{
+	(void)state;
+	struct buf b;
+	buf_init(&b, 1 << 26);
+	build(&b, 10000, "x\r\n");
+	struct queue_index ix;
+	const char *why;
+	assert_int_equal(queue_file_load(b.ptr, b.len, &ix, &why), 0);
+	assert_int_equal(ix.nrcpt, 10000);
+	assert_true(str_eq_cstr(ix.rcpt[9999].addr, "user9999@example.net"));
+	queue_index_clear(&ix);
+	buf_clear(&b);
+}
+
+static void expect_refused(const void *p, size_t n, const char *needle)
+{
+	struct queue_index ix;
+	const char *why = NULL;
+	int r = queue_file_load(p, n, &ix, &why);
+	if (r != -EINVAL || !why || !strstr(why, needle))
+		fail_msg("expected a refusal with \"%s\", got %d (%s)", needle, r, why ? why : "");
+}
+
+static void test_refusals(void **state)
+{
+	(void)state;
+	struct buf b;
+	buf_init(&b, 1 << 20);
+	build(&b, 2, "body\r\n");
+	/* every cut short of the whole file is refused */
+	for (size_t n = 0; n < b.len; n++) {
+		struct queue_index ix;
+		const char *why;
+		assert_int_equal(queue_file_load(b.ptr, n, &ix, &why), -EINVAL);
+	}
+	expect_refused(b.ptr, b.len - 1, "running past");
+	/* a byte changed in the envelope: the checksum */
+	b.ptr[30] ^= 1;
+	expect_refused(b.ptr, b.len, "");
+	b.ptr[30] ^= 1;
+	/* an unknown status byte */
+	struct queue_index ix;
+	const char *why;
+	assert_int_equal(queue_file_load(b.ptr, b.len, &ix, &why), 0);
+	uint64_t so = ix.rcpt[0].status_off;
+	uint64_t co = ix.control_off;
+	queue_index_clear(&ix);
+	b.ptr[so] = 'X';
+	expect_refused(b.ptr, b.len, "recipient");
+	b.ptr[so] = 'D';
+	assert_int_equal(queue_file_load(b.ptr, b.len, &ix, &why), 0);
+	assert_int_equal(ix.rcpt[0].status, 'D');
+	queue_index_clear(&ix);
+	b.ptr[co] = '?';
+	expect_refused(b.ptr, b.len, "control");
+	b.ptr[co] = 'H';
+	assert_int_equal(queue_file_load(b.ptr, b.len, &ix, &why), 0);
+	assert_int_equal(ix.control[QUEUE_CTL_HOLD], 'H');
+	queue_index_clear(&ix);
+	/* bytes after the end */
+	buf_append(&b, "x", 1);
+	expect_refused(b.ptr, b.len, "after the end");
+	/* not a queue file */
+	expect_refused("SMTP", 4, "cut short");
+	expect_refused("S\x0c\0\0\0SLUICEQ9\1\0\0\0", 17, "version");
+	buf_clear(&b);
+}
+
+static void test_writer_limits(void **state)
+{
+	(void)state;
+	struct buf b;
+	buf_init(&b, 1 << 20);
+	struct queue_writer *w = queue_writer_new(&b);
+	char big[QUEUE_MAX_ADDR + 2];
+	memset(big, 'a', sizeof(big));
+	assert_int_equal(queue_write_rcpt(w, str_make(big, QUEUE_MAX_ADDR + 1)), -EINVAL);
+	assert_int_equal(queue_write_rcpt(w, str_make(big, 0)), -EINVAL);
+	assert_int_equal(queue_write_body(w, str_make(big, 0)), -EINVAL);
+	assert_int_equal(b.len, 0);
+	queue_writer_free(w);
+	/* a full buffer leaves no half record */
+	struct buf small;
+	char mem[8];
+	buf_init_fixed(&small, mem, sizeof(mem));
+	w = queue_writer_new(&small);
+	assert_int_equal(queue_write_rcpt(w, str_cstr("a@b")), -ENOBUFS);
+	assert_int_equal(small.len, 0);
+	queue_writer_free(w);
+	buf_clear(&b);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_ids),
+		cmocka_unit_test(test_round_trip),
+		cmocka_unit_test(test_many_recipients),
+		cmocka_unit_test(test_refusals),
+		cmocka_unit_test(test_writer_limits),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
