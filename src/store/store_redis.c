@@ -909,6 +909,20 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
 	conn_start(arg);
 }
 
+/* The connection is gone (c->err says why): answer what waits by on_failure, mark the
+ * loop down, and try again after the next backoff step. */
+static void retry_later(struct rconn *c)
+{
+	while (c->head)
+		req_fail(c->head);
+	conn_mark(c, false, c->err);
+	c->backoff_ms = c->backoff_ms ? c->backoff_ms * 2 : BACKOFF_MIN_MS;
+	if (c->backoff_ms > BACKOFF_MAX_MS)
+		c->backoff_ms = BACKOFF_MAX_MS;
+	struct timeval tv = timeval_from_ms(jitter(c->backoff_ms));
+	evtimer_add(c->retry, &tv);
+}
+
 /* Give up on the current connection (from outside hiredis callbacks) and try again later. */
 static void conn_down(struct rconn *c, const char *why)
 {
@@ -926,14 +940,7 @@ static void conn_down(struct rconn *c, const char *why)
 		ac->data = NULL; /* its disconnect callback must not schedule a second retry */
 		redisAsyncFree(ac); /* runs every pending callback with no reply */
 	}
-	while (c->head)
-		req_fail(c->head);
-	conn_mark(c, false, c->err);
-	c->backoff_ms = c->backoff_ms ? c->backoff_ms * 2 : BACKOFF_MIN_MS;
-	if (c->backoff_ms > BACKOFF_MAX_MS)
-		c->backoff_ms = BACKOFF_MAX_MS;
-	struct timeval tv = timeval_from_ms(jitter(c->backoff_ms));
-	evtimer_add(c->retry, &tv);
+	retry_later(c);
 	timer_arm(c);
 }
 
@@ -949,14 +956,7 @@ static void on_disconnect(const redisAsyncContext *ac, int status)
 		fmt_fixed(c->err, sizeof(c->err), "%s", ac->errstr);
 	else if (!c->err[0])
 		fmt_fixed(c->err, sizeof(c->err), "connection closed by the server");
-	while (c->head)
-		req_fail(c->head);
-	conn_mark(c, false, c->err);
-	c->backoff_ms = c->backoff_ms ? c->backoff_ms * 2 : BACKOFF_MIN_MS;
-	if (c->backoff_ms > BACKOFF_MAX_MS)
-		c->backoff_ms = BACKOFF_MAX_MS;
-	struct timeval tv = timeval_from_ms(jitter(c->backoff_ms));
-	evtimer_add(c->retry, &tv);
+	retry_later(c);
 }
 
 static void on_connect(const redisAsyncContext *ac, int status)
@@ -968,14 +968,7 @@ static void on_connect(const redisAsyncContext *ac, int status)
 		/* hiredis frees ac after this callback */
 		c->ac = NULL;
 		fmt_fixed(c->err, sizeof(c->err), "%s", ac->errstr[0] ? ac->errstr : "connect failed");
-		while (c->head)
-			req_fail(c->head);
-		conn_mark(c, false, c->err);
-		c->backoff_ms = c->backoff_ms ? c->backoff_ms * 2 : BACKOFF_MIN_MS;
-		if (c->backoff_ms > BACKOFF_MAX_MS)
-			c->backoff_ms = BACKOFF_MAX_MS;
-		struct timeval tv = timeval_from_ms(jitter(c->backoff_ms));
-		evtimer_add(c->retry, &tv);
+		retry_later(c);
 		return;
 	}
 	/* usable once the setup commands have answered (a server that accepts connections
