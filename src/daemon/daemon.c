@@ -487,18 +487,14 @@ int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct
 			buf_printf(out,
 				   "{\"version\":\"%s\",\"pid\":%ld,\"uptime\":%.0f,\"workers\":%u,"
 				   "\"sessions\":%u,\"reloads\":%lu,\"stopping\":%s,"
-				   "\"nofile\":%llu,\"store\":{\"type\":\"%s\",\"up\":%s,\"state\":\"",
+				   "\"nofile\":%llu,\"store\":{\"type\":\"%s\",\"up\":%s,\"state\":",
 				   SLUICE_VERSION, (long)getpid(), up, engine_workers(d->e),
 				   engine_sessions(d->e), d->reloads, d->stopping ? "true" : "false",
 				   (unsigned long long)d->nofile, d->store->type,
 				   !ss.shared || ss.up ? "true" : "false");
-			/* the state quotes Redis's error text: keep the JSON valid */
-			for (const char *q = ss.shared ? ss.state : "memory"; *q; q++)
-				if (*q == '"' || *q == '\\')
-					buf_printf(out, "\\%c", *q);
-				else if ((unsigned char)*q >= 0x20 && (unsigned char)*q < 0x7f)
-					buf_append_byte(out, (unsigned char)*q);
-			buf_append_cstr(out, "\"}}\n");
+			/* the state quotes Redis's error text */
+			buf_append_json_string(out, ss.shared ? ss.state : "memory");
+			buf_append_cstr(out, "}}\n");
 		} else {
 			buf_printf(out,
 				   "sluiced %s running, pid %ld, up %.0f s\n"

@@ -13,21 +13,6 @@
 #define TEST_MAX_RCPTS 32
 #define TEST_MAX_HEADERS 32
 
-static void json_string(struct buf *out, const char *s)
-{
-	buf_append_byte(out, '"');
-	for (; *s; s++) {
-		unsigned char c = (unsigned char)*s;
-		if (c == '"' || c == '\\')
-			buf_printf(out, "\\%c", c);
-		else if (c < 0x20 || c >= 0x7f)
-			buf_printf(out, "\\u%04x", c);
-		else
-			buf_append_byte(out, c);
-	}
-	buf_append_byte(out, '"');
-}
-
 static void format_windows(const struct rate_limits *l, const uint64_t *used, struct buf *out)
 {
 	for (unsigned i = 0; i < l->n; i++) {
@@ -48,7 +33,7 @@ void policy_control_stats(struct policy *p, struct store *s, bool json, struct b
 		buf_append_cstr(out, "\"classes\":[");
 		for (size_t i = 0; i < n; i++) {
 			buf_append_cstr(out, i ? ",{\"name\":" : "{\"name\":");
-			json_string(out, cs[i].name);
+			buf_append_json_string(out, cs[i].name);
 			buf_printf(out, ",\"used\":%u,\"peak\":%u,\"inbound\":%u,\"sessions\":%u,"
 				   "\"entered\":%llu,\"refused\":%llu}", cs[i].used, cs[i].peak,
 				   cs[i].inbound, cs[i].sessions, (unsigned long long)cs[i].entered,
@@ -62,7 +47,7 @@ void policy_control_stats(struct policy *p, struct store *s, bool json, struct b
 			   (unsigned long long)ss.decisions, (unsigned long long)ss.errors);
 		if (ss.shared) {
 			buf_printf(out, ",\"shared\":{\"up\":%s,\"state\":", ss.up ? "true" : "false");
-			json_string(out, ss.state);
+			buf_append_json_string(out, ss.state);
 			buf_printf(out, ",\"fallbacks\":%llu,\"timeouts\":%llu,\"reconnects\":%llu}",
 				   (unsigned long long)ss.fallbacks, (unsigned long long)ss.timeouts,
 				   (unsigned long long)ss.reconnects);
@@ -109,9 +94,9 @@ static int limits_top(struct policy *p, const char *rule, bool json, struct buf 
 			continue;
 		if (json) {
 			buf_append_cstr(out, shown ? ",{\"rule\":" : "{\"rule\":");
-			json_string(out, e[i].rule);
+			buf_append_json_string(out, e[i].rule);
 			buf_append_cstr(out, ",\"key\":");
-			json_string(out, e[i].key);
+			buf_append_json_string(out, e[i].key);
 			buf_printf(out, ",\"fill\":%.4f,\"windows\":[", e[i].fill_ppm / 1e6);
 			for (unsigned w = 0; w < e[i].limits.n; w++) {
 				char t[48];

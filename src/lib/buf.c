@@ -101,3 +101,18 @@ int buf_printf(struct buf *b, const char *fmt, ...)
 	va_end(ap);
 	return r;
 }
+
+int buf_append_json_string(struct buf *b, const char *s)
+{
+	int r = buf_append_byte(b, '"');
+	for (; *s && r == 0; s++) {
+		unsigned char c = (unsigned char)*s;
+		if (c == '"' || c == '\\')
+			r = buf_printf(b, "\\%c", c);
+		else if (c < 0x20 || c >= 0x7f)
+			r = buf_printf(b, "\\u%04x", c);
+		else
+			r = buf_append_byte(b, c);
+	}
+	return r ? r : buf_append_byte(b, '"');
+}

@@ -58,6 +58,9 @@ int buf_append_byte(struct buf *b, unsigned char c);
 int buf_append_u32be(struct buf *b, unsigned long v);
 int buf_printf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int buf_vprintf(struct buf *b, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
+/* s as a JSON string, quotes included: '"' and '\\' escaped, bytes outside printable
+ * ASCII as \u00XX (peer text stays valid JSON).  0 or the first append's error. */
+int buf_append_json_string(struct buf *b, const char *s);
 static inline struct str buf_str(const struct buf *b)
 {
 	return (struct str){ b->ptr ? b->ptr : "", b->len };
