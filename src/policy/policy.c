@@ -1392,18 +1392,26 @@ enum log_level policy_over_line(const struct policy_decision *d, size_t i,
 
 /* ---- classes ---- */
 
+/* The class a host falls in: the first that matches, or NULL. */
+static struct policy_class *class_find(const struct policy *p, const struct ipaddr *ip,
+				       struct str name)
+{
+	for (size_t i = 0; i < p->nclasses; i++)
+		if (mask_list_match_host(p->classes[i].hosts, ip, name))
+			return &p->classes[i];
+	return NULL;
+}
+
 int policy_class_enter(struct policy *p, const struct ipaddr *ip, struct str name,
 		       struct class_slot **ret, const char **ret_class)
 {
-	for (size_t i = 0; i < p->nclasses; i++) {
-		struct policy_class *c = &p->classes[i];
-		if (!mask_list_match_host(c->hosts, ip, name))
-			continue;
-		*ret_class = c->name;
-		return class_enter_inbound(c, ret);
+	struct policy_class *c = class_find(p, ip, name);
+	if (!c) {
+		*ret = NULL;
+		return 1;
 	}
-	*ret = NULL;
-	return 1;
+	*ret_class = c->name;
+	return class_enter_inbound(c, ret);
 }
 
 static void slot_done(struct store_slot_call *sc, int rc)
@@ -1427,10 +1435,7 @@ int policy_class_enter_start(struct policy *p, const struct ipaddr *ip, struct s
 	*ret = NULL;
 	if (!store_is_shared(p->store))
 		return policy_class_enter(p, ip, name, ret_slot, ret_class);
-	struct policy_class *c = NULL;
-	for (size_t i = 0; i < p->nclasses && !c; i++)
-		if (mask_list_match_host(p->classes[i].hosts, ip, name))
-			c = &p->classes[i];
+	struct policy_class *c = class_find(p, ip, name);
 	*ret_slot = NULL;
 	if (!c)
 		return 1;
@@ -1475,10 +1480,8 @@ void policy_class_release(struct policy *p, struct class_slot *s)
 
 const char *policy_class_match(const struct policy *p, const struct ipaddr *ip, struct str name)
 {
-	for (size_t i = 0; i < p->nclasses; i++)
-		if (mask_list_match_host(p->classes[i].hosts, ip, name))
-			return p->classes[i].name;
-	return NULL;
+	const struct policy_class *c = class_find(p, ip, name);
+	return c ? c->name : NULL;
 }
 
 size_t policy_class_stats(const struct policy *p, struct class_stats *ret, size_t max)
