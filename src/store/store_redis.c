@@ -127,10 +127,9 @@ struct rconn {
 };
 
 struct rstore {
-	struct store *self;
 	struct store *local;       /* on_failure = local */
 	struct store_redis_conf conf;
-	char *server, *user, *password, *prefix, *master_name, *node_id;
+	char *user, *password, *prefix, *master_name, *node_id;
 	struct addr server_addr;
 	struct addr *sentinels;
 	size_t nsentinels;
@@ -1438,7 +1437,6 @@ static void redis_destroy(void *ctx)
 		free(c);
 	}
 	store_free(st->local);
-	free(st->server);
 	free(st->user);
 	free(st->password);
 	free(st->prefix);
@@ -1466,7 +1464,6 @@ struct store *store_redis_new(const struct store_redis_conf *conf, char *err, si
 	st->user = dup_or_null(conf->user);
 	st->password = dup_or_null(conf->password);
 	st->master_name = dup_or_null(conf->master_name);
-	st->server = dup_or_null(conf->server);
 	if (conf->node_id) {
 		st->node_id = strdup(conf->node_id);
 	} else {
@@ -1518,7 +1515,6 @@ struct store *store_redis_new(const struct store_redis_conf *conf, char *err, si
 	s->ops = &redis_ops;
 	s->ctx = st;
 	s->seed = st->local->seed;
-	st->self = s;
 	return s;
 nomem:
 	fmt_fixed(err, errlen, "out of memory");
@@ -1526,7 +1522,6 @@ fail:
 	if (st) {
 		free(st->sentinels);
 		store_free(st->local);
-		free(st->server);
 		free(st->user);
 		free(st->password);
 		free(st->prefix);
