@@ -164,8 +164,8 @@ static int record(struct queue_writer *w, char type, const void *payload, size_t
 int queue_write_head(struct queue_writer *w, const struct queue_envelope *e)
 {
 	if (e->sender.len > QUEUE_MAX_ADDR || e->client.len + e->helo.len > QUEUE_MAX_CLIENT ||
-	    strlen(e->id) != QUEUE_ID_LEN)
-		return -EINVAL;
+	    !queue_id_valid(str_make(e->id, strnlen(e->id, QUEUE_ID_LEN + 1))))
+		return -EINVAL; /* the loader refuses an ID out of the alphabet: never write one */
 	unsigned char s[12];
 	memcpy(s, MAGIC, 8);
 	put_u32(s + 8, VERSION);

@@ -25,6 +25,14 @@
 #include "str.h"
 
 #define QUEUE_ID_LEN 16
+/*
+ * The character of a QID that names its msg/H and log/H directory: bits 12-16 of the
+ * arrival time in microseconds, so H changes every 4.1 ms and comes round every 131 ms.
+ * Messages that arrive together share a directory (a commit batch flushes one or two
+ * directories, not one per message), and a queue filled over longer than 131 ms spreads
+ * evenly over the 32 directories.
+ */
+#define QUEUE_ID_BUCKET 7
 #define QUEUE_MAX_ADDR 1024          /* bytes of a sender or recipient address */
 #define QUEUE_MAX_RECIPIENTS 1000000
 #define QUEUE_BODY_CHUNK 65536       /* the largest body record */

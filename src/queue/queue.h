@@ -1,0 +1,114 @@
+/*
+ * queue -- the queue as the daemon runs it (doc/QUEUE.md): its directory, the committer
+ * thread that flushes new messages in batches, and an in-memory index of what is queued.
+ *
+ * New messages are written by the intake on its worker thread (queue_new_*: write() into
+ * tmp/, which only reaches the page cache), then handed to the committer, one helper
+ * thread that makes them durable in groups: one syncfs, the renames, one fsync per msg/H
+ * directory (queue_dir.c).  The session is told the result through a callback that runs
+ * on the committer thread (the intake bounces it to its own worker with worker_call()).
+ *
+ * The index holds, for each committed message, what `sluice queue` lists and what the
+ * relay schedules from: id, arrival, size, sender, hold flag, and each recipient with its
+ * status.  It is filled by recovery at start and by each commit, and kept under a mutex:
+ * the committer inserts, control commands on any worker read and change it.
+ *
+ * Invariants: a message is in the index only after its commit point; a failed batch
+ * leaves nothing in tmp/ or msg/ (queue_dir.c) and nothing in the index; queue_free()
+ * answers every commit handed over before it returns.
+ */
+#ifndef SLUICE_QUEUE_H
+#define SLUICE_QUEUE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "buf.h"
+#include "queue_dir.h"
+#include "queue_file.h"
+#include "str.h"
+
+struct queue;
+struct queue_new;
+
+struct queue_conf {
+	const char *dir;
+	unsigned commit_batch;   /* messages per batch at most */
+};
+
+/* Recovery's events, for the daemon's log (called on the thread of queue_open()). */
+typedef void queue_report_fn(void *arg, const struct queue_recover_event *ev);
+
+/*
+ * Open the directory (creating its layout, taking its lock), run recovery, build the
+ * index, start the committer.  0 and *ret, or <0 with err set (the daemon refuses to
+ * start: the directory is missing and cannot be made, not writable, locked by another
+ * sluiced).  Each recovery event is passed to report.
+ */
+int queue_open(const struct queue_conf *conf, queue_report_fn *report, void *arg,
+	       struct queue **ret, char *err, size_t errlen);
+/*
+ * At shutdown, while the workers still run: refuse new commits (-ESHUTDOWN) and wait
+ * until every commit handed over is done and its done() called, so that every answer is
+ * posted to its worker before the workers stop.
+ */
+void queue_drain(struct queue *q);
+/* Stop the committer (what was handed over is committed and answered first), close
+ * everything. */
+struct queue *queue_free(struct queue *q);
+
+/* ---- a new message ---- */
+/*
+ * Begin a message: make its ID, create tmp/ID, write the start, envelope and control
+ * records (env->id and env->arrival_us are filled in here).  0 and *ret, or <0: -errno
+ * of the file system (ENOSPC: the disk is full), -EINVAL (a field over its limit).
+ */
+int queue_new_begin(struct queue *q, struct queue_envelope *env, struct queue_new **ret);
+const char *queue_new_id(const struct queue_new *n);
+/* Body bytes given so far (the message as stored). */
+uint64_t queue_new_size(const struct queue_new *n);
+/* Recipients: all of them before the first body chunk. */
+int queue_new_rcpt(struct queue_new *n, struct str addr);
+/* Body bytes, any length; written to the file when 64 KiB have gathered. */
+int queue_new_body(struct queue_new *n, struct str data);
+/*
+ * Write the end record and hand the message to the committer; n belongs to the queue
+ * from here on.  done(arg, r) is called once, on the committer thread: r = 0 when the
+ * message is committed (its commit point passed), or -errno (ENOSPC: disk full) and
+ * nothing of it is left.  Returns <0 (and calls nothing; n is freed and its file
+ * removed) when the end cannot even be written.
+ */
+int queue_new_commit(struct queue_new *n, void (*done)(void *arg, int r), void *arg);
+/* Give up a message before its commit: its file is removed.  NULL is accepted. */
+void queue_new_abort(struct queue_new *n);
+
+/* ---- the index ---- */
+struct queue_stats {
+	uint64_t messages;       /* in the queue now */
+	uint64_t recipients;     /* of those: recipients not finished (T or U) */
+	uint64_t held;
+	uint64_t oldest_us;      /* arrival of the oldest message, 0 if empty */
+	uint64_t commits;        /* messages committed since start */
+	uint64_t batches;        /* commit batches */
+	uint64_t syncs;          /* syncfs() calls */
+	uint64_t dir_syncs;      /* directory fsync() calls */
+	uint64_t commit_errors;  /* messages whose commit failed */
+};
+void queue_stats(struct queue *q, struct queue_stats *ret);
+
+/* `sluice queue`: every message (or only the given ID), text or JSON, appended to out. */
+int queue_list(struct queue *q, const char *id, bool json, struct buf *out);
+/* `sluice queue show ID`: envelope, control and status bytes, the attempt history. */
+int queue_show(struct queue *q, const char *id, bool json, struct buf *out);
+/* Hold ('H') or release ('-') a message: one byte written and flushed.  0, -ENOENT. */
+int queue_hold(struct queue *q, const char *id, bool hold);
+/* Remove a message from the queue (its file and its log).  0, -ENOENT. */
+int queue_delete(struct queue *q, const char *id);
+/* Make a message eligible for its next delivery attempt at once, whatever its retry time
+ * (the relay still keeps its lane's budget).  0, -ENOENT. */
+int queue_flush(struct queue *q, const char *id);
+/* The IDs of every message, in arrival order (for --all); *ret is malloc'ed. */
+int queue_ids(struct queue *q, char (**ret)[QUEUE_ID_LEN + 1], size_t *ret_n);
+
+#endif
