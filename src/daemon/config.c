@@ -321,6 +321,82 @@ static int load_policy(struct cfg_node *m, struct sluice_config *c, char *err, s
 	return r;
 }
 
+/* allow = ["127.0.0.0/8", "::1"]: networks, each ADDR or ADDR/BITS. */
+static int get_prefixes(struct cfg_node *obj, const char *key, struct ip_prefix **ret,
+			size_t *ret_n, char *err, size_t el)
+{
+	char **list = NULL;
+	int r = get_string_list(obj, key, NULL, &list, err, el);
+	if (r < 0 || !list)
+		return r;
+	size_t n = 0;
+	while (list[n])
+		n++;
+	struct ip_prefix *p = calloc(n ? n : 1, sizeof(*p));
+	if (!p)
+		r = -ENOMEM;
+	for (size_t i = 0; r == 0 && i < n; i++)
+		if (ipaddr_parse_prefix(str_cstr(list[i]), &p[i].addr, &p[i].bits) < 0) {
+			ERR(cfg_get(obj, key), err, el,
+			    "\"%.100s\": expected an address or a network (ADDR/BITS)", list[i]);
+			r = -EINVAL;
+		}
+	for (size_t i = 0; i < n; i++)
+		free(list[i]);
+	free(list);
+	if (r < 0) {
+		free(p);
+		return r;
+	}
+	free(*ret);
+	*ret = p;
+	*ret_n = n;
+	return 0;
+}
+
+static int load_intake(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
+{
+	c->intake.enabled = true;
+	int r = get_listen(m, &c->intake.listen, true, err, el);
+	if (r == 0)
+		r = get_prefixes(m, "allow", &c->intake.allow, &c->intake.nallow, err, el);
+	if (r == 0)
+		r = get_uint(m, "max_sessions", 1, 1000000, &c->intake.max_sessions, err, el);
+	if (r == 0)
+		r = get_duration(m, "idle_timeout", 1000, INT64_C(86400000),
+				 &c->intake.idle_timeout_ms, err, el);
+	if (r == 0)
+		r = get_duration(m, "command_timeout", 1000, INT64_C(86400000),
+				 &c->intake.command_timeout_ms, err, el);
+	struct cfg_node *n;
+	if (r == 0 && (r = get_one(m, "max_message_size", &n, err, el)) == 0 && n)
+		r = cfg_size(n, 1024, UINT64_C(1) << 40, &c->intake.max_message_size, err, el);
+	if (r == 0)
+		r = get_uint(m, "max_recipients", 1, 1000000, &c->intake.max_recipients, err, el);
+	if (r == 0)
+		r = get_uint(m, "max_errors", 1, 1000, &c->intake.max_errors, err, el);
+	if (r == 0)
+		r = get_uint(m, "max_line_length", 78, 1 << 30, &c->intake.max_line_length, err, el);
+	if (r == 0)
+		r = get_string(m, "hostname", &c->intake.hostname, err, el);
+	if (r == 0 && c->intake.hostname && strpbrk(c->intake.hostname, " \t\r\n")) {
+		ERR(cfg_get(m, "hostname"), err, el, "a host name has no spaces");
+		r = -EINVAL;
+	}
+	return r;
+}
+
+static int load_queue(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
+{
+	int r = get_string(m, "dir", &c->queue.dir, err, el);
+	if (r == 0)
+		r = get_uint(m, "commit_batch", 1, 65536, &c->queue.commit_batch, err, el);
+	if (r == 0)
+		r = get_duration(m, "lifetime", 60 * 1000, INT64_C(86400000) * 365,
+				 &c->queue.lifetime_ms, err, el);
+	return r;
+}
+
 static const char *const redis_keys[] = { "server", "user", "password", "password_file", "db",
 					   "prefix", "timeout", "sentinels", "master_name",
 					   "on_failure", "nodes", "node", "lease" };
@@ -493,15 +569,20 @@ static int load(struct cfg_node *root, struct sluice_config *c, char *err, size_
 		r = get_listen(n, &c->control, true, err, el);
 	struct cfg_node *milter = cfg_get(root, "milter");
 	struct cfg_node *policy = cfg_get(root, "policy");
-	if (r == 0 && !milter && !policy) {
-		cfg_error(root, err, el, "nothing to serve: give a milter { listen = ...; } or a "
-			  "policy { listen = ...; } block (or both)");
+	struct cfg_node *intake = cfg_get(root, "intake");
+	if (r == 0 && !milter && !policy && !intake) {
+		cfg_error(root, err, el, "nothing to serve: give a milter { listen = ...; }, a "
+			  "policy { listen = ...; } or an intake { listen = ...; } block");
 		r = -EINVAL;
 	}
 	if (r == 0 && milter)
 		r = load_milter(milter, c, err, el);
 	if (r == 0 && policy)
 		r = load_policy(policy, c, err, el);
+	if (r == 0 && intake)
+		r = load_intake(intake, c, err, el);
+	if (r == 0 && (n = cfg_get(root, "queue")))
+		r = load_queue(n, c, err, el);
 	if (r == 0)
 		r = get_string(root, "state_dir", &c->state_dir, err, el);
 	if (r == 0 && (n = cfg_get(root, "store")))
@@ -554,6 +635,16 @@ int config_load(const char *path, struct sluice_config **ret, char *err, size_t 
 	c->policy.idle_timeout_ms = 3600 * 1000;
 	c->policy.command_timeout_ms = 60 * 1000;
 	c->policy.max_request = 65536;
+	c->intake.listen.mode = 0666; /* local programs inject; allow does not apply to unix: */
+	c->intake.max_sessions = 1000;
+	c->intake.idle_timeout_ms = 5 * 60 * 1000;
+	c->intake.command_timeout_ms = 5 * 60 * 1000;
+	c->intake.max_message_size = 50u << 20;
+	c->intake.max_recipients = 1000;
+	c->intake.max_errors = 20;
+	c->intake.max_line_length = 998; /* RFC 5321 4.5.3.1.6 */
+	c->queue.commit_batch = 256;
+	c->queue.lifetime_ms = INT64_C(5) * 86400 * 1000;
 	c->store.max_keys = 1000000;
 	c->store.snapshot_interval_ms = 300 * 1000;
 	c->store.overrides_check_ms = 5 * 1000;
@@ -562,7 +653,17 @@ int config_load(const char *path, struct sluice_config **ret, char *err, size_t 
 	c->store.nodes = 1;
 	c->store.lease_ms = 15 * 1000;
 	c->state_dir = strdup("/var/lib/sluice");
-	r = c->path && c->state_dir ? load(root, c, err, errlen) : -ENOMEM;
+	c->queue.dir = strdup("/var/spool/sluice");
+	c->intake.allow = calloc(2, sizeof(*c->intake.allow));
+	if (c->intake.allow) {
+		ipaddr_parse_prefix(str_cstr("127.0.0.0/8"), &c->intake.allow[0].addr,
+				    &c->intake.allow[0].bits);
+		ipaddr_parse_prefix(str_cstr("::1"), &c->intake.allow[1].addr,
+				    &c->intake.allow[1].bits);
+		c->intake.nallow = 2;
+	}
+	r = c->path && c->state_dir && c->queue.dir && c->intake.allow ? load(root, c, err, errlen)
+								       : -ENOMEM;
 	cfg_free(root);
 	if (r < 0) {
 		if (!err[0])
@@ -591,6 +692,10 @@ struct sluice_config *config_free(struct sluice_config *c)
 	listen_conf_clear(&c->milter.listen);
 	listen_conf_clear(&c->policy.listen);
 	milter_static_conf_clear(&c->milter.handler);
+	listen_conf_clear(&c->intake.listen);
+	free(c->intake.allow);
+	free(c->intake.hostname);
+	free(c->queue.dir);
 	free(c->state_dir);
 	free(c->store.server);
 	free(c->store.user);

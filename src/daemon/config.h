@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "build_config.h"
+#include "ipaddr.h"
 #include "log.h"
 #include "milter_static.h"
 #include "policy.h"
@@ -53,6 +54,25 @@ struct sluice_config {
 		int64_t command_timeout_ms;
 		uint64_t max_request;
 	} policy;
+	struct {
+		bool enabled;                 /* an intake {} block was given */
+		struct listen_conf listen;
+		struct ip_prefix *allow;      /* clients that may queue mail (unix: always) */
+		size_t nallow;
+		unsigned max_sessions;
+		int64_t idle_timeout_ms;      /* waiting for the next command (RFC 5321 4.5.3.2.7) */
+		int64_t command_timeout_ms;   /* a command line or a DATA block under way */
+		uint64_t max_message_size;    /* 552 5.3.4 past it; advertised in EHLO SIZE */
+		unsigned max_recipients;      /* 452 4.5.3 past it */
+		unsigned max_errors;          /* bad commands before the session is closed */
+		unsigned max_line_length;     /* octets of a message line, CRLF excluded */
+		char *hostname;               /* greeting, Received:; default: gethostname() */
+	} intake;
+	struct {
+		char *dir;
+		unsigned commit_batch;        /* messages flushed together at most */
+		int64_t lifetime_ms;          /* issue of the relay: a message's time in the queue */
+	} queue;
 	char *state_dir;
 	struct {
 		bool redis;                   /* type = "redis" (else "memory") */

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <event2/event.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <getopt.h>
 #include <pthread.h>
 #include <signal.h>
@@ -29,6 +30,9 @@
 #include "milter_policy.h"
 #include "milter_static.h"
 #include "pfpolicy_service.h"
+#include "intake_service.h"
+#include "queue.h"
+#include "queue_control.h"
 #include "policy_control.h"
 #include "store.h"
 #include "util.h"
@@ -41,6 +45,8 @@ struct daemon {
 	struct service *milter;
 	struct service *policy;
 	struct service *control;
+	struct service *intake;
+	struct queue *queue;
 	struct store *store;
 	struct event *ev_term, *ev_int, *ev_hup, *ev_stats, *ev_drain;
 	struct event *ev_snapshot, *ev_expire, *ev_overrides, *ev_lease;
@@ -85,6 +91,15 @@ static void apply_limits(struct daemon *d, const struct sluice_config *c)
 		};
 		service_set_limits(d->policy, &pl);
 	}
+	if (d->intake) {
+		struct service_limits il = {
+			.max_sessions = c->intake.max_sessions,
+			.idle_timeout_ms = (uint64_t)c->intake.idle_timeout_ms,
+			.command_timeout_ms = (uint64_t)c->intake.command_timeout_ms,
+			.max_input = 256 * 1024,
+		};
+		service_set_limits(d->intake, &il);
+	}
 	if (d->control) {
 		struct service_limits cl = { .max_sessions = 64,
 					     .idle_timeout_ms = 60 * 1000,
@@ -112,6 +127,73 @@ static struct milter_handler *milter_handler_for(struct sluice_config *c)
 static struct pfpolicy_conf pfpolicy_conf(const struct sluice_config *c)
 {
 	return (struct pfpolicy_conf){ .max_request = c->policy.max_request };
+}
+
+static struct intake_conf intake_conf(const struct sluice_config *c)
+{
+	return (struct intake_conf){
+		.allow = c->intake.allow,
+		.nallow = c->intake.nallow,
+		.max_message_size = c->intake.max_message_size,
+		.max_recipients = c->intake.max_recipients,
+		.max_errors = c->intake.max_errors,
+		.max_line = c->intake.max_line_length,
+		.hostname = c->intake.hostname,
+	};
+}
+
+/* Recovery's findings, one log line each (doc/QUEUE.md). */
+static void queue_report(void *arg, const struct queue_recover_event *ev)
+{
+	(void)arg;
+	/* names come from the directory: any bytes */
+	char n[80], dest[80], why[200];
+	log_quote(n, sizeof(n), str_cstr(ev->name), 60);
+	log_quote(dest, sizeof(dest), str_cstr(ev->dest ? ev->dest : ev->name), 60);
+	log_quote(why, sizeof(why), str_cstr(ev->reason ? ev->reason : ""), 150);
+	switch (ev->what) {
+	case QUEUE_RECOVER_TMP_REMOVED:
+		log_info("queue: removed tmp/%s (a message never acknowledged)", n);
+		break;
+	case QUEUE_RECOVER_CORRUPT:
+		log_error("queue: %s moved to corrupt/%s: %s", n, dest, why);
+		break;
+	case QUEUE_RECOVER_UNCERTAIN:
+		log_warning("queue: %s: %zu recipients uncertain after a crash, will be retried",
+			    n, ev->count);
+		break;
+	case QUEUE_RECOVER_BOUNCE_MARKED:
+		log_notice("queue: %s: a bounce is due", n);
+		break;
+	case QUEUE_RECOVER_FINISHED:
+		log_info("queue: %s finished, removed", n);
+		break;
+	case QUEUE_RECOVER_ORPHAN_LOG:
+		log_info("queue: removed log of finished message %s", n);
+		break;
+	case QUEUE_RECOVER_STRAY:
+		log_warning("queue: %s is not a queue file; left alone: %s", n, why);
+		break;
+	case QUEUE_RECOVER_ERROR:
+		log_error("queue: %s: %s: %s; left in place", n, why, strerror(-ev->error));
+		break;
+	}
+}
+
+static struct queue *open_queue(const struct sluice_config *c)
+{
+	if (mkdir(c->queue.dir, 0700) < 0 && errno != EEXIST)
+		fatal("queue directory %s: %s", c->queue.dir, strerror(errno));
+	struct queue_conf qc = { .dir = c->queue.dir, .commit_batch = c->queue.commit_batch };
+	struct queue *q;
+	char err[1024];
+	if (queue_open(&qc, queue_report, NULL, &q, err, sizeof(err)) < 0)
+		fatal("%s", err);
+	struct queue_stats st;
+	queue_stats(q, &st);
+	log_notice("queue %s: %" PRIu64 " messages, %" PRIu64 " recipients to do", c->queue.dir,
+		   st.messages, st.recipients);
+	return q;
 }
 
 static void log_class_stats(struct daemon *d)
@@ -356,7 +438,9 @@ static void reload(struct daemon *d)
 	struct sluice_config *old = d->cfg;
 	if (!listen_equal(&old->milter.listen, &nc->milter.listen) ||
 	    !listen_equal(&old->policy.listen, &nc->policy.listen) ||
-	    !listen_equal(&old->control, &nc->control))
+	    !listen_equal(&old->control, &nc->control) ||
+	    !listen_equal(&old->intake.listen, &nc->intake.listen) ||
+	    old->intake.enabled != nc->intake.enabled)
 		log_warning("reload: listen addresses changed; they take effect at the next restart");
 	if (nc->workers != old->workers)
 		log_warning("reload: workers changed; it takes effect at the next restart");
@@ -364,6 +448,9 @@ static void reload(struct daemon *d)
 		log_warning("reload: state_dir changed; it takes effect at the next restart");
 	if (!store_same(old, nc))
 		log_warning("reload: store settings changed; they take effect at the next restart");
+	if (strcmp(old->queue.dir, nc->queue.dir) != 0 ||
+	    old->queue.commit_batch != nc->queue.commit_batch)
+		log_warning("reload: queue settings changed; they take effect at the next restart");
 	policy_set_store(nc->rules, d->store);
 	struct milter_handler *h = d->milter ? milter_handler_for(nc) : NULL;
 	if (d->milter && !h) {
@@ -381,6 +468,11 @@ static void reload(struct daemon *d)
 		pfpolicy_service_set_policy(d->policy, nc->rules);
 		struct pfpolicy_conf pc = pfpolicy_conf(nc);
 		pfpolicy_service_set_conf(d->policy, &pc);
+	}
+	if (d->intake && nc->intake.enabled) {
+		struct intake_conf ic = intake_conf(nc);
+		if (intake_service_set_conf(d->intake, &ic) < 0)
+			log_error("reload: out of memory; the intake keeps its settings");
 	}
 	if (!store_is_shared(d->store))
 		store_memory_set_max_keys(d->store, nc->store.max_keys);
@@ -467,6 +559,7 @@ int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct
 			buf_append_byte(out, ',');
 		policy_control_stats(p, d->store, json, out);
 		policy_unref(p);
+		queue_control_stats(d->queue, d->intake, json, out);
 		if (json)
 			buf_append_cstr(out, "}\n");
 		*ret_ok = true;
@@ -535,10 +628,15 @@ int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct
 		policy_unref(p);
 		return r;
 	}
+	if (str_eq_cstr(argv[0], "queue")) {
+		queue_control(d->queue, argc, argv, out, ret_ok);
+		return 0;
+	}
 	if (str_eq_cstr(argv[0], "help")) {
 		buf_append_cstr(out, "commands: status [--json], stats [--json], reload, "
 			"limits top [RULE] [--json], limits show KEY [RULE], limits reset KEY [RULE], "
-			"test NAME=VALUE..., help\n");
+			"test NAME=VALUE..., queue [list|show ID] [--json], "
+			"queue hold|release|delete|flush ID...|--all, help\n");
 		*ret_ok = true;
 		return 0;
 	}
@@ -599,6 +697,15 @@ static int open_listeners(struct daemon *d)
 			return -1;
 		}
 		log_info("control listening on %s", c->control.addr[i]);
+	}
+	for (size_t i = 0; d->intake && i < c->intake.listen.n; i++) {
+		err[0] = '\0';
+		if (service_listen(d->intake, c->intake.listen.addr[i], c->intake.listen.mode, err,
+				   sizeof(err)) < 0) {
+			log_error("intake listen %s", err);
+			return -1;
+		}
+		log_info("intake listening on %s", c->intake.listen.addr[i]);
 	}
 	return 0;
 }
@@ -710,6 +817,12 @@ int daemon_main(int argc, char **argv)
 		if (!(d.policy = pfpolicy_service_new(d.e, d.cfg->rules, &pc)))
 			fatal("out of memory at start");
 	}
+	if (d.cfg->intake.enabled) {
+		d.queue = open_queue(d.cfg);
+		struct intake_conf ic = intake_conf(d.cfg);
+		if (!(d.intake = intake_service_new(d.e, d.queue, &ic)))
+			fatal("out of memory at start");
+	}
 	if (d.cfg->control.n && !(d.control = control_service_new(d.e, &d)))
 		fatal("out of memory at start");
 	if (d.cfg->store.redis)
@@ -730,6 +843,7 @@ int daemon_main(int argc, char **argv)
 	apply_limits(&d, d.cfg);
 	if (open_listeners(&d) < 0) {
 		engine_free(d.e);
+		queue_free(d.queue);
 		config_free(d.cfg);
 		store_free(d.store);
 		event_free(d.ev_term);
@@ -771,7 +885,10 @@ int daemon_main(int argc, char **argv)
 
 	log_stats(&d, false);
 	engine_stop_listening(d.e);
+	if (d.queue)
+		queue_drain(d.queue); /* every commit answered while the workers still run */
 	engine_stop(d.e);
+	d.queue = queue_free(d.queue);
 	/* the store's connections live on the loops: freed while the loops still exist */
 	save_snapshot(&d);
 	d.store = store_free(d.store);

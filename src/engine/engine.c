@@ -66,13 +66,17 @@ struct listener {
 enum worker_msg_type {
 	WORKER_MSG_SESSION = 0,
 	WORKER_MSG_STOP,
+	WORKER_MSG_CALL,
 };
 
 struct worker_msg {
 	enum worker_msg_type type;
 	int fd;
 	struct service *svc;
+	void (*call)(void *arg);  /* WORKER_MSG_CALL */
+	void *arg;
 	char peer[64];
+	struct sockaddr_storage addr;
 };
 
 struct session {
@@ -88,12 +92,14 @@ struct session {
 	bool closing;
 	bool paused;
 	bool read_off;          /* paused, and input came: reading is switched off */
+	bool peer_eof;          /* the peer half-closed while paused: end after resuming */
 	bool in_input; /* inside ops->input: defer frees */
 	bool dead;     /* freed when in_input unwinds */
 	bool timed_out;
 	bool proto_error;
 	uint8_t timeout_kind; /* TIMEOUT_* currently set on the bufferevent */
 	char peer[64];
+	struct sockaddr_storage addr;
 };
 
 enum {
@@ -272,6 +278,8 @@ void service_stats(struct service *svc, bool reset_interval, struct service_stat
 	*ret = st;
 }
 
+static int worker_post(struct worker *w, const struct worker_msg *m);
+
 /* ---- sessions ---- */
 
 void *session_data(const struct session *s)
@@ -302,6 +310,22 @@ uint64_t session_id(const struct session *s)
 const char *session_peer(const struct session *s)
 {
 	return s->peer;
+}
+
+const struct sockaddr *session_peer_addr(const struct session *s)
+{
+	return (const struct sockaddr *)&s->addr;
+}
+
+struct worker *session_worker(const struct session *s)
+{
+	return s->w;
+}
+
+int worker_call(struct worker *w, void (*fn)(void *arg), void *arg)
+{
+	struct worker_msg m = { .type = WORKER_MSG_CALL, .fd = -1, .call = fn, .arg = arg };
+	return worker_post(w, &m);
 }
 
 void session_log(struct session *s, enum log_level level, const char *fmt, ...)
@@ -395,13 +419,28 @@ static void session_arm_timer(struct session *s)
 	bufferevent_set_timeouts(s->bev, &rd, &wr);
 }
 
-static void session_run_input(struct session *s)
+/* The peer half-closed while the session was paused: now that it is not, end it once
+ * its replies are written.  Returns false when s is gone. */
+static bool session_finish_eof(struct session *s)
+{
+	if (!s->peer_eof || s->paused || s->closing)
+		return true;
+	s->closing = true;
+	if (evbuffer_get_length(bufferevent_get_output(s->bev)) == 0) {
+		session_free(s);
+		return false;
+	}
+	return true; /* on_drained frees it */
+}
+
+/* Hand buffered input to the service.  Returns false when s is gone. */
+static bool session_run_input(struct session *s)
 {
 	if (s->paused || s->closing)
-		return;
+		return true;
 	struct evbuffer *in = bufferevent_get_input(s->bev);
 	if (evbuffer_get_length(in) == 0)
-		return;
+		return session_finish_eof(s);
 	uint64_t t0 = now_ns();
 	s->in_input = true;
 	s->svc->ops->input(s, in);
@@ -410,9 +449,12 @@ static void session_run_input(struct session *s)
 	if (s->dead) {
 		s->dead = false;
 		session_free(s);
-		return;
+		return false;
 	}
+	if (!session_finish_eof(s))
+		return false;
 	session_arm_timer(s);
+	return true;
 }
 
 static void on_read(struct bufferevent *bev, void *arg)
@@ -445,6 +487,8 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 			session_log(s, LOG_LEVEL_INFO, "%s timeout, closing", idle ? "idle" : "command");
 		}
 		s->timed_out = true;
+		if (!s->closing && s->svc->ops->timeout)
+			s->svc->ops->timeout(s); /* a last word (SMTP's 421), best effort */
 		session_free(s);
 		return;
 	}
@@ -452,6 +496,15 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 		int err = EVUTIL_SOCKET_ERROR();
 		if (err != ECONNRESET && err != EPIPE)
 			session_log(s, LOG_LEVEL_INFO, "connection error: %s", strerror(err));
+	}
+	/* A half-close while the session waits (an SMTP client that sent the final dot and
+	 * shut down its side): the answer under way is still owed.  Keep the session,
+	 * read no more, and end it once it resumes and has written its replies. */
+	if (!(what & BEV_EVENT_ERROR) && (what & BEV_EVENT_EOF) && s->paused && !s->closing) {
+		s->peer_eof = true;
+		s->read_off = true;
+		bufferevent_disable(s->bev, EV_READ);
+		return;
 	}
 	/* EOF: everything read before it has been delivered by on_read already.  EOF at any
 	 * point is a normal end of session (ABORT + QUIT for milter). */
@@ -499,13 +552,13 @@ void session_resume(struct session *s)
 	if (!s->paused)
 		return;
 	s->paused = false;
-	if (s->read_off) {
+	if (s->read_off && !s->peer_eof) {
 		s->read_off = false;
 		bufferevent_enable(s->bev, EV_READ);
 	}
 	if (s->in_input)
 		return; /* the input loop goes on by itself */
-	if (evbuffer_get_length(bufferevent_get_input(s->bev)))
+	if (evbuffer_get_length(bufferevent_get_input(s->bev)) || s->peer_eof)
 		session_run_input(s); /* may free s */
 	else
 		session_arm_timer(s);
@@ -546,6 +599,7 @@ static void session_start(struct worker *w, const struct worker_msg *m)
 	s->start_ns = now_ns();
 	memcpy(s->peer, m->peer, sizeof(s->peer));
 	s->peer[sizeof(s->peer) - 1] = '\0';
+	s->addr = m->addr;
 	s->bev = bufferevent_socket_new(w->base, m->fd, BEV_OPT_CLOSE_ON_FREE);
 	if (!s->bev) {
 		close(m->fd);
@@ -559,8 +613,10 @@ static void session_start(struct worker *w, const struct worker_msg *m)
 	bufferevent_setcb(s->bev, on_read, on_drained, on_event, s);
 	size_t hw = atomic_load(&svc->max_input);
 	bufferevent_setwatermark(s->bev, EV_READ, 0, hw);
-	if (svc->ops->open && svc->ops->open(s) < 0) {
-		session_log(s, LOG_LEVEL_WARNING, "session refused by the protocol");
+	int r = svc->ops->open ? svc->ops->open(s) : 0;
+	if (r < 0) {
+		if (r != -EACCES) /* -EACCES: the service refused the peer and said why */
+			session_log(s, LOG_LEVEL_WARNING, "session refused by the protocol");
 		session_free(s);
 		return;
 	}
@@ -594,6 +650,10 @@ static void worker_on_notify(evutil_socket_t fd, short what, void *arg)
 			session_start(w, &q[i]);
 			continue;
 		}
+		if (q[i].type == WORKER_MSG_CALL) {
+			q[i].call(q[i].arg);
+			continue;
+		}
 		while (w->sessions)
 			session_free(w->sessions);
 		event_base_loopbreak(w->base);
@@ -601,6 +661,8 @@ static void worker_on_notify(evutil_socket_t fd, short what, void *arg)
 			if (q[j].type == WORKER_MSG_SESSION) {
 				close(q[j].fd);
 				slot_release(q[j].svc, w);
+			} else if (q[j].type == WORKER_MSG_CALL) {
+				q[j].call(q[j].arg); /* its session is gone: the call frees its work */
 			}
 		break;
 	}
@@ -807,6 +869,7 @@ static void listener_on_accept(evutil_socket_t lfd, short what, void *arg)
 		uint64_t cur = atomic_load(&svc->current);
 		struct worker_msg m = { .type = WORKER_MSG_SESSION, .fd = fd, .svc = svc };
 		format_peer(&ss, sl, fd, m.peer, sizeof(m.peer));
+		memcpy(&m.addr, &ss, sl < sizeof(ss) ? sl : sizeof(ss));
 		if (max && cur >= max) {
 			if (svc->ops->refuse_msg) {
 				ssize_t wr = write(fd, svc->ops->refuse_msg, strlen(svc->ops->refuse_msg));

@@ -27,18 +27,23 @@
 
 struct event_base;
 struct evbuffer;
+struct sockaddr;
 struct engine;
 struct service;
 struct session;
 struct worker;
 
 struct service_ops {
-	/* On the worker: set up protocol state (session_set_data).  <0 refuses the session. */
+	/* On the worker: set up protocol state (session_set_data).  <0 refuses the session
+	 * (close is not called; -EACCES: the service has logged and answered the refusal). */
 	int (*open)(struct session *s);
 	/* On the worker: new bytes are in `in`; consume what is used (evbuffer_drain). */
 	void (*input)(struct session *s, struct evbuffer *in);
 	/* On the worker: the session ends (EOF, error, timeout, close, shutdown); free state. */
 	void (*close)(struct session *s);
+	/* Optional, on the worker: the session timed out and is about to be freed; it may
+	 * session_write() a last reply (written if the socket takes it at once). */
+	void (*timeout)(struct session *s);
 	/* Optional bytes written when a connection is refused over max_sessions. */
 	const char *refuse_msg;
 	/* Optional: free the service's arg when the engine is freed. */
@@ -87,6 +92,17 @@ struct service *session_service(const struct session *s);
 struct event_base *session_base(const struct session *s);
 uint64_t session_id(const struct session *s);
 const char *session_peer(const struct session *s);
+/* The peer's address as accept() gave it (sa_family AF_INET, AF_INET6 or AF_UNIX). */
+const struct sockaddr *session_peer_addr(const struct session *s);
+/* The worker that owns the session, for worker_call(). */
+struct worker *session_worker(const struct session *s);
+/*
+ * From any thread: run fn(arg) on the worker's loop (a helper thread hands back a result
+ * this way).  0 or -ENOMEM.  A call posted before engine_stop() runs even when the
+ * sessions are gone -- fn must find out (through arg) whether what it completes still
+ * exists; calls posted after engine_stop() never run, so helper threads stop first.
+ */
+int worker_call(struct worker *w, void (*fn)(void *arg), void *arg);
 /* Queue bytes for the peer; 0 or -ENOMEM. */
 int session_write(struct session *s, const void *p, size_t n);
 /* Stop reading until session_resume() (a decision is pending); the session stays open. */

@@ -21,6 +21,12 @@ struct ipaddr {
 	uint8_t b[16];  /* network order; IPv4 uses b[0..3], the rest is zero */
 };
 
+/* A network, e.g. in an access list: addr/bits. */
+struct ip_prefix {
+	struct ipaddr addr;
+	unsigned bits;
+};
+
 /*
  * Parse an address as MTAs write it: "192.0.2.1", "2001:db8::1", "IPv6:2001:db8::1"
  * (Sendmail, case-insensitive prefix), "[192.0.2.1]" or "[IPv6:2001:db8::1]" (brackets),
