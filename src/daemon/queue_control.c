@@ -168,7 +168,7 @@ void queue_control_stats(struct queue *q, struct service *intake, bool json, str
 			   st.messages, st.recipients, st.held, age, st.commits, st.batches, st.syncs,
 			   st.dir_syncs, per, st.commit_errors);
 		if (intake)
-			buf_printf(out, ",\"intake\":{\"messages\":%" PRIu64 ",\"recipients\":%" PRIu64
+			buf_printf(out, ",\"intake_mail\":{\"messages\":%" PRIu64 ",\"recipients\":%" PRIu64
 				   ",\"bytes\":%" PRIu64 ",\"refused\":%" PRIu64 ",\"rejected\":%"
 				   PRIu64 ",\"bare_eol\":%" PRIu64 "}",
 				   is.messages, is.recipients, is.bytes, is.refused, is.rejected,

@@ -17,8 +17,8 @@
 /* q may be NULL (no queue configured: the command says so). */
 void queue_control(struct queue *q, size_t argc, const struct str *argv, struct buf *out,
 		   bool *ret_ok);
-/* json: a member ("queue":{...},"intake":{...}) to put inside the stats object, with a
- * leading comma.  intake may be NULL. */
+/* json: members ("queue":{...},"intake_mail":{...}: "intake" holds the service's session
+ * statistics) to put inside the stats object, with a leading comma.  intake may be NULL. */
 void queue_control_stats(struct queue *q, struct service *intake, bool json, struct buf *out);
 
 #endif

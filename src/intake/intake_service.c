@@ -27,7 +27,8 @@
 #include "smtp.h"
 #include "util.h"
 
-#define REPLY_MAX 8192          /* replies gathered before a write */
+#define REPLY_MAX 8192          /* the reply buffer's hard limit */
+#define REPLY_FLUSH 4096        /* replies gathered before a write */
 #define DATA_OUT 65536          /* decoded bytes gathered before queue_new_body() */
 #define HELO_MAX SMTP_MAX_DOMAIN
 #define CLIENT_MAX 128
@@ -146,17 +147,30 @@ static struct iconf *iconf_get(struct intake *in)
 
 /* ---- replies ---- */
 
+static void flush_replies(struct isession *is);
+
+/* Replies of a pipelined group are gathered and written together; a long group (a client
+ * that pipelines a thousand RCPTs) is written REPLY_FLUSH bytes at a time, so the buffer
+ * never fills: every reply is far shorter than REPLY_MAX - REPLY_FLUSH. */
+static void vreply(struct isession *is, const char *fmt, va_list ap)
+	__attribute__((format(printf, 2, 0)));
+static void vreply(struct isession *is, const char *fmt, va_list ap)
+{
+	int r = buf_vprintf(&is->reply, fmt, ap);
+	if (r == 0)
+		r = buf_append(&is->reply, "\r\n", 2);
+	ASSERT(r == 0);
+	if (is->reply.len >= REPLY_FLUSH)
+		flush_replies(is);
+}
+
 static void reply(struct isession *is, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void reply(struct isession *is, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	int r = buf_vprintf(&is->reply, fmt, ap);
+	vreply(is, fmt, ap);
 	va_end(ap);
-	if (r == 0)
-		r = buf_append(&is->reply, "\r\n", 2);
-	if (r < 0) /* cannot happen with replies this short; say so rather than send half */
-		session_protocol_error(is->s, "reply buffer full");
 }
 
 static void flush_replies(struct isession *is)
@@ -174,6 +188,29 @@ static void client_error(struct isession *is)
 		reply(is, "421 4.7.0 %s Error: too many errors", is->conf->hostname);
 		session_log(is->s, LOG_LEVEL_NOTICE, "too many errors (%u), closing", is->errors);
 		is->state = IS_CLOSING;
+	}
+}
+
+/* A reply to a client's mistake: counted by client_error(). */
+static void refuse(struct isession *is, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void refuse(struct isession *is, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vreply(is, fmt, ap);
+	va_end(ap);
+	client_error(is);
+}
+
+/* The reply to a MAIL or RCPT argument the codec refused (smtp.h's table); bad_path is
+ * the reply for a path that is not an address. */
+static void refuse_path(struct isession *is, int r, const char *why, const char *bad_path)
+{
+	switch (r) {
+	case -EILSEQ: refuse(is, "553 5.6.7 %s", why); break;
+	case -EPROTO: refuse(is, "501 5.5.4 %s", why); break;
+	case -ENOTSUP: refuse(is, "555 5.5.4 %s", why); break;
+	default: refuse(is, "%s: %s", bad_path, why); break;
 	}
 }
 
@@ -231,8 +268,7 @@ static bool peer_allowed(struct isession *is)
 static void cmd_helo(struct isession *is, const struct smtp_command *c, bool ehlo)
 {
 	if (smtp_check_helo(c->arg, NULL) < 0) {
-		reply(is, "501 5.5.4 Syntax: %s hostname", ehlo ? "EHLO" : "HELO");
-		client_error(is);
+		refuse(is, "501 5.5.4 Syntax: %s hostname", ehlo ? "EHLO" : "HELO");
 		return;
 	}
 	transaction_reset(is); /* RFC 5321 4.1.4: EHLO/HELO reset the transaction */
@@ -255,18 +291,15 @@ static void cmd_helo(struct isession *is, const struct smtp_command *c, bool ehl
 static void cmd_mail(struct isession *is, const struct smtp_command *c)
 {
 	if (!is->helo[0]) {
-		reply(is, "503 5.5.1 Error: send HELO/EHLO first");
-		client_error(is);
+		refuse(is, "503 5.5.1 Error: send HELO/EHLO first");
 		return;
 	}
 	if (is->in_mail) {
-		reply(is, "503 5.5.1 Error: nested MAIL command");
-		client_error(is);
+		refuse(is, "503 5.5.1 Error: nested MAIL command");
 		return;
 	}
 	if (c->bad_form) {
-		reply(is, "501 5.5.4 Syntax: MAIL FROM:<address>");
-		client_error(is);
+		refuse(is, "501 5.5.4 Syntax: MAIL FROM:<address>");
 		return;
 	}
 	struct smtp_mail m;
@@ -277,13 +310,7 @@ static void cmd_mail(struct isession *is, const struct smtp_command *c)
 		why = "parameters need EHLO";
 	}
 	if (r < 0) {
-		switch (r) {
-		case -EILSEQ: reply(is, "553 5.6.7 %s", why); break;
-		case -EPROTO: reply(is, "501 5.5.4 %s", why); break;
-		case -ENOTSUP: reply(is, "555 5.5.4 %s", why); break;
-		default: reply(is, "501 5.1.7 Bad sender address syntax: %s", why); break;
-		}
-		client_error(is);
+		refuse_path(is, r, why, "501 5.1.7 Bad sender address syntax");
 		return;
 	}
 	if (m.has_size && m.size > is->conf->max_message_size) {
@@ -304,26 +331,18 @@ static void cmd_mail(struct isession *is, const struct smtp_command *c)
 static void cmd_rcpt(struct isession *is, const struct smtp_command *c)
 {
 	if (!is->in_mail) {
-		reply(is, "503 5.5.1 Error: need MAIL command");
-		client_error(is);
+		refuse(is, "503 5.5.1 Error: need MAIL command");
 		return;
 	}
 	if (c->bad_form) {
-		reply(is, "501 5.5.4 Syntax: RCPT TO:<address>");
-		client_error(is);
+		refuse(is, "501 5.5.4 Syntax: RCPT TO:<address>");
 		return;
 	}
 	struct smtp_rcpt rc;
 	const char *why = "bad syntax";
 	int r = smtp_parse_rcpt(c->arg, is->mail.smtputf8, &rc, &why);
 	if (r < 0) {
-		switch (r) {
-		case -EILSEQ: reply(is, "553 5.6.7 %s", why); break;
-		case -EPROTO: reply(is, "501 5.5.4 %s", why); break;
-		case -ENOTSUP: reply(is, "555 5.5.4 %s", why); break;
-		default: reply(is, "501 5.1.3 Bad recipient address syntax: %s", why); break;
-		}
-		client_error(is);
+		refuse_path(is, r, why, "501 5.1.3 Bad recipient address syntax");
 		return;
 	}
 	if (is->nrcpt >= is->conf->max_recipients) {
@@ -389,18 +408,15 @@ static void reply_queue_error(struct isession *is, int r)
 static void cmd_data(struct isession *is, const struct smtp_command *c)
 {
 	if (!is->in_mail) {
-		reply(is, "503 5.5.1 Error: need MAIL command");
-		client_error(is);
+		refuse(is, "503 5.5.1 Error: need MAIL command");
 		return;
 	}
 	if (is->nrcpt == 0) {
-		reply(is, "554 5.5.1 Error: no valid recipients");
-		client_error(is);
+		refuse(is, "554 5.5.1 Error: no valid recipients");
 		return;
 	}
 	if (c->arg.len) {
-		reply(is, "501 5.5.4 Syntax: DATA");
-		client_error(is);
+		refuse(is, "501 5.5.4 Syntax: DATA");
 		return;
 	}
 	struct queue_envelope env = {
@@ -437,8 +453,7 @@ static void on_command(struct isession *is, struct str line)
 	struct smtp_command c;
 	const char *why = NULL;
 	if (smtp_command_parse(line, &c, &why) < 0) {
-		reply(is, "500 5.5.2 Error: bad syntax");
-		client_error(is);
+		refuse(is, "500 5.5.2 Error: bad syntax");
 		return;
 	}
 	switch (c.verb) {
@@ -467,13 +482,11 @@ static void on_command(struct isession *is, struct str line)
 	case SMTP_VERB_AUTH:
 	case SMTP_VERB_BDAT:
 	case SMTP_VERB_ETRN:
-		reply(is, "502 5.5.1 Error: command not implemented");
-		client_error(is);
+		refuse(is, "502 5.5.1 Error: command not implemented");
 		break;
 	case SMTP_VERB_UNKNOWN:
 	default:
-		reply(is, "500 5.5.2 Error: command not recognized");
-		client_error(is);
+		refuse(is, "500 5.5.2 Error: command not recognized");
 		break;
 	}
 }
@@ -542,8 +555,9 @@ static void data_end(struct isession *is)
 	is->qn = NULL;
 	int r = queue_new_commit(qn, commit_done, cw);
 	if (r < 0) {
+		session_log(is->s, LOG_LEVEL_ERROR, "qid=%s cannot end the queue file: %s", cw->id,
+			    strerror(-r));
 		free(cw);
-		session_log(is->s, LOG_LEVEL_ERROR, "queue file: %s", strerror(-r));
 		reply_queue_error(is, r);
 		atomic_fetch_add(&is->in->rejected, 1);
 		transaction_reset(is);
@@ -635,8 +649,7 @@ static void is_input(struct session *s, struct evbuffer *in)
 		if (st == SMTP_LINE_OK) {
 			on_command(is, line);
 		} else if (st == SMTP_LINE_TOO_LONG) {
-			reply(is, "500 5.5.2 Error: line too long");
-			client_error(is);
+			refuse(is, "500 5.5.2 Error: line too long");
 		}
 		evbuffer_drain(in, used);
 		if (st == SMTP_LINE_MORE && used == 0) /* discarding a long line: go on */
