@@ -1,7 +1,7 @@
 # Thin wrapper around meson for the two commands of the quick start, and a few more.
 #   make run     build and start sluiced in the foreground on etc/sluice.conf
 #   make check   build and run the whole test suite, then again under ASan+UBSan
-#   make bench   milter, rules, store and policy benchmarks (bench/README.md)
+#   make bench   milter, rules, store, policy, Redis and intake benchmarks (bench/README.md)
 #   make fuzz    run every fuzzer for FUZZ_TIME seconds each (clang, libFuzzer)
 # Missing Debian packages are installed first when running as root (Debian 12).
 
@@ -12,8 +12,8 @@ FUZZ_TIME ?= 600
 MESON_TEST_FLAGS ?= --print-errorlogs --num-processes 1
 
 BUILD_PKGS = meson ninja-build pkg-config gcc libevent-dev libcmocka-dev scdoc libxxhash-dev libhiredis-dev
-TEST_PKGS = postfix miltertest swaks python3-pytest redis-server clang libclang-rt-14-dev faketime
-BENCH_PKGS = libmilter-dev redis-server
+TEST_PKGS = postfix miltertest swaks python3-pytest redis-server clang libclang-rt-14-dev faketime python3-xxhash bsd-mailx
+BENCH_PKGS = libmilter-dev redis-server postfix python3-pytest strace
 FUZZ_PKGS = clang libclang-rt-14-dev
 
 .PHONY: all build run check test asan-check bench fuzz clean deps-build deps-test deps-bench
@@ -72,6 +72,7 @@ bench: deps-bench build
 	bench/run_rules.sh $(BUILD)
 	bench/run_policy.sh $(BUILD)
 	bench/run_redis.sh $(BUILD)
+	bench/run_intake.py $(BUILD)
 
 $(FUZZ_BUILD)/build.ninja:
 	CC=clang meson setup $(FUZZ_BUILD) -Dfuzzing=true -Dfunc_tests=false \

@@ -3,6 +3,7 @@
  *
  *   sluice [-c FILE | -s SOCKET] status|stats|reload|help [--json]
  *   sluice ... limits top [RULE] | limits show KEY [RULE] | limits reset KEY [RULE]
+ *   sluice ... queue [list|show ID] | queue hold|release|delete|flush ID...|--all
  *   sluice ... test [--client-ip IP] [--client-name NAME] [--helo NAME] [--sasl-user U]
  *                   [--from ADDR] [--rcpt ADDR]... [--header "Name: value"]...
  *                   [--size BYTES] [--message FILE]
@@ -26,6 +27,7 @@
 #include "buf.h"
 #include "config.h"
 #include "control.h"
+#include "inject.h"
 
 static void usage(FILE *f)
 {
@@ -45,10 +47,18 @@ static void usage(FILE *f)
 		"       [--message FILE]\n"
 		"            explain what the rules would do with such a transaction now,\n"
 		"            without counting anything (--message: headers and size from a file)\n"
+		"  queue [list] [ID]          the intake's queue: messages, recipients, status\n"
+		"  queue show ID              one message: envelope, status bytes, history\n"
+		"  queue hold|release|delete|flush ID...|--all\n"
+		"  sendmail [OPTIONS] [RECIPIENT...] < MESSAGE\n"
+		"            queue a message through sluiced's intake, like sendmail(1)\n"
+		"            (-t -i -f -F -C -v -B -N -R -V -bm -bs; see sluice(1), INJECTORS)\n"
+		"  qmail-remote HOST SENDER RECIPIENT... < MESSAGE\n"
+		"            qmail's qmail-remote(8): queue it, print qmail's reports\n"
 		"options:\n"
 		"  -c FILE   configuration file to find the control socket in (default %s)\n"
 		"  -s SOCK   control socket: unix:/path, /path, inet:host:port\n"
-		"  --json    machine-readable output (status, stats)\n",
+		"  --json    machine-readable output (status, stats, limits, queue)\n",
 		CONFIG_DEFAULT_PATH);
 }
 
@@ -242,6 +252,14 @@ static int build_test(struct buf *req, int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+	/* installed as sendmail or qmail-remote (a link to sluice): act as that command */
+	const char *base = argc > 0 && argv[0] ? argv[0] : "sluice";
+	base = strrchr(base, '/') ? strrchr(base, '/') + 1 : base;
+	if (strcmp(base, "sendmail") == 0)
+		return inject_sendmail(argc, argv, NULL, "sendmail");
+	if (strcmp(base, "qmail-remote") == 0)
+		return inject_qmail_remote(argc, argv, NULL);
+
 	const char *config = CONFIG_DEFAULT_PATH, *sock = NULL;
 	bool json = false;
 	static const struct option longopts[] = {
@@ -263,6 +281,13 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
+	/* the injectors speak SMTP to the intake, not the control protocol; -c is passed
+	 * on only when it was given */
+	const char *given = strcmp(config, CONFIG_DEFAULT_PATH) != 0 ? config : NULL;
+	if (strcmp(argv[optind], "sendmail") == 0)
+		return inject_sendmail(argc - optind, argv + optind, given, "sluice sendmail");
+	if (strcmp(argv[optind], "qmail-remote") == 0)
+		return inject_qmail_remote(argc - optind, argv + optind, given);
 	struct buf req;
 	buf_init(&req, CONTROL_LINE_MAX - 1);
 	if (strcmp(argv[optind], "test") == 0) {
