@@ -321,9 +321,14 @@ int smtp_client_data(struct smtp_client *c, struct str msg, int timeout_ms, bool
 	const char *p = msg.ptr, *end = msg.ptr + msg.len;
 	int r = 0;
 	while (p < end && r == 0) {
-		/* one line (the text is CRLF lines, so each ends with '\n') */
-		const char *nl = memchr(p, '\n', (size_t)(end - p));
-		const char *e = nl ? nl + 1 : end;
+		/* one line: up to LF, or to a bare CR, which the intake (like any server that
+		 * normalises line ends) takes as the end of a line, so a dot after it must be
+		 * stuffed too */
+		const char *e = p;
+		while (e < end && *e != '\n' && !(*e == '\r' && (e + 1 == end || e[1] != '\n')))
+			e++;
+		if (e < end)
+			e++;
 		bool dot = *p == '.';
 		while ((size_t)(e - p) + dot > sizeof(out) - n) {
 			if (n == 0) { /* a line longer than the buffer: in pieces */

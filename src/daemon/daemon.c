@@ -864,6 +864,8 @@ int daemon_main(int argc, char **argv)
 	}
 	if (engine_start(d.e) < 0)
 		fatal("cannot start worker threads");
+	if (d.queue && queue_start(d.queue) < 0)
+		fatal("cannot start the queue's committer thread");
 	d.ev_stats = evtimer_new(d.base, on_stats, &d);
 	d.ev_drain = evtimer_new(d.base, on_drain_tick, &d);
 	d.ev_snapshot = evtimer_new(d.base, on_snapshot, &d);

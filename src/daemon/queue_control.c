@@ -54,8 +54,14 @@ void queue_control(struct queue *q, size_t argc, const struct str *argv, struct 
 			json = true;
 		else if (nargs < 64)
 			args[nargs++] = argv[i];
+		else
+			nargs = 65;
 	}
 	*ret_ok = false;
+	if (nargs > 64) {
+		buf_append_cstr(out, "too many arguments: at most 63 IDs at a time (or --all)\n");
+		return;
+	}
 	if (!q) {
 		buf_append_cstr(out, "no queue: this sluiced has no intake { } configured\n");
 		return;

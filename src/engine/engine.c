@@ -30,6 +30,7 @@
 #define ENGINE_MAX_SERVICES 16
 #define ACCEPT_BATCH 64
 #define ACCEPT_BACKOFF_MS 500
+#define OUTPUT_HIGH (256 * 1024) /* bytes of unread replies before a session stops reading */
 
 struct stats_shard {
 	pthread_mutex_t lock;
@@ -93,6 +94,7 @@ struct session {
 	bool paused;
 	bool read_off;          /* paused, and input came: reading is switched off */
 	bool peer_eof;          /* the peer half-closed while paused: end after resuming */
+	bool out_blocked;       /* output over OUTPUT_HIGH: reading stops until it drains */
 	bool in_input; /* inside ops->input: defer frees */
 	bool dead;     /* freed when in_input unwinds */
 	bool timed_out;
@@ -433,10 +435,22 @@ static bool session_finish_eof(struct session *s)
 	return true; /* on_drained frees it */
 }
 
+/* A peer that sends commands and never reads their replies would grow the output
+ * buffer without end: past OUTPUT_HIGH bytes the session reads nothing more until the
+ * peer has taken what is written (on_drained), and the write timeout bounds the wait. */
+static bool output_blocked(struct session *s)
+{
+	if (evbuffer_get_length(bufferevent_get_output(s->bev)) <= OUTPUT_HIGH)
+		return false;
+	s->out_blocked = true;
+	bufferevent_disable(s->bev, EV_READ);
+	return true;
+}
+
 /* Hand buffered input to the service.  Returns false when s is gone. */
 static bool session_run_input(struct session *s)
 {
-	if (s->paused || s->closing)
+	if (s->paused || s->closing || output_blocked(s))
 		return true;
 	struct evbuffer *in = bufferevent_get_input(s->bev);
 	if (evbuffer_get_length(in) == 0)
@@ -453,6 +467,7 @@ static bool session_run_input(struct session *s)
 	}
 	if (!session_finish_eof(s))
 		return false;
+	output_blocked(s);
 	session_arm_timer(s);
 	return true;
 }
@@ -472,9 +487,16 @@ static void on_read(struct bufferevent *bev, void *arg)
 static void on_drained(struct bufferevent *bev, void *arg)
 {
 	struct session *s = arg;
-	(void)bev;
-	if (s->closing)
+	if (s->closing) {
 		session_free(s);
+		return;
+	}
+	if (s->out_blocked) {
+		s->out_blocked = false;
+		if (!s->read_off && !s->peer_eof)
+			bufferevent_enable(bev, EV_READ);
+		session_run_input(s); /* what came before reading stopped; may free s */
+	}
 }
 
 static void on_event(struct bufferevent *bev, short what, void *arg)
@@ -552,7 +574,7 @@ void session_resume(struct session *s)
 	if (!s->paused)
 		return;
 	s->paused = false;
-	if (s->read_off && !s->peer_eof) {
+	if (s->read_off && !s->peer_eof && !s->out_blocked) {
 		s->read_off = false;
 		bufferevent_enable(s->bev, EV_READ);
 	}

@@ -401,6 +401,8 @@ static void reply_queue_error(struct isession *is, int r)
 {
 	if (r == -ENOSPC || r == -EDQUOT)
 		reply(is, "452 4.3.1 Insufficient system storage");
+	else if (r == -ESHUTDOWN)
+		reply(is, "451 4.3.2 Service shutting down, try again later");
 	else
 		reply(is, "451 4.3.0 Error: queue file write error");
 }

@@ -241,8 +241,9 @@ static void commit_batch(struct queue *q, struct queue_new *batch, size_t n)
 		ids[i] = it->id;
 	struct queue_commit_stats st = { 0 };
 	int r = ids ? queue_commit(q->qd, ids, n, &st) : -ENOMEM;
+	bool no_ids = !ids;
 	free(ids);
-	for (it = batch; r == -ENOMEM && !ids && it; it = it->next)
+	for (it = batch; no_ids && it; it = it->next)
 		queue_tmp_abandon(q->qd, it->id); /* queue_commit() does this on its failures */
 
 	pthread_mutex_lock(&q->ix_lock);
@@ -340,16 +341,16 @@ int queue_open(const struct queue_conf *conf, queue_report_fn *report, void *arg
 		queue_free(q);
 		return r;
 	}
-	r = -pthread_create(&q->committer, NULL, committer_main, q);
-	if (r < 0) {
-		snprintf(err, errlen, "queue %s: cannot start the committer: %s", conf->dir,
-			 strerror(-r));
-		queue_free(q);
-		return r;
-	}
-	q->started = true;
 	*ret = q;
 	return 0;
+}
+
+int queue_start(struct queue *q)
+{
+	int r = -pthread_create(&q->committer, NULL, committer_main, q);
+	if (r == 0)
+		q->started = true;
+	return r;
 }
 
 void queue_drain(struct queue *q)

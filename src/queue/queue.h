@@ -42,12 +42,16 @@ typedef void queue_report_fn(void *arg, const struct queue_recover_event *ev);
 
 /*
  * Open the directory (creating its layout, taking its lock), run recovery, build the
- * index, start the committer.  0 and *ret, or <0 with err set (the daemon refuses to
- * start: the directory is missing and cannot be made, not writable, locked by another
- * sluiced).  Each recovery event is passed to report.
+ * index.  0 and *ret, or <0 with err set (the daemon refuses to start: the directory is
+ * missing and cannot be made, not writable, locked by another sluiced).  Each recovery
+ * event is passed to report.  Nothing is committed before queue_start().
  */
 int queue_open(const struct queue_conf *conf, queue_report_fn *report, void *arg,
 	       struct queue **ret, char *err, size_t errlen);
+/* Start the committer thread: after the daemon has forked into the background (a fork
+ * keeps only the calling thread; the lock taken by queue_open() survives it).  0 or
+ * -errno. */
+int queue_start(struct queue *q);
 /*
  * At shutdown, while the workers still run: refuse new commits (-ESHUTDOWN) and wait
  * until every commit handed over is done and its done() called, so that every answer is

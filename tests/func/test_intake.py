@@ -1135,6 +1135,75 @@ def test_failed_rename_answers_451_and_leaves_nothing(intake):
 # ---------------------------------------------------------------------------------------
 # statistics (last: under meson's -x a failure here hides nothing)
 
+def test_background_daemon_commits_and_stops(workdir):
+    """sluiced -d forks into the background: its committer thread must run in the child
+    (a fork keeps only the calling thread), so a message is answered 250 and SIGTERM
+    ends the daemon."""
+    from conftest import SLUICED, wait_listening
+    port = free_port()
+    d = workdir / "bg"
+    d.mkdir()
+    conf = d / "sluiced.conf"
+    conf.write_text(intake_config(port).replace("@DIR@", str(d)))
+    pid_file = d / "sluiced.pid"
+    log = d / "sluiced.log"
+    with open(log, "ab") as logf:  # the daemon keeps stderr (its log) open
+        res = subprocess.run([SLUICED, "-c", str(conf), "-d", "-p", str(pid_file)],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=logf, timeout=30)
+    assert res.returncode == 0, f"sluiced -d exited {res.returncode}: {log.read_text()}"
+    wait_until(pid_file.exists, 10, "the pid file")
+    pid = int(pid_file.read_text().split()[0])
+    try:
+        wait_listening(f"inet:127.0.0.1:{port}", 10)
+        c = Client(("127.0.0.1", port), 10)
+        assert c.reply().code == 220
+        r = c.message(FROM, [TO], message_bytes("background", [b"hello"]))
+        assert r.code == 250, f"expected 250 from a background sluiced, got {r}"
+        c.close()
+    finally:
+        os.kill(pid, 15)
+
+    def gone():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+    wait_until(gone, 15, "the background sluiced to exit after SIGTERM")
+    assert not list((d / "queue" / "tmp").iterdir())
+    assert "sluiced stopped" in log.read_text()
+
+
+def test_client_that_never_reads_cannot_grow_memory(intake):
+    """A client pipelining NOOPs without reading a reply: the session stops reading once
+    its unread replies pass a limit, so the daemon's memory stays bounded (and the
+    sender is held back by TCP) instead of buffering every reply."""
+    it = intake()
+    rss0 = rss_kib(it.s.pid)
+    s = socket.create_connection(("127.0.0.1", it.port), 10)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.setblocking(False)
+    sent, chunk, t0 = 0, b"NOOP\r\n" * 1000, time.monotonic()
+    while time.monotonic() - t0 < 4:
+        try:
+            sent += s.send(chunk)
+        except BlockingIOError:
+            time.sleep(0.01)
+    grown = rss_kib(it.s.pid) - rss0
+    s.close()
+    assert sent < 50_000_000, f"expected the server to stop reading, it took {sent} bytes"
+    assert grown < 16 * 1024, f"expected RSS to grow by less than 16 MiB, it grew {grown} KiB"
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS in /proc/PID/status")
+
+
 def test_stats_json_has_no_duplicate_keys(intake):
     """`sluice stats --json` is one object whose keys are unique: the intake's session
     statistics (connections, durations) and its message counters must not both be

@@ -70,6 +70,7 @@ static struct queue *open_queue(void)
 	int r = queue_open(&qc, NULL, NULL, &q, err, sizeof(err));
 	if (r < 0)
 		fail_msg("queue_open: %s", err);
+	assert_int_equal(queue_start(q), 0);
 	return q;
 }
 
