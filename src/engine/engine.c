@@ -635,10 +635,8 @@ static void session_start(struct worker *w, const struct worker_msg *m)
 	bufferevent_setcb(s->bev, on_read, on_drained, on_event, s);
 	size_t hw = atomic_load(&svc->max_input);
 	bufferevent_setwatermark(s->bev, EV_READ, 0, hw);
-	int r = svc->ops->open ? svc->ops->open(s) : 0;
-	if (r < 0) {
-		if (r != -EACCES) /* -EACCES: the service refused the peer and said why */
-			session_log(s, LOG_LEVEL_WARNING, "session refused by the protocol");
+	if (svc->ops->open && svc->ops->open(s) < 0) {
+		session_log(s, LOG_LEVEL_WARNING, "session refused by the protocol");
 		session_free(s);
 		return;
 	}

@@ -35,7 +35,7 @@ struct worker;
 
 struct service_ops {
 	/* On the worker: set up protocol state (session_set_data).  <0 refuses the session
-	 * (close is not called; -EACCES: the service has logged and answered the refusal). */
+	 * (close is not called). */
 	int (*open)(struct session *s);
 	/* On the worker: new bytes are in `in`; consume what is used (evbuffer_drain). */
 	void (*input)(struct session *s, struct evbuffer *in);

@@ -56,7 +56,8 @@ enum istate {
 	IS_COMMAND = 0,
 	IS_DATA,        /* after 354 */
 	IS_COMMIT,      /* the final dot came; waiting for the committer */
-	IS_CLOSING,     /* QUIT, refused at connect, too many errors */
+	IS_CLOSING,     /* QUIT, too many errors */
+	IS_REFUSED,     /* 554 at connect: only QUIT is served (RFC 5321 3.1) */
 };
 
 struct commit_wait;
@@ -387,7 +388,8 @@ static int write_received(struct isession *is)
 	buf_init(&h, 4096);
 	int r = buf_printf(&h, "Received: from %s (%s)\r\n\tby %s (sluice) with %s id %s", is->helo,
 			   is->client, is->conf->hostname, with, queue_new_id(is->qn));
-	if (r == 0 && is->nrcpt == 1)
+	/* "for" names a lone recipient, unless its line would pass 998 octets */
+	if (r == 0 && is->nrcpt == 1 && strlen(is->rcpts.ptr) < 900)
 		r = buf_printf(&h, "\r\n\tfor <%s>", is->rcpts.ptr);
 	if (r == 0)
 		r = buf_printf(&h, "; %s\r\n", date);
@@ -456,6 +458,17 @@ static void on_command(struct isession *is, struct str line)
 	const char *why = NULL;
 	if (smtp_command_parse(line, &c, &why) < 0) {
 		refuse(is, "500 5.5.2 Error: bad syntax");
+		return;
+	}
+	if (is->state == IS_REFUSED) {
+		/* RFC 5321 3.1: after a 554 greeting, wait for QUIT and answer 503 to the
+		 * rest; max_errors ends a client that never quits */
+		if (c.verb == SMTP_VERB_QUIT) {
+			reply(is, "221 2.0.0 Bye");
+			is->state = IS_CLOSING;
+		} else {
+			refuse(is, "503 5.7.1 Error: access denied for %s", is->client);
+		}
 		return;
 	}
 	switch (c.verb) {
@@ -632,7 +645,8 @@ static size_t on_data(struct isession *is, const char *p, size_t n)
 static void is_input(struct session *s, struct evbuffer *in)
 {
 	struct isession *is = session_data(s);
-	while (evbuffer_get_length(in) && (is->state == IS_COMMAND || is->state == IS_DATA)) {
+	while (evbuffer_get_length(in) &&
+	       (is->state == IS_COMMAND || is->state == IS_DATA || is->state == IS_REFUSED)) {
 		if (is->state == IS_DATA) {
 			struct evbuffer_iovec v;
 			if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
@@ -662,8 +676,6 @@ static void is_input(struct session *s, struct evbuffer *in)
 		session_close(s);
 }
 
-static void is_close(struct session *s);
-
 static int is_open(struct session *s)
 {
 	struct intake *in = service_arg(session_service(s));
@@ -690,8 +702,8 @@ static int is_open(struct session *s)
 		reply(is, "554 5.7.1 %s Error: %s may not queue mail here", is->conf->hostname,
 		      is->client);
 		flush_replies(is);
-		is_close(s);
-		return -EACCES;
+		is->state = IS_REFUSED;
+		return 0;
 	}
 	reply(is, "220 %s ESMTP sluice", is->conf->hostname);
 	flush_replies(is);

@@ -726,6 +726,13 @@ int queue_show(struct queue *q, const char *id, bool json, struct buf *out)
 	return r;
 }
 
+/*
+ * XXX hold, release and show run on the control session's worker: each reads the whole
+ * file through once (queue_msg_open checks it) and hold flushes it, so `hold --all` on a
+ * deep queue holds up that worker's other sessions for as long.  They belong on a helper
+ * thread answering through worker_call(), with hold writing at the control offset kept
+ * in the index.
+ */
 int queue_hold(struct queue *q, const char *id, bool hold)
 {
 	if (!queue_id_valid(str_cstr(id)))
