@@ -50,7 +50,8 @@ static void add_text(struct smtp_reply *r, struct str t)
 		r->text[r->text_len++] = ' ';
 	size_t room = SMTP_REPLY_TEXT_MAX - r->text_len;
 	size_t k = t.len < room ? t.len : room;
-	memcpy(r->text + r->text_len, t.ptr, k);
+	if (k) /* t may be STR_NULL: no memcpy from NULL, even of 0 bytes */
+		memcpy(r->text + r->text_len, t.ptr, k);
 	r->text_len += k;
 	r->text[r->text_len] = '\0';
 }
