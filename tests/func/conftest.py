@@ -147,9 +147,11 @@ def tcp_listening(host, port):
 
 
 def listen_addresses(config_text):
-    """Every `listen = "..."` value in a configuration (string or list form)."""
+    """Every `listen = "..."` value in a configuration (string or list form), at the start
+    of a line or inside a one-line block (`control { listen = "..."; }`)."""
     found = []
-    for m in re.finditer(r'^\s*listen\s*[=:]?\s*(\[[^\]]*\]|"[^"]*")', config_text, re.M):
+    for m in re.finditer(r'(?:^|[{;])\s*listen\s*[=:]?\s*(\[[^\]]*\]|"[^"]*")',
+                         config_text, re.M):
         found += re.findall(r'"([^"]*)"', m.group(1))
     return found
 
