@@ -14,6 +14,7 @@
 #include <strings.h>
 
 #include "inject_msg.h"
+#include "util.h"
 
 /* ---- the input ---- */
 
@@ -551,7 +552,7 @@ static int add_fields(const struct inject_header_opts *o, bool from, bool date, 
 	}
 	if (r == 0 && date) {
 		char d[64];
-		inject_date(d, sizeof(d), o->now, o->utc_offset);
+		fmt_rfc5322_date(d, sizeof(d), o->now, o->utc_offset);
 		r = buf_printf(out, "Date: %s\r\n", d);
 	}
 	if (r == 0 && msgid)
@@ -615,21 +616,6 @@ int inject_msg_headers(struct str text, const struct inject_header_opts *o, stru
 		ret->added_msgid = !msgid;
 	}
 	return r;
-}
-
-void inject_date(char *out, size_t len, time_t t, long utc_offset)
-{
-	static const char days[7][4] = { "Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat" };
-	static const char months[12][4] = { "Jan", "Feb", "Mar", "Apr", "May", "Jun",
-					    "Jul", "Aug", "Sep", "Oct", "Nov", "Dec" };
-	time_t local = t + (time_t)utc_offset;
-	struct tm tm;
-	gmtime_r(&local, &tm);
-	long off = utc_offset < 0 ? -utc_offset : utc_offset;
-	/* names from tables, not strftime: the locale must not change a protocol field */
-	snprintf(out, len, "%s, %d %s %d %02d:%02d:%02d %c%02ld%02ld", days[tm.tm_wday],
-		 tm.tm_mday, months[tm.tm_mon], tm.tm_year + 1900, tm.tm_hour, tm.tm_min,
-		 tm.tm_sec, utc_offset < 0 ? '-' : '+', off / 3600, off / 60 % 60);
 }
 
 int inject_phrase(const char *name, struct buf *out)

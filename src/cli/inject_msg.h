@@ -122,9 +122,6 @@ struct inject_header_result {
 int inject_msg_headers(struct str text, const struct inject_header_opts *opts,
 		       struct buf *out, struct inject_header_result *ret);
 
-/* "Tue, 14 May 2024 10:11:12 +0200" (RFC 5322 3.3) for t at the given offset.  out gets
- * at least 40 bytes. */
-void inject_date(char *out, size_t len, time_t t, long utc_offset);
 /* A display name as an RFC 5322 phrase: as it is when it is atoms and spaces, else a
  * quoted string.  Appends to out; 0 or -ENOBUFS. */
 int inject_phrase(const char *name, struct buf *out);

@@ -427,12 +427,9 @@ static bool session_finish_eof(struct session *s)
 {
 	if (!s->peer_eof || s->paused || s->closing)
 		return true;
-	s->closing = true;
-	if (evbuffer_get_length(bufferevent_get_output(s->bev)) == 0) {
-		session_free(s);
-		return false;
-	}
-	return true; /* on_drained frees it */
+	bool written = evbuffer_get_length(bufferevent_get_output(s->bev)) == 0;
+	session_close(s); /* frees s now when everything is written, else on_drained does */
+	return !written;
 }
 
 /* A peer that sends commands and never reads their replies would grow the output

@@ -362,20 +362,7 @@ static void format_date(char *out, size_t len)
 {
 	time_t t = time(NULL);
 	struct tm tm;
-	static const char *const days[] = { "Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat" };
-	static const char *const months[] = { "Jan", "Feb", "Mar", "Apr", "May", "Jun",
-					      "Jul", "Aug", "Sep", "Oct", "Nov", "Dec" };
-	if (!localtime_r(&t, &tm)) {
-		snprintf(out, len, "Thu, 1 Jan 1970 00:00:00 +0000");
-		return;
-	}
-	long off = tm.tm_gmtoff / 60;
-	char sign = off < 0 ? '-' : '+';
-	if (off < 0)
-		off = -off;
-	snprintf(out, len, "%s, %d %s %d %02d:%02d:%02d %c%02ld%02ld", days[tm.tm_wday % 7],
-		 tm.tm_mday, months[tm.tm_mon % 12], tm.tm_year + 1900, tm.tm_hour, tm.tm_min,
-		 tm.tm_sec, sign, off / 60, off % 60);
+	fmt_rfc5322_date(out, len, t, localtime_r(&t, &tm) ? tm.tm_gmtoff : 0);
 }
 
 /* RFC 5321 4.4 trace header, first in the stored message. */

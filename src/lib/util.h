@@ -44,6 +44,9 @@ int fd_set_cloexec(int fd);
 
 /* snprintf that reports truncation: 0, or -ENOBUFS when the output did not fit. */
 int fmt_fixed(char *dst, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* An RFC 5322 date ("Sun, 22 Nov 2026 05:12:00 +0100") of t at utc_offset seconds east of
+ * UTC, for Date: and Received: fields; English names whatever the locale.  32 bytes do. */
+void fmt_rfc5322_date(char *out, size_t len, time_t t, long utc_offset);
 
 /* Read a whole file (<= max bytes) into a malloc'ed NUL-terminated buffer. */
 int file_read_all(const char *path, size_t max, char **ret, size_t *ret_len);
