@@ -1,0 +1,83 @@
+/*
+ * classify -- what a relay's reply means for the mail and for the lane: the heart of
+ * "throttling is not failure" (DESIGN law 5).
+ *
+ * A reply (or a connection error) at a stage of an SMTP transaction becomes one verdict:
+ *   OK         2xx where success was expected;
+ *   RETRY      this recipient or message, later, with backoff (4xx at RCPT, DATA, DOT);
+ *   FAIL       this recipient failed for good (5xx at RCPT, DATA, DOT): bounced later;
+ *   SUSPEND    the lane stops sending for a while; no recipient state changes (a
+ *              connection refused or timed out, 421 at any stage, 4xx/5xx at greeting,
+ *              EHLO, STARTTLS, AUTH or MAIL FROM, and throttling, quota, ban or policy
+ *              replies at any stage);
+ *   SLOW       like RETRY for the mail, and the lane's rate is cut (adaptive shaping).
+ * Operators add signals (`signal { match = "regex"; action; for; }`), tried in order
+ * before the built-in patterns, which are tried before the rules by stage and code.
+ * Patterns are POSIX extended regexes, case-insensitive, matched against the reply as
+ * "CODE[ ENH] text" (e.g. "550 5.7.1 Account suspended"); for a connection error, against
+ * "connect: <error text>".
+ *
+ * A pure module: no I/O, no clock.  A classifier is immutable once built: it may be used
+ * from any thread.
+ */
+#ifndef SLUICE_CLASSIFY_H
+#define SLUICE_CLASSIFY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "smtp_out.h"
+#include "smtp_reply.h"
+#include "str.h"
+
+enum classify_verdict {
+	CLASSIFY_OK = 0,
+	CLASSIFY_RETRY,
+	CLASSIFY_FAIL,
+	CLASSIFY_SUSPEND,
+	CLASSIFY_SLOW,
+};
+const char *classify_verdict_name(enum classify_verdict v); /* "ok", "retry", ... */
+
+/* A signal as configured: `signal { match; action; for; }` (action: suspend, slow,
+ * retry or bounce -- bounce is CLASSIFY_FAIL). */
+struct classify_signal_conf {
+	const char *match;           /* regex */
+	enum classify_verdict action;
+	int64_t for_ms;              /* suspension or slow-down length; 0: the lane's backoff */
+};
+
+struct classify;
+
+/* Build a classifier from the configured signals (n may be 0).  NULL with err naming
+ * the bad pattern (regcomp's message) or ENOMEM. */
+struct classify *classify_new(const struct classify_signal_conf *sig, size_t n, char *err,
+			      size_t errlen);
+struct classify *classify_free(struct classify *c);
+
+struct classify_result {
+	enum classify_verdict verdict;
+	int64_t for_ms;              /* SUSPEND/SLOW: from the matching signal, or from a
+					retry hint in the text; -1: none (the lane's backoff) */
+	const char *signal;          /* the pattern that matched, or a rule's name
+					("421", "stage", "code"): for logs and `sluice lanes` */
+};
+
+/*
+ * Classify the end of a transaction at stage with reply r (error == 0), or a connection
+ * error (error < 0: r may be NULL or have code 0; ECONNREFUSED, ETIMEDOUT, ECONNRESET,
+ * EPROTO before DOT -> SUSPEND; at stage DOT the caller handles the uncertain window and
+ * does not ask).  For one recipient's RCPT reply pass stage SMTP_STAGE_RCPT.
+ */
+void classify_reply(const struct classify *c, enum smtp_out_stage stage, int error,
+		    const struct smtp_reply *r, struct classify_result *ret);
+
+/*
+ * A retry hint in a reply text: "try again in 92 seconds", "retry after 5 minutes",
+ * "wait 2 hours", "in 30s", "try again later" (no number: -1).  Returns milliseconds,
+ * capped at 7 days, or -1 when there is none.  Bounded work on any input.
+ */
+int64_t classify_retry_hint(struct str text);
+
+#endif

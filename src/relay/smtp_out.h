@@ -1,0 +1,149 @@
+/*
+ * smtp_out -- one outgoing SMTP connection, the client side of RFC 5321, on a libevent
+ * loop: the relay's delivery engine.
+ *
+ * A connection is made to one address (the relay chose it: smarthost or MX, in order),
+ * sets up its session (greeting, EHLO with HELO fallback, STARTTLS, AUTH through GNU
+ * SASL) and then runs transactions one at a time: MAIL, RCPT..., DATA, the body
+ * (dot-stuffed here), the final dot.  With PIPELINING the MAIL and RCPT commands go in one
+ * write and DATA follows once their replies are in (RFC 2920: DATA waits when no RCPT
+ * may have succeeded).  SIZE: a message larger than the server's limit is not sent
+ * (result error -EMSGSIZE, the server's advertised limit kept in the result).  8BITMIME
+ * and SMTPUTF8 parameters are given when the message needs them and the server offers
+ * them; a message that needs SMTPUTF8 to a server without it ends with -EPROTONOSUPPORT.
+ *
+ * Every stage has its own timeout (RFC 5321 4.5.3.2).  No call blocks; all callbacks run
+ * on the loop given to smtp_out_new().  Peer input is hostile: replies go through the
+ * bounded reader of proto/smtp_reply.h, and a malformed reply ends the connection.
+ *
+ * Lifetime: smtp_out_new() starts connecting; smtp_out_send() may be called at once (the
+ * transaction waits for the session to be set up).  done() is called exactly once per
+ * smtp_out_send().  After done(), the caller either sends the next transaction (when
+ * smtp_out_usable()), or calls smtp_out_quit() (QUIT, then the connection frees itself)
+ * or smtp_out_free() (closes at once).  Freeing cancels every timer and event and calls
+ * no callback.
+ */
+#ifndef SLUICE_SMTP_OUT_H
+#define SLUICE_SMTP_OUT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "smtp_reply.h"
+#include "str.h"
+
+struct event_base;
+struct smtp_out;
+
+enum smtp_out_tls {
+	SMTP_TLS_NONE = 0,   /* never STARTTLS */
+	SMTP_TLS_MAY,        /* STARTTLS when offered, certificate not checked; a failed
+				handshake ends the connection (the relay retries, never in clear
+				on the same connection) */
+	SMTP_TLS_REQUIRE,    /* STARTTLS or nothing is sent; certificate not checked */
+	SMTP_TLS_VERIFY,     /* STARTTLS, certificate chain and name (server_name) checked */
+};
+
+/* Where a connection or transaction ended. */
+enum smtp_out_stage {
+	SMTP_STAGE_CONNECT = 0,
+	SMTP_STAGE_GREETING,
+	SMTP_STAGE_EHLO,      /* EHLO, or HELO after a refused EHLO */
+	SMTP_STAGE_STARTTLS,  /* the command, the handshake, or the EHLO after it */
+	SMTP_STAGE_AUTH,
+	SMTP_STAGE_MAIL,
+	SMTP_STAGE_RCPT,
+	SMTP_STAGE_DATA,      /* the DATA command's reply (354 expected) */
+	SMTP_STAGE_DOT,       /* the body was sent; waiting for the final reply */
+	SMTP_STAGE_RSET,
+	SMTP_STAGE_QUIT,
+	SMTP_STAGE_COUNT,
+};
+const char *smtp_out_stage_name(enum smtp_out_stage st); /* "connect", "greeting", ... */
+
+struct smtp_out_conf {
+	const char *helo;            /* our name in EHLO/HELO (required) */
+	const char *server_name;     /* SNI and name checked under SMTP_TLS_VERIFY; NULL: none */
+	enum smtp_out_tls tls;
+	const char *ca_file;         /* SMTP_TLS_VERIFY: PEM bundle; NULL: OpenSSL's default paths */
+	const char *auth_user;       /* NULL: no AUTH */
+	const char *auth_password;
+	const char *auth_mechanisms; /* space-separated, in preference order, among those the
+					server offers; NULL: "SCRAM-SHA-256 SCRAM-SHA-1 PLAIN LOGIN" */
+	bool auth_plaintext;         /* allow AUTH on a connection without TLS (off: -EPERM) */
+	uint64_t timeout_ms[SMTP_STAGE_COUNT]; /* 0: RFC 5321 4.5.3.2 defaults (connect 30 s,
+					greeting 5 min, MAIL 5 min, RCPT 5 min, DATA 2 min, each
+					body write 3 min, dot 10 min, others 2 min) */
+};
+
+/* One transaction.  Everything it points to stays valid until done() has run. */
+struct smtp_out_msg {
+	struct str sender;           /* empty: the null sender <> */
+	const struct str *rcpt;      /* addresses without <> */
+	size_t nrcpt;
+	const struct str *body;      /* the message as queued: CRLF lines, not dot-stuffed */
+	size_t nbody;                /* chunks, sent in order as the output drains */
+	uint64_t size;               /* total body bytes (for SIZE=) */
+	bool eightbit;               /* BODY=8BITMIME when offered */
+	bool smtputf8;               /* SMTPUTF8 required */
+};
+
+/*
+ * What became of a transaction (or of the session set-up it waited for).
+ *   error == 0: stage and reply say where it ended: stage DOT with a 2xx reply is
+ *     success; a reply at an earlier stage ended it (reply.code 4xx/5xx).
+ *   error < 0: no usable reply -- -ECONNREFUSED, -ETIMEDOUT (at stage), -ECONNRESET (the
+ *     peer closed), -EPROTO (a malformed reply; why), -EMSGSIZE (SIZE: not sent),
+ *     -EPERM (TLS or AUTH policy: tls require/verify without STARTTLS offered, a failed
+ *     certificate check, AUTH not offered or not allowed in plaintext; why),
+ *     -EPROTONOSUPPORT (SMTPUTF8 needed and not offered), -ENOMEM.  At stage DOT this is
+ *     the uncertain window: the server may have taken the message.
+ *   rcpt[i]: RCPT reply of recipient i (code 0: no reply -- not sent or the transaction
+ *     ended first).  Only the recipients with a 2xx here were in the transaction.
+ */
+struct smtp_out_result {
+	enum smtp_out_stage stage;
+	int error;
+	const char *why;             /* static text for an error, "" otherwise */
+	struct smtp_reply reply;     /* the deciding reply (code 0 when error) */
+	const struct smtp_reply *rcpt; /* nrcpt of them, valid during done() */
+	uint64_t size_limit;         /* the server's SIZE, 0 if none */
+	bool tls;                    /* the session ran over TLS */
+	const char *tls_version;     /* "TLSv1.3" ... or "" */
+	const char *auth_mech;       /* the mechanism that authenticated, or "" */
+};
+
+typedef void smtp_out_done_fn(void *arg, struct smtp_out *c, const struct smtp_out_result *r);
+
+/*
+ * Connect to addr (from source when given: bind before connect) and set up the session.
+ * conf must outlive the connection.  Returns NULL on ENOMEM (errno set).  Connection
+ * failures are reported through done() of the first transaction.
+ */
+struct smtp_out *smtp_out_new(struct event_base *base, const struct smtp_out_conf *conf,
+			      const struct sockaddr *addr, socklen_t addrlen,
+			      const struct sockaddr *source, socklen_t sourcelen);
+/* Run one transaction; done(arg, c, result) once.  -EBUSY while one is under way,
+ * -ENOTCONN when the connection is no longer usable. */
+int smtp_out_send(struct smtp_out *c, const struct smtp_out_msg *m, smtp_out_done_fn *done,
+		  void *arg);
+/* Between transactions: may another one be sent on this connection? */
+bool smtp_out_usable(const struct smtp_out *c);
+/* Transactions completed on this connection (reuse counting). */
+unsigned smtp_out_transactions(const struct smtp_out *c);
+/* The peer as "host[addr]:port" for logs and Remote-MTA. */
+const char *smtp_out_peer(const struct smtp_out *c);
+/* Say QUIT and close; the connection frees itself (no callback).  Accepts NULL. */
+void smtp_out_quit(struct smtp_out *c);
+/* Close at once, calling nothing.  Accepts NULL; returns NULL. */
+struct smtp_out *smtp_out_free(struct smtp_out *c);
+
+/* The peer's host name for smtp_out_peer() (the MX or smarthost name); copied. */
+void smtp_out_set_peer_name(struct smtp_out *c, const char *name);
+
+/* The process-wide TLS client context (OpenSSL 3): made on first use. */
+void smtp_out_tls_cleanup(void);
+
+#endif
