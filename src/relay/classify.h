@@ -12,10 +12,12 @@
  *              replies at any stage);
  *   SLOW       like RETRY for the mail, and the lane's rate is cut (adaptive shaping).
  * Operators add signals (`signal { match = "regex"; action; for; }`), tried in order
- * before the built-in patterns, which are tried before the rules by stage and code.
- * Patterns are POSIX extended regexes, case-insensitive, matched against the reply as
- * "CODE[ ENH] text" (e.g. "550 5.7.1 Account suspended"); for a connection error, against
- * "connect: <error text>".
+ * before the built-in patterns (the table is in classify.c), which are tried before the
+ * rules by stage and code.  Patterns are POSIX extended regexes, case-insensitive, matched
+ * against the reply as "CODE[ ENH] text" (e.g. "550 5.7.1 Account suspended"); for a
+ * connection error, against "connect: <error text>" (e.g. "connect: Connection refused";
+ * built-in patterns are not tried on errors).  Patterns are tried only on 4xx/5xx replies
+ * and errors: a 2xx is OK whatever its text says.
  *
  * A pure module: no I/O, no clock.  A classifier is immutable once built: it may be used
  * from any thread.
@@ -41,7 +43,9 @@ enum classify_verdict {
 const char *classify_verdict_name(enum classify_verdict v); /* "ok", "retry", ... */
 
 /* A signal as configured: `signal { match; action; for; }` (action: suspend, slow,
- * retry or bounce -- bounce is CLASSIFY_FAIL). */
+ * retry or bounce -- bounce is CLASSIFY_FAIL; ok is refused).  for_ms is given to SUSPEND,
+ * SLOW and RETRY verdicts; <= 0 means none (a retry hint in the text, else the lane's
+ * backoff). */
 struct classify_signal_conf {
 	const char *match;           /* regex */
 	enum classify_verdict action;
@@ -50,8 +54,9 @@ struct classify_signal_conf {
 
 struct classify;
 
-/* Build a classifier from the configured signals (n may be 0).  NULL with err naming
- * the bad pattern (regcomp's message) or ENOMEM. */
+/* Build a classifier from the configured signals (n may be 0); the patterns are copied.
+ * NULL with errno EINVAL and err saying "signal N: bad pattern \"...\": <regcomp's
+ * message>" (N counts from 1), or errno ENOMEM and err "out of memory". */
 struct classify *classify_new(const struct classify_signal_conf *sig, size_t n, char *err,
 			      size_t errlen);
 struct classify *classify_free(struct classify *c);
@@ -60,23 +65,32 @@ struct classify_result {
 	enum classify_verdict verdict;
 	int64_t for_ms;              /* SUSPEND/SLOW: from the matching signal, or from a
 					retry hint in the text; -1: none (the lane's backoff) */
-	const char *signal;          /* the pattern that matched, or a rule's name
-					("421", "stage", "code"): for logs and `sluice lanes` */
+	const char *signal;          /* an operator's pattern as configured, a built-in's
+					name ("ses-throttling"), or a rule's name ("error",
+					"421", "stage", "code"): for logs and `sluice lanes`;
+					valid as long as the classifier */
 };
 
 /*
  * Classify the end of a transaction at stage with reply r (error == 0), or a connection
  * error (error < 0: r may be NULL or have code 0; ECONNREFUSED, ETIMEDOUT, ECONNRESET,
- * EPROTO before DOT -> SUSPEND; at stage DOT the caller handles the uncertain window and
- * does not ask).  For one recipient's RCPT reply pass stage SMTP_STAGE_RCPT.
+ * EPROTO, EPERM, ENOMEM and any other -> SUSPEND; EMSGSIZE and EPROTONOSUPPORT -> FAIL:
+ * this message can never go to this server.  At stage DOT the caller handles the
+ * uncertain window and does not ask; if it does, the answer is SUSPEND).  For one
+ * recipient's RCPT reply pass stage SMTP_STAGE_RCPT.  A reply that makes no sense (no
+ * reply, a code outside 200..599, a 3xx other than at DATA or AUTH) is SUSPEND, the
+ * verdict that changes no recipient state.  c may be NULL (rules only).
  */
 void classify_reply(const struct classify *c, enum smtp_out_stage stage, int error,
 		    const struct smtp_reply *r, struct classify_result *ret);
 
 /*
  * A retry hint in a reply text: "try again in 92 seconds", "retry after 5 minutes",
- * "wait 2 hours", "in 30s", "try again later" (no number: -1).  Returns milliseconds,
- * capped at 7 days, or -1 when there is none.  Bounded work on any input.
+ * "wait 2 hours", "in 30s", "in 1 hour and 30 minutes", "try again later" (no number:
+ * -1).  A number counts only within 32 bytes and 3 words after a cue word (in, after,
+ * wait) and with a unit (s, sec, second, m, min, minute, h, hr, hour, d, day, week, and
+ * plurals), so "quota exceeded 500" is no hint.  Returns milliseconds, capped at 7 days,
+ * or -1 when there is none.  One pass over the text: O(n) on any input.
  */
 int64_t classify_retry_hint(struct str text);
 

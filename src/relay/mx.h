@@ -4,8 +4,13 @@
  * domain's A/AAAA when there is no MX, a null MX (RFC 7505) is a permanent failure), and
  * the addresses of a smarthost name.
  *
- * One resolver per loop; lookups never block.  Answers are bounded: at most MX_MAX_TARGETS
- * addresses per lookup.
+ * One resolver per loop, used only by the thread that runs that loop; lookups never block
+ * (except that c-ares reads /etc/hosts, a local file).  Answers are bounded: at most
+ * MX_MAX_TARGETS addresses per lookup.  Names are absolute: no search domains are applied.
+ *
+ * When done() runs: always from the loop, in a callback of its own, never inside
+ * mx_lookup() or mx_cancel() -- except for an IP literal, answered inside mx_lookup().
+ * done() may start lookups, cancel other lookups, and free the resolver.
  */
 #ifndef SLUICE_MX_H
 #define SLUICE_MX_H
@@ -29,33 +34,51 @@ struct mx_target {
 };
 
 /*
- * Create a resolver on base.  servers: "ip[:port],ip[:port]" (tests point it at a local
- * server), or NULL for /etc/resolv.conf.  NULL with err on failure.
+ * Create a resolver on base.  servers: "ip[:port],[ip6]:port,..." (tests point it at a
+ * local server), or NULL for /etc/resolv.conf.  Each query waits 3 s and is tried 3 times
+ * per server (the wait doubling each round).  NULL with err on failure.
  */
 struct mx_resolver *mx_resolver_new(struct event_base *base, const char *servers, char *err,
 				    size_t errlen);
-/* Cancels every pending lookup (their done() runs with -ECANCELED), frees.  Accepts NULL. */
+/*
+ * Cancels every pending lookup (their done() runs with -ECANCELED, inside this call; a
+ * mx_lookup() from such a done() returns -ECANCELED), frees.  May be called from a done().
+ * Accepts NULL.
+ */
 struct mx_resolver *mx_resolver_free(struct mx_resolver *r);
+/*
+ * How long one DNS query waits for its first answer (ms, 1-60000; doubled at each round
+ * of retries) and how often it is tried per server (1-10).  0, -EINVAL, -EBUSY (lookups
+ * are pending), -ECANCELED (being freed), or -ENOMEM / -EIO.
+ */
+int mx_resolver_set_timeout(struct mx_resolver *r, unsigned timeout_ms, unsigned tries);
 
 /*
  * done(arg, error, targets, n): error 0 with n >= 1 targets in the order to try them;
  * -ENOENT (the domain does not exist, or has no address: permanent), -ENODATA (a null
  * MX: the domain takes no mail, permanent), -EAGAIN (a temporary DNS failure or
- * timeout), -ECANCELED.  targets is valid during the call only.
+ * timeout), -ECANCELED (only from mx_resolver_free()).  targets is valid during the call
+ * only.  Within one MX host IPv4 addresses come before IPv6 ones; an address is listed
+ * once (under its lowest preference).
  */
 typedef void mx_done_fn(void *arg, int error, const struct mx_target *targets, size_t n);
 
 /*
  * Look up name: with use_mx, its MX hosts and their addresses (A and AAAA); without, the
- * addresses of name itself (a smarthost).  A name that is an IP literal ("192.0.2.1",
- * "::1") is answered at once, without DNS, through done() before this returns.  port is
- * set in every address.  0 and *ret (the query, for mx_cancel(); ret may be NULL), or
- * -ENOMEM / -EINVAL.
+ * addresses of name itself (a smarthost).  "[name]" is name without MX lookup (Postfix's
+ * notation).  A name that is an IP literal ("192.0.2.1", "::1", "[192.0.2.1]",
+ * "[IPv6:2001:db8::1]") is answered at once, without DNS, through done() before this
+ * returns, with *ret set to NULL before done() runs; its target's host is the address
+ * text (not a name for SNI).  Names must be ASCII (IDNs as A-labels), labels 1-63 of
+ * letters, digits, '-', '_', at most 253 bytes and one final dot.  port is set in every
+ * address.  0 and *ret (the query, for mx_cancel(); ret may be NULL), or -ENOMEM,
+ * -EINVAL (a bad name or argument), -ECANCELED (the resolver is being freed); done() is
+ * not called on an error.
  */
 int mx_lookup(struct mx_resolver *r, const char *name, bool use_mx, uint16_t port,
 	      mx_done_fn *done, void *arg, struct mx_query **ret);
-/* done() will not run.  Accepts a query that has finished (no-op) only until its done()
- * returned; callers drop their pointer in done(). */
+/* done() will not run.  Accepts NULL, and a query whose done() is running (no-op); after
+ * done() returned the query is gone: callers drop their pointer in done(). */
 void mx_cancel(struct mx_query *q);
 
 #endif

@@ -22,6 +22,17 @@
  * smtp_out_usable()), or calls smtp_out_quit() (QUIT, then the connection frees itself)
  * or smtp_out_free() (closes at once).  Freeing cancels every timer and event and calls
  * no callback.
+ *
+ * done() is never called from inside smtp_out_send(), smtp_out_quit() or smtp_out_free():
+ * always later, from the loop.  Inside done() the caller may call smtp_out_send() (the
+ * next transaction), smtp_out_quit() or smtp_out_free() on the same connection; the
+ * result (and its rcpt table) is valid only until done() returns, and the message may be
+ * freed in done() (the body is copied piecewise as it is sent, never referenced).
+ * After a transaction refused at MAIL, RCPT or DATA, RSET is already under way when
+ * done() runs: smtp_out_usable() says yes, and a transaction sent then starts once RSET's
+ * reply is in (a refused or missing RSET reply ends that transaction at stage RSET).
+ * One connection belongs to one loop (thread); different connections may live on
+ * different threads.
  */
 #ifndef SLUICE_SMTP_OUT_H
 #define SLUICE_SMTP_OUT_H
@@ -75,8 +86,14 @@ struct smtp_out_conf {
 	bool auth_plaintext;         /* allow AUTH on a connection without TLS (off: -EPERM) */
 	uint64_t timeout_ms[SMTP_STAGE_COUNT]; /* 0: RFC 5321 4.5.3.2 defaults (connect 30 s,
 					greeting 5 min, MAIL 5 min, RCPT 5 min, DATA 2 min, each
-					body write 3 min, dot 10 min, others 2 min) */
+					body write 3 min, dot 10 min, QUIT 10 s, others 2 min).
+					The body writes use timeout_ms[SMTP_STAGE_DATA] when it is
+					set (the DATA reply and each refill of the output) */
 };
+
+/* Bounds on a transaction (smtp_out_send: -EINVAL past them). */
+#define SMTP_OUT_RCPT_MAX 1000
+#define SMTP_OUT_ADDR_MAX 512        /* an address, without <> (RFC 5321 4.5.3.1.3: 256) */
 
 /* One transaction.  Everything it points to stays valid until done() has run. */
 struct smtp_out_msg {
@@ -118,32 +135,60 @@ struct smtp_out_result {
 typedef void smtp_out_done_fn(void *arg, struct smtp_out *c, const struct smtp_out_result *r);
 
 /*
- * Connect to addr (from source when given: bind before connect) and set up the session.
- * conf must outlive the connection.  Returns NULL on ENOMEM (errno set).  Connection
- * failures are reported through done() of the first transaction.
+ * Connect to addr (AF_INET or AF_INET6; from source when given: bind before connect) and
+ * set up the session.  conf must outlive the connection.  Returns NULL on ENOMEM, or
+ * EINVAL for a missing conf/helo or an unusable address (errno set).  Connection and
+ * set-up failures are reported through done() of the first transaction (also when it is
+ * sent after the failure happened).
  */
 struct smtp_out *smtp_out_new(struct event_base *base, const struct smtp_out_conf *conf,
 			      const struct sockaddr *addr, socklen_t addrlen,
 			      const struct sockaddr *source, socklen_t sourcelen);
 /* Run one transaction; done(arg, c, result) once.  -EBUSY while one is under way,
- * -ENOTCONN when the connection is no longer usable. */
+ * -ENOTCONN when the connection is no longer usable (or quitting), -EINVAL for no or too
+ * many recipients or an address with CR, LF, NUL, '<' or '>' or longer than
+ * SMTP_OUT_ADDR_MAX (nothing is sent then), -ENOMEM. */
 int smtp_out_send(struct smtp_out *c, const struct smtp_out_msg *m, smtp_out_done_fn *done,
 		  void *arg);
-/* Between transactions: may another one be sent on this connection? */
+/* Between transactions: may another one be sent on this connection?  (Also true while a
+ * new connection is still being set up: the transaction waits for it.) */
 bool smtp_out_usable(const struct smtp_out *c);
-/* Transactions completed on this connection (reuse counting). */
+/* Transactions completed on this connection (reuse counting): those that got a reply
+ * after the final dot, 2xx or not. */
 unsigned smtp_out_transactions(const struct smtp_out *c);
 /* The peer as "host[addr]:port" for logs and Remote-MTA. */
 const char *smtp_out_peer(const struct smtp_out *c);
-/* Say QUIT and close; the connection frees itself (no callback).  Accepts NULL. */
+/* Say QUIT and close; the connection frees itself (no callback): c must not be used
+ * after this call.  QUIT is said when nothing is outstanding, or after the reply awaited
+ * during set-up or RSET; in a transaction, a TLS handshake or AUTH the connection just
+ * closes.  A transaction not yet done is dropped without its done().  Accepts NULL. */
 void smtp_out_quit(struct smtp_out *c);
 /* Close at once, calling nothing.  Accepts NULL; returns NULL. */
 struct smtp_out *smtp_out_free(struct smtp_out *c);
 
+/*
+ * Between transactions, the relay learns when a connection becomes ready: ready(arg, c,
+ * NULL) once the session is set up (greeting, EHLO, STARTTLS, AUTH) while no transaction
+ * waits -- the caller then takes its budget and calls smtp_out_send(), which writes MAIL
+ * at once, so that the send is counted when it is made -- and ready(arg, c, failure) when
+ * the session cannot be set up, or an idle connection is closed by the peer, while no
+ * transaction waits (the connection is then unusable: free it).  Set before the loop
+ * runs again after smtp_out_new().
+ * ready(c, NULL) comes once, when the set-up completes (not again after transactions or
+ * RSETs); ready(c, failure) at most once, with failure->rcpt NULL, also for a refused RSET
+ * or an idle connection's 421, EOF or stray reply.  A failure while a transaction waits
+ * goes to that transaction's done() instead.  ready() may call smtp_out_send(),
+ * smtp_out_quit() or smtp_out_free(); it is never called from inside smtp_out_* calls.
+ */
+typedef void smtp_out_ready_fn(void *arg, struct smtp_out *c, const struct smtp_out_result *failure);
+void smtp_out_set_ready(struct smtp_out *c, smtp_out_ready_fn *ready, void *arg);
+
 /* The peer's host name for smtp_out_peer() (the MX or smarthost name); copied. */
 void smtp_out_set_peer_name(struct smtp_out *c, const char *name);
 
-/* The process-wide TLS client context (OpenSSL 3): made on first use. */
+/* The process-wide TLS client contexts (OpenSSL 3, one per ca_file, made on first use)
+ * and the GNU SASL context: freed here, at exit or to reload CA files (connections alive
+ * keep their own references to a TLS context; none may be in AUTH). */
 void smtp_out_tls_cleanup(void);
 
 #endif
