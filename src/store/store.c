@@ -1,5 +1,6 @@
 /*
- * store -- what every backend shares: the (rule, key) identity hash and store_free().
+ * store -- what every backend shares: the (rule, key) identity hash, store_free(), and the
+ * entry points that check a call before the backend sees it.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -88,4 +89,22 @@ void store_slot_release(struct store *s, const char *cls)
 bool store_is_shared(const struct store *s)
 {
 	return s->ops->slot_enter != NULL;
+}
+
+int store_slide_start(struct store *s, struct store_slide_call *c)
+{
+	c->req = NULL;
+	if (!s->ops->slide_start)
+		return -ENOTSUP;
+	if (!c->name || !c->name[0] || strlen(c->name) > STORE_SLIDE_NAME || c->nwin == 0 ||
+	    c->nwin > RATE_MAX_WINDOWS || !c->done)
+		return -EINVAL;
+	return s->ops->slide_start(s->ctx, c);
+}
+
+void store_slide_cancel(struct store *s, struct store_slide_call *c)
+{
+	if (c->req && s->ops->slide_cancel)
+		s->ops->slide_cancel(s->ctx, c);
+	c->req = NULL;
 }

@@ -113,6 +113,64 @@ struct store_slot_call {
 	void *req;
 };
 
+/*
+ * A lane's exact sliding windows (slide.h) shared by the nodes of a cluster: one atomic
+ * script (redis/slide.lua) over every window of the lane, so that the nodes together never
+ * send more than n[i] in any window of length window_ns[i].  A take is admitted iff every
+ * window admits it, and then counts in every window; a refused take charges nothing.
+ *
+ * The caller owns the call (and name) and keeps it valid until done() has run or
+ * store_slide_cancel() has returned.  done() runs on the thread that started the call,
+ * from its event loop (never inside store_slide_start()), with
+ *   rc = 1   admitted (take: counted in every window; wait_ns = 0),
+ *   rc = 0   refused: wait_ns is the exact wait until every window would admit (the
+ *            largest over the refusing windows; UINT64_MAX when some n[i] is 0),
+ *   rc < 0   no answer: -ETIMEDOUT (none within the store's timeout), -EAGAIN (Redis
+ *            unreachable, or the connection was lost), -EPROTO (an error or malformed
+ *            reply).  The caller must not send: the take may or may not have counted
+ *            (a timed-out script may still run), which can only make the lane send less.
+ * count[] is then set for rc >= 0: the sends that count in each window (after a take).
+ *
+ * There is no on_failure for lanes.  `local` (each node enforcing n / nodes alone) is a
+ * fair compromise for inbound limits, but not here: the sends made before Redis went away
+ * are known only to Redis, so a node could send its whole share into a window that is
+ * already full, and nodes that still reach Redis (a partition, not an outage) keep using
+ * the whole budget -- together over the provider's limit, which is what gets a relay's
+ * account banned.  A shared lane stops instead; its mail waits in the queue (DESIGN law 5).
+ *
+ * Keys: PREFIX "lane:" NAME ":" I, one sorted set per window, I its index in n[] (the
+ * order must stay the same across calls and nodes: the lane's configured order).
+ */
+struct store_slide_call {
+	/* in */
+	const char *name;                       /* the lane: non-empty, <= STORE_SLIDE_NAME bytes */
+	unsigned nwin;                          /* 1 .. RATE_MAX_WINDOWS */
+	uint64_t n[RATE_MAX_WINDOWS];           /* sends allowed per window (0: none, ever) */
+	uint64_t window_ns[RATE_MAX_WINDOWS];   /* window lengths */
+	bool take;                              /* false: peek, write nothing */
+	uint64_t now;                           /* CLOCK_REALTIME ns; 0: Redis's clock (TIME),
+						 * which every node then shares */
+	void (*done)(struct store_slide_call *c, int rc, uint64_t wait_ns);
+	void *arg;
+	/* out */
+	char member[48];                        /* this send's unique id in the sets (take) */
+	uint64_t count[RATE_MAX_WINDOWS];
+	void *req;                              /* the backend's request while pending */
+};
+
+#define STORE_SLIDE_NAME 256
+
+/* The windows of a configured rate list ("8/1m", "10000/1d"): n = count, window = period
+ * (a burst means nothing to an exact window).  l->n must be 1 .. RATE_MAX_WINDOWS. */
+static inline void store_slide_set_limits(struct store_slide_call *c, const struct rate_limits *l)
+{
+	c->nwin = l->n;
+	for (unsigned i = 0; i < l->n && i < RATE_MAX_WINDOWS; i++) {
+		c->n[i] = l->w[i].count;
+		c->window_ns[i] = l->w[i].period_ns;
+	}
+}
+
 struct store_ops {
 	int (*decide)(void *ctx, struct store_item *items, size_t n, enum store_mode mode,
 		      uint64_t now);
@@ -126,6 +184,10 @@ struct store_ops {
 	void (*slot_cancel)(void *ctx, struct store_slot_call *c);
 	void (*slot_release)(void *ctx, const char *cls);
 	void (*slots_renew)(void *ctx, const char *const *cls, const unsigned *counts, size_t n);
+	/* Optional shared lane windows (NULL: lanes keep their own slide.c).  slide_start:
+	 * STORE_PENDING or <0, never done() from inside it; the call is checked already. */
+	int (*slide_start)(void *ctx, struct store_slide_call *c);
+	void (*slide_cancel)(void *ctx, struct store_slide_call *c);
 	/* Give back what items with charged set took (TAT -= cost*T, not below now). */
 	void (*refund)(void *ctx, const struct store_item *items, size_t n, uint64_t now);
 	/* Forget a (rule, key): every window of limits.  Returns 1 if it existed, else 0. */
@@ -192,6 +254,17 @@ void store_call_cancel(struct store *s, struct store_call *c);
 int store_slot_enter(struct store *s, struct store_slot_call *c);
 void store_slot_cancel(struct store *s, struct store_slot_call *c);
 void store_slot_release(struct store *s, const char *cls);
+/*
+ * Shared lane windows: see struct store_slide_call.  STORE_PENDING (done() will run), or
+ * at once -ENOTSUP when the store is not shared (the memory store: the lane then uses
+ * slide.c itself), -EINVAL for a call out of bounds (no name, nwin, a name too long,
+ * no done), -EAGAIN when Redis cannot be asked now (down, or this thread has no event
+ * loop), -ENOMEM.  c->req is NULL on every immediate answer.
+ */
+int store_slide_start(struct store *s, struct store_slide_call *c);
+/* The caller no longer wants the answer: done() will not run.  Accepts a finished call.
+ * (A take already sent may still count: cancelling can only make the lane send less.) */
+void store_slide_cancel(struct store *s, struct store_slide_call *c);
 
 static inline void store_refund(struct store *s, const struct store_item *items, size_t n,
 				uint64_t now)

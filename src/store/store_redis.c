@@ -28,12 +28,18 @@
  * of its lease; a heartbeat renews this node's leases with its own counts, and a node
  * that stops renewing (killed) stops counting once its lease expires.
  *
+ * Lanes (the relay's exact sliding windows, store_slide_start()) are one sorted set per
+ * window, PREFIX "lane:" NAME ":" INDEX, decided over all windows at once by
+ * redis/slide.lua.  They have no on_failure: a timeout, a lost connection or an error is
+ * answered as such, and the lane does not send (store.h says why).
+ *
  * Invariants: a request is freed exactly once, by its hiredis callback (which hiredis
  * also runs, with no reply, when the connection goes away); a call is answered exactly
  * once (reply, timeout, failure) unless cancelled first; all state of a connection is
  * touched only by its own thread.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <netdb.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -62,7 +68,7 @@
 #define CONNECT_TIMEOUT_MS 2000
 
 enum script_id {
-	SC_GCRA = 0, SC_REFUND, SC_SLOT_ENTER, SC_SLOT_RELEASE, SC_SLOT_RENEW,
+	SC_GCRA = 0, SC_REFUND, SC_SLOT_ENTER, SC_SLOT_RELEASE, SC_SLOT_RENEW, SC_SLIDE,
 	SC_COUNT,
 	SC_ROLE = SC_COUNT, /* setup commands that are not scripts */
 	SC_NONE,
@@ -77,6 +83,7 @@ static const struct {
 	[SC_SLOT_ENTER] = { script_slot_enter, sizeof(script_slot_enter) - 1 },
 	[SC_SLOT_RELEASE] = { script_slot_release, sizeof(script_slot_release) - 1 },
 	[SC_SLOT_RENEW] = { script_slot_renew, sizeof(script_slot_renew) - 1 },
+	[SC_SLIDE] = { script_slide, sizeof(script_slide) - 1 },
 };
 
 struct addr {
@@ -84,7 +91,7 @@ struct addr {
 	int port;        /* 0: unix socket */
 };
 
-enum req_kind { REQ_DECIDE = 0, REQ_SLOT, REQ_OTHER, REQ_SETUP };
+enum req_kind { REQ_DECIDE = 0, REQ_SLOT, REQ_SLIDE, REQ_OTHER, REQ_SETUP };
 
 struct rconn;
 
@@ -98,6 +105,7 @@ struct rreq {
 	uint64_t deadline_ms;      /* monotonic */
 	struct store_call *call;
 	struct store_slot_call *slot;
+	struct store_slide_call *slide;
 	/* REQ_OTHER/REQ_SETUP: what a failed reply means for the connection */
 	const char *what;
 };
@@ -139,6 +147,8 @@ struct rstore {
 	_Atomic unsigned down;     /* connections not healthy */
 	_Atomic bool announced;    /* the first connection was logged */
 	_Atomic uint64_t decisions, errors, fallbacks, timeouts, reconnects;
+	_Atomic uint64_t slide_seq;  /* lane sends taken by this process: member ids */
+	char member_base[32];      /* "NODE:RANDOM": see redis_slide_start() */
 	char state[160];           /* under lock */
 	uint64_t down_since;       /* realtime ns, under lock */
 };
@@ -392,14 +402,20 @@ static void req_unlink(struct rreq *r)
 	r->waiting = false;
 }
 
-/* Answer r's caller by on_failure (timeout, error, connection lost). */
-static void req_fail(struct rreq *r)
+/* Answer r's caller by on_failure (timeout, error, connection lost); a lane, which has no
+ * on_failure, by err (-ETIMEDOUT, -EAGAIN, -EPROTO). */
+static void req_fail(struct rreq *r, int err)
 {
 	if (!r->waiting)
 		return;
 	req_unlink(r);
 	struct rstore *st = r->conn->st;
-	if (r->kind == REQ_DECIDE && r->call) {
+	if (r->kind == REQ_SLIDE && r->slide) {
+		struct store_slide_call *sl = r->slide;
+		r->slide = NULL;
+		sl->req = NULL;
+		sl->done(sl, err, 0);
+	} else if (r->kind == REQ_DECIDE && r->call) {
 		struct store_call *call = r->call;
 		r->call = NULL;
 		call->req = NULL;
@@ -701,6 +717,70 @@ static int parse_decide(const redisReply *r, struct store_call *call)
 	return store_redis_parse_decide(r, call->items, call->n, call->mode);
 }
 
+/* ---- lanes: building the script's arguments, reading its reply ------------------------ */
+
+/* EVALSHA slide nwin  PREFIX"lane:"NAME":"0 ...  take|peek now member  N_1 W_1 ... */
+static int build_slide(struct argv_buf *a, const struct rconn *c,
+		       const struct store_slide_call *sl, bool eval)
+{
+	const struct rstore *st = c->st;
+	size_t key = strlen(st->prefix) + strlen(sl->name) + 16;
+	if (argv_init(a, 8 + 3 * (size_t)sl->nwin, (key + 48) * sl->nwin + 256) < 0)
+		return -ENOMEM;
+	int bad = script_head(a, c, SC_SLIDE, eval, sl->nwin);
+	for (unsigned i = 0; i < sl->nwin; i++)
+		bad |= argv_add(a, "%slane:%s:%u", st->prefix, sl->name, i);
+	bad |= argv_add_cstr(a, sl->take ? "take" : "peek");
+	if (sl->now)
+		bad |= argv_add_u64(a, sl->now);
+	else
+		bad |= argv_add_cstr(a, "");
+	bad |= argv_add_cstr(a, sl->take ? sl->member : "");
+	for (unsigned i = 0; i < sl->nwin; i++) {
+		bad |= argv_add_u64(a, sl->n[i]);
+		bad |= argv_add_u64(a, sl->window_ns[i]);
+	}
+	if (bad) {
+		argv_clear(a);
+		return -ENOBUFS;
+	}
+	return 0;
+}
+
+/*
+ * slide.lua's reply { ok, wait_ns, count per window }: 1 or 0 with *ret_wait (0 when
+ * admitted) and sl->count set, or -EPROTO (nothing set) for a reply of the wrong shape or
+ * one that contradicts itself (admitted with a wait, refused with none).
+ */
+static int parse_slide(const redisReply *r, struct store_slide_call *sl, uint64_t *ret_wait)
+{
+	if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 + (size_t)sl->nwin)
+		return -EPROTO;
+	const redisReply *ok = r->element[0], *w = r->element[1];
+	if (ok->type != REDIS_REPLY_INTEGER || (ok->integer != 0 && ok->integer != 1) ||
+	    w->type != REDIS_REPLY_STRING || w->len == 0 || w->len > 20)
+		return -EPROTO;
+	uint64_t wait = 0;
+	for (size_t i = 0; i < w->len; i++) {
+		unsigned d = (unsigned char)w->str[i] - '0';
+		if (d > 9 || __builtin_mul_overflow(wait, 10, &wait) ||
+		    __builtin_add_overflow(wait, d, &wait))
+			return -EPROTO;
+	}
+	if ((ok->integer == 1) != (wait == 0))
+		return -EPROTO;
+	uint64_t count[RATE_MAX_WINDOWS];
+	for (unsigned i = 0; i < sl->nwin; i++) {
+		const redisReply *e = r->element[2 + i];
+		if (e->type != REDIS_REPLY_INTEGER || e->integer < 0)
+			return -EPROTO;
+		count[i] = (uint64_t)e->integer;
+	}
+	memcpy(sl->count, count, sl->nwin * sizeof(count[0]));
+	*ret_wait = wait;
+	return (int)ok->integer;
+}
+
 /* ---- the connection ------------------------------------------------------------------- */
 
 static void conn_start(struct rconn *c);
@@ -726,27 +806,42 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 	if (rep)
 		c->last_reply_ms = now_ms();
 	if (!rep) {
-		/* the connection went away: answered by on_failure */
-		req_fail(r);
+		/* the connection went away: answered by on_failure (a lane: -EAGAIN) */
+		req_fail(r, -EAGAIN);
 		req_free(r);
 		return;
 	}
 	if (rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "NOSCRIPT", 8) == 0 &&
-	    !r->retried && r->waiting && r->kind == REQ_DECIDE && r->call) {
+	    !r->retried && r->waiting &&
+	    ((r->kind == REQ_DECIDE && r->call) || (r->kind == REQ_SLIDE && r->slide))) {
 		/* the script cache was flushed: send it again with its text (which caches it) */
-		struct rreq *again = req_new(c, REQ_DECIDE, r->script);
+		struct rreq *again = req_new(c, r->kind, r->script);
 		struct argv_buf a;
-		if (again && build_decide(&a, c, r->call, true) == 0) {
+		int built = !again ? -ENOMEM : r->kind == REQ_DECIDE
+						? build_decide(&a, c, r->call, true)
+						: build_slide(&a, c, r->slide, true);
+		if (built == 0) {
 			struct store_call *call = r->call;
+			struct store_slide_call *sl = r->slide;
 			again->retried = true;
 			again->call = call;
-			call->req = again;
+			again->slide = sl;
+			if (call)
+				call->req = again;
+			if (sl)
+				sl->req = again;
 			again->deadline_ms = r->deadline_ms;
 			r->call = NULL;
+			r->slide = NULL;
 			req_free(r);
 			if (send_req(c, again, &a) < 0) {
-				call->req = NULL;
-				call->done(call, fallback_decide(st, call));
+				if (call) {
+					call->req = NULL;
+					call->done(call, fallback_decide(st, call));
+				} else {
+					sl->req = NULL;
+					sl->done(sl, -EAGAIN, 0);
+				}
 			}
 			return;
 		}
@@ -762,7 +857,7 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 				fmt_fixed(c->err, sizeof(c->err), "%s", why);
 			redisAsyncDisconnect(c->ac); /* its callbacks run later, not in this one */
 		}
-		req_fail(r);
+		req_fail(r, reply_means_reconnect(rep) ? -EAGAIN : -EPROTO);
 		req_free(r);
 		return;
 	}
@@ -795,6 +890,19 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 				rc = fallback_slot(st, sc);
 			}
 			sc->done(sc, rc);
+		}
+		break;
+	case REQ_SLIDE:
+		if (r->waiting && r->slide) {
+			req_unlink(r);
+			struct store_slide_call *sl = r->slide;
+			r->slide = NULL;
+			sl->req = NULL;
+			uint64_t wait = 0;
+			int rc = parse_slide(rep, sl, &wait);
+			if (rc < 0)
+				atomic_fetch_add(&st->errors, 1);
+			sl->done(sl, rc, rc == 0 ? wait : 0);
 		}
 		break;
 	case REQ_SETUP:
@@ -831,7 +939,7 @@ static int send_req(struct rconn *c, struct rreq *r, struct argv_buf *a)
 		req_free(r);
 		return -EIO;
 	}
-	if (r->kind == REQ_DECIDE || r->kind == REQ_SLOT)
+	if (r->kind == REQ_DECIDE || r->kind == REQ_SLOT || r->kind == REQ_SLIDE)
 		req_wait(r);
 	return 0;
 }
@@ -884,7 +992,7 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	while (c->head && c->head->deadline_ms <= now) {
 		atomic_fetch_add(&st->timeouts, 1);
-		req_fail(c->head);
+		req_fail(c->head, -ETIMEDOUT);
 	}
 	if (c->ac && !c->connected && c->connect_deadline_ms <= now) {
 		conn_down(c, "connection timed out");
@@ -913,7 +1021,7 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
 static void retry_later(struct rconn *c)
 {
 	while (c->head)
-		req_fail(c->head);
+		req_fail(c->head, -EAGAIN);
 	conn_mark(c, false, c->err);
 	c->backoff_ms = c->backoff_ms ? c->backoff_ms * 2 : BACKOFF_MIN_MS;
 	if (c->backoff_ms > BACKOFF_MAX_MS)
@@ -1154,7 +1262,8 @@ static struct rconn *conn_get(struct rstore *st)
 	return c;
 }
 
-/* A connection that can take a request now, or NULL (the caller uses on_failure).
+/* A connection that can take a request now, or NULL (the caller uses on_failure; a lane
+ * gets -EAGAIN).
  * XXX with sentinels, a loop's first decisions are answered by on_failure while its
  * connection asks the sentinels (without them they queue until the connection is up). */
 static struct rconn *conn_usable(struct rstore *st)
@@ -1197,6 +1306,7 @@ static void req_withdraw(struct rreq *r)
 		return;
 	r->call = NULL;
 	r->slot = NULL;
+	r->slide = NULL;
 	req_unlink(r);
 }
 
@@ -1321,6 +1431,56 @@ static int redis_save(void *ctx, char *err, size_t errlen)
 	(void)err;
 	(void)errlen;
 	return 0; /* Redis keeps the state */
+}
+
+/* ---- lanes ---------------------------------------------------------------------------- */
+
+/*
+ * One script for every window of the lane (store.h, struct store_slide_call).  No
+ * on_failure here: while Redis cannot answer, the lane does not send.
+ *
+ * A take's member id is MEMBER_BASE ":" SEQ, with MEMBER_BASE = NODE ":" RANDOM made once
+ * per store: the node id alone is not enough, since a configured one survives a restart
+ * and a counter that starts again at 1 would repeat an id still in a set -- a repeated
+ * id moves its send instead of adding one, and the lane would count one send too few.
+ * 48 random bits keep a restarted node apart from its earlier self.
+ */
+static int redis_slide_start(void *ctx, struct store_slide_call *sl)
+{
+	struct rstore *st = ctx;
+	atomic_fetch_add(&st->decisions, 1);
+	sl->member[0] = '\0';
+	if (sl->take &&
+	    fmt_fixed(sl->member, sizeof(sl->member), "%s:%" PRIx64, st->member_base,
+		      atomic_fetch_add(&st->slide_seq, 1) + 1) < 0)
+		return -EINVAL; /* cannot happen: the base is short */
+	struct rconn *c = conn_usable(st);
+	if (!c)
+		return -EAGAIN;
+	struct rreq *r = req_new(c, REQ_SLIDE, SC_SLIDE);
+	if (!r)
+		return c->inflight >= MAX_INFLIGHT ? -EAGAIN : -ENOMEM;
+	struct argv_buf a;
+	int rc = build_slide(&a, c, sl, false);
+	if (rc < 0) {
+		req_free(r);
+		return rc == -ENOBUFS ? -EINVAL : rc;
+	}
+	r->slide = sl;
+	r->what = "lane";
+	sl->req = r;
+	if (send_req(c, r, &a) < 0) {
+		sl->req = NULL;
+		return -EAGAIN;
+	}
+	return STORE_PENDING;
+}
+
+static void redis_slide_cancel(void *ctx, struct store_slide_call *sl)
+{
+	(void)ctx;
+	req_withdraw(sl->req);
+	sl->req = NULL;
 }
 
 /* ---- class slots ---------------------------------------------------------------------- */
@@ -1482,6 +1642,11 @@ struct store *store_redis_new(const struct store_redis_conf *conf, char *err, si
 		goto nomem;
 	st->conf.prefix = st->prefix;
 	st->conf.node_id = st->node_id;
+	uint64_t rnd = 0;
+	if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != sizeof(rnd))
+		rnd = now_ns() ^ realtime_ns() ^ ((uint64_t)getpid() << 32);
+	fmt_fixed(st->member_base, sizeof(st->member_base), "%.16s:%012" PRIx64, st->node_id,
+		  (uint64_t)(rnd & 0xffffffffffffu));
 	if (st->conf.timeout_ms == 0)
 		st->conf.timeout_ms = 50;
 	if (st->conf.lease_ms == 0)
@@ -1541,6 +1706,8 @@ static const struct store_ops redis_ops = {
 	.slot_cancel = redis_slot_cancel,
 	.slot_release = redis_slot_release,
 	.slots_renew = redis_slots_renew,
+	.slide_start = redis_slide_start,
+	.slide_cancel = redis_slide_cancel,
 	.refund = redis_refund,
 	.reset = redis_reset,
 	.top = redis_top,

@@ -12,6 +12,12 @@ slot_renew) with explicit times, where a node whose lease ran out stops counting
 random traffic through gcra.lua, refund.lua and slide.lua against a model of the rules in
 exact integers, for the carries and roundings a hand-written table may miss.
 
+slide.lua decides over several windows of a lane at once: admitted only if every window
+admits, a refusal charging none, the wait the largest over the refusing windows.  Beside
+hand-computed cases, two nodes' random sends must never exceed N in any window, and
+slide.c itself (compiled here into a small shared library, driven through ctypes) must
+give the same answers as the script for the same sequence of calls and times.
+
 The server is private to this module: its own unix socket in a temporary directory, no
 TCP port, no persistence; every test starts from an empty database.
 """
@@ -305,8 +311,8 @@ def run_case(redis, case):
         else:
             sends += 1
             out = redis.eval("slide.lua", [f"slide:{st['name']}"],
-                             [st["mode"], st["now"], st["limit"], st["window"],
-                              f"node1:{sends}"])
+                             [st["mode"], st["now"], f"node1:{sends}", st["limit"],
+                              st["window"]])
             got = (int(out[0]), int(out[1]), int(out[2]))
             want = (int(st["ok"]), st["wait"], st["count"])
             assert got == want, f"{where}: got {got}, expected {want}"
@@ -398,18 +404,94 @@ def test_gcra_and_refund_use_time_for_an_empty_now(redis):
 
 def test_slide_expiry_and_time(redis):
     t1 = redis.time_ns()
-    out = redis.eval("slide.lua", ["lane"], ["take", "", 2, MIN, "n1:1"])
+    out = redis.eval("slide.lua", ["lane"], ["take", "", "n1:1", 2, MIN])
     t2 = redis.time_ns()
     assert out == ["1", "0", "1"]
     score = int(redis.cli("ZSCORE", "lane", "n1:1")[0])
     assert t1 // 1000 <= score <= t2 // 1000
     pttl_about(redis, "lane", 60000 + 1000)
     # W off the ms: rounded up
-    redis.eval("slide.lua", ["lane2"], ["take", t1, 2, 1500 * 10**6 + 1, "n1:2"])
+    redis.eval("slide.lua", ["lane2"], ["take", t1, "n1:2", 2, 1500 * 10**6 + 1])
     pttl_about(redis, "lane2", 1501 + 1000)
     # peek writes nothing
-    assert redis.eval("slide.lua", ["lane3"], ["peek", t1, 2, MIN, ""]) == ["1", "0", "0"]
+    assert redis.eval("slide.lua", ["lane3"], ["peek", t1, "", 2, MIN]) == ["1", "0", "0"]
     assert redis.cli("EXISTS", "lane3") == ["0"]
+
+
+# ---------------------------------------------------------------------------------------
+# slide.lua over several windows: one decision
+
+def slide(redis, keys, mode, now, member, windows):
+    """Run slide.lua over windows [(N, W), ...]; returns [ok, wait, count...] as ints."""
+    args = [mode, now, member]
+    for n, w in windows:
+        args += [n, w]
+    return [int(x) for x in redis.eval("slide.lua", keys, args)]
+
+
+def members(redis, key):
+    return redis.cli("ZRANGE", key, 0, -1, "WITHSCORES")
+
+
+def test_slide_windows_as_one(redis):
+    t0 = DEFAULT_EPOCH + 123456789          # 789 ns past its microsecond
+    keys, lane = ["w:0", "w:1"], [(2, SEC), (3, MIN)]
+    assert slide(redis, keys, "take", t0, "a1", lane) == [1, 0, 1, 1]
+    assert slide(redis, keys, "take", t0 + 1000, "a2", lane) == [1, 0, 2, 2]
+    # the minute has room, the second does not: nothing is added anywhere
+    before = [members(redis, k) for k in keys]
+    assert slide(redis, keys, "take", t0 + 2000, "a3", lane) == [0, SEC - 1789, 2, 2]
+    assert [members(redis, k) for k in keys] == before
+    # on the microsecond the first send leaves: admitted, counted in both
+    assert slide(redis, keys, "take", t0 + SEC + 211, "a4", lane) == [1, 0, 2, 3]
+    # the second has room, the minute refuses; the take forgot what no longer counts
+    assert slide(redis, keys, "take", t0 + 3 * SEC, "a5", lane) == [0, MIN - 3 * SEC + 211, 0, 3]
+    assert redis.cli("ZCARD", "w:0") == ["0"] and redis.cli("ZCARD", "w:1") == ["3"]
+    # a peek forgets nothing and writes nothing
+    assert slide(redis, ["v:0", "v:1"], "peek", t0, "", lane) == [1, 0, 0, 0]
+    assert redis.cli("EXISTS", "v:0", "v:1") == ["0"]
+
+
+def test_slide_largest_wait_of_the_refusing_windows(redis):
+    t0 = DEFAULT_EPOCH + 123456789
+    keys, lane = ["b:0", "b:1"], [(1, SEC), (2, MIN)]
+    assert slide(redis, keys, "take", t0, "b1", lane)[0] == 1
+    assert slide(redis, keys, "take", t0 + SEC + 211, "b2", lane)[0] == 1
+    # both refuse: the later of the two leavings
+    assert slide(redis, keys, "take", t0 + SEC + 1211, "b3", lane) == \
+        [0, MIN - SEC - 1000, 1, 2]
+    # only the minute refuses (the second's send left)
+    assert slide(redis, keys, "peek", t0 + 2 * SEC + 211, "", lane) == [0, MIN - 2 * SEC, 0, 2]
+    # windows in the other order: the same answer
+    assert slide(redis, keys[::-1], "peek", t0 + SEC + 1211, "", lane[::-1]) == \
+        [0, MIN - SEC - 1000, 2, 1]
+    # N = 0 in any refusing window: never
+    assert slide(redis, keys, "peek", t0 + SEC + 1211, "", [(1, SEC), (0, MIN)]) == \
+        [0, U64_MAX, 1, 2]
+    assert slide(redis, ["z:0", "z:1"], "take", t0, "z1", [(5, SEC), (0, MIN)]) == \
+        [0, U64_MAX, 0, 0]
+    assert redis.cli("EXISTS", "z:0", "z:1") == ["0"]
+    # a wait past 2^53 ns stays exact: 300 days, asked 1 ns after the send
+    day = 86400 * SEC
+    assert slide(redis, ["y:0"], "take", t0 + 211, "y1", [(1, 300 * day)])[0] == 1
+    assert slide(redis, ["y:0"], "peek", t0 + 212, "", [(1, 300 * day)]) == \
+        [0, 300 * day - 1, 1]
+    assert slide(redis, ["y:0"], "peek", t0 + 1211, "", [(1, 300 * day)]) == \
+        [0, 300 * day - 1000, 1]
+
+
+def test_slide_expiry_per_window(redis):
+    now = redis.time_ns()
+    keys = ["e:0", "e:1", "e:2"]
+    lane = [(2, 1500 * 10**6 + 1), (5, MIN), (9, 3600 * SEC)]
+    assert slide(redis, keys, "take", now, "e1", lane) == [1, 0, 1, 1, 1]
+    pttl_about(redis, "e:0", 1501 + 1000)
+    pttl_about(redis, "e:1", 60000 + 1000)
+    pttl_about(redis, "e:2", 3600000 + 1000)
+    # the same member in every set, with the same score
+    scores = {k: redis.cli("ZSCORE", k, "e1") for k in keys}
+    assert len(set(map(tuple, scores.values()))) == 1
+    assert int(scores["e:0"][0]) == -(-now // 1000)
 
 
 def test_scripts_check_their_input(redis):
@@ -423,7 +505,17 @@ def test_scripts_check_their_input(redis):
     with pytest.raises(RedisError, match="neither check nor peek"):
         gcra(redis, case, "charge", DEFAULT_EPOCH, [{"key": "k", "cost": 1, "flags": 1}])
     with pytest.raises(RedisError, match="member id"):
-        redis.eval("slide.lua", ["lane"], ["take", DEFAULT_EPOCH, 1, MIN, ""])
+        redis.eval("slide.lua", ["lane"], ["take", DEFAULT_EPOCH, "", 1, MIN])
+    with pytest.raises(RedisError, match="fewer windows than keys"):
+        redis.eval("slide.lua", ["l0", "l1"], ["take", DEFAULT_EPOCH, "m", 1, MIN])
+    with pytest.raises(RedisError, match="more windows than keys"):
+        redis.eval("slide.lua", ["l0"], ["take", DEFAULT_EPOCH, "m", 1, MIN, 2, MIN])
+    with pytest.raises(RedisError, match="no window"):
+        redis.eval("slide.lua", [], ["peek", DEFAULT_EPOCH, ""])
+    with pytest.raises(RedisError, match="N is not a decimal"):
+        redis.eval("slide.lua", ["l0", "l1"], ["take", DEFAULT_EPOCH, "m", 1, MIN, "x", MIN])
+    with pytest.raises(RedisError, match="W is not a decimal"):
+        redis.eval("slide.lua", ["l0", "l1"], ["take", DEFAULT_EPOCH, "m", 1, MIN, 1, "-1"])
     with pytest.raises(RedisError, match="lease_ms"):
         redis.eval("slot_enter.lua", ["cls"], ["a", 1, 0, 1000])
     assert redis.cli("DBSIZE") == ["0"]
@@ -622,7 +714,7 @@ def test_slide_random_against_model(redis):
             now = time.time_ns() + offset
             mode = "peek" if rng.random() < 0.2 else "take"
             out = [int(x) for x in redis.eval("slide.lua", [f"lane{lane}"],
-                                              [mode, now, limit, w, f"n:{step}"])]
+                                              [mode, now, f"n:{step}", limit, w])]
             fl = now // 1000
             live = sorted(s for s in sent if s + w_us > fl)
             if mode == "take":
@@ -637,3 +729,197 @@ def test_slide_random_against_model(redis):
                 refused += 1
             assert out == want, f"lane {lane} step {step} {mode} now {now}: {out} != {want}"
         assert refused > 0
+
+
+def lane_model(nwin):
+    return [[] for _ in range(nwin)]
+
+
+def model_slide(sets, mode, now, windows):
+    """slide.lua's rule in exact integers: every window forgets on a take, admits below
+    N; admitted iff all do; the wait is the largest over the refusing windows."""
+    fl, ceil_us = now // 1000, -(-now // 1000)
+    ok, wait, counts = True, 0, []
+    for i, (n, w) in enumerate(windows):
+        w_us = -(-w // 1000)
+        live = sorted(s for s in sets[i] if s + w_us > fl)
+        if mode == "take":
+            sets[i] = list(live)
+        if len(live) >= n:
+            ok = False
+            wait = max(wait, U64_MAX if n == 0 else
+                       (live[len(live) - n] + w_us - fl) * 1000 - now % 1000)
+        counts.append(len(live))
+    if ok and mode == "take":
+        for i in range(len(windows)):
+            sets[i].append(ceil_us)
+            counts[i] += 1
+    return [int(ok), wait if not ok else 0, *counts]
+
+
+def random_lane(rng, nwin):
+    wins = sorted(rng.sample([20 * 10**6 - 1, 50 * 10**6 + 1500, 120 * 10**6 + 7,
+                              300 * 10**6, SEC + 999999, 3 * SEC + 7], nwin))
+    return [(rng.randrange(1, 4) * (i + 1), w) for i, w in enumerate(wins)]
+
+
+def assert_never_over(times, windows):
+    """No N + 1 sends within any window of length W: t[k + N] - t[k] >= W."""
+    times = sorted(times)
+    for n, w in windows:
+        for k in range(len(times) - n):
+            assert times[k + n] - times[k] >= w, \
+                f"{n + 1} sends within {w} ns: {times[k]}..{times[k + n]}"
+
+
+def test_slide_random_windows_against_model(redis):
+    """Two nodes take in turn from lanes of one to four windows, peeking now and then,
+    N lowered for a call, in half of them the clock stepping back a little: every answer
+    as the model gives it, and in the others never more than N sends in any window."""
+    import random
+    import time
+    rng = random.Random(4242)
+    for lane in range(6):
+        nwin = rng.randrange(1, 5)
+        windows = random_lane(rng, nwin)
+        keys = [f"rl{lane}:{i}" for i in range(nwin)]
+        pace = max(w // n for n, w in windows)          # about the lane's rate
+        sets, offset, sent, refused = lane_model(nwin), 0, [], 0
+        steady = lane % 2 == 0                          # odd lanes: the clock steps back
+        for step in range(150):
+            r = rng.random()
+            if r < 0.05 and not steady:
+                offset -= rng.randrange(300 * 10**6)    # the clock steps back (< 1 s)
+            elif r < 0.6:
+                offset += rng.randrange(pace + 2000)
+            now = time.time_ns() + offset
+            lim = list(windows)
+            if rng.random() < 0.1:     # N lowered for one call (the bound still holds)
+                j = rng.randrange(nwin)
+                lim[j] = (rng.randrange(0, lim[j][0] + 1), lim[j][1])
+            mode = "peek" if rng.random() < 0.2 else "take"
+            got = slide(redis, keys, mode, now, f"node{step % 2}:{step}", lim)
+            want = model_slide(sets, mode, now, lim)
+            assert got == want, f"lane {lane} step {step} {mode} now {now} {lim}: " \
+                f"{got} != {want}"
+            if got[0] and mode == "take":
+                sent.append(now)
+            refused += not got[0]
+        assert refused > 10 and len(sent) > 10
+        if steady:
+            assert_never_over(sent, windows)
+
+
+def test_slide_never_over_with_two_nodes(redis):
+    """Fixed limits, the clock only going forward: the admitted sends of two nodes
+    together never exceed N in any window of length W, whatever their times."""
+    import random
+    import time
+    rng = random.Random(99)
+    windows = [(3, 40 * 10**6 + 1500), (5, 100 * 10**6 - 1), (8, 400 * 10**6 + 3)]
+    keys = [f"two:{i}" for i in range(len(windows))]
+    sent, offset = [], 0
+    for step in range(400):
+        offset += rng.randrange(8 * 10**6) if rng.random() < 0.7 else 0
+        now = time.time_ns() + offset
+        out = slide(redis, keys, "take", now, f"n{step % 2}:{step}", windows)
+        if out[0]:
+            sent.append(now)
+        else:
+            # the wait is exact: one ns earlier is still refused, at it admitted
+            assert slide(redis, keys, "peek", now + out[1] - 1, "", windows)[0] == 0
+            assert slide(redis, keys, "peek", now + out[1], "", windows)[0] == 1
+    assert len(sent) > 30
+    assert_never_over(sent, windows)
+    # and the sets hold no more than the largest N of each window
+    for (n, _), k in zip(windows, keys):
+        assert int(redis.cli("ZCARD", k)[0]) <= n
+
+
+# ---------------------------------------------------------------------------------------
+# slide.lua against slide.c itself: the C file compiled as a small shared library and
+# driven through ctypes with the same sequence of calls (one struct slide per window,
+# a send admitted iff every window admits it, as a lane holds them)
+
+@pytest.fixture(scope="module")
+def slide_c(func_tmp):
+    import ctypes
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler")
+    so = func_tmp / "libslide.so"
+    subprocess.run([cc, "-std=c17", "-O1", "-shared", "-fPIC", "-o", str(so),
+                    str(SOURCE_ROOT / "src/store/slide.c")], check=True, timeout=120)
+    lib = ctypes.CDLL(str(so))
+    u64 = ctypes.c_uint64
+
+    class Slide(ctypes.Structure):
+        _fields_ = [("at", ctypes.POINTER(u64)), ("cap", ctypes.c_uint32),
+                    ("head", ctypes.c_uint32), ("len", ctypes.c_uint32)]
+
+    lib.slide_init.argtypes = [ctypes.POINTER(Slide), ctypes.c_uint32]
+    lib.slide_done.argtypes = [ctypes.POINTER(Slide)]
+    for f in (lib.slide_take, lib.slide_peek):
+        f.argtypes = [ctypes.POINTER(Slide), u64, u64, u64, ctypes.POINTER(u64)]
+        f.restype = ctypes.c_bool
+    lib.slide_count.argtypes = [ctypes.POINTER(Slide), u64, u64]
+    lib.slide_count.restype = u64
+
+    class Lane:
+        def __init__(self, nwin):
+            self.sl = [Slide() for _ in range(nwin)]
+            for s in self.sl:
+                assert lib.slide_init(ctypes.byref(s), 64) == 0
+
+        def call(self, mode, now, windows):
+            ok, wait = True, 0
+            for s, (n, w) in zip(self.sl, windows):
+                if mode == "take":      # forget, as the script does in every window
+                    lib.slide_take(ctypes.byref(s), 0, w, now, None)
+                wv = u64()
+                if not lib.slide_peek(ctypes.byref(s), n, w, now, ctypes.byref(wv)):
+                    ok, wait = False, max(wait, wv.value)
+            if ok and mode == "take":
+                for s, (n, w) in zip(self.sl, windows):
+                    assert lib.slide_take(ctypes.byref(s), n, w, now, None)
+            return [int(ok), wait, *(lib.slide_count(ctypes.byref(s), w, now)
+                                     for s, (_, w) in zip(self.sl, windows))]
+
+        def close(self):
+            for s in self.sl:
+                lib.slide_done(ctypes.byref(s))
+
+    return Lane
+
+
+def test_slide_same_answers_as_slide_c(redis, slide_c):
+    import random
+    import time
+    rng = random.Random(31337)
+    for lane in range(5):
+        nwin = rng.randrange(1, 5)
+        windows = random_lane(rng, nwin)
+        keys = [f"c{lane}:{i}" for i in range(nwin)]
+        pace = max(w // n for n, w in windows)
+        c_lane, offset, refused = slide_c(nwin), 0, 0
+        try:
+            for step in range(200):
+                r = rng.random()
+                if r < 0.03:
+                    offset -= rng.randrange(300 * 10**6)
+                elif r < 0.6:
+                    offset += rng.randrange(pace + 2000)
+                now = time.time_ns() + offset
+                lim = list(windows)
+                if rng.random() < 0.1:
+                    j = rng.randrange(nwin)
+                    lim[j] = (rng.randrange(0, lim[j][0] + 2), lim[j][1])
+                mode = "peek" if rng.random() < 0.2 else "take"
+                got = slide(redis, keys, mode, now, f"n:{step}", lim)
+                want = c_lane.call(mode, now, lim)
+                assert got == want, f"lane {lane} step {step} {mode} now {now} {lim}: " \
+                    f"slide.lua {got} != slide.c {want}"
+                refused += not got[0]
+        finally:
+            c_lane.close()
+        assert refused > 10

@@ -1,8 +1,10 @@
 /*
  * test_store_redis -- the Redis store's own logic, without a Redis: the configuration it
  * refuses, and what on_failure answers (a thread with no event loop has no connection,
- * so every decision there is answered as while Redis is away).  Decisions through a real
- * redis-server are in tests/func/test_redis.py; the scripts in test_redis_scripts.py.
+ * so every decision there is answered as while Redis is away) -- and that lanes, which
+ * have no on_failure, are refused then.  Decisions through a real
+ * redis-server are in tests/func/test_redis.py, lanes in test_store_slide.c; the scripts in
+ * test_redis_scripts.py.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -149,12 +151,46 @@ static void test_on_failure_accept_and_tempfail(void **state)
 	store_free(s);
 }
 
+static void never_done(struct store_slide_call *c, int rc, uint64_t wait_ns)
+{
+	(void)c;
+	(void)rc;
+	(void)wait_ns;
+	fail_msg("a lane answered without a loop");
+}
+
+/* A lane is never answered by on_failure: while Redis cannot be asked it is not admitted,
+ * whatever on_failure says for rate limits (store.h says why). */
+static void test_lanes_have_no_on_failure(void **state)
+{
+	(void)state;
+	static const enum store_failure modes[] = { STORE_FAIL_LOCAL, STORE_FAIL_ACCEPT,
+						    STORE_FAIL_TEMPFAIL };
+	for (size_t i = 0; i < ARRAY_SIZE(modes); i++) {
+		char err[256];
+		struct store *s = make("127.0.0.1:6379", modes[i], 2, err, sizeof(err));
+		assert_non_null(s);
+		struct store_slide_call c = { .name = "isp", .nwin = 1, .n = { 8 },
+					      .window_ns = { 60 * SEC }, .take = true,
+					      .done = never_done };
+		assert_int_equal(store_slide_start(s, &c), -EAGAIN);
+		assert_null(c.req);
+		c.take = false;
+		assert_int_equal(store_slide_start(s, &c), -EAGAIN);
+		struct store_stats st;
+		s->ops->stats(s->ctx, &st);
+		assert_true(st.fallbacks == 0);
+		store_free(s);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_bad_addresses),
 		cmocka_unit_test(test_on_failure_local_share),
 		cmocka_unit_test(test_on_failure_accept_and_tempfail),
+		cmocka_unit_test(test_lanes_have_no_on_failure),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
