@@ -27,21 +27,32 @@ enum dsn_action {
 };
 
 struct dsn_rcpt {
-	struct str addr;           /* the recipient as queued (Final-Recipient: rfc822; addr) */
+	struct str addr;           /* the recipient as queued (Final-Recipient: rfc822; addr;
+				      with 8-bit bytes or a space: utf-8; addr as RFC 6533's
+				      7-bit utf-8-addr-xtext, "j\x{F6}rg@example.de") */
 	enum dsn_action action;
-	struct str status;         /* "5.1.1"; empty: 5.0.0 (failed) or 4.0.0 (delayed) */
+	struct str status;         /* "5.1.1"; empty or not class.subject.detail with class 2,
+				      4 or 5 (RFC 3463): 5.0.0 (failed) or 4.0.0 (delayed) */
 	struct str remote_mta;     /* the host that answered (Remote-MTA: dns; host), or empty */
 	struct str diagnostic;     /* the reply, "550 5.1.1 No such user" (Diagnostic-Code:
-				      smtp; ...), or empty */
+				      smtp; ...), or empty; text that does not begin with a
+				      reply code ("connect to ...: Connection refused") is
+				      written as "Diagnostic-Code: X-Sluice; ..." */
 	uint64_t last_attempt_us;  /* Last-Attempt-Date, 0: none */
 };
 
 struct dsn_info {
-	struct str reporting_mta;  /* our host name: Reporting-MTA, From: MAILER-DAEMON@ */
-	struct str sender;         /* the original envelope sender: To: of the DSN */
-	struct str queue_id;       /* X-Sluice-Queue-ID / Original-Envelope-Id is not used */
-	uint64_t arrival_us;       /* Arrival-Date */
-	uint64_t now_us;           /* Date: */
+	struct str reporting_mta;  /* our host name: Reporting-MTA, From: MAILER-DAEMON@,
+				      Message-ID; letters, digits, '-', '.', '_', or an address
+				      literal "[192.0.2.1]" */
+	struct str sender;         /* the original envelope sender: To: of the DSN; empty (the
+				      null sender, when the caller sends the report to a
+				      postmaster): "To: undisclosed-recipients:;" */
+	struct str queue_id;       /* the message's queue ID: named in the text, and with
+				      now_us makes the Message-ID (Original-Envelope-Id is not
+				      used: ENVID is not accepted) */
+	uint64_t arrival_us;       /* Arrival-Date, 0: none */
+	uint64_t now_us;           /* Date: (times are written in UTC) */
 	struct str reason;         /* one sentence for the human-readable part, e.g. "the
 				      message could not be delivered to some recipients" or
 				      "the message stayed in the queue for 5 days"; empty: chosen
@@ -51,11 +62,21 @@ struct dsn_info {
 
 /*
  * Format the DSN for rcpt[0..n) (n >= 1) of the message whose stored body is given as
- * chunks (the queue file's body records; only its header section is read, up to the
- * first empty line or DSN_MAX_HEADERS bytes).  Appends to out: 0, -EINVAL (n == 0, an
- * address with CR or LF), -ENOBUFS (out's limit).  Header values taken from peers
- * (addresses, diagnostics) are folded or cut so that no line exceeds 998 octets, and
- * CR/LF in them are replaced by spaces.
+ * chunks (the queue file's body records, any sizes; only its header section is read, up
+ * to the first empty line or DSN_MAX_HEADERS bytes, cut at a line boundary; LF or CRLF
+ * lines, written as CRLF; a line over 998 octets is cut).  Appends to out: 0, or out is
+ * left as it was and -EINVAL (n == 0; a recipient address empty, over QUEUE_MAX_ADDR
+ * bytes or holding a control byte -- CR, LF, NUL, ...; a sender likewise, or too long
+ * for a To: line, 992 bytes; a reporting_mta outside the rule above), -ENOBUFS (out's
+ * limit) or -ENOMEM.
+ *
+ * Header values taken from peers (addresses, diagnostics, host names) are folded or cut
+ * so that no line exceeds 998 octets; CR, LF and other white space in them become
+ * spaces, NUL is dropped, other control and 8-bit bytes become '?' (diagnostics and host
+ * names are kept up to 4096 bytes).  Parts 1 and 2 are US-ASCII.  Original headers with
+ * 8-bit bytes are attached as they are, with "Content-Transfer-Encoding: 8bit" on the
+ * part and the message: the relay must then send the report with BODY=8BITMIME, and
+ * with SMTPUTF8 when the sender itself has 8-bit bytes (it is written in To: as is).
  */
 int dsn_format(const struct dsn_info *info, const struct dsn_rcpt *rcpt, size_t n,
 	       const struct str *body, size_t nbody, struct buf *out);
