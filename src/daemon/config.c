@@ -14,6 +14,9 @@
 #include "cfg.h"
 #include "config.h"
 #include "util.h"
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <unistd.h>
 
 #define ERR(...) cfg_error(__VA_ARGS__)
 
@@ -392,7 +395,7 @@ static int load_queue(struct cfg_node *m, struct sluice_config *c, char *err, si
 	if (r == 0)
 		r = get_uint(m, "commit_batch", 1, 65536, &c->queue.commit_batch, err, el);
 	if (r == 0)
-		r = get_duration(m, "lifetime", 60 * 1000, INT64_C(86400000) * 365,
+		r = get_duration(m, "lifetime", 1000, INT64_C(86400000) * 365,
 				 &c->queue.lifetime_ms, err, el);
 	return r;
 }
@@ -523,6 +526,457 @@ static int load_store(struct cfg_node *m, struct sluice_config *c, char *err, si
 	return r;
 }
 
+
+/* ---- the relay: relay {} and route "name" {} ---- */
+
+static int get_bool(struct cfg_node *obj, const char *key, bool *ret, char *err, size_t el)
+{
+	struct cfg_node *n;
+	int r = get_one(obj, key, &n, err, el);
+	if (r < 0 || !n)
+		return r;
+	return cfg_bool(n, ret, err, el);
+}
+
+/* key = "a"; or key = ["a", "b"]; each item passed to fn. */
+static int each_string(struct cfg_node *obj, const char *key,
+		       int (*fn)(void *arg, struct cfg_node *item, const char *s, char *err, size_t el),
+		       void *arg, char *err, size_t el)
+{
+	struct cfg_node *n;
+	int r = get_one(obj, key, &n, err, el);
+	if (r < 0 || !n)
+		return r;
+	struct cfg_node *items = n->kind == CFG_LIST ? n->child : n;
+	for (struct cfg_node *it = items; it; it = n->kind == CFG_LIST ? it->next : NULL) {
+		const char *s;
+		r = cfg_string(it, &s, err, el);
+		if (r == 0)
+			r = fn(arg, it, s, err, el);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+static int add_domain(void *arg, struct cfg_node *it, const char *s, char *err, size_t el)
+{
+	struct route_conf *rc = arg;
+	bool ok = *s && strlen(s) < 256 && !strpbrk(s, " \t@[]");
+	if (ok && strchr(s, '*'))
+		ok = strcmp(s, "*") == 0 || (s[0] == '*' && s[1] == '.' && s[2] && !strchr(s + 1, '*'));
+	if (!ok) {
+		ERR(it, err, el, "\"%.100s\": expected a domain, *.domain or *", s);
+		return -EINVAL;
+	}
+	char **d = realloc(rc->domains, (rc->ndomains + 1) * sizeof(*d));
+	if (!d)
+		return -ENOMEM;
+	rc->domains = d;
+	if (!(d[rc->ndomains] = strdup(s)))
+		return -ENOMEM;
+	rc->ndomains++;
+	return 0;
+}
+
+static int add_window(void *arg, struct cfg_node *it, const char *s, char *err, size_t el)
+{
+	struct rate_limits *rl = arg;
+	if (rl->n == RATE_MAX_WINDOWS) {
+		ERR(it, err, el, "more than %d windows", RATE_MAX_WINDOWS);
+		return -EINVAL;
+	}
+	char e[200];
+	struct rate_window w;
+	if (rate_window_parse(str_cstr(s), &w, e, sizeof(e)) < 0) {
+		ERR(it, err, el, "%s", e);
+		return -EINVAL;
+	}
+	if (w.count > 10000000) {
+		ERR(it, err, el, "\"%.100s\": a lane counts at most 10000000 sends per window", s);
+		return -EINVAL;
+	}
+	rl->w[rl->n++] = w;
+	return 0;
+}
+
+/* "[host]:port", "host:port", "host", "[v6]:port" */
+static int parse_smarthost(struct cfg_node *n, const char *s, struct route_conf *rc, char *err,
+			   size_t el)
+{
+	const char *host = s, *port = NULL;
+	size_t hl;
+	if (s[0] == '[') {
+		const char *end = strchr(s, ']');
+		if (!end || (end[1] && end[1] != ':')) {
+			ERR(n, err, el, "\"%.100s\": expected [host]:port", s);
+			return -EINVAL;
+		}
+		host = s + 1;
+		hl = (size_t)(end - host);
+		port = end[1] == ':' ? end + 2 : NULL;
+	} else {
+		const char *colon = strrchr(s, ':');
+		if (colon && strchr(s, ':') != colon) {
+			ERR(n, err, el, "\"%.100s\": write an IPv6 address in brackets, [::1]:25", s);
+			return -EINVAL;
+		}
+		hl = colon ? (size_t)(colon - s) : strlen(s);
+		port = colon ? colon + 1 : NULL;
+	}
+	if (hl == 0 || hl > 253) {
+		ERR(n, err, el, "\"%.100s\": no host name", s);
+		return -EINVAL;
+	}
+	rc->port = 25;
+	if (port) {
+		char *end;
+		unsigned long v = strtoul(port, &end, 10);
+		if (!*port || *end || v == 0 || v > 65535) {
+			ERR(n, err, el, "\"%.100s\": bad port", s);
+			return -EINVAL;
+		}
+		rc->port = (uint16_t)v;
+	}
+	if (!(rc->host = strndup(host, hl)))
+		return -ENOMEM;
+	return 0;
+}
+
+static int read_secret(struct cfg_node *n, const char *file, char **ret, char *err, size_t el)
+{
+	char *text = NULL;
+	size_t len;
+	int fr = file_read_all(file, 4096, &text, &len);
+	if (fr < 0) {
+		ERR(n, err, el, "%s: %s", file, strerror(-fr));
+		return -EINVAL;
+	}
+	text[strcspn(text, "\r\n")] = '\0';
+	if (!text[0]) {
+		ERR(n, err, el, "%s is empty", file);
+		free(text);
+		return -EINVAL;
+	}
+	*ret = text;
+	return 0;
+}
+
+static int load_signal(struct cfg_node *s, struct route_conf *rc, char *err, size_t el)
+{
+	if (s->kind != CFG_OBJECT) {
+		ERR(s, err, el, "expected signal { match = \"regex\"; action = suspend; }");
+		return -EINVAL;
+	}
+	struct classify_signal_conf sc = { .for_ms = 0 };
+	char *match = NULL, *action = NULL;
+	int r = get_string(s, "match", &match, err, el);
+	if (r == 0)
+		r = get_string(s, "action", &action, err, el);
+	if (r == 0)
+		r = get_duration(s, "for", 1000, INT64_C(30) * 86400 * 1000, &sc.for_ms, err, el);
+	if (r == 0 && !match) {
+		ERR(s, err, el, "match is required");
+		r = -EINVAL;
+	}
+	if (r == 0) {
+		if (!action || strcmp(action, "suspend") == 0)
+			sc.action = CLASSIFY_SUSPEND;
+		else if (strcmp(action, "slow") == 0)
+			sc.action = CLASSIFY_SLOW;
+		else if (strcmp(action, "retry") == 0)
+			sc.action = CLASSIFY_RETRY;
+		else if (strcmp(action, "bounce") == 0)
+			sc.action = CLASSIFY_FAIL;
+		else {
+			ERR(cfg_get(s, "action"), err, el, "expected suspend, slow, retry or bounce");
+			r = -EINVAL;
+		}
+	}
+	if (r == 0) {
+		/* the pattern is checked here, so that a bad one names its line */
+		char e[256];
+		sc.match = match;
+		struct classify *cl = classify_new(&sc, 1, e, sizeof(e));
+		if (!cl) {
+			ERR(cfg_get(s, "match"), err, el, "%s", e);
+			r = -EINVAL;
+		}
+		classify_free(cl);
+	}
+	if (r == 0) {
+		struct classify_signal_conf *a = realloc(rc->signals, (rc->nsignals + 1) * sizeof(*a));
+		if (!a) {
+			r = -ENOMEM;
+		} else {
+			rc->signals = a;
+			sc.match = match;
+			a[rc->nsignals++] = sc;
+			match = NULL;
+		}
+	}
+	free(match);
+	free(action);
+	return r;
+}
+
+static int load_route(struct cfg_node *n, struct route_conf *rc, char *err, size_t el)
+{
+	if (!n->label || !*n->label || strlen(n->label) > 200 || strpbrk(n->label, " \t:\"\\") ||
+	    n->kind != CFG_OBJECT) {
+		ERR(n, err, el, "expected route \"name\" { ... } (a name without spaces or ':')");
+		return -EINVAL;
+	}
+	if (!(rc->name = strdup(n->label)))
+		return -ENOMEM;
+	rc->tls = SMTP_TLS_MAY;
+	rc->messages_per_connection = 100;
+	rc->recipients_per_message = 50;
+	rc->guard_ms = 100;
+	int r = each_string(n, "domains", add_domain, rc, err, el);
+	if (r == 0 && !rc->ndomains) {
+		ERR(n, err, el, "domains is required: [\"*\"] for every domain");
+		r = -EINVAL;
+	}
+	struct cfg_node *sh = NULL;
+	if (r == 0)
+		r = get_one(n, "smarthost", &sh, err, el);
+	if (r == 0)
+		r = get_bool(n, "mx", &rc->mx, err, el);
+	if (r == 0 && !sh == !rc->mx) {
+		ERR(n, err, el, "give either smarthost = \"[host]:port\" or mx = true");
+		r = -EINVAL;
+	}
+	if (r == 0 && sh) {
+		const char *s;
+		r = cfg_string(sh, &s, err, el);
+		if (r == 0)
+			r = parse_smarthost(sh, s, rc, err, el);
+	}
+	rc->connections = rc->mx ? 4 : 2;
+	if (r == 0)
+		r = get_string(n, "helo", &rc->helo, err, el);
+	char *s = NULL;
+	if (r == 0)
+		r = get_string(n, "tls", &s, err, el);
+	if (r == 0 && s) {
+		if (strcmp(s, "none") == 0)
+			rc->tls = SMTP_TLS_NONE;
+		else if (strcmp(s, "may") == 0)
+			rc->tls = SMTP_TLS_MAY;
+		else if (strcmp(s, "require") == 0)
+			rc->tls = SMTP_TLS_REQUIRE;
+		else if (strcmp(s, "verify") == 0)
+			rc->tls = SMTP_TLS_VERIFY;
+		else {
+			ERR(cfg_get(n, "tls"), err, el, "expected none, may, require or verify");
+			r = -EINVAL;
+		}
+	}
+	free(s);
+	s = NULL;
+	if (r == 0)
+		r = get_string(n, "ca_file", &rc->ca_file, err, el);
+	if (r == 0 && rc->ca_file && access(rc->ca_file, R_OK) < 0) {
+		ERR(cfg_get(n, "ca_file"), err, el, "%s: %s", rc->ca_file, strerror(errno));
+		r = -EINVAL;
+	}
+	if (r == 0)
+		r = get_string(n, "sni", &rc->sni, err, el);
+	struct cfg_node *auth = cfg_get(n, "auth");
+	if (r == 0 && auth) {
+		char *file = NULL;
+		r = get_string(auth, "user", &rc->auth_user, err, el);
+		if (r == 0)
+			r = get_string(auth, "password_file", &file, err, el);
+		if (r == 0 && (!rc->auth_user || !file)) {
+			ERR(auth, err, el, "auth needs user and password_file");
+			r = -EINVAL;
+		}
+		if (r == 0)
+			r = read_secret(cfg_get(auth, "password_file"), file, &rc->auth_password, err, el);
+		free(file);
+		if (r == 0)
+			r = get_string(auth, "mechanisms", &rc->auth_mechanisms, err, el);
+		if (r == 0)
+			r = get_bool(auth, "plaintext", &rc->auth_plaintext, err, el);
+		if (r == 0 && rc->tls == SMTP_TLS_NONE && !rc->auth_plaintext) {
+			ERR(auth, err, el, "auth over tls = \"none\" sends the password in clear: "
+			    "say plaintext = true if that is what you want");
+			r = -EINVAL;
+		}
+	}
+	if (r == 0)
+		r = get_string(n, "source", &s, err, el);
+	if (r == 0 && s) {
+		struct sockaddr_in *v4 = (struct sockaddr_in *)&rc->source;
+		struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&rc->source;
+		if (inet_pton(AF_INET, s, &v4->sin_addr) == 1) {
+			v4->sin_family = AF_INET;
+			rc->sourcelen = sizeof(*v4);
+		} else if (inet_pton(AF_INET6, s, &v6->sin6_addr) == 1) {
+			v6->sin6_family = AF_INET6;
+			rc->sourcelen = sizeof(*v6);
+		} else {
+			ERR(cfg_get(n, "source"), err, el, "\"%.100s\": expected an IP address", s);
+			r = -EINVAL;
+		}
+	}
+	free(s);
+	s = NULL;
+	if (r == 0)
+		r = each_string(n, "rate", add_window, &rc->rate, err, el);
+	if (r == 0)
+		r = get_string(n, "count", &s, err, el);
+	if (r == 0 && s) {
+		if (strcmp(s, "messages") == 0)
+			rc->count = ROUTE_COUNT_MESSAGES;
+		else if (strcmp(s, "recipients") == 0)
+			rc->count = ROUTE_COUNT_RECIPIENTS;
+		else {
+			ERR(cfg_get(n, "count"), err, el, "expected messages or recipients");
+			r = -EINVAL;
+		}
+	}
+	free(s);
+	if (r == 0)
+		r = get_uint(n, "connections", 1, 1000, &rc->connections, err, el);
+	if (r == 0)
+		r = get_uint(n, "messages_per_connection", 1, 1000000, &rc->messages_per_connection,
+			     err, el);
+	if (r == 0)
+		r = get_uint(n, "recipients_per_message", 1, 100000, &rc->recipients_per_message,
+			     err, el);
+	if (r == 0)
+		r = get_duration(n, "guard", 0, 60000, &rc->guard_ms, err, el);
+	if (r == 0)
+		r = get_bool(n, "shared", &rc->shared, err, el);
+	if (r == 0 && rc->shared && rc->count == ROUTE_COUNT_RECIPIENTS) {
+		ERR(cfg_get(n, "shared"), err, el, "a shared lane counts messages (count = "
+		    "\"recipients\" is for a lane of one node)");
+		r = -EINVAL;
+	}
+	if (r == 0 && rc->shared && !rc->rate.n) {
+		ERR(cfg_get(n, "shared"), err, el, "a shared lane needs a rate");
+		r = -EINVAL;
+	}
+	int64_t t = 0;
+	if (r == 0 && (r = get_duration(n, "connect_timeout", 1000, 3600000, &t, err, el)) == 0 && t)
+		rc->timeout_ms[SMTP_STAGE_CONNECT] = (uint64_t)t;
+	t = 0;
+	if (r == 0 && (r = get_duration(n, "command_timeout", 1000, 3600000, &t, err, el)) == 0 && t)
+		for (unsigned i = SMTP_STAGE_GREETING; i < SMTP_STAGE_COUNT; i++)
+			if (i != SMTP_STAGE_DOT)
+				rc->timeout_ms[i] = (uint64_t)t;
+	t = 0;
+	if (r == 0 && (r = get_duration(n, "data_timeout", 1000, 3600000, &t, err, el)) == 0 && t)
+		rc->timeout_ms[SMTP_STAGE_DOT] = (uint64_t)t;
+	for (struct cfg_node *sg = cfg_get(n, "signal"); r == 0 && sg; sg = cfg_next_same(sg))
+		r = load_signal(sg, rc, err, el);
+	return r;
+}
+
+static int load_relay(struct cfg_node *root, struct sluice_config *c, char *err, size_t el)
+{
+	struct relay_conf *rl = &c->relay;
+	struct cfg_node *n = cfg_get(root, "relay");
+	int r = 0;
+	if (n) {
+		r = get_string(n, "hostname", &rl->hostname, err, el);
+		struct cfg_node *x;
+		if (r == 0 && (x = cfg_get(n, "retry"))) {
+			r = get_duration(x, "min", 1000, INT64_C(86400000), &rl->retry_min_ms, err, el);
+			if (r == 0)
+				r = get_duration(x, "max", 1000, INT64_C(7) * 86400000, &rl->retry_max_ms, err, el);
+		}
+		if (r == 0 && (x = cfg_get(n, "suspend"))) {
+			r = get_duration(x, "min", 1000, INT64_C(86400000), &rl->suspend_min_ms, err, el);
+			if (r == 0)
+				r = get_duration(x, "max", 1000, INT64_C(7) * 86400000, &rl->suspend_max_ms, err, el);
+		}
+		char *s = NULL;
+		if (r == 0)
+			r = get_string(n, "uncertain", &s, err, el);
+		if (r == 0 && s) {
+			if (strcmp(s, "retry") == 0)
+				rl->uncertain = RELAY_UNCERTAIN_RETRY;
+			else if (strcmp(s, "hold") == 0)
+				rl->uncertain = RELAY_UNCERTAIN_HOLD;
+			else {
+				ERR(cfg_get(n, "uncertain"), err, el, "expected retry or hold");
+				r = -EINVAL;
+			}
+		}
+		free(s);
+		if (r == 0)
+			r = get_string(n, "postmaster", &rl->postmaster, err, el);
+		if (r == 0)
+			r = get_string(n, "dns_servers", &rl->dns_servers, err, el);
+		if (r == 0)
+			r = get_duration(n, "idle_timeout", 100, 3600000, &rl->idle_ms, err, el);
+		if (r == 0 && rl->retry_max_ms < rl->retry_min_ms) {
+			ERR(cfg_get(n, "retry"), err, el, "max is below min");
+			r = -EINVAL;
+		}
+		if (r == 0 && rl->suspend_max_ms < rl->suspend_min_ms) {
+			ERR(cfg_get(n, "suspend"), err, el, "max is below min");
+			r = -EINVAL;
+		}
+	}
+	size_t count = 0;
+	for (struct cfg_node *x = cfg_get(root, "route"); x; x = cfg_next_same(x))
+		count++;
+	if (r == 0 && count > 1000) {
+		ERR(cfg_get(root, "route"), err, el, "more than 1000 routes");
+		r = -EINVAL;
+	}
+	if (r == 0 && count && !(rl->routes = calloc(count, sizeof(*rl->routes))))
+		r = -ENOMEM;
+	for (struct cfg_node *x = cfg_get(root, "route"); r == 0 && x; x = cfg_next_same(x)) {
+		struct route_conf *rc = &rl->routes[rl->nroutes++];
+		r = load_route(x, rc, err, el);
+		for (size_t i = 0; r == 0 && i + 1 < rl->nroutes; i++)
+			if (strcmp(rl->routes[i].name, rc->name) == 0) {
+				ERR(x, err, el, "a second route named \"%s\"", rc->name);
+				r = -EINVAL;
+			}
+	}
+	if (r == 0 && rl->nroutes && !c->intake.enabled && !cfg_get(root, "queue")) {
+		ERR(cfg_get(root, "route"), err, el, "routes deliver from the queue: give an "
+		    "intake { } or a queue { } block");
+		r = -EINVAL;
+	}
+	if (r == 0 && rl->hostname && strspn(rl->hostname, "abcdefghijklmnopqrstuvwxyz"
+					     "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_") !=
+				     strlen(rl->hostname)) {
+		ERR(cfg_get(n, "hostname"), err, el, "\"%.100s\": expected a host name "
+		    "(letters, digits, '.', '-')", rl->hostname);
+		r = -EINVAL;
+	}
+	if (r == 0 && !rl->hostname) {
+		/* the intake's name, when it is one DNS can hold; else the machine's */
+		const char *h = c->intake.hostname;
+		char host[256] = "localhost";
+		if (!h || strspn(h, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+				 "0123456789.-_") != strlen(h)) {
+			if (gethostname(host, sizeof(host) - 1) < 0 || !host[0] ||
+			    strspn(host, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+				   "0123456789.-_") != strlen(host))
+				snprintf(host, sizeof(host), "localhost");
+			h = host;
+		}
+		rl->hostname = strdup(h);
+	}
+	if (r == 0 && !rl->hostname)
+		r = -ENOMEM;
+	if (r == 0) {
+		rl->lifetime_ms = c->queue.lifetime_ms;
+		if (c->state_dir && !(rl->state_dir = strdup(c->state_dir)))
+			r = -ENOMEM;
+	}
+	return r;
+}
+
 static int load(struct cfg_node *root, struct sluice_config *c, char *err, size_t el)
 {
 	int r = get_uint(root, "workers", 0, 256, &c->workers, err, el);
@@ -589,6 +1043,8 @@ static int load(struct cfg_node *root, struct sluice_config *c, char *err, size_
 		r = load_store(n, c, err, el);
 	if (r == 0)
 		r = policy_load(root, &c->rules, err, el);
+	if (r == 0)
+		r = load_relay(root, c, err, el);
 	if (r == 0 && policy_has_classes(c->rules) && !milter) {
 		cfg_error(cfg_get(root, "class"), err, el, "host classes need the milter: the "
 			  "policy protocol has no end of session to give a slot back");
@@ -643,6 +1099,7 @@ int config_load(const char *path, struct sluice_config **ret, char *err, size_t 
 	c->intake.max_recipients = 1000;
 	c->intake.max_errors = 20;
 	c->intake.max_line_length = 998; /* RFC 5321 4.5.3.1.6 */
+	relay_conf_init(&c->relay);
 	c->queue.commit_batch = 256;
 	c->queue.lifetime_ms = INT64_C(5) * 86400 * 1000;
 	c->store.max_keys = 1000000;
@@ -696,6 +1153,7 @@ struct sluice_config *config_free(struct sluice_config *c)
 	free(c->intake.allow);
 	free(c->intake.hostname);
 	free(c->queue.dir);
+	relay_conf_clear(&c->relay);
 	free(c->state_dir);
 	free(c->store.server);
 	free(c->store.user);

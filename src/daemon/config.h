@@ -16,6 +16,7 @@
 #include "log.h"
 #include "milter_static.h"
 #include "policy.h"
+#include "relay.h"
 
 #define CONFIG_DEFAULT_PATH SLUICE_SYSCONFDIR "/sluice.conf"
 #define CONFIG_MAX_LISTEN 16
@@ -95,6 +96,7 @@ struct sluice_config {
 		int64_t lease_ms;
 	} store;
 	struct policy *rules;                 /* limit and class blocks (never NULL) */
+	struct relay_conf relay;              /* relay {} and route blocks; no route: no relay */
 };
 
 /* Load and check a file.  0 and *ret, or <0 with err "FILE:LINE: KEY: message". */

@@ -33,6 +33,8 @@
 #include "intake_service.h"
 #include "queue.h"
 #include "queue_control.h"
+#include "relay.h"
+#include "relay_control.h"
 #include "policy_control.h"
 #include "store.h"
 #include "util.h"
@@ -47,6 +49,7 @@ struct daemon {
 	struct service *control;
 	struct service *intake;
 	struct queue *queue;
+	struct relay *relay;
 	struct store *store;
 	struct event *ev_term, *ev_int, *ev_hup, *ev_stats, *ev_drain;
 	struct event *ev_snapshot, *ev_expire, *ev_overrides, *ev_lease;
@@ -178,6 +181,11 @@ static void queue_report(void *arg, const struct queue_recover_event *ev)
 		log_error("queue: %s: %s: %s; left in place", n, why, strerror(-ev->error));
 		break;
 	}
+}
+
+static void relay_log(void *arg, enum log_level level, const char *line)
+{
+	log_msg(level, "relay: %s", line);
 }
 
 static struct queue *open_queue(const struct sluice_config *c)
@@ -474,6 +482,10 @@ static void reload(struct daemon *d)
 		if (intake_service_set_conf(d->intake, &ic) < 0)
 			log_error("reload: out of memory; the intake keeps its settings");
 	}
+	if (d->relay && relay_reconfigure(d->relay, &nc->relay) < 0)
+		log_error("reload: the relay keeps its settings (out of memory)");
+	if (!d->relay && nc->relay.nroutes)
+		log_warning("reload: routes were added; the relay starts at the next restart");
 	if (!store_is_shared(d->store))
 		store_memory_set_max_keys(d->store, nc->store.max_keys);
 	pthread_mutex_lock(&d->cfg_lock);
@@ -560,6 +572,7 @@ int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct
 		policy_control_stats(p, d->store, json, out);
 		policy_unref(p);
 		queue_control_stats(d->queue, d->intake, json, out);
+		relay_control_stats(d->relay, json, out);
 		if (json)
 			buf_append_cstr(out, "}\n");
 		*ret_ok = true;
@@ -632,11 +645,16 @@ int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct
 		queue_control(d->queue, argc, argv, out, ret_ok);
 		return 0;
 	}
+	if (str_eq_cstr(argv[0], "lanes")) {
+		relay_control(d->relay, argc, argv, out, ret_ok);
+		return 0;
+	}
 	if (str_eq_cstr(argv[0], "help")) {
 		buf_append_cstr(out, "commands: status [--json], stats [--json], reload, "
 			"limits top [RULE] [--json], limits show KEY [RULE], limits reset KEY [RULE], "
 			"test NAME=VALUE..., queue [list|show ID] [--json], "
-			"queue hold|release|delete|flush ID...|--all, help\n");
+			"queue hold|release|delete|flush ID...|--all, lanes [--json], "
+			"lanes suspend NAME [FOR], lanes resume NAME, help\n");
 		*ret_ok = true;
 		return 0;
 	}
@@ -817,8 +835,18 @@ int daemon_main(int argc, char **argv)
 		if (!(d.policy = pfpolicy_service_new(d.e, d.cfg->rules, &pc)))
 			fatal("out of memory at start");
 	}
-	if (d.cfg->intake.enabled) {
+	if (d.cfg->intake.enabled || d.cfg->relay.nroutes)
 		d.queue = open_queue(d.cfg);
+	if (d.cfg->relay.nroutes) {
+		char rerr[512];
+		d.relay = relay_new(&d.cfg->relay, d.queue, d.store, relay_log, NULL, rerr,
+				    sizeof(rerr));
+		if (!d.relay)
+			fatal("relay: %s", rerr);
+	} else if (d.queue) {
+		log_notice("no route configured: queued mail stays in the queue");
+	}
+	if (d.cfg->intake.enabled) {
 		struct intake_conf ic = intake_conf(d.cfg);
 		if (!(d.intake = intake_service_new(d.e, d.queue, &ic)))
 			fatal("out of memory at start");
@@ -843,6 +871,7 @@ int daemon_main(int argc, char **argv)
 	apply_limits(&d, d.cfg);
 	if (open_listeners(&d) < 0) {
 		engine_free(d.e);
+		relay_free(d.relay);
 		queue_free(d.queue);
 		config_free(d.cfg);
 		store_free(d.store);
@@ -866,6 +895,8 @@ int daemon_main(int argc, char **argv)
 		fatal("cannot start worker threads");
 	if (d.queue && queue_start(d.queue) < 0)
 		fatal("cannot start the queue's committer thread");
+	if (d.relay && relay_start(d.relay) < 0)
+		fatal("cannot start the relay's thread");
 	d.ev_stats = evtimer_new(d.base, on_stats, &d);
 	d.ev_drain = evtimer_new(d.base, on_drain_tick, &d);
 	d.ev_snapshot = evtimer_new(d.base, on_snapshot, &d);
@@ -887,13 +918,16 @@ int daemon_main(int argc, char **argv)
 
 	log_stats(&d, false);
 	engine_stop_listening(d.e);
+	/* transactions under way get until the drain deadline; what is cut stays T */
+	relay_stop(d.relay, d.cfg->shutdown_timeout_ms);
 	if (d.queue)
 		queue_drain(d.queue); /* every commit answered while the workers still run */
 	engine_stop(d.e);
-	d.queue = queue_free(d.queue);
 	/* the store's connections live on the loops: freed while the loops still exist */
 	save_snapshot(&d);
 	d.store = store_free(d.store);
+	d.relay = relay_free(d.relay);
+	d.queue = queue_free(d.queue);
 	engine_free(d.e);
 	event_free(d.ev_term);
 	event_free(d.ev_int);

@@ -71,7 +71,16 @@ struct queue {
 	size_t nents, cap;
 	struct queue_commit_stats cst;
 	uint64_t commit_errors;
+
+	queue_listen_fn *listen;         /* the relay; set before queue_start() */
+	void *listen_arg;
 };
+
+static void notify(struct queue *q, enum queue_event ev, const char *id)
+{
+	if (q->listen)
+		q->listen(q->listen_arg, ev, id);
+}
 
 /* ---- the index ---- */
 
@@ -268,6 +277,8 @@ static void commit_batch(struct queue *q, struct queue_new *batch, size_t n)
 
 	while (batch) {
 		struct queue_new *next = batch->next;
+		if (r == 0)
+			notify(q, QUEUE_EV_NEW, batch->id);
 		batch->done(batch->arg, r);
 		new_free(batch);
 		batch = next;
@@ -752,6 +763,7 @@ int queue_hold(struct queue *q, const char *id, bool hold)
 		if (e)
 			e->control[QUEUE_CTL_HOLD] = byte;
 		pthread_mutex_unlock(&q->ix_lock);
+		notify(q, hold ? QUEUE_EV_HOLD : QUEUE_EV_RELEASE, id);
 	}
 	return r;
 }
@@ -764,6 +776,8 @@ int queue_delete(struct queue *q, const char *id)
 	pthread_mutex_lock(&q->ix_lock);
 	ix_remove(q, id);
 	pthread_mutex_unlock(&q->ix_lock);
+	if (r == 0)
+		notify(q, QUEUE_EV_DELETE, id);
 	return r;
 }
 
@@ -774,6 +788,8 @@ int queue_flush(struct queue *q, const char *id)
 	if (e)
 		e->next_try_us = 0;
 	pthread_mutex_unlock(&q->ix_lock);
+	if (e)
+		notify(q, QUEUE_EV_FLUSH, id);
 	return e ? 0 : -ENOENT;
 }
 
@@ -790,5 +806,62 @@ int queue_ids(struct queue *q, char (**ret)[QUEUE_ID_LEN + 1], size_t *ret_n)
 	*ret_n = q->nents;
 	pthread_mutex_unlock(&q->ix_lock);
 	*ret = ids;
+	return 0;
+}
+
+/* ---- the relay's side ---- */
+
+void queue_set_listener(struct queue *q, queue_listen_fn *fn, void *arg)
+{
+	q->listen = fn;
+	q->listen_arg = arg;
+}
+
+struct queue_dir *queue_directory(struct queue *q)
+{
+	return q->qd;
+}
+
+int queue_set_status(struct queue *q, struct queue_msg *m, size_t i, char status)
+{
+	int r = queue_msg_set_status(m, i, status);
+	if (r < 0)
+		return r;
+	pthread_mutex_lock(&q->ix_lock);
+	struct qentry *e = ix_get(q, m->ix.env.id);
+	if (e && i < e->nrcpt)
+		e->rcpt[i].status = status;
+	pthread_mutex_unlock(&q->ix_lock);
+	return 0;
+}
+
+int queue_set_control(struct queue *q, struct queue_msg *m, unsigned which, char byte)
+{
+	int r = queue_msg_set_control(m, which, byte);
+	if (r < 0)
+		return r;
+	pthread_mutex_lock(&q->ix_lock);
+	struct qentry *e = ix_get(q, m->ix.env.id);
+	if (e && which < QUEUE_CONTROL_LEN)
+		e->control[which] = byte;
+	pthread_mutex_unlock(&q->ix_lock);
+	return 0;
+}
+
+int queue_settle(struct queue *q, struct queue_msg *m, enum queue_msg_state *ret_state)
+{
+	int r = queue_msg_sync(m);
+	if (r < 0)
+		return r;
+	enum queue_msg_state st = queue_msg_state(m);
+	if (st == QUEUE_MSG_FINISHED) {
+		/* Not flushed: a finished message that comes back after a crash is removed
+		 * again by recovery (its statuses were flushed above). */
+		queue_msg_remove(q->qd, m->ix.env.id);
+		pthread_mutex_lock(&q->ix_lock);
+		ix_remove(q, m->ix.env.id);
+		pthread_mutex_unlock(&q->ix_lock);
+	}
+	*ret_state = st;
 	return 0;
 }

@@ -115,4 +115,40 @@ int queue_flush(struct queue *q, const char *id);
 /* The IDs of every message, in arrival order (for --all); *ret is malloc'ed. */
 int queue_ids(struct queue *q, char (**ret)[QUEUE_ID_LEN + 1], size_t *ret_n);
 
+/* ---- the relay's side ---- */
+
+/* What happened to a message, for the relay (which keeps its own view of what to send). */
+enum queue_event {
+	QUEUE_EV_NEW = 0,     /* committed: its commit point passed */
+	QUEUE_EV_HOLD,        /* `sluice queue hold` */
+	QUEUE_EV_RELEASE,
+	QUEUE_EV_DELETE,
+	QUEUE_EV_FLUSH,       /* `sluice queue flush`: eligible now (budgets still apply) */
+};
+/*
+ * fn(arg, ev, id) is called after each event, on the thread that caused it (the
+ * committer for NEW, a control worker for the others), with no queue lock held.  Set it
+ * before queue_start(); NULL removes it.
+ */
+typedef void queue_listen_fn(void *arg, enum queue_event ev, const char *id);
+void queue_set_listener(struct queue *q, queue_listen_fn *fn, void *arg);
+/* The directory, for queue_msg_open() and the attempt log. */
+struct queue_dir *queue_directory(struct queue *q);
+/*
+ * Recipient i of the open message m becomes status (T, U, D, F): its byte is written
+ * (not flushed: queue_settle) and the index follows.  0 or as queue_msg_set_status().
+ */
+int queue_set_status(struct queue *q, struct queue_msg *m, size_t i, char status);
+/*
+ * Control byte `which` of m becomes byte (queue_msg_set_control), and the index follows.
+ */
+int queue_set_control(struct queue *q, struct queue_msg *m, unsigned which, char byte);
+/*
+ * Flush the status writes made on m (one fdatasync), then, when m is finished (no T or U,
+ * and no F or its bounce sent), remove it: its file, its log and its index entry.  m is
+ * left open (the caller closes it).  0 with *ret_state, or the errno of the flush (the
+ * message then stays: nothing is removed).
+ */
+int queue_settle(struct queue *q, struct queue_msg *m, enum queue_msg_state *ret_state);
+
 #endif

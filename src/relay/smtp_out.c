@@ -109,6 +109,10 @@ struct ehlo_ext {
 };
 
 struct smtp_out {
+	struct smtp_out *q_prev, *q_next; /* on the quitting list (smtp_out_quit) */
+	bool on_quit_list;
+	void (*freed)(void *arg);     /* smtp_out_set_freed */
+	void *freed_arg;
 	struct event_base *base;
 	const struct smtp_out_conf *conf;
 	int fd;                      /* until the bufferevent owns it */
@@ -383,15 +387,41 @@ static void close_io(struct smtp_out *c)
 	c->unusable = true;
 }
 
+/* Connections left to finish their QUIT by themselves, so that a loop being shut down can
+ * free them (smtp_out_abandon_quitting).  Process-wide, under a lock: loops of several
+ * threads may quit connections. */
+static pthread_mutex_t quitting_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct smtp_out *quitting_head;
+
+static void quit_list_remove(struct smtp_out *c)
+{
+	pthread_mutex_lock(&quitting_lock);
+	if (c->on_quit_list) {
+		if (c->q_prev)
+			c->q_prev->q_next = c->q_next;
+		else
+			quitting_head = c->q_next;
+		if (c->q_next)
+			c->q_next->q_prev = c->q_prev;
+		c->on_quit_list = false;
+	}
+	pthread_mutex_unlock(&quitting_lock);
+}
+
 static void destroy(struct smtp_out *c)
 {
+	quit_list_remove(c);
 	close_io(c);
 	if (c->timer)
 		event_free(c->timer);
 	if (c->kick)
 		event_free(c->kick);
 	free(c->rcpt);
+	void (*freed)(void *) = c->freed;
+	void *arg = c->freed_arg;
 	free(c);
+	if (freed)
+		freed(arg);
 }
 
 /* Close, and free the struct when the running callback returns (the public functions,
@@ -1622,6 +1652,14 @@ void smtp_out_quit(struct smtp_out *c)
 	if (!c || c->quitting || c->free_pending)
 		return;
 	c->quitting = true;
+	pthread_mutex_lock(&quitting_lock);
+	c->q_prev = NULL;
+	c->q_next = quitting_head;
+	if (quitting_head)
+		quitting_head->q_prev = c;
+	quitting_head = c;
+	c->on_quit_list = true;
+	pthread_mutex_unlock(&quitting_lock);
 	/* a transaction waiting or under way is dropped, silently; under way (MAIL to DOT)
 	 * means closing at once below, since QUIT cannot follow there */
 	c->msg = NULL;
@@ -1656,4 +1694,25 @@ struct smtp_out *smtp_out_free(struct smtp_out *c)
 	if (c->in_cb == 0)
 		destroy(c);
 	return NULL;
+}
+
+void smtp_out_abandon_quitting(struct event_base *base)
+{
+	for (;;) {
+		pthread_mutex_lock(&quitting_lock);
+		struct smtp_out *c = quitting_head;
+		while (c && c->base != base)
+			c = c->q_next;
+		pthread_mutex_unlock(&quitting_lock);
+		if (!c)
+			return;
+		/* not inside any of its callbacks: the caller's loop is not running */
+		destroy(c);
+	}
+}
+
+void smtp_out_set_freed(struct smtp_out *c, void (*freed)(void *arg), void *arg)
+{
+	c->freed = freed;
+	c->freed_arg = arg;
 }

@@ -186,6 +186,16 @@ void smtp_out_set_ready(struct smtp_out *c, smtp_out_ready_fn *ready, void *arg)
 /* The peer's host name for smtp_out_peer() (the MX or smarthost name); copied. */
 void smtp_out_set_peer_name(struct smtp_out *c, const char *name);
 
+/* freed(arg) is called when the connection's memory is released -- by smtp_out_free(),
+ * at the end of smtp_out_quit()'s QUIT, or by smtp_out_abandon_quitting() -- so that the
+ * owner of what conf points to knows when it may go. */
+void smtp_out_set_freed(struct smtp_out *c, void (*freed)(void *arg), void *arg);
+
+/* Free at once, without waiting for the server, every connection of base that
+ * smtp_out_quit() left to finish by itself: at shutdown, on the loop's thread after its
+ * loop has stopped, before the loop is freed. */
+void smtp_out_abandon_quitting(struct event_base *base);
+
 /* The process-wide TLS client contexts (OpenSSL 3, one per ca_file, made on first use)
  * and the GNU SASL context: freed here, at exit or to reload CA files (connections alive
  * keep their own references to a TLS context; none may be in AUTH). */

@@ -1,0 +1,150 @@
+/*
+ * relay -- delivery from the queue: routes, lanes and their exact budgets, the scheduler,
+ * reply classification into recipient states and lane signals, bounces.
+ *
+ * The relay runs on one thread of its own with its own event loop (started after the
+ * daemon forks), which owns every lane, every outgoing connection and the relay's view of
+ * the queue: the only owner of all lane budgets, so "may I send" needs no lock and two
+ * deliveries never race for one slot (DESIGN law 4).  Its thread count does not depend
+ * on the number of connections: one loop, non-blocking sockets (law 1).
+ *
+ * Other threads talk to it through a mailbox: the queue's events (a commit, hold,
+ * release, delete, flush), configuration reloads, and `sluice lanes` (a control worker
+ * waits for the answer, which the relay gives without waiting on any peer).
+ *
+ * A lane is what one budget governs: the route, for a smarthost; the destination domain,
+ * for direct (MX) delivery.  A lane sends at most N messages (or recipients) in any
+ * window of each configured length (slide.h; for a shared lane the Redis script
+ * slide.lua), counted when the transaction starts -- just before MAIL FROM is written on
+ * a connection whose session is ready -- so that the relay, which counts when it reads
+ * MAIL FROM, never sees more.  A guard (default 100 ms) is added to every window to
+ * absorb the network's jitter between the two clocks.
+ *
+ * Invariants: a recipient's state on disk changes only here, by one byte; throttling,
+ * quota and ban replies suspend the lane and change no recipient (law 5); a message is
+ * never in two transactions for the same recipient at once.
+ */
+#ifndef SLUICE_RELAY_H
+#define SLUICE_RELAY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "buf.h"
+#include "classify.h"
+#include "log.h"
+#include "rate.h"
+#include "smtp_out.h"
+
+struct queue;
+struct store;
+struct relay;
+
+enum route_count {
+	ROUTE_COUNT_MESSAGES = 0,
+	ROUTE_COUNT_RECIPIENTS,
+};
+
+enum relay_uncertain {
+	RELAY_UNCERTAIN_RETRY = 0, /* U, then sent again at the next retry (a possible duplicate) */
+	RELAY_UNCERTAIN_HOLD,      /* U, and the message is held for the operator */
+};
+
+/* `route "name" { ... }` */
+struct route_conf {
+	char *name;
+	char **domains;              /* "example.com", "*.example.com", "*" */
+	size_t ndomains;
+	bool mx;                     /* direct delivery; else smarthost */
+	char *host;                  /* smarthost name or address */
+	uint16_t port;               /* smarthost port (25) */
+	char *helo;                  /* NULL: the relay's hostname */
+	enum smtp_out_tls tls;
+	char *ca_file;
+	char *sni;                   /* NULL: host (smarthost) or the MX name */
+	char *auth_user;             /* NULL: no AUTH */
+	char *auth_password;
+	char *auth_mechanisms;
+	bool auth_plaintext;
+	struct sockaddr_storage source; /* ss_family 0: none */
+	socklen_t sourcelen;
+	struct rate_limits rate;     /* n = 0: unlimited */
+	enum route_count count;
+	unsigned connections;        /* simultaneous, per lane */
+	unsigned messages_per_connection;
+	unsigned recipients_per_message;
+	int64_t guard_ms;            /* added to every window */
+	bool shared;                 /* the budget is in the Redis store, shared by nodes */
+	struct classify_signal_conf *signals;
+	size_t nsignals;
+	uint64_t timeout_ms[SMTP_STAGE_COUNT];
+};
+
+/* `relay { ... }` and the routes. */
+struct relay_conf {
+	struct route_conf *routes;
+	size_t nroutes;
+	char *hostname;              /* EHLO default, Reporting-MTA */
+	int64_t retry_min_ms;        /* a recipient's first retry after a 4xx */
+	int64_t retry_max_ms;
+	int64_t suspend_min_ms;      /* a lane's first suspension without a hint */
+	int64_t suspend_max_ms;
+	enum relay_uncertain uncertain;
+	int64_t lifetime_ms;         /* queue.lifetime */
+	int64_t delay_warning_ms;    /* 0: no delay notices */
+	char *postmaster;            /* DSNs that cannot go back (null sender) go here; NULL: none */
+	char *dns_servers;           /* "ip[:port],..."; NULL: /etc/resolv.conf */
+	int64_t idle_ms;             /* an idle connection is closed after this */
+	char *state_dir;             /* lanes' send history (relay.lanes) */
+};
+
+void relay_conf_init(struct relay_conf *c);  /* the defaults */
+void relay_conf_clear(struct relay_conf *c);
+void route_conf_clear(struct route_conf *r);
+/* A deep copy (for the relay thread: the daemon's configuration may go away). */
+int relay_conf_copy(const struct relay_conf *src, struct relay_conf *ret);
+/* The route for a recipient domain (first match), or NULL. */
+const struct route_conf *relay_conf_route(const struct relay_conf *c, const char *domain);
+
+/* Log of deliveries and lane events, for the daemon: called on the relay thread. */
+typedef void relay_log_fn(void *arg, enum log_level level, const char *line);
+
+/*
+ * Make the relay over q (opened; its listener is set here).  store: for shared lanes
+ * (may be NULL).  Nothing runs until relay_start().  NULL with err.
+ */
+struct relay *relay_new(const struct relay_conf *conf, struct queue *q, struct store *store,
+			relay_log_fn *log, void *log_arg, char *err, size_t errlen);
+/* Start the relay's thread (after the fork).  0 or -errno. */
+int relay_start(struct relay *r);
+/* A new configuration: copied; applies to the next send, budgets keep their history. */
+int relay_reconfigure(struct relay *r, const struct relay_conf *conf);
+/* Stop: no new transactions; those under way get until deadline_ms to finish, then
+ * connections are closed (their recipients stay T: sent again after restart).  Joins. */
+void relay_stop(struct relay *r, int64_t deadline_ms);
+struct relay *relay_free(struct relay *r);
+
+/* `sluice lanes [--json]`: appended to out. */
+int relay_lanes(struct relay *r, bool json, struct buf *out);
+/* `sluice lanes suspend NAME [FOR]` / `resume NAME`.  0, -ENOENT. */
+int relay_lane_suspend(struct relay *r, const char *name, int64_t for_ms);
+int relay_lane_resume(struct relay *r, const char *name);
+
+struct relay_stats {
+	uint64_t transactions;       /* started (each counted in its lane's budget) */
+	uint64_t delivered;          /* recipients D */
+	uint64_t failed;             /* recipients F */
+	uint64_t deferred;           /* recipient retries scheduled */
+	uint64_t uncertain;          /* recipients U (connection lost after the dot) */
+	uint64_t suspensions;
+	uint64_t dsn_sent;           /* DSNs queued */
+	uint64_t dsn_skipped;        /* bounces of null-sender messages, logged only */
+	uint64_t connections;        /* opened */
+	unsigned lanes;
+	unsigned active_connections;
+};
+void relay_stats(struct relay *r, struct relay_stats *ret);
+
+#endif

@@ -1,0 +1,156 @@
+/*
+ * relay_conf -- the relay's configuration as the daemon loaded it (relay.h): defaults,
+ * a deep copy for the relay's thread, and the route of a recipient domain.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "relay.h"
+
+void relay_conf_init(struct relay_conf *c)
+{
+	memset(c, 0, sizeof(*c));
+	c->retry_min_ms = 5 * 60 * 1000;
+	c->retry_max_ms = 4 * 3600 * 1000;
+	c->suspend_min_ms = 60 * 1000;
+	c->suspend_max_ms = 3600 * 1000;
+	c->uncertain = RELAY_UNCERTAIN_RETRY;
+	c->lifetime_ms = INT64_C(5) * 86400 * 1000;
+	c->idle_ms = 10 * 1000;
+}
+
+void route_conf_clear(struct route_conf *r)
+{
+	free(r->name);
+	for (size_t i = 0; i < r->ndomains; i++)
+		free(r->domains[i]);
+	free(r->domains);
+	free(r->host);
+	free(r->helo);
+	free(r->ca_file);
+	free(r->sni);
+	free(r->auth_user);
+	if (r->auth_password) {
+		explicit_bzero(r->auth_password, strlen(r->auth_password));
+		free(r->auth_password);
+	}
+	free(r->auth_mechanisms);
+	for (size_t i = 0; i < r->nsignals; i++)
+		free((char *)r->signals[i].match);
+	free(r->signals);
+	memset(r, 0, sizeof(*r));
+}
+
+void relay_conf_clear(struct relay_conf *c)
+{
+	for (size_t i = 0; i < c->nroutes; i++)
+		route_conf_clear(&c->routes[i]);
+	free(c->routes);
+	free(c->hostname);
+	free(c->postmaster);
+	free(c->dns_servers);
+	free(c->state_dir);
+	memset(c, 0, sizeof(*c));
+}
+
+static int dup_str(const char *s, char **ret)
+{
+	*ret = NULL;
+	if (!s)
+		return 0;
+	return (*ret = strdup(s)) ? 0 : -ENOMEM;
+}
+
+static int route_copy(const struct route_conf *s, struct route_conf *d)
+{
+	*d = *s;
+	d->name = d->host = d->helo = d->ca_file = d->sni = NULL;
+	d->auth_user = d->auth_password = d->auth_mechanisms = NULL;
+	d->domains = NULL;
+	d->ndomains = 0;
+	d->signals = NULL;
+	d->nsignals = 0;
+	int r = 0;
+	r = r ? r : dup_str(s->name, &d->name);
+	r = r ? r : dup_str(s->host, &d->host);
+	r = r ? r : dup_str(s->helo, &d->helo);
+	r = r ? r : dup_str(s->ca_file, &d->ca_file);
+	r = r ? r : dup_str(s->sni, &d->sni);
+	r = r ? r : dup_str(s->auth_user, &d->auth_user);
+	r = r ? r : dup_str(s->auth_password, &d->auth_password);
+	r = r ? r : dup_str(s->auth_mechanisms, &d->auth_mechanisms);
+	if (r == 0 && s->ndomains) {
+		d->domains = calloc(s->ndomains, sizeof(*d->domains));
+		if (!d->domains)
+			r = -ENOMEM;
+		for (size_t i = 0; r == 0 && i < s->ndomains; i++, d->ndomains++)
+			r = dup_str(s->domains[i], &d->domains[i]);
+	}
+	if (r == 0 && s->nsignals) {
+		d->signals = calloc(s->nsignals, sizeof(*d->signals));
+		if (!d->signals)
+			r = -ENOMEM;
+		for (size_t i = 0; r == 0 && i < s->nsignals; i++, d->nsignals++) {
+			d->signals[i] = s->signals[i];
+			char *m;
+			r = dup_str(s->signals[i].match, &m);
+			d->signals[i].match = m;
+		}
+	}
+	if (r < 0)
+		route_conf_clear(d);
+	return r;
+}
+
+int relay_conf_copy(const struct relay_conf *src, struct relay_conf *ret)
+{
+	struct relay_conf c = *src;
+	c.routes = NULL;
+	c.nroutes = 0;
+	c.hostname = c.postmaster = c.dns_servers = c.state_dir = NULL;
+	int r = 0;
+	r = r ? r : dup_str(src->hostname, &c.hostname);
+	r = r ? r : dup_str(src->postmaster, &c.postmaster);
+	r = r ? r : dup_str(src->dns_servers, &c.dns_servers);
+	r = r ? r : dup_str(src->state_dir, &c.state_dir);
+	if (r == 0 && src->nroutes) {
+		c.routes = calloc(src->nroutes, sizeof(*c.routes));
+		if (!c.routes)
+			r = -ENOMEM;
+		for (size_t i = 0; r == 0 && i < src->nroutes; i++) {
+			r = route_copy(&src->routes[i], &c.routes[i]);
+			if (r == 0)
+				c.nroutes++;
+		}
+	}
+	if (r < 0) {
+		relay_conf_clear(&c);
+		return r;
+	}
+	*ret = c;
+	return 0;
+}
+
+/* "*" matches all; "*.example.com" the subdomains of example.com; else the exact name
+ * (ASCII case-insensitive). */
+static bool domain_match(const char *pat, const char *dom)
+{
+	if (strcmp(pat, "*") == 0)
+		return true;
+	if (pat[0] == '*' && pat[1] == '.') {
+		size_t pl = strlen(pat + 1), dl = strlen(dom);
+		return dl > pl && strcasecmp(dom + dl - pl, pat + 1) == 0;
+	}
+	return strcasecmp(pat, dom) == 0;
+}
+
+const struct route_conf *relay_conf_route(const struct relay_conf *c, const char *domain)
+{
+	for (size_t i = 0; i < c->nroutes; i++)
+		for (size_t j = 0; j < c->routes[i].ndomains; j++)
+			if (domain_match(c->routes[i].domains[j], domain))
+				return &c->routes[i];
+	return NULL;
+}

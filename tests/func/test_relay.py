@@ -1,0 +1,308 @@
+"""The relay against a smarthost that behaves like an ISP's (smarthost.py, aiosmtpd).
+
+Each test starts sluiced with an intake on loopback, a queue and one route to a smarthost
+started for the test, queues mail through the intake with smtplib (a real SMTP client),
+and checks what the smarthost received and when: every recipient delivered, never more
+sends in a window than the route allows (the smarthost's own log of send times is the
+judge), throttling and bans suspending the lane without a bounce, permanent failures in
+one DSN, and the lane's state through `sluice lanes`.
+"""
+
+import email
+import json
+import re
+import smtplib
+import time
+
+import pytest
+
+from conftest import SLUICE, free_port, require_binary, wait_until
+from smarthost import make_test_certs, smarthost, tls_certs  # noqa: F401 (fixtures)
+
+HOST = "relay.sluice.test"
+
+
+def relay_config(intake_port, smarthost_port, route="", relay="", extra=""):
+    route_lines = "\n".join("  " + l for l in route.strip().splitlines())
+    relay_lines = "\n".join("  " + l for l in relay.strip().splitlines())
+    return f"""workers = 2;
+stats_interval = 0;
+shutdown_timeout = 5s;
+state_dir = "@DIR@";
+log {{ target = "stderr"; level = "info"; }}
+control {{
+  listen = "unix:@DIR@/control.sock";
+}}
+intake {{
+  listen = "inet:127.0.0.1:{intake_port}";
+  hostname = "{HOST}";
+}}
+queue {{ dir = "@DIR@/queue"; }}
+relay {{
+  retry {{ min = 1s; max = 2s; }}
+  suspend {{ min = 1s; max = 2s; }}
+{relay_lines}
+}}
+route "isp" {{
+  domains = ["*"];
+  smarthost = "[127.0.0.1]:{smarthost_port}";
+{route_lines}
+}}
+{extra}
+"""
+
+
+def send(port, rcpts, sender="list@example.org", subject="hello", body="Hello.\r\n",
+         count=1):
+    """Queue count messages through the intake; returns the time the last was accepted."""
+    with smtplib.SMTP("127.0.0.1", port, timeout=30) as s:
+        for i in range(count):
+            msg = (f"From: <{sender}>\r\nTo: <list@example.org>\r\n"
+                   f"Subject: {subject} {i}\r\nMessage-ID: <{i}.{time.time()}@example.org>\r\n"
+                   f"\r\n{body}")
+            refused = s.sendmail(sender, rcpts, msg)
+            assert not refused, refused
+    return time.time()
+
+
+def lanes(sd):
+    return json.loads(sd.cli("lanes", "--json").stdout)
+
+
+def delivered_rcpts(sh):
+    out = []
+    for m in sh.accepted():
+        out.extend(m.rcpts)
+    return out
+
+
+@pytest.fixture
+def relay(sluiced, smarthost):
+    """Factory: relay(route=..., relay=..., **smarthost kwargs) -> (sluiced, smarthost, port)."""
+    require_binary(SLUICE, "SLUICE")
+
+    def factory(route="", relay="", extra="", start=True, **sh_kwargs):
+        sh = smarthost(**sh_kwargs)
+        port = free_port()
+        sd = sluiced(relay_config(port, sh.port, route=route, relay=relay, extra=extra),
+                     start=start)
+        return sd, sh, port
+
+    return factory
+
+
+def test_throttled_list_post_is_delivered_exactly_at_the_limit(relay):
+    """A list post of 64 recipients, one message each, through a lane of 8/2s with the
+    smarthost in ban mode: every recipient delivered, no window over, no ban, and the
+    lane sent at no less than 95% of the allowed rate over its busy period (a perfect
+    lane sends N at the start of each window: N * bursts in (bursts - 1) * W)."""
+    sd, sh, port = relay(route='tls = "none";\nrate = ["8/2s"];\nconnections = 1;\n'
+                         'recipients_per_message = 1;\nguard = 20ms;',
+                         rate="8/2", mode="ban", ban_seconds=30)
+    rcpts = [f"user{i}@example.net" for i in range(64)]
+    send(port, rcpts)
+    sh.wait_accepted(64, timeout=40)
+    assert sorted(delivered_rcpts(sh)) == sorted(rcpts)
+    assert sh.bans == 0, sh.ban_events()
+    assert sh.windows_over(8, 2.0) == []
+    times = sorted(sh.attempts())
+    busy = times[-1] - times[0]
+    utilization = (len(times) / (busy + 2.0)) / (8 / 2.0)
+    assert utilization >= 0.95, (len(times), busy, utilization)
+    # the queue is empty and the lane says what it did
+    wait_until(lambda: "the queue is empty" in sd.cli("queue").stdout, 10, "the queue to empty")
+    lane = lanes(sd)[0]
+    assert lane["lane"] == "isp" and lane["delivered"] == 64 and lane["failed"] == 0
+    assert lane["suspensions"] == 0
+
+
+def test_ban_suspends_the_lane_and_bounces_nobody(relay):
+    """The smarthost refuses everything with 550 5.7.1 ... suspended: the lane is suspended,
+    no recipient fails, no DSN is sent, and all is delivered after the ban lifts."""
+    sd, sh, port = relay(route='tls = "none";\nrate = ["20/1s"];\nrecipients_per_message = 2;')
+    sh.suspend()
+    rcpts = [f"u{i}@example.net" for i in range(6)]
+    send(port, rcpts)
+    sd.log.wait_for(r"lane=isp suspended for \d+s: \"550 5\.7\.1", timeout=15)
+    lane = lanes(sd)[0]
+    assert lane["suspended"] is True and "5.7.1" in lane["reason"]
+    assert lane["failed"] == 0
+    text = sd.cli("lanes").stdout
+    assert "SUSPENDED" in text
+    time.sleep(2)
+    sh.unsuspend()
+    sh.wait_accepted(3, timeout=30)
+    wait_until(lambda: sorted(delivered_rcpts(sh)) == sorted(rcpts), 30, "all delivered")
+    assert all(m.sender != "" for m in sh.accepted()), "a DSN was sent"
+    st = sd.stats()["relay"]
+    assert st["failed"] == 0 and st["dsn_sent"] == 0 and st["suspensions"] >= 1
+
+
+def test_unknown_recipients_get_exactly_one_dsn(relay):
+    """Two of five recipients are unknown (550 5.1.1): the other three are delivered, and
+    the sender gets one RFC 3464 DSN listing exactly those two."""
+    bad = ["nobody1@example.net", "nobody2@example.net"]
+    good = ["a@example.net", "b@example.net", "c@example.net"]
+    sd, sh, port = relay(route='tls = "none";\nrate = ["50/1s"];', reject_rcpts=bad)
+    send(port, good[:2] + bad[:1] + good[2:] + bad[1:], sender="owner@example.org",
+         subject="report")
+    wait_until(lambda: any(m.sender == "" for m in sh.accepted()), 20, "a DSN")
+    time.sleep(1)
+    dsns = [m for m in sh.accepted() if m.sender == ""]
+    assert len(dsns) == 1
+    assert list(dsns[0].rcpts) == ["owner@example.org"]
+    msg = email.message_from_bytes(dsns[0].content)
+    assert msg.get_content_type() == "multipart/report"
+    assert msg.get_param("report-type") == "delivery-status"
+    parts = msg.get_payload()
+    status = parts[1]
+    assert status.get_content_type() == "message/delivery-status"
+    text = status.as_string()
+    finals = re.findall(r"Final-Recipient: rfc822; ?(\S+)", text)
+    assert sorted(finals) == sorted(bad)
+    assert text.count("Action: failed") == 2
+    assert "Status: 5.1.1" in text
+    assert "Diagnostic-Code: smtp; 550" in text
+    assert "Remote-MTA: dns;" in text
+    assert "Subject: report" in parts[2].as_string()
+    normal = [r for m in sh.accepted() if m.sender for r in m.rcpts]
+    assert sorted(normal) == sorted(good)
+    st = sd.stats()["relay"]
+    assert st["failed"] == 2 and st["dsn_sent"] == 1 and st["delivered"] >= 3
+
+
+def test_tempfail_with_retry_hint_waits_and_delivers(relay):
+    """A relay answering 450 4.2.1 ... try again in N seconds: the lane waits that long,
+    nothing bounces, everything arrives."""
+    sd, sh, port = relay(route='tls = "none";\nrate = ["100/1s"];\nrecipients_per_message = 1;',
+                         rate="3/3", mode="tempfail")
+    rcpts = [f"t{i}@example.net" for i in range(7)]
+    send(port, rcpts)
+    sd.log.wait_for(r"lane=isp (suspended|slowed)", timeout=20)
+    wait_until(lambda: sorted(delivered_rcpts(sh)) == sorted(rcpts), 40, "all delivered")
+    assert sd.stats()["relay"]["failed"] == 0
+    assert all(m.sender for m in sh.accepted())
+
+
+def test_lost_reply_after_dot_is_uncertain_and_retried(relay):
+    """The connection drops after the final dot: the recipient goes to U (counted), is sent
+    again, and ends delivered; the possible duplicate is the one in flight."""
+    sd, sh, port = relay(route='tls = "none";\nrate = ["100/1s"];',
+                         drop_after_dot_first=1, drop_delivers=True)
+    send(port, ["x@example.net"])
+    wait_until(lambda: len(sh.accepted()) >= 2, 20, "the message sent twice")
+    sd.log.wait_for(r"status=uncertain", timeout=5)
+    wait_until(lambda: sd.stats()["relay"]["delivered"] == 1, 10, "delivered")
+    assert sd.stats()["relay"]["uncertain"] == 1
+
+
+def test_starttls_verify_and_auth(relay, tls_certs, workdir):
+    """STARTTLS with the certificate checked against a private CA, then AUTH: the
+    smarthost sees a TLS session and the authenticated user."""
+    secret = workdir / "isp.secret"
+    secret.write_text("s3cret\n")
+    secret.chmod(0o600)
+    route = (f'tls = "verify";\nca_file = "{tls_certs.ca_cert}";\nsni = "localhost";\n'
+             f'auth {{ user = "me"; password_file = "{secret}"; }}\nrate = ["10/1s"];')
+    sd, sh, port = relay(route=route, tls_cert=tls_certs.cert, tls_key=tls_certs.key,
+                         require_starttls=True, auth_user="me", auth_password="s3cret",
+                         auth_required=True)
+    send(port, ["secure@example.net"])
+    sh.wait_accepted(1, timeout=20)
+    m = sh.accepted()[0]
+    assert m.tls and m.auth_user == "me"
+
+
+def test_tls_verify_refuses_a_wrong_name(relay, tls_certs):
+    """tls = verify and a certificate for another name: nothing is sent, the lane is
+    suspended, and the message stays queued (no bounce)."""
+    route = (f'tls = "verify";\nca_file = "{tls_certs.ca_cert}";\nsni = "wrong.example";\n'
+             'rate = ["10/1s"];')
+    sd, sh, port = relay(route=route, tls_cert=tls_certs.cert, tls_key=tls_certs.key)
+    send(port, ["v@example.net"])
+    sd.log.wait_for(r"lane=isp suspended", timeout=20)
+    assert sh.accepted() == []
+    assert sd.stats()["relay"]["failed"] == 0
+
+
+def test_operator_suspends_and_resumes_a_lane(relay):
+    sd, sh, port = relay(route='tls = "none";\nrate = ["100/1s"];')
+    send(port, ["first@example.net"])
+    sh.wait_accepted(1, timeout=15)
+    sd.cli("lanes", "suspend", "isp")
+    assert lanes(sd)[0]["suspended"] is True
+    send(port, ["second@example.net"])
+    time.sleep(1.5)
+    assert len(sh.accepted()) == 1
+    res = sd.cli("lanes", "resume", "nosuch", check=False)
+    assert res.returncode != 0 and "no lane" in res.stdout + res.stderr
+    sd.cli("lanes", "resume", "isp")
+    sh.wait_accepted(2, timeout=15)
+
+
+def test_reload_applies_the_new_rate_to_the_next_send(relay):
+    """A lane of 1/60s has sent once and waits; a reload to 10/1s lets the next message go
+    at once (budgets keep their history: the first send still counts)."""
+    sd, sh, port = relay(route='tls = "none";\nrate = ["1/60s"];\nrecipients_per_message = 1;')
+    send(port, ["r1@example.net", "r2@example.net"])
+    sh.wait_accepted(1, timeout=15)
+    time.sleep(1)
+    assert len(sh.accepted()) == 1
+    sd.write_config(sd.config_text.replace('rate = ["1/60s"];', 'rate = ["10/1s"];'))
+    sd.cli("reload")
+    sh.wait_accepted(2, timeout=10)
+
+
+def test_restart_cannot_cause_a_burst(relay):
+    """The send history survives a restart: a lane of 2/20s that sent 2 sends nothing more
+    until the window has passed, even across a restart."""
+    sd, sh, port = relay(route='tls = "none";\nrate = ["2/20s"];\nrecipients_per_message = 1;')
+    send(port, ["h1@example.net", "h2@example.net"])
+    sh.wait_accepted(2, timeout=15)
+    sd.stop()
+    sd.start()
+    send(port, ["h3@example.net"])
+    time.sleep(3)
+    assert len(sh.accepted()) == 2, "a restart let a send past the window"
+    assert sh.windows_over(2, 20.0) == []
+
+
+def test_expired_message_bounces_once(relay):
+    """queue.lifetime passes while the smarthost refuses connections: every recipient
+    fails with 4.4.7 and one DSN is queued to the sender."""
+    dead = free_port()
+    sd, sh, port = relay(route='tls = "none";', start=False)
+    sd.write_config(sd.config_text.replace(f"[127.0.0.1]:{sh.port}", f"[127.0.0.1]:{dead}")
+                    .replace('queue { dir = "' + str(sd.dir) + '/queue"; }',
+                             'queue { dir = "' + str(sd.dir) + '/queue"; lifetime = 2s; }'))
+    sd.start()
+    send(port, ["late@example.net"], sender="me@example.org")
+    sd.log.wait_for(r"status=failed dsn=4\.4\.7", timeout=60)
+    sd.log.wait_for(r"bounce queued as \S+ to <me@example\.org>", timeout=10)
+    wait_until(lambda: sd.stats()["relay"]["dsn_sent"] == 1, 10, "the DSN committed")
+    # the DSN itself waits in the queue (the smarthost is down), from <> to the sender
+    listing = sd.cli("queue").stdout
+    assert "me@example.org" in listing
+
+
+def test_null_sender_failures_are_logged_not_bounced(relay):
+    sd, sh, port = relay(route='tls = "none";', reject_rcpts=["gone@example.net"])
+    send(port, ["gone@example.net"], sender="")
+    sd.log.wait_for(r"bounce not sent: the sender is null", timeout=15)
+    st = sd.stats()["relay"]
+    assert st["dsn_skipped"] == 1 and st["dsn_sent"] == 0
+
+
+def test_bad_route_configuration_is_refused(sluiced, workdir):
+    port = free_port()
+    text = relay_config(port, 1, route='rate = ["8/banana"];')
+    sd = sluiced(text, start=False)
+    import subprocess
+    from conftest import SLUICED
+    res = subprocess.run([SLUICED, "-t", "-c", str(sd.config)], capture_output=True, text=True)
+    assert res.returncode != 0
+    assert "rate" in res.stderr and "sluiced.conf:" in res.stderr
+    text = relay_config(port, 1, route='signal { match = "(unclosed"; action = "suspend"; }')
+    sd.write_config(text)
+    res = subprocess.run([SLUICED, "-t", "-c", str(sd.config)], capture_output=True, text=True)
+    assert res.returncode != 0 and "match" in res.stderr
