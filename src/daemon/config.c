@@ -1045,9 +1045,10 @@ static int load(struct cfg_node *root, struct sluice_config *c, char *err, size_
 		r = policy_load(root, &c->rules, err, el);
 	if (r == 0)
 		r = load_relay(root, c, err, el);
-	if (r == 0 && policy_has_classes(c->rules) && !milter) {
-		cfg_error(cfg_get(root, "class"), err, el, "host classes need the milter: the "
-			  "policy protocol has no end of session to give a slot back");
+	if (r == 0 && policy_has_classes(c->rules) && !milter && !cfg_get(root, "route")) {
+		cfg_error(cfg_get(root, "class"), err, el, "host classes need the milter (the "
+			  "policy protocol has no end of session to give a slot back) or a route "
+			  "(outgoing sessions take slots too)");
 		r = -EINVAL;
 	}
 	if (r == 0 && c->milter.static_handler && policy_rule_count(c->rules) +

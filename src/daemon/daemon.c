@@ -482,7 +482,7 @@ static void reload(struct daemon *d)
 		if (intake_service_set_conf(d->intake, &ic) < 0)
 			log_error("reload: out of memory; the intake keeps its settings");
 	}
-	if (d->relay && relay_reconfigure(d->relay, &nc->relay) < 0)
+	if (d->relay && relay_reconfigure(d->relay, &nc->relay, nc->rules) < 0)
 		log_error("reload: the relay keeps its settings (out of memory)");
 	if (!d->relay && nc->relay.nroutes)
 		log_warning("reload: routes were added; the relay starts at the next restart");
@@ -839,8 +839,8 @@ int daemon_main(int argc, char **argv)
 		d.queue = open_queue(d.cfg);
 	if (d.cfg->relay.nroutes) {
 		char rerr[512];
-		d.relay = relay_new(&d.cfg->relay, d.queue, d.store, relay_log, NULL, rerr,
-				    sizeof(rerr));
+		d.relay = relay_new(&d.cfg->relay, d.queue, d.store, d.cfg->rules, relay_log,
+				    NULL, rerr, sizeof(rerr));
 		if (!d.relay)
 			fatal("relay: %s", rerr);
 	} else if (d.queue) {

@@ -153,12 +153,12 @@ static void note_entered(struct class_counter *k, unsigned used)
 		;
 }
 
-int class_enter_inbound(struct policy_class *c, struct class_slot **ret)
+static int enter_below(struct policy_class *c, unsigned cap, struct class_slot **ret)
 {
 	struct class_counter *k = c->ctr;
 	unsigned used = atomic_load(&k->used);
 	do {
-		if (used >= c->inbound) {
+		if (used >= cap) {
 			atomic_fetch_add(&k->refused, 1);
 			return 0;
 		}
@@ -169,6 +169,16 @@ int class_enter_inbound(struct policy_class *c, struct class_slot **ret)
 	pthread_mutex_unlock(&registry_lock);
 	*ret = (struct class_slot *)k;
 	return 1;
+}
+
+int class_enter_inbound(struct policy_class *c, struct class_slot **ret)
+{
+	return enter_below(c, c->inbound, ret);
+}
+
+int class_enter_outbound(struct policy_class *c, struct class_slot **ret)
+{
+	return enter_below(c, c->sessions, ret);
 }
 
 unsigned class_reserve(struct policy_class *c, struct class_slot **ret)

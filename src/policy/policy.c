@@ -1414,6 +1414,18 @@ int policy_class_enter(struct policy *p, const struct ipaddr *ip, struct str nam
 	return class_enter_inbound(c, ret);
 }
 
+int policy_class_enter_outbound(struct policy *p, const struct ipaddr *ip, struct str name,
+				struct class_slot **ret, const char **ret_class)
+{
+	struct policy_class *c = class_find(p, ip, name);
+	if (!c) {
+		*ret = NULL;
+		return 1;
+	}
+	*ret_class = c->name;
+	return class_enter_outbound(c, ret);
+}
+
 static void slot_done(struct store_slot_call *sc, int rc)
 {
 	struct policy_pending *pp = sc->arg;

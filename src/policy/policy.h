@@ -255,6 +255,13 @@ int policy_class_enter(struct policy *p, const struct ipaddr *ip, struct str nam
 		       struct class_slot **ret, const char **ret_class);
 void class_slot_release(struct class_slot *s);
 /*
+ * An outgoing session (the relay) to the host name/ip: take a slot in its class if the
+ * class has fewer than `sessions` (incoming plus outgoing).  1 with *ret (NULL without
+ * classes), or 0 when the class is full (*ret_class names it): the mail waits.
+ */
+int policy_class_enter_outbound(struct policy *p, const struct ipaddr *ip, struct str name,
+				struct class_slot **ret, const char **ret_class);
+/*
  * As policy_class_enter(), asking the shared store when there is one (the class's
  * inbound limit then counts every node's sessions).  Returns 1 or 0 as policy_class_enter
  * does, or 2 when pending: *ret is set and done(arg, rc) runs later with rc 1 (*ret_slot

@@ -41,6 +41,7 @@
 #include "lane.h"
 #include "log.h"
 #include "mx.h"
+#include "policy.h"
 #include "queue.h"
 #include "relay.h"
 #include "smtp_out.h"
@@ -139,6 +140,7 @@ struct rconn {
 	struct conf_rt *crt;
 	struct classify *cls;         /* of the route it was made for (in crt) */
 	struct smtp_out_conf oc;      /* the route's, with the MX host's name for TLS */
+	struct class_slot *slot;      /* in the host class of the peer, or NULL */
 	char host[256];
 	struct smtp_out *c;
 	enum rconn_state st;
@@ -184,6 +186,7 @@ struct relay {
 	struct queue *q;
 	struct queue_dir *qd;
 	struct store *store;
+	struct policy *rules;         /* host classes (a reference) */
 	relay_log_fn *log;
 	void *log_arg;
 
@@ -1112,6 +1115,8 @@ static void conn_detach(struct rconn *rc)
 		event_free(rc->idle_timer);
 		rc->idle_timer = NULL;
 	}
+	class_slot_release(rc->slot);
+	rc->slot = NULL;
 	if (r->stopping && r->st.active_connections == 0)
 		event_base_loopexit(r->base, NULL);
 }
@@ -1298,9 +1303,34 @@ static void lane_connect(struct lane *l)
 		lane_resolve(l);
 		return;
 	}
+	/* an outgoing session takes a slot in its host class (Sendmail's XLA): none left,
+	 * and the mail waits */
+	const struct mx_target *tg = &l->targets[l->next_target % l->ntargets];
+	struct class_slot *slot = NULL;
+	if (r->rules) {
+		struct ipaddr ip = { 0 };
+		if (tg->addr.ss_family == AF_INET) {
+			ip.family = 4;
+			memcpy(ip.b, &((const struct sockaddr_in *)&tg->addr)->sin_addr, 4);
+		} else {
+			ip.family = 6;
+			memcpy(ip.b, &((const struct sockaddr_in6 *)&tg->addr)->sin6_addr, 16);
+		}
+		const char *cls = NULL;
+		if (policy_class_enter_outbound(r->rules, &ip, str_cstr(tg->host), &slot, &cls) == 0) {
+			rlog(r, LOG_LEVEL_DEBUG, "lane=%s class %s is full: the mail waits", l->name,
+			     cls ? cls : "?");
+			/* XXX polled: a slot freed by an incoming session wakes no one */
+			lane_arm(l, UINT64_C(1000000000));
+			return;
+		}
+	}
 	struct rconn *rc = calloc(1, sizeof(*rc));
-	if (!rc)
+	if (!rc) {
+		class_slot_release(slot);
 		return;
+	}
+	rc->slot = slot;
 	rc->r = r;
 	rc->lane = l;
 	rc->crt = r->crt;
@@ -1323,6 +1353,7 @@ static void lane_connect(struct lane *l)
 	if (!rc->c) {
 		if (rc->idle_timer)
 			event_free(rc->idle_timer);
+		class_slot_release(rc->slot);
 		free(rc);
 		return;
 	}
@@ -2102,7 +2133,8 @@ static void *relay_main(void *arg)
 /* ---- the public side ---- */
 
 struct relay *relay_new(const struct relay_conf *conf, struct queue *q, struct store *store,
-			relay_log_fn *log, void *log_arg, char *err, size_t errlen)
+			struct policy *rules, relay_log_fn *log, void *log_arg, char *err,
+			size_t errlen)
 {
 	struct relay *r = calloc(1, sizeof(*r));
 	if (!r) {
@@ -2112,6 +2144,7 @@ struct relay *relay_new(const struct relay_conf *conf, struct queue *q, struct s
 	r->q = q;
 	r->qd = queue_directory(q);
 	r->store = store;
+	r->rules = rules ? policy_ref(rules) : NULL;
 	r->log = log;
 	r->log_arg = log_arg;
 	r->mb_fd = -1;
@@ -2173,9 +2206,18 @@ int relay_start(struct relay *r)
 	return 0;
 }
 
+struct new_conf {
+	struct conf_rt *crt;
+	struct policy *rules;
+};
+
 static int apply_conf(struct relay *r, void *arg)
 {
-	struct conf_rt *nc = arg;
+	struct new_conf *ncf = arg;
+	struct conf_rt *nc = ncf->crt;
+	struct policy *old_rules = r->rules;
+	r->rules = ncf->rules;
+	ncf->rules = old_rules; /* released by the caller, off the relay's loop */
 	struct conf_rt *old = r->crt;
 	r->crt = nc;
 	old->next = r->retired;
@@ -2218,15 +2260,21 @@ static int apply_conf(struct relay *r, void *arg)
 	return 0;
 }
 
-int relay_reconfigure(struct relay *r, const struct relay_conf *conf)
+int relay_reconfigure(struct relay *r, const struct relay_conf *conf, struct policy *rules)
 {
 	char err[256];
-	struct conf_rt *nc = conf_rt_new(conf, err, sizeof(err));
-	if (!nc)
+	struct new_conf ncf = { .crt = conf_rt_new(conf, err, sizeof(err)),
+				.rules = rules ? policy_ref(rules) : NULL };
+	if (!ncf.crt) {
+		if (ncf.rules)
+			policy_unref(ncf.rules);
 		return -ENOMEM;
-	int e = call_sync(r, apply_conf, nc);
+	}
+	int e = call_sync(r, apply_conf, &ncf);
 	if (e < 0)
-		conf_rt_free(nc);
+		conf_rt_free(ncf.crt);
+	if (ncf.rules)
+		policy_unref(ncf.rules);
 	return e;
 }
 
@@ -2301,6 +2349,8 @@ struct relay *relay_free(struct relay *r)
 		free(r->hist[i].name);
 	free(r->hist);
 	conf_rt_free(r->crt);
+	if (r->rules)
+		policy_unref(r->rules);
 	while (r->retired) {
 		struct conf_rt *c = r->retired;
 		r->retired = c->next;

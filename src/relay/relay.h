@@ -38,6 +38,7 @@
 #include "rate.h"
 #include "smtp_out.h"
 
+struct policy;
 struct queue;
 struct store;
 struct relay;
@@ -113,14 +114,17 @@ typedef void relay_log_fn(void *arg, enum log_level level, const char *line);
 
 /*
  * Make the relay over q (opened; its listener is set here).  store: for shared lanes
- * (may be NULL).  Nothing runs until relay_start().  NULL with err.
+ * (may be NULL).  rules: the host classes an outgoing connection takes a slot in (may be
+ * NULL; the relay holds a reference).  Nothing runs until relay_start().  NULL with err.
  */
 struct relay *relay_new(const struct relay_conf *conf, struct queue *q, struct store *store,
-			relay_log_fn *log, void *log_arg, char *err, size_t errlen);
+			struct policy *rules, relay_log_fn *log, void *log_arg, char *err,
+			size_t errlen);
 /* Start the relay's thread (after the fork).  0 or -errno. */
 int relay_start(struct relay *r);
-/* A new configuration: copied; applies to the next send, budgets keep their history. */
-int relay_reconfigure(struct relay *r, const struct relay_conf *conf);
+/* A new configuration: copied; applies to the next send, budgets keep their history.
+ * rules: the new host classes (a reference is taken). */
+int relay_reconfigure(struct relay *r, const struct relay_conf *conf, struct policy *rules);
 /* Stop: no new transactions; those under way get until deadline_ms to finish, then
  * connections are closed (their recipients stay T: sent again after restart).  Joins. */
 void relay_stop(struct relay *r, int64_t deadline_ms);

@@ -306,3 +306,15 @@ def test_bad_route_configuration_is_refused(sluiced, workdir):
     sd.write_config(text)
     res = subprocess.run([SLUICED, "-t", "-c", str(sd.config)], capture_output=True, text=True)
     assert res.returncode != 0 and "match" in res.stderr
+
+
+def test_outgoing_sessions_take_host_class_slots(relay):
+    """A host class of sessions = 1 for the smarthost's address: however many connections
+    the route allows, one outgoing session at a time (Sendmail's XLA); the rest waits."""
+    sd, sh, port = relay(route='tls = "none";\nconnections = 4;\nrecipients_per_message = 1;',
+                         extra='class "isp" { hosts = ["127.0.0.1"]; sessions = 1; inbound = 1; }\n'
+                               'class "default" { hosts = ["*"]; sessions = 100; inbound = 100; }')
+    rcpts = [f"c{i}@example.net" for i in range(12)]
+    send(port, rcpts)
+    wait_until(lambda: sorted(delivered_rcpts(sh)) == sorted(rcpts), 30, "all delivered")
+    assert sh.max_concurrent == 1
