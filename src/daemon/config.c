@@ -914,6 +914,9 @@ static int load_relay(struct cfg_node *root, struct sluice_config *c, char *err,
 			r = get_string(n, "dns_servers", &rl->dns_servers, err, el);
 		if (r == 0)
 			r = get_duration(n, "idle_timeout", 100, 3600000, &rl->idle_ms, err, el);
+		if (r == 0)
+			r = get_duration(n, "delay_warning", 0, INT64_C(365) * 86400000,
+					 &rl->delay_warning_ms, err, el);
 		if (r == 0 && rl->retry_max_ms < rl->retry_min_ms) {
 			ERR(cfg_get(n, "retry"), err, el, "max is below min");
 			r = -EINVAL;

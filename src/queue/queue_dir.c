@@ -542,6 +542,9 @@ int queue_msg_set_control(struct queue_msg *m, unsigned which, char byte)
 	case QUEUE_CTL_BOUNCE:
 		ok = byte == '-' || byte == 'P' || byte == 'S';
 		break;
+	case QUEUE_CTL_WARNED:
+		ok = byte == '-' || byte == 'W';
+		break;
 	default:
 		ok = which < QUEUE_CONTROL_LEN && byte == '-';
 		break;

@@ -234,7 +234,8 @@ static bool control_ok(const unsigned char *c)
 {
 	return (c[QUEUE_CTL_HOLD] == '-' || c[QUEUE_CTL_HOLD] == 'H') &&
 	       (c[QUEUE_CTL_BOUNCE] == '-' || c[QUEUE_CTL_BOUNCE] == 'P' ||
-		c[QUEUE_CTL_BOUNCE] == 'S');
+		c[QUEUE_CTL_BOUNCE] == 'S') &&
+	       (c[QUEUE_CTL_WARNED] == '-' || c[QUEUE_CTL_WARNED] == 'W');
 }
 
 static bool status_ok(unsigned char s)

@@ -49,6 +49,7 @@ enum queue_rcpt_status {
 enum queue_control {
 	QUEUE_CTL_HOLD = 0,      /* '-' or 'H' */
 	QUEUE_CTL_BOUNCE,        /* '-' none due, 'P' pending, 'S' sent */
+	QUEUE_CTL_WARNED,        /* '-', or 'W': the delay notice was sent */
 	QUEUE_CONTROL_LEN = 8,
 };
 

@@ -88,7 +88,8 @@ struct rmsg {
 	struct lane_item *items;
 	size_t nitems;
 	unsigned busy;                /* transactions under way */
-	bool held, deleted, bouncing;
+	bool held, deleted, bouncing;  /* bouncing: a DSN of it is being committed */
+	bool warned;                  /* control byte QUEUE_CTL_WARNED is 'W' */
 	char bounce;                  /* control byte QUEUE_CTL_BOUNCE */
 	bool open;
 	struct queue_msg qm;
@@ -169,6 +170,7 @@ struct mb_item {
 	enum queue_event ev;
 	char id[QUEUE_ID_LEN + 1];
 	int rc;
+	bool delayed;                 /* MB_DSN_DONE: a delay notice, not a bounce */
 	int (*fn)(struct relay *r, void *arg);
 	void *arg;
 	bool done;
@@ -763,6 +765,7 @@ static int msg_load(struct relay *r, const char *id)
 	}
 	m->held = ix->control[QUEUE_CTL_HOLD] == 'H';
 	m->bounce = ix->control[QUEUE_CTL_BOUNCE];
+	m->warned = ix->control[QUEUE_CTL_WARNED] == 'W';
 	queue_msg_close(&qm);
 	TAILQ_INSERT_TAIL(&r->msgs, m, link);
 	rc = msg_route(r, m);
@@ -861,6 +864,7 @@ static void rcpt_retry(struct relay *r, struct rmsg *m, size_t i, int64_t hint_m
 struct dsn_done_ctx {
 	struct relay *r;
 	char id[QUEUE_ID_LEN + 1];
+	bool delayed;
 };
 
 static void on_dsn_committed(void *arg, int rc)
@@ -870,6 +874,7 @@ static void on_dsn_committed(void *arg, int rc)
 	if (it) {
 		it->kind = MB_DSN_DONE;
 		it->rc = rc;
+		it->delayed = d->delayed;
 		snprintf(it->id, sizeof(it->id), "%s", d->id);
 		if (post(d->r, it) < 0)
 			free(it);
@@ -884,9 +889,12 @@ struct fail_info {
 	uint64_t ts;
 };
 
-/* The last "status=failed" line of each failed recipient, from the attempt log. */
-static void read_failures(struct relay *r, struct rmsg *m, struct fail_info *fi)
+/* The last line with status (failed, deferred) of each recipient, from the attempt log. */
+static void read_failures(struct relay *r, struct rmsg *m, struct fail_info *fi,
+			  const char *status)
 {
+	char want[32];
+	snprintf(want, sizeof(want), " status=%s ", status);
 	struct buf lb;
 	buf_init(&lb, 8u << 20);
 	if (queue_log_read(r->qd, m->id, &lb, 8u << 20) < 0 || lb.len == 0) {
@@ -899,7 +907,7 @@ static void read_failures(struct relay *r, struct rmsg *m, struct fail_info *fi)
 		if (next)
 			*next++ = '\0';
 		char *p = strstr(line, " rcpt=");
-		if (!p || !strstr(line, " status=failed "))
+		if (!p || !strstr(line, want))
 			continue;
 		size_t i = strtoul(p + 6, NULL, 10);
 		if (i >= m->nrcpt)
@@ -952,11 +960,19 @@ static void bounce_done(struct relay *r, struct rmsg *m)
 	}
 }
 
-/* Queue the DSN of m's failed recipients (all of them at once: one DSN per message). */
-static void bounce_start(struct relay *r, struct rmsg *m)
+/*
+ * Queue the DSN of m: of its failed recipients (all of them at once: one DSN per
+ * message), or, delayed, a delay notice for the recipients still waiting.
+ */
+static void dsn_start(struct relay *r, struct rmsg *m, bool delayed)
 {
 	const struct relay_conf *c = &r->crt->conf;
 	const char *to = m->sender;
+	if (!*to && delayed) {
+		/* no delay notice for mail from <>, not even to the postmaster */
+		m->warned = true;
+		return;
+	}
 	if (!*to) {
 		if (!c->postmaster) {
 			rlog(r, LOG_LEVEL_NOTICE, "qid=%s bounce not sent: the sender is null <>; failed "
@@ -971,7 +987,8 @@ static void bounce_start(struct relay *r, struct rmsg *m)
 		return;
 	size_t nf = 0;
 	for (size_t i = 0; i < m->nrcpt; i++)
-		nf += m->r[i].status == QUEUE_FAILED;
+		nf += delayed ? m->r[i].status == QUEUE_TODO || m->r[i].status == QUEUE_UNCERTAIN
+			      : m->r[i].status == QUEUE_FAILED;
 	struct fail_info *fi = calloc(m->nrcpt, sizeof(*fi));
 	struct dsn_rcpt *dr = calloc(nf ? nf : 1, sizeof(*dr));
 	struct tx body = { 0 };
@@ -980,14 +997,16 @@ static void bounce_start(struct relay *r, struct rmsg *m)
 	buf_init(&out, DSN_MAX);
 	int rc = fi && dr && body.body ? 0 : -ENOMEM;
 	if (rc == 0) {
-		read_failures(r, m, fi);
+		read_failures(r, m, fi, delayed ? "deferred" : "failed");
 		size_t k = 0;
 		for (size_t i = 0; i < m->nrcpt; i++) {
-			if (m->r[i].status != QUEUE_FAILED)
+			bool pending = m->r[i].status == QUEUE_TODO ||
+				       m->r[i].status == QUEUE_UNCERTAIN;
+			if (delayed ? !pending : m->r[i].status != QUEUE_FAILED)
 				continue;
 			dr[k++] = (struct dsn_rcpt){
 				.addr = str_cstr(m->addr[i]),
-				.action = DSN_FAILED,
+				.action = delayed ? DSN_DELAYED : DSN_FAILED,
 				.status = str_cstr(fi[i].dsn),
 				.remote_mta = str_cstr(fi[i].mta),
 				.diagnostic = str_cstr(fi[i].reply),
@@ -1031,6 +1050,7 @@ static void bounce_start(struct relay *r, struct rmsg *m)
 			rc = -ENOMEM;
 		} else {
 			d->r = r;
+			d->delayed = delayed;
 			snprintf(d->id, sizeof(d->id), "%s", m->id);
 			char dsn_id[QUEUE_ID_LEN + 1];
 			snprintf(dsn_id, sizeof(dsn_id), "%s", queue_new_id(qn));
@@ -1040,8 +1060,9 @@ static void bounce_start(struct relay *r, struct rmsg *m)
 				free(d);
 			} else {
 				m->bouncing = true;
-				rlog(r, LOG_LEVEL_INFO, "qid=%s bounce queued as %s to <%.200s>: %zu failed "
-				     "recipient(s)", m->id, dsn_id, to, nf);
+				rlog(r, LOG_LEVEL_INFO, "qid=%s %s queued as %s to <%.200s>: %zu %s "
+				     "recipient(s)", m->id, delayed ? "delay notice" : "bounce", dsn_id,
+				     to, nf, delayed ? "waiting" : "failed");
 			}
 		}
 	}
@@ -1072,7 +1093,7 @@ static void msg_check_done(struct relay *r, struct rmsg *m)
 		failed |= s == QUEUE_FAILED;
 	}
 	if (failed && m->bounce != 'S') {
-		bounce_start(r, m);
+		dsn_start(r, m, false);
 		return;
 	}
 	if (msg_open_file(r, m) < 0)
@@ -1944,6 +1965,9 @@ static void arm_sweep(struct relay *r)
 	int64_t quarter = r->crt->conf.lifetime_ms / 4;
 	if (quarter > 0 && quarter < ms)
 		ms = quarter < 250 ? 250 : quarter;
+	quarter = r->crt->conf.delay_warning_ms / 4;
+	if (quarter > 0 && quarter < ms)
+		ms = quarter < 250 ? 250 : quarter;
 	struct timeval tv = timeval_from_ms((uint64_t)ms);
 	evtimer_add(r->sweep, &tv);
 }
@@ -1960,6 +1984,17 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
 	for (m = TAILQ_FIRST(&r->msgs); m; m = next) {
 		next = TAILQ_NEXT(m, link);
 		msg_check_done(r, m);
+	}
+	int64_t dw = r->crt->conf.delay_warning_ms;
+	TAILQ_FOREACH(m, &r->msgs, link) {
+		if (dw <= 0 || m->warned || m->busy || m->bouncing || m->deleted || m->held ||
+		    m->arrival_us * 1000 + (uint64_t)dw * 1000000u > now)
+			continue;
+		bool pending = false;
+		for (size_t i = 0; i < m->nrcpt && !pending; i++)
+			pending = m->r[i].status == QUEUE_TODO || m->r[i].status == QUEUE_UNCERTAIN;
+		if (pending)
+			dsn_start(r, m, true);
 	}
 	if (r->hist_lines > 100000)
 		hist_compact(r);
@@ -2065,7 +2100,17 @@ static void on_mailbox(evutil_socket_t fd, short what, void *arg)
 			m = msg_find(r, it->id);
 			if (it->rc == 0)
 				r->st.dsn_sent++;
-			if (m && it->rc == 0) {
+			if (m && it->rc == 0 && it->delayed) {
+				m->bouncing = false;
+				m->warned = true;
+				if (msg_open_file(r, m) == 0) {
+					queue_set_control(r->q, &m->qm, QUEUE_CTL_WARNED, 'W');
+					queue_msg_sync(&m->qm);
+					msg_close_file(m);
+				}
+				msg_check_done(r, m);
+				lanes_of_msg_kick(m);
+			} else if (m && it->rc == 0) {
 				bounce_done(r, m);
 			} else if (m) {
 				m->bouncing = false;

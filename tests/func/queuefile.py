@@ -9,7 +9,8 @@ of records ``type (1 byte) | length (u32 LE) | payload``:
 S     ``SLUICEQ1`` and the format version (u32)
 E     queue ID (16) | arrival µs (u64) | ESMTP flags (u32) | declared SIZE (u64) | sender,
       client, HELO: each a u16 length and its bytes
-C     8 control bytes, changed in place: [0] hold ``-``/``H``, [1] bounce ``-``/``P``/``S``
+C     8 control bytes, changed in place: [0] hold ``-``/``H``, [1] bounce ``-``/``P``/``S``,
+      [2] delay notice ``-``/``W``
 R     one per recipient: status byte (``T`` ``U`` ``D`` ``F``) then the address
 B     body: the message as received (CRLF lines, dot-unstuffed, sluice's Received: first),
       in records of at most 64 KiB
@@ -141,7 +142,8 @@ def parse(data, path=None):
         elif rtype == "C":
             if state != "control" or length != 8:
                 raise QueueFileError("a bad or misplaced control record")
-            if chr(payload[0]) not in "-H" or chr(payload[1]) not in "-PS":
+            if (chr(payload[0]) not in "-H" or chr(payload[1]) not in "-PS"
+                    or chr(payload[2]) not in "-W"):
                 raise QueueFileError(f"bad control bytes {payload!r}")
             control = payload
             hashed[off + 5:off + 5 + length] = bytes(length)

@@ -318,3 +318,25 @@ def test_outgoing_sessions_take_host_class_slots(relay):
     send(port, rcpts)
     wait_until(lambda: sorted(delivered_rcpts(sh)) == sorted(rcpts), 30, "all delivered")
     assert sh.max_concurrent == 1
+
+
+def test_delay_warning_is_sent_once(relay):
+    """relay.delay_warning: a message still waiting after it gets one delay notice (Action:
+    delayed) for the recipients that wait, and is still delivered later."""
+    dead = free_port()
+    sd, sh, port = relay(route='tls = "none";', relay="delay_warning = 1s;", start=False)
+    slow = (f'route "slow" {{\n  domains = ["slow.example"];\n'
+            f'  smarthost = "[127.0.0.1]:{dead}";\n  tls = "none";\n}}\nroute "isp" {{')
+    sd.write_config(sd.config_text.replace('route "isp" {', slow, 1))
+    sd.start()
+    send(port, ["a@slow.example", "b@example.net"], sender="me@example.org")
+    wait_until(lambda: any(m.sender == "" for m in sh.accepted()), 30, "a delay notice")
+    time.sleep(2)
+    notices = [m for m in sh.accepted() if m.sender == ""]
+    assert len(notices) == 1
+    text = notices[0].content.decode("ascii", "replace")
+    assert "Action: delayed" in text and "a@slow.example" in text
+    assert "b@example.net" not in re.findall(r"Final-Recipient: rfc822; ?(\S+)", text)
+    assert [r for m in sh.accepted() if m.sender for r in m.rcpts] == ["b@example.net"]
+    # still queued for the slow recipient
+    assert "a@slow.example" in sd.cli("queue").stdout
