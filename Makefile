@@ -12,7 +12,7 @@ FUZZ_TIME ?= 600
 MESON_TEST_FLAGS ?= --print-errorlogs --num-processes 1
 
 BUILD_PKGS = meson ninja-build pkg-config gcc libevent-dev libcmocka-dev scdoc libxxhash-dev libhiredis-dev libssl-dev libgsasl-dev libc-ares-dev
-TEST_PKGS = postfix miltertest swaks python3-pytest redis-server clang libclang-rt-14-dev faketime python3-xxhash bsd-mailx python3-aiosmtpd openssl
+TEST_PKGS = postfix miltertest swaks python3-pytest redis-server clang libclang-rt-14-dev faketime python3-xxhash bsd-mailx python3-aiosmtpd python3-cryptography openssl
 BENCH_PKGS = libmilter-dev redis-server postfix python3-pytest strace
 FUZZ_PKGS = clang libclang-rt-14-dev
 
@@ -73,6 +73,7 @@ bench: deps-bench build
 	bench/run_policy.sh $(BUILD)
 	bench/run_redis.sh $(BUILD)
 	bench/run_intake.py $(BUILD)
+	bench/run_relay.py $(BUILD)
 
 $(FUZZ_BUILD)/build.ninja:
 	CC=clang meson setup $(FUZZ_BUILD) -Dfuzzing=true -Dfunc_tests=false \

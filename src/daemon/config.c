@@ -5,18 +5,18 @@
  * unknown key with its line (cfg_check_unused), so a typo never silently falls back to a
  * default.
  */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <syslog.h>
+#include <unistd.h>
 
 #include "cfg.h"
 #include "config.h"
 #include "util.h"
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <unistd.h>
 
 #define ERR(...) cfg_error(__VA_ARGS__)
 
@@ -720,7 +720,8 @@ static int load_signal(struct cfg_node *s, struct route_conf *rc, char *err, siz
 	return r;
 }
 
-static int load_route(struct cfg_node *n, struct route_conf *rc, char *err, size_t el)
+static int load_route(struct cfg_node *n, struct route_conf *rc, bool shared_store, char *err,
+		      size_t el)
 {
 	if (!n->label || !*n->label || strlen(n->label) > 200 || strpbrk(n->label, " \t:\"\\") ||
 	    n->kind != CFG_OBJECT) {
@@ -845,8 +846,8 @@ static int load_route(struct cfg_node *n, struct route_conf *rc, char *err, size
 		r = get_uint(n, "messages_per_connection", 1, 1000000, &rc->messages_per_connection,
 			     err, el);
 	if (r == 0)
-		r = get_uint(n, "recipients_per_message", 1, 100000, &rc->recipients_per_message,
-			     err, el);
+		r = get_uint(n, "recipients_per_message", 1, SMTP_OUT_RCPT_MAX,
+			     &rc->recipients_per_message, err, el);
 	if (r == 0)
 		r = get_duration(n, "guard", 0, 60000, &rc->guard_ms, err, el);
 	if (r == 0)
@@ -854,6 +855,10 @@ static int load_route(struct cfg_node *n, struct route_conf *rc, char *err, size
 	if (r == 0 && rc->shared && rc->count == ROUTE_COUNT_RECIPIENTS) {
 		ERR(cfg_get(n, "shared"), err, el, "a shared lane counts messages (count = "
 		    "\"recipients\" is for a lane of one node)");
+		r = -EINVAL;
+	}
+	if (r == 0 && rc->shared && !shared_store) {
+		ERR(cfg_get(n, "shared"), err, el, "a shared lane needs store { type = \"redis\"; }");
 		r = -EINVAL;
 	}
 	if (r == 0 && rc->shared && !rc->rate.n) {
@@ -884,6 +889,11 @@ static int load_relay(struct cfg_node *root, struct sluice_config *c, char *err,
 	if (n) {
 		r = get_string(n, "hostname", &rl->hostname, err, el);
 		struct cfg_node *x;
+		for (const char *const *k = (const char *const[]){ "retry", "suspend", NULL }; *k; k++)
+			if (r == 0 && (x = cfg_get(n, *k)) && x->kind != CFG_OBJECT) {
+				ERR(x, err, el, "expected %s { min = ...; max = ...; }", *k);
+				r = -EINVAL;
+			}
 		if (r == 0 && (x = cfg_get(n, "retry"))) {
 			r = get_duration(x, "min", 1000, INT64_C(86400000), &rl->retry_min_ms, err, el);
 			if (r == 0)
@@ -937,7 +947,7 @@ static int load_relay(struct cfg_node *root, struct sluice_config *c, char *err,
 		r = -ENOMEM;
 	for (struct cfg_node *x = cfg_get(root, "route"); r == 0 && x; x = cfg_next_same(x)) {
 		struct route_conf *rc = &rl->routes[rl->nroutes++];
-		r = load_route(x, rc, err, el);
+		r = load_route(x, rc, c->store.redis, err, el);
 		for (size_t i = 0; r == 0 && i + 1 < rl->nroutes; i++)
 			if (strcmp(rl->routes[i].name, rc->name) == 0) {
 				ERR(x, err, el, "a second route named \"%s\"", rc->name);

@@ -49,7 +49,8 @@ void relay_control(struct relay *r, size_t argc, const struct str *argv, struct 
 	char verb[16], name[300];
 	arg_cstr(args[0], verb, sizeof(verb));
 	bool suspend = strcmp(verb, "suspend") == 0;
-	if ((!suspend && strcmp(verb, "resume") != 0) || nargs < 2 || (!suspend && nargs > 2)) {
+	if ((!suspend && strcmp(verb, "resume") != 0) || nargs < 2 || (!suspend && nargs > 2) ||
+	    nargs > 3) {
 		buf_append_cstr(out, "usage: lanes [--json] | lanes suspend NAME [FOR] | "
 			       "lanes resume NAME\n");
 		return;

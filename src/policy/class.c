@@ -153,13 +153,15 @@ static void note_entered(struct class_counter *k, unsigned used)
 		;
 }
 
-static int enter_below(struct policy_class *c, unsigned cap, struct class_slot **ret)
+static int enter_below(struct policy_class *c, unsigned cap, bool count_refusal,
+		       struct class_slot **ret)
 {
 	struct class_counter *k = c->ctr;
 	unsigned used = atomic_load(&k->used);
 	do {
 		if (used >= cap) {
-			atomic_fetch_add(&k->refused, 1);
+			if (count_refusal)
+				atomic_fetch_add(&k->refused, 1);
 			return 0;
 		}
 	} while (!atomic_compare_exchange_weak(&k->used, &used, used + 1));
@@ -173,12 +175,13 @@ static int enter_below(struct policy_class *c, unsigned cap, struct class_slot *
 
 int class_enter_inbound(struct policy_class *c, struct class_slot **ret)
 {
-	return enter_below(c, c->inbound, ret);
+	return enter_below(c, c->inbound, true, ret);
 }
 
 int class_enter_outbound(struct policy_class *c, struct class_slot **ret)
 {
-	return enter_below(c, c->sessions, ret);
+	/* the relay asks again until a slot is free: a wait, not a refusal of a client */
+	return enter_below(c, c->sessions, false, ret);
 }
 
 unsigned class_reserve(struct policy_class *c, struct class_slot **ret)

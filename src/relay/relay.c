@@ -54,6 +54,10 @@
 #define SWEEP_MS 30000
 #define TARGETS_TTL_NS (UINT64_C(300) * 1000000000u)
 #define DSN_MAX (64u << 20)
+/* The client recorded in the envelope of the DSNs the relay queues: how it knows, after
+ * a restart too, that a failed message from <> is its own bounce (never bounced again,
+ * not even to the postmaster: no loops). */
+#define DSN_CLIENT "[127.0.0.1] sluice-dsn"
 
 struct lane;
 struct rmsg;
@@ -90,6 +94,7 @@ struct rmsg {
 	unsigned busy;                /* transactions under way */
 	bool held, deleted, bouncing;  /* bouncing: a DSN of it is being committed */
 	bool warned;                  /* control byte QUEUE_CTL_WARNED is 'W' */
+	bool is_dsn;                  /* a DSN this relay made: never bounced itself */
 	char bounce;                  /* control byte QUEUE_CTL_BOUNCE */
 	bool open;
 	struct queue_msg qm;
@@ -219,6 +224,8 @@ struct relay {
 	size_t nhist;
 	uint64_t seq;                 /* member ids of shared sends */
 };
+
+static void fmt_dur(uint64_t ns, char *out, size_t len);
 
 /* ---- logging ---- */
 
@@ -405,6 +412,10 @@ static int hist_load(struct relay *r, char *err, size_t errlen)
 	r->hist_fd = -1;
 	if (!r->crt->conf.state_dir)
 		return 0;
+	if (mkdir(r->crt->conf.state_dir, 0700) < 0 && errno != EEXIST) {
+		snprintf(err, errlen, "state_dir %s: %s", r->crt->conf.state_dir, strerror(errno));
+		return -errno;
+	}
 	char path[4096];
 	snprintf(path, sizeof(path), "%s/%s", r->crt->conf.state_dir, HISTORY_FILE);
 	char *text = NULL;
@@ -766,6 +777,8 @@ static int msg_load(struct relay *r, const char *id)
 	m->held = ix->control[QUEUE_CTL_HOLD] == 'H';
 	m->bounce = ix->control[QUEUE_CTL_BOUNCE];
 	m->warned = ix->control[QUEUE_CTL_WARNED] == 'W';
+	m->is_dsn = ix->env.sender.len == 0 && ix->env.client.len == strlen(DSN_CLIENT) &&
+		    memcmp(ix->env.client.ptr, DSN_CLIENT, ix->env.client.len) == 0;
 	queue_msg_close(&qm);
 	TAILQ_INSERT_TAIL(&r->msgs, m, link);
 	rc = msg_route(r, m);
@@ -974,9 +987,10 @@ static void dsn_start(struct relay *r, struct rmsg *m, bool delayed)
 		return;
 	}
 	if (!*to) {
-		if (!c->postmaster) {
-			rlog(r, LOG_LEVEL_NOTICE, "qid=%s bounce not sent: the sender is null <>; failed "
-			     "recipients are in the attempt log", m->id);
+		if (!c->postmaster || m->is_dsn) {
+			rlog(r, LOG_LEVEL_NOTICE, "qid=%s bounce not sent: the sender is null <>%s; "
+			     "failed recipients are in the attempt log", m->id,
+			     m->is_dsn ? " (it is a bounce itself)" : "");
 			r->st.dsn_skipped++;
 			bounce_done(r, m);
 			return;
@@ -1029,10 +1043,16 @@ static void dsn_start(struct relay *r, struct rmsg *m, bool delayed)
 	if (rc == 0) {
 		struct queue_envelope env = {
 			.sender = STR_NULL,
-			.client = str_cstr("[local]"),
+			.client = str_cstr(DSN_CLIENT),
 			.helo = str_cstr(c->hostname),
 		};
-		/* the original's headers may be 8-bit (dsn.h): say so when sending */
+		/* an address that needs SMTPUTF8, and 8-bit original headers (dsn.h): say so
+		 * when sending */
+		for (const char *p = to; *p; p++)
+			if ((unsigned char)*p >= 0x80) {
+				env.flags |= QUEUE_SMTPUTF8;
+				break;
+			}
 		for (size_t i = 0; i < out.len; i++)
 			if ((unsigned char)out.ptr[i] >= 0x80) {
 				env.flags |= QUEUE_8BITMIME;
@@ -1093,6 +1113,13 @@ static void msg_check_done(struct relay *r, struct rmsg *m)
 		failed |= s == QUEUE_FAILED;
 	}
 	if (failed && m->bounce != 'S') {
+		if (m->bounce != 'P' && msg_open_file(r, m) == 0) {
+			/* the bounce is due (doc/QUEUE.md): recovery queues it if we crash */
+			queue_set_control(r->q, &m->qm, QUEUE_CTL_BOUNCE, 'P');
+			queue_msg_sync(&m->qm);
+			m->bounce = 'P';
+			msg_close_file(m);
+		}
 		dsn_start(r, m, false);
 		return;
 	}
@@ -1190,8 +1217,12 @@ static void lane_signal(struct lane *l, const struct classify_result *cr, const 
 		lane_budget_slow(&l->b);
 		rlog(r, LOG_LEVEL_WARNING, "lane=%s slowed to %u%% of its rate: \"%s\" (signal %s)",
 		     l->name, (unsigned)(l->b.factor / 10000), text, cr->signal ? cr->signal : "-");
-		if (cr->for_ms > 0)
+		if (cr->for_ms > 0) {
 			lane_budget_suspend(&l->b, now, cr->for_ms * 1000000, 0, 0, text);
+			l->suspensions++;
+			r->st.suspensions++;
+			lane_close_idle(l);
+		}
 		return;
 	}
 	uint64_t len = lane_budget_suspend(&l->b, now, cr->for_ms >= 0 ? cr->for_ms * 1000000 : -1,
@@ -1617,6 +1648,15 @@ static void rcpt_outcome(struct relay *r, struct tx *t, size_t k, const struct c
 		l->failed++;
 		break;
 	case CLASSIFY_RETRY:
+		if (rep && (rep->code == 452 || (rep->code == 552 && rep->enh_subject == 5 &&
+						 rep->enh_detail == 3))) {
+			/* too many recipients (RFC 5321 4.5.3.1.10): the next transaction */
+			m->r[i].next_try = 0;
+			if (m->r[i].attempts)
+				m->r[i].attempts--;
+			attempt_log(r, m, i, "deferred", l->name, mta, "", text);
+			break;
+		}
 		rcpt_retry(r, m, i, cr->for_ms);
 		attempt_log(r, m, i, "deferred", l->name, mta, "", text);
 		rlog(r, LOG_LEVEL_INFO, "qid=%s rcpt=<%.200s> lane=%s mta=%s status=deferred "
@@ -1625,8 +1665,10 @@ static void rcpt_outcome(struct relay *r, struct tx *t, size_t k, const struct c
 	case CLASSIFY_SUSPEND:
 	case CLASSIFY_SLOW:
 		/* the lane's problem, not the recipient's: it stays as it was, due again as
-		 * soon as the lane sends */
+		 * soon as the lane sends, and the attempt does not count for its backoff */
 		m->r[i].next_try = 0;
+		if (m->r[i].attempts)
+			m->r[i].attempts--;
 		if (sig->verdict != CLASSIFY_SUSPEND) {
 			*sig = *cr;
 			snprintf(sigtext, siglen, "%s", text);
@@ -1700,8 +1742,11 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 			r->st.uncertain++;
 			rcpt_retry(r, m, i, -1);
 		}
-		if (conf->uncertain == RELAY_UNCERTAIN_HOLD)
+		if (conf->uncertain == RELAY_UNCERTAIN_HOLD) {
+			/* written, so that `sluice queue` shows it and a restart keeps it */
 			m->held = true;
+			queue_set_control(r->q, &m->qm, QUEUE_CTL_HOLD, 'H');
+		}
 	} else if (res->error == 0 && res->reply.code && res->stage >= SMTP_STAGE_RCPT) {
 		/* refused at RCPT (every recipient), DATA or the final dot */
 		struct classify_result whole;
@@ -1928,15 +1973,16 @@ static void lane_shared_take(struct lane *l, struct rconn *rc)
 static void expire(struct relay *r, struct rmsg *m, uint64_t now)
 {
 	const struct relay_conf *c = &r->crt->conf;
-	if (!c->lifetime_ms || m->busy || m->bouncing || m->deleted)
-		return;
+	if (!c->lifetime_ms || m->busy || m->bouncing || m->deleted || m->held)
+		return; /* held mail waits for the operator, as Postfix's hold queue does */
 	if (m->arrival_us * 1000 + (uint64_t)c->lifetime_ms * 1000000u > now)
 		return;
 	if (msg_open_file(r, m) < 0)
 		return;
-	char text[200];
+	char text[200], d[32];
+	fmt_dur((uint64_t)c->lifetime_ms * 1000000u, d, sizeof(d));
 	snprintf(text, sizeof(text), "delivery time expired: the message stayed in the queue "
-		 "for %" PRId64 " hours", c->lifetime_ms / 3600000);
+		 "for %s", d);
 	bool any = false;
 	for (size_t i = 0; i < m->nrcpt; i++) {
 		char s = m->r[i].status;
@@ -1995,6 +2041,28 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
 			pending = m->r[i].status == QUEUE_TODO || m->r[i].status == QUEUE_UNCERTAIN;
 		if (pending)
 			dsn_start(r, m, true);
+	}
+	/* an MX lane per destination domain: one that holds nothing and remembers no send
+	 * that still counts goes (its history is in relay.lanes until compacted) */
+	struct lane *l, *lnext;
+	for (l = TAILQ_FIRST(&r->lanes); l; l = lnext) {
+		lnext = TAILQ_NEXT(l, link);
+		if (!l->domain || !TAILQ_EMPTY(&l->items) || !TAILQ_EMPTY(&l->conns) || l->query ||
+		    l->call || lane_budget_suspended(&l->b, now))
+			continue;
+		bool counts = false;
+		for (unsigned i = 0; i < l->b.rate.n && !counts; i++)
+			counts = lane_budget_used(&l->b, i, now) > 0;
+		if (counts)
+			continue;
+		TAILQ_REMOVE(&r->lanes, l, link);
+		r->nlanes--;
+		event_free(l->timer);
+		lane_budget_done(&l->b);
+		free(l->targets);
+		free(l->name);
+		free(l->domain);
+		free(l);
 	}
 	if (r->hist_lines > 100000)
 		hist_compact(r);
@@ -2155,7 +2223,7 @@ static void load_queue(struct relay *r)
 		for (size_t i = 0; i < m->nrcpt; i++)
 			rcpts += m->r[i].status == QUEUE_TODO || m->r[i].status == QUEUE_UNCERTAIN;
 	}
-	rlog(r, LOG_LEVEL_INFO, "relay started: %zu message(s) with %zu recipient(s) to deliver, "
+	rlog(r, LOG_LEVEL_INFO, "started: %zu message(s) with %zu recipient(s) to deliver, "
 	     "%zu route(s)", msgs, rcpts, r->crt->conf.nroutes);
 	struct lane *l;
 	TAILQ_FOREACH(l, &r->lanes, link)
@@ -2300,7 +2368,7 @@ static int apply_conf(struct relay *r, void *arg)
 	TAILQ_FOREACH(l, &r->lanes, link)
 		lane_kick(l);
 	retired_sweep(r);
-	rlog(r, LOG_LEVEL_INFO, "relay: configuration applied (%zu route(s)); budgets keep their "
+	rlog(r, LOG_LEVEL_INFO, "configuration applied (%zu route(s)); budgets keep their "
 	     "history", nc->conf.nroutes);
 	return 0;
 }
@@ -2514,7 +2582,9 @@ static int do_lanes(struct relay *r, void *arg)
 			buf_printf(b, "  sends %" PRIu64 ", delivered %" PRIu64 ", deferred %" PRIu64
 				   ", failed %" PRIu64 ", suspensions %" PRIu64 "\n", l->b.sends,
 				   l->delivered, l->deferred, l->failed, l->suspensions);
-			if (susp) {
+			if (susp && l->b.suspended_until - now > UINT64_C(10) * 365 * 86400 * 1000000000) {
+				buf_printf(b, "  SUSPENDED    until resumed: %s\n", l->b.why);
+			} else if (susp) {
 				fmt_dur(l->b.suspended_until - now, d, sizeof(d));
 				buf_printf(b, "  SUSPENDED    for %s: %s\n", d, l->b.why);
 			} else {
@@ -2546,8 +2616,11 @@ static int do_suspend(struct relay *r, void *arg)
 		return -ENOENT;
 	uint64_t now = realtime_ns();
 	int64_t ns = a->for_ms > 0 ? a->for_ms * 1000000 : INT64_C(100) * 365 * 86400 * 1000000000;
+	/* the operator's length replaces any suspension under way */
+	l->b.suspended_until = 0;
 	lane_budget_suspend(&l->b, now, ns, 0, 0, "suspended by the operator");
 	l->suspensions++;
+	r->st.suspensions++;
 	rlog(r, LOG_LEVEL_WARNING, "lane=%s suspended by the operator", l->name);
 	lane_close_idle(l);
 	lane_kick(l);

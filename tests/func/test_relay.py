@@ -340,3 +340,73 @@ def test_delay_warning_is_sent_once(relay):
     assert [r for m in sh.accepted() if m.sender for r in m.rcpts] == ["b@example.net"]
     # still queued for the slow recipient
     assert "a@slow.example" in sd.cli("queue").stdout
+
+
+def test_bounce_to_postmaster_never_loops(relay):
+    """Mail from <> that fails goes to relay.postmaster; when that bounce fails too, it is
+    logged, never bounced again."""
+    sd, sh, port = relay(route='tls = "none";', relay='postmaster = "pm@example.net";',
+                         reject_rcpts=["gone@example.net", "pm@example.net"])
+    send(port, ["gone@example.net"], sender="")
+    sd.log.wait_for(r"bounce not sent: the sender is null <> \(it is a bounce itself\)",
+                    timeout=20)
+    time.sleep(1.5)
+    st = sd.stats()["relay"]
+    assert st["dsn_sent"] == 1 and st["failed"] == 2
+    assert sh.accepted() == []
+
+
+def test_uncertain_hold_is_written(relay):
+    """uncertain = "hold": the message whose reply was lost is held on disk (sluice queue
+    shows it) and sent again only when released."""
+    sd, sh, port = relay(route='tls = "none";', relay='uncertain = "hold";',
+                         drop_after_dot_first=1)
+    send(port, ["u@example.net"])
+    sd.log.wait_for(r"status=uncertain", timeout=20)
+    listing = json.loads(sd.cli("queue", "--json").stdout)
+    msgs = listing["messages"] if isinstance(listing, dict) else listing
+    assert len(msgs) == 1 and msgs[0].get("held") is True, msgs
+    time.sleep(1.5)
+    assert sh.accepted() == []
+    sd.cli("queue", "release", msgs[0]["id"])
+    sh.wait_accepted(1, timeout=15)
+
+
+def test_lanes_command_errors(relay):
+    sd, sh, port = relay(route='tls = "none";')
+    send(port, ["l@example.net"])
+    sh.wait_accepted(1, timeout=15)
+    res = sd.cli("lanes", "suspend", "isp", "30", "m", check=False)
+    assert res.returncode != 0 and "usage" in res.stdout + res.stderr
+    res = sd.cli("lanes", "suspend", "isp", "soon", check=False)
+    assert res.returncode != 0 and "duration" in res.stdout + res.stderr
+    sd.cli("lanes", "suspend", "isp")
+    assert "until resumed" in sd.cli("lanes").stdout
+    sd.cli("lanes", "suspend", "isp", "30m")
+    assert lanes(sd)[0]["suspended_for_ms"] <= 30 * 60 * 1000
+
+
+@pytest.mark.parametrize("bad, words", [
+    ('relay { suspend = 5m; }', ["suspend", "min"]),
+    ('route "x" { domains = ["*"]; smarthost = "[127.0.0.1]:25"; shared = true; rate = "1/1s"; }',
+     ["shared", "redis"]),
+    ('route "x" { domains = ["*"]; smarthost = "[127.0.0.1]:25"; recipients_per_message = 5000; }',
+     ["recipients_per_message"]),
+    ('route "x" { domains = ["*"]; }', ["smarthost", "mx"]),
+    ('route "x" { domains = ["a b"]; mx = true; }', ["domain"]),
+])
+def test_relay_configuration_errors_name_the_key(sluiced, bad, words):
+    import subprocess
+    from conftest import SLUICED
+    port = free_port()
+    text = relay_config(port, 1) + bad + "\n"
+    if bad.startswith("relay {"):
+        # the test's own relay block goes: the bad one is the only one
+        text = re.sub(r"relay \{\n  retry \{[^\n]*\n  suspend \{[^\n]*\n\n\}\n", "", text)
+        assert "retry" not in text
+    sd = sluiced(text, start=False)
+    res = subprocess.run([SLUICED, "-t", "-c", str(sd.config)], capture_output=True, text=True)
+    assert res.returncode != 0, res.stdout
+    for w in words:
+        assert w in res.stderr, res.stderr
+    assert "sluiced.conf:" in res.stderr
