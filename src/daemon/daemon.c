@@ -531,11 +531,14 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 	}
 	if (d->stopping) {
 		log_notice("second stop signal: closing all sessions now");
+		relay_shutdown(d->relay, 0);
 		event_base_loopexit(d->base, NULL);
 		return;
 	}
 	d->stopping = true;
 	engine_stop_listening(d->e);
+	/* deliveries under way share the sessions' deadline */
+	relay_shutdown(d->relay, d->cfg->shutdown_timeout_ms);
 	d->drain_deadline_ms = now_ms() + (uint64_t)d->cfg->shutdown_timeout_ms;
 	log_notice("%s: stopped accepting; draining %u sessions (deadline %.1fs)",
 		   sig == SIGTERM ? "SIGTERM" : "SIGINT", engine_sessions(d->e),
@@ -919,7 +922,7 @@ int daemon_main(int argc, char **argv)
 	log_stats(&d, false);
 	engine_stop_listening(d.e);
 	/* transactions under way get until the drain deadline; what is cut stays T */
-	relay_stop(d.relay, d.cfg->shutdown_timeout_ms);
+	relay_stop(d.relay, d.drain_deadline_ms > now_ms() ? (int64_t)(d.drain_deadline_ms - now_ms()) : 0);
 	if (d.queue)
 		queue_drain(d.queue); /* every commit answered while the workers still run */
 	engine_stop(d.e);

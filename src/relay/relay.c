@@ -175,6 +175,7 @@ struct mb_item {
 	enum queue_event ev;
 	char id[QUEUE_ID_LEN + 1];
 	int rc;
+	int64_t deadline_ms;          /* MB_STOP */
 	bool delayed;                 /* MB_DSN_DONE: a delay notice, not a bounce */
 	int (*fn)(struct relay *r, void *arg);
 	void *arg;
@@ -184,7 +185,8 @@ struct mb_item {
 
 struct hist_entry {
 	char *name;
-	uint64_t us;
+	uint64_t us;                  /* a send; or, for a suspension, its end (0: resumed) */
+	char *why;                    /* a suspension's reason; NULL for a send */
 };
 
 struct relay {
@@ -350,6 +352,23 @@ static void hist_append(struct relay *r, const char *lane, uint64_t t_ns)
 	}
 }
 
+/* "S NAME UNTIL_US WHY": a lane's suspension (UNTIL 0: lifted), so that a restart does
+ * not send into a ban.  The last line of a lane wins. */
+static void hist_append_suspension(struct relay *r, const struct lane *l)
+{
+	if (r->hist_fd < 0)
+		return;
+	char why[300], line[900];
+	clean_text(l->b.why, why, sizeof(why));
+	int n = snprintf(line, sizeof(line), "S %s %" PRIu64 " %s\n", l->name,
+			 l->b.suspended_until / 1000, why);
+	if (n > 0 && (size_t)n < sizeof(line)) {
+		ssize_t w = write(r->hist_fd, line, (size_t)n);
+		(void)w;
+		r->hist_lines++;
+	}
+}
+
 static uint64_t max_window_ns(const struct relay_conf *c)
 {
 	uint64_t m = 0;
@@ -392,11 +411,25 @@ static void hist_compact(struct relay *r)
 			}
 		}
 	}
-	for (size_t i = 0; i < r->nhist; i++)
-		if (r->hist[i].name && r->hist[i].us + keep > now_us) {
-			fprintf(f, "%s %" PRIu64 "\n", r->hist[i].name, r->hist[i].us);
+	TAILQ_FOREACH(l, &r->lanes, link)
+		if (l->b.suspended_until / 1000 > now_us) {
+			char why[300];
+			clean_text(l->b.why, why, sizeof(why));
+			fprintf(f, "S %s %" PRIu64 " %s\n", l->name, l->b.suspended_until / 1000, why);
 			lines++;
 		}
+	for (size_t i = 0; i < r->nhist; i++) {
+		if (!r->hist[i].name)
+			continue;
+		if (r->hist[i].why && r->hist[i].us > now_us)
+			fprintf(f, "S %s %" PRIu64 " %s\n", r->hist[i].name, r->hist[i].us,
+				r->hist[i].why);
+		else if (!r->hist[i].why && r->hist[i].us + keep > now_us)
+			fprintf(f, "%s %" PRIu64 "\n", r->hist[i].name, r->hist[i].us);
+		else
+			continue;
+		lines++;
+	}
 	if (fclose(f) != 0 || rename(tmp, path) != 0) {
 		unlink(tmp);
 		return;
@@ -431,6 +464,35 @@ static int hist_load(struct relay *r, char *err, size_t errlen)
 		next = strchr(line, '\n');
 		if (next)
 			*next++ = '\0';
+		if (strncmp(line, "S ", 2) == 0) {
+			char *name = line + 2, *sp1 = strchr(name, ' ');
+			char *sp2 = sp1 ? strchr(sp1 + 1, ' ') : NULL;
+			if (!sp2)
+				continue;
+			*sp1 = *sp2 = '\0';
+			unsigned long long until = strtoull(sp1 + 1, NULL, 10);
+			/* the last line of a lane wins: drop an earlier one */
+			for (size_t i = 0; i < r->nhist; i++)
+				if (r->hist[i].why && strcmp(r->hist[i].name, name) == 0)
+					r->hist[i].us = 0;
+			if (until <= now_us)
+				continue;
+			if (r->nhist % 1024 == 0) {
+				struct hist_entry *h = realloc(r->hist, (r->nhist + 1024) * sizeof(*h));
+				if (!h)
+					break;
+				r->hist = h;
+			}
+			r->hist[r->nhist] = (struct hist_entry){ .name = strdup(name), .us = until,
+								 .why = strdup(sp2 + 1) };
+			if (r->hist[r->nhist].name && r->hist[r->nhist].why)
+				r->nhist++;
+			else {
+				free(r->hist[r->nhist].name);
+				free(r->hist[r->nhist].why);
+			}
+			continue;
+		}
 		char *sp = strrchr(line, ' ');
 		if (!sp || sp == line)
 			continue; /* a line cut by a crash: ignored */
@@ -447,6 +509,7 @@ static int hist_load(struct relay *r, char *err, size_t errlen)
 		}
 		r->hist[r->nhist].name = strdup(line);
 		r->hist[r->nhist].us = us;
+		r->hist[r->nhist].why = NULL;
 		if (r->hist[r->nhist].name)
 			r->nhist++;
 	}
@@ -582,11 +645,20 @@ static struct lane *lane_get(struct relay *r, struct route_rt *rt, const char *d
 		free(l);
 		return NULL;
 	}
+	uint64_t now = realtime_ns();
 	for (size_t i = 0; i < r->nhist; i++)
 		if (r->hist[i].name && strcmp(r->hist[i].name, name) == 0) {
-			lane_budget_remember(&l->b, r->hist[i].us * 1000);
+			if (!r->hist[i].why) {
+				lane_budget_remember(&l->b, r->hist[i].us * 1000);
+			} else if (r->hist[i].us * 1000 > now) {
+				/* suspended before the restart: still suspended */
+				lane_budget_suspend(&l->b, now, (int64_t)(r->hist[i].us * 1000 - now), 0,
+						    0, r->hist[i].why);
+			}
 			free(r->hist[i].name);
+			free(r->hist[i].why);
 			r->hist[i].name = NULL;
+			r->hist[i].why = NULL;
 		}
 	TAILQ_INSERT_TAIL(&r->lanes, l, link);
 	r->nlanes++;
@@ -1221,6 +1293,7 @@ static void lane_signal(struct lane *l, const struct classify_result *cr, const 
 			lane_budget_suspend(&l->b, now, cr->for_ms * 1000000, 0, 0, text);
 			l->suspensions++;
 			r->st.suspensions++;
+			hist_append_suspension(r, l);
 			lane_close_idle(l);
 		}
 		return;
@@ -1230,6 +1303,7 @@ static void lane_signal(struct lane *l, const struct classify_result *cr, const 
 					   (uint64_t)c->suspend_max_ms * 1000000u, text);
 	l->suspensions++;
 	r->st.suspensions++;
+	hist_append_suspension(r, l);
 	rlog(r, LOG_LEVEL_WARNING, "lane=%s suspended for %" PRIu64 "s: \"%s\" (signal %s); no "
 	     "recipient changes state", l->name, (len + 999999999) / 1000000000, text,
 	     cr->signal ? cr->signal : "-");
@@ -2090,9 +2164,19 @@ static void stop_now(evutil_socket_t fd, short what, void *arg)
 	event_base_loopexit(r->base, NULL);
 }
 
-static void begin_stop(struct relay *r)
+static void begin_stop(struct relay *r, int64_t deadline_ms)
 {
+	if (r->stopping) {
+		/* a second stop: a shorter deadline wins */
+		struct timeval tv = timeval_from_ms((uint64_t)(deadline_ms > 0 ? deadline_ms : 0));
+		if (deadline_ms < r->stop_deadline_ms) {
+			r->stop_deadline_ms = deadline_ms;
+			evtimer_add(r->stop_timer, &tv);
+		}
+		return;
+	}
 	r->stopping = true;
+	r->stop_deadline_ms = deadline_ms;
 	struct lane *l;
 	TAILQ_FOREACH(l, &r->lanes, link) {
 		lane_close_idle(l);
@@ -2195,8 +2279,8 @@ static void on_mailbox(evutil_socket_t fd, short what, void *arg)
 			pthread_mutex_unlock(&r->mb_lock);
 			break;
 		case MB_STOP:
+			begin_stop(r, it->deadline_ms);
 			free(it);
-			begin_stop(r);
 			break;
 		}
 		it = next;
@@ -2391,17 +2475,24 @@ int relay_reconfigure(struct relay *r, const struct relay_conf *conf, struct pol
 	return e;
 }
 
+void relay_shutdown(struct relay *r, int64_t deadline_ms)
+{
+	if (!r || !r->started)
+		return;
+	struct mb_item *it = calloc(1, sizeof(*it));
+	if (it) {
+		it->kind = MB_STOP;
+		it->deadline_ms = deadline_ms;
+		if (post(r, it) < 0)
+			free(it);
+	}
+}
+
 void relay_stop(struct relay *r, int64_t deadline_ms)
 {
 	if (!r || !r->started)
 		return;
-	r->stop_deadline_ms = deadline_ms;
-	struct mb_item *it = calloc(1, sizeof(*it));
-	if (it) {
-		it->kind = MB_STOP;
-		if (post(r, it) < 0)
-			free(it);
-	}
+	relay_shutdown(r, deadline_ms);
 	pthread_join(r->thread, NULL);
 	r->started = false;
 	pthread_mutex_lock(&r->mb_lock);
@@ -2458,8 +2549,10 @@ struct relay *relay_free(struct relay *r)
 		close(r->mb_fd);
 	if (r->hist_fd >= 0)
 		close(r->hist_fd);
-	for (size_t i = 0; i < r->nhist; i++)
+	for (size_t i = 0; i < r->nhist; i++) {
 		free(r->hist[i].name);
+		free(r->hist[i].why);
+	}
 	free(r->hist);
 	conf_rt_free(r->crt);
 	if (r->rules)
@@ -2621,6 +2714,7 @@ static int do_suspend(struct relay *r, void *arg)
 	lane_budget_suspend(&l->b, now, ns, 0, 0, "suspended by the operator");
 	l->suspensions++;
 	r->st.suspensions++;
+	hist_append_suspension(r, l);
 	rlog(r, LOG_LEVEL_WARNING, "lane=%s suspended by the operator", l->name);
 	lane_close_idle(l);
 	lane_kick(l);
@@ -2634,6 +2728,7 @@ static int do_resume(struct relay *r, void *arg)
 	if (!l)
 		return -ENOENT;
 	lane_budget_resume(&l->b);
+	hist_append_suspension(r, l);
 	rlog(r, LOG_LEVEL_NOTICE, "lane=%s resumed by the operator", l->name);
 	lane_kick(l);
 	return 0;

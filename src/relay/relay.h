@@ -125,8 +125,11 @@ int relay_start(struct relay *r);
 /* A new configuration: copied; applies to the next send, budgets keep their history.
  * rules: the new host classes (a reference is taken). */
 int relay_reconfigure(struct relay *r, const struct relay_conf *conf, struct policy *rules);
-/* Stop: no new transactions; those under way get until deadline_ms to finish, then
- * connections are closed (their recipients stay T: sent again after restart).  Joins. */
+/* Begin stopping, without waiting: no new transactions; those under way get deadline_ms
+ * to finish, then connections are closed (their recipients stay T: sent again after a
+ * restart).  Called again, a shorter deadline wins. */
+void relay_shutdown(struct relay *r, int64_t deadline_ms);
+/* relay_shutdown(), then wait for the relay's thread to end. */
 void relay_stop(struct relay *r, int64_t deadline_ms);
 struct relay *relay_free(struct relay *r);
 

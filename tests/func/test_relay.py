@@ -410,3 +410,25 @@ def test_relay_configuration_errors_name_the_key(sluiced, bad, words):
     for w in words:
         assert w in res.stderr, res.stderr
     assert "sluiced.conf:" in res.stderr
+
+
+def test_suspension_survives_a_restart(relay):
+    """A lane suspended (here by the operator; a ban works the same) stays suspended
+    across a restart: a restart cannot send into a ban.  Resumed, it sends."""
+    sd, sh, port = relay(route='tls = "none";')
+    send(port, ["s1@example.net"])
+    sh.wait_accepted(1, timeout=15)
+    sd.cli("lanes", "suspend", "isp", "1h")
+    sd.stop()
+    sd.start()
+    send(port, ["s2@example.net"])
+    time.sleep(1.5)
+    assert len(sh.accepted()) == 1
+    lane = lanes(sd)[0]
+    assert lane["suspended"] and "operator" in lane["reason"]
+    sd.cli("lanes", "resume", "isp")
+    sh.wait_accepted(2, timeout=15)
+    sd.stop()
+    sd.start()
+    send(port, ["s3@example.net"])
+    sh.wait_accepted(3, timeout=15)
