@@ -1,7 +1,7 @@
 # Thin wrapper around meson for the two commands of the quick start, and a few more.
 #   make run     build and start sluiced in the foreground on etc/sluice.conf
 #   make check   build and run the whole test suite, then again under ASan+UBSan
-#   make bench   milter, rules, store, policy, Redis and intake benchmarks (bench/README.md)
+#   make bench   milter, rules, store, policy, Redis, intake and relay benchmarks (bench/README.md)
 #   make fuzz    run every fuzzer for FUZZ_TIME seconds each (clang, libFuzzer)
 # Missing Debian packages are installed first when running as root (Debian 12).
 

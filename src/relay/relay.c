@@ -99,6 +99,7 @@ struct rmsg {
 	bool open;
 	struct queue_msg qm;
 	TAILQ_ENTRY(rmsg) link;
+	struct rmsg *hnext;           /* in the relay's table by id */
 };
 
 /* A route as the relay runs it: the configuration and what is built from it. */
@@ -216,6 +217,8 @@ struct relay {
 	int64_t stop_deadline_ms;
 
 	TAILQ_HEAD(rmsg_list, rmsg) msgs;
+	struct rmsg **table;          /* by id: chained, a power of two of buckets */
+	size_t table_size, nmsgs;
 	TAILQ_HEAD(, lane) lanes;
 	unsigned nlanes;
 	struct relay_stats st;
@@ -228,6 +231,7 @@ struct relay {
 };
 
 static void fmt_dur(uint64_t ns, char *out, size_t len);
+static void table_remove(struct relay *r, struct rmsg *m);
 
 /* ---- logging ---- */
 
@@ -673,6 +677,9 @@ static void lane_arm(struct lane *l, uint64_t wait_ns)
 	}
 	/* evtimer takes microseconds: round up, never wake before the moment */
 	uint64_t us = (wait_ns + 999) / 1000;
+	/* from the clock now, not the loop's cached time: a timer set late in a callback
+	 * would otherwise fire before the moment and find the budget still closed */
+	event_base_update_cache_time(l->r->base);
 	struct timeval tv = { .tv_sec = (time_t)(us / 1000000), .tv_usec = (suseconds_t)(us % 1000000) };
 	evtimer_add(l->timer, &tv);
 }
@@ -701,6 +708,7 @@ static void msg_free(struct relay *r, struct rmsg *m)
 	}
 	if (m->open)
 		queue_msg_close(&m->qm);
+	table_remove(r, m);
 	TAILQ_REMOVE(&r->msgs, m, link);
 	free(m->items);
 	free(m->r);
@@ -709,14 +717,61 @@ static void msg_free(struct relay *r, struct rmsg *m)
 	free(m);
 }
 
+/* FNV-1a of a queue id: ids are not chosen by peers (the queue makes them). */
+static size_t id_hash(const char *id)
+{
+	uint64_t h = UINT64_C(1469598103934665603);
+	for (; *id; id++)
+		h = (h ^ (unsigned char)*id) * UINT64_C(1099511628211);
+	return (size_t)(h ^ (h >> 32));
+}
+
 static struct rmsg *msg_find(struct relay *r, const char *id)
 {
-	struct rmsg *m;
-	/* XXX linear: only holds, releases, deletes, flushes and bounces look messages up */
-	TAILQ_FOREACH_REVERSE(m, &r->msgs, rmsg_list, link)
+	if (!r->table_size)
+		return NULL;
+	for (struct rmsg *m = r->table[id_hash(id) & (r->table_size - 1)]; m; m = m->hnext)
 		if (strcmp(m->id, id) == 0)
 			return m;
 	return NULL;
+}
+
+static int table_add(struct relay *r, struct rmsg *m)
+{
+	if (r->nmsgs + 1 > r->table_size) {
+		size_t ns = r->table_size ? r->table_size * 2 : 1024;
+		struct rmsg **nt = calloc(ns, sizeof(*nt));
+		if (!nt)
+			return -ENOMEM;
+		for (size_t i = 0; i < r->table_size; i++)
+			for (struct rmsg *e = r->table[i], *next; e; e = next) {
+				next = e->hnext;
+				size_t b = id_hash(e->id) & (ns - 1);
+				e->hnext = nt[b];
+				nt[b] = e;
+			}
+		free(r->table);
+		r->table = nt;
+		r->table_size = ns;
+	}
+	size_t b = id_hash(m->id) & (r->table_size - 1);
+	m->hnext = r->table[b];
+	r->table[b] = m;
+	r->nmsgs++;
+	return 0;
+}
+
+static void table_remove(struct relay *r, struct rmsg *m)
+{
+	if (!r->table_size)
+		return;
+	for (struct rmsg **pp = &r->table[id_hash(m->id) & (r->table_size - 1)]; *pp;
+	     pp = &(*pp)->hnext)
+		if (*pp == m) {
+			*pp = m->hnext;
+			r->nmsgs--;
+			return;
+		}
 }
 
 static const char *addr_domain(const char *a)
@@ -853,7 +908,9 @@ static int msg_load(struct relay *r, const char *id)
 		    memcmp(ix->env.client.ptr, DSN_CLIENT, ix->env.client.len) == 0;
 	queue_msg_close(&qm);
 	TAILQ_INSERT_TAIL(&r->msgs, m, link);
-	rc = msg_route(r, m);
+	rc = table_add(r, m);
+	if (rc == 0)
+		rc = msg_route(r, m);
 	if (rc < 0) {
 		msg_free(r, m);
 		return rc;
@@ -974,6 +1031,20 @@ struct fail_info {
 	uint64_t ts;
 };
 
+/* The value of " key=" in an attempt log line, up to the next space; "-" is empty. */
+static void log_field(const char *line, const char *key, char *out, size_t len)
+{
+	const char *q = strstr(line, key);
+	out[0] = '\0';
+	if (!q)
+		return;
+	q += strlen(key);
+	size_t n = strcspn(q, " ");
+	snprintf(out, len, "%.*s", (int)n, q);
+	if (strcmp(out, "-") == 0)
+		out[0] = '\0';
+}
+
 /* The last line with status (failed, deferred) of each recipient, from the attempt log. */
 static void read_failures(struct relay *r, struct rmsg *m, struct fail_info *fi,
 			  const char *status)
@@ -999,23 +1070,9 @@ static void read_failures(struct relay *r, struct rmsg *m, struct fail_info *fi,
 			continue;
 		struct fail_info *f = &fi[i];
 		f->ts = strtoull(line + 3, NULL, 10);
-		char *q = strstr(line, " mta=");
-		f->mta[0] = '\0';
-		if (q) {
-			size_t n = strcspn(q + 5, " ");
-			snprintf(f->mta, sizeof(f->mta), "%.*s", (int)n, q + 5);
-			if (strcmp(f->mta, "-") == 0)
-				f->mta[0] = '\0';
-		}
-		q = strstr(line, " dsn=");
-		f->dsn[0] = '\0';
-		if (q) {
-			size_t n = strcspn(q + 5, " ");
-			snprintf(f->dsn, sizeof(f->dsn), "%.*s", (int)n, q + 5);
-			if (strcmp(f->dsn, "-") == 0)
-				f->dsn[0] = '\0';
-		}
-		q = strstr(line, " reply=");
+		log_field(line, " mta=", f->mta, sizeof(f->mta));
+		log_field(line, " dsn=", f->dsn, sizeof(f->dsn));
+		const char *q = strstr(line, " reply=");
 		snprintf(f->reply, sizeof(f->reply), "%s", q ? q + 7 : "");
 	}
 	buf_clear(&lb);
@@ -2554,6 +2611,7 @@ struct relay *relay_free(struct relay *r)
 		free(r->hist[i].why);
 	}
 	free(r->hist);
+	free(r->table);
 	conf_rt_free(r->crt);
 	if (r->rules)
 		policy_unref(r->rules);
