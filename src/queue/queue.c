@@ -848,6 +848,15 @@ int queue_set_control(struct queue *q, struct queue_msg *m, unsigned which, char
 	return 0;
 }
 
+int queue_remove_finished(struct queue *q, const char *id)
+{
+	int r = queue_msg_remove(q->qd, id);
+	pthread_mutex_lock(&q->ix_lock);
+	ix_remove(q, id);
+	pthread_mutex_unlock(&q->ix_lock);
+	return r;
+}
+
 int queue_settle(struct queue *q, struct queue_msg *m, enum queue_msg_state *ret_state)
 {
 	int r = queue_msg_sync(m);

@@ -150,5 +150,8 @@ int queue_set_control(struct queue *q, struct queue_msg *m, unsigned which, char
  * message then stays: nothing is removed).
  */
 int queue_settle(struct queue *q, struct queue_msg *m, enum queue_msg_state *ret_state);
+/* Remove a finished message whose status bytes are already flushed: its file, its log
+ * and its index entry (no event).  0 or -ENOENT. */
+int queue_remove_finished(struct queue *q, const char *id);
 
 #endif

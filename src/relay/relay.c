@@ -2,15 +2,17 @@
  * relay -- the relay's thread: lanes, transactions, recipient states, bounces (relay.h).
  *
  * Everything here runs on the relay's own loop, except the mailbox functions at the top
- * (post(), called by the queue's threads and control workers) and relay_new/start/stop/
- * free (the daemon's main thread).
+ * (post(), called by the queue's threads and control workers), the flusher (a helper
+ * thread) and relay_new/start/stop/free (the daemon's main thread).
  *
  * The relay's view of the queue: a struct rmsg per message with work left, in arrival
  * order, each recipient routed to a lane.  A lane holds, in arrival order, the messages
  * with recipients for it (lane_item), so the oldest message is always served first and
  * nothing starves.  Statuses on disk change only through queue_set_status() on the
- * message's open file, and are flushed (queue_settle) after every transaction, before
- * the connection is used again.
+ * message's open file (a pwrite into the page cache: a killed daemon loses none), and
+ * are flushed after every transaction by the flusher thread, so that a slow disk never
+ * holds up the loop's connections; a message is removed, or its bounce queued, only
+ * after its flushes are done.
  *
  * Scheduling, per lane (lane_kick): suspended -> sleep until the end; no recipient due ->
  * sleep until the earliest retry; a ready idle connection -> take the budget (exact: an
@@ -97,6 +99,7 @@ struct rmsg {
 	bool is_dsn;                  /* a DSN this relay made: never bounced itself */
 	char bounce;                  /* control byte QUEUE_CTL_BOUNCE */
 	bool open;
+	unsigned flushing;            /* status flushes handed to the flusher, not yet done */
 	struct queue_msg qm;
 	TAILQ_ENTRY(rmsg) link;
 	struct rmsg *hnext;           /* in the relay's table by id */
@@ -169,7 +172,14 @@ struct tx {
 	struct smtp_out_msg msg;      /* what smtp_out sends: valid until done() */
 };
 
-enum mb_kind { MB_QUEUE = 0, MB_DSN_DONE, MB_CALL, MB_STOP };
+enum mb_kind { MB_QUEUE = 0, MB_DSN_DONE, MB_CALL, MB_STOP, MB_SETTLED };
+
+/* A message's status bytes to flush, off the relay's loop (fd: a dup of its file's). */
+struct flush_req {
+	int fd;
+	char id[QUEUE_ID_LEN + 1];
+	struct flush_req *next;
+};
 
 struct mb_item {
 	enum mb_kind kind;
@@ -222,6 +232,14 @@ struct relay {
 	TAILQ_HEAD(, lane) lanes;
 	unsigned nlanes;
 	struct relay_stats st;
+
+	/* the flusher: one helper thread that fdatasyncs the statuses a transaction wrote,
+	 * so that a slow disk never stalls the connections of the relay's loop */
+	pthread_t flusher;
+	bool flusher_started, fl_stop;
+	pthread_mutex_t fl_lock;
+	pthread_cond_t fl_cond;
+	struct flush_req *fl_head, **fl_tail;
 
 	int hist_fd;
 	uint64_t hist_lines;
@@ -1001,6 +1019,69 @@ static void rcpt_retry(struct relay *r, struct rmsg *m, size_t i, int64_t hint_m
 		rr->lane->deferred++;
 }
 
+/* ---- the flusher ---- */
+
+static void *flusher_main(void *arg)
+{
+	struct relay *r = arg;
+	pthread_mutex_lock(&r->fl_lock);
+	for (;;) {
+		while (!r->fl_head && !r->fl_stop)
+			pthread_cond_wait(&r->fl_cond, &r->fl_lock);
+		struct flush_req *f = r->fl_head;
+		if (!f)
+			break;
+		r->fl_head = NULL;
+		r->fl_tail = &r->fl_head;
+		pthread_mutex_unlock(&r->fl_lock);
+		while (f) {
+			struct flush_req *next = f->next;
+			struct mb_item *it = calloc(1, sizeof(*it));
+			int rc = fdatasync(f->fd) < 0 ? -errno : 0;
+			close(f->fd);
+			if (it) {
+				it->kind = MB_SETTLED;
+				it->rc = rc;
+				snprintf(it->id, sizeof(it->id), "%s", f->id);
+				if (post(r, it) < 0)
+					free(it);
+			}
+			free(f);
+			f = next;
+		}
+		pthread_mutex_lock(&r->fl_lock);
+	}
+	pthread_mutex_unlock(&r->fl_lock);
+	return NULL;
+}
+
+/*
+ * The status bytes a transaction wrote go to disk on the flusher's thread; the message
+ * is removed or bounced only once they are there (MB_SETTLED).  Without the flusher (or
+ * memory for it), the flush is made here.
+ */
+static void flush_post(struct relay *r, struct rmsg *m)
+{
+	struct flush_req *f = r->flusher_started ? calloc(1, sizeof(*f)) : NULL;
+	int fd = f && m->open ? fcntl(m->qm.fd, F_DUPFD_CLOEXEC, 0) : -1;
+	if (fd < 0) {
+		free(f);
+		int e = m->open ? queue_msg_sync(&m->qm) : 0;
+		if (e < 0)
+			rlog(r, LOG_LEVEL_ERROR, "qid=%s statuses cannot be flushed: %s", m->id,
+			     strerror(-e));
+		return;
+	}
+	f->fd = fd;
+	snprintf(f->id, sizeof(f->id), "%s", m->id);
+	m->flushing++;
+	pthread_mutex_lock(&r->fl_lock);
+	*r->fl_tail = f;
+	r->fl_tail = &f->next;
+	pthread_cond_signal(&r->fl_cond);
+	pthread_mutex_unlock(&r->fl_lock);
+}
+
 /* ---- bounces ---- */
 
 struct dsn_done_ctx {
@@ -1228,7 +1309,7 @@ static void dsn_start(struct relay *r, struct rmsg *m, bool delayed)
 
 static void msg_check_done(struct relay *r, struct rmsg *m)
 {
-	if (m->busy || m->bouncing)
+	if (m->busy || m->bouncing || m->flushing)
 		return;
 	if (m->deleted) {
 		msg_free(r, m);
@@ -1252,15 +1333,12 @@ static void msg_check_done(struct relay *r, struct rmsg *m)
 		dsn_start(r, m, false);
 		return;
 	}
-	if (msg_open_file(r, m) < 0)
+	/* finished, and every status byte is on disk (flushed where it was written) */
+	if (m->open && queue_msg_sync(&m->qm) < 0)
 		return;
-	enum queue_msg_state st;
-	if (queue_settle(r->q, &m->qm, &st) == 0 && st == QUEUE_MSG_FINISHED) {
-		rlog(r, LOG_LEVEL_INFO, "qid=%s removed: finished", m->id);
-		msg_free(r, m);
-		return;
-	}
-	msg_close_file(m);
+	queue_remove_finished(r->q, m->id);
+	rlog(r, LOG_LEVEL_INFO, "qid=%s removed: finished", m->id);
+	msg_free(r, m);
 }
 
 /* ---- connections ---- */
@@ -1941,10 +2019,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 	for (size_t k = 0; k < t->n; k++)
 		m->r[t->idx[k]].busy = false;
 	m->busy--;
-	enum queue_msg_state st;
-	int e = queue_settle(r->q, &m->qm, &st);
-	if (e < 0)
-		rlog(r, LOG_LEVEL_ERROR, "qid=%s statuses cannot be flushed: %s", m->id, strerror(-e));
+	flush_post(r, m);
 	if (sig.signal || sig.verdict == CLASSIFY_SUSPEND || sig.verdict == CLASSIFY_SLOW)
 		lane_signal(l, &sig, sigtext);
 	else if (success)
@@ -1961,13 +2036,8 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 		conn_close(rc, true);
 	tx_free(t);
 	if (m->busy == 0) {
-		if (e == 0 && st == QUEUE_MSG_FINISHED && !m->bouncing) {
-			rlog(r, LOG_LEVEL_INFO, "qid=%s removed: delivered", m->id);
-			msg_free(r, m);
-		} else {
-			msg_close_file(m);
-			msg_check_done(r, m);
-		}
+		msg_close_file(m);
+		msg_check_done(r, m); /* waits for the flush */
 	}
 	lane_kick(l);
 }
@@ -2339,6 +2409,20 @@ static void on_mailbox(evutil_socket_t fd, short what, void *arg)
 			begin_stop(r, it->deadline_ms);
 			free(it);
 			break;
+		case MB_SETTLED:
+			m = msg_find(r, it->id);
+			if (it->rc < 0)
+				rlog(r, LOG_LEVEL_ERROR, "qid=%s statuses cannot be flushed: %s", it->id,
+				     strerror(-it->rc));
+			if (m && m->flushing) {
+				m->flushing--;
+				if (it->rc < 0)
+					m->flushing++; /* not on disk: never removed in this run */
+				else
+					msg_check_done(r, m);
+			}
+			free(it);
+			break;
 		}
 		it = next;
 	}
@@ -2408,6 +2492,9 @@ struct relay *relay_new(const struct relay_conf *conf, struct queue *q, struct s
 	pthread_mutex_init(&r->mb_lock, NULL);
 	pthread_cond_init(&r->mb_cond, NULL);
 	r->mb_tail = &r->mb_head;
+	pthread_mutex_init(&r->fl_lock, NULL);
+	pthread_cond_init(&r->fl_cond, NULL);
+	r->fl_tail = &r->fl_head;
 	r->crt = conf_rt_new(conf, err, errlen);
 	if (!r->crt) {
 		relay_free(r);
@@ -2453,11 +2540,27 @@ struct relay *relay_new(const struct relay_conf *conf, struct queue *q, struct s
 
 int relay_start(struct relay *r)
 {
-	int e = pthread_create(&r->thread, NULL, relay_main, r);
+	int e = pthread_create(&r->flusher, NULL, flusher_main, r);
+	if (e)
+		return -e;
+	r->flusher_started = true;
+	e = pthread_create(&r->thread, NULL, relay_main, r);
 	if (e)
 		return -e;
 	r->started = true;
 	return 0;
+}
+
+static void flusher_stop(struct relay *r)
+{
+	if (!r->flusher_started)
+		return;
+	pthread_mutex_lock(&r->fl_lock);
+	r->fl_stop = true;
+	pthread_cond_signal(&r->fl_cond);
+	pthread_mutex_unlock(&r->fl_lock);
+	pthread_join(r->flusher, NULL); /* what was handed over is flushed first */
+	r->flusher_started = false;
 }
 
 struct new_conf {
@@ -2551,6 +2654,7 @@ void relay_stop(struct relay *r, int64_t deadline_ms)
 		return;
 	relay_shutdown(r, deadline_ms);
 	pthread_join(r->thread, NULL);
+	flusher_stop(r);
 	r->started = false;
 	pthread_mutex_lock(&r->mb_lock);
 	r->mb_closed = true;
@@ -2620,8 +2724,11 @@ struct relay *relay_free(struct relay *r)
 		r->retired = c->next;
 		conf_rt_free(c);
 	}
+	flusher_stop(r); /* relay_start() may have started it alone */
 	pthread_mutex_destroy(&r->mb_lock);
 	pthread_cond_destroy(&r->mb_cond);
+	pthread_mutex_destroy(&r->fl_lock);
+	pthread_cond_destroy(&r->fl_cond);
 	free(r);
 	return NULL;
 }
