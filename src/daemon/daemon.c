@@ -822,6 +822,9 @@ int daemon_main(int argc, char **argv)
 	if (!d.ev_term || !d.ev_int || !d.ev_hup || event_add(d.ev_term, NULL) < 0 ||
 	    event_add(d.ev_int, NULL) < 0 || event_add(d.ev_hup, NULL) < 0)
 		fatal("cannot install signal handlers");
+	/* the store's snapshot and the relay's send history live here */
+	if (d.cfg->state_dir && mkdir(d.cfg->state_dir, 0700) < 0 && errno != EEXIST)
+		log_warning("state_dir %s cannot be created: %s", d.cfg->state_dir, strerror(errno));
 	d.store = open_store(d.cfg);
 	policy_set_store(d.cfg->rules, d.store);
 	d.e = engine_new(d.cfg->workers, d.base);

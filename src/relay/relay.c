@@ -1857,8 +1857,10 @@ static void rcpt_outcome(struct relay *r, struct tx *t, size_t k, const struct c
 		l->failed++;
 		break;
 	case CLASSIFY_RETRY:
-		if (rep && (rep->code == 452 || (rep->code == 552 && rep->enh_subject == 5 &&
-						 rep->enh_detail == 3))) {
+		if (rep && ((rep->code == 452 && (!rep->enh_class || (rep->enh_subject == 5 &&
+									 rep->enh_detail == 3))) ||
+			    (rep->code == 552 && rep->enh_class == 5 && rep->enh_subject == 5 &&
+			     rep->enh_detail == 3))) {
 			/* too many recipients (RFC 5321 4.5.3.1.10): the next transaction */
 			m->r[i].next_try = 0;
 			if (m->r[i].attempts)
@@ -2751,9 +2753,15 @@ static void fmt_dur(uint64_t ns, char *out, size_t len)
 		snprintf(out, len, "%" PRIu64 "ms", ns / 1000000);
 	else if (ns < UINT64_C(120) * 1000000000u)
 		snprintf(out, len, "%.1fs", (double)ns / 1e9);
-	else
+	else if (ns < UINT64_C(7200) * 1000000000u)
 		snprintf(out, len, "%" PRIu64 "m%02" PRIu64 "s", ns / 60000000000u,
 			 ns / 1000000000u % 60);
+	else if (ns < UINT64_C(172800) * 1000000000u)
+		snprintf(out, len, "%" PRIu64 "h%02" PRIu64 "m", ns / 3600000000000u,
+			 ns / 60000000000u % 60);
+	else
+		snprintf(out, len, "%" PRIu64 "d%02" PRIu64 "h", ns / 86400000000000u,
+			 ns / 3600000000000u % 24);
 }
 
 static void json_str(struct buf *b, const char *s)
