@@ -332,7 +332,7 @@ static void on_queue_event(void *arg, enum queue_event ev, const char *id)
 	struct relay *r = arg;
 	struct mb_item *it = calloc(1, sizeof(*it));
 	if (!it)
-		return; /* XXX the relay learns of the message at the next sweep or start */
+		return; /* XXX without memory, the relay learns of it only at the next start */
 	it->kind = MB_QUEUE;
 	it->ev = ev;
 	snprintf(it->id, sizeof(it->id), "%s", id);
@@ -1694,7 +1694,10 @@ static bool rcpt_due(const struct rmsg *m, size_t i, const struct lane *l, uint6
 	return true;
 }
 
-/* The oldest message with recipients due in l; up to max of them into idx. */
+/* The oldest message with recipients due in l; up to max of them into idx.
+ * XXX each call walks past the messages whose recipients all wait for a retry time: a
+ * lane with many deferred messages pays for them at every transaction (a heap of retry
+ * times per lane would not). */
 static struct lane_item *lane_pick(struct lane *l, uint64_t now, size_t max, size_t *idx,
 				   size_t *ret_n, uint64_t *next)
 {
