@@ -1,0 +1,232 @@
+"""The relay with real peers around it: a private Postfix that uses sluice as its
+relayhost, and two sluiced nodes that share one lane's budget through a real
+redis-server.
+
+The smarthost (smarthost.py) is the judge of the rate: it records the time of every MAIL
+FROM it accepts, and windows_over(N, W) lists any window of W seconds that held more than
+N of them.  Each test starts its own smarthost, sluiced instance(s), Postfix and
+redis-server, in the test's private directory.
+"""
+
+import os
+import re
+import shutil
+import threading
+import time
+
+import pytest
+
+from conftest import SLUICE, free_port, require_binary, wait_until
+from smarthost import smarthost  # noqa: F401 (fixture)
+from test_redis import REDIS_SERVER, Redis
+from test_relay import delivered_rcpts, lanes, relay_config, send
+
+FROM = "list@example.org"
+
+
+def utilization(times, n, window):
+    """As test_relay.py's throttled test: (sends / (busy + W)) / (N / W)."""
+    times = sorted(times)
+    busy = times[-1] - times[0]
+    return (len(times) / (busy + window)) / (n / window), busy
+
+
+# ---------------------------------------------------------------------------------------
+# Postfix -> sluice -> smarthost
+
+def test_postfix_relays_through_sluice_at_the_lane_rate(sluiced, postfix, smarthost):
+    """Postfix (relayhost = sluice's intake) gets 10 messages from smtp-source and hands
+    them to sluice, which relays them through a 4/2s lane (default guard, 2 connections)
+    to a smarthost that bans at 4/2s: all 10 delivered, no ban, no window over, and each
+    message's Received: chain shows Postfix first, then sluice."""
+    require_binary(SLUICE, "SLUICE")
+    for tool in ("smtp-source", "postfix"):
+        if not shutil.which(tool, path="/usr/sbin:/usr/bin:/sbin:/bin"):
+            pytest.skip(f"{tool} is not installed")
+    count = 10
+    sh = smarthost(rate="4/2", mode="ban", ban_seconds=60)
+    port = free_port()
+    sd = sluiced(relay_config(port, sh.port, route='tls = "none";\nrate = ["4/2s"];\n'
+                              'recipients_per_message = 1;'))
+    pf = postfix(relayhost=f"[127.0.0.1]:{port}")
+    res = pf.smtp_source("-m", str(count), "-s", "2", "-N", "-M", "client.sluice.test",
+                         "-f", FROM, "-t", "member@example.net", "-S", "via postfix")
+    assert res.returncode == 0, f"smtp-source: {res.stdout}{res.stderr}\n{pf.maillog.tail()}"
+
+    # Postfix handed every message to sluice ...
+    wait_until(lambda: len(pf.maillog.findall(
+        rf"relay=127\.0\.0\.1\[127\.0\.0\.1\]:{port},.*status=sent "
+        r"\(250 2\.0\.0 Ok: queued as [0-9A-Z]{16}\)")) >= count, 60,
+        f"Postfix to relay {count} messages to sluice")
+    wait_until(lambda: pf.queue() == [], 30, "Postfix's queue to empty")
+
+    # ... and sluice relayed them at the lane's rate
+    try:
+        msgs = sh.wait_accepted(count, timeout=60)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n--- sluiced log ---\n{sd.log.tail()}") from None
+    time.sleep(0.5)
+    msgs = sh.accepted()
+    assert len(msgs) == count, [m.rcpts for m in msgs]
+    rcpts = sorted(r for m in msgs for r in m.rcpts)
+    assert len(set(rcpts)) == count, f"expected {count} distinct recipients, got {rcpts}"
+    assert all(r.endswith("member@example.net") for r in rcpts), rcpts
+    assert all(m.sender == FROM for m in msgs), [m.sender for m in msgs]
+    assert sh.bans == 0, sh.ban_events()
+    assert sh.windows_over(4, 2.0) == [], sh.attempts()
+    # the 4/2s lane took at least two full windows for 10 messages
+    times = sorted(sh.attempts())
+    assert times[-1] - times[0] >= 4.0, times
+
+    for m in msgs:
+        received = m.parsed().get_all("Received")
+        assert received and len(received) >= 2, m.content[:500]
+        # newest first: sluice's (it got the message from Postfix), then Postfix's
+        sluice_rcv = " ".join(received[0].split())
+        postfix_rcv = " ".join(received[1].split())
+        assert re.search(r"^from mx\.sluice\.test \(\[127\.0\.0\.1\]\) by relay\.sluice\.test "
+                         r"\(sluice\) with E?SMTP id [0-9A-Z]{16}", sluice_rcv), sluice_rcv
+        assert re.search(r"^from client\.sluice\.test .*by mx\.sluice\.test \(Postfix\) "
+                         r"with E?SMTP id", postfix_rcv), postfix_rcv
+        assert m.parsed()["Subject"] == "via postfix"
+
+    wait_until(lambda: "the queue is empty" in sd.cli("queue").stdout, 10, "sluice's queue to empty")
+    lane = lanes(sd)[0]
+    assert lane["delivered"] == count and lane["failed"] == 0 and lane["suspensions"] == 0, lane
+
+
+# ---------------------------------------------------------------------------------------
+# two nodes, one shared lane, a real redis-server
+
+@pytest.fixture
+def redis_tcp(workdir):
+    """A redis-server on a loopback port of the test's own (stopped at teardown)."""
+    if not os.path.exists(REDIS_SERVER):
+        pytest.skip("redis-server is not installed")
+    servers = []
+
+    def factory():
+        d = workdir / f"redis{len(servers)}"
+        d.mkdir()
+        r = Redis(d, port=free_port())
+        servers.append(r)
+        r.start()
+        return r
+
+    yield factory
+    for r in servers:
+        r.stop()
+
+
+SHARED_ROUTE = 'tls = "none";\nrate = ["5/2s"];\nshared = true;\nrecipients_per_message = 1;\n' \
+               'connections = 2;'
+
+
+def shared_node(sluiced, r, sh, node):
+    port = free_port()
+    store = (f'store {{ type = "redis"; server = "127.0.0.1:{r.port}"; node = "{node}"; '
+             f'nodes = 2; }}')
+    sd = sluiced(relay_config(port, sh.port, route=SHARED_ROUTE, extra=store))
+    return sd, port
+
+
+def send_each(port, rcpts, subject):
+    """One message per recipient (one SMTP session)."""
+    for rcpt in rcpts:
+        send(port, [rcpt], sender=FROM, subject=subject)
+
+
+def test_two_nodes_share_one_lane_budget_through_redis(sluiced, smarthost, redis_tcp):
+    """Two nodes, each with the same shared lane "isp" (5/2s, budget in Redis), get 15
+    one-recipient messages each at the same moment: the smarthost sees all 30, never more
+    than 5 in any 2 s window, and both nodes sent; the budget is the lane's sorted set
+    in Redis."""
+    require_binary(SLUICE, "SLUICE")
+    r = redis_tcp()
+    sh = smarthost(rate="5/2", mode="none")
+    a, pa = shared_node(sluiced, r, sh, "node-a")
+    b, pb = shared_node(sluiced, r, sh, "node-b")
+    ra = [f"a{i:02d}@example.net" for i in range(15)]
+    rb = [f"b{i:02d}@example.net" for i in range(15)]
+    threads = [threading.Thread(target=send_each, args=(pa, ra, "from a")),
+               threading.Thread(target=send_each, args=(pb, rb, "from b"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    try:
+        sh.wait_accepted(30, timeout=60)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n--- node a ---\n{a.log.tail()}\n--- node b ---\n"
+                             f"{b.log.tail()}") from None
+    time.sleep(0.5)
+    assert sorted(delivered_rcpts(sh)) == sorted(ra + rb)
+    assert sh.overs() == [], sh.overs()
+    assert sh.windows_over(5, 2.0) == [], sorted(sh.attempts())
+    assert sh.max_in_window(2.0) == 5
+    times = sorted(sh.attempts())
+    util, busy = utilization(times, 5, 2.0)
+    print(f"\nshared lane 5/2s, 2 nodes: 30 sends in {busy:.2f}s, utilization {util:.3f}")
+    # 30 sends at 5 per (2 s + guard) need at least 5 full windows
+    assert busy >= 5 * 2.0, times
+    # both nodes delivered their own queue, counted in the shared lane
+    for node, n in ((a, 15), (b, 15)):
+        wait_until(lambda: "the queue is empty" in node.cli("queue").stdout, 10,
+                   "the queue to empty")
+        lane = lanes(node)[0]
+        assert lane["delivered"] == n and lane["failed"] == 0, lane
+    keys = r.keys("sluice:lane:*")
+    assert keys, r.keys()
+
+
+def test_shared_lane_stops_while_redis_is_down(sluiced, smarthost, redis_tcp):
+    """The shared budget cannot be asked (redis-server stopped): the lane sends nothing
+    and is suspended with a reason naming the shared budget, no recipient fails; once
+    redis-server is back the lane resumes and everything is delivered, still within
+    5/2s."""
+    require_binary(SLUICE, "SLUICE")
+    r = redis_tcp()
+    sh = smarthost(rate="5/2", mode="none")
+    a, pa = shared_node(sluiced, r, sh, "node-a")
+    b, pb = shared_node(sluiced, r, sh, "node-b")
+    # it works: one message through each node
+    send(pa, ["first-a@example.net"])
+    send(pb, ["first-b@example.net"])
+    sh.wait_accepted(2, timeout=20)
+
+    r.stop()
+    mark_a, mark_b = a.log.mark(), b.log.mark()
+    ra = [f"down-a{i}@example.net" for i in range(4)]
+    rb = [f"down-b{i}@example.net" for i in range(4)]
+    send_each(pa, ra, "while down")
+    send_each(pb, rb, "while down")
+    for node, mark in ((a, mark_a), (b, mark_b)):
+        node.log.wait_for(r"lane=isp suspended for \d+s: \"the shared budget cannot be "
+                          r"(reached|asked)", timeout=15, after=mark)
+        lane = lanes(node)[0]
+        assert lane["suspended"] is True and "shared budget" in lane["reason"], lane
+        assert lane["failed"] == 0, lane
+    time.sleep(2)
+    assert len(sh.attempts()) == 2 and len(sh.accepted()) == 2, \
+        f"the lane sent without its shared budget: {[m.rcpts for m in sh.accepted()]}"
+    for node in (a, b):
+        assert node.stats()["relay"]["failed"] == 0
+
+    t_back = time.time()
+    r.start()
+    try:
+        wait_until(lambda: sorted(delivered_rcpts(sh)) ==
+                   sorted(["first-a@example.net", "first-b@example.net"] + ra + rb),
+                   45, "all delivered after redis-server came back")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n--- node a ---\n{a.log.tail()}\n--- node b ---\n"
+                             f"{b.log.tail()}") from None
+    resumed = min(m.t_mail for m in sh.accepted()[2:])
+    print(f"\nredis-server back; the first send followed {resumed - t_back:.2f}s later")
+    assert resumed >= t_back
+    assert sh.overs() == [] and sh.windows_over(5, 2.0) == [], sorted(sh.attempts())
+    for node in (a, b):
+        assert node.stats()["relay"]["failed"] == 0
+        wait_until(lambda: "the queue is empty" in node.cli("queue").stdout, 10,
+                   "the queue to empty")
+    assert all(m.sender for m in sh.accepted()), "a DSN was sent"
