@@ -14,7 +14,7 @@
  * the clock starts; "with hashing" also times store_key_hash() over the key text, as a
  * worker computes it for every item.
  *
- * Targets (issue): >= 5 million checks/s on one core, <= 64 bytes per key and window.
+ * Targets: >= 5 million checks/s on one core, <= 64 bytes per key and window.
  */
 #include <errno.h>
 #include <stdbool.h>

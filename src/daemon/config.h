@@ -72,7 +72,7 @@ struct sluice_config {
 	struct {
 		char *dir;
 		unsigned commit_batch;        /* messages flushed together at most */
-		int64_t lifetime_ms;          /* issue of the relay: a message's time in the queue */
+		int64_t lifetime_ms;          /* a message's time in the queue before it bounces */
 	} queue;
 	char *state_dir;
 	struct {

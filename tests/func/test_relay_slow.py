@@ -1,4 +1,4 @@
-"""The relay's long tests (meson suite 'slow'): the list post of the issue at the real
+"""The relay's long tests (meson suite 'slow'): the ISP list post of DESIGN.md at the real
 rate, and delivery of a very large message while the daemon is killed again and again.
 
 * A 500-recipient list post, one message per recipient, through a lane of 8/10s to a
@@ -96,7 +96,7 @@ def check_throttled_run(sd, sh, rcpts, n, window, messages):
 
 
 def test_list_post_500_recipients_at_8_per_10s(relay):
-    """The issue's case: one message to 500 recipients, lane 8/10s, one recipient per
+    """The ISP story: one message to 500 recipients, lane 8/10s, one recipient per
     message, one connection; the smarthost bans at 8/10s.  All 500 delivered, no window
     over, no ban, utilization >= 95% (about 625 s)."""
     sd, sh, port = relay('tls = "none";\nrate = ["8/10s"];\nrecipients_per_message = 1;\n'
