@@ -2672,6 +2672,8 @@ struct relay *relay_free(struct relay *r)
 		return NULL;
 	relay_stop(r, 0);
 	queue_set_listener(r->q, NULL, NULL);
+	/* first: a lookup cancelled here calls back into its lane, which must still exist */
+	r->dns = mx_resolver_free(r->dns);
 	struct lane *l;
 	while ((l = TAILQ_FIRST(&r->lanes))) {
 		while (!TAILQ_EMPTY(&l->conns)) {
@@ -2697,7 +2699,6 @@ struct relay *relay_free(struct relay *r)
 		m->nitems = 0; /* the lanes are gone */
 		msg_free(r, m);
 	}
-	mx_resolver_free(r->dns);
 	if (r->mb_ev)
 		event_free(r->mb_ev);
 	if (r->sweep)
