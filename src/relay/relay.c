@@ -359,36 +359,63 @@ static int call_sync(struct relay *r, int (*fn)(struct relay *r, void *arg), voi
 
 /* ---- the send history (state_dir/relay.lanes) ---- */
 
-static void hist_append(struct relay *r, const char *lane, uint64_t t_ns)
+/*
+ * One line of the history: "NAME US" for a send, "S NAME UNTIL_US WHY" for a suspension
+ * (UNTIL 0: lifted; the last line of a lane wins, so a restart does not send into a ban).
+ * The length, or -1 when it does not fit.
+ */
+static int hist_format(char *buf, size_t len, const char *name, uint64_t us, const char *why)
 {
-	if (r->hist_fd < 0)
-		return;
-	char line[600];
-	int n = snprintf(line, sizeof(line), "%s %" PRIu64 "\n", lane, (t_ns + 999) / 1000);
-	if (n > 0 && (size_t)n < sizeof(line)) {
-		/* one write per send, O_APPEND: in the page cache at once, so a killed daemon
-		 * loses none; a power failure may lose the last ones (XXX not flushed) */
-		ssize_t w = write(r->hist_fd, line, (size_t)n);
-		(void)w;
-		r->hist_lines++;
-	}
+	int n = why ? snprintf(buf, len, "S %s %" PRIu64 " %s\n", name, us, why)
+		    : snprintf(buf, len, "%s %" PRIu64 "\n", name, us);
+	return n > 0 && (size_t)n < len ? n : -1;
 }
 
-/* "S NAME UNTIL_US WHY": a lane's suspension (UNTIL 0: lifted), so that a restart does
- * not send into a ban.  The last line of a lane wins. */
-static void hist_append_suspension(struct relay *r, const struct lane *l)
+static void hist_write(struct relay *r, const char *name, uint64_t us, const char *why)
 {
 	if (r->hist_fd < 0)
 		return;
-	char why[300], line[900];
+	char line[900];
+	int n = hist_format(line, sizeof(line), name, us, why);
+	if (n < 0)
+		return;
+	/* one write per line, O_APPEND: in the page cache at once, so a killed daemon loses
+	 * none; a power failure may lose the last ones (XXX not flushed) */
+	ssize_t w = write(r->hist_fd, line, (size_t)n);
+	(void)w;
+	r->hist_lines++;
+}
+
+static void hist_append(struct relay *r, const char *lane, uint64_t t_ns)
+{
+	hist_write(r, lane, (t_ns + 999) / 1000, NULL);
+}
+
+static void hist_append_suspension(struct relay *r, const struct lane *l)
+{
+	char why[300];
 	clean_text(l->b.why, why, sizeof(why));
-	int n = snprintf(line, sizeof(line), "S %s %" PRIu64 " %s\n", l->name,
-			 l->b.suspended_until / 1000, why);
-	if (n > 0 && (size_t)n < sizeof(line)) {
-		ssize_t w = write(r->hist_fd, line, (size_t)n);
-		(void)w;
-		r->hist_lines++;
+	hist_write(r, l->name, l->b.suspended_until / 1000, why);
+}
+
+/* Keep a loaded entry (copies name and why); false when out of memory. */
+static bool hist_push(struct relay *r, const char *name, uint64_t us, const char *why)
+{
+	if (r->nhist % 1024 == 0) {
+		struct hist_entry *h = realloc(r->hist, (r->nhist + 1024) * sizeof(*h));
+		if (!h)
+			return false;
+		r->hist = h;
 	}
+	struct hist_entry *e = &r->hist[r->nhist];
+	*e = (struct hist_entry){ .name = strdup(name), .us = us, .why = why ? strdup(why) : NULL };
+	if (!e->name || (why && !e->why)) {
+		free(e->name);
+		free(e->why);
+		return false;
+	}
+	r->nhist++;
+	return true;
 }
 
 static uint64_t max_window_ns(const struct relay_conf *c)
@@ -419,6 +446,7 @@ static void hist_compact(struct relay *r)
 	uint64_t now_us = realtime_ns() / 1000;
 	uint64_t keep = max_window_ns(&r->crt->conf) / 1000 + 1;
 	uint64_t lines = 0;
+	char line[900];
 	struct lane *l;
 	TAILQ_FOREACH(l, &r->lanes, link) {
 		const struct slide *best = NULL;
@@ -427,8 +455,9 @@ static void hist_compact(struct relay *r)
 				best = &l->b.win[i];
 		for (uint32_t k = 0; best && k < best->len; k++) {
 			uint64_t us = best->at[(best->head + k) % best->cap];
-			if (us + keep > now_us) {
-				fprintf(f, "%s %" PRIu64 "\n", l->name, us);
+			if (us + keep > now_us && hist_format(line, sizeof(line), l->name, us,
+								      NULL) > 0) {
+				fputs(line, f);
 				lines++;
 			}
 		}
@@ -437,20 +466,22 @@ static void hist_compact(struct relay *r)
 		if (l->b.suspended_until / 1000 > now_us) {
 			char why[300];
 			clean_text(l->b.why, why, sizeof(why));
-			fprintf(f, "S %s %" PRIu64 " %s\n", l->name, l->b.suspended_until / 1000, why);
-			lines++;
+			if (hist_format(line, sizeof(line), l->name, l->b.suspended_until / 1000,
+					why) > 0) {
+				fputs(line, f);
+				lines++;
+			}
 		}
 	for (size_t i = 0; i < r->nhist; i++) {
 		if (!r->hist[i].name)
 			continue;
-		if (r->hist[i].why && r->hist[i].us > now_us)
-			fprintf(f, "S %s %" PRIu64 " %s\n", r->hist[i].name, r->hist[i].us,
-				r->hist[i].why);
-		else if (!r->hist[i].why && r->hist[i].us + keep > now_us)
-			fprintf(f, "%s %" PRIu64 "\n", r->hist[i].name, r->hist[i].us);
-		else
-			continue;
-		lines++;
+		bool live = r->hist[i].why ? r->hist[i].us > now_us
+					   : r->hist[i].us + keep > now_us;
+		if (live && hist_format(line, sizeof(line), r->hist[i].name, r->hist[i].us,
+					r->hist[i].why) > 0) {
+			fputs(line, f);
+			lines++;
+		}
 	}
 	if (fclose(f) != 0 || rename(tmp, path) != 0) {
 		unlink(tmp);
@@ -497,22 +528,8 @@ static int hist_load(struct relay *r, char *err, size_t errlen)
 			for (size_t i = 0; i < r->nhist; i++)
 				if (r->hist[i].why && strcmp(r->hist[i].name, name) == 0)
 					r->hist[i].us = 0;
-			if (until <= now_us)
-				continue;
-			if (r->nhist % 1024 == 0) {
-				struct hist_entry *h = realloc(r->hist, (r->nhist + 1024) * sizeof(*h));
-				if (!h)
-					break;
-				r->hist = h;
-			}
-			r->hist[r->nhist] = (struct hist_entry){ .name = strdup(name), .us = until,
-								 .why = strdup(sp2 + 1) };
-			if (r->hist[r->nhist].name && r->hist[r->nhist].why)
-				r->nhist++;
-			else {
-				free(r->hist[r->nhist].name);
-				free(r->hist[r->nhist].why);
-			}
+			if (until > now_us && !hist_push(r, name, until, sp2 + 1))
+				break;
 			continue;
 		}
 		char *sp = strrchr(line, ' ');
@@ -523,17 +540,8 @@ static int hist_load(struct relay *r, char *err, size_t errlen)
 		unsigned long long us = strtoull(sp + 1, &end, 10);
 		if (*end || us + keep <= now_us || us > now_us + 60000000ull)
 			continue;
-		if (r->nhist % 1024 == 0) {
-			struct hist_entry *h = realloc(r->hist, (r->nhist + 1024) * sizeof(*h));
-			if (!h)
-				break;
-			r->hist = h;
-		}
-		r->hist[r->nhist].name = strdup(line);
-		r->hist[r->nhist].us = us;
-		r->hist[r->nhist].why = NULL;
-		if (r->hist[r->nhist].name)
-			r->nhist++;
+		if (!hist_push(r, line, us, NULL))
+			break;
 	}
 	free(text);
 	r->hist_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
