@@ -752,19 +752,22 @@ int queue_hold(struct queue *q, const char *id, bool hold)
 	int r = queue_msg_open(q->qd, id, &m, NULL);
 	if (r < 0)
 		return r;
-	char byte = hold ? 'H' : '-';
-	r = queue_msg_set_control(&m, QUEUE_CTL_HOLD, byte);
+	r = queue_set_control(q, &m, QUEUE_CTL_HOLD, hold ? 'H' : '-');
 	if (r == 0)
 		r = queue_msg_sync(&m);
 	queue_msg_close(&m);
-	if (r == 0) {
-		pthread_mutex_lock(&q->ix_lock);
-		struct qentry *e = ix_get(q, id);
-		if (e)
-			e->control[QUEUE_CTL_HOLD] = byte;
-		pthread_mutex_unlock(&q->ix_lock);
+	if (r == 0)
 		notify(q, hold ? QUEUE_EV_HOLD : QUEUE_EV_RELEASE, id);
-	}
+	return r;
+}
+
+/* The file and its index entry (the entry goes even when the file is already gone). */
+static int remove_message(struct queue *q, const char *id)
+{
+	int r = queue_msg_remove(q->qd, id);
+	pthread_mutex_lock(&q->ix_lock);
+	ix_remove(q, id);
+	pthread_mutex_unlock(&q->ix_lock);
 	return r;
 }
 
@@ -772,10 +775,7 @@ int queue_delete(struct queue *q, const char *id)
 {
 	if (!queue_id_valid(str_cstr(id)))
 		return -ENOENT;
-	int r = queue_msg_remove(q->qd, id);
-	pthread_mutex_lock(&q->ix_lock);
-	ix_remove(q, id);
-	pthread_mutex_unlock(&q->ix_lock);
+	int r = remove_message(q, id);
 	if (r == 0)
 		notify(q, QUEUE_EV_DELETE, id);
 	return r;
@@ -850,11 +850,7 @@ int queue_set_control(struct queue *q, struct queue_msg *m, unsigned which, char
 
 int queue_remove_finished(struct queue *q, const char *id)
 {
-	int r = queue_msg_remove(q->qd, id);
-	pthread_mutex_lock(&q->ix_lock);
-	ix_remove(q, id);
-	pthread_mutex_unlock(&q->ix_lock);
-	return r;
+	return remove_message(q, id);
 }
 
 int queue_settle(struct queue *q, struct queue_msg *m, enum queue_msg_state *ret_state)
@@ -866,10 +862,7 @@ int queue_settle(struct queue *q, struct queue_msg *m, enum queue_msg_state *ret
 	if (st == QUEUE_MSG_FINISHED) {
 		/* Not flushed: a finished message that comes back after a crash is removed
 		 * again by recovery (its statuses were flushed above). */
-		queue_msg_remove(q->qd, m->ix.env.id);
-		pthread_mutex_lock(&q->ix_lock);
-		ix_remove(q, m->ix.env.id);
-		pthread_mutex_unlock(&q->ix_lock);
+		remove_message(q, m->ix.env.id);
 	}
 	*ret_state = st;
 	return 0;
