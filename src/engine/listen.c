@@ -146,7 +146,8 @@ static int unix_remove_stale(const struct listen_addr *a, char *err, size_t errl
 	return 0;
 }
 
-int listen_open(const struct listen_addr *a, unsigned mode, int *ret_fd, char *err, size_t errlen)
+int listen_open(const struct listen_addr *a, unsigned mode, uid_t owner, gid_t group, int *ret_fd,
+		char *err, size_t errlen)
 {
 	int family = a->ss.ss_family;
 	if (family == AF_UNIX) {
@@ -177,6 +178,17 @@ int listen_open(const struct listen_addr *a, unsigned mode, int *ret_fd, char *e
 	if (r < 0) {
 		snprintf(err, errlen, "%s: bind: %s", a->text, strerror(e));
 		close(fd);
+		return -e;
+	}
+	/* owner first: until chmod the file is 0600, so no other user has a window either */
+	if (family == AF_UNIX && (owner != (uid_t)-1 || group != (gid_t)-1) &&
+	    chown(a->path, owner, group) < 0) {
+		e = errno;
+		snprintf(err, errlen, "%s: chown %ld:%ld: %s", a->text,
+			 owner == (uid_t)-1 ? -1L : (long)owner,
+			 group == (gid_t)-1 ? -1L : (long)group, strerror(e));
+		close(fd);
+		unlink(a->path);
 		return -e;
 	}
 	if (family == AF_UNIX && mode && chmod(a->path, (mode_t)mode) < 0) {

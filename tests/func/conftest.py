@@ -272,12 +272,25 @@ def all_stages(action="continue", **override):
 # ---------------------------------------------------------------------------------------
 # sluiced
 
+def root_user_line():
+    """'user = "root";' when the tests run as root: sluiced, started as root, wants to be
+    told whether to drop its privileges."""
+    return 'user = "root";\n' if os.geteuid() == 0 else ""
+
+
+def with_root_user(config_text):
+    """The configuration with user = "root" first, when run as root and it names no user."""
+    if re.search(r"^user\s*=", config_text, re.M):
+        return config_text
+    return root_user_line() + config_text
+
+
 class Sluiced:
     """One running sluiced and what a test needs to talk to it."""
 
     def __init__(self, directory, config_text, env=None, args=()):
         self.dir = pathlib.Path(directory)
-        self.config_text = config_text.replace("@DIR@", str(self.dir))
+        self.config_text = with_root_user(config_text.replace("@DIR@", str(self.dir)))
         self.config = self.dir / "sluiced.conf"
         self.config.write_text(self.config_text)
         self.log = LogFile(self.dir / "sluiced.log")
