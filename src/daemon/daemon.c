@@ -963,6 +963,11 @@ int daemon_main(int argc, char **argv)
 		log_error("queue directory: %s", err);
 		return abandon(&d);
 	}
+	/* systemd's ExecStartPre or a package may have made them, empty, for root */
+	if (d.cfg->state_dir)
+		privs_adopt_empty(d.cfg->state_dir, 0750, uid, gid);
+	if (need_queue)
+		privs_adopt_empty(d.cfg->queue.dir, 0750, uid, gid);
 	if (bind_listeners(&d, uid, gid) < 0)
 		return abandon(&d);
 	if (drop && background && (pid_file || d.cfg->pid_file))

@@ -7,6 +7,7 @@
  * and state directories, so that a tree left owned by root is refused at start with the
  * fix, rather than failing one message at a time later.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
 #include <stdbool.h>
@@ -57,6 +58,27 @@ int privs_mkdirs(const char *dir, mode_t mode, uid_t uid, gid_t gid, char *err, 
 		}
 		path[i] = saved;
 	}
+	return 0;
+}
+
+int privs_adopt_empty(const char *dir, mode_t mode, uid_t uid, gid_t gid)
+{
+	struct stat st;
+	if (stat(dir, &st) < 0)
+		return -errno;
+	if (!S_ISDIR(st.st_mode) || st.st_uid != 0 || uid == (uid_t)-1 || uid == 0)
+		return 0;
+	DIR *dp = opendir(dir);
+	if (!dp)
+		return -errno;
+	bool empty = true;
+	for (struct dirent *de; empty && (de = readdir(dp));)
+		empty = strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0;
+	closedir(dp);
+	if (!empty)
+		return 0;
+	if (chmod(dir, mode) < 0 || chown(dir, uid, gid) < 0)
+		return -errno;
 	return 0;
 }
 

@@ -16,6 +16,12 @@
 int privs_mkdirs(const char *dir, mode_t mode, uid_t uid, gid_t gid, char *err, size_t errlen);
 
 /*
+ * An existing directory that is empty and owned by root (as an init system or a package
+ * makes it) is given to uid:gid with mode; any other is left alone.  0 or -errno.
+ */
+int privs_adopt_empty(const char *dir, mode_t mode, uid_t uid, gid_t gid);
+
+/*
  * Become uid:gid for good: supplementary groups {gid}, then gid, then uid, each checked,
  * and then check that root cannot be regained (setuid(0) must fail).  0, or -errno with
  * err.  Call before any thread starts.

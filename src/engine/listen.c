@@ -180,20 +180,21 @@ int listen_open(const struct listen_addr *a, unsigned mode, uid_t owner, gid_t g
 		close(fd);
 		return -e;
 	}
-	/* owner first: until chmod the file is 0600, so no other user has a window either */
+	if (family == AF_UNIX && mode && chmod(a->path, (mode_t)mode) < 0) {
+		e = errno;
+		snprintf(err, errlen, "%s: chmod %o: %s", a->text, mode, strerror(e));
+		close(fd);
+		unlink(a->path);
+		return -e;
+	}
+	/* mode first: root may chmod only its own file without CAP_FOWNER; until chown the
+	 * file is root's, so no other user gains a window */
 	if (family == AF_UNIX && (owner != (uid_t)-1 || group != (gid_t)-1) &&
 	    chown(a->path, owner, group) < 0) {
 		e = errno;
 		snprintf(err, errlen, "%s: chown %ld:%ld: %s", a->text,
 			 owner == (uid_t)-1 ? -1L : (long)owner,
 			 group == (gid_t)-1 ? -1L : (long)group, strerror(e));
-		close(fd);
-		unlink(a->path);
-		return -e;
-	}
-	if (family == AF_UNIX && mode && chmod(a->path, (mode_t)mode) < 0) {
-		e = errno;
-		snprintf(err, errlen, "%s: chmod %o: %s", a->text, mode, strerror(e));
 		close(fd);
 		unlink(a->path);
 		return -e;

@@ -22,8 +22,8 @@ int listen_addr_parse(const char *spec, struct listen_addr *ret, char *err, size
 /*
  * Create, bind and listen (backlog 1024, SO_REUSEADDR for inet, non-blocking,
  * close-on-exec).  A unix path: a stale socket is removed if nothing accepts on it; a live
- * socket or another kind of file is an error.  A unix socket file is made owner:group
- * (each (uid_t)-1 / (gid_t)-1 to leave it) and then given mode (when non-zero).  Returns 0
+ * socket or another kind of file is an error.  A unix socket file is given mode (when
+ * non-zero), then made owner:group (each (uid_t)-1 / (gid_t)-1 to leave it).  Returns 0
  * and *ret_fd, or -errno with err.
  */
 int listen_open(const struct listen_addr *a, unsigned mode, uid_t owner, gid_t group, int *ret_fd,
