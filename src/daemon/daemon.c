@@ -855,12 +855,13 @@ static void pid_prepare(const char *path, uid_t uid, gid_t gid)
 static const char *owner_fix(const struct sluice_config *c)
 {
 	static char who[128];
+	bool drops = c->user && geteuid() == 0;
 	const char *user = c->user;
-	if (!user || geteuid() != c->uid) {
+	if (!drops) {
 		struct passwd *pw = getpwuid(geteuid());
 		user = pw ? pw->pw_name : "";
 	}
-	fmt_fixed(who, sizeof(who), "%s:%s", user, c->group && geteuid() == c->uid ? c->group : "");
+	fmt_fixed(who, sizeof(who), "%s:%s", user, drops && c->group ? c->group : "");
 	return who;
 }
 
@@ -968,6 +969,13 @@ int daemon_main(int argc, char **argv)
 		privs_adopt_empty(d.cfg->state_dir, 0750, uid, gid);
 	if (need_queue)
 		privs_adopt_empty(d.cfg->queue.dir, 0750, uid, gid);
+	const char *dirs[] = { d.cfg->state_dir, need_queue ? d.cfg->queue.dir : NULL };
+	for (size_t i = 0; i < ARRAY_SIZE(dirs); i++) {
+		if (!dirs[i] || privs_check_tree(dirs[i], uid, gid, err, sizeof(err)) == 0)
+			continue;
+		log_error("%s; fix: chown -R %s %s", err, owner_fix(d.cfg), dirs[i]);
+		return abandon(&d);
+	}
 	if (bind_listeners(&d, uid, gid) < 0)
 		return abandon(&d);
 	if (drop && background && (pid_file || d.cfg->pid_file))
@@ -979,13 +987,6 @@ int daemon_main(int argc, char **argv)
 		}
 		log_notice("running as user %s (uid %lu, gid %lu)", d.cfg->user, (unsigned long)uid,
 			   (unsigned long)gid);
-	}
-	const char *dirs[] = { d.cfg->state_dir, need_queue ? d.cfg->queue.dir : NULL };
-	for (size_t i = 0; i < ARRAY_SIZE(dirs); i++) {
-		if (!dirs[i] || privs_check_tree(dirs[i], err, sizeof(err)) == 0)
-			continue;
-		log_error("%s; fix: chown -R %s %s", err, owner_fix(d.cfg), dirs[i]);
-		return abandon(&d);
 	}
 
 	d.base = event_base_new();

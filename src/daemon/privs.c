@@ -2,13 +2,15 @@
  * privs -- directories made for the user, the privilege drop, and the check that the
  * user can use its trees (see privs.h and sluiced(8), PRIVILEGES).
  *
- * Order at start (daemon.c): as root, every directory is made and every socket bound and
- * given its owner; then privs_drop(); then, as the user, privs_check_tree() on the queue
- * and state directories, so that a tree left owned by root is refused at start with the
- * fix, rather than failing one message at a time later.
+ * Order at start (daemon.c): as root, every directory is made; privs_check_tree() looks
+ * at the queue and state directories with the user's effective identity, so that a tree
+ * left owned by root is refused at start with the fix (rather than failing one message at
+ * a time later) and before any socket exists; then every socket is bound and given its
+ * owner, and privs_drop() gives root up.
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <stdbool.h>
 #include <grp.h>
@@ -131,7 +133,7 @@ static int walk_one(const char *path, const struct stat *st, int type, struct FT
 		return 0;
 	else
 		need = -1; /* FTW_DNR, FTW_NS: could not even look */
-	if (need >= 0 && access(path, need) == 0)
+	if (need >= 0 && faccessat(AT_FDCWD, path, need, AT_EACCESS) == 0)
 		return 0;
 	snprintf(walk_err, walk_errlen, "%s is not %s by uid %lu (owner %lu, mode %04o)", path,
 		 type == FTW_F ? "readable and writable" : "usable", (unsigned long)geteuid(),
@@ -139,18 +141,37 @@ static int walk_one(const char *path, const struct stat *st, int type, struct FT
 	return 1;
 }
 
-int privs_check_tree(const char *dir, char *err, size_t errlen)
+int privs_check_tree(const char *dir, uid_t uid, gid_t gid, char *err, size_t errlen)
 {
 	struct stat st;
 	if (stat(dir, &st) < 0)
 		return errno == ENOENT ? 0 : -errno;
+	/* as root: look with the user's effective identity, then come back */
+	gid_t saved[256];
+	int nsaved = -1;
+	bool as_user = uid != (uid_t)-1 && geteuid() == 0;
+	if (as_user) {
+		nsaved = getgroups(256, saved);
+		if (nsaved < 0 || setgroups(1, &gid) < 0 || setegid(gid) < 0 || seteuid(uid) < 0) {
+			int e = errno;
+			snprintf(err, errlen, "cannot take uid %lu to check %s: %s",
+				 (unsigned long)uid, dir, strerror(e));
+			return -e;
+		}
+	}
 	walk_err = err;
 	walk_errlen = errlen;
 	int r = nftw(dir, walk_one, 16, FTW_PHYS);
+	int e = errno;
+	if (as_user && (seteuid(0) < 0 || setegid(0) < 0 || setgroups((size_t)nsaved, saved) < 0)) {
+		e = errno;
+		snprintf(err, errlen, "cannot return to root after checking %s: %s", dir,
+			 strerror(e));
+		return -e;
+	}
 	if (r == 1)
 		return -EACCES;
 	if (r < 0) {
-		int e = errno;
 		snprintf(err, errlen, "%s: %s", dir, strerror(e));
 		return -e;
 	}

@@ -29,11 +29,12 @@ int privs_adopt_empty(const char *dir, mode_t mode, uid_t uid, gid_t gid);
 int privs_drop(uid_t uid, gid_t gid, char *err, size_t errlen);
 
 /*
- * Can the process, as it now is, use the tree under dir (read and write every file,
- * enter and write every directory)?  A missing dir is fine.  0, or -EACCES with err
- * naming the first entry it cannot use.  Walks the whole tree (a queue of 20,000
- * messages: a few milliseconds).
+ * Can uid:gid use the tree under dir (read and write every file, enter and write every
+ * directory)?  As root, the walk runs with uid:gid as effective identity (and root is
+ * taken back after); uid (uid_t)-1: the process as it is.  A missing dir is fine.  0, or
+ * -EACCES with err naming the first entry it cannot use.  Walks the whole tree (a queue
+ * of 20,000 messages: a few milliseconds).
  */
-int privs_check_tree(const char *dir, char *err, size_t errlen);
+int privs_check_tree(const char *dir, uid_t uid, gid_t gid, char *err, size_t errlen);
 
 #endif

@@ -279,10 +279,11 @@ def root_user_line():
 
 
 def with_root_user(config_text):
-    """The configuration with user = "root" first, when run as root and it names no user."""
-    if re.search(r"^user\s*=", config_text, re.M):
+    """The configuration with user = "root" added, when run as root and it names no user;
+    added last, so that the line numbers of the test's own text stay as written."""
+    if not root_user_line() or re.search(r"^user\s*=", config_text, re.M):
         return config_text
-    return root_user_line() + config_text
+    return config_text + ("" if config_text.endswith("\n") else "\n") + root_user_line()
 
 
 class Sluiced:
@@ -293,6 +294,7 @@ class Sluiced:
         self.config_text = with_root_user(config_text.replace("@DIR@", str(self.dir)))
         self.config = self.dir / "sluiced.conf"
         self.config.write_text(self.config_text)
+        self.config.chmod(0o600)  # it may hold a password: sluiced wants it private
         self.log = LogFile(self.dir / "sluiced.log")
         self.milter_socket = str(self.dir / "milter.sock")
         self.control_socket = str(self.dir / "control.sock")
@@ -383,7 +385,7 @@ class Sluiced:
         return find_service(self.stats(), "milter")
 
     def write_config(self, text):
-        self.config_text = text.replace("@DIR@", str(self.dir))
+        self.config_text = with_root_user(text.replace("@DIR@", str(self.dir)))
         self.config.write_text(self.config_text)
 
 
