@@ -163,6 +163,7 @@ int privs_check_tree(const char *dir, uid_t uid, gid_t gid, char *err, size_t er
 	walk_errlen = errlen;
 	int r = nftw(dir, walk_one, 16, FTW_PHYS);
 	int e = errno;
+	uid_t who = geteuid();
 	if (as_user && (seteuid(0) < 0 || setegid(0) < 0 || setgroups((size_t)nsaved, saved) < 0)) {
 		e = errno;
 		snprintf(err, errlen, "cannot return to root after checking %s: %s", dir,
@@ -172,7 +173,8 @@ int privs_check_tree(const char *dir, uid_t uid, gid_t gid, char *err, size_t er
 	if (r == 1)
 		return -EACCES;
 	if (r < 0) {
-		snprintf(err, errlen, "%s: %s", dir, strerror(e));
+		snprintf(err, errlen, "%s is not reachable by uid %lu: %s", dir, (unsigned long)who,
+			 strerror(e));
 		return -e;
 	}
 	return 0;

@@ -272,6 +272,23 @@ def all_stages(action="continue", **override):
 # ---------------------------------------------------------------------------------------
 # sluiced
 
+def ensure_user(name, groups=()):
+    """The system user name (with a group of its own when it is sluice's), created when
+    missing as `make run` does, and made a member of groups."""
+    import grp
+    import pwd
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        own_group = ["--user-group"] if name == "sluice" else []
+        subprocess.run(["useradd", "--system", *own_group, "--no-create-home", "--shell",
+                        "/usr/sbin/nologin", name], check=True)
+    for g in groups:
+        if name not in grp.getgrnam(g).gr_mem:
+            subprocess.run(["usermod", "-a", "-G", g, name], check=True)
+    return pwd.getpwnam(name)
+
+
 def root_user_line():
     """'user = "root";' when the tests run as root: sluiced, started as root, wants to be
     told whether to drop its privileges."""

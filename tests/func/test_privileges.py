@@ -23,29 +23,14 @@ import time
 
 import pytest
 
-from conftest import SLUICE, SLUICED, SOURCE_ROOT, free_port, require_binary, wait_until
+from conftest import (SLUICE, SLUICED, SOURCE_ROOT, ensure_user, free_port, require_binary,
+                      wait_until)
 from smarthost import smarthost  # noqa: F401 (fixture)
 from test_redis import redis  # noqa: F401 (fixture)
 
 USER = "sluice"
 OPERATOR = "sluiceop"
 STRANGER = "nobody"
-
-
-def ensure_user(name, groups=()):
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        if name == USER:
-            subprocess.run(["useradd", "--system", "--user-group", "--no-create-home",
-                            "--shell", "/usr/sbin/nologin", name], check=True)
-        else:
-            subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
-                            "/usr/sbin/nologin", name], check=True)
-    for g in groups:
-        if name not in grp.getgrnam(g).gr_mem:
-            subprocess.run(["usermod", "-a", "-G", g, name], check=True)
-    return pwd.getpwnam(name)
 
 
 @pytest.fixture(scope="module")
