@@ -927,6 +927,10 @@ int daemon_main(int argc, char **argv)
 		return 1;
 	}
 	if (check) {
+		if (geteuid() == 0 && !d.cfg->user)
+			fprintf(stderr, "sluiced: warning: %s has no user: started as root, sluiced "
+				"would refuse it (add user = \"sluice\"; or user = \"root\";)\n",
+				path);
 		printf("sluiced: %s: configuration ok\n", path);
 		config_free(d.cfg);
 		return 0;
