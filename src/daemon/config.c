@@ -7,7 +7,6 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <grp.h>
 #include <netinet/in.h>
 #include <pwd.h>
@@ -484,8 +483,9 @@ static int check_secret_file(struct cfg_node *n, const char *file, const struct 
 {
 	struct stat st;
 	if (stat(file, &st) < 0) {
-		ERR(n, err, el, "%s: %s", file, strerror(errno));
-		return -errno;
+		int e = errno;
+		ERR(n, err, el, "%s: %s", file, strerror(e));
+		return -e;
 	}
 	unsigned mode = (unsigned)st.st_mode & 07777;
 	if (mode & 007) {
@@ -748,7 +748,6 @@ static int parse_smarthost(struct cfg_node *n, const char *s, struct route_conf 
 	return 0;
 }
 
-
 static int load_signal(struct cfg_node *s, struct route_conf *rc, char *err, size_t el)
 {
 	if (s->kind != CFG_OBJECT) {
@@ -808,8 +807,7 @@ static int load_signal(struct cfg_node *s, struct route_conf *rc, char *err, siz
 }
 
 static int load_route(struct cfg_node *n, struct route_conf *rc, const struct sluice_config *c,
-		      bool shared_store, char *err,
-		      size_t el)
+		      bool shared_store, char *err, size_t el)
 {
 	if (!n->label || !*n->label || strlen(n->label) > 200 || strpbrk(n->label, " \t:\"\\") ||
 	    n->kind != CFG_OBJECT) {
