@@ -739,8 +739,9 @@ static void raise_nofile(struct daemon *d)
 /*
  * Before the drop: make the missing parent directories of the unix sockets (0755, so that
  * each socket's own mode decides who may connect) and bind every address, each unix
- * socket given its owner, group and mode.  0, or -1 after logging (what was bound is
- * closed).
+ * socket given its owner, group and mode.  Nothing listens yet: until adopt_listeners()
+ * connections are refused, as before the sockets existed.  0, or -1 after logging (what
+ * was bound is closed).
  */
 static int bind_listeners(struct daemon *d, uid_t uid, gid_t gid)
 {
@@ -771,7 +772,7 @@ static int bind_listeners(struct daemon *d, uid_t uid, gid_t gid)
 			uid_t owner = lc->owner != (uid_t)-1 ? lc->owner : uid;
 			gid_t group = lc->group != (gid_t)-1 ? lc->group : gid;
 			if (r == 0)
-				r = listen_open(&bd->addr, lc->mode, owner, group, &bd->fd, err,
+				r = listen_bind(&bd->addr, lc->mode, owner, group, &bd->fd, err,
 						sizeof(err));
 			if (r < 0) {
 				log_error("%s listen %s", blocks[b].name, err);
@@ -787,7 +788,8 @@ static int bind_listeners(struct daemon *d, uid_t uid, gid_t gid)
 	return 0;
 }
 
-/* After the drop: hand each bound socket to its service.  0, or -1 after logging. */
+/* After the drop, once the services exist: listen on each bound socket and hand it to its
+ * service.  0, or -1 after logging. */
 static int adopt_listeners(struct daemon *d)
 {
 	char err[512];
@@ -799,7 +801,8 @@ static int adopt_listeners(struct daemon *d)
 				      strcmp(bd->svc, "control") == 0 ? d->control : d->intake;
 		err[0] = '\0';
 		/* once adopted or not, the socket is the engine's or closed */
-		if (ret == 0 && service_adopt(svc, &bd->addr, bd->fd, err, sizeof(err)) < 0) {
+		if (ret == 0 && (listen_start(&bd->addr, bd->fd, err, sizeof(err)) < 0 ||
+				 service_adopt(svc, &bd->addr, bd->fd, err, sizeof(err)) < 0)) {
 			log_error("%s listen %s", bd->svc, err);
 			ret = -1;
 		} else if (ret < 0) {
@@ -865,12 +868,17 @@ static const char *owner_fix(const struct sluice_config *c)
 	return who;
 }
 
-/* A start that fails before the loop: sockets closed, nothing else to undo. */
+/* A start that fails before the services exist: sockets closed, the loop freed. */
 static int abandon(struct daemon *d)
 {
 	for (size_t k = 0; k < d->nbound; k++)
 		listen_close(&d->bound[k].addr, d->bound[k].fd);
 	d->nbound = 0;
+	event_free(d->ev_term);
+	event_free(d->ev_int);
+	event_free(d->ev_hup);
+	thread_set_base(NULL);
+	event_base_free(d->base);
 	config_free(d->cfg);
 	return 1;
 }
@@ -949,6 +957,18 @@ int daemon_main(int argc, char **argv)
 	log_setup(d.cfg->log.target, d.cfg->log.facility, d.cfg->log.level);
 	signal(SIGPIPE, SIG_IGN);
 	raise_nofile(&d);
+	d.base = event_base_new();
+	if (!d.base)
+		fatal("cannot create the event loop");
+	thread_set_base(d.base); /* the Redis store's lease renewals run on this loop */
+	/* Signals first: a SIGTERM that arrives while the listeners open is handled (once the
+	 * loop runs) like any other, with the snapshot saved and the sockets removed. */
+	d.ev_term = evsignal_new(d.base, SIGTERM, on_signal, &d);
+	d.ev_int = evsignal_new(d.base, SIGINT, on_signal, &d);
+	d.ev_hup = evsignal_new(d.base, SIGHUP, on_signal, &d);
+	if (!d.ev_term || !d.ev_int || !d.ev_hup || event_add(d.ev_term, NULL) < 0 ||
+	    event_add(d.ev_int, NULL) < 0 || event_add(d.ev_hup, NULL) < 0)
+		fatal("cannot install signal handlers");
 	/* What must be done as root is done here, before the drop: the directories, the
 	 * sockets (privileged ports, owners), the pid file; the configuration and its
 	 * secrets were read above.  Everything after runs as the user. */
@@ -993,18 +1013,6 @@ int daemon_main(int argc, char **argv)
 			   (unsigned long)gid);
 	}
 
-	d.base = event_base_new();
-	if (!d.base)
-		fatal("cannot create the event loop");
-	thread_set_base(d.base); /* the Redis store's lease renewals run on this loop */
-	/* Signals first: a SIGTERM that arrives while the listeners open is handled (once the
-	 * loop runs) like any other, with the snapshot saved and the sockets removed. */
-	d.ev_term = evsignal_new(d.base, SIGTERM, on_signal, &d);
-	d.ev_int = evsignal_new(d.base, SIGINT, on_signal, &d);
-	d.ev_hup = evsignal_new(d.base, SIGHUP, on_signal, &d);
-	if (!d.ev_term || !d.ev_int || !d.ev_hup || event_add(d.ev_term, NULL) < 0 ||
-	    event_add(d.ev_int, NULL) < 0 || event_add(d.ev_hup, NULL) < 0)
-		fatal("cannot install signal handlers");
 	d.store = open_store(d.cfg);
 	policy_set_store(d.cfg->rules, d.store);
 	d.e = engine_new(d.cfg->workers, d.base);

@@ -149,6 +149,29 @@ static int unix_remove_stale(const struct listen_addr *a, char *err, size_t errl
 int listen_open(const struct listen_addr *a, unsigned mode, uid_t owner, gid_t group, int *ret_fd,
 		char *err, size_t errlen)
 {
+	int fd;
+	int r = listen_bind(a, mode, owner, group, &fd, err, errlen);
+	if (r == 0)
+		r = listen_start(a, fd, err, errlen);
+	if (r == 0)
+		*ret_fd = fd;
+	return r;
+}
+
+int listen_start(const struct listen_addr *a, int fd, char *err, size_t errlen)
+{
+	if (listen(fd, 1024) < 0) {
+		int e = errno;
+		snprintf(err, errlen, "%s: listen: %s", a->text, strerror(e));
+		listen_close(a, fd);
+		return -e;
+	}
+	return 0;
+}
+
+int listen_bind(const struct listen_addr *a, unsigned mode, uid_t owner, gid_t group, int *ret_fd,
+		char *err, size_t errlen)
+{
 	int family = a->ss.ss_family;
 	if (family == AF_UNIX) {
 		int r = unix_remove_stale(a, err, errlen);
@@ -197,14 +220,6 @@ int listen_open(const struct listen_addr *a, unsigned mode, uid_t owner, gid_t g
 			 group == (gid_t)-1 ? -1L : (long)group, strerror(e));
 		close(fd);
 		unlink(a->path);
-		return -e;
-	}
-	if (listen(fd, 1024) < 0) {
-		e = errno;
-		snprintf(err, errlen, "%s: listen: %s", a->text, strerror(e));
-		close(fd);
-		if (family == AF_UNIX)
-			unlink(a->path);
 		return -e;
 	}
 	*ret_fd = fd;

@@ -29,6 +29,16 @@ int listen_addr_parse(const char *spec, struct listen_addr *ret, char *err, size
 int listen_open(const struct listen_addr *a, unsigned mode, uid_t owner, gid_t group, int *ret_fd,
 		char *err, size_t errlen);
 
+/*
+ * listen_open() in two steps: bind (what may need root: a port below 1024, the owner of
+ * the socket file), and later listen (from then on connections are accepted into the
+ * backlog; before it they are refused, so a client never waits on a daemon that is still
+ * starting).  listen_start() closes the socket (and unlinks the path) on failure.
+ */
+int listen_bind(const struct listen_addr *a, unsigned mode, uid_t owner, gid_t group, int *ret_fd,
+		char *err, size_t errlen);
+int listen_start(const struct listen_addr *a, int fd, char *err, size_t errlen);
+
 /* Close, and unlink the unix socket path. */
 void listen_close(const struct listen_addr *a, int fd);
 
