@@ -1136,6 +1136,9 @@ int daemon_main(int argc, char **argv)
 	event_free(d.ev_lease);
 	thread_set_base(NULL);
 	event_base_free(d.base);
+	/* XXX after the drop, a pid file (or a unix socket, in listen_close) in a directory
+	 * only root may write cannot be removed: it stays until the next start, which
+	 * rewrites the pid file in place and removes the stale socket. */
 	if (d.pid_file && d.pid_file[0])
 		unlink(d.pid_file);
 	free(d.pid_file);
