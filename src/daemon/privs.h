@@ -32,8 +32,9 @@ int privs_drop(uid_t uid, gid_t gid, char *err, size_t errlen);
  * Can uid:gid use the tree under dir (read and write every file, enter and write every
  * directory)?  As root, the walk runs with uid:gid as effective identity (and root is
  * taken back after); uid (uid_t)-1: the process as it is.  A missing dir is fine.  0, or
- * -EACCES with err naming the first entry it cannot use.  Walks the whole tree (a queue
- * of 20,000 messages: a few milliseconds).
+ * -EACCES with err naming the first entry it cannot use.  Walks the whole tree once, at
+ * start: a queue of 20,000 messages (40,000 files) took 65 ms with a warm cache and
+ * 0.3 s after dropping the page cache (2-core VM).
  */
 int privs_check_tree(const char *dir, uid_t uid, gid_t gid, char *err, size_t errlen);
 
