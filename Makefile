@@ -1,5 +1,6 @@
 # Thin wrapper around meson for the two commands of the quick start, and a few more.
-#   make run     build and start sluiced in the foreground on etc/sluice.conf
+#   make run     build and start sluiced in the foreground on etc/sluice.conf (as root:
+#                the user sluice is created if missing; sluiced drops to it)
 #   make check   build and run the whole test suite, then again under ASan+UBSan
 #   make bench   milter, rules, store, policy, Redis, intake and relay benchmarks (bench/README.md)
 #   make fuzz    run every fuzzer for FUZZ_TIME seconds each (clang, libFuzzer)
@@ -48,8 +49,11 @@ $(BUILD)/build.ninja:
 build: deps-build $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 
+# etc/sluice.conf runs sluiced as the system user sluice, made here if missing.
 run: build
-	mkdir -p run
+	@id -u sluice >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
+	  adduser --system --group --no-create-home --quiet sluice 2>/dev/null || \
+	  useradd --system --user-group --no-create-home --shell /usr/sbin/nologin sluice
 	exec $(BUILD)/src/daemon/sluiced -c etc/sluice.conf
 
 test: deps-test build

@@ -41,7 +41,8 @@ measure() {
 
 echo "| server | sessions/s without idle | with $IDLE idle | change |"
 echo "|---|---:|---:|---:|"
-cat > "$DIR/s.conf" <<CONF
+{ [ "$(id -u)" != 0 ] || echo 'user = "root";'; } > "$DIR/s.conf"
+cat >> "$DIR/s.conf" <<CONF
 workers = 2;
 stats_interval = 0;
 log { target = "stderr"; level = "warning"; }

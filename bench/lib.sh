@@ -81,8 +81,10 @@ stop() {                        # stop NAME; libmilter waits for open sessions o
 }
 
 # sluiced_conf_head D [STATE]: the settings every benchmark sluiced has, its control
-# socket in D; with STATE, a state_dir that does not exist, so no counter snapshot.
+# socket in D (and user = "root" when run as root); with STATE, a state_dir that does not exist, so no counter snapshot.
 sluiced_conf_head() {
+	# as root, sluiced wants to be told to stay root
+	[ "$(id -u)" != 0 ] || echo 'user = "root";'
 	cat <<EOF
 workers = 2;
 stats_interval = 0;

@@ -63,7 +63,7 @@ class Sluice:
         self.dir.mkdir()
         self.port = conftest.free_port()
         self.sluice = str(build / "src/cli/sluice")
-        (self.dir / "sluice.conf").write_text(f"""
+        (self.dir / "sluice.conf").write_text(conftest.root_user_line() + f"""
 log {{ target = "stderr"; level = "notice"; }}
 state_dir = "{self.dir}";
 control {{ listen = "unix:{self.dir}/control.sock"; }}

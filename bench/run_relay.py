@@ -193,7 +193,7 @@ class Sluice:
         self.port = conftest.free_port()
         self.sluice = str(build / "src/cli/sluice")
         rate_line = f'rate = ["{rate}"];' if rate else "# no rate: unthrottled"
-        (self.dir / "sluice.conf").write_text(f"""workers = 2;
+        (self.dir / "sluice.conf").write_text(conftest.root_user_line() + f"""workers = 2;
 stats_interval = 0;
 shutdown_timeout = 5s;
 state_dir = "{self.dir}";

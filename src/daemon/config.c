@@ -7,10 +7,13 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <grp.h>
 #include <netinet/in.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <syslog.h>
 #include <unistd.h>
 
@@ -98,6 +101,61 @@ static int get_mode(struct cfg_node *obj, unsigned *ret, char *err, size_t el)
 	return 0;
 }
 
+/* A user name (or a number) to its uid, and its primary group: 0, or -EINVAL naming it. */
+static int get_owner(struct cfg_node *obj, const char *key, uid_t *ret, gid_t *ret_gid,
+		     char *err, size_t el)
+{
+	char *name = NULL;
+	int r = get_string(obj, key, &name, err, el);
+	if (r < 0 || !name)
+		return r;
+	struct passwd pw, *res = NULL;
+	char tmp[4096];
+	int e = getpwnam_r(name, &pw, tmp, sizeof(tmp), &res);
+	char *end;
+	unsigned long v = strtoul(name, &end, 10);
+	if (!res && name[0] >= '0' && name[0] <= '9' && !*end && v < UINT32_MAX) {
+		*ret = (uid_t)v;
+		if (ret_gid)
+			*ret_gid = (gid_t)v;
+	} else if (!res) {
+		ERR(cfg_get(obj, key), err, el, "unknown user \"%.64s\"%s%s (create it, e.g. "
+		    "adduser --system --group %.64s)", name, e ? ": " : "", e ? strerror(e) : "",
+		    name);
+		r = -EINVAL;
+	} else {
+		*ret = pw.pw_uid;
+		if (ret_gid)
+			*ret_gid = pw.pw_gid;
+	}
+	free(name);
+	return r;
+}
+
+static int get_group(struct cfg_node *obj, const char *key, gid_t *ret, char *err, size_t el)
+{
+	char *name = NULL;
+	int r = get_string(obj, key, &name, err, el);
+	if (r < 0 || !name)
+		return r;
+	struct group gr, *res = NULL;
+	char tmp[16384];
+	int e = getgrnam_r(name, &gr, tmp, sizeof(tmp), &res);
+	char *end;
+	unsigned long v = strtoul(name, &end, 10);
+	if (!res && name[0] >= '0' && name[0] <= '9' && !*end && v < UINT32_MAX) {
+		*ret = (gid_t)v;
+	} else if (!res) {
+		ERR(cfg_get(obj, key), err, el, "unknown group \"%.64s\"%s%s", name,
+		    e ? ": " : "", e ? strerror(e) : "");
+		r = -EINVAL;
+	} else {
+		*ret = gr.gr_gid;
+	}
+	free(name);
+	return r;
+}
+
 static int get_listen(struct cfg_node *obj, struct listen_conf *lc, bool required, char *err,
 		      size_t el)
 {
@@ -134,7 +192,12 @@ static int get_listen(struct cfg_node *obj, struct listen_conf *lc, bool require
 				return -ENOMEM;
 		}
 	}
-	return get_mode(obj, &lc->mode, err, el);
+	int r = get_mode(obj, &lc->mode, err, el);
+	if (r == 0)
+		r = get_owner(obj, "owner", &lc->owner, NULL, err, el);
+	if (r == 0)
+		r = get_group(obj, "group", &lc->group, err, el);
+	return r;
 }
 
 static int get_string_list(struct cfg_node *obj, const char *key, bool (*check)(const char *, const char **),
@@ -404,6 +467,64 @@ static const char *const redis_keys[] = { "server", "user", "password", "passwor
 					   "prefix", "timeout", "sentinels", "master_name",
 					   "on_failure", "nodes", "node", "lease" };
 
+/* The identity sluiced runs as: the configured user, or whoever started it. */
+static uid_t daemon_uid(const struct sluice_config *c)
+{
+	return c->user && geteuid() == 0 ? c->uid : geteuid();
+}
+
+/*
+ * A file holding a secret (a password_file, or sluice.conf with an inline password): no
+ * access at all for others, and owned by root or by the daemon's user -- anyone else
+ * could replace it.  0, or -EACCES with err naming the file, its mode and the fix.
+ */
+static int check_secret_file(struct cfg_node *n, const char *file, const struct sluice_config *c,
+			     const char *why, char *err, size_t el)
+{
+	struct stat st;
+	if (stat(file, &st) < 0) {
+		int e = errno;
+		ERR(n, err, el, "%s: %s", file, strerror(e));
+		return -e;
+	}
+	unsigned mode = (unsigned)st.st_mode & 07777;
+	if (mode & 007) {
+		ERR(n, err, el, "%s%s has mode %04o: others may %s it; fix: chmod 0640 %s", file, why,
+		    mode, mode & 002 ? "change" : "read", file);
+		return -EACCES;
+	}
+	if (st.st_uid != 0 && st.st_uid != daemon_uid(c) && st.st_uid != geteuid()) {
+		ERR(n, err, el, "%s%s is owned by uid %lu, neither root nor the daemon's user; "
+		    "fix: chown root %s", file, why, (unsigned long)st.st_uid, file);
+		return -EACCES;
+	}
+	return 0;
+}
+
+/* The first line of a secret file, checked by check_secret_file().  *ret is owned. */
+static int read_secret(struct cfg_node *n, const char *file, const struct sluice_config *c,
+		       char **ret, char *err, size_t el)
+{
+	int r = check_secret_file(n, file, c, "", err, el);
+	if (r < 0)
+		return -EINVAL;
+	char *text = NULL;
+	size_t len;
+	int fr = file_read_all(file, 4096, &text, &len);
+	if (fr < 0) {
+		ERR(n, err, el, "%s: %s", file, strerror(-fr));
+		return -EINVAL;
+	}
+	text[strcspn(text, "\r\n")] = '\0';
+	if (!text[0]) {
+		ERR(n, err, el, "%s is empty", file);
+		free(text);
+		return -EINVAL;
+	}
+	*ret = text;
+	return 0;
+}
+
 /* The Redis password: inline, or the first line of password_file. */
 static int load_password(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
 {
@@ -415,24 +536,8 @@ static int load_password(struct cfg_node *m, struct sluice_config *c, char *err,
 		ERR(cfg_get(m, "password_file"), err, el, "give password or password_file, not both");
 		r = -EINVAL;
 	}
-	if (r == 0 && file) {
-		char *text = NULL;
-		size_t len;
-		int fr = file_read_all(file, 4096, &text, &len);
-		if (fr < 0) {
-			ERR(cfg_get(m, "password_file"), err, el, "%s: %s", file, strerror(-fr));
-			r = -EINVAL;
-		} else {
-			text[strcspn(text, "\r\n")] = '\0';
-			if (!text[0]) {
-				ERR(cfg_get(m, "password_file"), err, el, "%s is empty", file);
-				r = -EINVAL;
-				free(text);
-			} else {
-				c->store.password = text;
-			}
-		}
-	}
+	if (r == 0 && file)
+		r = read_secret(cfg_get(m, "password_file"), file, c, &c->store.password, err, el);
 	free(file);
 	return r;
 }
@@ -643,25 +748,6 @@ static int parse_smarthost(struct cfg_node *n, const char *s, struct route_conf 
 	return 0;
 }
 
-static int read_secret(struct cfg_node *n, const char *file, char **ret, char *err, size_t el)
-{
-	char *text = NULL;
-	size_t len;
-	int fr = file_read_all(file, 4096, &text, &len);
-	if (fr < 0) {
-		ERR(n, err, el, "%s: %s", file, strerror(-fr));
-		return -EINVAL;
-	}
-	text[strcspn(text, "\r\n")] = '\0';
-	if (!text[0]) {
-		ERR(n, err, el, "%s is empty", file);
-		free(text);
-		return -EINVAL;
-	}
-	*ret = text;
-	return 0;
-}
-
 static int load_signal(struct cfg_node *s, struct route_conf *rc, char *err, size_t el)
 {
 	if (s->kind != CFG_OBJECT) {
@@ -720,8 +806,8 @@ static int load_signal(struct cfg_node *s, struct route_conf *rc, char *err, siz
 	return r;
 }
 
-static int load_route(struct cfg_node *n, struct route_conf *rc, bool shared_store, char *err,
-		      size_t el)
+static int load_route(struct cfg_node *n, struct route_conf *rc, const struct sluice_config *c,
+		      bool shared_store, char *err, size_t el)
 {
 	if (!n->label || !*n->label || strlen(n->label) > 200 || strpbrk(n->label, " \t:\"\\") ||
 	    n->kind != CFG_OBJECT) {
@@ -795,7 +881,7 @@ static int load_route(struct cfg_node *n, struct route_conf *rc, bool shared_sto
 			r = -EINVAL;
 		}
 		if (r == 0)
-			r = read_secret(cfg_get(auth, "password_file"), file, &rc->auth_password, err, el);
+			r = read_secret(cfg_get(auth, "password_file"), file, c, &rc->auth_password, err, el);
 		free(file);
 		if (r == 0)
 			r = get_string(auth, "mechanisms", &rc->auth_mechanisms, err, el);
@@ -947,7 +1033,7 @@ static int load_relay(struct cfg_node *root, struct sluice_config *c, char *err,
 		r = -ENOMEM;
 	for (struct cfg_node *x = cfg_get(root, "route"); r == 0 && x; x = cfg_next_same(x)) {
 		struct route_conf *rc = &rl->routes[rl->nroutes++];
-		r = load_route(x, rc, c->store.redis, err, el);
+		r = load_route(x, rc, c, c->store.redis, err, el);
 		for (size_t i = 0; r == 0 && i + 1 < rl->nroutes; i++)
 			if (strcmp(rl->routes[i].name, rc->name) == 0) {
 				ERR(x, err, el, "a second route named \"%s\"", rc->name);
@@ -999,6 +1085,19 @@ static int load(struct cfg_node *root, struct sluice_config *c, char *err, size_
 		r = get_duration(root, "shutdown_timeout", 0, INT64_C(3600000), &c->shutdown_timeout_ms, err, el);
 	if (r == 0)
 		r = get_string(root, "pid_file", &c->pid_file, err, el);
+	/* first: the secret files' owner is checked against the user */
+	if (r == 0)
+		r = get_string(root, "user", &c->user, err, el);
+	if (r == 0 && c->user)
+		r = get_owner(root, "user", &c->uid, &c->gid, err, el);
+	if (r == 0)
+		r = get_string(root, "group", &c->group, err, el);
+	if (r == 0 && c->group && !c->user) {
+		ERR(cfg_get(root, "group"), err, el, "group needs user");
+		r = -EINVAL;
+	}
+	if (r == 0 && c->group)
+		r = get_group(root, "group", &c->gid, err, el);
 	struct cfg_node *n;
 	if (r == 0 && (n = cfg_get(root, "log"))) {
 		char *s = NULL;
@@ -1032,8 +1131,23 @@ static int load(struct cfg_node *root, struct sluice_config *c, char *err, size_
 		}
 		free(s);
 	}
-	if (r == 0 && (n = cfg_get(root, "control")))
+	if (r == 0 && (n = cfg_get(root, "control"))) {
 		r = get_listen(n, &c->control, true, err, el);
+		char *s = NULL;
+		if (r == 0)
+			r = get_string(n, "admin", &s, err, el);
+		if (r == 0 && s) {
+			if (strcmp(s, "group") == 0)
+				c->control_admin = CONTROL_ADMIN_GROUP;
+			else if (strcmp(s, "root") == 0)
+				c->control_admin = CONTROL_ADMIN_ROOT;
+			else {
+				ERR(cfg_get(n, "admin"), err, el, "expected group or root");
+				r = -EINVAL;
+			}
+		}
+		free(s);
+	}
 	struct cfg_node *milter = cfg_get(root, "milter");
 	struct cfg_node *policy = cfg_get(root, "policy");
 	struct cfg_node *intake = cfg_get(root, "intake");
@@ -1054,6 +1168,11 @@ static int load(struct cfg_node *root, struct sluice_config *c, char *err, size_
 		r = get_string(root, "state_dir", &c->state_dir, err, el);
 	if (r == 0 && (n = cfg_get(root, "store")))
 		r = load_store(n, c, err, el);
+	/* an inline password makes this file a secret too */
+	if (r == 0 && n && cfg_get(n, "password") &&
+	    check_secret_file(cfg_get(n, "password"), c->path, c, " (it holds a password)", err,
+			      el) < 0)
+		r = -EINVAL;
 	if (r == 0)
 		r = policy_load(root, &c->rules, err, el);
 	if (r == 0)
@@ -1095,6 +1214,12 @@ int config_load(const char *path, struct sluice_config **ret, char *err, size_t 
 	c->log.facility = LOG_MAIL;
 	c->log.level = LOG_LEVEL_INFO;
 	c->control.mode = 0660;
+	struct listen_conf *all[] = { &c->control, &c->milter.listen, &c->policy.listen,
+				      &c->intake.listen };
+	for (size_t i = 0; i < ARRAY_SIZE(all); i++) {
+		all[i]->owner = (uid_t)-1;
+		all[i]->group = (gid_t)-1;
+	}
 	c->milter.listen.mode = 0660;
 	c->milter.max_sessions = 10000;
 	c->milter.idle_timeout_ms = 2 * 3600 * 1000;
@@ -1159,6 +1284,8 @@ struct sluice_config *config_free(struct sluice_config *c)
 		return NULL;
 	free(c->path);
 	free(c->pid_file);
+	free(c->user);
+	free(c->group);
 	listen_conf_clear(&c->control);
 	listen_conf_clear(&c->milter.listen);
 	listen_conf_clear(&c->policy.listen);

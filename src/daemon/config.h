@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "build_config.h"
 #include "ipaddr.h"
@@ -25,6 +26,13 @@ struct listen_conf {
 	char *addr[CONFIG_MAX_LISTEN];
 	size_t n;
 	unsigned mode; /* unix sockets; 0 = leave umask result */
+	uid_t owner;   /* unix sockets: chown after bind; (uid_t)-1 = unchanged */
+	gid_t group;   /* (gid_t)-1 = unchanged */
+};
+
+enum control_admin {
+	CONTROL_ADMIN_GROUP = 0, /* every peer let in may change state */
+	CONTROL_ADMIN_ROOT,      /* only root and the daemon's user may */
 };
 
 struct sluice_config {
@@ -33,6 +41,11 @@ struct sluice_config {
 	int64_t stats_interval_ms;   /* 0 = off */
 	int64_t shutdown_timeout_ms; /* drain deadline on SIGTERM */
 	char *pid_file;              /* with -d */
+	char *user;                  /* user = ...; NULL: not given */
+	uid_t uid;                   /* of user, when given */
+	gid_t gid;                   /* of group, or user's primary group */
+	char *group;                 /* group = ...; NULL: user's primary group */
+	enum control_admin control_admin;
 	struct {
 		enum log_target target;
 		int facility;

@@ -1,10 +1,25 @@
 /*
  * control_service -- the control socket: requests in the control line protocol, answered
  * by daemon_control().  Sessions run on the worker loops like every other protocol.
+ *
+ * Who may talk (checked at every request, with SO_PEERCRED; the socket file's mode is the
+ * first barrier, this is the second and also covers a socket made 0666 by mistake): on a
+ * unix socket, root, the daemon's own user and the members of the socket file's group;
+ * anyone else gets an error reply and the connection is closed.  With control { admin =
+ * "root"; } the group's members may only run the commands that change nothing.  An inet
+ * control socket carries no credentials: every peer that reaches it counts as a group
+ * member (so keep it on loopback).
  */
 #include <errno.h>
 #include <event2/buffer.h>
+#include <grp.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include "control.h"
 #include "control_service.h"
@@ -52,6 +67,79 @@ static void control_close(struct session *s)
 	free(cw);
 }
 
+enum peer_access {
+	PEER_DENIED = 0,
+	PEER_READ,  /* commands that change nothing */
+	PEER_ADMIN, /* every command */
+};
+
+/* Is gid the peer's primary group or one of its supplementary groups? */
+static bool peer_in_group(int fd, gid_t primary, gid_t gid)
+{
+	if (primary == gid)
+		return true;
+	gid_t groups[256];
+	socklen_t len = sizeof(groups);
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) < 0)
+		return false; /* XXX more than 256 groups (ERANGE): the primary group only */
+	for (size_t i = 0; i < len / sizeof(groups[0]); i++)
+		if (groups[i] == gid)
+			return true;
+	return false;
+}
+
+static enum peer_access peer_access(struct session *s, bool admin_root, char *who, size_t wl)
+{
+	const struct sockaddr *sa = session_peer_addr(s);
+	if (sa->sa_family != AF_UNIX) {
+		snprintf(who, wl, "inet peer");
+		return admin_root ? PEER_READ : PEER_ADMIN;
+	}
+	int fd = session_fd(s);
+	struct ucred cred;
+	socklen_t cl = sizeof(cred);
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0) {
+		snprintf(who, wl, "unknown peer");
+		return PEER_DENIED;
+	}
+	snprintf(who, wl, "uid %lu", (unsigned long)cred.uid);
+	if (cred.uid == 0 || cred.uid == geteuid())
+		return PEER_ADMIN;
+	/* the group of the socket file this connection came through */
+	struct sockaddr_un sun;
+	socklen_t sl = sizeof(sun);
+	struct stat st;
+	if (getsockname(fd, (struct sockaddr *)&sun, &sl) < 0 || sl <= sizeof(sa_family_t) ||
+	    sun.sun_path[0] == '\0' || stat(sun.sun_path, &st) < 0)
+		return PEER_DENIED;
+	if (!peer_in_group(fd, cred.gid, st.st_gid))
+		return PEER_DENIED;
+	return admin_root ? PEER_READ : PEER_ADMIN;
+}
+
+/* Does the command change the daemon's state (refused to readers with admin = "root")? */
+static bool command_changes_state(size_t argc, const struct str *argv)
+{
+	if (argc == 0)
+		return false;
+	if (str_eq_cstr(argv[0], "reload"))
+		return true;
+	const char *verbs[][6] = {
+		{ "limits", "reset", NULL },
+		{ "queue", "hold", "release", "delete", "flush", NULL },
+		{ "lanes", "suspend", "resume", NULL },
+	};
+	for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++) {
+		if (!str_eq_cstr(argv[0], verbs[i][0]))
+			continue;
+		for (size_t a = 1; a < argc; a++)
+			for (size_t v = 1; verbs[i][v]; v++)
+				if (str_eq_cstr(argv[a], verbs[i][v]))
+					return true;
+	}
+	return false;
+}
+
 static void control_input(struct session *s, struct evbuffer *in)
 {
 	struct daemon *d = service_arg(session_service(s));
@@ -71,6 +159,25 @@ static void control_input(struct session *s, struct evbuffer *in)
 			send_reply(s, false, str_cstr(why));
 			session_protocol_error(s, why);
 			return;
+		}
+		char who[64];
+		enum peer_access acc = peer_access(s, daemon_control_admin_root(d), who, sizeof(who));
+		if (acc == PEER_DENIED) {
+			log_warning("control: %s refused: not root, the daemon's user or a member of "
+				    "the control socket's group", who);
+			send_reply(s, false, str_cstr("permission denied: only root, sluiced's user "
+				   "and the control socket's group may use it\n"));
+			session_close(s);
+			return;
+		}
+		if (acc == PEER_READ && command_changes_state(req.argc, req.argv)) {
+			char q[64];
+			log_notice("control: %s: \"%s\" refused (admin = \"root\")", who,
+				   log_quote(q, sizeof(q), req.argv[0], 20));
+			send_reply(s, false, str_cstr("permission denied: this command changes "
+				   "sluiced's state and control.admin is \"root\": run it as root\n"));
+			evbuffer_drain(in, used);
+			continue;
 		}
 		struct ctl_wait *cw = calloc(1, sizeof(*cw));
 		if (!cw) {

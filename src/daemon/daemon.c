@@ -2,8 +2,10 @@
  * daemon -- sluiced's life cycle (see sluiced(8)).
  *
  * Start: load the configuration (all errors name file, line and key), raise the file
- * descriptor limit, bind every listener, start the fixed worker pool, then run the main
- * loop (listeners, signals, statistics).  SIGHUP reloads: a new configuration is built
+ * descriptor limit; as root, make the directories and bind every listener, then drop to
+ * the configured user (privs.c) before anything else is opened; start the fixed worker
+ * pool, tell systemd it is ready (notify.c), then run the main loop (listeners, signals,
+ * statistics).  SIGHUP reloads: a new configuration is built
  * beside the running one and swapped in only if it loads completely.  SIGTERM/SIGINT stop
  * accepting and let sessions drain until shutdown_timeout, then close what remains.
  */
@@ -13,12 +15,14 @@
 #include <inttypes.h>
 #include <getopt.h>
 #include <pthread.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "build_config.h"
@@ -26,9 +30,12 @@
 #include "control_service.h"
 #include "daemon.h"
 #include "engine.h"
+#include "listen.h"
 #include "milter_session.h"
 #include "milter_policy.h"
 #include "milter_static.h"
+#include "notify.h"
+#include "privs.h"
 #include "pfpolicy_service.h"
 #include "intake_service.h"
 #include "queue.h"
@@ -39,7 +46,16 @@
 #include "store.h"
 #include "util.h"
 
+/* A socket bound before the drop, waiting for its service. */
+struct bound {
+	const char *svc;
+	struct listen_addr addr;
+	int fd;
+};
+
 struct daemon {
+	struct bound bound[4 * CONFIG_MAX_LISTEN];
+	size_t nbound;
 	struct event_base *base;
 	struct engine *e;
 	struct sluice_config *cfg;
@@ -426,7 +442,7 @@ static void on_lease(evutil_socket_t fd, short what, void *arg)
 
 static bool listen_equal(const struct listen_conf *a, const struct listen_conf *b)
 {
-	if (a->n != b->n || a->mode != b->mode)
+	if (a->n != b->n || a->mode != b->mode || a->owner != b->owner || a->group != b->group)
 		return false;
 	for (size_t i = 0; i < a->n; i++)
 		if (strcmp(a->addr[i], b->addr[i]) != 0)
@@ -434,7 +450,27 @@ static bool listen_equal(const struct listen_conf *a, const struct listen_conf *
 	return true;
 }
 
+static void notify_reloading(void)
+{
+	struct timespec ts;
+	char msg[96];
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	fmt_fixed(msg, sizeof(msg), "RELOADING=1\nMONOTONIC_USEC=%llu",
+		  (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000);
+	notify_send(msg);
+}
+
+static void reload_inner(struct daemon *d);
+
+/* The file is read again as the daemon's user: /etc/sluice must be readable by it. */
 static void reload(struct daemon *d)
+{
+	notify_reloading();
+	reload_inner(d);
+	notify_send("READY=1\nSTATUS=running");
+}
+
+static void reload_inner(struct daemon *d)
 {
 	char err[1024];
 	struct sluice_config *nc = NULL;
@@ -444,6 +480,8 @@ static void reload(struct daemon *d)
 		return;
 	}
 	struct sluice_config *old = d->cfg;
+	if (!str_same(old->user, nc->user) || !str_same(old->group, nc->group))
+		log_warning("reload: user or group changed; they take effect at the next restart");
 	if (!listen_equal(&old->milter.listen, &nc->milter.listen) ||
 	    !listen_equal(&old->policy.listen, &nc->policy.listen) ||
 	    !listen_equal(&old->control, &nc->control) ||
@@ -536,6 +574,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 		return;
 	}
 	d->stopping = true;
+	notify_send("STOPPING=1\nSTATUS=stopping");
 	engine_stop_listening(d->e);
 	/* deliveries under way share the sessions' deadline */
 	relay_shutdown(d->relay, d->cfg->shutdown_timeout_ms);
@@ -667,6 +706,14 @@ int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct
 	return 0;
 }
 
+bool daemon_control_admin_root(struct daemon *d)
+{
+	pthread_mutex_lock(&d->cfg_lock);
+	bool r = d->cfg->control_admin == CONTROL_ADMIN_ROOT;
+	pthread_mutex_unlock(&d->cfg_lock);
+	return r;
+}
+
 static void raise_nofile(struct daemon *d)
 {
 	struct rlimit rl;
@@ -689,46 +736,83 @@ static void raise_nofile(struct daemon *d)
 			    d->cfg->policy.max_sessions);
 }
 
-static int open_listeners(struct daemon *d)
+/*
+ * Before the drop: make the missing parent directories of the unix sockets (0755, so that
+ * each socket's own mode decides who may connect) and bind every address, each unix
+ * socket given its owner, group and mode.  Nothing listens yet: until adopt_listeners()
+ * connections are refused, as before the sockets existed.  0, or -1 after logging (what
+ * was bound is closed).
+ */
+static int bind_listeners(struct daemon *d, uid_t uid, gid_t gid)
 {
-	char err[512];
 	const struct sluice_config *c = d->cfg;
-	for (size_t i = 0; i < c->milter.listen.n; i++) {
-		err[0] = '\0';
-		if (service_listen(d->milter, c->milter.listen.addr[i], c->milter.listen.mode, err,
-				   sizeof(err)) < 0) {
-			log_error("milter listen %s", err);
-			return -1;
+	const struct { const char *name; const struct listen_conf *lc; } blocks[] = {
+		{ "milter", &c->milter.listen },
+		{ "policy", &c->policy.listen },
+		{ "control", &c->control },
+		{ "intake", c->intake.enabled ? &c->intake.listen : NULL },
+	};
+	char err[512];
+	for (size_t b = 0; b < ARRAY_SIZE(blocks); b++) {
+		const struct listen_conf *lc = blocks[b].lc;
+		for (size_t i = 0; lc && i < lc->n; i++) {
+			struct bound *bd = &d->bound[d->nbound];
+			err[0] = '\0';
+			int r = listen_addr_parse(lc->addr[i], &bd->addr, err, sizeof(err));
+			if (r == 0 && bd->addr.ss.ss_family == AF_UNIX) {
+				char dir[sizeof(bd->addr.path)];
+				memcpy(dir, bd->addr.path, sizeof(dir));
+				char *slash = strrchr(dir, '/');
+				if (slash && slash != dir) {
+					*slash = '\0';
+					r = privs_mkdirs(dir, 0755, uid, gid, err, sizeof(err));
+				}
+			}
+			/* a socket file belongs to the daemon's user and group unless told */
+			uid_t owner = lc->owner != (uid_t)-1 ? lc->owner : uid;
+			gid_t group = lc->group != (gid_t)-1 ? lc->group : gid;
+			if (r == 0)
+				r = listen_bind(&bd->addr, lc->mode, owner, group, &bd->fd, err,
+						sizeof(err));
+			if (r < 0) {
+				log_error("%s listen %s", blocks[b].name, err);
+				for (size_t k = 0; k < d->nbound; k++)
+					listen_close(&d->bound[k].addr, d->bound[k].fd);
+				d->nbound = 0;
+				return -1;
+			}
+			bd->svc = blocks[b].name;
+			d->nbound++;
 		}
-		log_info("milter listening on %s", c->milter.listen.addr[i]);
-	}
-	for (size_t i = 0; i < c->policy.listen.n; i++) {
-		err[0] = '\0';
-		if (service_listen(d->policy, c->policy.listen.addr[i], c->policy.listen.mode, err,
-				   sizeof(err)) < 0) {
-			log_error("policy listen %s", err);
-			return -1;
-		}
-		log_info("policy listening on %s", c->policy.listen.addr[i]);
-	}
-	for (size_t i = 0; i < c->control.n; i++) {
-		err[0] = '\0';
-		if (service_listen(d->control, c->control.addr[i], c->control.mode, err, sizeof(err)) < 0) {
-			log_error("control listen %s", err);
-			return -1;
-		}
-		log_info("control listening on %s", c->control.addr[i]);
-	}
-	for (size_t i = 0; d->intake && i < c->intake.listen.n; i++) {
-		err[0] = '\0';
-		if (service_listen(d->intake, c->intake.listen.addr[i], c->intake.listen.mode, err,
-				   sizeof(err)) < 0) {
-			log_error("intake listen %s", err);
-			return -1;
-		}
-		log_info("intake listening on %s", c->intake.listen.addr[i]);
 	}
 	return 0;
+}
+
+/* After the drop, once the services exist: listen on each bound socket and hand it to its
+ * service.  0, or -1 after logging. */
+static int adopt_listeners(struct daemon *d)
+{
+	char err[512];
+	int ret = 0;
+	for (size_t i = 0; i < d->nbound; i++) {
+		struct bound *bd = &d->bound[i];
+		struct service *svc = strcmp(bd->svc, "milter") == 0 ? d->milter :
+				      strcmp(bd->svc, "policy") == 0 ? d->policy :
+				      strcmp(bd->svc, "control") == 0 ? d->control : d->intake;
+		err[0] = '\0';
+		/* once adopted or not, the socket is the engine's or closed */
+		if (ret == 0 && (listen_start(&bd->addr, bd->fd, err, sizeof(err)) < 0 ||
+				 service_adopt(svc, &bd->addr, bd->fd, err, sizeof(err)) < 0)) {
+			log_error("%s listen %s", bd->svc, err);
+			ret = -1;
+		} else if (ret < 0) {
+			listen_close(&bd->addr, bd->fd);
+		} else {
+			log_info("%s listening on %s", bd->svc, bd->addr.text);
+		}
+	}
+	d->nbound = 0;
+	return ret;
 }
 
 static int write_pid_file(const char *path)
@@ -736,15 +820,67 @@ static int write_pid_file(const char *path)
 	char tmp[4096], line[32];
 	if (fmt_fixed(tmp, sizeof(tmp), "%s.tmp", path) < 0)
 		return -ENAMETOOLONG;
+	int n = snprintf(line, sizeof(line), "%ld\n", (long)getpid());
 	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0 && errno == EACCES) {
+		/* a directory only root may write: the file made before the drop (pid_prepare),
+		 * written in place */
+		fd = open(path, O_WRONLY | O_TRUNC | O_CLOEXEC | O_NOFOLLOW);
+		if (fd < 0)
+			return -errno;
+		if (write(fd, line, (size_t)n) != n || close(fd) < 0)
+			return -EIO;
+		return 0;
+	}
 	if (fd < 0)
 		return -errno;
-	int n = snprintf(line, sizeof(line), "%ld\n", (long)getpid());
 	if (write(fd, line, (size_t)n) != n || close(fd) < 0 || rename(tmp, path) < 0) {
 		unlink(tmp);
 		return -EIO;
 	}
 	return 0;
+}
+
+/* Before the drop: a pid file the user can write in place later (after detaching). */
+static void pid_prepare(const char *path, uid_t uid, gid_t gid)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+	if (fd < 0) {
+		log_warning("pid file %s: %s", path, strerror(errno));
+		return;
+	}
+	if (fchown(fd, uid, gid) < 0)
+		log_warning("pid file %s: chown: %s", path, strerror(errno));
+	close(fd);
+}
+
+/* The owner to give a tree the user cannot use, for the error's fix: "sluice:" */
+static const char *owner_fix(const struct sluice_config *c)
+{
+	static char who[128];
+	bool drops = c->user && geteuid() == 0;
+	const char *user = c->user;
+	if (!drops) {
+		struct passwd *pw = getpwuid(geteuid());
+		user = pw ? pw->pw_name : "";
+	}
+	fmt_fixed(who, sizeof(who), "%s:%s", user, drops && c->group ? c->group : "");
+	return who;
+}
+
+/* A start that fails before the services exist: sockets closed, the loop freed. */
+static int abandon(struct daemon *d)
+{
+	for (size_t k = 0; k < d->nbound; k++)
+		listen_close(&d->bound[k].addr, d->bound[k].fd);
+	d->nbound = 0;
+	event_free(d->ev_term);
+	event_free(d->ev_int);
+	event_free(d->ev_hup);
+	thread_set_base(NULL);
+	event_base_free(d->base);
+	config_free(d->cfg);
+	return 1;
 }
 
 static int detach(void)
@@ -799,9 +935,21 @@ int daemon_main(int argc, char **argv)
 		return 1;
 	}
 	if (check) {
+		if (geteuid() == 0 && !d.cfg->user)
+			fprintf(stderr, "sluiced: warning: %s has no user: started as root, sluiced "
+				"would refuse it (add user = \"sluice\"; or user = \"root\";)\n",
+				path);
 		printf("sluiced: %s: configuration ok\n", path);
 		config_free(d.cfg);
 		return 0;
+	}
+	bool root = geteuid() == 0;
+	if (root && !d.cfg->user) {
+		fprintf(stderr, "sluiced: %s: started as root with no user: add user = \"sluice\"; "
+			"to run as that user once the sockets are bound (or user = \"root\"; to "
+			"keep running as root)\n", path);
+		config_free(d.cfg);
+		return 1;
 	}
 	if (background && d.cfg->log.target == LOG_TARGET_STDERR)
 		fprintf(stderr, "sluiced: warning: -d with log target stderr: logs go to /dev/null "
@@ -809,7 +957,6 @@ int daemon_main(int argc, char **argv)
 	log_setup(d.cfg->log.target, d.cfg->log.facility, d.cfg->log.level);
 	signal(SIGPIPE, SIG_IGN);
 	raise_nofile(&d);
-
 	d.base = event_base_new();
 	if (!d.base)
 		fatal("cannot create the event loop");
@@ -822,9 +969,50 @@ int daemon_main(int argc, char **argv)
 	if (!d.ev_term || !d.ev_int || !d.ev_hup || event_add(d.ev_term, NULL) < 0 ||
 	    event_add(d.ev_int, NULL) < 0 || event_add(d.ev_hup, NULL) < 0)
 		fatal("cannot install signal handlers");
-	/* the store's snapshot and the relay's send history live here */
-	if (d.cfg->state_dir && mkdir(d.cfg->state_dir, 0700) < 0 && errno != EEXIST)
-		log_warning("state_dir %s cannot be created: %s", d.cfg->state_dir, strerror(errno));
+	/* What must be done as root is done here, before the drop: the directories, the
+	 * sockets (privileged ports, owners), the pid file; the configuration and its
+	 * secrets were read above.  Everything after runs as the user. */
+	bool drop = root && d.cfg->uid != 0;
+	uid_t uid = drop ? d.cfg->uid : (uid_t)-1;
+	gid_t gid = drop ? d.cfg->gid : (gid_t)-1;
+	if (root && !drop)
+		log_notice("user = \"root\": sluiced keeps running as root");
+	else if (!root && d.cfg->user && (d.cfg->uid != geteuid() || d.cfg->gid != getegid()))
+		log_notice("not started as root: user and group are not applied; running as uid "
+			   "%lu, gid %lu", (unsigned long)geteuid(), (unsigned long)getegid());
+	bool need_queue = d.cfg->intake.enabled || d.cfg->relay.nroutes;
+	/* the store's snapshot and the relay's send history live in state_dir */
+	if (d.cfg->state_dir && privs_mkdirs(d.cfg->state_dir, 0750, uid, gid, err, sizeof(err)) < 0)
+		log_warning("state_dir: %s", err);
+	if (need_queue && privs_mkdirs(d.cfg->queue.dir, 0750, uid, gid, err, sizeof(err)) < 0) {
+		log_error("queue directory: %s", err);
+		return abandon(&d);
+	}
+	/* systemd's ExecStartPre or a package may have made them, empty, for root */
+	if (d.cfg->state_dir)
+		privs_adopt_empty(d.cfg->state_dir, 0750, uid, gid);
+	if (need_queue)
+		privs_adopt_empty(d.cfg->queue.dir, 0750, uid, gid);
+	const char *dirs[] = { d.cfg->state_dir, need_queue ? d.cfg->queue.dir : NULL };
+	for (size_t i = 0; i < ARRAY_SIZE(dirs); i++) {
+		if (!dirs[i] || privs_check_tree(dirs[i], uid, gid, err, sizeof(err)) == 0)
+			continue;
+		log_error("%s; fix: chown -R %s %s", err, owner_fix(d.cfg), dirs[i]);
+		return abandon(&d);
+	}
+	if (bind_listeners(&d, uid, gid) < 0)
+		return abandon(&d);
+	if (drop && background && (pid_file || d.cfg->pid_file))
+		pid_prepare(pid_file ? pid_file : d.cfg->pid_file, uid, gid);
+	if (drop) {
+		if (privs_drop(uid, gid, err, sizeof(err)) < 0) {
+			log_error("cannot drop privileges to user %s: %s", d.cfg->user, err);
+			return abandon(&d);
+		}
+		log_notice("running as user %s (uid %lu, gid %lu)", d.cfg->user, (unsigned long)uid,
+			   (unsigned long)gid);
+	}
+
 	d.store = open_store(d.cfg);
 	policy_set_store(d.cfg->rules, d.store);
 	d.e = engine_new(d.cfg->workers, d.base);
@@ -875,7 +1063,7 @@ int daemon_main(int argc, char **argv)
 			 policy_has_classes(d.cfg->rules) ? "host classes" : "no host classes",
 			 (unsigned long long)d.cfg->store.max_keys);
 	apply_limits(&d, d.cfg);
-	if (open_listeners(&d) < 0) {
+	if (adopt_listeners(&d) < 0) {
 		engine_free(d.e);
 		relay_free(d.relay);
 		queue_free(d.queue);
@@ -920,6 +1108,8 @@ int daemon_main(int argc, char **argv)
 	arm_timer(d.ev_overrides, d.cfg->store.overrides_check_ms);
 	log_notice("sluiced %s started: %u workers, configuration %s, file descriptor limit %llu",
 		   SLUICE_VERSION, engine_workers(d.e), path, (unsigned long long)d.nofile);
+	/* every listener accepts and the privileges are dropped: systemd may go on */
+	notify_send("READY=1\nSTATUS=running");
 	event_base_dispatch(d.base);
 
 	log_stats(&d, false);
@@ -946,6 +1136,9 @@ int daemon_main(int argc, char **argv)
 	event_free(d.ev_lease);
 	thread_set_base(NULL);
 	event_base_free(d.base);
+	/* XXX after the drop, a pid file (or a unix socket, in listen_close) in a directory
+	 * only root may write cannot be removed: it stays until the next start, which
+	 * rewrites the pid file in place and removes the stale socket. */
 	if (d.pid_file && d.pid_file[0])
 		unlink(d.pid_file);
 	free(d.pid_file);

@@ -32,4 +32,8 @@ struct control_wait {
 int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct buf *out,
 		   bool *ret_ok, struct control_wait *w);
 
+/* control { admin = ...; } of the running configuration: true for "root" (only root and
+ * the daemon's user may run commands that change state). */
+bool daemon_control_admin_root(struct daemon *d);
+
 #endif

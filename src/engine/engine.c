@@ -309,6 +309,11 @@ uint64_t session_id(const struct session *s)
 	return s->id;
 }
 
+int session_fd(const struct session *s)
+{
+	return (int)bufferevent_getfd(s->bev);
+}
+
 const char *session_peer(const struct session *s)
 {
 	return s->peer;
@@ -915,17 +920,28 @@ static void listener_on_accept(evutil_socket_t lfd, short what, void *arg)
 int service_listen(struct service *svc, const char *address, unsigned mode, char *err,
 		   size_t errlen)
 {
+	struct listen_addr a;
+	int fd;
+	int r = listen_addr_parse(address, &a, err, errlen);
+	if (r == 0)
+		r = listen_open(&a, mode, (uid_t)-1, (gid_t)-1, &fd, err, errlen);
+	if (r == 0)
+		r = service_adopt(svc, &a, fd, err, errlen);
+	return r;
+}
+
+int service_adopt(struct service *svc, const struct listen_addr *a, int fd, char *err,
+		  size_t errlen)
+{
 	struct engine *e = svc->e;
 	struct listener *l = calloc(1, sizeof(*l));
-	if (!l)
+	if (!l) {
+		listen_close(a, fd);
+		snprintf(err, errlen, "%s: out of memory", a->text);
 		return -ENOMEM;
-	int r = listen_addr_parse(address, &l->addr, err, errlen);
-	if (r == 0)
-		r = listen_open(&l->addr, mode, &l->fd, err, errlen);
-	if (r < 0) {
-		free(l);
-		return r;
 	}
+	l->addr = *a;
+	l->fd = fd;
 	l->svc = svc;
 	l->ev = event_new(e->main_base, l->fd, EV_READ | EV_PERSIST, listener_on_accept, l);
 	l->backoff = evtimer_new(e->main_base, listener_resume, l);
@@ -935,8 +951,8 @@ int service_listen(struct service *svc, const char *address, unsigned mode, char
 		if (l->backoff)
 			event_free(l->backoff);
 		listen_close(&l->addr, l->fd);
+		snprintf(err, errlen, "%s: cannot register listener", a->text);
 		free(l);
-		snprintf(err, errlen, "%s: cannot register listener", address);
 		return -ENOMEM;
 	}
 	l->next = e->listeners;

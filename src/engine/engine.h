@@ -82,6 +82,14 @@ void service_set_limits(struct service *svc, const struct service_limits *lim);
  */
 int service_listen(struct service *svc, const char *address, unsigned mode, char *err,
 		   size_t errlen);
+/*
+ * Take a socket bound and listening already (listen_open(), e.g. before privileges were
+ * dropped).  The listener owns fd from then on, also on failure (closed, unix path
+ * unlinked).  0 or -ENOMEM with err.
+ */
+struct listen_addr;
+int service_adopt(struct service *svc, const struct listen_addr *a, int fd, char *err,
+		  size_t errlen);
 void service_stats(struct service *svc, bool reset_interval, struct service_stats *ret);
 struct service *engine_service(struct engine *e, size_t i); /* NULL past the last */
 
@@ -92,6 +100,8 @@ struct service *session_service(const struct session *s);
 struct event_base *session_base(const struct session *s);
 uint64_t session_id(const struct session *s);
 const char *session_peer(const struct session *s);
+/* The session's socket, for getsockopt() (SO_PEERCRED); never to read or close. */
+int session_fd(const struct session *s);
 /* The peer's address as accept() gave it (sa_family AF_INET, AF_INET6 or AF_UNIX). */
 const struct sockaddr *session_peer_addr(const struct session *s);
 /* The worker that owns the session, for worker_call(). */

@@ -146,7 +146,31 @@ static int unix_remove_stale(const struct listen_addr *a, char *err, size_t errl
 	return 0;
 }
 
-int listen_open(const struct listen_addr *a, unsigned mode, int *ret_fd, char *err, size_t errlen)
+int listen_open(const struct listen_addr *a, unsigned mode, uid_t owner, gid_t group, int *ret_fd,
+		char *err, size_t errlen)
+{
+	int fd;
+	int r = listen_bind(a, mode, owner, group, &fd, err, errlen);
+	if (r == 0)
+		r = listen_start(a, fd, err, errlen);
+	if (r == 0)
+		*ret_fd = fd;
+	return r;
+}
+
+int listen_start(const struct listen_addr *a, int fd, char *err, size_t errlen)
+{
+	if (listen(fd, 1024) < 0) {
+		int e = errno;
+		snprintf(err, errlen, "%s: listen: %s", a->text, strerror(e));
+		listen_close(a, fd);
+		return -e;
+	}
+	return 0;
+}
+
+int listen_bind(const struct listen_addr *a, unsigned mode, uid_t owner, gid_t group, int *ret_fd,
+		char *err, size_t errlen)
 {
 	int family = a->ss.ss_family;
 	if (family == AF_UNIX) {
@@ -186,12 +210,16 @@ int listen_open(const struct listen_addr *a, unsigned mode, int *ret_fd, char *e
 		unlink(a->path);
 		return -e;
 	}
-	if (listen(fd, 1024) < 0) {
+	/* mode first: root may chmod only its own file without CAP_FOWNER; until chown the
+	 * file is root's, so no other user gains a window */
+	if (family == AF_UNIX && (owner != (uid_t)-1 || group != (gid_t)-1) &&
+	    chown(a->path, owner, group) < 0) {
 		e = errno;
-		snprintf(err, errlen, "%s: listen: %s", a->text, strerror(e));
+		snprintf(err, errlen, "%s: chown %ld:%ld: %s", a->text,
+			 owner == (uid_t)-1 ? -1L : (long)owner,
+			 group == (gid_t)-1 ? -1L : (long)group, strerror(e));
 		close(fd);
-		if (family == AF_UNIX)
-			unlink(a->path);
+		unlink(a->path);
 		return -e;
 	}
 	*ret_fd = fd;

@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include <sys/socket.h>
+#include <sys/types.h>
 
 struct listen_addr {
 	char text[256]; /* as configured, for logs */
@@ -21,10 +22,22 @@ int listen_addr_parse(const char *spec, struct listen_addr *ret, char *err, size
 /*
  * Create, bind and listen (backlog 1024, SO_REUSEADDR for inet, non-blocking,
  * close-on-exec).  A unix path: a stale socket is removed if nothing accepts on it; a live
- * socket or another kind of file is an error.  mode (when non-zero) is applied to the
- * socket file.  Returns 0 and *ret_fd, or -errno with err.
+ * socket or another kind of file is an error.  A unix socket file is given mode (when
+ * non-zero), then made owner:group (each (uid_t)-1 / (gid_t)-1 to leave it).  Returns 0
+ * and *ret_fd, or -errno with err.
  */
-int listen_open(const struct listen_addr *a, unsigned mode, int *ret_fd, char *err, size_t errlen);
+int listen_open(const struct listen_addr *a, unsigned mode, uid_t owner, gid_t group, int *ret_fd,
+		char *err, size_t errlen);
+
+/*
+ * listen_open() in two steps: bind (what may need root: a port below 1024, the owner of
+ * the socket file), and later listen (from then on connections are accepted into the
+ * backlog; before it they are refused, so a client never waits on a daemon that is still
+ * starting).  listen_start() closes the socket (and unlinks the path) on failure.
+ */
+int listen_bind(const struct listen_addr *a, unsigned mode, uid_t owner, gid_t group, int *ret_fd,
+		char *err, size_t errlen);
+int listen_start(const struct listen_addr *a, int fd, char *err, size_t errlen);
 
 /* Close, and unlink the unix socket path. */
 void listen_close(const struct listen_addr *a, int fd);

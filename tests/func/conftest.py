@@ -272,14 +272,46 @@ def all_stages(action="continue", **override):
 # ---------------------------------------------------------------------------------------
 # sluiced
 
+def ensure_user(name, groups=()):
+    """The system user name (with a group of its own when it is sluice's), created when
+    missing as `make run` does, and made a member of groups."""
+    import grp
+    import pwd
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        own_group = ["--user-group"] if name == "sluice" else []
+        subprocess.run(["useradd", "--system", *own_group, "--no-create-home", "--shell",
+                        "/usr/sbin/nologin", name], check=True)
+    for g in groups:
+        if name not in grp.getgrnam(g).gr_mem:
+            subprocess.run(["usermod", "-a", "-G", g, name], check=True)
+    return pwd.getpwnam(name)
+
+
+def root_user_line():
+    """'user = "root";' when the tests run as root: sluiced, started as root, wants to be
+    told whether to drop its privileges."""
+    return 'user = "root";\n' if os.geteuid() == 0 else ""
+
+
+def with_root_user(config_text):
+    """The configuration with user = "root" added, when run as root and it names no user;
+    added last, so that the line numbers of the test's own text stay as written."""
+    if not root_user_line() or re.search(r"^user\s*=", config_text, re.M):
+        return config_text
+    return config_text + ("" if config_text.endswith("\n") else "\n") + root_user_line()
+
+
 class Sluiced:
     """One running sluiced and what a test needs to talk to it."""
 
     def __init__(self, directory, config_text, env=None, args=()):
         self.dir = pathlib.Path(directory)
-        self.config_text = config_text.replace("@DIR@", str(self.dir))
+        self.config_text = with_root_user(config_text.replace("@DIR@", str(self.dir)))
         self.config = self.dir / "sluiced.conf"
         self.config.write_text(self.config_text)
+        self.config.chmod(0o600)  # it may hold a password: sluiced wants it private
         self.log = LogFile(self.dir / "sluiced.log")
         self.milter_socket = str(self.dir / "milter.sock")
         self.control_socket = str(self.dir / "control.sock")
@@ -370,7 +402,7 @@ class Sluiced:
         return find_service(self.stats(), "milter")
 
     def write_config(self, text):
-        self.config_text = text.replace("@DIR@", str(self.dir))
+        self.config_text = with_root_user(text.replace("@DIR@", str(self.dir)))
         self.config.write_text(self.config_text)
 
 

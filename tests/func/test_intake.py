@@ -1143,12 +1143,12 @@ def test_background_daemon_commits_and_stops(workdir):
     """sluiced -d forks into the background: its committer thread must run in the child
     (a fork keeps only the calling thread), so a message is answered 250 and SIGTERM
     ends the daemon."""
-    from conftest import SLUICED, wait_listening
+    from conftest import SLUICED, wait_listening, with_root_user
     port = free_port()
     d = workdir / "bg"
     d.mkdir()
     conf = d / "sluiced.conf"
-    conf.write_text(intake_config(port).replace("@DIR@", str(d)))
+    conf.write_text(with_root_user(intake_config(port).replace("@DIR@", str(d))))
     pid_file = d / "sluiced.pid"
     log = d / "sluiced.log"
     with open(log, "ab") as logf:  # the daemon keeps stderr (its log) open

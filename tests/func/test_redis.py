@@ -422,6 +422,7 @@ def test_redis_password(sluiced, redis):
     assert "AUTH" in node.cli("stats").stdout
     secret = node.dir / "redis.secret"
     secret.write_text("s3cret\n")
+    secret.chmod(0o600)
     other = sluiced(config(per_domain("10/1h"),
                            redis_store(r, extra=f'password_file = "{secret}";')))
     wait_until(lambda: rcpt_decision(other)[0] == mw.CONTINUE and
