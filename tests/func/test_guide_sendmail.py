@@ -83,6 +83,10 @@ def fetch_sendmail():
     if None in debs:
         res = subprocess.run(["apt-get", "download", *PACKAGES], cwd=CACHE,
                              capture_output=True, text=True, timeout=300)
+        if res.returncode != 0:     # a fresh system may have no package lists yet
+            subprocess.run(["apt-get", "update", "-q"], capture_output=True, timeout=600)
+            res = subprocess.run(["apt-get", "download", *PACKAGES], cwd=CACHE,
+                                 capture_output=True, text=True, timeout=300)
         debs = [next(iter(CACHE.glob(f"{p}_*.deb")), None) for p in PACKAGES]
         if res.returncode != 0 or None in debs:
             pytest.skip(f"apt-get download {' '.join(PACKAGES)} failed: "
