@@ -20,6 +20,7 @@ without its test fails instead of silently running something else.
 
 import pathlib
 import re
+import smtplib
 import subprocess
 
 DOC = pathlib.Path(__file__).resolve().parent.parent.parent / "doc"
@@ -55,6 +56,17 @@ def substitute(text, table):
     return text
 
 
+def follow(guide, kind, name, table, real=()):
+    """The guide's block with the substitutions of table that apply to it; none of the
+    strings of `real` (the paths and ports of a real installation) may be left in it."""
+    text = block(guide, kind, name)
+    text = substitute(text, [(old, new) for old, new in table if old in text])
+    for r in real:
+        assert r not in text, f"```{kind} {name}``` of doc/{guide}: {r} is left after " \
+                              "the substitutions (the guide changed: follow it in the test)"
+    return text
+
+
 def main_cf(text):
     """A main.cf block as a dict (continuation lines joined, comments dropped)."""
     params = {}
@@ -78,3 +90,24 @@ def run_sh(text, env=None, cwd=None, timeout=60):
     assert res.returncode == 0, (f"the guide's commands failed (exit {res.returncode}):\n"
                                  f"{text}\n--- output ---\n{res.stdout}{res.stderr}")
     return res
+
+
+def send(port, sender, rcpts, data, helo="client.example.org"):
+    """One SMTP transaction to 127.0.0.1:port, as a client of the guide's MTA would make
+    it: every RCPT tried, DATA when one was accepted.  Returns (accepted, refused) with
+    refused a dict rcpt -> (code, text)."""
+    accepted, refused = [], {}
+    with smtplib.SMTP("127.0.0.1", port, timeout=60) as c:
+        c.ehlo(helo)
+        code, text = c.mail(sender)
+        assert code == 250, (code, text)
+        for r in rcpts:
+            code, text = c.rcpt(r)
+            if code == 250:
+                accepted.append(r)
+            else:
+                refused[r] = (code, text.decode())
+        if accepted:
+            code, text = c.data(data)
+            assert code == 250, (code, text)
+    return accepted, refused

@@ -7,7 +7,6 @@ files are shipped beside the examples and found relative to the configuration fi
 sluice.conf(5) says, so they are copied with them unchanged.
 """
 
-import pathlib
 import re
 import shutil
 import subprocess

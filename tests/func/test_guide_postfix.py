@@ -18,7 +18,6 @@ fails the test (the guide changed; the test must follow).
 import json
 import re
 import shutil
-import smtplib
 
 import pytest
 
@@ -27,7 +26,6 @@ from conftest import SLUICE, free_port, queued_id, require_binary, wait_until
 from smarthost import smarthost  # noqa: F401 (fixture)
 
 GUIDE = "POSTFIX.md"
-CLIENT = "127.0.0.1"
 
 
 @pytest.fixture(autouse=True)
@@ -55,15 +53,12 @@ def table(s=None, pf=None, intake_port=None, policy_port=None, sh=None):
     return t
 
 
+REAL = ("/var/spool/postfix", "/run/sluice", "/var/spool/sluice", "/var/lib/sluice",
+        ":10025", ":10031", "192.0.2.25")
+
+
 def follow(kind, name, t):
-    """The guide's block with the substitutions that apply to it (and at least the
-    ones it must have: no real path or port left)."""
-    text = guide.block(GUIDE, kind, name)
-    text = guide.substitute(text, [(old, new) for old, new in t if old in text])
-    for real in ("/var/spool/postfix", "/run/sluice", "/var/spool/sluice",
-                 "/var/lib/sluice", ":10025", ":10031", "192.0.2.25"):
-        assert real not in text, f"```{kind} {name}```: {real} left after substitution"
-    return text
+    return guide.follow(GUIDE, kind, name, t, REAL)
 
 
 def start_sluiced(sluiced, *blocks, **subst):
@@ -75,24 +70,10 @@ def start_sluiced(sluiced, *blocks, **subst):
 
 
 def send_recipients(pf, n, domain="example.net"):
-    """One message to n recipients through Postfix; returns (accepted, refused) with
-    refused a dict rcpt -> (code, text)."""
-    rcpts = [f"user{i}@{domain}" for i in range(n)]
-    refused = {}
-    with smtplib.SMTP(CLIENT, pf.port, timeout=60) as c:
-        c.ehlo("client.example.org")
-        assert c.mail("sender@example.org")[0] == 250
-        accepted = []
-        for r in rcpts:
-            code, text = c.rcpt(r)
-            if code == 250:
-                accepted.append(r)
-            else:
-                refused[r] = (code, text.decode())
-        if accepted:
-            code, text = c.data(b"Subject: guide\r\n\r\nHello.\r\n")
-            assert code == 250, text
-    return accepted, refused
+    """One message through Postfix to n recipients: (accepted, refused)."""
+    return guide.send(pf.port, "sender@example.org",
+                      [f"user{i}@{domain}" for i in range(n)],
+                      b"Subject: guide\r\n\r\nHello.\r\n")
 
 
 def check_rule_refuses_the_51st(pf, prefix=""):

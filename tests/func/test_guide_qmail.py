@@ -42,8 +42,8 @@ def subst(s, sh, qmail_bin):
     ]
 
 
-def applicable(table, text):
-    return [(old, new) for old, new in table if old in text]
+REAL = ("/run/sluice", "/var/spool/sluice", "/var/lib/sluice", "192.0.2.25",
+        "/var/qmail", "/usr/bin/sluice", "/etc/sluice")
 
 
 @pytest.fixture
@@ -60,15 +60,9 @@ def setup(sluiced, smarthost, workdir):  # noqa: F811
     original.chmod(0o755)
     table = subst(s, sh, qmail_bin)
 
-    conf = guide.block(GUIDE, "sluice.conf", "qmail")
-    # every path of the configuration is substituted, and the smarthost
-    conf = guide.substitute(conf, applicable(table, conf))
-    assert "[192.0.2.25]" not in conf and "/run/sluice" not in conf
-    s.write_config(conf)
+    s.write_config(guide.follow(GUIDE, "sluice.conf", "qmail", table, REAL))
     s.start()
-
-    install = guide.block(GUIDE, "sh", "qmail-install")
-    guide.run_sh(guide.substitute(install, applicable(table, install)))
+    guide.run_sh(guide.follow(GUIDE, "sh", "qmail-install", table, REAL))
     return s, sh, qmail_bin, table
 
 
@@ -151,8 +145,7 @@ def test_sluiced_down_is_temporary_and_nothing_is_queued(setup):
 
 def test_going_back_restores_qmail_remote(setup):
     s, sh, qmail_bin, table = setup
-    back = guide.block(GUIDE, "sh", "qmail-uninstall")
-    guide.run_sh(guide.substitute(back, applicable(table, back)))
+    guide.run_sh(guide.follow(GUIDE, "sh", "qmail-uninstall", table, REAL))
     out = qmail_remote(qmail_bin, "example.net", "a@example.org", "r@example.net",
                        data=b"x\n")
     assert out == b"Zthe original qmail-remote ran\n"
