@@ -56,6 +56,13 @@ def substitute(text, table):
     return text
 
 
+# sluiced's paths in a guide, as the `sluiced` fixture of conftest.py takes them: @DIR@ is
+# the instance's own directory.  The configuration goes to the fixture whole, so that
+# what the fixture adds to every configuration it starts applies to the guides' too.
+SLUICED_PATHS = [("/run/sluice", "@DIR@"), ("/var/spool/sluice", "@DIR@/queue"),
+                 ("/var/lib/sluice", "@DIR@")]
+
+
 def follow(guide, kind, name, table, real=()):
     """The guide's block with the substitutions of table that apply to it; none of the
     strings of `real` (the paths and ports of a real installation) may be left in it."""

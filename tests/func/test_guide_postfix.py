@@ -36,14 +36,13 @@ def _need_tools():
     require_binary(SLUICE, "SLUICE")
 
 
-def table(s=None, pf=None, intake_port=None, policy_port=None, sh=None):
-    """The substitutions: (text in the guide, text in this test)."""
+def table(s=False, pf=None, intake_port=None, policy_port=None, sh=None):
+    """The substitutions: (text in the guide, text in this test); s: sluiced's paths."""
     t = []
     if pf is not None:
         t.append(("/var/spool/postfix", str(pf.queue_dir)))
-    if s is not None:
-        t += [("/run/sluice", str(s.dir)), ("/var/spool/sluice", str(s.dir / "queue")),
-              ("/var/lib/sluice", str(s.dir))]
+    if s:
+        t += guide.SLUICED_PATHS
     if intake_port is not None:
         t.append(("10025", str(intake_port)))
     if policy_port is not None:
@@ -62,11 +61,8 @@ def follow(kind, name, t):
 
 
 def start_sluiced(sluiced, *blocks, **subst):
-    s = sluiced("", start=False)
-    t = table(s=s, **subst)
-    s.write_config("\n".join(follow("sluice.conf", b, t) for b in blocks))
-    s.start()
-    return s
+    t = table(s=True, **subst)
+    return sluiced("\n".join(follow("sluice.conf", b, t) for b in blocks))
 
 
 def send_recipients(pf, n, domain="example.net"):

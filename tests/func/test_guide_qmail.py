@@ -29,17 +29,13 @@ from smarthost import smarthost  # noqa: F401 (fixture)
 GUIDE = "QMAIL.md"
 
 
-def subst(s, sh, qmail_bin):
+def subst(sh, s=None, qmail_bin=None):
     """The substitution table: (text in the guide, text in the test)."""
-    return [
-        ("/run/sluice", str(s.dir)),
-        ("/var/spool/sluice", str(s.dir / "queue")),
-        ("/var/lib/sluice", str(s.dir)),
-        ("[192.0.2.25]:25", sh.relayhost),
-        ("/var/qmail/bin", str(qmail_bin)),
-        ("/usr/bin/sluice", SLUICE),
-        ("/etc/sluice/sluice.conf", str(s.config)),
-    ]
+    t = guide.SLUICED_PATHS + [("[192.0.2.25]:25", sh.relayhost)]
+    if s is not None:
+        t += [("/var/qmail/bin", str(qmail_bin)), ("/usr/bin/sluice", SLUICE),
+              ("/etc/sluice/sluice.conf", str(s.config))]
+    return t
 
 
 REAL = ("/run/sluice", "/var/spool/sluice", "/var/lib/sluice", "192.0.2.25",
@@ -52,16 +48,13 @@ def setup(sluiced, smarthost, workdir):  # noqa: F811
     install done.  Returns (sluiced, smarthost, qmail_bin, table)."""
     require_binary(SLUICE, "SLUICE")
     sh = smarthost()
-    s = sluiced("", start=False)
+    s = sluiced(guide.follow(GUIDE, "sluice.conf", "qmail", subst(sh), REAL))
     qmail_bin = workdir / "qmail" / "bin"
     qmail_bin.mkdir(parents=True)
     original = qmail_bin / "qmail-remote"
     original.write_text("#!/bin/sh\necho 'Zthe original qmail-remote ran'\n")
     original.chmod(0o755)
-    table = subst(s, sh, qmail_bin)
-
-    s.write_config(guide.follow(GUIDE, "sluice.conf", "qmail", table, REAL))
-    s.start()
+    table = subst(sh, s, qmail_bin)
     guide.run_sh(guide.follow(GUIDE, "sh", "qmail-install", table, REAL))
     return s, sh, qmail_bin, table
 

@@ -166,10 +166,12 @@ def sendmail(sendmail_binary, workdir):
         inst.stop()
 
 
-def table(s, intake_port, sh):
-    return [("/run/sluice", str(s.dir)), ("/var/spool/sluice", str(s.dir / "queue")),
-            ("/var/lib/sluice", str(s.dir)), ("10025", str(intake_port)),
-            ("[192.0.2.25]:25", sh.relayhost)]
+def table(intake_port, sh, s=None):
+    """The substitutions: (text in the guide, text in this test); with s, sluiced's
+    paths are its directory's, else @DIR@ for the sluiced fixture."""
+    t = [("/run/sluice", str(s.dir)) if s else guide.SLUICED_PATHS[0]]
+    t += guide.SLUICED_PATHS[1:]
+    return t + [("10025", str(intake_port)), ("[192.0.2.25]:25", sh.relayhost)]
 
 
 REAL = ("/run/sluice", "/var/spool/sluice", "/var/lib/sluice", "10025", "192.0.2.25")
@@ -184,10 +186,8 @@ def setup(sluiced, smarthost, sendmail):  # noqa: F811
     require_binary(SLUICE, "SLUICE")
     sh = smarthost()
     intake_port = free_port()
-    s = sluiced("", start=False)
-    t = table(s, intake_port, sh)
-    s.write_config(follow("sluice.conf", "sendmail", t))
-    s.start()
+    s = sluiced(follow("sluice.conf", "sendmail", table(intake_port, sh)))
+    t = table(intake_port, sh, s)
     sm = sendmail([follow("sendmail.mc", "milter", t), follow("sendmail.mc", "smarthost", t)])
     return s, sh, sm
 
