@@ -219,9 +219,13 @@ def test_milter_limits_and_smart_host_delivery(setup):
         lanes = json.loads(s.cli("lanes", "--json").stdout)
         return [l for l in lanes if l["lane"] == "isp" and l["delivered"] == 50]
     wait_until(lane, 30, "lane isp to count 50 recipients delivered")
-    # the milter saw the sessions, the class counted them
-    stats = json.loads(s.cli("stats", "--json").stdout)
-    assert re.search(r'"default".*"entered":\s*[1-9]', json.dumps(stats)), stats
+    # the guide's classes: the SMTP session from 127.0.0.1 entered "default" (through
+    # the milter's CONNECT), and so did the relay's connection to the smarthost
+    text = s.cli("stats", "--json").stdout
+    classes = {c["name"]: c for c in json.loads(text)["classes"]}
+    assert set(classes) == {"campus", "default"}, text
+    assert classes["default"]["entered"] >= 2 and classes["default"]["refused"] == 0, text
+    assert classes["default"]["inbound"] == 5 and classes["campus"]["entered"] == 0, text
 
 
 def test_sluiced_down_tempfails(setup):
@@ -232,3 +236,37 @@ def test_sluiced_down_tempfails(setup):
         c.ehlo("client.example.org")
         assert c.mail("sender@example.org") == (451, b"4.3.2 Please try again later")
     assert sh.accepted() == []
+
+
+def test_full_class_refuses_a_session_at_connect(setup):
+    """XLA: the guide's class "default" admits 5 sessions; the 6th gets 421 at connect,
+    and one is admitted again once a session ends."""
+    s, sh, sm = setup
+    held = []
+    try:
+        for _ in range(5):
+            c = smtplib.SMTP("127.0.0.1", sm.port, timeout=60)
+            assert c.ehlo("client.example.org")[0] == 250
+            held.append(c)
+        with pytest.raises(smtplib.SMTPConnectError) as e:
+            smtplib.SMTP("127.0.0.1", sm.port, timeout=60)
+        # Sendmail gives its own text to a 421 from the milter at connect
+        assert (e.value.smtp_code, e.value.smtp_error) == \
+            (421, f"4.7.0 {HOSTNAME} closing connection".encode())
+        # ... and the refusal is the class's
+        text = s.cli("stats", "--json").stdout
+        classes = {c["name"]: c for c in json.loads(text)["classes"]}
+        assert classes["default"]["refused"] == 1 and classes["default"]["used"] == 5, text
+        held.pop().quit()
+
+        def admitted():
+            try:
+                c = smtplib.SMTP("127.0.0.1", sm.port, timeout=60)
+            except smtplib.SMTPConnectError:
+                return False
+            held.append(c)
+            return True
+        wait_until(admitted, 10, "a session to be admitted again")
+    finally:
+        for c in held:
+            c.close()
