@@ -878,10 +878,42 @@ int cfg_parse_file(const char *path, struct cfg_node **ret_root, char *err, size
 
 /* ---- lookup ---------------------------------------------------------------------- */
 
+static cfg_lookup_hook_fn *lookup_hook;
+static void *lookup_hook_arg;
+
+void cfg_set_lookup_hook(cfg_lookup_hook_fn *fn, void *arg)
+{
+	lookup_hook = fn;
+	lookup_hook_arg = arg;
+}
+
+/* The keys of obj's enclosing objects, outermost first, joined with '.'. */
+static void block_path(const struct cfg_node *obj, char *buf, size_t len)
+{
+	const char *keys[CFG_MAX_DEPTH + 2];
+	size_t k = 0;
+	struct sbuf b;
+
+	for (const struct cfg_node *a = obj; a && a->parent && k < ARRAY_SIZE(keys); a = a->parent)
+		if (a->key)
+			keys[k++] = a->key;
+	sb_init(&b, buf, len);
+	while (k > 0) {
+		sb_puts(&b, keys[--k]);
+		if (k > 0)
+			sb_putc(&b, '.');
+	}
+}
+
 struct cfg_node *cfg_get(struct cfg_node *obj, const char *key)
 {
 	if (!obj || obj->kind != CFG_OBJECT || !key)
 		return NULL;
+	if (lookup_hook) {
+		char block[512];
+		block_path(obj, block, sizeof(block));
+		lookup_hook(lookup_hook_arg, block, key);
+	}
 	for (struct cfg_node *c = obj->child; c; c = c->next) {
 		if (c->key && strcmp(c->key, key) == 0) {
 			c->used = true;

@@ -74,6 +74,17 @@ struct cfg_node *cfg_free(struct cfg_node *root);
 /* First child of obj with that key (marks it used), or NULL.  obj must be an object. */
 struct cfg_node *cfg_get(struct cfg_node *obj, const char *key);
 
+/*
+ * Lookup hook: when set, cfg_get() calls fn(arg, block, key) for every lookup, found or
+ * not, with block the dotted path of the object looked in, made of keys only (no labels,
+ * no list indexes: "route.auth", "" for the root).  It lets a test list every key the
+ * schema reads (tests/unit/test_config_keys.c compares them with sluice.conf(5)).
+ * XXX process-wide and not synchronised: set it only while no other thread parses.
+ * fn NULL removes it.
+ */
+typedef void cfg_lookup_hook_fn(void *arg, const char *block, const char *key);
+void cfg_set_lookup_hook(cfg_lookup_hook_fn *fn, void *arg);
+
 /* Next sibling of n with the same key, or NULL (for repeated keys). */
 struct cfg_node *cfg_next_same(struct cfg_node *n);
 

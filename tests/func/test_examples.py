@@ -1,0 +1,83 @@
+"""The example configurations of etc/examples/ pass `sluiced -t`, as shipped.
+
+Each example is checked in a copy whose only change is its secrets directory:
+/etc/sluice/ becomes a temporary directory holding the password files the example names
+(`sluiced -t` reads them, as the daemon does at start and at reload).  The overrides
+files are shipped beside the examples and found relative to the configuration file, as
+sluice.conf(5) says, so they are copied with them unchanged.
+"""
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import SLUICED, SOURCE_ROOT, require_binary
+
+EXAMPLES = SOURCE_ROOT / "etc/examples"
+NAMES = ["isp-smarthost.conf", "university.conf", "cluster.conf"]
+
+# What each story needs (DESIGN.md), as keys that must be set in its example.
+STORY_KEYS = {
+    "isp-smarthost.conf": [r"^route ", r"^\s*rate = ", r"^\s*tls = \"require\"",
+                           r"^\s*password_file = ", r"^\s*uncertain = ", r"^\s*signal \{"],
+    "university.conf": [r"^class ", r"\"\*\.example\.edu\"", r"\d+\.\d+\.\d+\.\d+/\d+",
+                        r"hosts = \[\"\*\"\]", r"^\s*inbound = ", r"key = \"rcpt_domain\"",
+                        r"^\s*overrides = "],
+    "cluster.conf": [r"^\s*type = \"redis\"", r"^\s*on_failure = ", r"^\s*shared = true"],
+}
+
+
+def copy_example(name, d):
+    """The example in d, its secrets under d: the one substitution of these tests."""
+    text = (EXAMPLES / name).read_text()
+    if "/etc/sluice/" in text:
+        text = text.replace("/etc/sluice/", f"{d}/")
+    for f in EXAMPLES.glob("*.limits"):
+        shutil.copy(f, d / f.name)
+    for secret in re.findall(rf'"{re.escape(str(d))}/([^"]+)"', text):
+        (d / secret).write_text("example-secret\n")
+    path = d / name
+    path.write_text(text)
+    return path
+
+
+def check(path):
+    return subprocess.run([SLUICED, "-t", "-c", str(path)], capture_output=True, text=True,
+                          timeout=30)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_example_passes_sluiced_t(name, workdir):
+    require_binary(SLUICED, "SLUICED")
+    res = check(copy_example(name, workdir))
+    assert res.returncode == 0, f"sluiced -t {name}:\n{res.stderr}"
+    assert "configuration ok" in res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_example_tells_its_story(name):
+    text = (EXAMPLES / name).read_text()
+    missing = [k for k in STORY_KEYS[name] if not re.search(k, text, re.M)]
+    assert not missing, f"{name} lacks {missing}"
+
+
+def test_a_missing_overrides_file_is_named_with_its_line(workdir):
+    require_binary(SLUICED, "SLUICED")
+    path = copy_example("university.conf", workdir)
+    (workdir / "recipient-domain.limits").unlink()
+    res = check(path)
+    line = next(i for i, l in enumerate(path.read_text().splitlines(), 1)
+                if 'overrides = "recipient-domain.limits"' in l)
+    assert res.returncode != 0
+    assert f"university.conf:{line}:" in res.stderr and "recipient-domain.limits" in res.stderr
+
+
+def test_a_missing_password_file_is_named(workdir):
+    require_binary(SLUICED, "SLUICED")
+    path = copy_example("isp-smarthost.conf", workdir)
+    (workdir / "isp.secret").unlink()
+    res = check(path)
+    assert res.returncode != 0
+    assert 'route "isp".auth.password_file' in res.stderr and "isp.secret" in res.stderr
