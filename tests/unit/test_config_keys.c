@@ -29,6 +29,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -111,6 +112,7 @@ static void write_file(const char *name, const char *text)
 	assert_non_null(f);
 	assert_true(fputs(text, f) >= 0);
 	assert_int_equal(fclose(f), 0);
+	assert_int_equal(chmod(path, 0600), 0); /* the secret files must be private */
 }
 
 /* A fixed-reply milter (it cannot be combined with rules), every other service, the
