@@ -7,13 +7,14 @@ files are shipped beside the examples and found relative to the configuration fi
 sluice.conf(5) says, so they are copied with them unchanged.
 """
 
+import os
 import re
 import shutil
 import subprocess
 
 import pytest
 
-from conftest import SLUICED, SOURCE_ROOT, require_binary
+from conftest import SLUICED, SOURCE_ROOT, ensure_user, require_binary
 
 EXAMPLES = SOURCE_ROOT / "etc/examples"
 NAMES = ["isp-smarthost.conf", "university.conf", "cluster.conf"]
@@ -38,6 +39,7 @@ def copy_example(name, d):
         shutil.copy(f, d / f.name)
     for secret in re.findall(rf'"{re.escape(str(d))}/([^"]+)"', text):
         (d / secret).write_text("example-secret\n")
+        (d / secret).chmod(0o600)  # sluiced refuses a secret others can read
     path = d / name
     path.write_text(text)
     return path
@@ -51,6 +53,8 @@ def check(path):
 @pytest.mark.parametrize("name", NAMES)
 def test_example_passes_sluiced_t(name, workdir):
     require_binary(SLUICED, "SLUICED")
+    if os.geteuid() == 0:
+        ensure_user("sluice")  # the examples run sluiced as sluice
     res = check(copy_example(name, workdir))
     assert res.returncode == 0, f"sluiced -t {name}:\n{res.stderr}"
     assert "configuration ok" in res.stdout + res.stderr
