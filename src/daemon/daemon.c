@@ -554,18 +554,29 @@ int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct
 		if (str_eq_cstr(argv[i], "--json") || str_eq_cstr(argv[i], "json"))
 			json = true;
 	if (str_eq_cstr(argv[0], "stats")) {
-		if (json)
+		bool reset = false;
+		for (size_t i = 1; i < argc; i++)
+			if (str_eq_cstr(argv[i], "--reset") || str_eq_cstr(argv[i], "reset"))
+				reset = true;
+		if (reset) {
+			/* the interval ends here, as at a tick: its lines go to the log too */
+			log_notice("stats: interval ended by the control command");
+			log_stats(d, true);
+		}
+		struct service_stats sts[16];
+		size_t n = 0;
+		for (; n < ARRAY_SIZE(sts) && engine_service(d->e, n); n++)
+			service_stats(engine_service(d->e, n), false, &sts[n]);
+		if (json) {
 			buf_append_byte(out, '{');
-		for (size_t i = 0; engine_service(d->e, i); i++) {
-			struct service_stats st;
-			service_stats(engine_service(d->e, i), false, &st);
-			if (json) {
+			for (size_t i = 0; i < n; i++) {
 				if (i)
 					buf_append_byte(out, ',');
-				service_stats_json(out, &st);
-			} else {
-				service_stats_format(out, &st);
+				service_stats_json(out, &sts[i]);
 			}
+		} else {
+			service_stats_format(out, sts, n);
+			buf_append_byte(out, '\n');
 		}
 		pthread_mutex_lock(&d->cfg_lock);
 		struct policy *p = policy_ref(d->cfg->rules);
@@ -653,7 +664,7 @@ int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct
 		return 0;
 	}
 	if (str_eq_cstr(argv[0], "help")) {
-		buf_append_cstr(out, "commands: status [--json], stats [--json], reload, "
+		buf_append_cstr(out, "commands: status [--json], stats [--reset] [--json], reload, "
 			"limits top [RULE] [--json], limits show KEY [RULE], limits reset KEY [RULE], "
 			"test NAME=VALUE..., queue [list|show ID] [--json], "
 			"queue hold|release|delete|flush ID...|--all, lanes [--json], "
