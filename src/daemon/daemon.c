@@ -546,6 +546,43 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 	on_drain_tick(-1, 0, d);
 }
 
+/*
+ * `top`: one snapshot for `sluice top` in lines the command parses, one record a line:
+ *   time UNIX_SECONDS
+ *   svc NAME CURRENT PEAK CONNECTIONS
+ *   rule NAME STAGE ACTION PASSED OVER
+ *   key TEXT (the keys nearest their limits) | keys-shared
+ *   queue MESSAGES HELD RECIPIENTS OLDEST_SECONDS
+ *   relay DELIVERED DEFERRED FAILED SUSPENSIONS
+ *   lane TEXT
+ * A reader skips the records it does not know.
+ */
+static void daemon_top(struct daemon *d, struct policy *p, struct buf *out)
+{
+	buf_printf(out, "time %.3f\n", (double)realtime_ns() / 1e9);
+	for (size_t i = 0; engine_service(d->e, i); i++) {
+		struct service_stats st;
+		service_stats(engine_service(d->e, i), false, &st);
+		buf_printf(out, "svc %s %llu %llu %llu\n", st.name, (unsigned long long)st.current,
+			   (unsigned long long)st.peak, (unsigned long long)st.total.connections);
+	}
+	policy_control_top(p, 5, out);
+	if (d->queue) {
+		struct queue_stats qs;
+		queue_stats(d->queue, &qs);
+		double age = qs.oldest_us ? (double)(realtime_ns() / 1000 - qs.oldest_us) / 1e6 : 0;
+		buf_printf(out, "queue %" PRIu64 " %" PRIu64 " %" PRIu64 " %.0f\n", qs.messages,
+			   qs.held, qs.recipients, age);
+	}
+	if (d->relay) {
+		struct relay_stats rs;
+		relay_stats(d->relay, &rs);
+		buf_printf(out, "relay %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n",
+			   rs.delivered, rs.deferred, rs.failed, rs.suspensions);
+		relay_lanes_brief(d->relay, out);
+	}
+}
+
 int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct buf *out,
 		   bool *ret_ok, struct control_wait *w)
 {
@@ -589,6 +626,18 @@ int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct
 		relay_control_stats(d->relay, json, out);
 		if (json)
 			buf_append_cstr(out, "}\n");
+		*ret_ok = true;
+		return 0;
+	}
+	if (str_eq_cstr(argv[0], "decisions") || str_eq_cstr(argv[0], "top")) {
+		pthread_mutex_lock(&d->cfg_lock);
+		struct policy *p = policy_ref(d->cfg->rules);
+		pthread_mutex_unlock(&d->cfg_lock);
+		if (str_eq_cstr(argv[0], "decisions"))
+			policy_control_decisions(p, json, out);
+		else
+			daemon_top(d, p, out);
+		policy_unref(p);
 		*ret_ok = true;
 		return 0;
 	}
@@ -664,7 +713,8 @@ int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct
 		return 0;
 	}
 	if (str_eq_cstr(argv[0], "help")) {
-		buf_append_cstr(out, "commands: status [--json], stats [--reset] [--json], reload, "
+		buf_append_cstr(out, "commands: status [--json], stats [--reset] [--json], decisions [--json], top, "
+			"reload, "
 			"limits top [RULE] [--json], limits show KEY [RULE], limits reset KEY [RULE], "
 			"test NAME=VALUE..., queue [list|show ID] [--json], "
 			"queue hold|release|delete|flush ID...|--all, lanes [--json], "

@@ -172,6 +172,7 @@ struct policy_over {
 	const struct policy_rule *rule;
 	char key[POLICY_LOG_KEY + 1];  /* cut for logs */
 	char limit[32];                /* the window that bound, "10/1m" */
+	uint64_t count;                /* its count after the decision */
 	uint64_t retry_s;
 };
 
@@ -284,6 +285,19 @@ struct class_stats {
 	unsigned used, peak, sessions, inbound;
 	uint64_t entered, refused;
 };
+/*
+ * What each rule of this rule set decided since it was loaded (a reload starts at zero):
+ * checks within the limit, and checks over it (the rule's action, unless a stricter rule
+ * decided).  Peeks (`sluice test`) do not count.  Names live as long as p.
+ */
+struct policy_rule_counters {
+	const char *name;
+	enum policy_stage stage;
+	enum policy_action action;
+	uint64_t passed, over;
+};
+size_t policy_counters(const struct policy *p, struct policy_rule_counters *ret, size_t max);
+
 /* The classes of this rule set with their live counters. */
 size_t policy_class_stats(const struct policy *p, struct class_stats *ret, size_t max);
 

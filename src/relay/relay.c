@@ -2742,7 +2742,7 @@ struct relay *relay_free(struct relay *r)
 /* ---- `sluice lanes` ---- */
 
 struct lanes_arg {
-	bool json;
+	bool json, brief;
 	struct buf *out;
 	const char *name;
 	int64_t for_ms;
@@ -2782,6 +2782,38 @@ static void json_str(struct buf *b, const char *s)
 	buf_append_byte(b, '"');
 }
 
+/* One "lane ..." line per lane, for `sluice top`. */
+static void do_lanes_brief(struct relay *r, struct buf *b, uint64_t now)
+{
+	struct lane *l;
+	TAILQ_FOREACH(l, &r->lanes, link) {
+		size_t waiting = 0;
+		struct lane_item *it;
+		TAILQ_FOREACH(it, &l->items, link)
+			waiting += it->pending;
+		buf_printf(b, "lane %-20.20s", l->name);
+		for (unsigned i = 0; i < l->b.rate.n && i < 2; i++) {
+			char w[64];
+			rate_window_format(&l->b.rate.w[i], w, sizeof(w));
+			char *slash = strchr(w, '/');
+			buf_printf(b, " %" PRIu64 "/%" PRIu64 "%s", lane_budget_used(&l->b, i, now),
+				   lane_budget_limit(&l->b, i), slash ? slash : "");
+		}
+		if (!l->b.rate.n)
+			buf_append_cstr(b, " unlimited");
+		char d[32];
+		uint64_t wait = lane_budget_wait(&l->b, now);
+		fmt_dur(wait, d, sizeof(d));
+		unsigned cap = l->rt ? l->rt->conf->connections : 0;
+		buf_printf(b, "  next %s  conns %u/%u  waiting %zu  sent %" PRIu64 " deferred %"
+			   PRIu64 " failed %" PRIu64, wait ? d : "now", l->nconns, cap, waiting,
+			   l->delivered, l->deferred, l->failed);
+		if (lane_budget_suspended(&l->b, now))
+			buf_append_cstr(b, "  SUSPENDED");
+		buf_append_byte(b, '\n');
+	}
+}
+
 static int do_lanes(struct relay *r, void *arg)
 {
 	struct lanes_arg *a = arg;
@@ -2791,6 +2823,10 @@ static int do_lanes(struct relay *r, void *arg)
 	if (a->json)
 		buf_append_cstr(b, "[");
 	struct lane *l;
+	if (a->brief) {
+		do_lanes_brief(r, b, now);
+		return 0;
+	}
 	TAILQ_FOREACH(l, &r->lanes, link) {
 		size_t waiting = 0;
 		struct lane_item *it;
@@ -2875,6 +2911,12 @@ static int do_lanes(struct relay *r, void *arg)
 int relay_lanes(struct relay *r, bool json, struct buf *out)
 {
 	struct lanes_arg a = { .json = json, .out = out };
+	return call_sync(r, do_lanes, &a);
+}
+
+int relay_lanes_brief(struct relay *r, struct buf *out)
+{
+	struct lanes_arg a = { .brief = true, .out = out };
 	return call_sync(r, do_lanes, &a);
 }
 
