@@ -140,10 +140,17 @@ static void log_over(struct milter_session *ms, const struct policy_decision *d,
 	char peer[120];
 	struct str addr = milter_session_client_addr(ms);
 	log_quote(peer, sizeof(peer), addr, 60);
+	struct policy_log_ctx ctx = { .client = addr, .helo = milter_session_helo(ms) };
+	if (st >= POLICY_MAIL)
+		ctx.from = milter_session_sender(ms);
+	if (st == POLICY_RCPT)
+		ctx.rcpt = milter_session_rcpt(ms);
+	/* the MTA's queue id, macro i (Postfix sends it from MAIL FROM on) */
+	milter_session_macro(ms, "i", &ctx.qid);
 	for (size_t i = 0; i < d->nover; i++) {
-		char line[512];
-		enum log_level level = policy_over_line(d, i, st, line, sizeof(line));
-		session_log(s, level, "%s client=%s", line, peer);
+		char line[1024];
+		enum log_level level = policy_decision_line(d, i, st, &ctx, line, sizeof(line));
+		session_log(s, level, "%s", line);
 	}
 	if (d->store_error == STORE_TEMPFAIL)
 		session_log(s, LOG_LEVEL_WARNING, "limit store unavailable (on_failure tempfail): "

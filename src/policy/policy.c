@@ -5,6 +5,7 @@
 #include <libgen.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -1393,16 +1394,64 @@ void policy_pending_cancel(struct policy_pending *pp)
 	free(pp);
 }
 
-enum log_level policy_over_line(const struct policy_decision *d, size_t i,
-				enum policy_stage st, char *buf, size_t len)
+/* " name=VALUE" (or name="VALUE", name=<VALUE>) with the peer's bytes quoted; nothing for
+ * an empty value.  A value within <> loses the brackets it came with. */
+struct line {
+	char *buf;
+	size_t len, used;
+};
+
+/* Appends; a line that does not fit is cut (the buffer always ends with a NUL). */
+static void line_printf(struct line *l, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+static void line_printf(struct line *l, const char *fmt, ...)
+{
+	if (l->used + 1 >= l->len)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(l->buf + l->used, l->len - l->used, fmt, ap);
+	va_end(ap);
+	if (n > 0)
+		l->used = (size_t)n < l->len - l->used ? l->used + (size_t)n : l->len - 1;
+}
+
+static void put_field(struct line *m, const char *name, struct str v, char open, char close)
+{
+	if (!v.ptr || v.len == 0)
+		return;
+	if (open == '<' && v.len >= 2 && v.ptr[0] == '<' && v.ptr[v.len - 1] == '>')
+		v = str_make(v.ptr + 1, v.len - 2);
+	char q[POLICY_LOG_FIELD * 4 + 8];
+	log_quote(q, sizeof(q), v, POLICY_LOG_FIELD);
+	if (open)
+		line_printf(m, " %s=%c%s%c", name, open, q, close);
+	else
+		line_printf(m, " %s=%s", name, q);
+}
+
+enum log_level policy_decision_line(const struct policy_decision *d, size_t i,
+				    enum policy_stage st, const struct policy_log_ctx *ctx,
+				    char *buf, size_t len)
 {
 	const struct policy_over *o = &d->over[i];
 	enum policy_action a = o->rule->action;
 	/* a refusing rule that did not decide (a stricter one did) says so */
 	bool aside = o->rule != d->rule && a != POLICY_WARN && a != POLICY_TAG;
-	fmt_fixed(buf, len, "limit rule=%s key=\"%s\" stage=%s action=%s%s limit=%s retry=%llus",
-		  o->rule->name, o->key, policy_stage_name(st), policy_action_name(a),
-		  aside ? " (not the decision)" : "", o->limit, (unsigned long long)o->retry_s);
+	struct line m = { buf, len, 0 };
+	if (len)
+		buf[0] = '\0';
+	line_printf(&m, "%s rule=%s action=%s key=\"%s\" count=%llu limit=%s stage=%s retry=%llus",
+		   aside ? "over" : "decision", o->rule->name, policy_action_name(a), o->key,
+		   (unsigned long long)o->count, o->limit, policy_stage_name(st),
+		   (unsigned long long)o->retry_s);
+	if (ctx) {
+		put_field(&m, "client", ctx->client, 0, 0);
+		put_field(&m, "helo", ctx->helo, '"', '"');
+		put_field(&m, "from", ctx->from, '<', '>');
+		put_field(&m, "rcpt", ctx->rcpt, '<', '>');
+		put_field(&m, "qid", ctx->qid, 0, 0);
+	}
 	return a == POLICY_WARN ? LOG_LEVEL_WARNING : LOG_LEVEL_NOTICE;
 }
 
