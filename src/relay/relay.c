@@ -973,6 +973,30 @@ static void attempt_log(struct relay *r, struct rmsg *m, size_t i, const char *s
 								   : sizeof(line) - 1));
 }
 
+/*
+ * The administrator's line for one recipient's attempt (sluiced(8), LOGGING), like
+ * Postfix's "status=sent" lines:
+ *   delivery qid=Q rcpt=<A> lane=L relay=NAME[IP]:PORT status=S dsn=X.Y.Z reply="..."
+ *            delay=1.2s attempts=N
+ * status: sent, deferred, bounced, suspended, uncertain.  The address and the reply are
+ * quoted (log_quote): the reply is the relay's text, the address came from a client.
+ */
+static void delivery_log(struct relay *r, enum log_level level, const struct rmsg *m, size_t i,
+			 const char *lane, const char *relay, const char *status, const char *dsn,
+			 const char *reply, const char *note)
+{
+	char addr[820], text[1300];
+	log_quote(addr, sizeof(addr), str_cstr(m->addr[i]), 200);
+	log_quote(text, sizeof(text), str_cstr(reply ? reply : ""), 300);
+	uint64_t now_us = realtime_ns() / 1000;
+	double delay = m->arrival_us && now_us > m->arrival_us
+			       ? (double)(now_us - m->arrival_us) / 1e6 : 0.0;
+	rlog(r, level, "delivery qid=%s rcpt=<%s> lane=%s relay=%s status=%s dsn=%s reply=\"%s\" "
+	     "delay=%.1fs attempts=%u%s%s", m->id, addr, lane && *lane ? lane : "-",
+	     relay && *relay ? relay : "-", status, dsn && *dsn ? dsn : "-", text, delay,
+	     (unsigned)m->r[i].attempts, note ? " " : "", note ? note : "");
+}
+
 static void set_status(struct relay *r, struct rmsg *m, size_t i, char st)
 {
 	struct rrcpt *rr = &m->r[i];
@@ -1496,8 +1520,8 @@ static void lane_fail_all(struct lane *l, const char *dsn, const char *text)
 				continue;
 			set_status(r, m, i, QUEUE_FAILED);
 			attempt_log(r, m, i, "failed", l->name, "", dsn, text);
-			rlog(r, LOG_LEVEL_NOTICE, "qid=%s rcpt=<%.200s> lane=%s status=failed dsn=%s "
-			     "reply=\"%s\"", m->id, m->addr[i], l->name, dsn, text);
+			delivery_log(r, LOG_LEVEL_NOTICE, m, i, l->name, "", "bounced", dsn, text,
+				     NULL);
 			r->st.failed++;
 			l->failed++;
 		}
@@ -1845,8 +1869,8 @@ static void rcpt_outcome(struct relay *r, struct tx *t, size_t k, const struct c
 	case CLASSIFY_OK:
 		set_status(r, m, i, QUEUE_DELIVERED);
 		attempt_log(r, m, i, "sent", l->name, mta, "", text);
-		rlog(r, LOG_LEVEL_INFO, "qid=%s rcpt=<%.200s> lane=%s mta=%s status=sent reply=\"%s\"",
-		     m->id, m->addr[i], l->name, mta, text);
+		dsn_code(rep, '2', dsn, sizeof(dsn));
+		delivery_log(r, LOG_LEVEL_INFO, m, i, l->name, mta, "sent", dsn, text, NULL);
 		r->st.delivered++;
 		l->delivered++;
 		break;
@@ -1854,8 +1878,7 @@ static void rcpt_outcome(struct relay *r, struct tx *t, size_t k, const struct c
 		dsn_code(rep, '5', dsn, sizeof(dsn));
 		set_status(r, m, i, QUEUE_FAILED);
 		attempt_log(r, m, i, "failed", l->name, mta, dsn, text);
-		rlog(r, LOG_LEVEL_NOTICE, "qid=%s rcpt=<%.200s> lane=%s mta=%s status=failed dsn=%s "
-		     "reply=\"%s\"", m->id, m->addr[i], l->name, mta, dsn, text);
+		delivery_log(r, LOG_LEVEL_NOTICE, m, i, l->name, mta, "bounced", dsn, text, NULL);
 		r->st.failed++;
 		l->failed++;
 		break;
@@ -1869,12 +1892,15 @@ static void rcpt_outcome(struct relay *r, struct tx *t, size_t k, const struct c
 			if (m->r[i].attempts)
 				m->r[i].attempts--;
 			attempt_log(r, m, i, "deferred", l->name, mta, "", text);
+			dsn_code(rep, '4', dsn, sizeof(dsn));
+			delivery_log(r, LOG_LEVEL_INFO, m, i, l->name, mta, "deferred", dsn, text,
+				     "(too many recipients: the next transaction)");
 			break;
 		}
 		rcpt_retry(r, m, i, cr->for_ms);
 		attempt_log(r, m, i, "deferred", l->name, mta, "", text);
-		rlog(r, LOG_LEVEL_INFO, "qid=%s rcpt=<%.200s> lane=%s mta=%s status=deferred "
-		     "reply=\"%s\"", m->id, m->addr[i], l->name, mta, text);
+		dsn_code(rep, '4', dsn, sizeof(dsn));
+		delivery_log(r, LOG_LEVEL_INFO, m, i, l->name, mta, "deferred", dsn, text, NULL);
 		break;
 	case CLASSIFY_SUSPEND:
 	case CLASSIFY_SLOW:
@@ -1883,6 +1909,10 @@ static void rcpt_outcome(struct relay *r, struct tx *t, size_t k, const struct c
 		m->r[i].next_try = 0;
 		if (m->r[i].attempts)
 			m->r[i].attempts--;
+		dsn_code(rep, '4', dsn, sizeof(dsn));
+		delivery_log(r, LOG_LEVEL_INFO, m, i, l->name, mta,
+			     cr->verdict == CLASSIFY_SUSPEND ? "suspended" : "deferred", dsn, text,
+			     "(the lane's throttling: the recipient stays queued)");
 		if (sig->verdict != CLASSIFY_SUSPEND) {
 			*sig = *cr;
 			snprintf(sigtext, siglen, "%s", text);
@@ -1949,10 +1979,11 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 			}
 			set_status(r, m, i, QUEUE_UNCERTAIN);
 			attempt_log(r, m, i, "uncertain", l->name, mta, "", text);
-			rlog(r, LOG_LEVEL_WARNING, "qid=%s rcpt=<%.200s> lane=%s mta=%s status=uncertain "
-			     "reply=\"%s\" (lost after the message was sent: %s)", m->id, m->addr[i],
-			     l->name, mta, text, conf->uncertain == RELAY_UNCERTAIN_HOLD ? "held"
-			     : "sent again later, possibly twice");
+			delivery_log(r, LOG_LEVEL_WARNING, m, i, l->name, mta, "uncertain", "4.4.2",
+				     text, conf->uncertain == RELAY_UNCERTAIN_HOLD
+				     ? "(lost after the message was sent: held)"
+				     : "(lost after the message was sent: sent again later, possibly "
+				       "twice)");
 			r->st.uncertain++;
 			rcpt_retry(r, m, i, -1);
 		}
@@ -2197,8 +2228,8 @@ static void expire(struct relay *r, struct rmsg *m, uint64_t now)
 		set_status(r, m, i, QUEUE_FAILED);
 		attempt_log(r, m, i, "failed", m->r[i].lane ? m->r[i].lane->name : "-", "", "4.4.7",
 			    text);
-		rlog(r, LOG_LEVEL_NOTICE, "qid=%s rcpt=<%.200s> status=failed dsn=4.4.7 (%s)", m->id,
-		     m->addr[i], text);
+		delivery_log(r, LOG_LEVEL_NOTICE, m, i, m->r[i].lane ? m->r[i].lane->name : "-", "",
+			     "bounced", "4.4.7", text, NULL);
 		r->st.failed++;
 		any = true;
 	}
