@@ -462,6 +462,11 @@ static void mp_want(void *ctx, struct milter_want *ret)
 		need |= MILTER_STEP_BIT(MILTER_STEP_CONNECT);
 	if (nd->helo)
 		need |= MILTER_STEP_BIT(MILTER_STEP_HELO);
+	/* a decision's log line names the client, the HELO name and the sender: with any
+	 * rule, those steps come too (without a reply, the MTA does not wait for them) */
+	if (policy_rule_count(p))
+		need |= MILTER_STEP_BIT(MILTER_STEP_CONNECT) | MILTER_STEP_BIT(MILTER_STEP_HELO) |
+			MILTER_STEP_BIT(MILTER_STEP_MAIL);
 	static const struct {
 		enum policy_stage ps;
 		enum milter_step ms;
@@ -518,11 +523,12 @@ struct milter_handler *milter_policy_new(struct policy *p)
 		return NULL;
 	}
 	h->policy = policy_ref(p);
-	/* {auth_authen} for sasl_user, and what macro: selectors name */
+	/* {auth_authen} for sasl_user, i (the queue id) for the logs, and what macro:
+	 * selectors name */
 	const struct policy_names *names = &policy_needs(p)->macros;
 	struct buf b;
 	buf_init_fixed(&b, h->macros, sizeof(h->macros));
-	buf_append_cstr(&b, "{auth_authen}");
+	buf_append_cstr(&b, "{auth_authen} i");
 	for (size_t i = 0; i < names->n; i++) {
 		buf_append_byte(&b, ' ');
 		if (names->v[i][0] != '{' && strlen(names->v[i]) > 1)
