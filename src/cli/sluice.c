@@ -355,7 +355,7 @@ int main(int argc, char **argv)
 	}
 	struct buf req;
 	buf_init(&req, CONTROL_LINE_MAX - 1);
-	if (strcmp(argv[optind], "test") == 0) {
+	if (!top && strcmp(argv[optind], "test") == 0) {
 		if (build_test(&req, argc - optind, argv + optind) < 0)
 			return 2;
 		optind = argc;

@@ -78,7 +78,7 @@ static int send_all(int fd, const char *p, size_t len)
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n <= 0)
-			return -errno;
+			return n < 0 ? -errno : -EIO;
 		p += n;
 		len -= (size_t)n;
 	}
@@ -88,8 +88,12 @@ static int send_all(int fd, const char *p, size_t len)
 /* One request, its reply's body into body (NUL-terminated).  0, or -1 with a message. */
 static int call(int fd, const char *req, struct buf *body)
 {
-	if (send_all(fd, req, strlen(req)) < 0) {
-		fprintf(stderr, "sluice top: write: %s\n", strerror(errno));
+	int wr = send_all(fd, req, strlen(req));
+	if (wr < 0) {
+		if (wr == -EPIPE || wr == -ECONNRESET)
+			fprintf(stderr, "sluice top: sluiced closed the connection\n");
+		else
+			fprintf(stderr, "sluice top: write: %s\n", strerror(-wr));
 		return -1;
 	}
 	struct buf in;
@@ -220,9 +224,9 @@ static void top_render(struct buf *out, const struct top_snap *s, const struct t
 	buf_printf(out, "sluice top  %s  every %u s%s\n", when, interval_s,
 		   batch ? "" : "  (q quits)");
 
-	buf_append_cstr(out, "sessions ");
+	buf_append_cstr(out, "sessions  now/peak");
 	for (size_t i = 0; i < s->nsvc; i++)
-		buf_printf(out, " %s %llu (peak %llu)", s->svc[i].name, s->svc[i].current,
+		buf_printf(out, "  %s %llu/%llu", s->svc[i].name, s->svc[i].current,
 			   s->svc[i].peak);
 	buf_append_byte(out, '\n');
 	if (s->have_queue)
@@ -234,9 +238,9 @@ static void top_render(struct buf *out, const struct top_snap *s, const struct t
 		fmt_rate(a, sizeof(a), known ? rate_of(s->delivered, prev->delivered, dt) : -1);
 		fmt_rate(b, sizeof(b), known ? rate_of(s->deferred, prev->deferred, dt) : -1);
 		fmt_rate(c, sizeof(c), known ? rate_of(s->failed, prev->failed, dt) : -1);
-		buf_printf(out, "relay     sent %s/s  deferred %s/s  failed %s/s  (total %llu / %llu "
-			   "/ %llu, suspensions %llu)\n", a, b, c, s->delivered, s->deferred,
-			   s->failed, s->suspensions);
+		buf_printf(out, "relay     sent %s/s  deferred %s/s  failed %s/s  total %llu/%llu/%llu"
+			   "  susp %llu\n", a, b, c, s->delivered, s->deferred, s->failed,
+			   s->suspensions);
 	}
 
 	/* decisions: one row per rule and verdict, busiest first */
@@ -337,6 +341,7 @@ int top_run(int fd, unsigned interval_s, long batch)
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN); /* a daemon gone is an error reported, not a signal */
 	if (tty && tcgetattr(STDIN_FILENO, &saved_tio) == 0) {
 		struct termios raw = saved_tio;
 		raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO); /* ISIG stays: Ctrl-C is SIGINT */

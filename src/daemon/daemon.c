@@ -535,7 +535,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 		event_base_loopexit(d->base, NULL);
 		return;
 	}
-	d->stopping = true;
+	__atomic_store_n(&d->stopping, true, __ATOMIC_RELAXED);
 	engine_stop_listening(d->e);
 	/* deliveries under way share the sessions' deadline */
 	relay_shutdown(d->relay, d->cfg->shutdown_timeout_ms);
@@ -581,6 +581,11 @@ static void daemon_top(struct daemon *d, struct policy *p, struct buf *out)
 			   rs.delivered, rs.deferred, rs.failed, rs.suspensions);
 		relay_lanes_brief(d->relay, out);
 	}
+}
+
+bool daemon_stopping(const struct daemon *d)
+{
+	return __atomic_load_n(&d->stopping, __ATOMIC_RELAXED);
 }
 
 int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct buf *out,

@@ -69,7 +69,7 @@ void policy_control_stats(struct policy *p, struct store *s, bool json, struct b
 			   (unsigned long long)ss.keys);
 		return;
 	}
-	buf_printf(out, "store %s: %llu keys of %llu, %.1f MiB, %llu decisions, %llu evicted, "
+	buf_printf(out, "store %s: %llu keys of %llu, %.1f MiB, %llu decisions,\n  %llu evicted, "
 		   "%llu expired, %llu errors\n", s->type, (unsigned long long)ss.keys,
 		   (unsigned long long)ss.max_keys, (double)ss.bytes / 1048576.0,
 		   (unsigned long long)ss.decisions, (unsigned long long)ss.evicted,

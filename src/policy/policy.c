@@ -1424,6 +1424,8 @@ static void put_field(struct line *m, const char *name, struct str v, char open,
 		v = str_make(v.ptr + 1, v.len - 2);
 	char q[POLICY_LOG_FIELD * 4 + 8];
 	log_quote(q, sizeof(q), v, POLICY_LOG_FIELD);
+	if (!open && strchr(q, ' '))
+		open = close = '"'; /* a value with a space is quoted all the same */
 	if (open)
 		line_printf(m, " %s=%c%s%c", name, open, q, close);
 	else

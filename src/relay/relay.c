@@ -2498,6 +2498,24 @@ static void *relay_main(void *arg)
 	load_queue(r);
 	arm_sweep(r);
 	event_base_dispatch(r->base);
+	/* The loop is over: no call is taken any more, and those posted meanwhile (`sluice
+	 * stats` or `top` during the shutdown) are answered now instead of waiting forever. */
+	pthread_mutex_lock(&r->mb_lock);
+	r->mb_closed = true;
+	struct mb_item **pp = &r->mb_head;
+	while (*pp) {
+		struct mb_item *it = *pp;
+		if (it->kind == MB_CALL) {
+			*pp = it->next; /* before done: the caller's item is gone after it */
+			it->rc = -ESHUTDOWN;
+			it->done = true;
+		} else {
+			pp = &it->next;
+		}
+	}
+	r->mb_tail = pp;
+	pthread_cond_broadcast(&r->mb_cond);
+	pthread_mutex_unlock(&r->mb_lock);
 	/* connections still saying QUIT, and those cut by the deadline, go now */
 	smtp_out_abandon_quitting(r->base);
 	thread_set_base(NULL);
@@ -2822,7 +2840,7 @@ static void do_lanes_brief(struct relay *r, struct buf *b, uint64_t now)
 		struct lane_item *it;
 		TAILQ_FOREACH(it, &l->items, link)
 			waiting += it->pending;
-		buf_printf(b, "lane %-20.20s", l->name);
+		buf_printf(b, "lane %-14.14s", l->name);
 		for (unsigned i = 0; i < l->b.rate.n && i < 2; i++) {
 			char w[64];
 			rate_window_format(&l->b.rate.w[i], w, sizeof(w));
@@ -2836,8 +2854,8 @@ static void do_lanes_brief(struct relay *r, struct buf *b, uint64_t now)
 		uint64_t wait = lane_budget_wait(&l->b, now);
 		fmt_dur(wait, d, sizeof(d));
 		unsigned cap = l->rt ? l->rt->conf->connections : 0;
-		buf_printf(b, "  next %s  conns %u/%u  waiting %zu  sent %" PRIu64 " deferred %"
-			   PRIu64 " failed %" PRIu64, wait ? d : "now", l->nconns, cap, waiting,
+		buf_printf(b, "  next %s  conns %u/%u  waiting %zu  sent/def/fail %" PRIu64 "/%"
+			   PRIu64 "/%" PRIu64, wait ? d : "now", l->nconns, cap, waiting,
 			   l->delivered, l->deferred, l->failed);
 		if (lane_budget_suspended(&l->b, now))
 			buf_append_cstr(b, "  SUSPENDED");
