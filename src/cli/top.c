@@ -169,10 +169,10 @@ static void top_parse(const char *text, struct top_snap *s)
 		} else if (strncmp(line, "relay ", 6) == 0) {
 			s->have_relay = sscanf(line + 6, "%llu %llu %llu %llu", &s->delivered,
 					       &s->deferred, &s->failed, &s->suspensions) == 4;
-		} else if (strncmp(line, "lane ", 5) == 0) {
-			if (s->nlane < TOP_MAX_LINES)
-				snprintf(s->lane[s->nlane++], sizeof(s->lane[0]), "%.199s", line + 5);
-			s->lanes_total++;
+		} else if (strncmp(line, "lanes ", 6) == 0) {
+			s->lanes_total = strtoul(line + 6, NULL, 10);
+		} else if (strncmp(line, "lane ", 5) == 0 && s->nlane < TOP_MAX_LINES) {
+			snprintf(s->lane[s->nlane++], sizeof(s->lane[0]), "%.199s", line + 5);
 		}
 	}
 }
@@ -282,11 +282,11 @@ static void top_render(struct buf *out, const struct top_snap *s, const struct t
 
 	if (s->lanes_total) {
 		buf_append_cstr(out, "\nlanes\n");
-		for (size_t i = 0; i < s->nlane && i < TOP_LANE_ROWS; i++)
-			buf_printf(out, "%.79s\n", s->lane[i]);
-		if (s->lanes_total > TOP_LANE_ROWS)
-			buf_printf(out, "(%zu more lanes: sluice lanes)\n",
-				   s->lanes_total - TOP_LANE_ROWS);
+		size_t shown = 0;
+		for (; shown < s->nlane && shown < TOP_LANE_ROWS; shown++)
+			buf_printf(out, "%.79s\n", s->lane[shown]);
+		if (s->lanes_total > shown)
+			buf_printf(out, "(%zu more lanes: sluice lanes)\n", s->lanes_total - shown);
 	}
 }
 

@@ -554,7 +554,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
  *   key TEXT (the keys nearest their limits) | keys-shared
  *   queue MESSAGES HELD RECIPIENTS OLDEST_SECONDS
  *   relay DELIVERED DEFERRED FAILED SUSPENSIONS
- *   lane TEXT
+ *   lanes COUNT, then lane TEXT (at most 8, suspended and busy ones first)
  * A reader skips the records it does not know.
  */
 static void daemon_top(struct daemon *d, struct policy *p, struct buf *out)
@@ -579,7 +579,7 @@ static void daemon_top(struct daemon *d, struct policy *p, struct buf *out)
 		relay_stats(d->relay, &rs);
 		buf_printf(out, "relay %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n",
 			   rs.delivered, rs.deferred, rs.failed, rs.suspensions);
-		relay_lanes_brief(d->relay, out);
+		relay_lanes_brief(d->relay, 8, out);
 	}
 }
 

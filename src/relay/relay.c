@@ -2792,6 +2792,7 @@ struct relay *relay_free(struct relay *r)
 
 struct lanes_arg {
 	bool json, brief;
+	size_t max;
 	struct buf *out;
 	const char *name;
 	int64_t for_ms;
@@ -2831,35 +2832,58 @@ static void json_str(struct buf *b, const char *s)
 	buf_append_byte(b, '"');
 }
 
-/* One "lane ..." line per lane, for `sluice top`. */
-static void do_lanes_brief(struct relay *r, struct buf *b, uint64_t now)
+static size_t lane_waiting(const struct lane *l)
 {
-	struct lane *l;
-	TAILQ_FOREACH(l, &r->lanes, link) {
-		size_t waiting = 0;
-		struct lane_item *it;
-		TAILQ_FOREACH(it, &l->items, link)
-			waiting += it->pending;
-		buf_printf(b, "lane %-14.14s", l->name);
-		for (unsigned i = 0; i < l->b.rate.n && i < 2; i++) {
-			char w[64];
-			rate_window_format(&l->b.rate.w[i], w, sizeof(w));
-			char *slash = strchr(w, '/');
-			buf_printf(b, " %" PRIu64 "/%" PRIu64 "%s", lane_budget_used(&l->b, i, now),
-				   lane_budget_limit(&l->b, i), slash ? slash : "");
+	size_t waiting = 0;
+	const struct lane_item *it;
+	TAILQ_FOREACH(it, &l->items, link)
+		waiting += it->pending;
+	return waiting;
+}
+
+static void lane_brief_line(struct buf *b, const struct lane *l, size_t waiting, bool susp,
+			    uint64_t now)
+{
+	buf_printf(b, "lane %-14.14s", l->name);
+	for (unsigned i = 0; i < l->b.rate.n && i < 2; i++) {
+		char w[64];
+		rate_window_format(&l->b.rate.w[i], w, sizeof(w));
+		char *slash = strchr(w, '/');
+		buf_printf(b, " %" PRIu64 "/%" PRIu64 "%s", lane_budget_used(&l->b, i, now),
+			   lane_budget_limit(&l->b, i), slash ? slash : "");
+	}
+	if (!l->b.rate.n)
+		buf_append_cstr(b, " unlimited");
+	char d[32];
+	uint64_t wait = lane_budget_wait(&l->b, now);
+	fmt_dur(wait, d, sizeof(d));
+	unsigned cap = l->rt ? l->rt->conf->connections : 0;
+	buf_printf(b, "  next %s  conns %u/%u  waiting %zu  sent/def/fail %" PRIu64 "/%" PRIu64
+		   "/%" PRIu64 "%s\n", wait ? d : "now", l->nconns, cap, waiting, l->delivered,
+		   l->deferred, l->failed, susp ? "  SUSPENDED" : "");
+}
+
+/*
+ * For `sluice top`: "lanes N" (how many), then up to max "lane ..." lines, the lanes an
+ * operator looks at first: suspended ones, then those with mail waiting, then the rest.
+ */
+static void do_lanes_brief(struct relay *r, struct buf *b, uint64_t now, size_t max)
+{
+	buf_printf(b, "lanes %u\n", r->nlanes);
+	size_t shown = 0;
+	for (int pass = 0; pass < 3; pass++) {
+		struct lane *l;
+		TAILQ_FOREACH(l, &r->lanes, link) {
+			if (shown >= max)
+				return;
+			size_t waiting = lane_waiting(l);
+			bool susp = lane_budget_suspended(&l->b, now);
+			int rank = susp ? 0 : waiting ? 1 : 2;
+			if (rank != pass)
+				continue;
+			lane_brief_line(b, l, waiting, susp, now);
+			shown++;
 		}
-		if (!l->b.rate.n)
-			buf_append_cstr(b, " unlimited");
-		char d[32];
-		uint64_t wait = lane_budget_wait(&l->b, now);
-		fmt_dur(wait, d, sizeof(d));
-		unsigned cap = l->rt ? l->rt->conf->connections : 0;
-		buf_printf(b, "  next %s  conns %u/%u  waiting %zu  sent/def/fail %" PRIu64 "/%"
-			   PRIu64 "/%" PRIu64, wait ? d : "now", l->nconns, cap, waiting,
-			   l->delivered, l->deferred, l->failed);
-		if (lane_budget_suspended(&l->b, now))
-			buf_append_cstr(b, "  SUSPENDED");
-		buf_append_byte(b, '\n');
 	}
 }
 
@@ -2873,7 +2897,7 @@ static int do_lanes(struct relay *r, void *arg)
 		buf_append_cstr(b, "[");
 	struct lane *l;
 	if (a->brief) {
-		do_lanes_brief(r, b, now);
+		do_lanes_brief(r, b, now, a->max);
 		return 0;
 	}
 	TAILQ_FOREACH(l, &r->lanes, link) {
@@ -2963,9 +2987,9 @@ int relay_lanes(struct relay *r, bool json, struct buf *out)
 	return call_sync(r, do_lanes, &a);
 }
 
-int relay_lanes_brief(struct relay *r, struct buf *out)
+int relay_lanes_brief(struct relay *r, size_t max, struct buf *out)
 {
-	struct lanes_arg a = { .brief = true, .out = out };
+	struct lanes_arg a = { .brief = true, .max = max, .out = out };
 	return call_sync(r, do_lanes, &a);
 }
 
