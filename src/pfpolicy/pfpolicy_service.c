@@ -169,8 +169,12 @@ static void log_over(struct session *s, const struct policy_decision *d, enum po
 		.helo = pfpolicy_get(r, "helo_name"),
 		.qid = pfpolicy_get(r, "queue_id"),
 	};
-	if (st >= POLICY_MAIL)
+	if (st >= POLICY_MAIL) {
+		/* the null sender comes empty: shown <>, as the milter shows it */
 		ctx.from = pfpolicy_get(r, "sender");
+		if (ctx.from.len == 0)
+			ctx.from = str_cstr("<>");
+	}
 	if (st == POLICY_RCPT)
 		ctx.rcpt = pfpolicy_get(r, "recipient");
 	for (size_t i = 0; i < d->nover; i++) {

@@ -1421,7 +1421,7 @@ static void put_field(struct line *m, const char *name, struct str v, char open,
 	if (!v.ptr || v.len == 0)
 		return;
 	if (open == '<' && v.len >= 2 && v.ptr[0] == '<' && v.ptr[v.len - 1] == '>')
-		v = str_make(v.ptr + 1, v.len - 2);
+		v = str_make(v.ptr + 1, v.len - 2); /* "<>", the null sender, stays from=<> */
 	char q[POLICY_LOG_FIELD * 4 + 8];
 	log_quote(q, sizeof(q), v, POLICY_LOG_FIELD);
 	if (!open && strchr(q, ' '))
