@@ -292,6 +292,8 @@ def test_top_quits_when_the_daemon_goes_away(node, sluice_cli):
 def test_delivery_lines_sent(node):
     s, sh, port = node()
     qid = queue_message(port, ["one@dest.example", "two@dest.example"])
+    assert s.log.wait_for(rf"svc=intake peer=\S+ queued qid={qid} from=<list@example\.org> "
+                          r"nrcpt=2 size=\d+ client=\[127\.0\.0\.1\]$", timeout=5)
     wait_until(lambda: s.stats()["relay"]["delivered"] == 2, 20, "both delivered")
     lines = s.log.findall(r"^.* delivery .*$")
     assert len(lines) == 2, "\n".join(lines)
