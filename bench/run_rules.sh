@@ -215,8 +215,8 @@ echo "## rule benchmark"
 echo
 echo "$(machine) milter_load at" \
     "concurrency $CONC, ${DURATION}s per run after ${WARMUP}s warm-up, rounds: $ROUNDS; each" \
-    "session: new unix-socket connection, OPTNEG, MAIL (no reply), 3 RCPT, end-of-message," \
-    "QUIT, and the MACRO packets of CONNECT and HELO, which every filter skips."
+    "session: new unix-socket connection, OPTNEG, CONNECT, HELO and MAIL (no reply; (a)" \
+    "skips them and gets their MACRO packets only), 3 RCPT, end-of-message, QUIT."
 echo
 echo "| filter | sessions/s | p50 ms | p99 ms | threads | RSS MiB | CPU µs/session | runs | refused | errors |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
