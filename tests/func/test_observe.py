@@ -311,3 +311,21 @@ def test_delivery_lines_deferred(node):
                      rf"relay=\S*\[127\.0\.0\.1\]:{sh.port} status=deferred dsn=4\.3\.0 "
                      r'reply="451 4\.3\.0 [^"]*" delay=\d+\.\ds attempts=1$', line), line
     assert not s.log.search(r"status=sent"), s.log.tail(20)
+
+
+def test_stats_interval_tick_ends_the_interval(sluiced):
+    """With stats_interval, each tick ends an interval: `last` becomes that interval (about
+    the configured length) while the counts go on in the one in progress."""
+    from conftest import milter_config
+    s = sluiced(milter_config(stats_interval="1s"))
+    with w.MilterClient(s.milter_socket) as c:
+        c.negotiate()
+        c.quit()
+    wait_until(lambda: s.stats()["milter"]["last_interval_complete"], 5, "an interval to end")
+    wait_until(lambda: s.stats()["milter"]["last_interval"]["connections"] == 0, 5,
+               "an interval without the session")
+    st = s.stats()["milter"]
+    assert 0.5 < st["last_interval"]["seconds"] < 3, st
+    assert st["connections"] == 1 and st["since_start"]["connections"] == 1, st
+    out = s.cli("stats").stdout
+    assert re.search(r"^milter\s+last \d s\s+0\s+-", out, re.M), out
