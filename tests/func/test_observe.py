@@ -252,7 +252,8 @@ def test_top_batch_frames(node, sluice_cli):
     assert len(frames) == 2 and out.startswith("sluice top "), out
     first, second = frames
     for f in frames:
-        assert re.search(r"^sessions  now/peak  milter 0/1  policy 0/\d  intake 0/1  "
+        # peaks: a session may still be closing when the next one opens
+        assert re.search(r"^sessions  now/peak  milter 0/\d  policy 0/\d  intake 0/1  "
                          r"control 1/1$", f, re.M), f
         assert re.search(r"^queue\s+1 messages \(0 held\), 1 recipients to do", f, re.M), f
         assert re.search(r"^isp\s+\d+/100/1s\s+next \S+\s+conns \d/\d\s+waiting 1\s+"
