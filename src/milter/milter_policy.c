@@ -272,11 +272,13 @@ static enum milter_verdict class_full(struct milter_session *ms, const char *cls
 {
 	char peer[120];
 	log_quote(peer, sizeof(peer), milter_session_client_addr(ms), 60);
-	session_log(milter_session_session(ms), LOG_LEVEL_NOTICE,
-		    "class=%s full: refusing client=%s with 421", cls, peer);
 	char reply[160];
 	fmt_fixed(reply, sizeof(reply), "421 4.7.0 Too many sessions from your "
 		  "network (class %s), try again later", cls);
+	/* a decision line as the rules' (class names have no spaces: checked at load) */
+	session_log(milter_session_session(ms), LOG_LEVEL_NOTICE,
+		    "decision class=%s action=tempfail reply=\"%s\" stage=connect client=%s%s%s",
+		    cls, reply, strchr(peer, ' ') ? "\"" : "", peer, strchr(peer, ' ') ? "\"" : "");
 	if (milter_session_set_reply(ms, str_cstr(reply)) < 0)
 		return MILTER_TEMPFAIL;
 	return MILTER_REPLY;

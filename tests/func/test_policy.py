@@ -320,7 +320,9 @@ def test_class_inbound_limit_under_concurrent_sessions(sluiced, postfix):
         wait_log_count(pf.maillog, r"milter-reject: CONNECT from .*\[127\.0\.0\.1\]: 421 4\.7\.0 "
                        r"Too many sessions from your network \(class local\), try again later",
                        7)
-        assert len(s.log.findall(r"class=local full: refusing client=\"?127\.0\.0\.1")) == 7, \
+        assert len(s.log.findall(r'decision class=local action=tempfail reply="421 4\.7\.0 '
+                                 r'Too many sessions from your network \(class local\), try '
+                                 r'again later" stage=connect client=127\.0\.0\.1$')) == 7, \
             s.log.tail(20)
         # the held sessions are still served
         for c in served:
