@@ -23,8 +23,8 @@
  * mail, rcpt and eom; default all five) and skips the others with SMFIP_NO*; -R lists
  * stages negotiated without a reply (SMFIP_NR_*).  So a benchmark can give it exactly
  * the steps the filter it is compared with negotiates: 0x00000370 by default, as
- * null_milter and run_milter.sh's sluiced; -s mail,rcpt,eom -R mail gives 0x00004373,
- * as sluiced with rules decided at RCPT.  It asks for no modification actions.
+ * null_milter and run_milter.sh's sluiced; -s connect,helo,mail,rcpt,eom
+ * -R connect,helo,mail gives 0x00007370, as sluiced with rules decided at RCPT.  It asks for no modification actions.
  */
 #include <errno.h>
 #include <pthread.h>

@@ -16,12 +16,13 @@
 # what counting costs libmilter, as (a) does for sluiced: the ratio (c)/null_milter.
 #
 # The four filters negotiate the same round trips.  Rules decided at RCPT make (b)
-# negotiate MAIL without a reply, RCPT and end-of-message, and skip the rest (protocol
-# 0x00004373); counter_milter and null_milter are told to do the same (-s mail,rcpt,eom
-# -R mail).  sluiced refuses a reply block next to rules, and a reply block cannot
-# negotiate a step without a reply, so (a) answers RCPT and end-of-message and skips
-# MAIL (0x00000377): it is spared the MAIL packet, which costs no round trip.  The
-# footnotes show each filter's flags and warn when they differ beyond that.
+# negotiate CONNECT, HELO and MAIL without a reply (their values go into the decision log
+# lines), RCPT and end-of-message, and skip the rest (protocol 0x00007370); counter_milter
+# and null_milter are told to do the same (-s connect,helo,mail,rcpt,eom
+# -R connect,helo,mail).  sluiced refuses a reply block next to rules, and a reply block
+# cannot negotiate a step without a reply, so (a) answers RCPT and end-of-message and skips
+# CONNECT, HELO and MAIL (0x00000377): it is spared those packets, which cost no round
+# trip.  The # footnotes show each filter's flags and warn when they differ beyond that.
 #
 # Environment: BENCH_DURATION (seconds per run, default 5), BENCH_WARMUP (default 1),
 # BENCH_CONCURRENCY (default 100), BENCH_ROUNDS (default 3), BENCH_RATE (the rate of
@@ -63,7 +64,7 @@ nofile_max
 # (a): the round trips (b) has, without rules.
 REPLY_BLOCK='  reply { rcpt = "continue"; eom = "accept"; }'
 # counter_milter and null_milter: the steps (b) negotiates.
-LIBMILTER_STEPS=(-s 'mail,rcpt,eom' -R mail)
+LIBMILTER_STEPS=(-s 'connect,helo,mail,rcpt,eom' -R 'connect,helo,mail')
 
 # sluiced_conf NAME: the configuration of filter NAME (norules or rules) on stdout.
 sluiced_conf() {
@@ -214,8 +215,8 @@ echo "## rule benchmark"
 echo
 echo "$(machine) milter_load at" \
     "concurrency $CONC, ${DURATION}s per run after ${WARMUP}s warm-up, rounds: $ROUNDS; each" \
-    "session: new unix-socket connection, OPTNEG, MAIL (no reply), 3 RCPT, end-of-message," \
-    "QUIT, and the MACRO packets of CONNECT and HELO, which every filter skips."
+    "session: new unix-socket connection, OPTNEG, CONNECT, HELO and MAIL (no reply; (a)" \
+    "skips them and gets their MACRO packets only), 3 RCPT, end-of-message, QUIT."
 echo
 echo "| filter | sessions/s | p50 ms | p99 ms | threads | RSS MiB | CPU µs/session | runs | refused | errors |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
@@ -241,15 +242,16 @@ echo "  summed over the rounds (a refused recipient shows only when all 3 are): 
 for n in "${NAMES[@]}"; do
 	[ -z "${PROTO_OF[$n]:-}" ] || echo "- ${LABEL[$n]} negotiated protocol flags ${PROTO_OF[$n]}."
 done
-# (a) skips MAIL where the others send it without a reply: compare the flags without
-# SMFIP_NOMAIL (0x4) and SMFIP_NR_MAIL (0x4000).
+# (a) skips CONNECT, HELO and MAIL where the others send them without a reply: compare
+# the flags without SMFIP_NOCONNECT, NOHELO, NOMAIL (0x7) and SMFIP_NR_CONN, NR_HELO,
+# NR_MAIL (0x7000).
 seen=
 for n in "${NAMES[@]}"; do
 	p=${PROTO_OF[$n]:-}
 	if [ -z "$p" ] || [ "$p" = mixed ]; then
 		continue
 	fi
-	p=$(printf '0x%08x' $(( p & ~0x4004 )))
+	p=$(printf '0x%08x' $(( p & ~0x7007 )))
 	if [ -n "$seen" ] && [ "$p" != "$seen" ]; then
 		echo "- WARNING: the filters negotiated different protocol steps; their rows do not carry"
 		echo "  the same traffic."

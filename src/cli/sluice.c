@@ -1,7 +1,8 @@
 /*
  * sluice -- the operator's command: talks to sluiced over the control socket.
  *
- *   sluice [-c FILE | -s SOCKET] status|stats|reload|help [--json]
+ *   sluice [-c FILE | -s SOCKET] status|stats [--reset]|decisions|reload|help [--json]
+ *   sluice ... top [-n SECONDS] [-b ITERATIONS]
  *   sluice ... limits top [RULE] | limits show KEY [RULE] | limits reset KEY [RULE]
  *   sluice ... queue [list|show ID] | queue hold|release|delete|flush ID...|--all
  *   sluice ... test [--client-ip IP] [--client-name NAME] [--helo NAME] [--sasl-user U]
@@ -28,6 +29,7 @@
 #include "config.h"
 #include "control.h"
 #include "inject.h"
+#include "top.h"
 
 static void usage(FILE *f)
 {
@@ -37,6 +39,11 @@ static void usage(FILE *f)
 		"  status    daemon version, uptime, workers, sessions\n"
 		"  stats     per service: connections, session duration and work time\n"
 		"            (min / mean / max / std-dev), current and peak sessions, errors\n"
+		"  stats --reset  end the statistics interval now (and log it)\n"
+		"  decisions what each rule decided: checks within and over its limit\n"
+		"  top [-n SECONDS] [-b|--batch ITERATIONS]\n"
+		"            live view: sessions, queue, relay, decisions per second per rule,\n"
+		"            keys nearest their limits, lanes (q or Ctrl-C quits)\n"
 		"  reload    check the configuration file and reload it\n"
 		"  help      commands the daemon understands\n"
 		"  limits top [RULE]         the keys nearest their limits\n"
@@ -61,7 +68,8 @@ static void usage(FILE *f)
 		"options:\n"
 		"  -c FILE   configuration file to find the control socket in (default %s)\n"
 		"  -s SOCK   control socket: unix:/path, /path, inet:host:port\n"
-		"  --json    machine-readable output (status, stats, limits, queue)\n",
+		"  --json    machine-readable output (status, stats, decisions, limits, queue,\n"
+		"            lanes)\n",
 		CONFIG_DEFAULT_PATH);
 }
 
@@ -253,6 +261,52 @@ static int build_test(struct buf *req, int argc, char **argv)
 	return 0;
 }
 
+/* top [-n SECONDS] [-b|--batch ITERATIONS] */
+static int parse_top(int argc, char **argv, unsigned *ret_interval, long *ret_batch)
+{
+	static const struct option opts[] = {
+		{ "batch", required_argument, NULL, 'b' },
+		{ "interval", required_argument, NULL, 'n' },
+		{ NULL, 0, NULL, 0 },
+	};
+	unsigned interval = 2;
+	long batch = 0;
+	optind = 1;
+	int opt;
+	while ((opt = getopt_long(argc, argv, "n:b:", opts, NULL)) != -1) {
+		char *end;
+		long v;
+		switch (opt) {
+		case 'n':
+			v = strtol(optarg, &end, 10);
+			if (*end || v < 1 || v > 3600) {
+				fprintf(stderr, "sluice top: -n: expected seconds from 1 to 3600\n");
+				return -1;
+			}
+			interval = (unsigned)v;
+			break;
+		case 'b':
+			v = strtol(optarg, &end, 10);
+			if (*end || v < 1 || v > 1000000) {
+				fprintf(stderr, "sluice top: -b: expected a number of frames\n");
+				return -1;
+			}
+			batch = v;
+			break;
+		default:
+			usage(stderr);
+			return -1;
+		}
+	}
+	if (optind != argc) {
+		fprintf(stderr, "sluice top: unexpected \"%s\"\n", argv[optind]);
+		return -1;
+	}
+	*ret_interval = interval;
+	*ret_batch = batch;
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	/* installed as sendmail or qmail-remote (a link to sluice): act as that command */
@@ -291,9 +345,17 @@ int main(int argc, char **argv)
 		return inject_sendmail(argc - optind, argv + optind, given, "sluice sendmail");
 	if (strcmp(argv[optind], "qmail-remote") == 0)
 		return inject_qmail_remote(argc - optind, argv + optind, given);
+	unsigned top_interval = 2;
+	long top_batch = 0;
+	bool top = strcmp(argv[optind], "top") == 0;
+	if (top) {
+		if (parse_top(argc - optind, argv + optind, &top_interval, &top_batch) < 0)
+			return 2;
+		optind = argc;
+	}
 	struct buf req;
 	buf_init(&req, CONTROL_LINE_MAX - 1);
-	if (strcmp(argv[optind], "test") == 0) {
+	if (!top && strcmp(argv[optind], "test") == 0) {
 		if (build_test(&req, argc - optind, argv + optind) < 0)
 			return 2;
 		optind = argc;
@@ -332,6 +394,12 @@ int main(int argc, char **argv)
 	config_free(cfg);
 	if (fd < 0)
 		return EX_UNAVAILABLE;
+	if (top) {
+		buf_clear(&req);
+		int rc = top_run(fd, top_interval, top_batch);
+		close(fd);
+		return rc;
+	}
 	size_t off = 0;
 	while (off < req.len) {
 		ssize_t n = write(fd, req.ptr + off, req.len - off);

@@ -52,7 +52,12 @@ static void wait_done(struct control_wait *w)
 	evbuffer_drain(cw->in, cw->used);
 	buf_clear(&cw->body);
 	session_set_data(s, NULL);
+	struct daemon *d = service_arg(session_service(s));
 	free(cw);
+	if (daemon_stopping(d)) {
+		session_close(s); /* answered; the daemon is on its way out */
+		return;
+	}
 	session_resume(s); /* the next request, if one came meanwhile; may end the session */
 }
 
@@ -208,6 +213,10 @@ static void control_input(struct session *s, struct evbuffer *in)
 		buf_clear(&cw->body);
 		free(cw);
 		evbuffer_drain(in, used);
+		if (daemon_stopping(d)) {
+			session_close(s); /* answered; the daemon is on its way out */
+			return;
+		}
 	}
 }
 

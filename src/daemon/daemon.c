@@ -573,7 +573,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 		event_base_loopexit(d->base, NULL);
 		return;
 	}
-	d->stopping = true;
+	__atomic_store_n(&d->stopping, true, __ATOMIC_RELAXED);
 	notify_send("STOPPING=1\nSTATUS=stopping");
 	engine_stop_listening(d->e);
 	/* deliveries under way share the sessions' deadline */
@@ -585,6 +585,48 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 	on_drain_tick(-1, 0, d);
 }
 
+/*
+ * `top`: one snapshot for `sluice top` in lines the command parses, one record a line:
+ *   time UNIX_SECONDS
+ *   svc NAME CURRENT PEAK CONNECTIONS
+ *   rule NAME STAGE ACTION PASSED OVER
+ *   key TEXT (the keys nearest their limits) | keys-shared
+ *   queue MESSAGES HELD RECIPIENTS OLDEST_SECONDS
+ *   relay DELIVERED DEFERRED FAILED SUSPENSIONS
+ *   lanes COUNT, then lane TEXT (at most 8, suspended and busy ones first)
+ * A reader skips the records it does not know.
+ */
+static void daemon_top(struct daemon *d, struct policy *p, struct buf *out)
+{
+	buf_printf(out, "time %.3f\n", (double)realtime_ns() / 1e9);
+	for (size_t i = 0; engine_service(d->e, i); i++) {
+		struct service_stats st;
+		service_stats(engine_service(d->e, i), false, &st);
+		buf_printf(out, "svc %s %llu %llu %llu\n", st.name, (unsigned long long)st.current,
+			   (unsigned long long)st.peak, (unsigned long long)st.total.connections);
+	}
+	policy_control_top(p, 5, out);
+	if (d->queue) {
+		struct queue_stats qs;
+		queue_stats(d->queue, &qs);
+		double age = qs.oldest_us ? (double)(realtime_ns() / 1000 - qs.oldest_us) / 1e6 : 0;
+		buf_printf(out, "queue %" PRIu64 " %" PRIu64 " %" PRIu64 " %.0f\n", qs.messages,
+			   qs.held, qs.recipients, age);
+	}
+	if (d->relay) {
+		struct relay_stats rs;
+		relay_stats(d->relay, &rs);
+		buf_printf(out, "relay %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n",
+			   rs.delivered, rs.deferred, rs.failed, rs.suspensions);
+		relay_lanes_brief(d->relay, 8, out);
+	}
+}
+
+bool daemon_stopping(const struct daemon *d)
+{
+	return __atomic_load_n(&d->stopping, __ATOMIC_RELAXED);
+}
+
 int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct buf *out,
 		   bool *ret_ok, struct control_wait *w)
 {
@@ -593,18 +635,29 @@ int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct
 		if (str_eq_cstr(argv[i], "--json") || str_eq_cstr(argv[i], "json"))
 			json = true;
 	if (str_eq_cstr(argv[0], "stats")) {
-		if (json)
+		bool reset = false;
+		for (size_t i = 1; i < argc; i++)
+			if (str_eq_cstr(argv[i], "--reset") || str_eq_cstr(argv[i], "reset"))
+				reset = true;
+		if (reset) {
+			/* the interval ends here, as at a tick: its lines go to the log too */
+			log_notice("stats: interval ended by the control command");
+			log_stats(d, true);
+		}
+		struct service_stats sts[16];
+		size_t n = 0;
+		for (; n < ARRAY_SIZE(sts) && engine_service(d->e, n); n++)
+			service_stats(engine_service(d->e, n), false, &sts[n]);
+		if (json) {
 			buf_append_byte(out, '{');
-		for (size_t i = 0; engine_service(d->e, i); i++) {
-			struct service_stats st;
-			service_stats(engine_service(d->e, i), false, &st);
-			if (json) {
+			for (size_t i = 0; i < n; i++) {
 				if (i)
 					buf_append_byte(out, ',');
-				service_stats_json(out, &st);
-			} else {
-				service_stats_format(out, &st);
+				service_stats_json(out, &sts[i]);
 			}
+		} else {
+			service_stats_format(out, sts, n);
+			buf_append_byte(out, '\n');
 		}
 		pthread_mutex_lock(&d->cfg_lock);
 		struct policy *p = policy_ref(d->cfg->rules);
@@ -617,6 +670,18 @@ int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct
 		relay_control_stats(d->relay, json, out);
 		if (json)
 			buf_append_cstr(out, "}\n");
+		*ret_ok = true;
+		return 0;
+	}
+	if (str_eq_cstr(argv[0], "decisions") || str_eq_cstr(argv[0], "top")) {
+		pthread_mutex_lock(&d->cfg_lock);
+		struct policy *p = policy_ref(d->cfg->rules);
+		pthread_mutex_unlock(&d->cfg_lock);
+		if (str_eq_cstr(argv[0], "decisions"))
+			policy_control_decisions(p, json, out);
+		else
+			daemon_top(d, p, out);
+		policy_unref(p);
 		*ret_ok = true;
 		return 0;
 	}
@@ -692,7 +757,8 @@ int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct
 		return 0;
 	}
 	if (str_eq_cstr(argv[0], "help")) {
-		buf_append_cstr(out, "commands: status [--json], stats [--json], reload, "
+		buf_append_cstr(out, "commands: status [--json], stats [--reset] [--json], decisions [--json], top, "
+			"reload, "
 			"limits top [RULE] [--json], limits show KEY [RULE], limits reset KEY [RULE], "
 			"test NAME=VALUE..., queue [list|show ID] [--json], "
 			"queue hold|release|delete|flush ID...|--all, lanes [--json], "

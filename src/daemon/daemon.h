@@ -27,6 +27,10 @@ struct control_wait {
 	void *svc;                              /* the service's state */
 };
 
+/* True once a stop signal came (any thread): a control session ends after its answer,
+ * so that a `sluice top` left open does not hold the shutdown until its deadline. */
+bool daemon_stopping(const struct daemon *d);
+
 /* Control commands (run on a worker thread): status, stats [--json], reload, limits,
  * test.  Returns 0 (answered in out), 1 (answers later through w), or <0. */
 int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct buf *out,

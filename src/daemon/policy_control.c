@@ -69,11 +69,91 @@ void policy_control_stats(struct policy *p, struct store *s, bool json, struct b
 			   (unsigned long long)ss.keys);
 		return;
 	}
-	buf_printf(out, "store %s: %llu keys of %llu, %.1f MiB, %llu decisions, %llu evicted, "
+	buf_printf(out, "store %s: %llu keys of %llu, %.1f MiB, %llu decisions,\n  %llu evicted, "
 		   "%llu expired, %llu errors\n", s->type, (unsigned long long)ss.keys,
 		   (unsigned long long)ss.max_keys, (double)ss.bytes / 1048576.0,
 		   (unsigned long long)ss.decisions, (unsigned long long)ss.evicted,
 		   (unsigned long long)ss.expired, (unsigned long long)ss.errors);
+}
+
+/* ---- decisions ---- */
+
+void policy_control_decisions(struct policy *p, bool json, struct buf *out)
+{
+	size_t max = policy_rule_count(p);
+	struct policy_rule_counters *rc = calloc(max ? max : 1, sizeof(*rc));
+	if (!rc) {
+		buf_append_cstr(out, "out of memory\n");
+		return;
+	}
+	size_t n = policy_counters(p, rc, max);
+	if (json) {
+		buf_append_cstr(out, "{\"rules\":[");
+		for (size_t i = 0; i < n; i++) {
+			buf_append_cstr(out, i ? ",{\"rule\":" : "{\"rule\":");
+			buf_append_json_string(out, rc[i].name);
+			buf_printf(out, ",\"stage\":\"%s\",\"action\":\"%s\",\"passed\":%llu,"
+				   "\"over\":%llu}", policy_stage_name(rc[i].stage),
+				   policy_action_name(rc[i].action), (unsigned long long)rc[i].passed,
+				   (unsigned long long)rc[i].over);
+		}
+		buf_append_cstr(out, "]}\n");
+		free(rc);
+		return;
+	}
+	if (n == 0)
+		buf_append_cstr(out, "no limit rules\n");
+	else
+		buf_printf(out, "%-24s %-8s %-10s %12s %12s\n", "rule", "stage", "action",
+			   "passed", "over");
+	for (size_t i = 0; i < n; i++)
+		buf_printf(out, "%-24s %-8s %-10s %12llu %12llu\n", rc[i].name,
+			   policy_stage_name(rc[i].stage), policy_action_name(rc[i].action),
+			   (unsigned long long)rc[i].passed, (unsigned long long)rc[i].over);
+	free(rc);
+}
+
+static void top_key_line(struct buf *out, const struct store_top_entry *e)
+{
+	char key[sizeof(e->key)];
+	size_t i = 0;
+	for (; e->key[i] && i + 1 < sizeof(key); i++)
+		key[i] = (unsigned char)e->key[i] < ' ' || e->key[i] == 0x7f ? '?' : e->key[i];
+	key[i] = '\0';
+	buf_printf(out, "key %5.1f%%  %-16.16s %-28.28s ", e->fill_ppm / 1e4, e->rule, key);
+	for (unsigned w = 0; w < e->limits.n; w++) {
+		char t[48];
+		rate_window_format(&e->limits.w[w], t, sizeof(t));
+		buf_printf(out, "%s%llu/%s", w ? " " : "", (unsigned long long)e->used[w], t);
+	}
+	buf_append_byte(out, '\n');
+}
+
+void policy_control_top(struct policy *p, size_t max_keys, struct buf *out)
+{
+	size_t max = policy_rule_count(p);
+	struct policy_rule_counters *rc = calloc(max ? max : 1, sizeof(*rc));
+	if (!rc)
+		return;
+	size_t n = policy_counters(p, rc, max);
+	/* names and words without spaces: the rule names are checked at load */
+	for (size_t i = 0; i < n; i++)
+		buf_printf(out, "rule %s %s %s %llu %llu\n", rc[i].name,
+			   policy_stage_name(rc[i].stage), policy_action_name(rc[i].action),
+			   (unsigned long long)rc[i].passed, (unsigned long long)rc[i].over);
+	free(rc);
+	struct store *s = policy_store(p);
+	if (store_is_shared(s)) {
+		buf_append_cstr(out, "keys-shared\n");
+		return;
+	}
+	struct store_top_entry *e = calloc(max_keys ? max_keys : 1, sizeof(*e));
+	if (!e)
+		return;
+	size_t k = s->ops->top(s->ctx, e, max_keys, realtime_ns());
+	for (size_t i = 0; i < k; i++)
+		top_key_line(out, &e[i]);
+	free(e);
 }
 
 /* ---- limits ---- */

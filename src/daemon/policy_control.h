@@ -23,5 +23,10 @@ int policy_control_limits(struct policy *p, size_t argc, const struct str *argv,
 int policy_control_test(struct policy *p, size_t argc, const struct str *argv,
 			struct buf *out, bool *ret_ok, struct control_wait *w);
 void policy_control_stats(struct policy *p, struct store *s, bool json, struct buf *out);
+/* `decisions`: what each rule decided since the rule set was loaded. */
+void policy_control_decisions(struct policy *p, bool json, struct buf *out);
+/* The rules' part of `top`: "rule NAME STAGE ACTION PASSED OVER" lines, then up to max_keys
+ * "key ..." lines (the keys nearest their limits), or "keys-shared" with a shared store. */
+void policy_control_top(struct policy *p, size_t max_keys, struct buf *out);
 
 #endif

@@ -183,13 +183,13 @@ void queue_control_stats(struct queue *q, struct service *intake, bool json, str
 	}
 	buf_printf(out, "queue: %" PRIu64 " messages (%" PRIu64 " held), %" PRIu64
 		   " recipients to do, oldest %.0f s\n"
-		   "  commits %" PRIu64 " in %" PRIu64 " batches, flushes %" PRIu64 " syncfs + %"
-		   PRIu64 " directory = %.3f per message, failed %" PRIu64 "\n",
-		   st.messages, st.held, st.recipients, age, st.commits, st.batches, st.syncs,
-		   st.dir_syncs, per, st.commit_errors);
+		   "  commits %" PRIu64 " in %" PRIu64 " batches, failed %" PRIu64 "; flushes %"
+		   PRIu64 " syncfs + %" PRIu64 " directory\n  = %.3f per message\n",
+		   st.messages, st.held, st.recipients, age, st.commits, st.batches,
+		   st.commit_errors, st.syncs, st.dir_syncs, per);
 	if (intake)
 		buf_printf(out, "intake: %" PRIu64 " messages, %" PRIu64 " recipients, %" PRIu64
-			   " bytes; refused %" PRIu64 " clients, rejected %" PRIu64
+			   " bytes;\n  refused %" PRIu64 " clients, rejected %" PRIu64
 			   " transactions; %" PRIu64 " messages with bare CR/LF\n",
 			   is.messages, is.recipients, is.bytes, is.refused, is.rejected, is.bare_eol);
 }

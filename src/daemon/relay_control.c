@@ -100,8 +100,8 @@ void relay_control_stats(struct relay *r, bool json, struct buf *out)
 			   st.active_connections, st.lanes);
 	else
 		buf_printf(out, "relay: %" PRIu64 " transactions, %" PRIu64 " delivered, %" PRIu64
-			   " failed, %" PRIu64 " deferred, %" PRIu64 " uncertain, %" PRIu64
-			   " suspensions, %" PRIu64 " bounces (%" PRIu64 " not sent: null sender), %"
+			   " failed, %" PRIu64 " deferred, %" PRIu64 " uncertain,\n  %" PRIu64
+			   " suspensions, %" PRIu64 " bounces (%" PRIu64 " not sent: null sender),\n  %"
 			   PRIu64 " connections (%u open), %u lanes\n", st.transactions, st.delivered,
 			   st.failed, st.deferred, st.uncertain, st.suspensions, st.dsn_sent,
 			   st.dsn_skipped, st.connections, st.active_connections, st.lanes);

@@ -52,6 +52,10 @@ struct service {
 	struct stats_shard *shards; /* one per worker, plus one for the main thread */
 	uint64_t interval_start_ns;
 	pthread_mutex_t interval_lock;
+	/* the last interval that ended, under interval_lock */
+	struct service_counters last;
+	double last_seconds;
+	bool have_last;
 };
 
 struct listener {
@@ -272,6 +276,20 @@ void service_stats(struct service *svc, bool reset_interval, struct service_stat
 		if (reset_interval)
 			memset(&sh->interval, 0, sizeof(sh->interval));
 		pthread_mutex_unlock(&sh->lock);
+	}
+	if (reset_interval) {
+		/* the interval that just ended is the one returned and kept as the last */
+		svc->last = st.interval;
+		svc->last_seconds = st.interval_seconds;
+		svc->have_last = true;
+	}
+	if (svc->have_last) {
+		st.last = svc->last;
+		st.last_seconds = svc->last_seconds;
+		st.last_complete = true;
+	} else {
+		st.last = st.interval;
+		st.last_seconds = st.interval_seconds;
 	}
 	pthread_mutex_unlock(&svc->interval_lock);
 	st.current = atomic_load(&svc->current);

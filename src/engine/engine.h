@@ -90,6 +90,10 @@ int service_listen(struct service *svc, const char *address, unsigned mode, char
 struct listen_addr;
 int service_adopt(struct service *svc, const struct listen_addr *a, int fd, char *err,
 		  size_t errlen);
+/*
+ * The service's statistics (any thread).  reset_interval ends the interval in progress:
+ * ret->interval is then the one that ended, which becomes ret->last from now on.
+ */
 void service_stats(struct service *svc, bool reset_interval, struct service_stats *ret);
 struct service *engine_service(struct engine *e, size_t i); /* NULL past the last */
 

@@ -2,6 +2,7 @@
  * stats -- online statistics and their rendering (see stats.h).
  */
 #include <math.h>
+#include <stdio.h>
 
 #include "stats.h"
 
@@ -52,36 +53,74 @@ void service_counters_merge(struct service_counters *into, const struct service_
 	stat_acc_merge(&into->work, &b->work);
 }
 
-static int format_acc(struct buf *out, const char *what, const struct stat_acc *a)
+/* "300 s", "2.5 h", "3.0 d": an interval's length in a few columns. */
+static void format_span(char *out, size_t len, double s)
 {
-	return buf_printf(out, "  %-9s min %.6f  mean %.6f  max %.6f  std-dev %.6f  (s)\n", what,
-			  a->n ? a->min : 0.0, a->mean, a->n ? a->max : 0.0, stat_acc_stddev(a));
+	if (s < 600)
+		snprintf(out, len, "%.0f s", s);
+	else if (s < 36000)
+		snprintf(out, len, "%.0f min", s / 60);
+	else if (s < 3 * 86400)
+		snprintf(out, len, "%.1f h", s / 3600);
+	else
+		snprintf(out, len, "%.1f d", s / 86400);
 }
 
-static int format_counters(struct buf *out, const char *title, double seconds,
-			   const struct service_counters *c)
+/* One row of a min / mean / max / std-dev table, the values multiplied by scale. */
+static int format_acc_row(struct buf *out, const char *name, const char *label,
+			  const struct stat_acc *a, double scale)
 {
-	int r = buf_printf(out,
-			   " %s (%.0f s): connections %llu, sessions ended %llu, refused %llu, "
-			   "protocol errors %llu, timeouts %llu\n",
-			   title, seconds, (unsigned long long)c->connections,
-			   (unsigned long long)c->sessions, (unsigned long long)c->refused,
-			   (unsigned long long)c->protocol_errors, (unsigned long long)c->timeouts);
-	if (r == 0)
-		r = format_acc(out, "duration", &c->duration);
-	if (r == 0)
-		r = format_acc(out, "work", &c->work);
+	if (a->n == 0)
+		return buf_printf(out, "%-8s %-15s %9d %9s %9s %9s %9s\n", name, label, 0, "-",
+				  "-", "-", "-");
+	return buf_printf(out, "%-8s %-15s %9llu %9.3f %9.3f %9.3f %9.3f\n", name, label,
+			  (unsigned long long)a->n, a->min * scale, a->mean * scale,
+			  a->max * scale, stat_acc_stddev(a) * scale);
+}
+
+static int format_acc_table(struct buf *out, const char *title, const struct service_stats *st,
+			    size_t n, bool work)
+{
+	double scale = work ? 1000.0 : 1.0;
+	int r = buf_printf(out, "%-24s %9s %9s %9s %9s %9s\n", title, "sessions", "min", "mean",
+			   "max", "std-dev");
+	for (size_t i = 0; r == 0 && i < n; i++) {
+		char span[32], label[48];
+		format_span(span, sizeof(span), st[i].last_seconds);
+		snprintf(label, sizeof(label), "%s %s", st[i].last_complete ? "last" : "so far",
+			 span);
+		const struct service_counters *l = &st[i].last, *t = &st[i].total;
+		r = format_acc_row(out, st[i].name, label, work ? &l->work : &l->duration, scale);
+		if (r == 0)
+			r = format_acc_row(out, "", "since start", work ? &t->work : &t->duration,
+					   scale);
+	}
 	return r;
 }
 
-int service_stats_format(struct buf *out, const struct service_stats *st)
+int service_stats_format(struct buf *out, const struct service_stats *st, size_t n)
 {
-	int r = buf_printf(out, "%s: sessions current %llu, peak %llu\n", st->name,
-			   (unsigned long long)st->current, (unsigned long long)st->peak);
+	/* the counters since start, and the errors of the last interval beside them */
+	int r = buf_printf(out, "%-8s %11s %6s %6s %8s %10s %9s %9s\n", "service", "connections",
+			   "now", "peak", "refused", "proto-err", "timeouts", "last-err");
+	for (size_t i = 0; r == 0 && i < n; i++) {
+		const struct service_counters *t = &st[i].total, *l = &st[i].last;
+		r = buf_printf(out, "%-8s %11llu %6llu %6llu %8llu %10llu %9llu %9llu\n",
+			       st[i].name, (unsigned long long)t->connections,
+			       (unsigned long long)st[i].current, (unsigned long long)st[i].peak,
+			       (unsigned long long)t->refused,
+			       (unsigned long long)t->protocol_errors,
+			       (unsigned long long)t->timeouts,
+			       (unsigned long long)(l->refused + l->protocol_errors + l->timeouts));
+	}
 	if (r == 0)
-		r = format_counters(out, "last interval", st->interval_seconds, &st->interval);
+		r = buf_append_byte(out, '\n');
 	if (r == 0)
-		r = format_counters(out, "since start", st->uptime_seconds, &st->total);
+		r = format_acc_table(out, "session duration (s)", st, n, false);
+	if (r == 0)
+		r = buf_append_byte(out, '\n');
+	if (r == 0)
+		r = format_acc_table(out, "work time (ms)", st, n, true);
 	return r;
 }
 
@@ -139,6 +178,11 @@ int service_stats_json(struct buf *out, const struct service_stats *st)
 		r = buf_append_cstr(out, ",\"interval\":");
 	if (r == 0)
 		r = json_counters(out, st->interval_seconds, &st->interval);
+	if (r == 0)
+		r = buf_printf(out, ",\"last_interval_complete\":%s,\"last_interval\":",
+			       st->last_complete ? "true" : "false");
+	if (r == 0)
+		r = json_counters(out, st->last_seconds, &st->last);
 	if (r == 0)
 		r = buf_append_byte(out, '}');
 	return r;

@@ -8,6 +8,8 @@
 #ifndef SLUICE_STATS_H
 #define SLUICE_STATS_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "buf.h"
@@ -33,18 +35,31 @@ struct service_counters {
 
 void service_counters_merge(struct service_counters *into, const struct service_counters *b);
 
+/*
+ * An interval ends at each stats_interval tick (when the daemon logs its stats lines) and
+ * at each `sluice stats --reset`.  `last` is the most recent interval that ended; before
+ * one has, it is a copy of the interval in progress and last_complete is false.
+ */
 struct service_stats {
 	const char *name;
 	uint64_t current;
 	uint64_t peak;
 	struct service_counters total;    /* since start */
-	struct service_counters interval; /* since the last interval reset */
+	struct service_counters interval; /* the interval in progress */
+	struct service_counters last;     /* the last complete interval (see above) */
 	double interval_seconds;
+	double last_seconds;
+	bool last_complete;
 	double uptime_seconds;
 };
 
-/* Human text, in the format operators use, and JSON. */
-int service_stats_format(struct buf *out, const struct service_stats *st);
+/*
+ * Human text: one table of all n services (counters, then session duration in seconds and
+ * work time in milliseconds, each for the last interval and since start), within 80
+ * columns.  Appends to out; returns 0 or -ENOSPC.
+ */
+int service_stats_format(struct buf *out, const struct service_stats *st, size_t n);
+/* One JSON member, "name":{...} (see sluice(1), STATS). */
 int service_stats_json(struct buf *out, const struct service_stats *st);
 
 #endif

@@ -534,8 +534,11 @@ static void data_end(struct isession *is)
 			      is->conf->max_line);
 		else
 			reply_queue_error(is, is->write_err);
-		session_log(is->s, LOG_LEVEL_NOTICE, "message refused: %s",
-			    is->too_big ? "too big" : is->long_line ? "line too long" : "write error");
+		char from[SMTP_MAX_ADDR * 4 + 8];
+		log_quote(from, sizeof(from), str_cstr(is->sender.ptr ? is->sender.ptr : ""), 200);
+		session_log(is->s, LOG_LEVEL_NOTICE, "refused reason=%s from=<%s> client=%s",
+			    is->too_big ? "too-big" : is->long_line ? "line-too-long" : "write-error",
+			    from, is->client);
 		atomic_fetch_add(&is->in->rejected, 1);
 		transaction_reset(is);
 		is->state = IS_COMMAND;
@@ -582,8 +585,10 @@ static void on_committed(void *arg)
 	is->wait = NULL;
 	if (cw->result == 0) {
 		reply(is, "250 2.0.0 Ok: queued as %s", cw->id);
-		session_log(is->s, LOG_LEVEL_INFO, "qid=%s from=<%.100s> nrcpt=%zu size=%" PRIu64,
-			    cw->id, is->sender.ptr, cw->nrcpt, cw->size);
+		char from[SMTP_MAX_ADDR * 4 + 8];
+		log_quote(from, sizeof(from), str_cstr(is->sender.ptr ? is->sender.ptr : ""), 200);
+		session_log(is->s, LOG_LEVEL_INFO, "queued qid=%s from=<%s> nrcpt=%zu size=%" PRIu64
+			    " client=%s", cw->id, from, cw->nrcpt, cw->size, is->client);
 		atomic_fetch_add(&is->in->messages, 1);
 		atomic_fetch_add(&is->in->recipients, cw->nrcpt);
 		atomic_fetch_add(&is->in->bytes, cw->size);

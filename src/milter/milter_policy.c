@@ -140,10 +140,17 @@ static void log_over(struct milter_session *ms, const struct policy_decision *d,
 	char peer[120];
 	struct str addr = milter_session_client_addr(ms);
 	log_quote(peer, sizeof(peer), addr, 60);
+	struct policy_log_ctx ctx = { .client = addr, .helo = milter_session_helo(ms) };
+	if (st >= POLICY_MAIL)
+		ctx.from = milter_session_sender(ms);
+	if (st == POLICY_RCPT)
+		ctx.rcpt = milter_session_rcpt(ms);
+	/* the MTA's queue id, macro i (Postfix sends it from MAIL FROM on) */
+	milter_session_macro(ms, "i", &ctx.qid);
 	for (size_t i = 0; i < d->nover; i++) {
-		char line[512];
-		enum log_level level = policy_over_line(d, i, st, line, sizeof(line));
-		session_log(s, level, "%s client=%s", line, peer);
+		char line[1024];
+		enum log_level level = policy_decision_line(d, i, st, &ctx, line, sizeof(line));
+		session_log(s, level, "%s", line);
 	}
 	if (d->store_error == STORE_TEMPFAIL)
 		session_log(s, LOG_LEVEL_WARNING, "limit store unavailable (on_failure tempfail): "
@@ -265,11 +272,13 @@ static enum milter_verdict class_full(struct milter_session *ms, const char *cls
 {
 	char peer[120];
 	log_quote(peer, sizeof(peer), milter_session_client_addr(ms), 60);
-	session_log(milter_session_session(ms), LOG_LEVEL_NOTICE,
-		    "class=%s full: refusing client=%s with 421", cls, peer);
 	char reply[160];
 	fmt_fixed(reply, sizeof(reply), "421 4.7.0 Too many sessions from your "
 		  "network (class %s), try again later", cls);
+	/* a decision line as the rules' (class names have no spaces: checked at load) */
+	session_log(milter_session_session(ms), LOG_LEVEL_NOTICE,
+		    "decision class=%s action=tempfail reply=\"%s\" stage=connect client=%s%s%s",
+		    cls, reply, strchr(peer, ' ') ? "\"" : "", peer, strchr(peer, ' ') ? "\"" : "");
 	if (milter_session_set_reply(ms, str_cstr(reply)) < 0)
 		return MILTER_TEMPFAIL;
 	return MILTER_REPLY;
@@ -455,6 +464,11 @@ static void mp_want(void *ctx, struct milter_want *ret)
 		need |= MILTER_STEP_BIT(MILTER_STEP_CONNECT);
 	if (nd->helo)
 		need |= MILTER_STEP_BIT(MILTER_STEP_HELO);
+	/* a decision's log line names the client, the HELO name and the sender: with any
+	 * rule, those steps come too (without a reply, the MTA does not wait for them) */
+	if (policy_rule_count(p))
+		need |= MILTER_STEP_BIT(MILTER_STEP_CONNECT) | MILTER_STEP_BIT(MILTER_STEP_HELO) |
+			MILTER_STEP_BIT(MILTER_STEP_MAIL);
 	static const struct {
 		enum policy_stage ps;
 		enum milter_step ms;
@@ -511,11 +525,12 @@ struct milter_handler *milter_policy_new(struct policy *p)
 		return NULL;
 	}
 	h->policy = policy_ref(p);
-	/* {auth_authen} for sasl_user, and what macro: selectors name */
+	/* {auth_authen} for sasl_user, i (the queue id) for the logs, and what macro:
+	 * selectors name */
 	const struct policy_names *names = &policy_needs(p)->macros;
 	struct buf b;
 	buf_init_fixed(&b, h->macros, sizeof(h->macros));
-	buf_append_cstr(&b, "{auth_authen}");
+	buf_append_cstr(&b, "{auth_authen} i");
 	for (size_t i = 0; i < names->n; i++) {
 		buf_append_byte(&b, ' ');
 		if (names->v[i][0] != '{' && strlen(names->v[i]) > 1)

@@ -164,10 +164,23 @@ static void log_over(struct session *s, const struct policy_decision *d, enum po
 	char peer[120], qid[40];
 	log_quote(peer, sizeof(peer), pfpolicy_get(r, "client_address"), 60);
 	log_quote(qid, sizeof(qid), pfpolicy_get(r, "queue_id"), 20);
+	struct policy_log_ctx ctx = {
+		.client = pfpolicy_get(r, "client_address"),
+		.helo = pfpolicy_get(r, "helo_name"),
+		.qid = pfpolicy_get(r, "queue_id"),
+	};
+	if (st >= POLICY_MAIL) {
+		/* the null sender comes empty: shown <>, as the milter shows it */
+		ctx.from = pfpolicy_get(r, "sender");
+		if (ctx.from.len == 0)
+			ctx.from = str_cstr("<>");
+	}
+	if (st == POLICY_RCPT)
+		ctx.rcpt = pfpolicy_get(r, "recipient");
 	for (size_t i = 0; i < d->nover; i++) {
-		char line[512];
-		enum log_level level = policy_over_line(d, i, st, line, sizeof(line));
-		session_log(s, level, "%s client=%s qid=%s", line, peer, qid);
+		char line[1024];
+		enum log_level level = policy_decision_line(d, i, st, &ctx, line, sizeof(line));
+		session_log(s, level, "%s", line);
 	}
 	if (d->store_error == STORE_TEMPFAIL)
 		session_log(s, LOG_LEVEL_WARNING, "limit store unavailable (on_failure tempfail): "

@@ -5,6 +5,8 @@
 #include <libgen.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,12 +47,19 @@ struct policy_rule {
 	_Atomic(struct rate_overrides *) ov;
 	struct rate_overrides *ov_retired; /* freed at the next swap, see there */
 	struct stat ov_st;
+	struct rule_counts *counts; /* in the policy's array: written through const rules */
+};
+
+/* What a rule decided, counted relaxed: a view for operators, not an accounting. */
+struct rule_counts {
+	_Atomic uint64_t passed, over;
 };
 
 struct policy {
 	_Atomic unsigned refs;
 	struct policy_rule *rules;
 	size_t nrules;
+	struct rule_counts *counts; /* one per rule */
 	size_t *stage_rules[POLICY_STAGE_COUNT];
 	size_t stage_n[POLICY_STAGE_COUNT];
 	struct policy_class *classes;
@@ -529,6 +538,7 @@ static void policy_free(struct policy *p)
 	for (size_t i = 0; i < p->nrules; i++)
 		rule_clear(&p->rules[i]);
 	free(p->rules);
+	free(p->counts);
 	for (size_t i = 0; i < POLICY_STAGE_COUNT; i++)
 		free(p->stage_rules[i]);
 	for (size_t i = 0; i < p->nclasses; i++)
@@ -592,12 +602,14 @@ int policy_load(struct cfg_node *root, struct policy **ret, char *err, size_t er
 		goto fail;
 	}
 	p->rules = calloc(nl ? nl : 1, sizeof(*p->rules));
+	p->counts = calloc(nl ? nl : 1, sizeof(*p->counts));
 	p->classes = calloc(nc ? nc : 1, sizeof(*p->classes));
-	if (!p->rules || !p->classes)
+	if (!p->rules || !p->counts || !p->classes)
 		goto nomem;
 	for (struct cfg_node *n = cfg_get(root, "limit"); n; n = cfg_next_same(n)) {
 		struct policy_rule *r = &p->rules[p->nrules++];
 		int lr = load_rule(n, r, err, errlen);
+		r->counts = &p->counts[p->nrules - 1];
 		if (lr < 0) {
 			rc = lr;
 			goto fail;
@@ -1025,7 +1037,7 @@ static uint64_t rule_cost(const struct policy_rule *r, const struct policy_txn *
 }
 
 /* The window that refused (the one needing the longest wait), as text. */
-static void binding_window(const struct store_item *it, char *buf, size_t len)
+static unsigned binding_window(const struct store_item *it, char *buf, size_t len)
 {
 	uint64_t best = 0;
 	unsigned wi = 0;
@@ -1043,6 +1055,7 @@ static void binding_window(const struct store_item *it, char *buf, size_t len)
 		}
 	}
 	rate_window_format(&it->limits->w[wi], buf, len);
+	return wi;
 }
 
 /* Where a decision's working set lives: the thread's scratch, or a pending call. */
@@ -1172,13 +1185,17 @@ static void finish(enum policy_stage st, struct policy_msg *msg, enum store_mode
 		}
 		if (it->charged && msg && st >= POLICY_MAIL && mode == STORE_CHECK)
 			ledger_add(msg, it, r, st);
+		if (mode == STORE_CHECK)
+			atomic_fetch_add_explicit(it->ok ? &r->counts->passed : &r->counts->over, 1,
+						  memory_order_relaxed);
 		if (it->ok)
 			continue;
 		if (d->nover < POLICY_MAX_OVER) {
 			struct policy_over *o = &d->over[d->nover++];
 			o->rule = r;
 			sanitize(o->key, sizeof(o->key), it->key, POLICY_LOG_KEY - 3);
-			binding_window(it, o->limit, sizeof(o->limit));
+			unsigned wi = binding_window(it, o->limit, sizeof(o->limit));
+			o->count = it->used[wi];
 			o->retry_s = ns_to_s_up(it->retry_ns);
 		}
 		if (decider == SIZE_MAX || r->action > w->rules[decider]->action)
@@ -1377,16 +1394,66 @@ void policy_pending_cancel(struct policy_pending *pp)
 	free(pp);
 }
 
-enum log_level policy_over_line(const struct policy_decision *d, size_t i,
-				enum policy_stage st, char *buf, size_t len)
+/* " name=VALUE" (or name="VALUE", name=<VALUE>) with the peer's bytes quoted; nothing for
+ * an empty value.  A value within <> loses the brackets it came with. */
+struct line {
+	char *buf;
+	size_t len, used;
+};
+
+/* Appends; a line that does not fit is cut (the buffer always ends with a NUL). */
+static void line_printf(struct line *l, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+static void line_printf(struct line *l, const char *fmt, ...)
+{
+	if (l->used + 1 >= l->len)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(l->buf + l->used, l->len - l->used, fmt, ap);
+	va_end(ap);
+	if (n > 0)
+		l->used = (size_t)n < l->len - l->used ? l->used + (size_t)n : l->len - 1;
+}
+
+static void put_field(struct line *m, const char *name, struct str v, char open, char close)
+{
+	if (!v.ptr || v.len == 0)
+		return;
+	if (open == '<' && v.len >= 2 && v.ptr[0] == '<' && v.ptr[v.len - 1] == '>')
+		v = str_make(v.ptr + 1, v.len - 2); /* "<>", the null sender, stays from=<> */
+	char q[POLICY_LOG_FIELD * 4 + 8];
+	log_quote(q, sizeof(q), v, POLICY_LOG_FIELD);
+	if (!open && strchr(q, ' '))
+		open = close = '"'; /* a value with a space is quoted all the same */
+	if (open)
+		line_printf(m, " %s=%c%s%c", name, open, q, close);
+	else
+		line_printf(m, " %s=%s", name, q);
+}
+
+enum log_level policy_decision_line(const struct policy_decision *d, size_t i,
+				    enum policy_stage st, const struct policy_log_ctx *ctx,
+				    char *buf, size_t len)
 {
 	const struct policy_over *o = &d->over[i];
 	enum policy_action a = o->rule->action;
 	/* a refusing rule that did not decide (a stricter one did) says so */
 	bool aside = o->rule != d->rule && a != POLICY_WARN && a != POLICY_TAG;
-	fmt_fixed(buf, len, "limit rule=%s key=\"%s\" stage=%s action=%s%s limit=%s retry=%llus",
-		  o->rule->name, o->key, policy_stage_name(st), policy_action_name(a),
-		  aside ? " (not the decision)" : "", o->limit, (unsigned long long)o->retry_s);
+	struct line m = { buf, len, 0 };
+	if (len)
+		buf[0] = '\0';
+	line_printf(&m, "%s rule=%s action=%s key=\"%s\" count=%llu limit=%s stage=%s retry=%llus",
+		   aside ? "over" : "decision", o->rule->name, policy_action_name(a), o->key,
+		   (unsigned long long)o->count, o->limit, policy_stage_name(st),
+		   (unsigned long long)o->retry_s);
+	if (ctx) {
+		put_field(&m, "client", ctx->client, 0, 0);
+		put_field(&m, "helo", ctx->helo, '"', '"');
+		put_field(&m, "from", ctx->from, '<', '>');
+		put_field(&m, "rcpt", ctx->rcpt, '<', '>');
+		put_field(&m, "qid", ctx->qid, 0, 0);
+	}
 	return a == POLICY_WARN ? LOG_LEVEL_WARNING : LOG_LEVEL_NOTICE;
 }
 
@@ -1494,6 +1561,22 @@ const char *policy_class_match(const struct policy *p, const struct ipaddr *ip, 
 {
 	const struct policy_class *c = class_find(p, ip, name);
 	return c ? c->name : NULL;
+}
+
+size_t policy_counters(const struct policy *p, struct policy_rule_counters *ret, size_t max)
+{
+	size_t n = p->nrules < max ? p->nrules : max;
+	for (size_t i = 0; i < n; i++) {
+		const struct policy_rule *r = &p->rules[i];
+		ret[i] = (struct policy_rule_counters){
+			.name = r->name,
+			.stage = r->stage,
+			.action = r->action,
+			.passed = atomic_load_explicit(&r->counts->passed, memory_order_relaxed),
+			.over = atomic_load_explicit(&r->counts->over, memory_order_relaxed),
+		};
+	}
+	return n;
 }
 
 size_t policy_class_stats(const struct policy *p, struct class_stats *ret, size_t max)

@@ -172,6 +172,7 @@ struct policy_over {
 	const struct policy_rule *rule;
 	char key[POLICY_LOG_KEY + 1];  /* cut for logs */
 	char limit[32];                /* the window that bound, "10/1m" */
+	uint64_t count;                /* its count after the decision */
 	uint64_t retry_s;
 };
 
@@ -213,13 +214,22 @@ int policy_check_start(struct policy *p, const struct policy_txn *t, enum policy
 /* Withdraw a pending decision or class entry: its callback will not run.  NULL is fine. */
 void policy_pending_cancel(struct policy_pending *pp);
 
+/* What a decision's log line says of the transaction; empty slices are left out. */
+struct policy_log_ctx {
+	struct str client, helo, from, rcpt, qid;
+};
+#define POLICY_LOG_FIELD 100 /* peer bytes kept per field */
 /*
- * The log line of d->over[i] ("limit rule=... key=\"...\" stage=... action=... limit=...
- * retry=...s"), for the caller to complete with its context (client, queue id); returns the
- * level to log it at (warning for warn rules, notice otherwise).
+ * The log line of d->over[i]:
+ *   decision rule=R action=A key="K" count=N limit=N/W stage=S retry=Ns client=IP
+ *            helo="H" from=<F> rcpt=<T> qid=Q
+ * ("over ..." instead of "decision" for a refusing rule that a stricter one overruled), with
+ * the peer's strings quoted and cut (log_quote).  Returns the level to log it at: warning
+ * for warn rules, notice otherwise.
  */
-enum log_level policy_over_line(const struct policy_decision *d, size_t i,
-				enum policy_stage st, char *buf, size_t len);
+enum log_level policy_decision_line(const struct policy_decision *d, size_t i,
+				    enum policy_stage st, const struct policy_log_ctx *ctx,
+				    char *buf, size_t len);
 /*
  * The message ended.  delivered = false (aborted, refused at DATA or EOM): every
  * refundable charge of the message goes back to the store.  The ledger is cleared either
@@ -284,6 +294,19 @@ struct class_stats {
 	unsigned used, peak, sessions, inbound;
 	uint64_t entered, refused;
 };
+/*
+ * What each rule of this rule set decided since it was loaded (a reload starts at zero):
+ * checks within the limit, and checks over it (the rule's action, unless a stricter rule
+ * decided).  Peeks (`sluice test`) do not count.  Names live as long as p.
+ */
+struct policy_rule_counters {
+	const char *name;
+	enum policy_stage stage;
+	enum policy_action action;
+	uint64_t passed, over;
+};
+size_t policy_counters(const struct policy *p, struct policy_rule_counters *ret, size_t max);
+
 /* The classes of this rule set with their live counters. */
 size_t policy_class_stats(const struct policy *p, struct class_stats *ret, size_t max);
 

@@ -981,6 +981,30 @@ static void attempt_log(struct relay *r, struct rmsg *m, size_t i, const char *s
 								   : sizeof(line) - 1));
 }
 
+/*
+ * The administrator's line for one recipient's attempt (sluiced(8), LOGGING), like
+ * Postfix's "status=sent" lines:
+ *   delivery qid=Q rcpt=<A> lane=L relay=NAME[IP]:PORT status=S dsn=X.Y.Z reply="..."
+ *            delay=1.2s attempts=N
+ * status: sent, deferred, bounced, suspended, uncertain.  The address and the reply are
+ * quoted (log_quote): the reply is the relay's text, the address came from a client.
+ */
+static void delivery_log(struct relay *r, enum log_level level, const struct rmsg *m, size_t i,
+			 const char *lane, const char *relay, const char *status, const char *dsn,
+			 const char *reply, const char *note)
+{
+	char addr[820], text[1300];
+	log_quote(addr, sizeof(addr), str_cstr(m->addr[i]), 200);
+	log_quote(text, sizeof(text), str_cstr(reply ? reply : ""), 300);
+	uint64_t now_us = realtime_ns() / 1000;
+	double delay = m->arrival_us && now_us > m->arrival_us
+			       ? (double)(now_us - m->arrival_us) / 1e6 : 0.0;
+	rlog(r, level, "delivery qid=%s rcpt=<%s> lane=%s relay=%s status=%s dsn=%s reply=\"%s\" "
+	     "delay=%.1fs attempts=%u%s%s", m->id, addr, lane && *lane ? lane : "-",
+	     relay && *relay ? relay : "-", status, dsn && *dsn ? dsn : "-", text, delay,
+	     (unsigned)m->r[i].attempts, note ? " " : "", note ? note : "");
+}
+
 static void set_status(struct relay *r, struct rmsg *m, size_t i, char st)
 {
 	struct rrcpt *rr = &m->r[i];
@@ -1504,8 +1528,8 @@ static void lane_fail_all(struct lane *l, const char *dsn, const char *text)
 				continue;
 			set_status(r, m, i, QUEUE_FAILED);
 			attempt_log(r, m, i, "failed", l->name, "", dsn, text);
-			rlog(r, LOG_LEVEL_NOTICE, "qid=%s rcpt=<%.200s> lane=%s status=failed dsn=%s "
-			     "reply=\"%s\"", m->id, m->addr[i], l->name, dsn, text);
+			delivery_log(r, LOG_LEVEL_NOTICE, m, i, l->name, "", "bounced", dsn, text,
+				     NULL);
 			r->st.failed++;
 			l->failed++;
 		}
@@ -1853,8 +1877,8 @@ static void rcpt_outcome(struct relay *r, struct tx *t, size_t k, const struct c
 	case CLASSIFY_OK:
 		set_status(r, m, i, QUEUE_DELIVERED);
 		attempt_log(r, m, i, "sent", l->name, mta, "", text);
-		rlog(r, LOG_LEVEL_INFO, "qid=%s rcpt=<%.200s> lane=%s mta=%s status=sent reply=\"%s\"",
-		     m->id, m->addr[i], l->name, mta, text);
+		dsn_code(rep, '2', dsn, sizeof(dsn));
+		delivery_log(r, LOG_LEVEL_INFO, m, i, l->name, mta, "sent", dsn, text, NULL);
 		r->st.delivered++;
 		l->delivered++;
 		break;
@@ -1862,8 +1886,7 @@ static void rcpt_outcome(struct relay *r, struct tx *t, size_t k, const struct c
 		dsn_code(rep, '5', dsn, sizeof(dsn));
 		set_status(r, m, i, QUEUE_FAILED);
 		attempt_log(r, m, i, "failed", l->name, mta, dsn, text);
-		rlog(r, LOG_LEVEL_NOTICE, "qid=%s rcpt=<%.200s> lane=%s mta=%s status=failed dsn=%s "
-		     "reply=\"%s\"", m->id, m->addr[i], l->name, mta, dsn, text);
+		delivery_log(r, LOG_LEVEL_NOTICE, m, i, l->name, mta, "bounced", dsn, text, NULL);
 		r->st.failed++;
 		l->failed++;
 		break;
@@ -1877,12 +1900,15 @@ static void rcpt_outcome(struct relay *r, struct tx *t, size_t k, const struct c
 			if (m->r[i].attempts)
 				m->r[i].attempts--;
 			attempt_log(r, m, i, "deferred", l->name, mta, "", text);
+			dsn_code(rep, '4', dsn, sizeof(dsn));
+			delivery_log(r, LOG_LEVEL_INFO, m, i, l->name, mta, "deferred", dsn, text,
+				     "(too many recipients: the next transaction)");
 			break;
 		}
 		rcpt_retry(r, m, i, cr->for_ms);
 		attempt_log(r, m, i, "deferred", l->name, mta, "", text);
-		rlog(r, LOG_LEVEL_INFO, "qid=%s rcpt=<%.200s> lane=%s mta=%s status=deferred "
-		     "reply=\"%s\"", m->id, m->addr[i], l->name, mta, text);
+		dsn_code(rep, '4', dsn, sizeof(dsn));
+		delivery_log(r, LOG_LEVEL_INFO, m, i, l->name, mta, "deferred", dsn, text, NULL);
 		break;
 	case CLASSIFY_SUSPEND:
 	case CLASSIFY_SLOW:
@@ -1891,6 +1917,10 @@ static void rcpt_outcome(struct relay *r, struct tx *t, size_t k, const struct c
 		m->r[i].next_try = 0;
 		if (m->r[i].attempts)
 			m->r[i].attempts--;
+		dsn_code(rep, '4', dsn, sizeof(dsn));
+		delivery_log(r, LOG_LEVEL_INFO, m, i, l->name, mta,
+			     cr->verdict == CLASSIFY_SUSPEND ? "suspended" : "deferred", dsn, text,
+			     "(the lane's throttling: the recipient stays queued)");
 		if (sig->verdict != CLASSIFY_SUSPEND) {
 			*sig = *cr;
 			snprintf(sigtext, siglen, "%s", text);
@@ -1957,10 +1987,11 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 			}
 			set_status(r, m, i, QUEUE_UNCERTAIN);
 			attempt_log(r, m, i, "uncertain", l->name, mta, "", text);
-			rlog(r, LOG_LEVEL_WARNING, "qid=%s rcpt=<%.200s> lane=%s mta=%s status=uncertain "
-			     "reply=\"%s\" (lost after the message was sent: %s)", m->id, m->addr[i],
-			     l->name, mta, text, conf->uncertain == RELAY_UNCERTAIN_HOLD ? "held"
-			     : "sent again later, possibly twice");
+			delivery_log(r, LOG_LEVEL_WARNING, m, i, l->name, mta, "uncertain", "4.4.2",
+				     text, conf->uncertain == RELAY_UNCERTAIN_HOLD
+				     ? "(lost after the message was sent: held)"
+				     : "(lost after the message was sent: sent again later, possibly "
+				       "twice)");
 			r->st.uncertain++;
 			rcpt_retry(r, m, i, -1);
 		}
@@ -2205,8 +2236,8 @@ static void expire(struct relay *r, struct rmsg *m, uint64_t now)
 		set_status(r, m, i, QUEUE_FAILED);
 		attempt_log(r, m, i, "failed", m->r[i].lane ? m->r[i].lane->name : "-", "", "4.4.7",
 			    text);
-		rlog(r, LOG_LEVEL_NOTICE, "qid=%s rcpt=<%.200s> status=failed dsn=4.4.7 (%s)", m->id,
-		     m->addr[i], text);
+		delivery_log(r, LOG_LEVEL_NOTICE, m, i, m->r[i].lane ? m->r[i].lane->name : "-", "",
+			     "bounced", "4.4.7", text, NULL);
 		r->st.failed++;
 		any = true;
 	}
@@ -2475,6 +2506,24 @@ static void *relay_main(void *arg)
 	load_queue(r);
 	arm_sweep(r);
 	event_base_dispatch(r->base);
+	/* The loop is over: no call is taken any more, and those posted meanwhile (`sluice
+	 * stats` or `top` during the shutdown) are answered now instead of waiting forever. */
+	pthread_mutex_lock(&r->mb_lock);
+	r->mb_closed = true;
+	struct mb_item **pp = &r->mb_head;
+	while (*pp) {
+		struct mb_item *it = *pp;
+		if (it->kind == MB_CALL) {
+			*pp = it->next; /* before done: the caller's item is gone after it */
+			it->rc = -ESHUTDOWN;
+			it->done = true;
+		} else {
+			pp = &it->next;
+		}
+	}
+	r->mb_tail = pp;
+	pthread_cond_broadcast(&r->mb_cond);
+	pthread_mutex_unlock(&r->mb_lock);
 	/* connections still saying QUIT, and those cut by the deadline, go now */
 	smtp_out_abandon_quitting(r->base);
 	thread_set_base(NULL);
@@ -2750,7 +2799,8 @@ struct relay *relay_free(struct relay *r)
 /* ---- `sluice lanes` ---- */
 
 struct lanes_arg {
-	bool json;
+	bool json, brief;
+	size_t max;
 	struct buf *out;
 	const char *name;
 	int64_t for_ms;
@@ -2790,6 +2840,61 @@ static void json_str(struct buf *b, const char *s)
 	buf_append_byte(b, '"');
 }
 
+static size_t lane_waiting(const struct lane *l)
+{
+	size_t waiting = 0;
+	const struct lane_item *it;
+	TAILQ_FOREACH(it, &l->items, link)
+		waiting += it->pending;
+	return waiting;
+}
+
+static void lane_brief_line(struct buf *b, const struct lane *l, size_t waiting, bool susp,
+			    uint64_t now)
+{
+	buf_printf(b, "lane %-14.14s", l->name);
+	for (unsigned i = 0; i < l->b.rate.n && i < 2; i++) {
+		char w[64];
+		rate_window_format(&l->b.rate.w[i], w, sizeof(w));
+		char *slash = strchr(w, '/');
+		buf_printf(b, " %" PRIu64 "/%" PRIu64 "%s", lane_budget_used(&l->b, i, now),
+			   lane_budget_limit(&l->b, i), slash ? slash : "");
+	}
+	if (!l->b.rate.n)
+		buf_append_cstr(b, " unlimited");
+	char d[32];
+	uint64_t wait = lane_budget_wait(&l->b, now);
+	fmt_dur(wait, d, sizeof(d));
+	unsigned cap = l->rt ? l->rt->conf->connections : 0;
+	buf_printf(b, "  next %s  conns %u/%u  waiting %zu  sent/def/fail %" PRIu64 "/%" PRIu64
+		   "/%" PRIu64 "%s\n", wait ? d : "now", l->nconns, cap, waiting, l->delivered,
+		   l->deferred, l->failed, susp ? "  SUSPENDED" : "");
+}
+
+/*
+ * For `sluice top`: "lanes N" (how many), then up to max "lane ..." lines, the lanes an
+ * operator looks at first: suspended ones, then those with mail waiting, then the rest.
+ */
+static void do_lanes_brief(struct relay *r, struct buf *b, uint64_t now, size_t max)
+{
+	buf_printf(b, "lanes %u\n", r->nlanes);
+	size_t shown = 0;
+	for (int pass = 0; pass < 3; pass++) {
+		struct lane *l;
+		TAILQ_FOREACH(l, &r->lanes, link) {
+			if (shown >= max)
+				return;
+			size_t waiting = lane_waiting(l);
+			bool susp = lane_budget_suspended(&l->b, now);
+			int rank = susp ? 0 : waiting ? 1 : 2;
+			if (rank != pass)
+				continue;
+			lane_brief_line(b, l, waiting, susp, now);
+			shown++;
+		}
+	}
+}
+
 static int do_lanes(struct relay *r, void *arg)
 {
 	struct lanes_arg *a = arg;
@@ -2799,6 +2904,10 @@ static int do_lanes(struct relay *r, void *arg)
 	if (a->json)
 		buf_append_cstr(b, "[");
 	struct lane *l;
+	if (a->brief) {
+		do_lanes_brief(r, b, now, a->max);
+		return 0;
+	}
 	TAILQ_FOREACH(l, &r->lanes, link) {
 		size_t waiting = 0;
 		struct lane_item *it;
@@ -2883,6 +2992,12 @@ static int do_lanes(struct relay *r, void *arg)
 int relay_lanes(struct relay *r, bool json, struct buf *out)
 {
 	struct lanes_arg a = { .json = json, .out = out };
+	return call_sync(r, do_lanes, &a);
+}
+
+int relay_lanes_brief(struct relay *r, size_t max, struct buf *out)
+{
+	struct lanes_arg a = { .brief = true, .max = max, .out = out };
 	return call_sync(r, do_lanes, &a);
 }
 

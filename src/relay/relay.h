@@ -135,6 +135,9 @@ struct relay *relay_free(struct relay *r);
 
 /* `sluice lanes [--json]`: appended to out. */
 int relay_lanes(struct relay *r, bool json, struct buf *out);
+/* "lanes N", then a line per lane, at most max, suspended and busy ones first:
+ * "lane NAME USED/LIMIT/WINDOW... next ... conns ... waiting ... sent/def/fail ...". */
+int relay_lanes_brief(struct relay *r, size_t max, struct buf *out);
 /* `sluice lanes suspend NAME [FOR]` / `resume NAME`.  0, -ENOENT. */
 int relay_lane_suspend(struct relay *r, const char *name, int64_t for_ms);
 int relay_lane_resume(struct relay *r, const char *name);

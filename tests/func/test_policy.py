@@ -228,8 +228,9 @@ def test_milter_rate_limit_per_domain(sluiced, postfix):
     wait_log_count(pf.maillog, r"^.*milter-reject: RCPT from .*: 451 4\.7\.1 Rate limit "
                    rf"exceeded for {re.escape(DOMAIN)}, try again in \d+s;.*$", 5)
     wait_all_delivered(pf, results)
-    lines = s.log.findall(rf'^.*limit rule=per-domain key="{DOMAIN}" stage=rcpt '
-                          r"action=tempfail limit=10/1m retry=\d+s.*$")
+    lines = s.log.findall(rf'^.*decision rule=per-domain action=tempfail key="{DOMAIN}" '
+                          r"count=\d+ limit=10/1m stage=rcpt retry=\d+s client=127\.0\.0\.1 "
+                          r'helo="[^"]+" from=<[^>]+> rcpt=<[^>]+>( qid=[0-9A-F]+)?$')
     assert len(lines) == 5, s.log.tail(30)
     no_milter_trouble(pf)
 
@@ -251,8 +252,9 @@ def test_policy_service_rate_limit_per_domain(sluiced, postfix):
     wait_log_count(pf.maillog, r"^.*NOQUEUE: reject: RCPT from .*: 451 4\.7\.1 .*Rate limit "
                    rf"exceeded for {re.escape(DOMAIN)}, try again in \d+s;.*$", 5)
     wait_all_delivered(pf, results)
-    assert len(s.log.findall(rf'limit rule=per-domain key="{DOMAIN}" stage=rcpt '
-                             r"action=tempfail")) == 5, s.log.tail(30)
+    assert len(s.log.findall(rf'decision rule=per-domain action=tempfail key="{DOMAIN}" '
+                             r"count=\d+ limit=10/1m stage=rcpt .*client=127\.0\.0\.1 "
+                             r"helo=.* from=<.*> rcpt=<.*>")) == 5, s.log.tail(30)
     no_policy_trouble(pf)
     st = s.stats()["policy"]
     assert st["connections"] >= 1 and st["protocol_errors"] == 0, st
@@ -318,7 +320,9 @@ def test_class_inbound_limit_under_concurrent_sessions(sluiced, postfix):
         wait_log_count(pf.maillog, r"milter-reject: CONNECT from .*\[127\.0\.0\.1\]: 421 4\.7\.0 "
                        r"Too many sessions from your network \(class local\), try again later",
                        7)
-        assert len(s.log.findall(r"class=local full: refusing client=\"?127\.0\.0\.1")) == 7, \
+        assert len(s.log.findall(r'decision class=local action=tempfail reply="421 4\.7\.0 '
+                                 r'Too many sessions from your network \(class local\), try '
+                                 r'again later" stage=connect client=127\.0\.0\.1$')) == 7, \
             s.log.tail(20)
         # the held sessions are still served
         for c in served:
@@ -358,8 +362,8 @@ def test_warn_rule_logs_and_lets_everything_through(sluiced, postfix):
     assert all(r.accepted for r in results), describe(results, pf, s)
     assert all(r.rcpt == [(250, r.rcpt[0][1])] for r in results)
     wait_all_delivered(pf, results)
-    warned = s.log.findall(rf'^.*warning: .*limit rule=w key="{DOMAIN}" stage=rcpt '
-                           r"action=warn limit=2/1h .*$")
+    warned = s.log.findall(rf'^.*warning: .*decision rule=w action=warn key="{DOMAIN}" '
+                           r"count=\d+ limit=2/1h stage=rcpt .*$")
     assert len(warned) == 4, s.log.tail(20)
     assert not pf.maillog.search(r"milter-reject"), pf.maillog.tail(20)
     no_milter_trouble(pf)
@@ -618,8 +622,8 @@ def test_end_of_message_rule_after_rcpt_rule(sluiced, postfix, via):
                         rf"exceeded for {re.escape(FROM)}")
     assert s.cli("limits", "show", DOMAIN, "per-domain").stdout.strip().endswith(
         "used 2/10"), "a message refused at end of data is given back to every rule"
-    assert s.log.search(rf'limit rule=bytes key="{re.escape(FROM)}" stage=eom action=reject '
-                        r"limit=5000/1h"), s.log.tail(20)
+    assert s.log.search(rf'decision rule=bytes action=reject key="{re.escape(FROM)}" '
+                        r"count=\d+ limit=5000/1h stage=eom"), s.log.tail(20)
     shown = s.cli("limits", "show", FROM, "bytes").stdout
     m = re.search(r"5000/1h used (\d+)/5000", shown)
     assert m and 4000 <= int(m.group(1)) <= 5000, shown   # the refused one was given back

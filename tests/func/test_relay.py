@@ -277,7 +277,7 @@ def test_expired_message_bounces_once(relay):
                              'queue { dir = "' + str(sd.dir) + '/queue"; lifetime = 2s; }'))
     sd.start()
     send(port, ["late@example.net"], sender="me@example.org")
-    sd.log.wait_for(r"status=failed dsn=4\.4\.7", timeout=60)
+    sd.log.wait_for(r"status=bounced dsn=4\.4\.7", timeout=60)
     sd.log.wait_for(r"bounce queued as \S+ to <me@example\.org>", timeout=10)
     wait_until(lambda: sd.stats()["relay"]["dsn_sent"] == 1, 10, "the DSN committed")
     # the DSN itself waits in the queue (the smarthost is down), from <> to the sender

@@ -1431,6 +1431,73 @@ static void test_tag_quarantine(void **state)
 }
 
 /* A result array shorter than the stage's rules: the decision is still whole. */
+/* The decision line of each rule over its limit, and the rules' counters. */
+static void test_decision_lines_and_counters(void **state)
+{
+	(void)state;
+	struct env e;
+	env_load(&e, "limit \"t\" { stage = mail; key = sender_domain; rate = 1/1h; }\n"
+		     "limit \"r\" { stage = mail; key = client_ip; rate = [\"5/1m\", \"1/1h\"]; "
+		     "action = reject; }\n"
+		     "limit \"w\" { stage = mail; key = sender; rate = 1/1h; action = warn; }\n");
+	struct tx a = { .ip = "192.0.2.1", .helo = "h", .sender = "<a@example.com>" };
+	struct run r;
+	run(&e, &a, POLICY_MAIL, NULL, STORE_CHECK, T0, &r);
+	assert_int_equal(r.d.nover, 0);
+	run(&e, &a, POLICY_MAIL, NULL, STORE_CHECK, T0, &r);
+	assert_int_equal(r.d.action, POLICY_REJECT);
+	assert_int_equal(r.d.nover, 3);
+	struct policy_log_ctx ctx = {
+		.client = str_cstr("192.0.2.1"),
+		.helo = str_cstr("evil\" x=1 \x01"),
+		.from = str_cstr("<a@example.com>"),
+		.qid = str_cstr("Q 1"),
+	};
+	static const char *const expect[] = {
+		"over rule=t action=tempfail key=\"example.com\" count=1 limit=1/1h stage=mail "
+		"retry=3600s client=192.0.2.1 helo=\"evil\\\" x=1 \\x01\" from=<a@example.com> "
+		"qid=\"Q 1\"",
+		"decision rule=r action=reject key=\"192.0.2.1\" count=1 limit=1/1h stage=mail "
+		"retry=3600s client=192.0.2.1 helo=\"evil\\\" x=1 \\x01\" from=<a@example.com> "
+		"qid=\"Q 1\"",
+		"decision rule=w action=warn key=\"a@example.com\" count=1 limit=1/1h stage=mail "
+		"retry=3600s client=192.0.2.1 helo=\"evil\\\" x=1 \\x01\" from=<a@example.com> "
+		"qid=\"Q 1\"",
+	};
+	static const enum log_level levels[] = { LOG_LEVEL_NOTICE, LOG_LEVEL_NOTICE,
+						 LOG_LEVEL_WARNING };
+	for (size_t i = 0; i < r.d.nover; i++) {
+		char line[1024];
+		enum log_level lv = policy_decision_line(&r.d, i, POLICY_MAIL, &ctx, line,
+							 sizeof(line));
+		assert_string_equal(line, expect[i]);
+		assert_int_equal(lv, levels[i]);
+		/* a small buffer cuts the line and still ends it */
+		char tiny[20];
+		policy_decision_line(&r.d, i, POLICY_MAIL, &ctx, tiny, sizeof(tiny));
+		assert_int_equal(strlen(tiny), sizeof(tiny) - 1);
+	}
+	/* without a context: the rule's part only */
+	char bare[256];
+	policy_decision_line(&r.d, 1, POLICY_MAIL, NULL, bare, sizeof(bare));
+	assert_string_equal(bare, "decision rule=r action=reject key=\"192.0.2.1\" count=1 "
+			    "limit=1/1h stage=mail retry=3600s");
+
+	/* counters: two checks per rule, the second over; peeks do not count */
+	run(&e, &a, POLICY_MAIL, NULL, STORE_PEEK, T0, &r);
+	struct policy_rule_counters rc[4];
+	assert_int_equal(policy_counters(e.p, rc, 4), 3);
+	for (size_t i = 0; i < 3; i++) {
+		assert_int_equal(rc[i].passed, 1);
+		assert_int_equal(rc[i].over, 1);
+		assert_int_equal(rc[i].stage, POLICY_MAIL);
+	}
+	assert_string_equal(rc[1].name, "r");
+	assert_int_equal(rc[1].action, POLICY_REJECT);
+	assert_int_equal(policy_counters(e.p, rc, 1), 1);
+	env_free(&e);
+}
+
 static void test_results_bounded(void **state)
 {
 	(void)state;
@@ -1510,6 +1577,7 @@ int main(void)
 		cmocka_unit_test(test_class_reload),
 		cmocka_unit_test(test_tag_quarantine),
 		cmocka_unit_test(test_results_bounded),
+		cmocka_unit_test(test_decision_lines_and_counters),
 		cmocka_unit_test(test_worker_threads),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -227,33 +227,58 @@ static struct service_stats sample_stats(void)
 	st.interval.connections = 10;
 	st.interval.sessions = 9;
 	stat_acc_add(&st.interval.duration, 2.0);
+	st.last.connections = 40;
+	st.last.sessions = 41;
+	st.last.refused = 1;
+	st.last.timeouts = 2;
+	stat_acc_add(&st.last.duration, 11.5);
+	stat_acc_add(&st.last.duration, 12.5);
+	stat_acc_add(&st.last.work, 0.0425);
+	st.last_seconds = 300.2;
+	st.last_complete = true;
 	return st;
 }
 
 static void test_format_text(void **state)
 {
 	(void)state;
-	struct service_stats st = sample_stats();
+	struct service_stats st[2] = { sample_stats(), { .name = "policy", .current = 1,
+							 .interval_seconds = 12.4,
+							 .last_seconds = 12.4 } };
+	stat_acc_add(&st[1].total.duration, 0.25);
+	st[1].total.connections = 1;
 	struct buf out;
 	buf_init(&out, 1 << 16);
-	assert_int_equal(service_stats_format(&out, &st), 0);
+	assert_int_equal(service_stats_format(&out, st, 2), 0);
 	static const char expect[] =
-		"milter: sessions current 3, peak 17\n"
-		" last interval (60 s): connections 10, sessions ended 9, refused 0, protocol errors 0, "
-		"timeouts 0\n"
-		"  duration  min 2.000000  mean 2.000000  max 2.000000  std-dev 0.000000  (s)\n"
-		"  work      min 0.000000  mean 0.000000  max 0.000000  std-dev 0.000000  (s)\n"
-		" since start (86400 s): connections 1234, sessions ended 1230, refused 2, "
-		"protocol errors 5, timeouts 1\n"
-		"  duration  min 0.500000  mean 1.000000  max 1.500000  std-dev 0.707107  (s)\n"
-		"  work      min 0.001000  mean 0.002000  max 0.003000  std-dev 0.001414  (s)\n";
+		"service  connections    now   peak  refused  proto-err  timeouts  last-err\n"
+		"milter          1234      3     17        2          5         1         3\n"
+		"policy             1      1      0        0          0         0         0\n"
+		"\n"
+		"session duration (s)      sessions       min      mean       max   std-dev\n"
+		"milter   last 300 s              2    11.500    12.000    12.500     0.707\n"
+		"         since start             2     0.500     1.000     1.500     0.707\n"
+		"policy   so far 12 s             0         -         -         -         -\n"
+		"         since start             1     0.250     0.250     0.250     0.000\n"
+		"\n"
+		"work time (ms)            sessions       min      mean       max   std-dev\n"
+		"milter   last 300 s              1    42.500    42.500    42.500     0.000\n"
+		"         since start             2     1.000     2.000     3.000     1.414\n"
+		"policy   so far 12 s             0         -         -         -         -\n"
+		"         since start             0         -         -         -         -\n";
 	assert_string_equal(out.ptr, expect);
+	/* every line fits 80 columns */
+	for (const char *p = out.ptr; *p;) {
+		size_t len = strcspn(p, "\n");
+		assert_true(len <= 80);
+		p += len + (p[len] != 0);
+	}
 	/* appends; a buffer that is too small fails */
-	assert_int_equal(service_stats_format(&out, &st), 0);
+	assert_int_equal(service_stats_format(&out, st, 2), 0);
 	assert_int_equal(out.len, 2 * (sizeof(expect) - 1));
 	struct buf tiny;
 	buf_init(&tiny, 40);
-	assert_true(service_stats_format(&tiny, &st) < 0);
+	assert_true(service_stats_format(&tiny, st, 2) < 0);
 	buf_clear(&tiny);
 	buf_clear(&out);
 }
@@ -262,9 +287,9 @@ static void test_format_text(void **state)
 
 struct json {
 	const char *p, *end;
-	char paths[64][96]; /* "a.b.c" of every value seen */
+	char paths[128][96]; /* "a.b.c" of every value seen */
 	size_t npaths;
-	double numbers[64];
+	double numbers[128];
 	int depth;
 };
 
@@ -511,12 +536,20 @@ static void test_format_json(void **state)
 		{ "milter.interval.work.count", 0 },
 		{ "milter.interval.work.min", 0 },
 		{ "milter.interval.work.max", 0 },
+		{ "milter.last_interval.seconds", 300.2 },
+		{ "milter.last_interval.connections", 40 },
+		{ "milter.last_interval.refused", 1 },
+		{ "milter.last_interval.timeouts", 2 },
+		{ "milter.last_interval.duration.count", 2 },
+		{ "milter.last_interval.duration.mean", 12 },
+		{ "milter.last_interval.work.max", 0.0425 },
 	};
 	for (size_t i = 0; i < ARRAY_SIZE(keys); i++) {
 		double v = json_get(&j, keys[i].path);
 		if (!(fabs(v - keys[i].value) <= 1e-9))
 			fail_msg("%s: %.12g, expected %.12g", keys[i].path, v, keys[i].value);
 	}
+	assert_non_null(strstr(out.ptr, "\"last_interval_complete\":true,"));
 	/* no key twice in one object: the paths are unique */
 	for (size_t a = 0; a < j.npaths; a++)
 		for (size_t b = a + 1; b < j.npaths; b++)
@@ -551,8 +584,8 @@ static void test_format_extremes(void **state)
 	json_parse(&j, out.ptr, out.len);
 	assert_true(json_get(&j, "control.sessions_current") == 18446744073709551615.0);
 	buf_reset(&out);
-	assert_int_equal(service_stats_format(&out, &st), 0);
-	assert_non_null(strstr(out.ptr, "control: sessions current 18446744073709551615, peak 0\n"));
+	assert_int_equal(service_stats_format(&out, &st, 1), 0);
+	assert_non_null(strstr(out.ptr, "\ncontrol  18446744073709551615 18446744073709551615      0"));
 	buf_clear(&out);
 }
 
