@@ -982,8 +982,8 @@ static size_t memory_expire(void *ctx, uint64_t now)
 	 * visits every slot every EXPIRE_SWEEP calls, so the dead records are at most
 	 * EXPIRE_SWEEP seconds of new keys.  (Masks read without the locks: a stale one only
 	 * changes the budget.)  XXX the cost follows the table: at a million records (up to
-	 * 4M slots, 64 MiB) a sweep reads the whole table, some 10-20 ms of the calling
-	 * thread each second, each shard locked for 1/64 of it. */
+	 * 4M slots, 64 MiB) a sweep reads the whole table, an estimated 10-20 ms of the
+	 * calling thread each second (not measured), each shard locked for 1/64 of it. */
 	for (unsigned s = 0; s < SHARDS; s++)
 		budget += __atomic_load_n(&m->shards[s].mask, __ATOMIC_RELAXED) + 1;
 	budget /= EXPIRE_SWEEP;
