@@ -320,10 +320,12 @@ def test_a_full_disk_answers_452_and_loses_nothing(sluiced, smarthost, small_dis
 # a hundred reloads
 
 def sanitized(pid):
-    """Is the process built with AddressSanitizer?  Its quarantine keeps freed memory
-    from being reused, so RSS says nothing about leaks there; LeakSanitizer does."""
+    """Does the process run under AddressSanitizer or valgrind?  Both keep freed memory
+    from being reused for a while (a quarantine, a free list), so RSS says nothing about
+    leaks there; their leak checkers do, at exit."""
     with open(f"/proc/{pid}/maps") as f:
-        return "libasan" in f.read()
+        maps = f.read()
+    return "libasan" in maps or "vgpreload" in maps
 
 
 def rss_kib(pid):
