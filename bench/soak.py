@@ -79,19 +79,20 @@ def fd_targets(pid):
 
 
 def raise_nofile(need):
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    """Soft (and, as root, hard) RLIMIT_NOFILE to 65536 or need: sluiced and milter_load
+    inherit it, and each holds a descriptor per connection."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = max(need, 65536)
     if hard != resource.RLIM_INFINITY and hard < want:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, want))
-            return
+            hard = want
         except (ValueError, OSError):
             want = hard
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard) if hard != resource.RLIM_INFINITY
-                                                else want, hard))
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < need:
-        raise SystemExit(f"soak: open files limit {soft} < {need}: run as root or lower SOAK_IDLE")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    if want < need:
+        raise SystemExit(f"soak: open files limit {want} < {need}: run as root or lower "
+                         "SOAK_IDLE")
 
 
 CONF = """workers = 2;

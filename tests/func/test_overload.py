@@ -24,7 +24,7 @@ from test_engine import closed_or_refused, finish, in_session, open_many
 from test_intake import intake_config, SWAKS
 from test_redis import redis, redis_store, rcpt_decision  # noqa: F401 (fixture)
 from test_policy import config as policy_config, per_domain
-from test_relay import relay_config, send as relay_send, lanes
+from test_relay import relay_config, send as relay_send
 from smarthost import smarthost  # noqa: F401 (fixture)
 
 
