@@ -158,6 +158,36 @@ def test_intake_over_max_sessions_answers_421_and_logs_once_per_burst(sluiced):
         c.close()
 
 
+def test_held_sessions_keep_little_state_and_marks_still_apply(sluiced):
+    """A session keeps no room for tags, a quarantine reason or header keys until a rule
+    needs one (10,000 held connections would otherwise hold 27 MiB of it): a message over
+    a tag rule and a quarantine rule keyed by a header still gets both marks."""
+    s = sluiced("\n".join(base_lines() + [
+        "milter {", '  listen = "unix:@DIR@/milter.sock";', "}",
+        'limit "tagit" { stage = "rcpt"; key = "rcpt_domain"; rate = ["1/1h"]; '
+        'action = "tag"; }',
+        'limit "quar" { stage = "data"; key = "header:subject"; rate = ["1/1h"]; '
+        'action = "quarantine"; }']) + "\n")
+    held = [in_session(s.milter_socket) for _ in range(200)]
+    marks = []
+    for _ in range(2):
+        c = in_session(s.milter_socket)
+        out = c.message(recipients=("<rcpt@example.org>",),
+                        headers=(("From", "a@example.net"), ("Subject", "Same again")))
+        mods, code, _ = out["eom"]
+        assert code in (w.ACCEPT, w.CONTINUE), out
+        marks.append(mods)
+        c.quit()
+    assert marks[0] == [], f"the first message is within every limit: {marks[0]}"
+    kinds = {code: payload for code, payload in marks[1]}
+    assert w.ADDHEADER in kinds and b"X-Sluice-Limit\0rule=tagit; key=example.org" in \
+        kinds[w.ADDHEADER], marks[1]
+    assert w.QUARANTINE in kinds and b"sluice limit quar for same again" in \
+        kinds[w.QUARANTINE].lower(), marks[1]
+    for c in held:
+        c.quit()
+
+
 # ---------------------------------------------------------------------------------------
 # a slow store
 
