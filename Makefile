@@ -3,6 +3,7 @@
 #                the user sluice is created if missing; sluiced drops to it)
 #   make check   build and run the whole test suite, then again under ASan+UBSan
 #   make bench   milter, rules, store, policy, Redis, intake and relay benchmarks (bench/README.md)
+#   make soak    a million milter sessions beside 10,000 held connections: memory, fds, threads
 #   make fuzz    run every fuzzer for FUZZ_TIME seconds each (clang, libFuzzer)
 # Missing Debian packages are installed first when running as root (Debian 12).
 
@@ -17,7 +18,7 @@ TEST_PKGS = postfix miltertest swaks python3-pytest redis-server clang libclang-
 BENCH_PKGS = libmilter-dev redis-server postfix python3-pytest strace
 FUZZ_PKGS = clang libclang-rt-14-dev
 
-.PHONY: all build run check test asan-check bench fuzz clean deps-build deps-test deps-bench
+.PHONY: all build run check test asan-check bench soak fuzz clean deps-build deps-test deps-bench
 
 all: build
 
@@ -78,6 +79,10 @@ bench: deps-bench build
 	bench/run_redis.sh $(BUILD)
 	bench/run_intake.py $(BUILD)
 	bench/run_relay.py $(BUILD)
+
+# Not part of bench: it takes minutes (bench/README.md, "The soak").
+soak: deps-build build
+	bench/soak.py $(BUILD)
 
 $(FUZZ_BUILD)/build.ninja:
 	CC=clang meson setup $(FUZZ_BUILD) -Dfuzzing=true -Dfunc_tests=false \

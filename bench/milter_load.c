@@ -125,7 +125,7 @@ enum conn_state {
 	CS_CONNECTING,  /* non-blocking connect in progress */
 	CS_SESSION,     /* exchanging commands and replies */
 	CS_CLOSING,     /* QUIT sent and write side shut; waiting for the filter's EOF */
-	CS_HOLD,        /* idle connection parked after CONNECT */
+	CS_HOLD,        /* idle connection parked after CONNECT (--idle-mail: after RCPT) */
 	CS_RETIRED,     /* finished for good */
 };
 
@@ -156,6 +156,7 @@ struct opts {
 	unsigned headers;
 	size_t body;
 	unsigned idle;
+	bool idle_mail;         /* idle connections stop after RCPT, mid-transaction */
 	bool reuse;
 	bool fast_close;
 };
@@ -456,7 +457,7 @@ static void gen_connect(struct conn *c)
 		if (replies(c, STEP_CONNECT))
 			c->wait = STEP_CONNECT;
 	}
-	c->next = c->idle ? STEP_DONE : STEP_HELO;
+	c->next = c->idle && !o.idle_mail ? STEP_DONE : STEP_HELO;
 }
 
 static void gen_helo(struct conn *c)
@@ -509,7 +510,11 @@ static void gen_rcpt(struct conn *c)
 	size_t p;
 
 	if (c->rcpt >= o.rcpts) {
-		if (c->rcpt_ok == 0) {
+		if (c->idle) {
+			/* --idle-mail: park between the last RCPT and DATA, as an MTA does
+			 * while its client is slow to send the message. */
+			c->next = STEP_DONE;
+		} else if (c->rcpt_ok == 0) {
 			/* Every recipient refused: Postfix ends the transaction before DATA. */
 			msg_verdict(c, c->refusal);
 			c->next = STEP_ABORT;
@@ -1468,6 +1473,8 @@ static void usage(FILE *f)
 	    "  -k N            header fields per message (default 8)\n"
 	    "  -b BYTES        body bytes per message (default 4096)\n"
 	    "  -i N            idle connections held open (OPTNEG + CONNECT) during the run\n"
+	    "  --idle-mail     idle connections also send HELO, MAIL and the RCPTs, and wait\n"
+	    "                  in the middle of the transaction (before DATA)\n"
 	    "  -T SECONDS      reply timeout (default 30)\n"
 	    "  --reuse         keep the connection for the next session (QUIT_NC)\n"
 	    "  --fast-close    write QUIT and close at once, like Postfix, instead of waiting\n"
@@ -1483,8 +1490,9 @@ static void usage(FILE *f)
 
 static void parse_args(int argc, char **argv)
 {
-	enum { OPT_REUSE = LOADGEN_OPT__MAX, OPT_FAST_CLOSE };
+	enum { OPT_REUSE = LOADGEN_OPT__MAX, OPT_FAST_CLOSE, OPT_IDLE_MAIL };
 	static const struct option longs[] = {
+		{ "idle-mail", no_argument, NULL, OPT_IDLE_MAIL },
 		{ "reuse", no_argument, NULL, OPT_REUSE },
 		{ "fast-close", no_argument, NULL, OPT_FAST_CLOSE },
 		LOADGEN_LONG_OPTS,
@@ -1501,6 +1509,7 @@ static void parse_args(int argc, char **argv)
 		case 'r': o.rcpts = (unsigned)loadgen_parse_num(optarg, 1, 100000, "recipients"); break;
 		case OPT_REUSE: o.reuse = true; break;
 		case OPT_FAST_CLOSE: o.fast_close = true; break;
+		case OPT_IDLE_MAIL: o.idle_mail = true; break;
 		default: loadgen_opt(&lg.opt, ch, optarg, "sessions", usage); break;
 		}
 	}

@@ -460,6 +460,9 @@ static int load_queue(struct cfg_node *m, struct sluice_config *c, char *err, si
 	if (r == 0)
 		r = get_duration(m, "lifetime", 1000, INT64_C(86400000) * 365,
 				 &c->queue.lifetime_ms, err, el);
+	struct cfg_node *n;
+	if (r == 0 && (r = get_one(m, "min_free", &n, err, el)) == 0 && n)
+		r = cfg_size(n, 0, UINT64_C(1) << 40, &c->queue.min_free, err, el);
 	return r;
 }
 
@@ -1240,6 +1243,7 @@ int config_load(const char *path, struct sluice_config **ret, char *err, size_t 
 	c->intake.max_line_length = 998; /* RFC 5321 4.5.3.1.6 */
 	relay_conf_init(&c->relay);
 	c->queue.commit_batch = 256;
+	c->queue.min_free = 10u << 20;
 	c->queue.lifetime_ms = INT64_C(5) * 86400 * 1000;
 	c->store.max_keys = 1000000;
 	c->store.snapshot_interval_ms = 300 * 1000;

@@ -86,6 +86,7 @@ struct sluice_config {
 		char *dir;
 		unsigned commit_batch;        /* messages flushed together at most */
 		int64_t lifetime_ms;          /* a message's time in the queue before it bounces */
+		uint64_t min_free;            /* bytes kept free: MAIL refused with 452 4.3.1 */
 	} queue;
 	char *state_dir;
 	struct {

@@ -154,6 +154,7 @@ static struct intake_conf intake_conf(const struct sluice_config *c)
 		.allow = c->intake.allow,
 		.nallow = c->intake.nallow,
 		.max_message_size = c->intake.max_message_size,
+		.min_free = c->queue.min_free,
 		.max_recipients = c->intake.max_recipients,
 		.max_errors = c->intake.max_errors,
 		.max_line = c->intake.max_line_length,

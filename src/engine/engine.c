@@ -7,6 +7,7 @@
  * (a mutex each, taken once per session start/end and by the stats reader).
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
@@ -30,6 +31,7 @@
 #define ENGINE_MAX_SERVICES 16
 #define ACCEPT_BATCH 64
 #define ACCEPT_BACKOFF_MS 500
+#define REFUSE_REMIND_MS 60000 /* a burst of refusals over max_sessions is logged again */
 #define OUTPUT_HIGH (256 * 1024) /* bytes of unread replies before a session stops reading */
 
 struct stats_shard {
@@ -56,6 +58,11 @@ struct service {
 	struct service_counters last;
 	double last_seconds;
 	bool have_last;
+	/* A burst of refusals over max_sessions, logged at its start, every
+	 * REFUSE_REMIND_MS while it lasts and at its end, not once per connection (a flood
+	 * would flood the log).  Main thread only: the listeners run there. */
+	bool refusing;
+	uint64_t refuse_start_ms, refuse_logged_ms, refused_burst, refused_unlogged;
 };
 
 struct listener {
@@ -868,6 +875,39 @@ static void listener_resume(evutil_socket_t fd, short what, void *arg)
 		event_add(l->ev, NULL);
 }
 
+/* Logs a connection refused over max_sessions: the first of a burst with what the peer
+ * was told, then one reminder per REFUSE_REMIND_MS with the count; the end of the burst is
+ * logged by the accept that follows it. */
+static void refuse_log(struct service *svc, const char *peer, unsigned max)
+{
+	uint64_t now = now_ms();
+	const char *msg = svc->ops->refuse_msg;
+	svc->refused_burst++;
+	if (!svc->refusing) {
+		svc->refusing = true;
+		svc->refuse_start_ms = svc->refuse_logged_ms = now;
+		svc->refused_burst = 1;
+		svc->refused_unlogged = 0;
+		/* the refusal's first line, without its line ending */
+		int len = msg ? (int)strcspn(msg, "\r\n") : 0;
+		log_warning("svc=%s peer=%s refused: max_sessions (%u) reached; %s%.*s%s "
+			    "(further refusals are counted, not logged, until a session is "
+			    "admitted again)",
+			    svc->name, peer, max, msg ? "answered \"" : "closed the connection",
+			    len, msg ? msg : "", msg ? "\"" : "");
+		return;
+	}
+	svc->refused_unlogged++;
+	if (now - svc->refuse_logged_ms >= REFUSE_REMIND_MS) {
+		log_warning("svc=%s: still at max_sessions (%u): %" PRIu64 " connections refused "
+			    "in the last %" PRIu64 " s",
+			    svc->name, max, svc->refused_unlogged,
+			    (now - svc->refuse_logged_ms) / 1000);
+		svc->refuse_logged_ms = now;
+		svc->refused_unlogged = 0;
+	}
+}
+
 static void listener_on_accept(evutil_socket_t lfd, short what, void *arg)
 {
 	struct listener *l = arg;
@@ -917,9 +957,15 @@ static void listener_on_accept(evutil_socket_t lfd, short what, void *arg)
 			}
 			close(fd);
 			shard_count(svc, e->nworkers, count_refused, NULL);
-			log_warning("svc=%s peer=%s refused: max_sessions (%u) reached", svc->name,
-				    m.peer, max);
+			refuse_log(svc, m.peer, max);
 			continue;
+		}
+		if (svc->refusing) {
+			uint64_t ms = now_ms() - svc->refuse_start_ms;
+			log_notice("svc=%s: below max_sessions (%u) again: %" PRIu64 " connections "
+				   "refused in %" PRIu64 ".%" PRIu64 " s",
+				   svc->name, max, svc->refused_burst, ms / 1000, ms % 1000 / 100);
+			svc->refusing = false;
 		}
 		uint64_t now_cur = atomic_fetch_add(&svc->current, 1) + 1;
 		uint64_t pk = atomic_load(&svc->peak);

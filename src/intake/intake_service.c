@@ -39,6 +39,7 @@ struct iconf {
 	struct ip_prefix *allow;
 	size_t nallow;
 	uint64_t max_message_size;
+	uint64_t min_free;
 	unsigned max_recipients;
 	unsigned max_errors;
 	size_t max_line;
@@ -50,6 +51,7 @@ struct intake {
 	pthread_mutex_t lock;
 	struct iconf *conf;
 	_Atomic uint64_t messages, recipients, bytes, refused, rejected, bare_eol;
+	atomic_bool low_space; /* MAIL refused for want of space: logged when it starts, ends */
 };
 
 enum istate {
@@ -126,6 +128,7 @@ static struct iconf *iconf_make(const struct intake_conf *conf)
 		memcpy(c->allow, conf->allow, conf->nallow * sizeof(*c->allow));
 	c->nallow = conf->nallow;
 	c->max_message_size = conf->max_message_size;
+	c->min_free = conf->min_free;
 	c->max_recipients = conf->max_recipients;
 	c->max_errors = conf->max_errors;
 	c->max_line = conf->max_line;
@@ -289,6 +292,38 @@ static void cmd_helo(struct isession *is, const struct smtp_command *c, bool ehl
 	reply(is, "250 SMTPUTF8");
 }
 
+/*
+ * Is there room in the queue for a message of `size` bytes (its SIZE, 0 if not given)
+ * with queue.min_free left over?  Asked at MAIL, so that a client is told before it
+ * sends the message; DATA's end still answers 452 4.3.1 if the disk fills meanwhile.
+ * The first refusal of an episode is logged, and the first MAIL admitted after it.
+ * XXX: one statvfs per MAIL, on the session's loop; it does not touch the disk on a
+ * local file system, but could wait on a network one.
+ */
+static bool space_for(struct isession *is, uint64_t size)
+{
+	uint64_t avail;
+	if (is->conf->min_free == 0 && size == 0)
+		return true;
+	if (queue_free_space(is->in->q, &avail) < 0)
+		return true; /* unknown: the writes will tell */
+	uint64_t need = is->conf->min_free + size;
+	bool low = avail < need;
+	if (low != atomic_load(&is->in->low_space) &&
+	    atomic_exchange(&is->in->low_space, low) != low) {
+		if (low)
+			session_log(is->s, LOG_LEVEL_WARNING,
+				    "queue disk full: %" PRIu64 " bytes free, under queue.min_free "
+				    "(%" PRIu64 ") + SIZE (%" PRIu64 "): answering MAIL with 452 "
+				    "4.3.1 until there is room",
+				    avail, is->conf->min_free, size);
+		else
+			session_log(is->s, LOG_LEVEL_NOTICE,
+				    "queue disk has room again: %" PRIu64 " bytes free", avail);
+	}
+	return !low;
+}
+
 static void cmd_mail(struct isession *is, const struct smtp_command *c)
 {
 	if (!is->helo[0]) {
@@ -316,6 +351,10 @@ static void cmd_mail(struct isession *is, const struct smtp_command *c)
 	}
 	if (m.has_size && m.size > is->conf->max_message_size) {
 		reply(is, "552 5.3.4 Message size exceeds fixed limit");
+		return;
+	}
+	if (!space_for(is, m.has_size ? m.size : 0)) {
+		reply(is, "452 4.3.1 Insufficient system storage");
 		return;
 	}
 	buf_reset(&is->sender);
@@ -386,9 +425,15 @@ static int write_received(struct isession *is)
 	return r;
 }
 
+/* The queue's file system is out of space or quota (RFC 3463 4.3.1). */
+static bool disk_full(int r)
+{
+	return r == -ENOSPC || r == -EDQUOT;
+}
+
 static void reply_queue_error(struct isession *is, int r)
 {
-	if (r == -ENOSPC || r == -EDQUOT)
+	if (disk_full(r))
 		reply(is, "452 4.3.1 Insufficient system storage");
 	else if (r == -ESHUTDOWN)
 		reply(is, "451 4.3.2 Service shutting down, try again later");
@@ -537,7 +582,10 @@ static void data_end(struct isession *is)
 		char from[SMTP_MAX_ADDR * 4 + 8];
 		log_quote(from, sizeof(from), str_cstr(is->sender.ptr ? is->sender.ptr : ""), 200);
 		session_log(is->s, LOG_LEVEL_NOTICE, "refused reason=%s from=<%s> client=%s",
-			    is->too_big ? "too-big" : is->long_line ? "line-too-long" : "write-error",
+			    is->too_big	       ? "too-big"
+			    : is->long_line	       ? "line-too-long"
+			    : disk_full(is->write_err) ? "disk-full"
+						       : "write-error",
 			    from, is->client);
 		atomic_fetch_add(&is->in->rejected, 1);
 		transaction_reset(is);

@@ -29,6 +29,7 @@ struct intake_conf {
 	const struct ip_prefix *allow;   /* copied */
 	size_t nallow;
 	uint64_t max_message_size;
+	uint64_t min_free;               /* MAIL: 452 4.3.1 under this (+ SIZE) free bytes */
 	unsigned max_recipients;
 	unsigned max_errors;
 	size_t max_line;                 /* octets of a message line, CRLF excluded */

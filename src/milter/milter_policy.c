@@ -33,9 +33,10 @@ struct mp_session {
 	bool helo_done;           /* the helo rules ran for this SMTP session */
 	uint64_t mail_size;       /* SIZE= given with MAIL */
 	bool have_mail_size;
-	/* first occurrence of each header, for header: selectors */
+	/* first occurrence of each header, for header: selectors; the array is allocated
+	 * with the first header kept (1 KiB that most sessions never need) */
 	size_t nheaders;
-	struct { uint32_t name_off, name_len, value_off, value_len; } headers[MAX_HEADERS_KEPT];
+	struct kept_header { uint32_t name_off, name_len, value_off, value_len; } *headers;
 	struct buf header_bytes;
 	uint64_t header_size;
 };
@@ -192,11 +193,11 @@ static enum milter_verdict eom_accept(struct mp_handler *h, struct milter_sessio
 				      struct mp_session *st)
 {
 	for (size_t i = 0; i < st->msg.ntags; i++)
-		if (milter_session_add_header(ms, str_cstr(TAG_HEADER), str_cstr(st->msg.tags[i])) < 0)
+		if (milter_session_add_header(ms, str_cstr(TAG_HEADER), str_cstr(st->msg.marks->tags[i])) < 0)
 			session_log(milter_session_session(ms), LOG_LEVEL_WARNING,
 				    "cannot add the %s header: the MTA did not offer it", TAG_HEADER);
 	if (st->msg.quarantine &&
-	    milter_session_quarantine(ms, str_cstr(st->msg.quarantine_reason)) < 0)
+	    milter_session_quarantine(ms, str_cstr(st->msg.marks->quarantine_reason)) < 0)
 		session_log(milter_session_session(ms), LOG_LEVEL_WARNING,
 			    "cannot quarantine: the MTA did not offer it");
 	policy_msg_end(h->policy, &st->msg, true, realtime_ns());
@@ -380,6 +381,8 @@ static enum milter_verdict on_header(void *ctx, struct milter_session *ms)
 		wanted = strlen(names->v[i]) == n.len && strncasecmp(names->v[i], n.ptr, n.len) == 0;
 	if (!wanted || st->nheaders == MAX_HEADERS_KEPT)
 		return MILTER_CONTINUE;
+	if (!st->headers && !(st->headers = calloc(MAX_HEADERS_KEPT, sizeof(*st->headers))))
+		return MILTER_CONTINUE; /* XXX out of memory: the header's rules see no value */
 	if (v.len > SELECTOR_MAX_VALUE)
 		v.len = SELECTOR_MAX_VALUE;
 	for (size_t i = 0; i < st->nheaders; i++)
@@ -442,6 +445,7 @@ static void on_close(void *ctx, struct milter_session *ms)
 	policy_msg_clear(&st->msg);
 	policy_class_release(h->policy, st->slot);
 	buf_clear(&st->header_bytes);
+	free(st->headers);
 	free(st);
 	milter_session_set_handler_data(ms, NULL);
 }

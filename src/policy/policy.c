@@ -824,6 +824,7 @@ int policy_rule_normalize_key(const struct policy_rule *r, struct str key, char 
 void policy_msg_clear(struct policy_msg *m)
 {
 	free(m->charges);
+	free(m->marks);
 	memset(m, 0, sizeof(*m));
 }
 
@@ -887,7 +888,8 @@ void policy_msg_end(struct policy *p, struct policy_msg *m, bool delivered, uint
 	m->overflow = false;
 	m->ntags = 0;
 	m->quarantine = false;
-	m->quarantine_reason[0] = '\0';
+	if (m->marks)
+		m->marks->quarantine_reason[0] = '\0';
 }
 
 /* Nanoseconds to seconds, rounded up, without wrapping at the saturated "never". */
@@ -1204,21 +1206,25 @@ static void finish(enum policy_stage st, struct policy_msg *msg, enum store_mode
 		 * must not tag or quarantine what the accepted recipients get */
 		if (mode != STORE_CHECK || !msg || rc == 0)
 			continue;
-		if (r->action == POLICY_TAG && msg->ntags < POLICY_MAX_TAGS) {
+		if ((r->action == POLICY_TAG || r->action == POLICY_QUARANTINE) && !msg->marks)
+			msg->marks = calloc(1, sizeof(*msg->marks));
+		/* XXX without memory for the marks, the message goes untagged and is not
+		 * quarantined; the rule's verdict stands. */
+		if (r->action == POLICY_TAG && msg->marks && msg->ntags < POLICY_MAX_TAGS) {
 			char key[120], tag[POLICY_TAG_MAX];
 			sanitize(key, sizeof(key), it->key, 100);
 			fmt_fixed(tag, sizeof(tag), "rule=%s; key=%s", r->name, key);
 			bool seen = false; /* one header per rule and key, not per recipient */
 			for (size_t k = 0; k < msg->ntags; k++)
-				seen |= strcmp(msg->tags[k], tag) == 0;
+				seen |= strcmp(msg->marks->tags[k], tag) == 0;
 			if (!seen)
-				fmt_fixed(msg->tags[msg->ntags++], POLICY_TAG_MAX, "%s", tag);
+				fmt_fixed(msg->marks->tags[msg->ntags++], POLICY_TAG_MAX, "%s", tag);
 		}
-		if (r->action == POLICY_QUARANTINE && !msg->quarantine) {
+		if (r->action == POLICY_QUARANTINE && msg->marks && !msg->quarantine) {
 			char key[120];
 			sanitize(key, sizeof(key), it->key, 100);
 			msg->quarantine = true;
-			fmt_fixed(msg->quarantine_reason, sizeof(msg->quarantine_reason),
+			fmt_fixed(msg->marks->quarantine_reason, sizeof(msg->marks->quarantine_reason),
 				  "sluice limit %s for %s", r->name, key);
 		}
 	}

@@ -132,10 +132,15 @@ struct policy_msg {
 	struct policy_charge *charges;
 	size_t n, cap;
 	bool overflow;  /* more than POLICY_LEDGER_MAX: later charges are not refundable */
-	/* tags and quarantine to apply at the end of the message */
+	/* tags and quarantine to apply at the end of the message; their texts are
+	 * allocated when the first is set, as few messages have any (1.7 KiB a session) */
 	size_t ntags;
-	char tags[POLICY_MAX_TAGS][POLICY_TAG_MAX];
 	bool quarantine;
+	struct policy_marks *marks;
+};
+
+struct policy_marks {
+	char tags[POLICY_MAX_TAGS][POLICY_TAG_MAX];
 	char quarantine_reason[POLICY_TAG_MAX];
 };
 

@@ -822,6 +822,11 @@ struct queue_dir *queue_directory(struct queue *q)
 	return q->qd;
 }
 
+int queue_free_space(struct queue *q, uint64_t *ret_bytes)
+{
+	return queue_dir_free_space(q->qd, ret_bytes);
+}
+
 int queue_set_status(struct queue *q, struct queue_msg *m, size_t i, char status)
 {
 	int r = queue_msg_set_status(m, i, status);

@@ -134,6 +134,8 @@ typedef void queue_listen_fn(void *arg, enum queue_event ev, const char *id);
 void queue_set_listener(struct queue *q, queue_listen_fn *fn, void *arg);
 /* The directory, for queue_msg_open() and the attempt log. */
 struct queue_dir *queue_directory(struct queue *q);
+/* Bytes free on the queue's file system (see queue_dir_free_space); 0 or -errno. */
+int queue_free_space(struct queue *q, uint64_t *ret_bytes);
 /*
  * Recipient i of the open message m becomes status (T, U, D, F): its byte is written
  * (not flushed: queue_settle) and the index follows.  0 or as queue_msg_set_status().

@@ -19,6 +19,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -57,6 +58,15 @@ static void close_fd(int *fd)
 	if (*fd >= 0)
 		close(*fd);
 	*fd = -1;
+}
+
+int queue_dir_free_space(struct queue_dir *qd, uint64_t *ret_bytes)
+{
+	struct statvfs sv;
+	if (fstatvfs(qd->root, &sv) < 0)
+		return -errno;
+	*ret_bytes = (uint64_t)sv.f_bavail * sv.f_frsize;
+	return 0;
 }
 
 struct queue_dir *queue_dir_free(struct queue_dir *qd)

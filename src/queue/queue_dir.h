@@ -63,6 +63,9 @@ struct queue_dir;
 int queue_dir_open(const char *path, struct queue_dir **ret, char *err, size_t errlen);
 /* Close everything and release the lock.  NULL is fine; returns NULL. */
 struct queue_dir *queue_dir_free(struct queue_dir *qd);
+/* Bytes the queue's file system has free for an unprivileged writer (statvfs f_bavail),
+ * in *ret_bytes; 0 or the errno of fstatvfs(). */
+int queue_dir_free_space(struct queue_dir *qd, uint64_t *ret_bytes);
 
 /* ---- a message being written ---- */
 

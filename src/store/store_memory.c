@@ -72,7 +72,8 @@
 #define HOT_SAMPLE 8        /* entries compared to choose the one a new hot key replaces */
 #define SAMPLE_RECORDS 16   /* records compared to choose a victim */
 #define SAMPLE_SLOTS 64     /* slots scanned at most for them */
-#define EXPIRE_SLOTS 65536  /* slots visited by one expire() call */
+#define EXPIRE_SLOTS 65536  /* slots visited by one expire() call, at least */
+#define EXPIRE_SWEEP 1      /* and at least 1/EXPIRE_SWEEP of all slots */
 #define MAX_KEYS_DEFAULT 1000000u
 
 #define SNAP_MAGIC "SLUICESNAP1\n"
@@ -973,7 +974,21 @@ static size_t memory_top(void *ctx, struct store_top_entry *ret, size_t max, uin
 static size_t memory_expire(void *ctx, uint64_t now)
 {
 	struct store_memory *m = ctx;
-	size_t dropped = 0, budget = EXPIRE_SLOTS;
+	size_t dropped = 0, budget = 0;
+	/* A fixed budget would sweep a large table ever more slowly: past about 65536 x 3/8
+	 * new keys a second (one-off senders, client addresses), the records that expire
+	 * between two visits outnumber the slots the sweep frees, and the table grows to
+	 * max_keys although nearly all of it is dead.  A budget in proportion to the table
+	 * visits every slot every EXPIRE_SWEEP calls, so the dead records are at most
+	 * EXPIRE_SWEEP seconds of new keys.  (Masks read without the locks: a stale one only
+	 * changes the budget.)  XXX the cost follows the table: at a million records (up to
+	 * 4M slots, 64 MiB) a sweep reads the whole table, an estimated 10-20 ms of the
+	 * calling thread each second (not measured), each shard locked for 1/64 of it. */
+	for (unsigned s = 0; s < SHARDS; s++)
+		budget += __atomic_load_n(&m->shards[s].mask, __ATOMIC_RELAXED) + 1;
+	budget /= EXPIRE_SWEEP;
+	if (budget < EXPIRE_SLOTS)
+		budget = EXPIRE_SLOTS;
 	pthread_mutex_lock(&m->expire_lock);
 	for (unsigned visited = 0; visited < SHARDS && budget; visited++) {
 		struct shard *sh = &m->shards[m->expire_shard];

@@ -1367,24 +1367,24 @@ static void test_tag_quarantine(void **state)
 	assert_int_equal(r.d.action, POLICY_TAG);
 	assert_string_equal(r.d.reply, "");
 	assert_int_equal(m.ntags, 1);
-	assert_string_equal(m.tags[0], "rule=tagit; key=example.org");
+	assert_string_equal(m.marks->tags[0], "rule=tagit; key=example.org");
 	run(&e, &rcpt, POLICY_RCPT, &m, STORE_CHECK, T0, &r);
 	assert_int_equal(r.d.action, POLICY_QUARANTINE);
 	assert_string_equal(policy_rule_name(r.d.rule), "quar");
 	assert_int_equal(r.d.nover, 2);
 	assert_true(m.quarantine);
-	assert_string_equal(m.quarantine_reason, "sluice limit quar for example.net");
+	assert_string_equal(m.marks->quarantine_reason, "sluice limit quar for example.net");
 	assert_int_equal(m.ntags, 2);
-	assert_string_equal(m.tags[1], "rule=tag2; key=r@example.net");
+	assert_string_equal(m.marks->tags[1], "rule=tag2; key=r@example.net");
 	/* a second quarantining recipient keeps the first reason */
 	struct tx rcpt2 = { .sender = "<s@Example.ORG>", .rcpt = "<q@example.net>" };
 	assert_int_equal(act(&e, &rcpt2, POLICY_RCPT, &m, T0), POLICY_QUARANTINE);
-	assert_string_equal(m.quarantine_reason, "sluice limit quar for example.net");
+	assert_string_equal(m.marks->quarantine_reason, "sluice limit quar for example.net");
 	/* the end of the message clears the marks */
 	policy_msg_end(e.p, &m, true, T0);
 	assert_int_equal(m.ntags, 0);
 	assert_false(m.quarantine);
-	assert_string_equal(m.quarantine_reason, "");
+	assert_string_equal(m.marks->quarantine_reason, "");
 
 	/* PEEK and a NULL ledger decide the same, and mark nothing */
 	run(&e, &mail, POLICY_MAIL, &m, STORE_PEEK, T0, &r);
@@ -1425,7 +1425,7 @@ static void test_tag_quarantine(void **state)
 	assert_int_equal(act(&e, &b, POLICY_RCPT, &m, T0), POLICY_QUARANTINE);
 	assert_true(m.quarantine);
 	assert_int_equal(m.ntags, 1);
-	assert_string_equal(m.tags[0], "rule=t; key=example.com");
+	assert_string_equal(m.marks->tags[0], "rule=t; key=example.com");
 	policy_msg_clear(&m);
 	env_free(&e);
 }
