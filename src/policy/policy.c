@@ -45,6 +45,10 @@ struct policy_rule {
 	_Atomic(struct rate_overrides *) ov;
 	struct rate_overrides *ov_retired; /* freed at the next swap, see there */
 	struct stat ov_st;
+	/* decisions of this rule (STORE_CHECK only), relaxed atomics read by the metrics:
+	 * [POLICY_ACCEPT] within its limits, else [its action] when over them */
+	_Atomic uint64_t verdicts[POLICY_ACTION_COUNT];
+	_Atomic uint64_t near_limit; /* within, but a window above 80% of its burst */
 };
 
 struct policy {
@@ -1143,6 +1147,34 @@ static size_t prepare(struct policy *p, const struct policy_txn *t, enum policy_
 
 #define TEMPFAIL_REPLY "451 4.3.0 Rate limits are unavailable, try again later"
 
+/* The rule's counters for one decision: one relaxed increment (two when near), on a cache
+ * line the workers share -- cheap beside the store's hash and lock. */
+static void count_verdict(const struct policy_rule *cr, const struct store_item *it)
+{
+	/* the counters are the only mutable part of a rule */
+	struct policy_rule *r = (struct policy_rule *)cr;
+	enum policy_action v = it->ok ? POLICY_ACCEPT : r->action;
+	atomic_fetch_add_explicit(&r->verdicts[v], 1, memory_order_relaxed);
+	if (!it->ok || !it->limits)
+		return;
+	for (unsigned j = 0; j < it->limits->n && j < RATE_MAX_WINDOWS; j++) {
+		/* used * 5 > burst * 4, without overflow for any burst */
+		uint64_t b = it->limits->w[j].burst;
+		if (it->used[j] > b - b / 5) {
+			atomic_fetch_add_explicit(&r->near_limit, 1, memory_order_relaxed);
+			return;
+		}
+	}
+}
+
+void policy_rule_counters(const struct policy_rule *r, uint64_t ret_verdicts[POLICY_ACTION_COUNT],
+			  uint64_t *ret_near)
+{
+	for (unsigned i = 0; i < POLICY_ACTION_COUNT; i++)
+		ret_verdicts[i] = atomic_load_explicit(&r->verdicts[i], memory_order_relaxed);
+	*ret_near = atomic_load_explicit(&r->near_limit, memory_order_relaxed);
+}
+
 /* The store's answer rc for w's n items into d (and msg's ledger, tags, quarantine). */
 static void finish(enum policy_stage st, struct policy_msg *msg, enum store_mode mode,
 		   struct policy_decision *d, const struct work *w, size_t n, int rc)
@@ -1164,6 +1196,8 @@ static void finish(enum policy_stage st, struct policy_msg *msg, enum store_mode
 		struct store_item *it = &w->items[i];
 		const struct policy_rule *r = w->rules[i];
 		struct policy_rule_result *res = w->res[i];
+		if (mode == STORE_CHECK)
+			count_verdict(r, it);
 		if (res) {
 			res->state = it->ok ? POLICY_RULE_PASS : POLICY_RULE_OVER;
 			memcpy(res->used, it->used, sizeof(res->used));

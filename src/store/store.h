@@ -36,6 +36,7 @@
 #include <stdint.h>
 
 #include "rate.h"
+#include "stats.h"
 #include "str.h"
 
 enum store_item_flags {
@@ -97,6 +98,10 @@ struct store_call {
 	void (*done)(struct store_call *c, int rc);
 	void *arg;
 	void *req;      /* the backend's request while pending */
+	/* store.c's, while pending: the caller's done, and when the call started */
+	void (*caller_done)(struct store_call *c, int rc);
+	struct store *store;
+	uint64_t started_ns;
 };
 
 /*
@@ -230,21 +235,31 @@ struct store_stats {
 	uint64_t errors;
 };
 
+/* What the front counts of every decision, whatever the backend (relaxed atomics). */
+struct store_metrics {
+	_Atomic uint64_t decisions;             /* answered (any mode) */
+	_Atomic uint64_t errors;                /* answered < 0 */
+	_Atomic uint64_t latency[STAT_HIST_BUCKETS]; /* seconds from the call to the answer */
+	_Atomic uint64_t latency_sum_ns;
+};
+
 struct store {
 	const char *type;       /* "memory", "redis" */
 	const struct store_ops *ops;
 	void *ctx;
 	uint64_t seed;          /* hash key of store_key_hash() */
+	struct store_metrics m;
 };
 
 /* The (rule, key) identity: a keyed 64-bit hash (XXH3 with the store's seed). */
 uint64_t store_key_hash(const struct store *s, struct str rule, struct str key);
 
-static inline int store_decide(struct store *s, struct store_item *items, size_t n,
-			       enum store_mode mode, uint64_t now)
-{
-	return s->ops->decide(s->ctx, items, n, mode, now);
-}
+/* A decision answered now (the backend's decide()), counted in s->m. */
+int store_decide(struct store *s, struct store_item *items, size_t n, enum store_mode mode,
+		 uint64_t now);
+/* The decisions, errors and latency histogram counted so far (any thread). */
+void store_metrics_get(const struct store *s, uint64_t *ret_decisions, uint64_t *ret_errors,
+		       struct stat_hist *ret_latency);
 
 /* Start a decision: its result now (as decide()), or STORE_PENDING. */
 int store_decide_start(struct store *s, struct store_call *c);
