@@ -2384,6 +2384,8 @@ static void on_mailbox(evutil_socket_t fd, short what, void *arg)
 			m = msg_find(r, it->id);
 			if (it->rc == 0)
 				r->st.dsn_sent++;
+			if (it->rc == 0 && it->delayed)
+				r->st.dsn_delay_sent++;
 			if (m && it->rc == 0 && it->delayed) {
 				m->bouncing = false;
 				m->warned = true;
@@ -2928,6 +2930,61 @@ static int do_stats(struct relay *r, void *arg)
 	struct lanes_arg *a = arg;
 	*a->st = r->st;
 	a->st->lanes = r->nlanes;
+	return 0;
+}
+
+struct lane_metrics_arg {
+	struct relay_lane_metrics *out;
+	size_t max, n;
+	struct relay_stats st;
+};
+
+static int do_lane_metrics(struct relay *r, void *arg)
+{
+	struct lane_metrics_arg *a = arg;
+	uint64_t now = realtime_ns();
+	struct lane *l;
+	a->st = r->st;
+	a->st.lanes = r->nlanes;
+	TAILQ_FOREACH(l, &r->lanes, link) {
+		if (a->n < a->max) {
+			struct relay_lane_metrics *m = &a->out[a->n];
+			memset(m, 0, sizeof(*m));
+			fmt_fixed(m->name, sizeof(m->name), "%s", l->name);
+			fmt_fixed(m->route, sizeof(m->route), "%s", l->rt ? l->rt->conf->name : "");
+			m->sends = l->b.sends;
+			m->delivered = l->delivered;
+			m->deferred = l->deferred;
+			m->failed = l->failed;
+			m->suspensions = l->suspensions;
+			m->nwin = l->b.rate.n;
+			for (unsigned i = 0; i < l->b.rate.n && i < RATE_MAX_WINDOWS; i++) {
+				m->window_s[i] = (double)l->b.rate.w[i].period_ns / 1e9;
+				m->limit[i] = lane_budget_limit(&l->b, i);
+				m->configured[i] = l->b.rate.w[i].count;
+				m->used[i] = lane_budget_used(&l->b, i, now);
+			}
+			m->rate_factor = (double)l->b.factor / 1e6;
+			m->suspended = lane_budget_suspended(&l->b, now);
+			if (m->suspended)
+				clean_text(l->b.why, m->reason, sizeof(m->reason));
+			m->connections = l->nconns;
+			m->max_connections = l->rt ? l->rt->conf->connections : 0;
+		}
+		a->n++;
+	}
+	return 0;
+}
+
+int relay_lane_metrics(struct relay *r, struct relay_lane_metrics *ret, size_t max,
+		       size_t *ret_n, struct relay_stats *ret_stats)
+{
+	struct lane_metrics_arg a = { .out = ret, .max = max };
+	int e = call_sync(r, do_lane_metrics, &a);
+	if (e < 0)
+		return e;
+	*ret_n = a.n;
+	*ret_stats = a.st;
 	return 0;
 }
 
