@@ -233,7 +233,7 @@ int metrics_start(struct metrics *m)
 	 * readiness of the listener cannot accept much past max_connections */
 	listen(evconnlistener_get_fd(m->listener), (int)m->max_connections);
 	evhttp_set_max_headers_size(m->http, METRICS_MAX_HEADERS);
-	evhttp_set_max_body_size(m->http, 0);
+	evhttp_set_max_body_size(m->http, METRICS_MAX_BODY); /* read, then answered 405 */
 	evhttp_set_timeout(m->http, METRICS_TIMEOUT_S);
 	/* every method evhttp parses reaches on_request, which answers 405 */
 	evhttp_set_allowed_methods(m->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST |

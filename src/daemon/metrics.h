@@ -5,9 +5,9 @@
  * The thread is fixed (one, whatever the number of scrapers): it accepts at most
  * max_connections connections at once -- past that the listener stops accepting and
  * scrapers wait in the kernel's backlog -- and closes any connection idle or unfinished
- * after METRICS_TIMEOUT_S.  Requests are bounded (METRICS_MAX_HEADERS bytes of headers, no
- * body).  GET or HEAD /metrics renders the page; any other path is 404, any other method
- * 405.  Rendering is the caller's callback, run on this thread: it must read counters
+ * after METRICS_TIMEOUT_S.  Requests are bounded: METRICS_MAX_HEADERS bytes of headers,
+ * METRICS_MAX_BODY of body (413 past them).  GET or HEAD /metrics renders the page; any
+ * other path is 404, any other method 405.  Rendering is the caller's callback, run on this thread: it must read counters
  * (atomics, short critical sections) and never wait on a session's loop.
  */
 #ifndef SLUICE_METRICS_H
@@ -22,6 +22,7 @@
 
 #define METRICS_TIMEOUT_S 10
 #define METRICS_MAX_HEADERS 8192
+#define METRICS_MAX_BODY 4096
 #define METRICS_MAX_PAGE (16u << 20)
 
 struct metrics;

@@ -1158,9 +1158,9 @@ static void count_verdict(const struct policy_rule *cr, const struct store_item 
 	if (!it->ok || !it->limits)
 		return;
 	for (unsigned j = 0; j < it->limits->n && j < RATE_MAX_WINDOWS; j++) {
-		/* used * 5 > burst * 4, without overflow for any burst */
-		uint64_t b = it->limits->w[j].burst;
-		if (it->used[j] > b - b / 5) {
+		/* used * 5 > burst * 4, i.e. above 80%; huge bursts compared by division */
+		uint64_t b = it->limits->w[j].burst, u = it->used[j];
+		if (b <= UINT64_MAX / 5 && u <= UINT64_MAX / 5 ? u * 5 > b * 4 : u / 4 > b / 5) {
 			atomic_fetch_add_explicit(&r->near_limit, 1, memory_order_relaxed);
 			return;
 		}
