@@ -7,8 +7,9 @@
  * scrapers wait in the kernel's backlog -- and closes any connection idle or unfinished
  * after METRICS_TIMEOUT_S.  Requests are bounded: METRICS_MAX_HEADERS bytes of headers,
  * METRICS_MAX_BODY of body (413 past them).  GET or HEAD /metrics renders the page; any
- * other path is 404, any other method 405.  Rendering is the caller's callback, run on this thread: it must read counters
- * (atomics, short critical sections) and never wait on a session's loop.
+ * other path is 404, any other method 405.  Rendering is the caller's callback, run on
+ * this thread: it must read counters (atomics, short critical sections) and never wait
+ * on a session's loop.
  */
 #ifndef SLUICE_METRICS_H
 #define SLUICE_METRICS_H
