@@ -2469,6 +2469,26 @@ static void *relay_main(void *arg)
 	load_queue(r);
 	arm_sweep(r);
 	event_base_dispatch(r->base);
+	/* The loop is over (stopping, and its connections are gone) before relay_stop()
+	 * joins: calls posted from now on fail, and those already waiting are answered here,
+	 * so that no thread (`sluice lanes` during the drain, a metrics scrape) waits for a
+	 * loop that will not run again. */
+	pthread_mutex_lock(&r->mb_lock);
+	r->mb_closed = true;
+	struct mb_item **pp = &r->mb_head;
+	while (*pp) {
+		struct mb_item *it = *pp;
+		if (it->kind == MB_CALL) {
+			*pp = it->next;
+			it->rc = -ESHUTDOWN;
+			it->done = true;
+		} else {
+			pp = &it->next;
+		}
+	}
+	r->mb_tail = pp;
+	pthread_cond_broadcast(&r->mb_cond);
+	pthread_mutex_unlock(&r->mb_lock);
 	/* connections still saying QUIT, and those cut by the deadline, go now */
 	smtp_out_abandon_quitting(r->base);
 	thread_set_base(NULL);

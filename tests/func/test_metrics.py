@@ -434,3 +434,26 @@ def test_allow_remote_accepts_any_address(workdir):
     res = subprocess.run([SLUICED, "-t", "-c", str(conf)], capture_output=True, text=True,
                          timeout=20)
     assert res.returncode == 0, res
+
+
+def test_scrape_during_the_drain_and_stop(setup):
+    """SIGTERM with a milter session open: sluiced drains, the relay's loop has ended, and
+    a scrape still answers at once (without the relay's lanes); then sluiced exits 0
+    once the session ends, the metrics thread stopped with it."""
+    sd, sh, ports = setup()
+    send_mail(ports["intake"], ["u1@example.net"])
+    sh.wait_accepted(1, timeout=30)
+    m = MilterClient("unix:" + ports["milter"])
+    m.negotiate()
+    assert m.connect()[0] == CONTINUE
+    mark = sd.log.mark()
+    sd.signal(signal.SIGTERM)
+    sd.log.wait_for(r"draining 1 sessions", after=mark)
+    time.sleep(0.5)
+    started = time.monotonic()
+    _, f = scrape(ports["metrics"])
+    assert time.monotonic() - started < 5
+    assert value(f, "sluice_sessions", service="milter") == 1
+    assert "sluice_lane_sends_total" not in f
+    m.quit()
+    assert sd.wait(20) == 0
