@@ -17,7 +17,6 @@
 #include <event2/listener.h>
 #include <math.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -39,7 +38,6 @@ struct metrics {
 	pthread_t thread;
 	bool started;
 	unsigned max_connections;
-	_Atomic unsigned nconns;
 	bool paused;                 /* the listener is disabled: at max_connections */
 	bool closing;                /* evhttp_free() under way: the listener is gone */
 	struct bufferevent **bevs;   /* every connection's, with a reference of ours */
@@ -70,7 +68,6 @@ static void sweep(struct metrics *m)
 			bufferevent_decref(m->bevs[i]); /* the last reference: closes the socket */
 	}
 	m->nbevs = k;
-	atomic_store(&m->nconns, (unsigned)k);
 	if (m->paused && !m->closing && k < m->max_connections) {
 		m->paused = false;
 		evconnlistener_enable(m->listener);
@@ -105,7 +102,6 @@ static struct bufferevent *conn_new(struct event_base *base, void *arg)
 		return NULL;
 	bufferevent_incref(bev);
 	m->bevs[m->nbevs++] = bev;
-	atomic_store(&m->nconns, (unsigned)m->nbevs);
 	if (m->nbevs >= m->max_connections && !m->paused) {
 		m->paused = true;
 		evconnlistener_disable(m->listener);
@@ -115,11 +111,6 @@ static struct bufferevent *conn_new(struct event_base *base, void *arg)
 		evtimer_add(m->sweep_ev, &tv);
 	}
 	return bev;
-}
-
-unsigned metrics_connections(const struct metrics *m)
-{
-	return atomic_load(&m->nconns);
 }
 
 /* ---- requests ---- */

@@ -42,8 +42,6 @@ int metrics_new(const char *address, unsigned max_connections, metrics_render_fn
 int metrics_start(struct metrics *m);
 /* Stop the thread (waiting for a page being rendered), close the socket, free. */
 struct metrics *metrics_free(struct metrics *m);
-/* Connections open now (for tests and the page itself). */
-unsigned metrics_connections(const struct metrics *m);
 
 /* ---- the exposition format ---- */
 
