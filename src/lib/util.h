@@ -58,4 +58,11 @@ struct event_base;
 void thread_set_base(struct event_base *b);
 struct event_base *thread_base(void);
 
+/* Per-thread shards of hot counters: a thread's index, taken in turn at its first call
+ * and kept for its life, modulo THREAD_SHARDS.  Counters kept one shard per index (each
+ * on cache lines of its own) are written by one thread each, mostly, so that relaxed
+ * atomic increments do not bounce a line between the workers; readers add the shards. */
+#define THREAD_SHARDS 16
+unsigned thread_shard(void);
+
 #endif

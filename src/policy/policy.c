@@ -45,10 +45,16 @@ struct policy_rule {
 	_Atomic(struct rate_overrides *) ov;
 	struct rate_overrides *ov_retired; /* freed at the next swap, see there */
 	struct stat ov_st;
-	/* decisions of this rule (STORE_CHECK only), relaxed atomics read by the metrics:
-	 * [POLICY_ACCEPT] within its limits, else [its action] when over them */
+	struct rule_shard *shards;   /* THREAD_SHARDS of them: the metrics' counters */
+};
+
+/* A rule's decisions (STORE_CHECK only), counted by one thread (mostly), read by the
+ * metrics: [POLICY_ACCEPT] within its limits, else [its action] when over them.  64
+ * bytes used of 128, so that shards never share a cache line however calloc aligns. */
+struct rule_shard {
 	_Atomic uint64_t verdicts[POLICY_ACTION_COUNT];
 	_Atomic uint64_t near_limit; /* within, but a window above 80% of its burst */
+	char pad[128 - (POLICY_ACTION_COUNT + 1) * sizeof(uint64_t)];
 };
 
 struct policy {
@@ -383,6 +389,7 @@ static int load_overrides(struct policy_rule *r, char *err, size_t errlen)
 
 static void rule_clear(struct policy_rule *r)
 {
+	free(r->shards);
 	free(r->name);
 	free(r->key_spec);
 	free(r->reply);
@@ -604,6 +611,11 @@ int policy_load(struct cfg_node *root, struct policy **ret, char *err, size_t er
 		int lr = load_rule(n, r, err, errlen);
 		if (lr < 0) {
 			rc = lr;
+			goto fail;
+		}
+		if (!(r->shards = calloc(THREAD_SHARDS, sizeof(*r->shards)))) {
+			cfg_error(n, err, errlen, "out of memory");
+			rc = -ENOMEM;
 			goto fail;
 		}
 		for (size_t i = 0; i + 1 < p->nrules; i++)
@@ -1149,19 +1161,18 @@ static size_t prepare(struct policy *p, const struct policy_txn *t, enum policy_
 
 /* The rule's counters for one decision: one relaxed increment (two when near), on a cache
  * line the workers share -- cheap beside the store's hash and lock. */
-static void count_verdict(const struct policy_rule *cr, const struct store_item *it)
+static void count_verdict(const struct policy_rule *r, const struct store_item *it)
 {
-	/* the counters are the only mutable part of a rule */
-	struct policy_rule *r = (struct policy_rule *)cr;
+	struct rule_shard *sh = &r->shards[thread_shard()];
 	enum policy_action v = it->ok ? POLICY_ACCEPT : r->action;
-	atomic_fetch_add_explicit(&r->verdicts[v], 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&sh->verdicts[v], 1, memory_order_relaxed);
 	if (!it->ok || !it->limits)
 		return;
 	for (unsigned j = 0; j < it->limits->n && j < RATE_MAX_WINDOWS; j++) {
 		/* used * 5 > burst * 4, i.e. above 80%; huge bursts compared by division */
 		uint64_t b = it->limits->w[j].burst, u = it->used[j];
 		if (b <= UINT64_MAX / 5 && u <= UINT64_MAX / 5 ? u * 5 > b * 4 : u / 4 > b / 5) {
-			atomic_fetch_add_explicit(&r->near_limit, 1, memory_order_relaxed);
+			atomic_fetch_add_explicit(&sh->near_limit, 1, memory_order_relaxed);
 			return;
 		}
 	}
@@ -1170,9 +1181,16 @@ static void count_verdict(const struct policy_rule *cr, const struct store_item 
 void policy_rule_counters(const struct policy_rule *r, uint64_t ret_verdicts[POLICY_ACTION_COUNT],
 			  uint64_t *ret_near)
 {
+	uint64_t near = 0;
 	for (unsigned i = 0; i < POLICY_ACTION_COUNT; i++)
-		ret_verdicts[i] = atomic_load_explicit(&r->verdicts[i], memory_order_relaxed);
-	*ret_near = atomic_load_explicit(&r->near_limit, memory_order_relaxed);
+		ret_verdicts[i] = 0;
+	for (unsigned k = 0; k < THREAD_SHARDS; k++) {
+		const struct rule_shard *sh = &r->shards[k];
+		for (unsigned i = 0; i < POLICY_ACTION_COUNT; i++)
+			ret_verdicts[i] += atomic_load_explicit(&sh->verdicts[i], memory_order_relaxed);
+		near += atomic_load_explicit(&sh->near_limit, memory_order_relaxed);
+	}
+	*ret_near = near;
 }
 
 /* The store's answer rc for w's n items into d (and msg's ledger, tags, quarantine). */

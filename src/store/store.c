@@ -52,12 +52,13 @@ struct store *store_free(struct store *s)
 static void observe(struct store *s, int rc, uint64_t started_ns)
 {
 	uint64_t ns = now_ns() - started_ns;
-	atomic_fetch_add_explicit(&s->m.decisions, 1, memory_order_relaxed);
+	struct store_metrics *m = &s->m[thread_shard()];
+	atomic_fetch_add_explicit(&m->decisions, 1, memory_order_relaxed);
 	if (rc < 0)
-		atomic_fetch_add_explicit(&s->m.errors, 1, memory_order_relaxed);
-	atomic_fetch_add_explicit(&s->m.latency[stat_hist_index((double)ns / 1e9)], 1,
+		atomic_fetch_add_explicit(&m->errors, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&m->latency[stat_hist_index((double)ns / 1e9)], 1,
 				  memory_order_relaxed);
-	atomic_fetch_add_explicit(&s->m.latency_sum_ns, ns, memory_order_relaxed);
+	atomic_fetch_add_explicit(&m->latency_sum_ns, ns, memory_order_relaxed);
 }
 
 int store_decide(struct store *s, struct store_item *items, size_t n, enum store_mode mode,
@@ -73,11 +74,18 @@ void store_metrics_get(const struct store *s, uint64_t *ret_decisions, uint64_t 
 		       struct stat_hist *ret_latency)
 {
 	struct stat_hist h = { 0 };
-	for (unsigned i = 0; i < STAT_HIST_BUCKETS; i++)
-		h.bucket[i] = atomic_load_explicit(&s->m.latency[i], memory_order_relaxed);
-	h.sum = (double)atomic_load_explicit(&s->m.latency_sum_ns, memory_order_relaxed) / 1e9;
-	*ret_decisions = atomic_load_explicit(&s->m.decisions, memory_order_relaxed);
-	*ret_errors = atomic_load_explicit(&s->m.errors, memory_order_relaxed);
+	uint64_t decisions = 0, errors = 0, sum_ns = 0;
+	for (unsigned k = 0; k < THREAD_SHARDS; k++) {
+		const struct store_metrics *m = &s->m[k];
+		for (unsigned i = 0; i < STAT_HIST_BUCKETS; i++)
+			h.bucket[i] += atomic_load_explicit(&m->latency[i], memory_order_relaxed);
+		sum_ns += atomic_load_explicit(&m->latency_sum_ns, memory_order_relaxed);
+		decisions += atomic_load_explicit(&m->decisions, memory_order_relaxed);
+		errors += atomic_load_explicit(&m->errors, memory_order_relaxed);
+	}
+	h.sum = (double)sum_ns / 1e9;
+	*ret_decisions = decisions;
+	*ret_errors = errors;
 	*ret_latency = h;
 }
 

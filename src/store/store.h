@@ -38,6 +38,7 @@
 #include "rate.h"
 #include "stats.h"
 #include "str.h"
+#include "util.h"
 
 enum store_item_flags {
 	STORE_BLOCKING = 1u << 0,       /* a refusal by this item refuses the whole event */
@@ -235,12 +236,15 @@ struct store_stats {
 	uint64_t errors;
 };
 
-/* What the front counts of every decision, whatever the backend (relaxed atomics). */
+/* What the front counts of every decision, whatever the backend: relaxed atomics in
+ * per-thread shards (thread_shard()), 152 bytes used of 256 so that two shards never
+ * share a cache line. */
 struct store_metrics {
 	_Atomic uint64_t decisions;             /* answered (any mode) */
 	_Atomic uint64_t errors;                /* answered < 0 */
 	_Atomic uint64_t latency[STAT_HIST_BUCKETS]; /* seconds from the call to the answer */
 	_Atomic uint64_t latency_sum_ns;
+	char pad[256 - (STAT_HIST_BUCKETS + 3) * sizeof(uint64_t)];
 };
 
 struct store {
@@ -248,7 +252,7 @@ struct store {
 	const struct store_ops *ops;
 	void *ctx;
 	uint64_t seed;          /* hash key of store_key_hash() */
-	struct store_metrics m;
+	struct store_metrics m[THREAD_SHARDS];
 };
 
 /* The (rule, key) identity: a keyed 64-bit hash (XXH3 with the store's seed). */
