@@ -302,6 +302,9 @@ static void render_queue(struct page *p, const struct metrics_sources *src)
 
 /* ---- the relay ---- */
 
+/* XXX the lanes are read on the relay's loop, and this thread waits for the answer: a
+ * loop busy for long (loading a large queue at start) delays the page -- never a worker,
+ * never the mail.  After the loop has ended (stopping) the page goes without them. */
 static void render_relay(struct page *p, const struct metrics_sources *src)
 {
 	struct relay_lane_metrics *lm = calloc(MAX_LANES, sizeof(*lm));

@@ -138,8 +138,9 @@ static _Thread_local unsigned shard_mine; /* 0: none yet; else the index + 1 */
 
 unsigned thread_shard(void)
 {
-	if (!shard_mine)
-		shard_mine = atomic_fetch_add_explicit(&shard_next, 1, memory_order_relaxed) %
-				     THREAD_SHARDS + 1;
+	if (!shard_mine) {
+		unsigned n = atomic_fetch_add_explicit(&shard_next, 1, memory_order_relaxed);
+		shard_mine = (n < THREAD_SHARDS - 1 ? n : THREAD_SHARDS - 1) + 1;
+	}
 	return shard_mine - 1;
 }

@@ -1159,20 +1159,21 @@ static size_t prepare(struct policy *p, const struct policy_txn *t, enum policy_
 
 #define TEMPFAIL_REPLY "451 4.3.0 Rate limits are unavailable, try again later"
 
-/* The rule's counters for one decision: one relaxed increment (two when near), on a cache
- * line the workers share -- cheap beside the store's hash and lock. */
+/* The rule's counters for one decision: one increment (two when near) in the calling
+ * thread's shard. */
 static void count_verdict(const struct policy_rule *r, const struct store_item *it)
 {
-	struct rule_shard *sh = &r->shards[thread_shard()];
+	unsigned k = thread_shard();
+	struct rule_shard *sh = &r->shards[k];
 	enum policy_action v = it->ok ? POLICY_ACCEPT : r->action;
-	atomic_fetch_add_explicit(&sh->verdicts[v], 1, memory_order_relaxed);
+	counter_add(&sh->verdicts[v], k, 1);
 	if (!it->ok || !it->limits)
 		return;
 	for (unsigned j = 0; j < it->limits->n && j < RATE_MAX_WINDOWS; j++) {
 		/* used * 5 > burst * 4, i.e. above 80%; huge bursts compared by division */
 		uint64_t b = it->limits->w[j].burst, u = it->used[j];
 		if (b <= UINT64_MAX / 5 && u <= UINT64_MAX / 5 ? u * 5 > b * 4 : u / 4 > b / 5) {
-			atomic_fetch_add_explicit(&sh->near_limit, 1, memory_order_relaxed);
+			counter_add(&sh->near_limit, k, 1);
 			return;
 		}
 	}

@@ -52,13 +52,13 @@ struct store *store_free(struct store *s)
 static void observe(struct store *s, int rc, uint64_t started_ns)
 {
 	uint64_t ns = now_ns() - started_ns;
-	struct store_metrics *m = &s->m[thread_shard()];
-	atomic_fetch_add_explicit(&m->decisions, 1, memory_order_relaxed);
+	unsigned k = thread_shard();
+	struct store_metrics *m = &s->m[k];
+	counter_add(&m->decisions, k, 1);
 	if (rc < 0)
-		atomic_fetch_add_explicit(&m->errors, 1, memory_order_relaxed);
-	atomic_fetch_add_explicit(&m->latency[stat_hist_index((double)ns / 1e9)], 1,
-				  memory_order_relaxed);
-	atomic_fetch_add_explicit(&m->latency_sum_ns, ns, memory_order_relaxed);
+		counter_add(&m->errors, k, 1);
+	counter_add(&m->latency[stat_hist_index((double)ns / 1e9)], k, 1);
+	counter_add(&m->latency_sum_ns, k, ns);
 }
 
 int store_decide(struct store *s, struct store_item *items, size_t n, enum store_mode mode,
