@@ -457,3 +457,35 @@ def test_scrape_during_the_drain_and_stop(setup):
     assert "sluice_lane_sends_total" not in f
     m.quit()
     assert sd.wait(20) == 0
+
+
+def test_redis_away_shows_on_failure_and_no_password(sluiced):
+    """The Redis store configured with a password and a server that does not answer:
+    decisions follow on_failure = local, and the page says so (store up 0, on_failure
+    1, fallbacks counted) without the password."""
+    policy_port, mport, dead = free_port(), free_port(), free_port()
+    sd = sluiced(f"""workers = 2;
+stats_interval = 0;
+state_dir = "@DIR@";
+log {{ target = "stderr"; level = "info"; }}
+policy {{ listen = "inet:127.0.0.1:{policy_port}"; }}
+metrics {{ listen = "inet:127.0.0.1:{mport}"; }}
+store {{
+  type = "redis"; server = "127.0.0.1:{dead}"; password = "{SECRET}";
+  timeout = 200ms; on_failure = "local";
+}}
+limit "strict" {{ stage = "rcpt"; key = "rcpt_domain"; count = "recipients"; rate = ["3/1m"]; }}
+""")
+    for i in range(2):
+        assert policy_ask(policy_port, policy_request(
+            "RCPT", f"p.{i}", recipient=f"x{i}@example.com")) == "action=DUNNO\n\n"
+
+    def away():
+        _, f = scrape(mport)
+        return (value(f, "sluice_store_on_failure", store="redis") == 1
+                and value(f, "sluice_store_fallbacks_total", store="redis") >= 2)
+    wait_until(away, 10, "the store to report on_failure")
+    text, f = scrape(mport)
+    assert value(f, "sluice_store_up", store="redis") == 0
+    assert value(f, "sluice_rule_decisions_total", rule="strict", verdict="continue") == 2
+    assert SECRET not in text
