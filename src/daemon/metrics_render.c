@@ -5,7 +5,9 @@
  * Errors of the buffer (the page's maximum) stick: the first one is returned at the end.
  */
 #include <dirent.h>
+#include <assert.h>
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +60,33 @@ static void hist(struct page *p, const char *name, const struct metrics_label *l
 	int r = metrics_histogram(p->out, name, l, nl, h);
 	if (r < 0 && !p->err)
 		p->err = r;
+}
+
+/* A family with one sample per row of a table (classes, lanes): the label is the row's
+ * name, which is its first member; the value a member at off, unsigned or uint64_t. */
+struct column {
+	const char *name, *type, *help;
+	size_t off;
+	bool narrow;                 /* an unsigned, not a uint64_t */
+};
+
+static void by_row(struct page *p, const struct column *c, const char *label, const void *rows,
+		   size_t stride, size_t n)
+{
+	fam(p, c->name, c->type, c->help);
+	for (size_t i = 0; i < n; i++) {
+		const char *row = (const char *)rows + i * stride;
+		uint64_t v;
+		if (c->narrow) {
+			unsigned u;
+			memcpy(&u, row + c->off, sizeof(u));
+			v = u;
+		} else {
+			memcpy(&v, row + c->off, sizeof(v));
+		}
+		struct metrics_label l = { label, row };
+		u64(p, c->name, &l, 1, v);
+	}
 }
 
 /* ---- the process ---- */
@@ -164,13 +193,18 @@ static void render_services(struct page *p, const struct metrics_sources *src)
 static void render_rules(struct page *p, const struct metrics_sources *src)
 {
 	size_t n = policy_rule_count(src->rules);
+	uint64_t *near = calloc(n ? n : 1, sizeof(*near));
+	if (!near) {
+		p->err = p->err ? p->err : -ENOMEM;
+		return;
+	}
 	fam(p, "sluice_rule_decisions_total", "counter",
 	    "Decisions per rule: verdict continue when within its limits, else the rule's "
 	    "action (warn is a shadow rule's hit).  Reset by a reload.");
 	for (size_t i = 0; i < n; i++) {
 		const struct policy_rule *r = policy_rule_at(src->rules, i);
-		uint64_t v[POLICY_ACTION_COUNT], near;
-		policy_rule_counters(r, v, &near);
+		uint64_t v[POLICY_ACTION_COUNT];
+		policy_rule_counters(r, v, &near[i]);
 		enum policy_action a = policy_rule_action(r);
 		struct metrics_label l[2] = { { "rule", policy_rule_name(r) }, { "verdict", "continue" } };
 		u64(p, "sluice_rule_decisions_total", l, 2, v[POLICY_ACCEPT]);
@@ -181,12 +215,10 @@ static void render_rules(struct page *p, const struct metrics_sources *src)
 	    "Decisions within a rule's limits that left a window above 80% of its burst.  "
 	    "Reset by a reload.");
 	for (size_t i = 0; i < n; i++) {
-		const struct policy_rule *r = policy_rule_at(src->rules, i);
-		uint64_t v[POLICY_ACTION_COUNT], near;
-		policy_rule_counters(r, v, &near);
-		struct metrics_label l = { "rule", policy_rule_name(r) };
-		u64(p, "sluice_rule_near_limit_total", &l, 1, near);
+		struct metrics_label l = { "rule", policy_rule_name(policy_rule_at(src->rules, i)) };
+		u64(p, "sluice_rule_near_limit_total", &l, 1, near[i]);
 	}
+	free(near);
 
 	struct class_stats *cs = calloc(MAX_CLASSES, sizeof(*cs));
 	if (!cs) {
@@ -194,12 +226,19 @@ static void render_rules(struct page *p, const struct metrics_sources *src)
 		return;
 	}
 	size_t nc = policy_class_stats(src->rules, cs, MAX_CLASSES);
-	fam(p, "sluice_class_slots", "gauge",
-	    "Sessions holding a slot of the host class now, incoming and outgoing.");
-	for (size_t i = 0; i < nc; i++) {
-		struct metrics_label l = { "class", cs[i].name };
-		u64(p, "sluice_class_slots", &l, 1, cs[i].used);
-	}
+	static_assert(offsetof(struct class_stats, name) == 0, "by_row() labels with the name");
+	static const struct column cols[] = {
+		{ "sluice_class_slots", "gauge",
+		  "Sessions holding a slot of the host class now, incoming and outgoing.",
+		  offsetof(struct class_stats, used), true },
+		{ "sluice_class_entered_total", "counter", "Slots taken in the host class.",
+		  offsetof(struct class_stats, entered), false },
+		{ "sluice_class_refused_total", "counter",
+		  "Sessions refused (or outgoing mail held back) because the host class was full.",
+		  offsetof(struct class_stats, refused), false },
+	};
+	for (size_t c = 0; c < ARRAY_SIZE(cols); c++)
+		by_row(p, &cols[c], "class", cs, sizeof(*cs), nc);
 	fam(p, "sluice_class_slots_limit", "gauge",
 	    "A host class's caps: direction inbound (incoming sessions are refused at it) and "
 	    "total (sessions, incoming plus outgoing).");
@@ -208,17 +247,6 @@ static void render_rules(struct page *p, const struct metrics_sources *src)
 		u64(p, "sluice_class_slots_limit", l, 2, cs[i].inbound);
 		l[1].value = "total";
 		u64(p, "sluice_class_slots_limit", l, 2, cs[i].sessions);
-	}
-	fam(p, "sluice_class_entered_total", "counter", "Slots taken in the host class.");
-	for (size_t i = 0; i < nc; i++) {
-		struct metrics_label l = { "class", cs[i].name };
-		u64(p, "sluice_class_entered_total", &l, 1, cs[i].entered);
-	}
-	fam(p, "sluice_class_refused_total", "counter",
-	    "Sessions refused (or outgoing mail held back) because the host class was full.");
-	for (size_t i = 0; i < nc; i++) {
-		struct metrics_label l = { "class", cs[i].name };
-		u64(p, "sluice_class_refused_total", &l, 1, cs[i].refused);
 	}
 	free(cs);
 }
@@ -331,12 +359,18 @@ static void render_relay(struct page *p, const struct metrics_sources *src)
 	k.value = "delay";
 	u64(p, "sluice_relay_dsn_total", &k, 1, st.dsn_delay_sent);
 
-	fam(p, "sluice_lane_sends_total", "counter",
-	    "Transactions the lane's budget admitted (each counted in every window).");
-	for (size_t i = 0; i < shown; i++) {
-		struct metrics_label l = { "lane", lm[i].name };
-		u64(p, "sluice_lane_sends_total", &l, 1, lm[i].sends);
-	}
+	static_assert(offsetof(struct relay_lane_metrics, name) == 0, "by_row() labels with it");
+	static const struct column cols[] = {
+		{ "sluice_lane_sends_total", "counter",
+		  "Transactions the lane's budget admitted (each counted in every window).",
+		  offsetof(struct relay_lane_metrics, sends), false },
+		{ "sluice_lane_suspensions_total", "counter", "Suspensions of the lane.",
+		  offsetof(struct relay_lane_metrics, suspensions), false },
+		{ "sluice_lane_connections", "gauge", "Connections the lane has open now.",
+		  offsetof(struct relay_lane_metrics, connections), true },
+	};
+	for (size_t c = 0; c < ARRAY_SIZE(cols); c++)
+		by_row(p, &cols[c], "lane", lm, sizeof(*lm), shown);
 	fam(p, "sluice_lane_recipients_total", "counter",
 	    "Recipients by result: delivered, deferred (a retry scheduled), failed.");
 	for (size_t i = 0; i < shown; i++) {
@@ -380,16 +414,6 @@ static void render_relay(struct page *p, const struct metrics_sources *src)
 			continue;
 		struct metrics_label l[2] = { { "lane", lm[i].name }, { "reason", lm[i].reason } };
 		u64(p, "sluice_lane_suspension_info", l, 2, 1);
-	}
-	fam(p, "sluice_lane_suspensions_total", "counter", "Suspensions of the lane.");
-	for (size_t i = 0; i < shown; i++) {
-		struct metrics_label l = { "lane", lm[i].name };
-		u64(p, "sluice_lane_suspensions_total", &l, 1, lm[i].suspensions);
-	}
-	fam(p, "sluice_lane_connections", "gauge", "Connections the lane has open now.");
-	for (size_t i = 0; i < shown; i++) {
-		struct metrics_label l = { "lane", lm[i].name };
-		u64(p, "sluice_lane_connections", &l, 1, lm[i].connections);
 	}
 	free(lm);
 }
