@@ -489,3 +489,21 @@ limit "strict" {{ stage = "rcpt"; key = "rcpt_domain"; count = "recipients"; rat
     assert value(f, "sluice_store_up", store="redis") == 0
     assert value(f, "sluice_rule_decisions_total", rule="strict", verdict="continue") == 2
     assert SECRET not in text
+
+
+def test_reload_keeps_the_endpoint_where_it_is(setup):
+    """A reload that moves the endpoint warns that it takes effect at the next restart;
+    the endpoint keeps answering where it is."""
+    sd, sh, ports = setup()
+    other = free_port()
+    sd.write_config(sd.config_text.replace(f"127.0.0.1:{ports['metrics']}",
+                                           f"127.0.0.1:{other}"))
+    mark = sd.log.mark()
+    sd.signal(signal.SIGHUP)
+    sd.log.wait_for(r"reload: listen addresses changed; they take effect at the next "
+                    r"restart", after=mark)
+    sd.log.wait_for(r"configuration reloaded", after=mark)
+    _, f = scrape(ports["metrics"])
+    assert value(f, "sluice_reloads_total") == 1
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", other), timeout=2).close()
