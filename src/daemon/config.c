@@ -19,6 +19,7 @@
 
 #include "cfg.h"
 #include "config.h"
+#include "listen.h"
 #include "util.h"
 
 #define ERR(...) cfg_error(__VA_ARGS__)
@@ -450,6 +451,54 @@ static int load_intake(struct cfg_node *m, struct sluice_config *c, char *err, s
 		r = -EINVAL;
 	}
 	return r;
+}
+
+static int get_bool(struct cfg_node *obj, const char *key, bool *ret, char *err, size_t el);
+
+/* Is the address reachable from this host only?  (unix sockets, 127.0.0.0/8, ::1) */
+static bool addr_is_local(const struct listen_addr *a)
+{
+	if (a->ss.ss_family == AF_UNIX)
+		return true;
+	if (a->ss.ss_family == AF_INET) {
+		const struct sockaddr_in *in = (const struct sockaddr_in *)&a->ss;
+		return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+	}
+	if (a->ss.ss_family == AF_INET6) {
+		const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)&a->ss;
+		if (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr))
+			return true;
+		return IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && in6->sin6_addr.s6_addr[12] == 127;
+	}
+	return false;
+}
+
+/* metrics { listen; allow_remote; max_connections; } -- the endpoint answers without
+ * authentication, so an address other hosts can reach must be asked for. */
+static int load_metrics(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
+{
+	c->metrics.enabled = true;
+	int r = get_string(m, "listen", &c->metrics.listen, err, el);
+	if (r == 0)
+		r = get_bool(m, "allow_remote", &c->metrics.allow_remote, err, el);
+	if (r == 0)
+		r = get_uint(m, "max_connections", 1, 1024, &c->metrics.max_connections, err, el);
+	if (r < 0)
+		return r;
+	struct listen_addr a;
+	char why[300];
+	struct cfg_node *n = cfg_get(m, "listen");
+	if (listen_addr_parse(c->metrics.listen, &a, why, sizeof(why)) < 0) {
+		ERR(n ? n : m, err, el, "%s", why);
+		return -EINVAL;
+	}
+	if (!c->metrics.allow_remote && !addr_is_local(&a)) {
+		ERR(n ? n : m, err, el, "\"%.100s\" can be reached from other hosts, and the "
+		    "metrics have no authentication: listen on 127.0.0.1 or ::1, or set "
+		    "allow_remote = true", c->metrics.listen);
+		return -EINVAL;
+	}
+	return 0;
 }
 
 static int load_queue(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
@@ -1151,6 +1200,8 @@ static int load(struct cfg_node *root, struct sluice_config *c, char *err, size_
 		}
 		free(s);
 	}
+	if (r == 0 && (n = cfg_get(root, "metrics")))
+		r = load_metrics(n, c, err, el);
 	struct cfg_node *milter = cfg_get(root, "milter");
 	struct cfg_node *policy = cfg_get(root, "policy");
 	struct cfg_node *intake = cfg_get(root, "intake");
@@ -1223,6 +1274,8 @@ int config_load(const char *path, struct sluice_config **ret, char *err, size_t 
 		all[i]->owner = (uid_t)-1;
 		all[i]->group = (gid_t)-1;
 	}
+	c->metrics.listen = strdup("inet:127.0.0.1:9187");
+	c->metrics.max_connections = 4;
 	c->milter.listen.mode = 0660;
 	c->milter.max_sessions = 10000;
 	c->milter.idle_timeout_ms = 2 * 3600 * 1000;
@@ -1290,6 +1343,7 @@ struct sluice_config *config_free(struct sluice_config *c)
 	free(c->pid_file);
 	free(c->user);
 	free(c->group);
+	free(c->metrics.listen);
 	listen_conf_clear(&c->control);
 	listen_conf_clear(&c->milter.listen);
 	listen_conf_clear(&c->policy.listen);

@@ -53,6 +53,12 @@ struct sluice_config {
 	} log;
 	struct listen_conf control;
 	struct {
+		bool enabled;                 /* a metrics {} block was given */
+		char *listen;                 /* one address; loopback unless allow_remote */
+		bool allow_remote;
+		unsigned max_connections;     /* scrapers served at once; more wait unaccepted */
+	} metrics;
+	struct {
 		struct listen_conf listen;
 		unsigned max_sessions;
 		int64_t idle_timeout_ms;

@@ -31,6 +31,8 @@
 #include "daemon.h"
 #include "engine.h"
 #include "listen.h"
+#include "metrics.h"
+#include "metrics_render.h"
 #include "milter_session.h"
 #include "milter_policy.h"
 #include "milter_static.h"
@@ -67,11 +69,13 @@ struct daemon {
 	struct queue *queue;
 	struct relay *relay;
 	struct store *store;
+	struct metrics *metrics;
 	struct event *ev_term, *ev_int, *ev_hup, *ev_stats, *ev_drain;
 	struct event *ev_snapshot, *ev_expire, *ev_overrides, *ev_lease;
 	const char *config_path;
 	uint64_t drain_deadline_ms;
 	uint64_t started_ms;
+	uint64_t started_us;          /* CLOCK_REALTIME, for the metrics */
 	bool stopping;
 	bool daemonized;
 	char *pid_file;
@@ -451,6 +455,33 @@ static bool listen_equal(const struct listen_conf *a, const struct listen_conf *
 	return true;
 }
 
+static bool metrics_same(const struct sluice_config *a, const struct sluice_config *b)
+{
+	return a->metrics.enabled == b->metrics.enabled &&
+	       strcmp(a->metrics.listen, b->metrics.listen) == 0 &&
+	       a->metrics.max_connections == b->metrics.max_connections;
+}
+
+/* The metrics page, on the metrics thread: the rule set is held while it renders. */
+static int metrics_page(void *arg, struct buf *out)
+{
+	struct daemon *d = arg;
+	pthread_mutex_lock(&d->cfg_lock);
+	struct metrics_sources src = {
+		.engine = d->e,
+		.rules = policy_ref(d->cfg->rules),
+		.store = d->store,
+		.queue = d->queue,
+		.relay = d->relay,
+		.started_us = d->started_us,
+		.reloads = (unsigned)d->reloads,
+	};
+	pthread_mutex_unlock(&d->cfg_lock);
+	int r = metrics_render(&src, out);
+	policy_unref(src.rules);
+	return r;
+}
+
 static void notify_reloading(void)
 {
 	struct timespec ts;
@@ -487,7 +518,7 @@ static void reload_inner(struct daemon *d)
 	    !listen_equal(&old->policy.listen, &nc->policy.listen) ||
 	    !listen_equal(&old->control, &nc->control) ||
 	    !listen_equal(&old->intake.listen, &nc->intake.listen) ||
-	    old->intake.enabled != nc->intake.enabled)
+	    old->intake.enabled != nc->intake.enabled || !metrics_same(old, nc))
 		log_warning("reload: listen addresses changed; they take effect at the next restart");
 	if (nc->workers != old->workers)
 		log_warning("reload: workers changed; it takes effect at the next restart");
@@ -529,13 +560,13 @@ static void reload_inner(struct daemon *d)
 		store_memory_set_max_keys(d->store, nc->store.max_keys);
 	pthread_mutex_lock(&d->cfg_lock);
 	d->cfg = nc;
+	d->reloads++;
 	pthread_mutex_unlock(&d->cfg_lock);
 	apply_limits(d, nc);
 	arm_stats(d);
 	arm_timer(d->ev_snapshot, nc->store.snapshot_interval_ms);
 	arm_timer(d->ev_overrides, nc->store.overrides_check_ms);
 	config_free(old);
-	d->reloads++;
 	log_notice("configuration reloaded from %s", d->config_path);
 }
 
@@ -994,7 +1025,8 @@ int daemon_main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	struct daemon d = { .config_path = path, .started_ms = now_ms() };
+	struct daemon d = { .config_path = path, .started_ms = now_ms(),
+			    .started_us = realtime_ns() / 1000 };
 	pthread_mutex_init(&d.cfg_lock, NULL);
 	char err[1024];
 	if (config_load(path, &d.cfg, err, sizeof(err)) < 0) {
@@ -1130,7 +1162,17 @@ int daemon_main(int argc, char **argv)
 			 policy_has_classes(d.cfg->rules) ? "host classes" : "no host classes",
 			 (unsigned long long)d.cfg->store.max_keys);
 	apply_limits(&d, d.cfg);
-	if (adopt_listeners(&d) < 0) {
+	int lr = adopt_listeners(&d);
+	if (lr == 0 && d.cfg->metrics.enabled) {
+		err[0] = '\0';
+		lr = metrics_new(d.cfg->metrics.listen, d.cfg->metrics.max_connections, metrics_page,
+				 &d, &d.metrics, err, sizeof(err));
+		if (lr < 0)
+			log_error("metrics listen %s", err);
+		else
+			log_info("metrics listening on %s", d.cfg->metrics.listen);
+	}
+	if (lr < 0) {
 		engine_free(d.e);
 		relay_free(d.relay);
 		queue_free(d.queue);
@@ -1158,6 +1200,8 @@ int daemon_main(int argc, char **argv)
 		fatal("cannot start the queue's committer thread");
 	if (d.relay && relay_start(d.relay) < 0)
 		fatal("cannot start the relay's thread");
+	if (d.metrics && metrics_start(d.metrics) < 0)
+		fatal("cannot start the metrics thread");
 	d.ev_stats = evtimer_new(d.base, on_stats, &d);
 	d.ev_drain = evtimer_new(d.base, on_drain_tick, &d);
 	d.ev_snapshot = evtimer_new(d.base, on_snapshot, &d);
@@ -1180,6 +1224,8 @@ int daemon_main(int argc, char **argv)
 	event_base_dispatch(d.base);
 
 	log_stats(&d, false);
+	/* first: a page being rendered asks the relay's loop */
+	d.metrics = metrics_free(d.metrics);
 	engine_stop_listening(d.e);
 	/* transactions under way get until the drain deadline; what is cut stays T */
 	relay_stop(d.relay, d.drain_deadline_ms > now_ms() ? (int64_t)(d.drain_deadline_ms - now_ms()) : 0);

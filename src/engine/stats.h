@@ -14,9 +14,31 @@
 
 #include "buf.h"
 
+/*
+ * A histogram over fixed bucket edges, in seconds: 1 ms ... 60 s, the same for every
+ * histogram sluice keeps, so shards merge by adding counts.  bucket[i] counts the values
+ * v <= stat_hist_le[i] not counted by a lower bucket; bucket[STAT_HIST_EDGES] counts the
+ * rest (+Inf).  Counts are per bucket, not cumulative: the exposition adds them up.
+ */
+#define STAT_HIST_EDGES 15
+#define STAT_HIST_BUCKETS (STAT_HIST_EDGES + 1)
+extern const double stat_hist_le[STAT_HIST_EDGES];
+
+struct stat_hist {
+	uint64_t bucket[STAT_HIST_BUCKETS];
+	double sum;
+};
+
+/* The bucket of a value (NaN and negative values go to the first). */
+unsigned stat_hist_index(double v);
+void stat_hist_add(struct stat_hist *h, double v);
+void stat_hist_merge(struct stat_hist *into, const struct stat_hist *b);
+uint64_t stat_hist_count(const struct stat_hist *h);
+
 struct stat_acc {
 	uint64_t n;
 	double min, max, mean, m2;
+	struct stat_hist hist;
 };
 
 void stat_acc_add(struct stat_acc *a, double v);

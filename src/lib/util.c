@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -130,4 +131,16 @@ void fmt_rfc5322_date(char *out, size_t len, time_t t, long utc_offset)
 	snprintf(out, len, "%s, %d %s %d %02d:%02d:%02d %c%02ld%02ld", days[tm.tm_wday],
 		 tm.tm_mday, months[tm.tm_mon], tm.tm_year + 1900, tm.tm_hour, tm.tm_min,
 		 tm.tm_sec, utc_offset < 0 ? '-' : '+', off / 3600, off / 60 % 60);
+}
+
+static _Atomic unsigned shard_next;
+static _Thread_local unsigned shard_mine; /* 0: none yet; else the index + 1 */
+
+unsigned thread_shard(void)
+{
+	if (!shard_mine) {
+		unsigned n = atomic_fetch_add_explicit(&shard_next, 1, memory_order_relaxed);
+		shard_mine = (n < THREAD_SHARDS - 1 ? n : THREAD_SHARDS - 1) + 1;
+	}
+	return shard_mine - 1;
 }

@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <sys/time.h>
 #include <time.h>
@@ -57,5 +58,23 @@ int file_read_all(const char *path, size_t max, char **ret, size_t *ret_len);
 struct event_base;
 void thread_set_base(struct event_base *b);
 struct event_base *thread_base(void);
+
+/* Per-thread shards of hot counters.  thread_shard() is the calling thread's shard, fixed
+ * for its life: the first THREAD_SHARDS - 1 threads to ask get one each, which they alone
+ * write (counter_add() then needs no locked instruction); later threads share the last
+ * one (and add atomically).  Each shard's counters sit on cache lines of their own, so
+ * the workers' increments do not bounce lines; readers add the shards up. */
+#define THREAD_SHARDS 32
+unsigned thread_shard(void);
+
+/* Add v to a counter of shard `shard` (relaxed: readers only sum). */
+static inline void counter_add(_Atomic uint64_t *c, unsigned shard, uint64_t v)
+{
+	if (shard < THREAD_SHARDS - 1)
+		atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + v,
+				      memory_order_relaxed);
+	else
+		atomic_fetch_add_explicit(c, v, memory_order_relaxed);
+}
 
 #endif

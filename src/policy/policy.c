@@ -47,19 +47,22 @@ struct policy_rule {
 	_Atomic(struct rate_overrides *) ov;
 	struct rate_overrides *ov_retired; /* freed at the next swap, see there */
 	struct stat ov_st;
-	struct rule_counts *counts; /* in the policy's array: written through const rules */
+	struct rule_shard *shards;   /* THREAD_SHARDS of them: the metrics' counters */
 };
 
-/* What a rule decided, counted relaxed: a view for operators, not an accounting. */
-struct rule_counts {
-	_Atomic uint64_t passed, over;
+/* A rule's decisions (STORE_CHECK only), counted by one thread (mostly), read by the
+ * metrics: [POLICY_ACCEPT] within its limits, else [its action] when over them.  64
+ * bytes used of 128, so that shards never share a cache line however calloc aligns. */
+struct rule_shard {
+	_Atomic uint64_t verdicts[POLICY_ACTION_COUNT];
+	_Atomic uint64_t near_limit; /* within, but a window above 80% of its burst */
+	char pad[128 - (POLICY_ACTION_COUNT + 1) * sizeof(uint64_t)];
 };
 
 struct policy {
 	_Atomic unsigned refs;
 	struct policy_rule *rules;
 	size_t nrules;
-	struct rule_counts *counts; /* one per rule */
 	size_t *stage_rules[POLICY_STAGE_COUNT];
 	size_t stage_n[POLICY_STAGE_COUNT];
 	struct policy_class *classes;
@@ -388,6 +391,7 @@ static int load_overrides(struct policy_rule *r, char *err, size_t errlen)
 
 static void rule_clear(struct policy_rule *r)
 {
+	free(r->shards);
 	free(r->name);
 	free(r->key_spec);
 	free(r->reply);
@@ -538,7 +542,6 @@ static void policy_free(struct policy *p)
 	for (size_t i = 0; i < p->nrules; i++)
 		rule_clear(&p->rules[i]);
 	free(p->rules);
-	free(p->counts);
 	for (size_t i = 0; i < POLICY_STAGE_COUNT; i++)
 		free(p->stage_rules[i]);
 	for (size_t i = 0; i < p->nclasses; i++)
@@ -602,16 +605,19 @@ int policy_load(struct cfg_node *root, struct policy **ret, char *err, size_t er
 		goto fail;
 	}
 	p->rules = calloc(nl ? nl : 1, sizeof(*p->rules));
-	p->counts = calloc(nl ? nl : 1, sizeof(*p->counts));
 	p->classes = calloc(nc ? nc : 1, sizeof(*p->classes));
-	if (!p->rules || !p->counts || !p->classes)
+	if (!p->rules || !p->classes)
 		goto nomem;
 	for (struct cfg_node *n = cfg_get(root, "limit"); n; n = cfg_next_same(n)) {
 		struct policy_rule *r = &p->rules[p->nrules++];
 		int lr = load_rule(n, r, err, errlen);
-		r->counts = &p->counts[p->nrules - 1];
 		if (lr < 0) {
 			rc = lr;
+			goto fail;
+		}
+		if (!(r->shards = calloc(THREAD_SHARDS, sizeof(*r->shards)))) {
+			cfg_error(n, err, errlen, "out of memory");
+			rc = -ENOMEM;
 			goto fail;
 		}
 		for (size_t i = 0; i + 1 < p->nrules; i++)
@@ -1158,6 +1164,41 @@ static size_t prepare(struct policy *p, const struct policy_txn *t, enum policy_
 
 #define TEMPFAIL_REPLY "451 4.3.0 Rate limits are unavailable, try again later"
 
+/* The rule's counters for one decision: one increment (two when near) in the calling
+ * thread's shard. */
+static void count_verdict(const struct policy_rule *r, const struct store_item *it)
+{
+	unsigned k = thread_shard();
+	struct rule_shard *sh = &r->shards[k];
+	enum policy_action v = it->ok ? POLICY_ACCEPT : r->action;
+	counter_add(&sh->verdicts[v], k, 1);
+	if (!it->ok || !it->limits)
+		return;
+	for (unsigned j = 0; j < it->limits->n && j < RATE_MAX_WINDOWS; j++) {
+		/* used * 5 > burst * 4, i.e. above 80%; huge bursts compared by division */
+		uint64_t b = it->limits->w[j].burst, u = it->used[j];
+		if (b <= UINT64_MAX / 5 && u <= UINT64_MAX / 5 ? u * 5 > b * 4 : u / 4 > b / 5) {
+			counter_add(&sh->near_limit, k, 1);
+			return;
+		}
+	}
+}
+
+void policy_rule_counters(const struct policy_rule *r, uint64_t ret_verdicts[POLICY_ACTION_COUNT],
+			  uint64_t *ret_near)
+{
+	uint64_t near = 0;
+	for (unsigned i = 0; i < POLICY_ACTION_COUNT; i++)
+		ret_verdicts[i] = 0;
+	for (unsigned k = 0; k < THREAD_SHARDS; k++) {
+		const struct rule_shard *sh = &r->shards[k];
+		for (unsigned i = 0; i < POLICY_ACTION_COUNT; i++)
+			ret_verdicts[i] += atomic_load_explicit(&sh->verdicts[i], memory_order_relaxed);
+		near += atomic_load_explicit(&sh->near_limit, memory_order_relaxed);
+	}
+	*ret_near = near;
+}
+
 /* The store's answer rc for w's n items into d (and msg's ledger, tags, quarantine). */
 static void finish(enum policy_stage st, struct policy_msg *msg, enum store_mode mode,
 		   struct policy_decision *d, const struct work *w, size_t n, int rc)
@@ -1179,6 +1220,8 @@ static void finish(enum policy_stage st, struct policy_msg *msg, enum store_mode
 		struct store_item *it = &w->items[i];
 		const struct policy_rule *r = w->rules[i];
 		struct policy_rule_result *res = w->res[i];
+		if (mode == STORE_CHECK)
+			count_verdict(r, it);
 		if (res) {
 			res->state = it->ok ? POLICY_RULE_PASS : POLICY_RULE_OVER;
 			memcpy(res->used, it->used, sizeof(res->used));
@@ -1187,9 +1230,6 @@ static void finish(enum policy_stage st, struct policy_msg *msg, enum store_mode
 		}
 		if (it->charged && msg && st >= POLICY_MAIL && mode == STORE_CHECK)
 			ledger_add(msg, it, r, st);
-		if (mode == STORE_CHECK)
-			atomic_fetch_add_explicit(it->ok ? &r->counts->passed : &r->counts->over, 1,
-						  memory_order_relaxed);
 		if (it->ok)
 			continue;
 		if (d->nover < POLICY_MAX_OVER) {
@@ -1574,12 +1614,17 @@ size_t policy_counters(const struct policy *p, struct policy_rule_counters *ret,
 	size_t n = p->nrules < max ? p->nrules : max;
 	for (size_t i = 0; i < n; i++) {
 		const struct policy_rule *r = &p->rules[i];
+		uint64_t v[POLICY_ACTION_COUNT], near, over = 0;
+		policy_rule_counters(r, v, &near);
+		for (unsigned a = 0; a < POLICY_ACTION_COUNT; a++)
+			if (a != POLICY_ACCEPT)
+				over += v[a];
 		ret[i] = (struct policy_rule_counters){
 			.name = r->name,
 			.stage = r->stage,
 			.action = r->action,
-			.passed = atomic_load_explicit(&r->counts->passed, memory_order_relaxed),
-			.over = atomic_load_explicit(&r->counts->over, memory_order_relaxed),
+			.passed = v[POLICY_ACCEPT],
+			.over = over,
 		};
 	}
 	return n;

@@ -53,6 +53,7 @@ enum policy_action {
 	POLICY_DISCARD,
 	POLICY_TEMPFAIL,
 	POLICY_REJECT,
+	POLICY_ACTION_COUNT,
 };
 
 enum policy_count {
@@ -248,6 +249,14 @@ enum policy_stage policy_rule_stage(const struct policy_rule *r);
 enum policy_count policy_rule_count_kind(const struct policy_rule *r);
 const char *policy_rule_key_spec(const struct policy_rule *r);
 const struct policy_rule *policy_rule_at(const struct policy *p, size_t i);
+/*
+ * The rule's decisions since its rule set was loaded (a reload starts from zero): how
+ * many times it was within its limits ([POLICY_ACCEPT]) or over them ([its action]), and
+ * of the former how many left a window above 80% of its burst.  Charging decisions only
+ * (not `sluice test`); any thread.
+ */
+void policy_rule_counters(const struct policy_rule *r, uint64_t ret_verdicts[POLICY_ACTION_COUNT],
+			  uint64_t *ret_near);
 const struct policy_rule *policy_rule_find(const struct policy *p, const char *name);
 /* The limits that apply to a key (override or the rule's); NULL = unlimited. */
 const struct rate_limits *policy_rule_limits(const struct policy_rule *r, struct str key,

@@ -98,6 +98,12 @@ struct queue_stats {
 	uint64_t syncs;          /* syncfs() calls */
 	uint64_t dir_syncs;      /* directory fsync() calls */
 	uint64_t commit_errors;  /* messages whose commit failed */
+	uint64_t bytes;          /* sizes of the messages in the queue now */
+	uint64_t accepted_bytes; /* sizes of the messages committed since start */
+	uint64_t rcpt_todo;      /* recipients by status byte: T, U, D, F */
+	uint64_t rcpt_uncertain;
+	uint64_t rcpt_delivered;
+	uint64_t rcpt_failed;
 };
 void queue_stats(struct queue *q, struct queue_stats *ret);
 

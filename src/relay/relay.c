@@ -2423,6 +2423,8 @@ static void on_mailbox(evutil_socket_t fd, short what, void *arg)
 			m = msg_find(r, it->id);
 			if (it->rc == 0)
 				r->st.dsn_sent++;
+			if (it->rc == 0 && it->delayed)
+				r->st.dsn_delay_sent++;
 			if (m && it->rc == 0 && it->delayed) {
 				m->bouncing = false;
 				m->warned = true;
@@ -2506,8 +2508,10 @@ static void *relay_main(void *arg)
 	load_queue(r);
 	arm_sweep(r);
 	event_base_dispatch(r->base);
-	/* The loop is over: no call is taken any more, and those posted meanwhile (`sluice
-	 * stats` or `top` during the shutdown) are answered now instead of waiting forever. */
+	/* The loop is over (stopping, and its connections are gone) before relay_stop()
+	 * joins: calls posted from now on fail, and those already waiting are answered here,
+	 * so that no thread (`sluice lanes` during the drain, a metrics scrape) waits for a
+	 * loop that will not run again. */
 	pthread_mutex_lock(&r->mb_lock);
 	r->mb_closed = true;
 	struct mb_item **pp = &r->mb_head;
@@ -3051,6 +3055,61 @@ static int do_stats(struct relay *r, void *arg)
 	struct lanes_arg *a = arg;
 	*a->st = r->st;
 	a->st->lanes = r->nlanes;
+	return 0;
+}
+
+struct lane_metrics_arg {
+	struct relay_lane_metrics *out;
+	size_t max, n;
+	struct relay_stats st;
+};
+
+static int do_lane_metrics(struct relay *r, void *arg)
+{
+	struct lane_metrics_arg *a = arg;
+	uint64_t now = realtime_ns();
+	struct lane *l;
+	a->st = r->st;
+	a->st.lanes = r->nlanes;
+	TAILQ_FOREACH(l, &r->lanes, link) {
+		if (a->n < a->max) {
+			struct relay_lane_metrics *m = &a->out[a->n];
+			memset(m, 0, sizeof(*m));
+			fmt_fixed(m->name, sizeof(m->name), "%s", l->name);
+			fmt_fixed(m->route, sizeof(m->route), "%s", l->rt ? l->rt->conf->name : "");
+			m->sends = l->b.sends;
+			m->delivered = l->delivered;
+			m->deferred = l->deferred;
+			m->failed = l->failed;
+			m->suspensions = l->suspensions;
+			m->nwin = l->b.rate.n;
+			for (unsigned i = 0; i < l->b.rate.n && i < RATE_MAX_WINDOWS; i++) {
+				m->window_s[i] = (double)l->b.rate.w[i].period_ns / 1e9;
+				m->limit[i] = lane_budget_limit(&l->b, i);
+				m->configured[i] = l->b.rate.w[i].count;
+				m->used[i] = lane_budget_used(&l->b, i, now);
+			}
+			m->rate_factor = (double)l->b.factor / 1e6;
+			m->suspended = lane_budget_suspended(&l->b, now);
+			if (m->suspended)
+				clean_text(l->b.why, m->reason, sizeof(m->reason));
+			m->connections = l->nconns;
+			m->max_connections = l->rt ? l->rt->conf->connections : 0;
+		}
+		a->n++;
+	}
+	return 0;
+}
+
+int relay_lane_metrics(struct relay *r, struct relay_lane_metrics *ret, size_t max,
+		       size_t *ret_n, struct relay_stats *ret_stats)
+{
+	struct lane_metrics_arg a = { .out = ret, .max = max };
+	int e = call_sync(r, do_lane_metrics, &a);
+	if (e < 0)
+		return e;
+	*ret_n = a.n;
+	*ret_stats = a.st;
 	return 0;
 }
 

@@ -149,12 +149,36 @@ struct relay_stats {
 	uint64_t deferred;           /* recipient retries scheduled */
 	uint64_t uncertain;          /* recipients U (connection lost after the dot) */
 	uint64_t suspensions;
-	uint64_t dsn_sent;           /* DSNs queued */
+	uint64_t dsn_sent;           /* DSNs queued: bounces and delay notices */
+	uint64_t dsn_delay_sent;     /* of those, delay notices */
 	uint64_t dsn_skipped;        /* bounces of null-sender messages, logged only */
 	uint64_t connections;        /* opened */
 	unsigned lanes;
 	unsigned active_connections;
 };
 void relay_stats(struct relay *r, struct relay_stats *ret);
+
+/* A lane's counters and budget, for the metrics. */
+struct relay_lane_metrics {
+	char name[256];              /* cut if longer */
+	char route[64];
+	uint64_t sends, delivered, deferred, failed, suspensions;
+	unsigned nwin;
+	double window_s[RATE_MAX_WINDOWS];
+	uint64_t used[RATE_MAX_WINDOWS];       /* sends counted in the window now */
+	uint64_t limit[RATE_MAX_WINDOWS];      /* what the window allows now (slowed: less) */
+	uint64_t configured[RATE_MAX_WINDOWS];
+	double rate_factor;          /* adaptive shaping: 1 = the configured rate */
+	bool suspended;
+	char reason[128];            /* when suspended: printable ASCII, no quote */
+	unsigned connections, max_connections;
+};
+/*
+ * The first max lanes into ret, *ret_n the number of lanes (may be more than max), and
+ * the relay's totals, answered by the relay's loop: the caller waits for it (the relay
+ * never waits on a peer, so briefly), so it must not be a worker.  0 or -errno.
+ */
+int relay_lane_metrics(struct relay *r, struct relay_lane_metrics *ret, size_t max,
+		       size_t *ret_n, struct relay_stats *ret_stats);
 
 #endif

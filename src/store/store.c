@@ -2,6 +2,7 @@
  * store -- what every backend shares: the (rule, key) identity hash, store_free(), and the
  * entry points that check a call before the backend sees it.
  */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,6 +11,7 @@
 #include <xxhash.h>
 
 #include "store.h"
+#include "util.h"
 
 /*
  * XXH3 over rule, a 0 byte, key, keyed with the store's seed.  The separator keeps
@@ -46,18 +48,78 @@ struct store *store_free(struct store *s)
 	return NULL;
 }
 
+/* One answered decision into the metrics: two relaxed increments and a bucket. */
+static void observe(struct store *s, int rc, uint64_t started_ns)
+{
+	uint64_t ns = now_ns() - started_ns;
+	unsigned k = thread_shard();
+	struct store_metrics *m = &s->m[k];
+	counter_add(&m->decisions, k, 1);
+	if (rc < 0)
+		counter_add(&m->errors, k, 1);
+	counter_add(&m->latency[stat_hist_index((double)ns / 1e9)], k, 1);
+	counter_add(&m->latency_sum_ns, k, ns);
+}
+
+int store_decide(struct store *s, struct store_item *items, size_t n, enum store_mode mode,
+		 uint64_t now)
+{
+	uint64_t t0 = now_ns();
+	int rc = s->ops->decide(s->ctx, items, n, mode, now);
+	observe(s, rc, t0);
+	return rc;
+}
+
+void store_metrics_get(const struct store *s, uint64_t *ret_decisions, uint64_t *ret_errors,
+		       struct stat_hist *ret_latency)
+{
+	struct stat_hist h = { 0 };
+	uint64_t decisions = 0, errors = 0, sum_ns = 0;
+	for (unsigned k = 0; k < THREAD_SHARDS; k++) {
+		const struct store_metrics *m = &s->m[k];
+		for (unsigned i = 0; i < STAT_HIST_BUCKETS; i++)
+			h.bucket[i] += atomic_load_explicit(&m->latency[i], memory_order_relaxed);
+		sum_ns += atomic_load_explicit(&m->latency_sum_ns, memory_order_relaxed);
+		decisions += atomic_load_explicit(&m->decisions, memory_order_relaxed);
+		errors += atomic_load_explicit(&m->errors, memory_order_relaxed);
+	}
+	h.sum = (double)sum_ns / 1e9;
+	*ret_decisions = decisions;
+	*ret_errors = errors;
+	*ret_latency = h;
+}
+
+/* A pending call's answer: counted, then given to the caller. */
+static void call_done(struct store_call *c, int rc)
+{
+	c->done = c->caller_done;
+	observe(c->store, rc, c->started_ns);
+	c->done(c, rc);
+}
+
 int store_decide_start(struct store *s, struct store_call *c)
 {
 	c->req = NULL;
-	if (s->ops->decide_start)
-		return s->ops->decide_start(s->ctx, c);
+	if (s->ops->decide_start) {
+		/* the backend answers later through c->done: put ourselves in between */
+		c->caller_done = c->done;
+		c->store = s;
+		c->started_ns = now_ns();
+		c->done = call_done;
+		int rc = s->ops->decide_start(s->ctx, c);
+		if (rc != STORE_PENDING) {
+			c->done = c->caller_done;
+			observe(s, rc, c->started_ns);
+		}
+		return rc;
+	}
 	if (c->mode == STORE_RESET) {
 		int any = 0;
 		for (size_t i = 0; i < c->n; i++)
 			any |= s->ops->reset(s->ctx, c->items[i].key_hash, c->items[i].limits) > 0;
 		return any;
 	}
-	return s->ops->decide(s->ctx, c->items, c->n, c->mode, c->now);
+	return store_decide(s, c->items, c->n, c->mode, c->now);
 }
 
 void store_call_cancel(struct store *s, struct store_call *c)

@@ -36,7 +36,9 @@
 #include <stdint.h>
 
 #include "rate.h"
+#include "stats.h"
 #include "str.h"
+#include "util.h"
 
 enum store_item_flags {
 	STORE_BLOCKING = 1u << 0,       /* a refusal by this item refuses the whole event */
@@ -97,6 +99,10 @@ struct store_call {
 	void (*done)(struct store_call *c, int rc);
 	void *arg;
 	void *req;      /* the backend's request while pending */
+	/* store.c's, while pending: the caller's done, and when the call started */
+	void (*caller_done)(struct store_call *c, int rc);
+	struct store *store;
+	uint64_t started_ns;
 };
 
 /*
@@ -230,21 +236,34 @@ struct store_stats {
 	uint64_t errors;
 };
 
+/* What the front counts of every decision, whatever the backend: relaxed atomics in
+ * per-thread shards (thread_shard()), 152 bytes used of 256 so that two shards never
+ * share a cache line. */
+struct store_metrics {
+	_Atomic uint64_t decisions;             /* answered (any mode) */
+	_Atomic uint64_t errors;                /* answered < 0 */
+	_Atomic uint64_t latency[STAT_HIST_BUCKETS]; /* seconds from the call to the answer */
+	_Atomic uint64_t latency_sum_ns;
+	char pad[256 - (STAT_HIST_BUCKETS + 3) * sizeof(uint64_t)];
+};
+
 struct store {
 	const char *type;       /* "memory", "redis" */
 	const struct store_ops *ops;
 	void *ctx;
 	uint64_t seed;          /* hash key of store_key_hash() */
+	struct store_metrics m[THREAD_SHARDS];
 };
 
 /* The (rule, key) identity: a keyed 64-bit hash (XXH3 with the store's seed). */
 uint64_t store_key_hash(const struct store *s, struct str rule, struct str key);
 
-static inline int store_decide(struct store *s, struct store_item *items, size_t n,
-			       enum store_mode mode, uint64_t now)
-{
-	return s->ops->decide(s->ctx, items, n, mode, now);
-}
+/* A decision answered now (the backend's decide()), counted in s->m. */
+int store_decide(struct store *s, struct store_item *items, size_t n, enum store_mode mode,
+		 uint64_t now);
+/* The decisions, errors and latency histogram counted so far (any thread). */
+void store_metrics_get(const struct store *s, uint64_t *ret_decisions, uint64_t *ret_errors,
+		       struct stat_hist *ret_latency);
 
 /* Start a decision: its result now (as decide()), or STORE_PENDING. */
 int store_decide_start(struct store *s, struct store_call *c);

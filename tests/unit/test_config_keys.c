@@ -122,6 +122,7 @@ static const char conf_reply[] =
 	"state_dir = \"state\";\n"
 	"log { target = \"stderr\"; facility = \"mail\"; level = \"info\"; }\n"
 	"control { listen = \"unix:c.sock\"; mode = \"0660\"; }\n"
+	"metrics { listen = \"inet:127.0.0.1:9187\"; allow_remote = false; max_connections = 4; }\n"
 	"milter { listen = \"unix:m.sock\"; mode = \"0660\"; max_sessions = 10; idle_timeout = 1h;\n"
 	"  command_timeout = 1m; max_packet = 1m;\n"
 	"  reply { connect = continue; helo = continue; mail = continue; rcpt = continue;\n"

@@ -589,6 +589,62 @@ static void test_format_extremes(void **state)
 	buf_clear(&out);
 }
 
+/* Each value lands in the first bucket whose edge is >= it; edges themselves belong to
+ * their own bucket (Prometheus's le is "less than or equal"). */
+static void test_hist_index(void **state)
+{
+	static const struct {
+		double v;
+		unsigned idx;
+	} cases[] = {
+		{ -1.0, 0 },      { 0.0, 0 },      { 0.0005, 0 },   { 0.001, 0 },
+		{ 0.0010001, 1 }, { 0.0025, 1 },   { 0.003, 2 },    { 0.01, 3 },
+		{ 0.011, 4 },     { 0.5, 8 },      { 0.75, 9 },     { 1.0, 9 },
+		{ 2.0, 10 },      { 10.0, 12 },    { 29.9, 13 },    { 60.0, 14 },
+		{ 60.0001, 15 },  { 1e12, 15 },    { NAN, 0 },      { INFINITY, 15 },
+	};
+	for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
+		if (stat_hist_index(cases[i].v) != cases[i].idx)
+			fail_msg("value %g: bucket %u, expected %u", cases[i].v,
+				 stat_hist_index(cases[i].v), cases[i].idx);
+	}
+	for (unsigned i = 0; i + 1 < STAT_HIST_EDGES; i++)
+		assert_true(stat_hist_le[i] < stat_hist_le[i + 1]);
+}
+
+/* The accumulator's histogram counts every sample once and its sum is the samples' sum;
+ * merged shards give the histogram of the union. */
+static void test_hist_merge(void **state)
+{
+	struct stat_acc all = { 0 }, part[3] = { { 0 } }, merged = { 0 };
+	for (unsigned i = 0; i < 3000; i++) {
+		double v = (double)(i % 1000) * 0.07; /* 0 .. 69.93 s: every bucket, +Inf too */
+		stat_acc_add(&all, v);
+		stat_acc_add(&part[i % 2], v); /* part[2] stays empty */
+	}
+	for (unsigned b = 0; b < STAT_HIST_EDGES; b++) { /* an edge is in its own bucket */
+		stat_acc_add(&all, stat_hist_le[b]);
+		stat_acc_add(&part[1], stat_hist_le[b]);
+	}
+	for (unsigned i = 0; i < 3; i++)
+		stat_acc_merge(&merged, &part[i]);
+	assert_int_equal(stat_hist_count(&all.hist), 3015);
+	assert_int_equal(stat_hist_count(&merged.hist), 3015);
+	for (unsigned b = 0; b < STAT_HIST_BUCKETS; b++) {
+		assert_int_equal(all.hist.bucket[b], merged.hist.bucket[b]);
+		assert_true(all.hist.bucket[b] > 0);
+	}
+	assert_true(fabs(all.hist.sum - all.mean * 3015.0) < 1e-6);
+	assert_true(fabs(merged.hist.sum - all.hist.sum) < 1e-6);
+	/* 0, 0.07, 0.14 ... : exactly 15 values (0 .. 0.98) are <= 1 s, three times over, and
+	 * the ten edges up to 1 s */
+	uint64_t le1 = 0;
+	for (unsigned b = 0; b <= 9; b++)
+		le1 += all.hist.bucket[b];
+	assert_int_equal(le1, 55);
+	assert_int_equal(all.hist.bucket[STAT_HIST_EDGES], 3 * (1000 - 858));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -600,6 +656,8 @@ int main(void)
 		cmocka_unit_test(test_json_reader),
 		cmocka_unit_test(test_format_json),
 		cmocka_unit_test(test_format_extremes),
+		cmocka_unit_test(test_hist_index),
+		cmocka_unit_test(test_hist_merge),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
