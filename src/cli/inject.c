@@ -76,7 +76,7 @@ static int target_find(struct target *t, const char *direct, const char *config,
 		config = CONFIG_DEFAULT_PATH;
 	if (config) {
 		char e[1024];
-		if (config_load(config, &t->cfg, e, sizeof(e)) < 0) {
+		if (config_load_client(config, &t->cfg, e, sizeof(e)) < 0) {
 			snprintf(err, errlen, "%s", e);
 			return -1;
 		}

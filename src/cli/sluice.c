@@ -379,7 +379,7 @@ int main(int argc, char **argv)
 	struct sluice_config *cfg = NULL;
 	if (!sock) {
 		char err[1024];
-		if (config_load(config, &cfg, err, sizeof(err)) < 0) {
+		if (config_load_client(config, &cfg, err, sizeof(err)) < 0) {
 			fprintf(stderr, "sluice: %s\n", err);
 			return EX_CONFIG;
 		}

@@ -557,6 +557,8 @@ static int check_secret_file(struct cfg_node *n, const char *file, const struct 
 static int read_secret(struct cfg_node *n, const char *file, const struct sluice_config *c,
 		       char **ret, char *err, size_t el)
 {
+	if (c->client)
+		return 0; /* the sluice command needs no secret, and may not read one */
 	int r = check_secret_file(n, file, c, "", err, el);
 	if (r < 0)
 		return -EINVAL;
@@ -629,7 +631,7 @@ static int load_store(struct cfg_node *m, struct sluice_config *c, char *err, si
 		r = get_string(m, "user", &c->store.user, err, el);
 	if (r == 0)
 		r = load_password(m, c, err, el);
-	if (r == 0 && c->store.user && !c->store.password) {
+	if (r == 0 && c->store.user && !c->store.password && !cfg_get(m, "password_file")) {
 		ERR(cfg_get(m, "user"), err, el, "a user needs a password (or password_file)");
 		r = -EINVAL;
 	}
@@ -1223,10 +1225,15 @@ static int load(struct cfg_node *root, struct sluice_config *c, char *err, size_
 	if (r == 0 && (n = cfg_get(root, "store")))
 		r = load_store(n, c, err, el);
 	/* an inline password makes this file a secret too */
-	if (r == 0 && n && cfg_get(n, "password") &&
+	if (r == 0 && n && cfg_get(n, "password") && !c->client &&
 	    check_secret_file(cfg_get(n, "password"), c->path, c, " (it holds a password)", err,
 			      el) < 0)
 		r = -EINVAL;
+	if (c->client) {
+		/* what the sluice command needs is read by now: the rules (their overrides
+		 * files) and the routes (their password files) are the daemon's */
+		return r;
+	}
 	if (r == 0)
 		r = policy_load(root, &c->rules, err, el);
 	if (r == 0)
@@ -1249,7 +1256,8 @@ static int load(struct cfg_node *root, struct sluice_config *c, char *err, size_
 	return r;
 }
 
-int config_load(const char *path, struct sluice_config **ret, char *err, size_t errlen)
+static int config_load_as(const char *path, bool client, struct sluice_config **ret, char *err,
+			  size_t errlen)
 {
 	struct cfg_node *root = NULL;
 	err[0] = '\0';
@@ -1261,6 +1269,7 @@ int config_load(const char *path, struct sluice_config **ret, char *err, size_t 
 		cfg_free(root);
 		return -ENOMEM;
 	}
+	c->client = client;
 	c->path = strdup(path);
 	c->stats_interval_ms = 300 * 1000;
 	c->shutdown_timeout_ms = 30 * 1000;
@@ -1369,4 +1378,14 @@ struct sluice_config *config_free(struct sluice_config *c)
 	policy_unref(c->rules);
 	free(c);
 	return NULL;
+}
+
+int config_load(const char *path, struct sluice_config **ret, char *err, size_t errlen)
+{
+	return config_load_as(path, false, ret, err, errlen);
+}
+
+int config_load_client(const char *path, struct sluice_config **ret, char *err, size_t errlen)
+{
+	return config_load_as(path, true, ret, err, errlen);
 }

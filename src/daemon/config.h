@@ -115,12 +115,20 @@ struct sluice_config {
 		char *node;
 		int64_t lease_ms;
 	} store;
-	struct policy *rules;                 /* limit and class blocks (never NULL) */
+	struct policy *rules;                 /* limit and class blocks (NULL only for clients) */
+	bool client;                          /* config_load_client() */
 	struct relay_conf relay;              /* relay {} and route blocks; no route: no relay */
 };
 
 /* Load and check a file.  0 and *ret, or <0 with err "FILE:LINE: KEY: message". */
 int config_load(const char *path, struct sluice_config **ret, char *err, size_t errlen);
+/*
+ * The part the sluice command needs (the control and intake blocks, and what comes
+ * before the rules): no secret file is read and the limit, class and route blocks are
+ * not loaded (rules is NULL), so an operator or a program injecting mail needs only to
+ * read sluice.conf itself, not the daemon's secrets or overrides files.
+ */
+int config_load_client(const char *path, struct sluice_config **ret, char *err, size_t errlen);
 struct sluice_config *config_free(struct sluice_config *c);
 
 #endif

@@ -442,6 +442,48 @@ def test_control_admin_root(sluiced, users, cli_copy):
     s.log.wait_for(r"configuration reloaded")
 
 
+def test_the_command_needs_no_secret(sluiced, users, cli_copy):
+    """The sluice command reads sluice.conf only for its sockets: a program injecting mail
+    as any user (`sluice sendmail`), and an operator asking for the status, work with
+    the daemon's password and overrides files readable by root alone."""
+    port = free_port()
+    s = sluiced(base_config(extra=f"""
+intake {{ listen = "inet:127.0.0.1:{port}"; }}
+queue {{ dir = "@DIR@/queue"; }}
+limit "per-domain" {{
+  stage = "rcpt"; key = "rcpt_domain"; rate = "100/1m"; action = "tempfail";
+  overrides = "@DIR@/domains.limits";
+}}
+route "isp" {{
+  domains = ["*"]; smarthost = "[127.0.0.1]:{free_port()}"; tls = "none";
+  auth {{ user = "me"; password_file = "@DIR@/isp.secret"; plaintext = true; }}
+  rate = "1/1h";
+}}
+"""), start=False)
+    for name, text in (("isp.secret", "not-for-programs\n"),
+                       ("domains.limits", "example.net 5/1m\n")):
+        (s.dir / name).write_text(text)
+        (s.dir / name).chmod(0o600)
+        shutil.chown(s.dir / name, "root", "root")
+    s.config.chmod(0o644)
+    s.start()
+    conf = str(s.config)
+    # the program: a stranger, without any of sluice's groups
+    res = subprocess.run(["setpriv", f"--reuid={users['stranger'].pw_uid}",
+                          f"--regid={users['stranger'].pw_gid}", "--clear-groups",
+                          cli_copy, "-c", conf, "sendmail", "-f", "prog@example.org",
+                          "someone@example.net"],
+                         input="Subject: from a program\n\nHello.\n", capture_output=True,
+                         text=True, timeout=30)
+    assert res.returncode == 0, res
+    wait_until(lambda: "someone@example.net" in s.cli("queue").stdout, 10, "the message queued")
+    # the operator: finds the control socket through the same file
+    res = as_user(OPERATOR, cli_copy, "-c", conf, "status")
+    assert res.returncode == 0 and "sluiced" in res.stdout, res
+    # the daemon itself did read them: the override is in force
+    assert "5/1m" in s.cli("limits", "show", "example.net").stdout
+
+
 # ---------------------------------------------------------------------------------------
 # systemd
 
