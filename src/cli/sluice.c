@@ -28,6 +28,7 @@
 #include "buf.h"
 #include "config.h"
 #include "control.h"
+#include "control_call.h"
 #include "inject.h"
 #include "top.h"
 
@@ -400,47 +401,28 @@ int main(int argc, char **argv)
 		close(fd);
 		return rc;
 	}
-	size_t off = 0;
-	while (off < req.len) {
-		ssize_t n = write(fd, req.ptr + off, req.len - off);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			fprintf(stderr, "sluice: write: %s\n", strerror(errno));
-			return EX_UNAVAILABLE;
-		}
-		off += (size_t)n;
-	}
+	struct buf body;
+	buf_init(&body, CONTROL_BODY_MAX + 1);
+	bool ok = false;
+	const char *why = "";
+	int r = control_call(fd, req.ptr, req.len, &body, &ok, &why, NULL);
+	close(fd);
 	buf_clear(&req);
-	struct buf in;
-	buf_init(&in, CONTROL_BODY_MAX + 64);
-	for (;;) {
-		struct control_reply rep;
-		size_t used;
-		const char *why;
-		int r = control_reply_parse(in.ptr ? in.ptr : "", in.len, &rep, &used, &why);
-		if (r < 0) {
-			fprintf(stderr, "sluice: bad reply from sluiced: %s\n", why);
-			return EX_PROTOCOL;
-		}
-		if (r == 1) {
-			FILE *f = rep.ok ? stdout : stderr;
-			fwrite(rep.body.ptr, 1, rep.body.len, f);
-			close(fd);
-			buf_clear(&in);
-			return rep.ok ? 0 : 1;
-		}
-		char tmp[65536];
-		ssize_t n = read(fd, tmp, sizeof(tmp));
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0) {
-			fprintf(stderr, "sluice: connection closed before the reply was complete\n");
-			return EX_UNAVAILABLE;
-		}
-		if (buf_append(&in, tmp, (size_t)n) < 0) {
-			fprintf(stderr, "sluice: reply too large\n");
-			return EX_PROTOCOL;
-		}
+	int rc = 0;
+	if (r == 0) {
+		fwrite(body.ptr, 1, body.len, ok ? stdout : stderr);
+		rc = ok ? 0 : 1;
+	} else if (r == -EPIPE) {
+		fprintf(stderr, "sluice: connection closed before the reply was complete\n");
+		rc = EX_UNAVAILABLE;
+	} else if (r == -EPROTO || r == -EMSGSIZE) {
+		fprintf(stderr, "sluice: %s%s\n", r == -EPROTO ? "bad reply from sluiced: " : "",
+			r == -EPROTO ? why : "reply too large");
+		rc = EX_PROTOCOL;
+	} else {
+		fprintf(stderr, "sluice: %s\n", strerror(-r));
+		rc = EX_UNAVAILABLE;
 	}
+	buf_clear(&body);
+	return rc;
 }

@@ -23,6 +23,7 @@
 
 #include "buf.h"
 #include "control.h"
+#include "control_call.h"
 #include "top.h"
 
 #define TOP_MAX_RULES 256
@@ -71,70 +72,23 @@ static void on_signal(int sig)
 	stop = 1;
 }
 
-static int send_all(int fd, const char *p, size_t len)
-{
-	while (len) {
-		ssize_t n = write(fd, p, len);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return n < 0 ? -errno : -EIO;
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
 /* One request, its reply's body into body (NUL-terminated).  0, or -1 with a message. */
 static int call(int fd, const char *req, struct buf *body)
 {
-	int wr = send_all(fd, req, strlen(req));
-	if (wr < 0) {
-		if (wr == -EPIPE || wr == -ECONNRESET)
-			fprintf(stderr, "sluice top: sluiced closed the connection\n");
-		else
-			fprintf(stderr, "sluice top: write: %s\n", strerror(-wr));
-		return -1;
-	}
-	struct buf in;
-	buf_init(&in, CONTROL_BODY_MAX + 64);
-	for (;;) {
-		struct control_reply rep;
-		size_t used;
-		const char *why;
-		int r = control_reply_parse(in.ptr ? in.ptr : "", in.len, &rep, &used, &why);
-		if (r < 0) {
-			fprintf(stderr, "sluice top: bad reply from sluiced: %s\n", why);
-			break;
-		}
-		if (r == 1) {
-			buf_reset(body);
-			int e = buf_append(body, rep.body.ptr, rep.body.len);
-			if (e == 0)
-				e = buf_append_byte(body, '\0');
-			if (e == 0 && !rep.ok)
-				fprintf(stderr, "sluice top: %.*s", (int)rep.body.len, rep.body.ptr);
-			buf_clear(&in);
-			return e == 0 && rep.ok ? 0 : -1;
-		}
-		char tmp[65536];
-		ssize_t n = read(fd, tmp, sizeof(tmp));
-		if (n < 0 && errno == EINTR) {
-			if (stop)
-				break;
-			continue;
-		}
-		if (n <= 0) {
-			fprintf(stderr, "sluice top: sluiced closed the connection\n");
-			break;
-		}
-		if (buf_append(&in, tmp, (size_t)n) < 0) {
-			fprintf(stderr, "sluice top: reply too large\n");
-			break;
-		}
-	}
-	buf_clear(&in);
-	return -1;
+	bool ok = false;
+	const char *why = "";
+	int r = control_call(fd, req, strlen(req), body, &ok, &why, &stop);
+	if (r == 0 && !ok)
+		fprintf(stderr, "sluice top: %s", body->ptr);
+	else if (r == -EPIPE)
+		fprintf(stderr, "sluice top: sluiced closed the connection\n");
+	else if (r == -EPROTO)
+		fprintf(stderr, "sluice top: bad reply from sluiced: %s\n", why);
+	else if (r == -EMSGSIZE)
+		fprintf(stderr, "sluice top: reply too large\n");
+	else if (r < 0 && r != -EINTR)
+		fprintf(stderr, "sluice top: %s\n", strerror(-r));
+	return r == 0 && ok ? 0 : -1;
 }
 
 static void top_parse(const char *text, struct top_snap *s)
