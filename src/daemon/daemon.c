@@ -608,6 +608,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 	__atomic_store_n(&d->stopping, true, __ATOMIC_RELAXED);
 	notify_send("STOPPING=1\nSTATUS=stopping");
 	engine_stop_listening(d->e);
+	engine_drain(d->e);
 	/* deliveries under way share the sessions' deadline */
 	relay_shutdown(d->relay, d->cfg->shutdown_timeout_ms);
 	d->drain_deadline_ms = now_ms() + (uint64_t)d->cfg->shutdown_timeout_ms;

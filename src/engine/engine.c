@@ -596,6 +596,11 @@ void session_pause(struct session *s)
 	s->paused = true;
 }
 
+size_t session_input_length(const struct session *s)
+{
+	return evbuffer_get_length(bufferevent_get_input(s->bev));
+}
+
 void session_resume(struct session *s)
 {
 	if (!s->paused)
@@ -1034,6 +1039,26 @@ void engine_stop_listening(struct engine *e)
 		listen_close(&l->addr, l->fd);
 		free(l);
 	}
+}
+
+static void drain_worker(void *arg)
+{
+	struct worker *w = arg;
+	struct session *next;
+	for (struct session *s = w->sessions; s; s = next) {
+		next = s->next; /* drain may free s, and only s */
+		if (!s->closing && !s->dead && s->svc->ops->drain)
+			s->svc->ops->drain(s);
+	}
+}
+
+void engine_drain(struct engine *e)
+{
+	if (!e->started)
+		return;
+	for (unsigned i = 0; i < e->nworkers; i++)
+		if (worker_call(&e->workers[i], drain_worker, &e->workers[i]) < 0)
+			log_warning("worker %u: cannot ask its sessions to end: out of memory", i);
 }
 
 void engine_stop(struct engine *e)

@@ -44,6 +44,11 @@ struct service_ops {
 	/* Optional, on the worker: the session timed out and is about to be freed; it may
 	 * session_write() a last reply (written if the socket takes it at once). */
 	void (*timeout)(struct session *s);
+	/* Optional, on the worker: the daemon is stopping (engine_drain()).  A service whose
+	 * connections may end between requests (the policy protocol) closes the idle ones
+	 * at once and ends the others after their request, instead of holding the
+	 * shutdown until its deadline. */
+	void (*drain)(struct session *s);
 	/* Optional bytes written when a connection is refused over max_sessions. */
 	const char *refuse_msg;
 	/* Optional: free the service's arg when the engine is freed. */
@@ -63,6 +68,9 @@ int engine_start(struct engine *e);
 unsigned engine_workers(const struct engine *e);
 /* Close every listener (unix sockets are unlinked); sessions go on. */
 void engine_stop_listening(struct engine *e);
+/* Call the drain op of every open session that has one, each on its worker (any thread;
+ * once the listeners are closed). */
+void engine_drain(struct engine *e);
 /* Sessions open across all services. */
 unsigned engine_sessions(const struct engine *e);
 /* Close every session now, stop and join the worker threads. */
@@ -121,6 +129,8 @@ int worker_call(struct worker *w, void (*fn)(void *arg), void *arg);
 int session_write(struct session *s, const void *p, size_t n);
 /* Stop reading until session_resume() (a decision is pending); the session stays open. */
 void session_pause(struct session *s);
+/* Bytes received from the peer and not consumed yet. */
+size_t session_input_length(const struct session *s);
 /* Start reading again, and deliver input that arrived meanwhile. */
 void session_resume(struct session *s);
 /* End the session once its output is written. */

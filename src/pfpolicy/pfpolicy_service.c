@@ -38,6 +38,7 @@ struct pf_conn {
 	 * (Redis), with the session paused and the request left in the input buffer */
 	struct session *s;
 	struct policy_pending *pending;
+	bool draining;          /* sluiced is stopping: end once no request is under way */
 	struct pfpolicy_request req;  /* slices into the input, or into held while pending */
 	char *held;                   /* the request's bytes, copied when it must wait */
 	int stage, cur, last_once;
@@ -300,6 +301,10 @@ static void on_decided(void *arg, struct policy_decision *d)
 	conclude(s, c);
 	free(c->held);
 	c->held = NULL;
+	if (c->draining && session_input_length(s) == 0) {
+		session_close(s); /* after the answer is written */
+		return;
+	}
 	session_resume(s); /* reads what came meanwhile; may end the session */
 }
 
@@ -396,8 +401,11 @@ static void pf_input(struct session *s, struct evbuffer *in)
 	struct pf_conn *c = session_data(s);
 	while (!c->pending) {
 		size_t avail = evbuffer_get_length(in);
-		if (avail == 0)
+		if (avail == 0) {
+			if (c->draining)
+				session_close(s); /* after the answer is written */
 			return;
+		}
 		size_t look = avail < c->max_request ? avail : c->max_request;
 		const char *p = (const char *)evbuffer_pullup(in, (ev_ssize_t)look);
 		if (!p) {
@@ -432,6 +440,16 @@ static void pf_input(struct session *s, struct evbuffer *in)
 	}
 }
 
+/* Postfix reconnects for its next request (smtpd_policy_service_try_limit), so an idle
+ * connection is closed at once when sluiced stops, and a busy one after its answer. */
+static void pf_drain(struct session *s)
+{
+	struct pf_conn *c = session_data(s);
+	c->draining = true;
+	if (!c->pending && session_input_length(s) == 0)
+		session_close(s);
+}
+
 static void pf_free_arg(void *arg)
 {
 	struct pf_service *ps = arg;
@@ -444,6 +462,7 @@ static const struct service_ops pf_ops = {
 	.open = pf_open,
 	.input = pf_input,
 	.close = pf_close,
+	.drain = pf_drain,
 	.free_arg = pf_free_arg,
 };
 

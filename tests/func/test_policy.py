@@ -722,3 +722,36 @@ def test_policy_service_session_in_postfix_attribute_order(sluiced):
             assert policy_exchange(c, request(inst, f"r@{inst}.example")) == "action=DUNNO\n\n"
     out = s.cli("limits", "show", "192.0.2.9", "conns").stdout
     assert "used 1/3" in out, out
+
+
+def test_stop_closes_idle_policy_connections_and_answers_a_request_under_way(sluiced):
+    """Postfix keeps its policy connections open between requests (up to
+    smtpd_policy_service_max_idle) and reconnects for the next one: at SIGTERM sluiced
+    closes an idle connection at once, answers a request that is arriving and then
+    closes that one too, and exits without waiting for its shutdown_timeout."""
+    s = sluiced(config('limit "msgs" { stage = "rcpt"; key = "rcpt_domain"; '
+                       'rate = ["100/1h"]; }', milter=False, policy=True)
+                + "shutdown_timeout = 30s;\n")
+    idle = socket.socket(socket.AF_UNIX)
+    busy = socket.socket(socket.AF_UNIX)
+    try:
+        for c in (idle, busy):
+            c.connect(policy_socket(s))
+            assert policy_exchange(c, policy_request(
+                "RCPT", "q.1", recipient="r@example.net")) == "action=DUNNO\n\n"
+        half = policy_request("RCPT", "q.2", recipient="r@example.net")
+        busy.sendall(half[:40].encode())
+        time.sleep(0.2)  # the first bytes are read before the stop
+        started = time.monotonic()
+        s.signal(signal.SIGTERM)
+        idle.settimeout(10)
+        assert idle.recv(4096) == b"", "an idle policy connection was kept open"
+        # the request under way is answered, then its connection ends too
+        assert policy_exchange(busy, half[40:]) == "action=DUNNO\n\n"
+        busy.settimeout(10)
+        assert busy.recv(4096) == b""
+        assert s.wait(20) == 0
+        assert time.monotonic() - started < 10, "sluiced waited for its shutdown_timeout"
+    finally:
+        idle.close()
+        busy.close()
