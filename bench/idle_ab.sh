@@ -45,6 +45,7 @@ echo "|---|---:|---:|---:|"
 cat >> "$DIR/s.conf" <<CONF
 workers = 2;
 stats_interval = 0;
+state_dir = "$DIR/state";
 log { target = "stderr"; level = "warning"; }
 milter { listen = "unix:$DIR/milter.sock"; max_sessions = 30000;
   reply { connect = "continue"; helo = "continue"; mail = "continue"; rcpt = "continue"; eom = "accept"; } }

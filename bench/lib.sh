@@ -80,8 +80,10 @@ stop() {                        # stop NAME; libmilter waits for open sessions o
 	PID[$1]=
 }
 
-# sluiced_conf_head D [STATE]: the settings every benchmark sluiced has, its control
-# socket in D (and user = "root" when run as root); with STATE, a state_dir that does not exist, so no counter snapshot.
+# sluiced_conf_head D: the settings every benchmark sluiced has, its control socket and
+# its state_dir in D (never the machine's /var/lib/sluice), and user = "root" when run as
+# root.  (A second argument is accepted and ignored: D is new for every run, so there is
+# no snapshot from an earlier one either way.)
 sluiced_conf_head() {
 	# as root, sluiced wants to be told to stay root
 	[ "$(id -u)" != 0 ] || echo 'user = "root";'
@@ -89,7 +91,7 @@ sluiced_conf_head() {
 workers = 2;
 stats_interval = 0;
 EOF
-	[ -z "${2:-}" ] || echo "state_dir = \"$1/no-state\";"
+	echo "state_dir = \"$1/state\";"
 	cat <<EOF
 log { target = "stderr"; level = "warning"; }
 control { listen = "unix:$1/control.sock"; }

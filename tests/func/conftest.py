@@ -303,12 +303,23 @@ def with_root_user(config_text):
     return config_text + ("" if config_text.endswith("\n") else "\n") + root_user_line()
 
 
+def with_own_state_dir(config_text, directory):
+    """The configuration with state_dir set to the test's directory when it sets none:
+    the default, /var/lib/sluice, belongs to the machine's sluiced (`make run`).  Added
+    last, as with_root_user() does."""
+    if re.search(r"^state_dir\s*=", config_text, re.M):
+        return config_text
+    return (config_text + ("" if config_text.endswith("\n") else "\n") +
+            f'state_dir = "{directory}";\n')
+
+
 class Sluiced:
     """One running sluiced and what a test needs to talk to it."""
 
     def __init__(self, directory, config_text, env=None, args=()):
         self.dir = pathlib.Path(directory)
-        self.config_text = with_root_user(config_text.replace("@DIR@", str(self.dir)))
+        self.config_text = with_own_state_dir(
+            with_root_user(config_text.replace("@DIR@", str(self.dir))), self.dir)
         self.config = self.dir / "sluiced.conf"
         self.config.write_text(self.config_text)
         self.config.chmod(0o600)  # it may hold a password: sluiced wants it private
@@ -402,7 +413,8 @@ class Sluiced:
         return find_service(self.stats(), "milter")
 
     def write_config(self, text):
-        self.config_text = with_root_user(text.replace("@DIR@", str(self.dir)))
+        self.config_text = with_own_state_dir(
+            with_root_user(text.replace("@DIR@", str(self.dir))), self.dir)
         self.config.write_text(self.config_text)
 
 
