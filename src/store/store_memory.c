@@ -981,9 +981,9 @@ static size_t memory_expire(void *ctx, uint64_t now)
 	 * max_keys although nearly all of it is dead.  A budget in proportion to the table
 	 * visits every slot every EXPIRE_SWEEP calls, so the dead records are at most
 	 * EXPIRE_SWEEP seconds of new keys.  (Masks read without the locks: a stale one only
-	 * changes the budget.)  XXX the cost follows the table: at a million records (up to
-	 * 4M slots, 64 MiB) a sweep reads the whole table, an estimated 10-20 ms of the
-	 * calling thread each second (not measured), each shard locked for 1/64 of it. */
+	 * changes the budget.)  XXX the cost follows the table: at a million live records
+	 * a call takes 15 ms of the calling thread (bench/store_bench, "expiry sweep"), once
+	 * a second, each shard locked for 1/64 of it (about 0.25 ms). */
 	for (unsigned s = 0; s < SHARDS; s++)
 		budget += __atomic_load_n(&m->shards[s].mask, __ATOMIC_RELAXED) + 1;
 	budget /= EXPIRE_SWEEP;
