@@ -20,6 +20,7 @@ import pytest
 import milter_wire as w
 from conftest import SLUICE, free_port, require_binary, wait_until
 from smarthost import smarthost  # noqa: F401 (fixture)
+from test_policy import policy_exchange
 
 HOST = "relay.sluice.test"
 RULES = """
@@ -98,14 +99,7 @@ def policy_request(s, rcpt, qid):
     with socket.socket(socket.AF_UNIX) as sock:
         sock.settimeout(10)
         sock.connect(f"{s.dir}/policy.sock")
-        sock.sendall(req.encode())
-        data = b""
-        while not data.endswith(b"\n\n"):
-            chunk = sock.recv(4096)
-            if not chunk:
-                break
-            data += chunk
-    return data.decode().strip()
+        return policy_exchange(sock, req).strip()
 
 
 def queue_message(port, rcpts, sender="list@example.org"):
