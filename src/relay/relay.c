@@ -2913,10 +2913,7 @@ static int do_lanes(struct relay *r, void *arg)
 		return 0;
 	}
 	TAILQ_FOREACH(l, &r->lanes, link) {
-		size_t waiting = 0;
-		struct lane_item *it;
-		TAILQ_FOREACH(it, &l->items, link)
-			waiting += it->pending;
+		size_t waiting = lane_waiting(l);
 		bool susp = lane_budget_suspended(&l->b, now);
 		uint64_t wait = lane_budget_wait(&l->b, now);
 		const char *route = l->rt ? l->rt->conf->name : "(removed)";
