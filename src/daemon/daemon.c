@@ -201,6 +201,10 @@ static void queue_report(void *arg, const struct queue_recover_event *ev)
 	case QUEUE_RECOVER_ERROR:
 		log_error("queue: %s: %s: %s; left in place", n, why, strerror(-ev->error));
 		break;
+	case QUEUE_RECOVER_LOADED:
+		log_notice("queue: loaded, %zu messages in %.1f s", ev->count,
+			   (double)ev->elapsed_ms / 1000.0);
+		break;
 	}
 }
 
@@ -218,10 +222,8 @@ static struct queue *open_queue(const struct sluice_config *c)
 	char err[1024];
 	if (queue_open(&qc, queue_report, NULL, &q, err, sizeof(err)) < 0)
 		fatal("%s", err);
-	struct queue_stats st;
-	queue_stats(q, &st);
-	log_notice("queue %s: %" PRIu64 " messages, %" PRIu64 " recipients to do", c->queue.dir,
-		   st.messages, st.recipients);
+	/* its messages are loaded in the background from queue_start() on */
+	log_notice("queue %s: open, loading its messages", c->queue.dir);
 	return q;
 }
 
@@ -740,7 +742,9 @@ int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct
 				   !ss.shared || ss.up ? "true" : "false");
 			/* the state quotes Redis's error text */
 			buf_append_json_string(out, ss.shared ? ss.state : "memory");
-			buf_append_cstr(out, "}}\n");
+			buf_append_byte(out, '}');
+			queue_control_status(d->queue, true, out);
+			buf_append_cstr(out, "}\n");
 		} else {
 			buf_printf(out,
 				   "sluiced %s running, pid %ld, up %.0f s\n"
@@ -750,6 +754,7 @@ int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct
 				   SLUICE_VERSION, (long)getpid(), up, path, d->reloads,
 				   engine_workers(d->e), engine_sessions(d->e),
 				   (unsigned long long)d->nofile, store, d->stopping ? "\nstopping" : "");
+			queue_control_status(d->queue, false, out);
 		}
 		pthread_mutex_unlock(&d->cfg_lock);
 		*ret_ok = true;

@@ -3,6 +3,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +20,30 @@ static const char *arg_id(struct str a, char *tmp, size_t len)
 	memcpy(tmp, a.ptr, a.len);
 	tmp[a.len] = '\0';
 	return tmp;
+}
+
+/* n with a comma every three digits ("1,000,000"). */
+static const char *thousands(uint64_t n, char out[32])
+{
+	char digits[24];
+	int len = snprintf(digits, sizeof(digits), "%" PRIu64, n);
+	size_t o = 0;
+	for (int i = 0; i < len; i++) {
+		if (i && (len - i) % 3 == 0)
+			out[o++] = ',';
+		out[o++] = digits[i];
+	}
+	out[o] = '\0';
+	return out;
+}
+
+/* What a command that found no message adds while the queue still loads. */
+static const char *not_found(struct queue *q)
+{
+	struct queue_stats st;
+	queue_stats(q, &st);
+	return st.loading ? "no such message (the queue is still loading: try again)"
+			  : "no such message";
 }
 
 static int act(struct queue *q, const char *verb, const char *id)
@@ -71,7 +96,7 @@ void queue_control(struct queue *q, size_t argc, const struct str *argv, struct 
 		const char *id = nargs > 1 ? arg_id(args[1], idbuf, sizeof(idbuf)) : NULL;
 		int r = queue_list(q, id, json, out);
 		if (r == -ENOENT)
-			buf_printf(out, "%s: no such message\n", id);
+			buf_printf(out, "%s: %s\n", id, not_found(q));
 		else if (r < 0)
 			buf_printf(out, "cannot list the queue: %s\n", strerror(-r));
 		*ret_ok = r == 0;
@@ -132,7 +157,7 @@ void queue_control(struct queue *q, size_t argc, const struct str *argv, struct 
 		else
 			failed++;
 		char quoted[80];
-		const char *what = r == 0 ? done_text(verb) : r == -ENOENT ? "no such message"
+		const char *what = r == 0 ? done_text(verb) : r == -ENOENT ? not_found(q)
 							       : strerror(-r);
 		if (json) {
 			buf_printf(out, "%s{\"id\":", i ? "," : "");
@@ -153,6 +178,34 @@ void queue_control(struct queue *q, size_t argc, const struct str *argv, struct 
 	if (done)
 		log_notice("queue %s: %zu message%s by the operator", verb, done,
 			   done == 1 ? "" : "s");
+}
+
+void queue_control_status(struct queue *q, bool json, struct buf *out)
+{
+	if (!q)
+		return;
+	struct queue_stats st;
+	queue_stats(q, &st);
+	if (json) {
+		buf_printf(out, ",\"queue\":{\"messages\":%" PRIu64 ",\"recipients\":%" PRIu64
+			   ",\"held\":%" PRIu64 ",\"loading\":%s,\"load_total\":%" PRIu64
+			   ",\"load_done\":%" PRIu64 ",\"load_ms\":%" PRIu64 "}",
+			   st.messages, st.recipients, st.held, st.loading ? "true" : "false",
+			   st.load_total, st.load_done, st.load_ms);
+		return;
+	}
+	char a[32], b[32], c[32];
+	if (st.loading && !st.load_total)
+		buf_printf(out, "queue: loading, listing the messages (%.1f s)\n",
+			   (double)st.load_ms / 1000.0);
+	else if (st.loading)
+		buf_printf(out, "queue: loading %s of %s messages (%.1f s)\n",
+			   thousands(st.load_done, a), thousands(st.load_total, b),
+			   (double)st.load_ms / 1000.0);
+	else
+		buf_printf(out, "queue: %s messages, %s held, %s recipients to do (loaded in "
+			   "%.1f s)\n", thousands(st.messages, a), thousands(st.held, b),
+			   thousands(st.recipients, c), (double)st.load_ms / 1000.0);
 }
 
 void queue_control_stats(struct queue *q, struct service *intake, bool json, struct buf *out)
@@ -187,6 +240,9 @@ void queue_control_stats(struct queue *q, struct service *intake, bool json, str
 		   PRIu64 " syncfs + %" PRIu64 " directory\n  = %.3f per message\n",
 		   st.messages, st.held, st.recipients, age, st.commits, st.batches,
 		   st.commit_errors, st.syncs, st.dir_syncs, per);
+	if (st.loading)
+		buf_printf(out, "  loading: %" PRIu64 " of %" PRIu64 " messages read\n",
+			   st.load_done, st.load_total);
 	if (intake)
 		buf_printf(out, "intake: %" PRIu64 " messages, %" PRIu64 " recipients, %" PRIu64
 			   " bytes;\n  refused %" PRIu64 " clients, rejected %" PRIu64

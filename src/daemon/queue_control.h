@@ -20,5 +20,9 @@ void queue_control(struct queue *q, size_t argc, const struct str *argv, struct 
 /* json: members ("queue":{...},"intake_mail":{...}: "intake" holds the service's session
  * statistics) to put inside the stats object, with a leading comma.  intake may be NULL. */
 void queue_control_stats(struct queue *q, struct service *intake, bool json, struct buf *out);
+/* The queue's part of `status`: a line ("queue: loading 412,000 of 1,000,000 messages"
+ * while the index loads, its size after), or with json a member ,"queue":{...}.  q may
+ * be NULL (nothing is added). */
+void queue_control_status(struct queue *q, bool json, struct buf *out);
 
 #endif

@@ -13,26 +13,21 @@
 #include <unistd.h>
 
 #include "queue.h"
+#include "queue_journal.h"
+#include "queue_retry.h"
+#include "queue_table.h"
 #include "util.h"
 
 #define FLUSH_AT QUEUE_BODY_CHUNK       /* bytes gathered before a write() */
 #define OUT_MAX (4 * QUEUE_BODY_CHUNK)  /* the buffer's hard limit */
 
-struct qrcpt {
-	const char *addr;        /* into the entry's block, NUL-terminated */
-	char status;
-};
-
-struct qentry {
-	char id[QUEUE_ID_LEN + 1];
-	uint64_t arrival_us;
-	uint64_t size;           /* bytes of the message */
-	char control[QUEUE_CONTROL_LEN];
-	size_t nrcpt;
-	struct qrcpt *rcpt;
-	char *sender;            /* into block */
-	uint64_t next_try_us;    /* the relay's next attempt; 0: at once (queue_flush) */
-	char *block;             /* sender, then every address, each NUL-terminated */
+/* A journal record of a message being loaded (sorted by id, rcpt, then seq). */
+struct pending {
+	char id[QUEUE_ID_LEN];
+	uint32_t rcpt;
+	uint32_t attempts;
+	uint64_t next_us;
+	uint64_t seq;
 };
 
 struct queue_new {
@@ -66,12 +61,34 @@ struct queue {
 	bool busy;                       /* a batch is being flushed */
 	pthread_cond_t idle;             /* signalled when a batch is done */
 
-	pthread_mutex_t ix_lock;         /* the index and the counters */
-	struct qentry **ents;            /* sorted by id (= by arrival) */
-	size_t nents, cap;
+	pthread_mutex_t ix_lock;         /* the index, the counters, the journal's appends */
+	struct queue_table ix;
 	struct queue_commit_stats cst;
 	uint64_t commit_errors;
 	uint64_t accepted_bytes;
+
+	/* the retry journal: appends under ix_lock; loading and compaction on the loader */
+	struct queue_journal *jr;
+	uint64_t jr_records;             /* records its files hold (about) */
+	uint64_t compact_min;            /* compaction needs more records than this */
+	uint64_t compact_floor;          /* ... and than this, after a failed one */
+	bool compact_wanted, compacting;
+	pthread_cond_t hk_cond;          /* with ix_lock: wakes the loader once it is done */
+
+	/* the loader (queue_start): recovery of msg/ into the index, then compactions */
+	pthread_t loader;
+	bool loader_started;
+	_Atomic bool load_stop;
+	struct queue_recovery *rec;      /* from queue_open() to the loader's end */
+	queue_report_fn *report;
+	void *report_arg;
+	bool loading;                    /* under ix_lock, as the four below */
+	uint64_t load_total, load_done, load_ms;
+	uint64_t load_started_ms;
+	pthread_cond_t load_cond;        /* with ix_lock: the load is over */
+	struct pending *pend;            /* the loader's: journal records of old messages */
+	size_t npend, pend_at;
+	bool inserted;                   /* the loader's: the last message went in */
 
 	queue_listen_fn *listen;         /* the relay; set before queue_start() */
 	void *listen_arg;
@@ -85,123 +102,120 @@ static void notify(struct queue *q, enum queue_event ev, const char *id)
 
 /* ---- the index ---- */
 
-static struct qentry *qentry_free(struct qentry *e)
+/* Under ix_lock. */
+static struct qentry *ix_get(struct queue *q, const char *id)
 {
-	if (e) {
-		free(e->rcpt);
-		free(e->block);
-		free(e);
-	}
-	return NULL;
-}
-
-/* An entry from a sender and recipients given as NUL-terminated names in one block. */
-static struct qentry *qentry_make(const char *id, uint64_t arrival_us, uint64_t size,
-				  const char *names, size_t names_len, size_t nrcpt)
-{
-	struct qentry *e = calloc(1, sizeof(*e));
-	if (!e)
+	if (!id || !queue_id_valid(str_make(id, strnlen(id, QUEUE_ID_LEN + 1))))
 		return NULL;
-	e->block = malloc(names_len ? names_len : 1);
-	e->rcpt = calloc(nrcpt ? nrcpt : 1, sizeof(*e->rcpt));
-	if (!e->block || !e->rcpt)
-		return qentry_free(e);
-	memcpy(e->block, names, names_len);
-	memcpy(e->id, id, QUEUE_ID_LEN + 1);
-	e->arrival_us = arrival_us;
-	e->size = size;
-	memset(e->control, '-', sizeof(e->control));
-	e->sender = e->block;
-	const char *p = e->block + strlen(e->block) + 1;
-	for (size_t i = 0; i < nrcpt; i++) {
-		e->rcpt[i].addr = p;
-		e->rcpt[i].status = QUEUE_TODO;
-		p += strlen(p) + 1;
-	}
-	e->nrcpt = nrcpt;
-	return e;
+	return queue_table_get(&q->ix, id);
 }
 
-/* The slot of id: its index when found (*found), else where it goes. */
-static size_t ix_find(const struct queue *q, const char *id, bool *found)
+/* Under ix_lock: wake the loader for a compaction when the journal holds far more
+ * records than there are recipients with a retry state. */
+static void maybe_compact(struct queue *q)
 {
-	size_t lo = 0, hi = q->nents;
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		int c = memcmp(q->ents[mid]->id, id, QUEUE_ID_LEN);
-		if (c == 0) {
-			*found = true;
-			return mid;
-		}
-		if (c < 0)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	*found = false;
-	return lo;
+	if (q->loading || q->compacting || q->compact_wanted)
+		return;
+	if (q->jr_records <= q->compact_min || q->jr_records <= q->compact_floor ||
+	    q->jr_records <= 2 * q->ix.retry_live)
+		return;
+	q->compact_wanted = true;
+	pthread_cond_signal(&q->hk_cond);
 }
 
-/* Under ix_lock.  New IDs are mostly the largest: the insertion is mostly an append. */
-static int ix_insert(struct queue *q, struct qentry *e)
+/* ---- recovery into the index (the loader) ---- */
+
+static int pending_cmp(const void *a, const void *b)
 {
-	if (q->nents == q->cap) {
-		size_t cap = q->cap ? q->cap * 2 : 256;
-		struct qentry **n = realloc(q->ents, cap * sizeof(*n));
+	const struct pending *x = a, *y = b;
+	int c = memcmp(x->id, y->id, QUEUE_ID_LEN);
+	if (c)
+		return c;
+	if (x->rcpt != y->rcpt)
+		return x->rcpt < y->rcpt ? -1 : 1;
+	return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+struct pending_buf {
+	struct pending *p;
+	size_t n, cap;
+};
+
+static int pending_add(void *arg, const struct queue_retry_rec *r)
+{
+	struct pending_buf *b = arg;
+	if (b->n == b->cap) {
+		size_t cap = b->cap ? b->cap * 2 : 1024;
+		struct pending *n = realloc(b->p, cap * sizeof(*n));
 		if (!n)
 			return -ENOMEM;
-		q->ents = n;
-		q->cap = cap;
+		b->p = n;
+		b->cap = cap;
 	}
-	bool found;
-	size_t at = ix_find(q, e->id, &found);
-	if (found)
-		return -EEXIST;
-	memmove(q->ents + at + 1, q->ents + at, (q->nents - at) * sizeof(*q->ents));
-	q->ents[at] = e;
-	q->nents++;
+	struct pending *p = &b->p[b->n];
+	memcpy(p->id, r->id, QUEUE_ID_LEN);
+	p->rcpt = r->rcpt;
+	p->attempts = r->attempts;
+	p->next_us = r->next_us;
+	p->seq = b->n++;
 	return 0;
 }
 
-static struct qentry *ix_get(struct queue *q, const char *id)
+/* The journal, read into q->pend: sorted, the last record of each recipient only. */
+static void load_journal(struct queue *q)
 {
-	if (!queue_id_valid(str_cstr(id)))
-		return NULL;
-	bool found;
-	size_t at = ix_find(q, id, &found);
-	return found ? q->ents[at] : NULL;
+	struct pending_buf b = { 0 };
+	struct queue_journal_load_stats st = { 0 };
+	int r = queue_journal_load(q->jr, pending_add, &b, &st);
+	if (r < 0) {
+		/* without memory for it: every retry time is lost, an early retry */
+		free(b.p);
+		b = (struct pending_buf){ 0 };
+	}
+	if (b.n > 1)
+		qsort(b.p, b.n, sizeof(*b.p), pending_cmp);
+	size_t k = 0;
+	for (size_t i = 0; i < b.n; i++) {
+		if (i + 1 < b.n && memcmp(b.p[i].id, b.p[i + 1].id, QUEUE_ID_LEN) == 0 &&
+		    b.p[i].rcpt == b.p[i + 1].rcpt)
+			continue; /* a later record of the same recipient follows */
+		b.p[k++] = b.p[i];
+	}
+	q->pend = b.p;
+	q->npend = k;
+	q->pend_at = 0;
+	pthread_mutex_lock(&q->ix_lock);
+	q->jr_records += st.records;
+	pthread_mutex_unlock(&q->ix_lock);
 }
 
-static void ix_remove(struct queue *q, const char *id)
+/* The journal's last word on each recipient of e (messages load in order of ID, so the
+ * records are met in order; those of messages gone are passed over). */
+static void apply_pending(struct queue *q, struct qentry *e)
 {
-	bool found;
-	size_t at = ix_find(q, id, &found);
-	if (!found)
-		return;
-	qentry_free(q->ents[at]);
-	memmove(q->ents + at, q->ents + at + 1, (q->nents - at - 1) * sizeof(*q->ents));
-	q->nents--;
+	while (q->pend_at < q->npend && memcmp(q->pend[q->pend_at].id, e->id, QUEUE_ID_LEN) < 0)
+		q->pend_at++;
+	struct qrcpt *r = qentry_rcpt(e);
+	for (; q->pend_at < q->npend &&
+	       memcmp(q->pend[q->pend_at].id, e->id, QUEUE_ID_LEN) == 0; q->pend_at++) {
+		const struct pending *p = &q->pend[q->pend_at];
+		if (p->rcpt < e->nrcpt) {
+			r[p->rcpt].next_us = p->next_us;
+			r[p->rcpt].attempts = p->attempts;
+		}
+	}
 }
-
-/* ---- recovery ---- */
-
-struct recover_ctx {
-	struct queue *q;
-	queue_report_fn *report;
-	void *arg;
-	int err;
-};
 
 static void recover_report(void *arg, const struct queue_recover_event *ev)
 {
-	struct recover_ctx *rc = arg;
-	if (rc->report)
-		rc->report(rc->arg, ev);
+	struct queue *q = arg;
+	if (q->report)
+		q->report(q->report_arg, ev);
 }
 
 static int recover_message(void *arg, const struct queue_msg *m)
 {
-	struct recover_ctx *rc = arg;
+	struct queue *q = arg;
 	const struct queue_index *ix = &m->ix;
 	struct buf names;
 	buf_init(&names, SIZE_MAX / 2);
@@ -213,19 +227,187 @@ static int recover_message(void *arg, const struct queue_msg *m)
 		if (r == 0)
 			r = buf_append_byte(&names, 0);
 	}
-	struct qentry *e = r == 0 ? qentry_make(ix->env.id, ix->env.arrival_us, ix->body_len,
-						names.ptr, names.len, ix->nrcpt)
+	struct qentry *e = r == 0 ? qentry_new(ix->env.id, ix->env.arrival_us, ix->body_len,
+					       names.ptr, names.len, ix->nrcpt)
 				  : NULL;
 	buf_clear(&names);
 	if (!e)
 		return -ENOMEM;
 	memcpy(e->control, ix->control, sizeof(e->control));
+	char *status = qentry_status(e);
 	for (size_t i = 0; i < ix->nrcpt; i++)
-		e->rcpt[i].status = ix->rcpt[i].status;
-	r = ix_insert(rc->q, e);
+		status[i] = ix->rcpt[i].status;
+	apply_pending(q, e);
+	pthread_mutex_lock(&q->ix_lock);
+	r = queue_table_insert(&q->ix, e);
+	pthread_mutex_unlock(&q->ix_lock);
 	if (r < 0)
 		qentry_free(e);
+	else
+		q->inserted = true;
 	return r;
+}
+
+static void report_error(struct queue *q, const char *name, const char *what, int error)
+{
+	recover_report(q, &(struct queue_recover_event){ .what = QUEUE_RECOVER_ERROR,
+							 .name = name, .reason = what,
+							 .error = error });
+}
+
+static void notify(struct queue *q, enum queue_event ev, const char *id);
+static void compact(struct queue *q);
+
+/* The loader: every message of msg/ in order of arrival into the index, each announced
+ * to the relay as it goes in; then it waits for compactions of the journal. */
+static void *loader_main(void *arg)
+{
+	struct queue *q = arg;
+	load_journal(q);
+	char (*ids)[QUEUE_ID_LEN + 1] = NULL;
+	size_t n = 0;
+	int r = queue_recovery_list(q->rec, &ids, &n);
+	if (r < 0)
+		report_error(q, "msg/", "listing the queue's messages", r);
+	pthread_mutex_lock(&q->ix_lock);
+	q->load_total = n;
+	pthread_mutex_unlock(&q->ix_lock);
+	size_t i = 0;
+	for (; i < n && !atomic_load(&q->load_stop); i++) {
+		q->inserted = false;
+		r = queue_recovery_message(q->rec, ids[i]);
+		if (r < 0)
+			report_error(q, ids[i], "loading into the index", r);
+		if (q->inserted)
+			notify(q, QUEUE_EV_NEW, ids[i]);
+		pthread_mutex_lock(&q->ix_lock);
+		q->load_done = i + 1;
+		pthread_mutex_unlock(&q->ix_lock);
+	}
+	free(ids);
+	free(q->pend);
+	q->pend = NULL;
+	q->npend = 0;
+	bool stopped = i < n;
+	/* after msg/: the logs of messages it removed are gone, the logs of messages it
+	 * moved to corrupt/ are orphans now */
+	if (!stopped && (r = queue_recovery_logs(q->rec)) < 0)
+		report_error(q, "log/", "removing orphan logs", r);
+	struct queue_recover_stats st = { 0 };
+	if ((r = queue_recovery_finish(q->rec, &st)) < 0)
+		report_error(q, "the queue's directories", "flushing", r);
+	q->rec = NULL;
+
+	pthread_mutex_lock(&q->ix_lock);
+	q->loading = false;
+	q->load_ms = now_ms() - q->load_started_ms;
+	pthread_cond_broadcast(&q->load_cond);
+	uint64_t ms = q->load_ms;
+	pthread_mutex_unlock(&q->ix_lock);
+	if (!stopped)
+		recover_report(q, &(struct queue_recover_event){ .what = QUEUE_RECOVER_LOADED,
+								 .name = "", .count = st.messages,
+								 .elapsed_ms = ms });
+
+	pthread_mutex_lock(&q->ix_lock);
+	maybe_compact(q);
+	for (;;) {
+		while (!atomic_load(&q->load_stop) && !q->compact_wanted)
+			pthread_cond_wait(&q->hk_cond, &q->ix_lock);
+		if (atomic_load(&q->load_stop))
+			break;
+		q->compact_wanted = false;
+		q->compacting = true;
+		pthread_mutex_unlock(&q->ix_lock);
+		compact(q);
+		pthread_mutex_lock(&q->ix_lock);
+		q->compacting = false;
+	}
+	pthread_mutex_unlock(&q->ix_lock);
+	return NULL;
+}
+
+/* ---- the retry journal's compaction (on the loader) ---- */
+
+#define COMPACT_CHUNK 1024  /* entries read per hold of ix_lock */
+
+/*
+ * Rotate (appends go to a new generation), then write the live retry state into a
+ * snapshot, a chunk of the index at a time, and put it in place of the old generations.
+ * The chunks need not be one consistent picture: every change made after the rotation
+ * is also in the new generation, which a reader applies after the snapshot.
+ */
+static void compact(struct queue *q)
+{
+	pthread_mutex_lock(&q->ix_lock);
+	uint64_t before = q->jr_records;
+	int r = queue_journal_rotate(q->jr);
+	bool rotated = r == 0;
+	if (rotated)
+		q->jr_records = 0;
+	pthread_mutex_unlock(&q->ix_lock);
+	if (r == 0)
+		r = queue_journal_snapshot_begin(q->jr, realtime_ns() / 1000);
+	uint64_t written = 0;
+	char last[QUEUE_ID_LEN + 1] = "";
+	unsigned char *buf = r == 0 ? malloc(64 * QUEUE_RETRY_RECORD) : NULL;
+	if (r == 0 && !buf)
+		r = -ENOMEM;
+	bool more = r == 0;
+	while (more && !atomic_load(&q->load_stop)) {
+		pthread_mutex_lock(&q->ix_lock);
+		struct qentry *e = last[0] ? queue_table_after(&q->ix, last)
+					   : queue_table_first(&q->ix);
+		size_t len = 0;
+		/* a chunk ends at an entry's end, so that `last` says where to go on */
+		for (size_t k = 0; e && k < COMPACT_CHUNK && r == 0; k++, e = queue_table_next(e)) {
+			const struct qrcpt *rc = qentry_rcpt(e);
+			for (size_t i = 0; i < e->nrcpt && r == 0; i++) {
+				if (!rc[i].next_us && !rc[i].attempts)
+					continue;
+				struct queue_retry_rec rec = { .kind = QUEUE_RETRY_STATE,
+							       .rcpt = (uint32_t)i,
+							       .attempts = rc[i].attempts,
+							       .next_us = rc[i].next_us };
+				memcpy(rec.id, e->id, sizeof(rec.id));
+				queue_retry_encode(&rec, buf + len);
+				len += QUEUE_RETRY_RECORD;
+				written++;
+				if (len == 64 * QUEUE_RETRY_RECORD) {
+					/* a write under the lock, of 3 KiB to the page cache */
+					r = queue_journal_snapshot_write(q->jr, buf, len);
+					len = 0;
+				}
+			}
+			memcpy(last, e->id, sizeof(last));
+		}
+		more = e != NULL;
+		pthread_mutex_unlock(&q->ix_lock);
+		if (r == 0 && len)
+			r = queue_journal_snapshot_write(q->jr, buf, len);
+		if (r < 0)
+			more = false;
+	}
+	free(buf);
+	if (r == 0 && atomic_load(&q->load_stop))
+		r = -ECANCELED;
+	if (r == 0)
+		r = queue_journal_snapshot_commit(q->jr);
+	else
+		queue_journal_snapshot_abort(q->jr);
+	pthread_mutex_lock(&q->ix_lock);
+	if (r == 0) {
+		q->jr_records += written;
+		q->compact_floor = 0;
+	} else {
+		/* the old generations stay: they count, and the next try waits for more */
+		if (rotated)
+			q->jr_records += before;
+		q->compact_floor = 2 * q->jr_records;
+	}
+	pthread_mutex_unlock(&q->ix_lock);
+	if (r < 0 && r != -ECANCELED)
+		report_error(q, "retry journal", "compaction", r);
 }
 
 /* ---- the committer ---- */
@@ -265,11 +447,11 @@ static void commit_batch(struct queue *q, struct queue_new *batch, size_t n)
 	q->cst.file_syncs += st.file_syncs;
 	q->cst.dir_syncs += st.dir_syncs;
 	for (it = batch; r == 0 && it; it = it->next) {
-		struct qentry *e = qentry_make(it->id, it->arrival_us, it->size, it->names.ptr,
-					       it->names.len, it->nrcpt);
+		struct qentry *e = qentry_new(it->id, it->arrival_us, it->size, it->names.ptr,
+					      it->names.len, it->nrcpt);
 		/* XXX without memory for the index the message is still committed and safe:
 		 * it shows up in the index at the next start. */
-		if (e && ix_insert(q, e) < 0)
+		if (e && queue_table_insert(&q->ix, e) < 0)
 			qentry_free(e);
 		q->accepted_bytes += it->size;
 	}
@@ -328,11 +510,19 @@ int queue_open(const struct queue_conf *conf, queue_report_fn *report, void *arg
 	if (!q)
 		return -ENOMEM;
 	q->batch_max = conf->commit_batch ? conf->commit_batch : 256;
+	q->compact_min = conf->retry_compact_min ? conf->retry_compact_min : 65536;
 	q->tail = &q->head;
+	q->report = report;
+	q->report_arg = arg;
+	q->loading = true;
+	q->load_started_ms = now_ms();
+	queue_table_init(&q->ix);
 	pthread_mutex_init(&q->lock, NULL);
 	pthread_cond_init(&q->cond, NULL);
 	pthread_cond_init(&q->idle, NULL);
 	pthread_mutex_init(&q->ix_lock, NULL);
+	pthread_cond_init(&q->hk_cond, NULL);
+	pthread_cond_init(&q->load_cond, NULL);
 	uint32_t seed;
 	if (getrandom(&seed, sizeof(seed), GRND_NONBLOCK) != sizeof(seed))
 		seed = (uint32_t)now_ns() ^ (uint32_t)getpid();
@@ -343,12 +533,20 @@ int queue_open(const struct queue_conf *conf, queue_report_fn *report, void *arg
 		queue_free(q);
 		return r;
 	}
-	struct recover_ctx rc = { .q = q, .report = report, .arg = arg };
-	const struct queue_recover_ops ops = {
+	r = queue_journal_open(queue_dir_root(q->qd), &q->jr);
+	if (r < 0) {
+		snprintf(err, errlen, "queue %s: the retry journal: %s", conf->dir, strerror(-r));
+		queue_free(q);
+		return r;
+	}
+	/* tmp/ at once, before the intake writes there; msg/ on the loader */
+	static const struct queue_recover_ops ops = {
 		.report = recover_report,
 		.message = recover_message,
 	};
-	r = queue_recover(q->qd, &ops, &rc, NULL);
+	r = queue_recovery_new(q->qd, &ops, q, &q->rec);
+	if (r == 0)
+		r = queue_recovery_tmp(q->rec);
 	if (r < 0) {
 		snprintf(err, errlen, "queue %s: recovery failed: %s", conf->dir, strerror(-r));
 		queue_free(q);
@@ -361,13 +559,45 @@ int queue_open(const struct queue_conf *conf, queue_report_fn *report, void *arg
 int queue_start(struct queue *q)
 {
 	int r = -pthread_create(&q->committer, NULL, committer_main, q);
+	if (r < 0)
+		return r;
+	q->started = true;
+	pthread_mutex_lock(&q->ix_lock);
+	q->load_started_ms = now_ms();
+	pthread_mutex_unlock(&q->ix_lock);
+	r = -pthread_create(&q->loader, NULL, loader_main, q);
 	if (r == 0)
-		q->started = true;
+		q->loader_started = true;
 	return r;
+}
+
+int queue_wait_loaded(struct queue *q)
+{
+	pthread_mutex_lock(&q->ix_lock);
+	while (q->loading && q->loader_started)
+		pthread_cond_wait(&q->load_cond, &q->ix_lock);
+	bool loading = q->loading;
+	pthread_mutex_unlock(&q->ix_lock);
+	return loading ? -EAGAIN : 0;
+}
+
+/* Stop the loader (at its next file) and wait for it: after this nothing of the queue
+ * calls the listener from the loader. */
+static void stop_loader(struct queue *q)
+{
+	if (!q->loader_started)
+		return;
+	pthread_mutex_lock(&q->ix_lock);
+	atomic_store(&q->load_stop, true);
+	pthread_cond_signal(&q->hk_cond);
+	pthread_mutex_unlock(&q->ix_lock);
+	pthread_join(q->loader, NULL);
+	q->loader_started = false;
 }
 
 void queue_drain(struct queue *q)
 {
+	stop_loader(q);
 	pthread_mutex_lock(&q->lock);
 	q->closing = true;
 	while (q->started && (q->head || q->busy))
@@ -379,6 +609,7 @@ struct queue *queue_free(struct queue *q)
 {
 	if (!q)
 		return NULL;
+	stop_loader(q);
 	if (q->started) {
 		pthread_mutex_lock(&q->lock);
 		q->stop = true;
@@ -386,14 +617,17 @@ struct queue *queue_free(struct queue *q)
 		pthread_mutex_unlock(&q->lock);
 		pthread_join(q->committer, NULL);
 	}
-	for (size_t i = 0; i < q->nents; i++)
-		qentry_free(q->ents[i]);
-	free(q->ents);
+	queue_recovery_finish(q->rec, NULL);
+	free(q->pend);
+	queue_table_clear(&q->ix);
+	queue_journal_free(q->jr);
 	queue_dir_free(q->qd);
 	pthread_mutex_destroy(&q->lock);
 	pthread_cond_destroy(&q->cond);
 	pthread_cond_destroy(&q->idle);
 	pthread_mutex_destroy(&q->ix_lock);
+	pthread_cond_destroy(&q->hk_cond);
+	pthread_cond_destroy(&q->load_cond);
 	free(q);
 	return NULL;
 }
@@ -551,31 +785,29 @@ void queue_stats(struct queue *q, struct queue_stats *ret)
 {
 	struct queue_stats st = { 0 };
 	pthread_mutex_lock(&q->ix_lock);
-	st.messages = q->nents;
-	/* XXX one pass over the index under its lock: about a millisecond for 100,000
-	 * messages, during which a commit or the relay waits */
-	for (size_t i = 0; i < q->nents; i++) {
-		const struct qentry *e = q->ents[i];
-		for (size_t j = 0; j < e->nrcpt; j++) {
-			switch (e->rcpt[j].status) {
-			case QUEUE_TODO: st.rcpt_todo++; break;
-			case QUEUE_UNCERTAIN: st.rcpt_uncertain++; break;
-			case QUEUE_DELIVERED: st.rcpt_delivered++; break;
-			case QUEUE_FAILED: st.rcpt_failed++; break;
-			}
-		}
-		if (e->control[QUEUE_CTL_HOLD] == 'H')
-			st.held++;
-		st.bytes += e->size;
-	}
+	const struct queue_table *t = &q->ix;
+	st.messages = t->n;
+	st.rcpt_todo = t->rcpt_todo;
+	st.rcpt_uncertain = t->rcpt_uncertain;
+	st.rcpt_delivered = t->rcpt_delivered;
+	st.rcpt_failed = t->rcpt_failed;
+	st.held = t->held;
+	st.bytes = t->bytes;
 	st.recipients = st.rcpt_todo + st.rcpt_uncertain;
 	st.accepted_bytes = q->accepted_bytes;
-	st.oldest_us = q->nents ? q->ents[0]->arrival_us : 0;
+	const struct qentry *first = queue_table_first(t);
+	st.oldest_us = first ? first->arrival_us : 0;
 	st.commits = q->cst.messages;
 	st.batches = q->cst.batches;
 	st.syncs = q->cst.syncfs + q->cst.file_syncs;
 	st.dir_syncs = q->cst.dir_syncs;
 	st.commit_errors = q->commit_errors;
+	st.loading = q->loading;
+	st.load_total = q->load_total;
+	st.load_done = q->load_done;
+	st.load_ms = q->loading ? now_ms() - q->load_started_ms : q->load_ms;
+	st.retry_live = t->retry_live;
+	st.retry_records = q->jr_records;
 	pthread_mutex_unlock(&q->ix_lock);
 	*ret = st;
 }
@@ -603,29 +835,31 @@ static int list_entry(const struct qentry *e, bool json, bool first, struct buf 
 {
 	char when[32];
 	format_time(e->arrival_us, when, sizeof(when));
+	const char *status = qentry_status(e);
 	int r;
 	if (json) {
 		r = buf_printf(out, "%s{\"id\":\"%s\",\"size\":%" PRIu64 ",\"arrival\":\"%s\","
 			       "\"held\":%s,\"sender\":", first ? "" : ",", e->id, e->size, when,
 			       e->control[QUEUE_CTL_HOLD] == 'H' ? "true" : "false");
 		if (r == 0)
-			r = buf_append_json_string(out, e->sender);
+			r = buf_append_json_string(out, qentry_sender(e));
 		if (r == 0)
 			r = buf_append_cstr(out, ",\"recipients\":[");
 		for (size_t i = 0; r == 0 && i < e->nrcpt; i++) {
 			r = buf_printf(out, "%s{\"address\":", i ? "," : "");
 			if (r == 0)
-				r = buf_append_json_string(out, e->rcpt[i].addr);
+				r = buf_append_json_string(out, qentry_addr(e, i));
 			if (r == 0)
-				r = buf_printf(out, ",\"status\":\"%c\"}", e->rcpt[i].status);
+				r = buf_printf(out, ",\"status\":\"%c\"}", status[i]);
 		}
 		return r == 0 ? buf_append_cstr(out, "]}") : r;
 	}
 	r = buf_printf(out, "%s%c %10" PRIu64 "  %s  <%s>\n", e->id,
-		       e->control[QUEUE_CTL_HOLD] == 'H' ? '!' : ' ', e->size, when, e->sender);
+		       e->control[QUEUE_CTL_HOLD] == 'H' ? '!' : ' ', e->size, when,
+		       qentry_sender(e));
 	for (size_t i = 0; r == 0 && i < e->nrcpt; i++)
-		r = buf_printf(out, "%48s%c <%s>  (%s)\n", "", e->rcpt[i].status, e->rcpt[i].addr,
-			       status_name(e->rcpt[i].status));
+		r = buf_printf(out, "%48s%c <%s>  (%s)\n", "", status[i], qentry_addr(e, i),
+			       status_name(status[i]));
 	return r;
 }
 
@@ -647,21 +881,31 @@ int queue_list(struct queue *q, const char *id, bool json, struct buf *out)
 		return r;
 	}
 	uint64_t bytes = 0, rcpts = 0;
+	size_t n = q->ix.n;
 	r = json ? buf_append_cstr(out, "{\"messages\":[") : 0;
-	if (r == 0 && !json && q->nents)
+	if (r == 0 && !json && q->loading)
+		r = buf_printf(out, "the queue is still loading: %" PRIu64 " of %" PRIu64
+			       " messages read, the list is not complete\n", q->load_done,
+			       q->load_total);
+	if (r == 0 && !json && n)
 		r = buf_printf(out, "%-17s %10s  %-20s  %s\n", "queue id (! held)", "size",
 			       "arrival (UTC)", "sender / recipients (status)");
-	for (size_t i = 0; r == 0 && i < q->nents; i++) {
-		r = list_entry(q->ents[i], json, i == 0, out);
-		bytes += q->ents[i]->size;
-		rcpts += q->ents[i]->nrcpt;
+	bool first = true;
+	for (const struct qentry *e = queue_table_first(&q->ix); r == 0 && e;
+	     e = queue_table_next(e)) {
+		r = list_entry(e, json, first, out);
+		first = false;
+		bytes += e->size;
+		rcpts += e->nrcpt;
 	}
-	if (r == 0)
-		r = json ? buf_printf(out, "],\"count\":%zu,\"bytes\":%" PRIu64 "}\n", q->nents,
-				      bytes)
-			 : q->nents ? buf_printf(out, "-- %zu messages, %" PRIu64 " recipients, %"
-						 PRIu64 " bytes\n", q->nents, rcpts, bytes)
-				    : buf_append_cstr(out, "the queue is empty\n");
+	if (r == 0 && json)
+		r = buf_printf(out, "],\"count\":%zu,\"bytes\":%" PRIu64 ",\"loading\":%s}\n", n,
+			       bytes, q->loading ? "true" : "false");
+	else if (r == 0)
+		r = n ? buf_printf(out, "-- %zu messages, %" PRIu64 " recipients, %" PRIu64
+				   " bytes\n", n, rcpts, bytes)
+		      : buf_append_cstr(out, q->loading ? "none loaded yet\n"
+							: "the queue is empty\n");
 	pthread_mutex_unlock(&q->ix_lock);
 	return r;
 }
@@ -758,7 +1002,11 @@ int queue_show(struct queue *q, const char *id, bool json, struct buf *out)
  */
 int queue_hold(struct queue *q, const char *id, bool hold)
 {
-	if (!queue_id_valid(str_cstr(id)))
+	/* only a message in the index: one the loader has not reached is not touched */
+	pthread_mutex_lock(&q->ix_lock);
+	bool known = ix_get(q, id) != NULL;
+	pthread_mutex_unlock(&q->ix_lock);
+	if (!known)
 		return -ENOENT;
 	struct queue_msg m;
 	int r = queue_msg_open(q->qd, id, &m, NULL);
@@ -778,14 +1026,19 @@ static int remove_message(struct queue *q, const char *id)
 {
 	int r = queue_msg_remove(q->qd, id);
 	pthread_mutex_lock(&q->ix_lock);
-	ix_remove(q, id);
+	qentry_free(queue_table_remove(&q->ix, id));
 	pthread_mutex_unlock(&q->ix_lock);
 	return r;
 }
 
 int queue_delete(struct queue *q, const char *id)
 {
-	if (!queue_id_valid(str_cstr(id)))
+	/* only a message in the index: one the loader has not reached yet could otherwise
+	 * be put in the index after its file is gone */
+	pthread_mutex_lock(&q->ix_lock);
+	bool known = ix_get(q, id) != NULL;
+	pthread_mutex_unlock(&q->ix_lock);
+	if (!known)
 		return -ENOENT;
 	int r = remove_message(q, id);
 	if (r == 0)
@@ -793,29 +1046,110 @@ int queue_delete(struct queue *q, const char *id)
 	return r;
 }
 
+/* Under ix_lock: append records (whole ones, at most 64) in one write. */
+static int journal_append(struct queue *q, const unsigned char *p, size_t n)
+{
+	int r = queue_journal_append(q->jr, p, n * QUEUE_RETRY_RECORD);
+	if (r == 0)
+		q->jr_records += n;
+	return r;
+}
+
 int queue_flush(struct queue *q, const char *id)
 {
+	unsigned char buf[64 * QUEUE_RETRY_RECORD];
+	size_t n = 0;
+	int r = 0;
 	pthread_mutex_lock(&q->ix_lock);
 	struct qentry *e = ix_get(q, id);
+	struct qrcpt *rc = e ? qentry_rcpt(e) : NULL;
+	for (size_t i = 0; e && i < e->nrcpt; i++) {
+		if (!rc[i].next_us)
+			continue;
+		queue_table_set_retry(&q->ix, e, i, 0, rc[i].attempts);
+		struct queue_retry_rec rec = { .kind = QUEUE_RETRY_STATE, .rcpt = (uint32_t)i,
+					       .attempts = rc[i].attempts };
+		memcpy(rec.id, e->id, sizeof(rec.id));
+		queue_retry_encode(&rec, buf + n * QUEUE_RETRY_RECORD);
+		if (++n == 64) {
+			int w = journal_append(q, buf, n);
+			r = r ? r : w;
+			n = 0;
+		}
+	}
+	if (n) {
+		int w = journal_append(q, buf, n);
+		r = r ? r : w;
+	}
 	if (e)
-		e->next_try_us = 0;
+		maybe_compact(q);
 	pthread_mutex_unlock(&q->ix_lock);
-	if (e)
-		notify(q, QUEUE_EV_FLUSH, id);
-	return e ? 0 : -ENOENT;
+	if (!e)
+		return -ENOENT;
+	/* a failed append: the index is right, the journal has the old time (kept until
+	 * the next start, where it means a late retry at worst) */
+	notify(q, QUEUE_EV_FLUSH, id);
+	return r;
+}
+
+int queue_set_retry(struct queue *q, const char *id, size_t rcpt, uint64_t next_us,
+		    uint32_t attempts)
+{
+	struct queue_retry_rec rec = { .kind = QUEUE_RETRY_STATE, .rcpt = (uint32_t)rcpt,
+				       .attempts = attempts, .next_us = next_us };
+	unsigned char b[QUEUE_RETRY_RECORD];
+	if (!id || strnlen(id, QUEUE_ID_LEN + 1) != QUEUE_ID_LEN)
+		return -ENOENT;
+	memcpy(rec.id, id, sizeof(rec.id));
+	if (rcpt >= QUEUE_MAX_RECIPIENTS)
+		return -EINVAL;
+	if (queue_retry_encode(&rec, b) < 0)
+		return -ENOENT; /* not a QID */
+	pthread_mutex_lock(&q->ix_lock);
+	struct qentry *e = queue_table_get(&q->ix, id);
+	int r = !e ? -ENOENT : rcpt >= e->nrcpt ? -EINVAL : 0;
+	if (r == 0) {
+		queue_table_set_retry(&q->ix, e, rcpt, next_us, attempts);
+		r = journal_append(q, b, 1);
+		maybe_compact(q);
+	}
+	pthread_mutex_unlock(&q->ix_lock);
+	return r;
+}
+
+int queue_get_retry(struct queue *q, const char *id, size_t nrcpt, uint64_t *ret_next_us,
+		    uint32_t *ret_attempts)
+{
+	pthread_mutex_lock(&q->ix_lock);
+	const struct qentry *e = ix_get(q, id);
+	if (!e) {
+		pthread_mutex_unlock(&q->ix_lock);
+		return -ENOENT;
+	}
+	const struct qrcpt *rc = qentry_rcpt(e);
+	for (size_t i = 0; i < nrcpt; i++) {
+		if (ret_next_us)
+			ret_next_us[i] = i < e->nrcpt ? rc[i].next_us : 0;
+		if (ret_attempts)
+			ret_attempts[i] = i < e->nrcpt ? rc[i].attempts : 0;
+	}
+	pthread_mutex_unlock(&q->ix_lock);
+	return 0;
 }
 
 int queue_ids(struct queue *q, char (**ret)[QUEUE_ID_LEN + 1], size_t *ret_n)
 {
 	pthread_mutex_lock(&q->ix_lock);
-	char(*ids)[QUEUE_ID_LEN + 1] = malloc((q->nents ? q->nents : 1) * sizeof(*ids));
+	size_t n = q->ix.n;
+	char(*ids)[QUEUE_ID_LEN + 1] = malloc((n ? n : 1) * sizeof(*ids));
 	if (!ids) {
 		pthread_mutex_unlock(&q->ix_lock);
 		return -ENOMEM;
 	}
-	for (size_t i = 0; i < q->nents; i++)
-		memcpy(ids[i], q->ents[i]->id, QUEUE_ID_LEN + 1);
-	*ret_n = q->nents;
+	size_t i = 0;
+	for (const struct qentry *e = queue_table_first(&q->ix); e; e = queue_table_next(e))
+		memcpy(ids[i++], e->id, QUEUE_ID_LEN + 1);
+	*ret_n = n;
 	pthread_mutex_unlock(&q->ix_lock);
 	*ret = ids;
 	return 0;
@@ -847,7 +1181,7 @@ int queue_set_status(struct queue *q, struct queue_msg *m, size_t i, char status
 	pthread_mutex_lock(&q->ix_lock);
 	struct qentry *e = ix_get(q, m->ix.env.id);
 	if (e && i < e->nrcpt)
-		e->rcpt[i].status = status;
+		queue_table_set_status(&q->ix, e, i, status);
 	pthread_mutex_unlock(&q->ix_lock);
 	return 0;
 }
@@ -860,7 +1194,7 @@ int queue_set_control(struct queue *q, struct queue_msg *m, unsigned which, char
 	pthread_mutex_lock(&q->ix_lock);
 	struct qentry *e = ix_get(q, m->ix.env.id);
 	if (e && which < QUEUE_CONTROL_LEN)
-		e->control[which] = byte;
+		queue_table_set_control(&q->ix, e, which, byte);
 	pthread_mutex_unlock(&q->ix_lock);
 	return 0;
 }

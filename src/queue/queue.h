@@ -8,10 +8,19 @@
  * directory (queue_dir.c).  The session is told the result through a callback that runs
  * on the committer thread (the intake bounces it to its own worker with worker_call()).
  *
- * The index holds, for each committed message, what `sluice queue` lists and what the
- * relay schedules from: id, arrival, size, sender, hold flag, and each recipient with its
- * status.  It is filled by recovery at start and by each commit, and kept under a mutex:
- * the committer inserts, control commands on any worker read and change it.
+ * The index (queue_table.h) holds, for each committed message, what `sluice queue` lists
+ * and what the relay schedules from: id, arrival, size, sender, hold flag, and each
+ * recipient with its status and its retry state (next attempt, attempts made).  It is
+ * filled by the loader, a helper thread that queue_start() starts to recover msg/ in the
+ * background, in order of arrival, announcing each message to the listener as it goes
+ * in (delivery starts as the queue loads), and by each commit; it is kept under a mutex:
+ * the loader and the committer insert, control commands on any worker and the relay read
+ * and change it.
+ *
+ * Retry state survives a restart in the retry journal (queue_journal.h, doc/QUEUE.md
+ * "Retry times"): each change is one record appended, no queue file is rewritten.  The
+ * loader reads the journal before the messages and applies its last record of each
+ * recipient as the message goes in; once the load is over it also compacts the journal.
  *
  * Invariants: a message is in the index only after its commit point; a failed batch
  * leaves nothing in tmp/ or msg/ (queue_dir.c) and nothing in the index; queue_free()
@@ -35,27 +44,38 @@ struct queue_new;
 struct queue_conf {
 	const char *dir;
 	unsigned commit_batch;   /* messages per batch at most */
+	/* the retry journal is compacted when it holds more records than this and than
+	 * twice the recipients with a retry state; 0: 65536 */
+	uint64_t retry_compact_min;
 };
 
-/* Recovery's events, for the daemon's log (called on the thread of queue_open()). */
+/* Recovery's events, for the daemon's log: tmp/'s on the thread of queue_open(), the
+ * others on the loader thread; the last is QUEUE_RECOVER_LOADED. */
 typedef void queue_report_fn(void *arg, const struct queue_recover_event *ev);
 
 /*
- * Open the directory (creating its layout, taking its lock), run recovery, build the
- * index.  0 and *ret, or <0 with err set (the daemon refuses to start: the directory is
- * missing and cannot be made, not writable, locked by another sluiced).  Each recovery
- * event is passed to report.  Nothing is committed before queue_start().
+ * Open the directory (creating its layout, taking its lock), clean tmp/ and open the
+ * retry journal: only what is quick, whatever the queue holds.  The index is empty
+ * until queue_start()'s loader fills it.  0 and *ret, or <0 with err set (the daemon
+ * refuses to start: the directory is missing and cannot be made, not writable, locked
+ * by another sluiced).  Each recovery event is passed to report.  Nothing is committed
+ * before queue_start().
  */
 int queue_open(const struct queue_conf *conf, queue_report_fn *report, void *arg,
 	       struct queue **ret, char *err, size_t errlen);
-/* Start the committer thread: after the daemon has forked into the background (a fork
- * keeps only the calling thread; the lock taken by queue_open() survives it).  0 or
- * -errno. */
+/* Start the committer thread and the loader: after the daemon has forked into the
+ * background (a fork keeps only the calling thread; the lock taken by queue_open()
+ * survives it).  0 or -errno. */
 int queue_start(struct queue *q);
+/* Wait until the loader has put every message of msg/ in the index (tests and tools):
+ * 0, or -EAGAIN when the load was stopped or never started. */
+int queue_wait_loaded(struct queue *q);
 /*
- * At shutdown, while the workers still run: refuse new commits (-ESHUTDOWN) and wait
- * until every commit handed over is done and its done() called, so that every answer is
- * posted to its worker before the workers stop.
+ * At shutdown, while the workers still run: stop the loader (at its next file; what it
+ * did not reach is loaded at the next start) and wait for it, refuse new commits
+ * (-ESHUTDOWN) and wait until every commit handed over is done and its done() called,
+ * so that every answer is posted to its worker before the workers stop.  After it the
+ * listener is called no more.
  */
 void queue_drain(struct queue *q);
 /* Stop the committer (what was handed over is committed and answered first), close
@@ -104,19 +124,33 @@ struct queue_stats {
 	uint64_t rcpt_uncertain;
 	uint64_t rcpt_delivered;
 	uint64_t rcpt_failed;
+	/* the load of msg/ at start (the index is partial while loading) */
+	bool loading;
+	uint64_t load_total;     /* messages found in msg/ (0 until they are listed) */
+	uint64_t load_done;      /* of those, processed (loaded, repaired or set aside) */
+	uint64_t load_ms;        /* how long it took, or has taken so far */
+	/* the retry journal */
+	uint64_t retry_live;     /* recipients with a retry state */
+	uint64_t retry_records;  /* records in the journal's files (about) */
 };
 void queue_stats(struct queue *q, struct queue_stats *ret);
 
-/* `sluice queue`: every message (or only the given ID), text or JSON, appended to out. */
+/* `sluice queue`: every message (or only the given ID), text or JSON, appended to out.
+ * While the queue loads the text starts with a line that says so, and the JSON has
+ * "loading":true. */
 int queue_list(struct queue *q, const char *id, bool json, struct buf *out);
 /* `sluice queue show ID`: envelope, control and status bytes, the attempt history. */
 int queue_show(struct queue *q, const char *id, bool json, struct buf *out);
-/* Hold ('H') or release ('-') a message: one byte written and flushed.  0, -ENOENT. */
+/* Hold ('H') or release ('-') a message: one byte written and flushed.  0, -ENOENT (also
+ * for a message the loader has not reached yet). */
 int queue_hold(struct queue *q, const char *id, bool hold);
-/* Remove a message from the queue (its file and its log).  0, -ENOENT. */
+/* Remove a message from the queue (its file and its log).  0, -ENOENT (also for a
+ * message the loader has not reached yet). */
 int queue_delete(struct queue *q, const char *id);
 /* Make a message eligible for its next delivery attempt at once, whatever its retry time
- * (the relay still keeps its lane's budget).  0, -ENOENT. */
+ * (the relay still keeps its lane's budget): every recipient's next attempt becomes 0
+ * (journaled; attempts are kept) and the listener gets QUEUE_EV_FLUSH.  0, -ENOENT, or
+ * the errno of the journal's write (the index is changed all the same). */
 int queue_flush(struct queue *q, const char *id);
 /* The IDs of every message, in arrival order (for --all); *ret is malloc'ed. */
 int queue_ids(struct queue *q, char (**ret)[QUEUE_ID_LEN + 1], size_t *ret_n);
@@ -161,5 +195,24 @@ int queue_settle(struct queue *q, struct queue_msg *m, enum queue_msg_state *ret
 /* Remove a finished message whose status bytes are already flushed: its file, its log
  * and its index entry (no event).  0 or -ENOENT. */
 int queue_remove_finished(struct queue *q, const char *id);
+
+/*
+ * Recipient rcpt of message id: its next attempt (µs since the epoch, 0 = at once) and
+ * the attempts made so far.  The index changes, and one record is appended to the
+ * retry journal (one write, no flush: it survives kill -9; a power cut may lose the last
+ * records, which means an early retry).  0, -ENOENT (no such message in the index),
+ * -EINVAL (rcpt past its recipients), or the errno of the write (the index is changed
+ * all the same: the journal then has the previous value, a late or early retry after
+ * a restart, never a lost message).  Any thread; O(log n).
+ */
+int queue_set_retry(struct queue *q, const char *id, size_t rcpt, uint64_t next_us,
+		    uint32_t attempts);
+/*
+ * The retry state of the first nrcpt recipients of message id, from the index, into
+ * ret_next_us[] and ret_attempts[] (either may be NULL; entries past the message's
+ * recipients get 0).  0 or -ENOENT (untouched).  Any thread; O(log n + nrcpt).
+ */
+int queue_get_retry(struct queue *q, const char *id, size_t nrcpt, uint64_t *ret_next_us,
+		    uint32_t *ret_attempts);
 
 #endif

@@ -727,7 +727,7 @@ int queue_scan(struct queue_dir *qd, int (*fn)(void *arg, const char *id), void 
 
 /* ---- recovery ---- */
 
-struct recovery {
+struct queue_recovery {
 	struct queue_dir *qd;
 	const struct queue_recover_ops *ops;
 	void *arg;
@@ -737,13 +737,13 @@ struct recovery {
 	uint32_t msg_dirty, log_dirty;
 };
 
-static void report(struct recovery *r, const struct queue_recover_event *ev)
+static void report(struct queue_recovery *r, const struct queue_recover_event *ev)
 {
 	if (r->ops && r->ops->report)
 		r->ops->report(r->arg, ev);
 }
 
-static void report_error(struct recovery *r, const char *name, const char *what, int error)
+static void report_error(struct queue_recovery *r, const char *name, const char *what, int error)
 {
 	r->st.errors++;
 	report(r, &(struct queue_recover_event){ .what = QUEUE_RECOVER_ERROR, .name = name,
@@ -752,7 +752,7 @@ static void report_error(struct recovery *r, const char *name, const char *what,
 
 static int recover_tmp(void *arg, int h, const struct dirent *de)
 {
-	struct recovery *r = arg;
+	struct queue_recovery *r = arg;
 	(void)h;
 	if (unlinkat(r->qd->tmp, de->d_name, 0) < 0) {
 		if (errno != ENOENT)
@@ -767,7 +767,7 @@ static int recover_tmp(void *arg, int h, const struct dirent *de)
 }
 
 /* msg/H/name to corrupt/name, or name.1, name.2, ... if taken. */
-static void move_corrupt(struct recovery *r, int h, const char *name, const char *reason)
+static void move_corrupt(struct queue_recovery *r, int h, const char *name, const char *reason)
 {
 	char dest[NAME_MAX + 1];
 	int rc = -EEXIST;
@@ -793,7 +793,7 @@ static void move_corrupt(struct recovery *r, int h, const char *name, const char
 }
 
 /* A message that loaded: U back to T, a missing 'P' written, then finished or live. */
-static int recover_loaded(struct recovery *r, int h, struct queue_msg *m)
+static int recover_loaded(struct queue_recovery *r, int h, struct queue_msg *m)
 {
 	const char *id = m->ix.env.id;
 	size_t uncertain = m->uncertain;
@@ -860,26 +860,34 @@ static int recover_loaded(struct recovery *r, int h, struct queue_msg *m)
 	return 0;
 }
 
-static int recover_msg(void *arg, int h, const struct dirent *de)
+/* The checks of a name found in msg/H: 0 when it is a QID of that H that may be a
+ * regular file, else it is moved to corrupt/ and 1 is returned. */
+static int check_msg_name(struct queue_recovery *r, int h, const struct dirent *de)
 {
-	struct recovery *r = arg;
 	const char *name = de->d_name;
 	char where[64];
 	if (!id_ok(name)) {
 		move_corrupt(r, h, name, "the name is not a queue ID");
-		return 0;
+		return 1;
 	}
 	if (bucket(name) != h) {
 		fmt_fixed(where, sizeof(where), "in msg/%c/ instead of msg/%c/", alphabet[h],
 			  name[QUEUE_ID_BUCKET]);
 		move_corrupt(r, h, name, where);
-		return 0;
+		return 1;
 	}
 	if (de->d_type != DT_REG && de->d_type != DT_UNKNOWN) {
 		/* not opened: a device or a FIFO could do something when opened */
 		move_corrupt(r, h, name, "not a regular file");
-		return 0;
+		return 1;
 	}
+	return 0;
+}
+
+/* One message file whose name passed check_msg_name(). */
+static int recover_one(struct queue_recovery *r, const char *name)
+{
+	int h = bucket(name);
 	struct queue_msg m;
 	const char *why = NULL;
 	int rc = queue_msg_open(r->qd, name, &m, &why);
@@ -898,9 +906,38 @@ static int recover_msg(void *arg, int h, const struct dirent *de)
 	return rc;
 }
 
+/* The names of msg/, gathered by queue_recovery_list(). */
+struct id_list {
+	struct queue_recovery *r;
+	char (*ids)[QUEUE_ID_LEN + 1];
+	size_t n, cap;
+};
+
+static int list_msg(void *arg, int h, const struct dirent *de)
+{
+	struct id_list *l = arg;
+	if (check_msg_name(l->r, h, de))
+		return 0;
+	if (l->n == l->cap) {
+		size_t cap = l->cap ? l->cap * 2 : 1024;
+		char (*n)[QUEUE_ID_LEN + 1] = realloc(l->ids, cap * sizeof(*n));
+		if (!n)
+			return -ENOMEM;
+		l->ids = n;
+		l->cap = cap;
+	}
+	memcpy(l->ids[l->n++], de->d_name, QUEUE_ID_LEN + 1);
+	return 0;
+}
+
+static int id_cmp(const void *a, const void *b)
+{
+	return memcmp(a, b, QUEUE_ID_LEN);
+}
+
 static int recover_log(void *arg, int h, const struct dirent *de)
 {
-	struct recovery *r = arg;
+	struct queue_recovery *r = arg;
 	const char *name = de->d_name;
 	if (!id_ok(name) || bucket(name) != h) {
 		char path[NAME_MAX + 16];
@@ -929,32 +966,109 @@ static int recover_log(void *arg, int h, const struct dirent *de)
 	return 0;
 }
 
+int queue_recovery_new(struct queue_dir *qd, const struct queue_recover_ops *ops, void *arg,
+		       struct queue_recovery **ret)
+{
+	struct queue_recovery *r = calloc(1, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	r->qd = qd;
+	r->ops = ops;
+	r->arg = arg;
+	*ret = r;
+	return 0;
+}
+
+int queue_recovery_tmp(struct queue_recovery *r)
+{
+	return dir_each(r->qd->tmp, recover_tmp, r, 0);
+}
+
+int queue_recovery_list(struct queue_recovery *r, char (**ret)[QUEUE_ID_LEN + 1],
+			size_t *ret_n)
+{
+	struct id_list l = { .r = r };
+	int rc = 0;
+	for (int h = 0; rc == 0 && h < QUEUE_NBUCKETS; h++)
+		rc = dir_each(r->qd->msg[h], list_msg, &l, h);
+	if (rc < 0) {
+		free(l.ids);
+		return rc;
+	}
+	if (l.n > 1)
+		qsort(l.ids, l.n, sizeof(*l.ids), id_cmp);
+	*ret = l.ids;
+	*ret_n = l.n;
+	return 0;
+}
+
+int queue_recovery_message(struct queue_recovery *r, const char *id)
+{
+	if (!id_ok(id))
+		return -EINVAL;
+	return recover_one(r, id);
+}
+
+int queue_recovery_logs(struct queue_recovery *r)
+{
+	int rc = 0;
+	for (int h = 0; rc == 0 && h < QUEUE_NBUCKETS; h++)
+		rc = dir_each(r->qd->log[h], recover_log, r, h);
+	return rc;
+}
+
+int queue_recovery_finish(struct queue_recovery *r, struct queue_recover_stats *ret_stats)
+{
+	if (!r)
+		return 0;
+	struct queue_dir *qd = r->qd;
+	/* one flush per directory changed, even after a failure: what was done stays done */
+	int frc = 0;
+	if (r->tmp_dirty && fsync(qd->tmp) < 0)
+		frc = -errno;
+	if (r->corrupt_dirty && fsync(qd->corrupt) < 0 && frc == 0)
+		frc = -errno;
+	for (int h = 0; h < QUEUE_NBUCKETS; h++) {
+		if ((r->msg_dirty & (1u << h)) && fsync(qd->msg[h]) < 0 && frc == 0)
+			frc = -errno;
+		if ((r->log_dirty & (1u << h)) && fsync(qd->log[h]) < 0 && frc == 0)
+			frc = -errno;
+	}
+	if (ret_stats)
+		*ret_stats = r->st;
+	free(r);
+	return frc;
+}
+
 int queue_recover(struct queue_dir *qd, const struct queue_recover_ops *ops, void *arg,
 		  struct queue_recover_stats *ret_stats)
 {
-	struct recovery r = { .qd = qd, .ops = ops, .arg = arg };
-	int rc = dir_each(qd->tmp, recover_tmp, &r, 0);
-	for (int h = 0; rc == 0 && h < QUEUE_NBUCKETS; h++)
-		rc = dir_each(qd->msg[h], recover_msg, &r, h);
+	struct queue_recovery *r;
+	int rc = queue_recovery_new(qd, ops, arg, &r);
+	if (rc < 0)
+		return rc;
+	char (*ids)[QUEUE_ID_LEN + 1] = NULL;
+	size_t n = 0;
+	rc = queue_recovery_tmp(r);
+	if (rc == 0)
+		rc = queue_recovery_list(r, &ids, &n);
+	for (size_t i = 0; rc == 0 && i < n; i++)
+		rc = queue_recovery_message(r, ids[i]);
+	free(ids);
 	/* after msg/: the logs of messages it removed are gone, the logs of messages it
 	 * moved to corrupt/ are orphans now */
-	for (int h = 0; rc == 0 && h < QUEUE_NBUCKETS; h++)
-		rc = dir_each(qd->log[h], recover_log, &r, h);
-	/* one flush per directory changed, even after a failure: what was done stays done */
-	int frc = 0;
-	if (r.tmp_dirty && fsync(qd->tmp) < 0)
-		frc = -errno;
-	if (r.corrupt_dirty && fsync(qd->corrupt) < 0 && frc == 0)
-		frc = -errno;
-	for (int h = 0; h < QUEUE_NBUCKETS; h++) {
-		if ((r.msg_dirty & (1u << h)) && fsync(qd->msg[h]) < 0 && frc == 0)
-			frc = -errno;
-		if ((r.log_dirty & (1u << h)) && fsync(qd->log[h]) < 0 && frc == 0)
-			frc = -errno;
-	}
+	if (rc == 0)
+		rc = queue_recovery_logs(r);
+	struct queue_recover_stats st;
+	int frc = queue_recovery_finish(r, &st);
 	if (rc == 0)
 		rc = frc;
 	if (rc == 0 && ret_stats)
-		*ret_stats = r.st;
+		*ret_stats = st;
 	return rc;
+}
+
+int queue_dir_root(const struct queue_dir *qd)
+{
+	return qd->root;
 }

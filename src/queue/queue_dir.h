@@ -24,8 +24,9 @@
  * at the same time on one queue_dir.  queue_commit() serialises its callers on the commit
  * lock (a second syncfs running at the same time would flush nothing more, and a
  * writeback error must be reported to exactly one batch).  A struct queue_msg belongs to
- * one thread at a time.  queue_recover() must run alone, before any of the others.
- * queue_dir_free() after every user is done.
+ * one thread at a time.  queue_recover() must run alone, before any of the others;
+ * recovery in steps (queue_recovery_*) may run beside them.  queue_dir_free() after
+ * every user is done.
  *
  * Errors: functions return 0 (or a file descriptor, where said) or a negative errno;
  * out-parameters start with ret_ and are untouched on failure.
@@ -229,6 +230,8 @@ enum queue_recover_what {
 	QUEUE_RECOVER_ORPHAN_LOG,      /* name: log/H/name without its message, unlinked */
 	QUEUE_RECOVER_STRAY,           /* name (a path under the queue): not sluice's, left */
 	QUEUE_RECOVER_ERROR,           /* name: reason failed with error; left in place */
+	QUEUE_RECOVER_LOADED,          /* the queue (queue.c's loader) is loaded: count
+					* live messages in elapsed_ms */
 };
 
 struct queue_recover_event {
@@ -239,6 +242,7 @@ struct queue_recover_event {
 	const char *dest;          /* CORRUPT: the name under corrupt/ (may have a suffix) */
 	size_t count;              /* UNCERTAIN */
 	int error;                 /* ERROR: a negative errno */
+	uint64_t elapsed_ms;       /* LOADED */
 };
 
 /*
@@ -300,5 +304,38 @@ struct queue_recover_stats {
  */
 int queue_recover(struct queue_dir *qd, const struct queue_recover_ops *ops, void *arg,
 		  struct queue_recover_stats *ret_stats);
+
+/*
+ * Recovery in steps, for a caller that recovers the queue while it already runs (the
+ * daemon's loader thread, queue.c): queue_recover() is these in order.  One struct
+ * queue_recovery belongs to one thread; the other functions of this file may run on
+ * other threads meanwhile (new messages get IDs no file of msg/ has, and recovery
+ * touches only the files it found).  ops and arg are kept until queue_recovery_finish().
+ *
+ *   queue_recovery_tmp()      unlink every file of tmp/ -- before anything is written
+ *                             there;
+ *   queue_recovery_list()     the QIDs of msg/, sorted (= in order of arrival), in a
+ *                             malloc'ed array; a name that is not a QID of its H, or a
+ *                             file that is not regular, is moved to corrupt/ on the way;
+ *   queue_recovery_message()  one of them, as the table says (a file gone meanwhile is
+ *                             skipped);
+ *   queue_recovery_logs()     orphan logs;
+ *   queue_recovery_finish()   one fsync of each directory changed, the counts, and r
+ *                             is freed (NULL is fine).
+ *
+ * Each returns 0 or a negative errno as queue_recover() does.
+ */
+struct queue_recovery;
+int queue_recovery_new(struct queue_dir *qd, const struct queue_recover_ops *ops, void *arg,
+		       struct queue_recovery **ret);
+int queue_recovery_tmp(struct queue_recovery *r);
+int queue_recovery_list(struct queue_recovery *r, char (**ret)[QUEUE_ID_LEN + 1],
+			size_t *ret_n);
+int queue_recovery_message(struct queue_recovery *r, const char *id);
+int queue_recovery_logs(struct queue_recovery *r);
+int queue_recovery_finish(struct queue_recovery *r, struct queue_recover_stats *ret_stats);
+
+/* The queue directory's own descriptor (for the retry journal's files beside msg/). */
+int queue_dir_root(const struct queue_dir *qd);
 
 #endif

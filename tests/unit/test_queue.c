@@ -71,6 +71,7 @@ static struct queue *open_queue(void)
 	if (r < 0)
 		fail_msg("queue_open: %s", err);
 	assert_int_equal(queue_start(q), 0);
+	assert_int_equal(queue_wait_loaded(q), 0);
 	return q;
 }
 
