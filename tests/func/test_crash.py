@@ -34,7 +34,7 @@ import threading
 import time
 
 
-from conftest import free_port
+from conftest import free_port, wait_until
 import queuefile
 
 SEED = int(os.environ.get("SLUICE_CRASH_SEED", "1047"))
@@ -311,9 +311,11 @@ def test_kill_during_injection_loses_nothing(sluiced):
                           f"message; these match none: {strangers}"
     assert len(by_qid) == len(messages) + len(duplicates)
 
-    # the restarted daemon lists exactly the files
+    # the restarted daemon lists exactly the files, once it has loaded them (it loads
+    # its queue in the background: the list says "loading" until then)
     s.start()
-    listing = json.loads(s.cli("queue", "--json").stdout)
+    listing = wait_until(lambda: (lambda js: not js.get("loading") and js)(
+        json.loads(s.cli("queue", "--json").stdout)), 30, "the queue to load")
     assert {e["id"] for e in listing["messages"]} == set(by_qid), \
         f"expected `sluice queue` to list the {len(by_qid)} files, got {listing['count']}"
     retries = sum(m.attempts - 1 for m in messages)

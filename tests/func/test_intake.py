@@ -116,11 +116,19 @@ class Intake:
         return self.s.cli(*args, check=check)
 
     def listing(self):
-        res = self.cli("queue", "--json")
-        try:
-            return json.loads(res.stdout)
-        except ValueError as e:
-            raise AssertionError(f"`sluice queue --json` printed no JSON ({e}):\n{res.stdout}")
+        """The whole queue: after a start, once sluiced has loaded it (the list says
+        "loading" until then)."""
+        deadline = time.monotonic() + 30
+        while True:
+            res = self.cli("queue", "--json")
+            try:
+                js = json.loads(res.stdout)
+            except ValueError as e:
+                raise AssertionError(f"`sluice queue --json` printed no JSON ({e}):\n"
+                                     f"{res.stdout}")
+            if not js.get("loading") or time.monotonic() > deadline:
+                return js
+            time.sleep(0.05)
 
     def listed(self):
         """{QID: entry} of `sluice queue --json`."""
