@@ -4,6 +4,7 @@
 #   make check   build and run the whole test suite, then again under ASan+UBSan
 #   make bench   milter, rules, store, policy, Redis, intake and relay benchmarks (bench/README.md)
 #   make soak    a million milter sessions beside 10,000 held connections: memory, fds, threads
+#   make bench-queue  the relay at deferred backlogs of 10,000 to 1,000,000, beside Postfix
 #   make fuzz    run every fuzzer for FUZZ_TIME seconds each (clang, libFuzzer)
 # Missing Debian packages are installed first when running as root (Debian 12).
 
@@ -18,7 +19,7 @@ TEST_PKGS = postfix miltertest swaks python3-pytest redis-server clang libclang-
 BENCH_PKGS = libmilter-dev redis-server postfix python3-pytest strace
 FUZZ_PKGS = clang libclang-rt-14-dev
 
-.PHONY: all build run check test asan-check bench soak fuzz clean deps-build deps-test deps-bench
+.PHONY: all build run check test asan-check bench bench-queue soak fuzz clean deps-build deps-test deps-bench
 
 all: build
 
@@ -79,6 +80,11 @@ bench: deps-bench build
 	bench/run_redis.sh $(BUILD)
 	bench/run_intake.py $(BUILD)
 	bench/run_relay.py $(BUILD)
+
+# Not part of bench: it takes well over 20 minutes (bench/README.md, "The deferred-backlog
+# benchmark").
+bench-queue: deps-bench build
+	bench/run_queue_scale.py $(BUILD)
 
 # Not part of bench: it takes minutes (bench/README.md, "The soak").
 soak: deps-build build
