@@ -1,0 +1,251 @@
+/*
+ * relay_bounce -- delivery status notifications (RFC 3464) on the relay's thread: one DSN
+ * per message for its failed recipients, or a delay notice for those still waiting,
+ * committed to the queue like any message (the commit's answer comes back through the
+ * mailbox).  A bounce of the relay's own DSN is never made (no loops).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/eventfd.h>
+#include <sys/queue.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "dsn.h"
+#include "relay_int.h"
+#include "util.h"
+
+/* ---- bounces ---- */
+
+struct dsn_done_ctx {
+	struct relay *r;
+	char id[QUEUE_ID_LEN + 1];
+	bool delayed;
+};
+
+static void on_dsn_committed(void *arg, int rc)
+{
+	struct dsn_done_ctx *d = arg;
+	struct mb_item *it = calloc(1, sizeof(*it));
+	if (it) {
+		it->kind = MB_DSN_DONE;
+		it->rc = rc;
+		it->delayed = d->delayed;
+		snprintf(it->id, sizeof(it->id), "%s", d->id);
+		if (relay_post(d->r, it) < 0)
+			free(it);
+	}
+	free(d);
+}
+
+struct fail_info {
+	char mta[256];
+	char dsn[16];
+	char reply[1100];
+	uint64_t ts;
+};
+
+/* The value of " key=" in an attempt log line, up to the next space; "-" is empty. */
+static void log_field(const char *line, const char *key, char *out, size_t len)
+{
+	const char *q = strstr(line, key);
+	out[0] = '\0';
+	if (!q)
+		return;
+	q += strlen(key);
+	size_t n = strcspn(q, " ");
+	snprintf(out, len, "%.*s", (int)n, q);
+	if (strcmp(out, "-") == 0)
+		out[0] = '\0';
+}
+
+/* The last line with status (failed, deferred) of each recipient, from the attempt log. */
+static void read_failures(struct relay *r, struct rmsg *m, struct fail_info *fi,
+			  const char *status)
+{
+	char want[32];
+	snprintf(want, sizeof(want), " status=%s ", status);
+	struct buf lb;
+	buf_init(&lb, 8u << 20);
+	if (queue_log_read(r->qd, m->id, &lb, 8u << 20) < 0 || lb.len == 0) {
+		buf_clear(&lb);
+		return;
+	}
+	buf_append_byte(&lb, 0);
+	for (char *line = lb.ptr, *next; line && *line; line = next) {
+		next = strchr(line, '\n');
+		if (next)
+			*next++ = '\0';
+		char *p = strstr(line, " rcpt=");
+		if (!p || !strstr(line, want))
+			continue;
+		size_t i = strtoul(p + 6, NULL, 10);
+		if (i >= m->nrcpt)
+			continue;
+		struct fail_info *f = &fi[i];
+		f->ts = strtoull(line + 3, NULL, 10);
+		log_field(line, " mta=", f->mta, sizeof(f->mta));
+		log_field(line, " dsn=", f->dsn, sizeof(f->dsn));
+		const char *q = strstr(line, " reply=");
+		snprintf(f->reply, sizeof(f->reply), "%s", q ? q + 7 : "");
+	}
+	buf_clear(&lb);
+}
+
+int bounce_collect_body(void *arg, struct str chunk)
+{
+	struct tx *t = arg;
+	t->body[t->nbody++] = chunk;
+	return 0;
+}
+
+void bounce_done(struct relay *r, struct rmsg *m)
+{
+	if (msg_open_file(r, m) < 0)
+		return;
+	queue_set_control(r->q, &m->qm, QUEUE_CTL_BOUNCE, 'S');
+	m->bounce = 'S';
+	enum queue_msg_state st;
+	int rc = queue_settle(r->q, &m->qm, &st);
+	m->bouncing = false;
+	if (rc == 0 && st == QUEUE_MSG_FINISHED) {
+		relay_logf(r, LOG_LEVEL_INFO, "qid=%s removed: finished", m->id);
+		msg_free(r, m);
+	} else {
+		msg_close_file(m);
+	}
+}
+
+/*
+ * Queue the DSN of m: of its failed recipients (all of them at once: one DSN per
+ * message), or, delayed, a delay notice for the recipients still waiting.
+ */
+void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
+{
+	const struct relay_conf *c = &r->crt->conf;
+	const char *to = m->sender;
+	if (!*to && delayed) {
+		/* no delay notice for mail from <>, not even to the postmaster */
+		m->warned = true;
+		return;
+	}
+	if (!*to) {
+		if (!c->postmaster || m->is_dsn) {
+			relay_logf(r, LOG_LEVEL_NOTICE, "qid=%s bounce not sent: the sender is null <>%s; "
+			     "failed recipients are in the attempt log", m->id,
+			     m->is_dsn ? " (it is a bounce itself)" : "");
+			r->st.dsn_skipped++;
+			bounce_done(r, m);
+			return;
+		}
+		to = c->postmaster;
+	}
+	if (msg_open_file(r, m) < 0)
+		return;
+	size_t nf = 0;
+	for (size_t i = 0; i < m->nrcpt; i++)
+		nf += delayed ? m->r[i].status == QUEUE_TODO || m->r[i].status == QUEUE_UNCERTAIN
+			      : m->r[i].status == QUEUE_FAILED;
+	struct fail_info *fi = calloc(m->nrcpt, sizeof(*fi));
+	struct dsn_rcpt *dr = calloc(nf ? nf : 1, sizeof(*dr));
+	struct tx body = { 0 };
+	body.body = calloc(m->qm.ix.nbody ? m->qm.ix.nbody : 1, sizeof(*body.body));
+	struct buf out;
+	buf_init(&out, DSN_MAX);
+	int rc = fi && dr && body.body ? 0 : -ENOMEM;
+	if (rc == 0) {
+		read_failures(r, m, fi, delayed ? "deferred" : "failed");
+		size_t k = 0;
+		for (size_t i = 0; i < m->nrcpt; i++) {
+			bool pending = m->r[i].status == QUEUE_TODO ||
+				       m->r[i].status == QUEUE_UNCERTAIN;
+			if (delayed ? !pending : m->r[i].status != QUEUE_FAILED)
+				continue;
+			dr[k++] = (struct dsn_rcpt){
+				.addr = str_cstr(m->addr[i]),
+				.action = delayed ? DSN_DELAYED : DSN_FAILED,
+				.status = str_cstr(fi[i].dsn),
+				.remote_mta = str_cstr(fi[i].mta),
+				.diagnostic = str_cstr(fi[i].reply),
+				.last_attempt_us = fi[i].ts,
+			};
+		}
+		rc = queue_file_body(m->qm.map, m->qm.size, &m->qm.ix, bounce_collect_body, &body);
+		struct dsn_info info = {
+			.reporting_mta = str_cstr(c->hostname),
+			.sender = str_cstr(to),
+			.queue_id = str_cstr(m->id),
+			.arrival_us = m->arrival_us,
+			.now_us = realtime_ns() / 1000,
+			.boundary_seed = str_cstr(m->id),
+		};
+		if (rc == 0)
+			rc = dsn_format(&info, dr, k, body.body, body.nbody, &out);
+	}
+	struct queue_new *qn = NULL;
+	if (rc == 0) {
+		struct queue_envelope env = {
+			.sender = STR_NULL,
+			.client = str_cstr(DSN_CLIENT),
+			.helo = str_cstr(c->hostname),
+		};
+		/* an address that needs SMTPUTF8, and 8-bit original headers (dsn.h): say so
+		 * when sending */
+		for (const char *p = to; *p; p++)
+			if ((unsigned char)*p >= 0x80) {
+				env.flags |= QUEUE_SMTPUTF8;
+				break;
+			}
+		for (size_t i = 0; i < out.len; i++)
+			if ((unsigned char)out.ptr[i] >= 0x80) {
+				env.flags |= QUEUE_8BITMIME;
+				break;
+			}
+		rc = queue_new_begin(r->q, &env, &qn);
+		if (rc == 0)
+			rc = queue_new_rcpt(qn, str_cstr(to));
+		if (rc == 0)
+			rc = queue_new_body(qn, str_make(out.ptr, out.len));
+	}
+	if (rc == 0) {
+		struct dsn_done_ctx *d = calloc(1, sizeof(*d));
+		if (!d) {
+			rc = -ENOMEM;
+		} else {
+			d->r = r;
+			d->delayed = delayed;
+			snprintf(d->id, sizeof(d->id), "%s", m->id);
+			char dsn_id[QUEUE_ID_LEN + 1];
+			snprintf(dsn_id, sizeof(dsn_id), "%s", queue_new_id(qn));
+			rc = queue_new_commit(qn, on_dsn_committed, d);
+			qn = NULL;
+			if (rc < 0) {
+				free(d);
+			} else {
+				m->bouncing = true;
+				relay_logf(r, LOG_LEVEL_INFO, "qid=%s %s queued as %s to <%.200s>: %zu %s "
+				     "recipient(s)", m->id, delayed ? "delay notice" : "bounce", dsn_id,
+				     to, nf, delayed ? "waiting" : "failed");
+			}
+		}
+	}
+	queue_new_abort(qn);
+	if (rc < 0)
+		relay_logf(r, LOG_LEVEL_ERROR, "qid=%s bounce cannot be queued: %s (tried again later)", m->id,
+		     strerror(-rc));
+	buf_clear(&out);
+	free(body.body);
+	free(dr);
+	free(fi);
+	msg_close_file(m);
+}
+

@@ -1,0 +1,87 @@
+/*
+ * relay_flush -- the flusher: one helper thread that fdatasyncs the status bytes a
+ * transaction wrote, so that a slow disk never stalls the connections of the relay's
+ * loop.  Its answers go back through the relay's mailbox (MB_SETTLED).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/eventfd.h>
+#include <sys/queue.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "dsn.h"
+#include "relay_int.h"
+#include "util.h"
+
+/* ---- the flusher ---- */
+
+void *flush_main(void *arg)
+{
+	struct relay *r = arg;
+	pthread_mutex_lock(&r->fl_lock);
+	for (;;) {
+		while (!r->fl_head && !r->fl_stop)
+			pthread_cond_wait(&r->fl_cond, &r->fl_lock);
+		struct flush_req *f = r->fl_head;
+		if (!f)
+			break;
+		r->fl_head = NULL;
+		r->fl_tail = &r->fl_head;
+		pthread_mutex_unlock(&r->fl_lock);
+		while (f) {
+			struct flush_req *next = f->next;
+			struct mb_item *it = calloc(1, sizeof(*it));
+			int rc = fdatasync(f->fd) < 0 ? -errno : 0;
+			close(f->fd);
+			if (it) {
+				it->kind = MB_SETTLED;
+				it->rc = rc;
+				snprintf(it->id, sizeof(it->id), "%s", f->id);
+				if (relay_post(r, it) < 0)
+					free(it);
+			}
+			free(f);
+			f = next;
+		}
+		pthread_mutex_lock(&r->fl_lock);
+	}
+	pthread_mutex_unlock(&r->fl_lock);
+	return NULL;
+}
+
+/*
+ * The status bytes a transaction wrote go to disk on the flusher's thread; the message
+ * is removed or bounced only once they are there (MB_SETTLED).  Without the flusher (or
+ * memory for it), the flush is made here.
+ */
+void flush_post(struct relay *r, struct rmsg *m)
+{
+	struct flush_req *f = r->flusher_started ? calloc(1, sizeof(*f)) : NULL;
+	int fd = f && m->open ? fcntl(m->qm.fd, F_DUPFD_CLOEXEC, 0) : -1;
+	if (fd < 0) {
+		free(f);
+		int e = m->open ? queue_msg_sync(&m->qm) : 0;
+		if (e < 0)
+			relay_logf(r, LOG_LEVEL_ERROR, "qid=%s statuses cannot be flushed: %s", m->id,
+			     strerror(-e));
+		return;
+	}
+	f->fd = fd;
+	snprintf(f->id, sizeof(f->id), "%s", m->id);
+	m->flushing++;
+	pthread_mutex_lock(&r->fl_lock);
+	*r->fl_tail = f;
+	r->fl_tail = &f->next;
+	pthread_cond_signal(&r->fl_cond);
+	pthread_mutex_unlock(&r->fl_lock);
+}

@@ -1,0 +1,220 @@
+/*
+ * relay_hist -- the persisted send history, state_dir/relay.lanes, on the relay's thread
+ * (and relay_new's, which loads it): every send and suspension appended as a line, so
+ * that a restart neither exceeds a window nor sends into a ban; compacted by the sweep.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/eventfd.h>
+#include <sys/queue.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "dsn.h"
+#include "relay_int.h"
+#include "util.h"
+
+/* ---- the send history (state_dir/relay.lanes) ---- */
+
+/*
+ * One line of the history: "NAME US" for a send, "S NAME UNTIL_US WHY" for a suspension
+ * (UNTIL 0: lifted; the last line of a lane wins, so a restart does not send into a ban).
+ * The length, or -1 when it does not fit.
+ */
+static int hist_format(char *buf, size_t len, const char *name, uint64_t us, const char *why)
+{
+	int n = why ? snprintf(buf, len, "S %s %" PRIu64 " %s\n", name, us, why)
+		    : snprintf(buf, len, "%s %" PRIu64 "\n", name, us);
+	return n > 0 && (size_t)n < len ? n : -1;
+}
+
+static void hist_write(struct relay *r, const char *name, uint64_t us, const char *why)
+{
+	if (r->hist_fd < 0)
+		return;
+	char line[900];
+	int n = hist_format(line, sizeof(line), name, us, why);
+	if (n < 0)
+		return;
+	/* one write per line, O_APPEND: in the page cache at once, so a killed daemon loses
+	 * none; a power failure may lose the last ones (XXX not flushed) */
+	ssize_t w = write(r->hist_fd, line, (size_t)n);
+	(void)w;
+	r->hist_lines++;
+}
+
+void hist_append(struct relay *r, const char *lane, uint64_t t_ns)
+{
+	hist_write(r, lane, (t_ns + 999) / 1000, NULL);
+}
+
+void hist_append_suspension(struct relay *r, const struct lane *l)
+{
+	char why[300];
+	relay_clean_text(l->b.why, why, sizeof(why));
+	hist_write(r, l->name, l->b.suspended_until / 1000, why);
+}
+
+/* Keep a loaded entry (copies name and why); false when out of memory. */
+static bool hist_push(struct relay *r, const char *name, uint64_t us, const char *why)
+{
+	if (r->nhist % 1024 == 0) {
+		struct hist_entry *h = realloc(r->hist, (r->nhist + 1024) * sizeof(*h));
+		if (!h)
+			return false;
+		r->hist = h;
+	}
+	struct hist_entry *e = &r->hist[r->nhist];
+	*e = (struct hist_entry){ .name = strdup(name), .us = us, .why = why ? strdup(why) : NULL };
+	if (!e->name || (why && !e->why)) {
+		free(e->name);
+		free(e->why);
+		return false;
+	}
+	r->nhist++;
+	return true;
+}
+
+static uint64_t max_window_ns(const struct relay_conf *c)
+{
+	uint64_t m = 0;
+	for (size_t i = 0; i < c->nroutes; i++)
+		for (unsigned j = 0; j < c->routes[i].rate.n; j++) {
+			uint64_t w = c->routes[i].rate.w[j].period_ns +
+				     (uint64_t)c->routes[i].guard_ms * 1000000u;
+			if (w > m)
+				m = w;
+		}
+	return m;
+}
+
+/* Rewrite the history with what still counts: the lanes' remembered sends, and loaded
+ * entries of lanes not made yet. */
+void hist_compact(struct relay *r)
+{
+	if (!r->crt->conf.state_dir)
+		return;
+	char path[4096], tmp[4200];
+	snprintf(path, sizeof(path), "%s/%s", r->crt->conf.state_dir, HISTORY_FILE);
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	FILE *f = fopen(tmp, "we");
+	if (!f)
+		return;
+	uint64_t now_us = realtime_ns() / 1000;
+	uint64_t keep = max_window_ns(&r->crt->conf) / 1000 + 1;
+	uint64_t lines = 0;
+	char line[900];
+	struct lane *l;
+	TAILQ_FOREACH(l, &r->lanes, link) {
+		const struct slide *best = NULL;
+		for (unsigned i = 0; i < l->b.rate.n; i++)
+			if (!best || l->b.win[i].len > best->len)
+				best = &l->b.win[i];
+		for (uint32_t k = 0; best && k < best->len; k++) {
+			uint64_t us = best->at[(best->head + k) % best->cap];
+			if (us + keep > now_us && hist_format(line, sizeof(line), l->name, us,
+								      NULL) > 0) {
+				fputs(line, f);
+				lines++;
+			}
+		}
+	}
+	TAILQ_FOREACH(l, &r->lanes, link)
+		if (l->b.suspended_until / 1000 > now_us) {
+			char why[300];
+			relay_clean_text(l->b.why, why, sizeof(why));
+			if (hist_format(line, sizeof(line), l->name, l->b.suspended_until / 1000,
+					why) > 0) {
+				fputs(line, f);
+				lines++;
+			}
+		}
+	for (size_t i = 0; i < r->nhist; i++) {
+		if (!r->hist[i].name)
+			continue;
+		bool live = r->hist[i].why ? r->hist[i].us > now_us
+					   : r->hist[i].us + keep > now_us;
+		if (live && hist_format(line, sizeof(line), r->hist[i].name, r->hist[i].us,
+					r->hist[i].why) > 0) {
+			fputs(line, f);
+			lines++;
+		}
+	}
+	if (fclose(f) != 0 || rename(tmp, path) != 0) {
+		unlink(tmp);
+		return;
+	}
+	if (r->hist_fd >= 0)
+		close(r->hist_fd);
+	r->hist_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+	r->hist_lines = lines;
+}
+
+int hist_load(struct relay *r, char *err, size_t errlen)
+{
+	r->hist_fd = -1;
+	if (!r->crt->conf.state_dir)
+		return 0;
+	if (mkdir(r->crt->conf.state_dir, 0700) < 0 && errno != EEXIST) {
+		snprintf(err, errlen, "state_dir %s: %s", r->crt->conf.state_dir, strerror(errno));
+		return -errno;
+	}
+	char path[4096];
+	snprintf(path, sizeof(path), "%s/%s", r->crt->conf.state_dir, HISTORY_FILE);
+	char *text = NULL;
+	size_t len = 0;
+	int rc = file_read_all(path, HISTORY_MAX, &text, &len);
+	if (rc < 0 && rc != -ENOENT) {
+		snprintf(err, errlen, "%s: %s", path, strerror(-rc));
+		return rc;
+	}
+	uint64_t now_us = realtime_ns() / 1000;
+	uint64_t keep = max_window_ns(&r->crt->conf) / 1000 + 1;
+	for (char *line = text, *next; line && *line; line = next) {
+		next = strchr(line, '\n');
+		if (next)
+			*next++ = '\0';
+		if (strncmp(line, "S ", 2) == 0) {
+			char *name = line + 2, *sp1 = strchr(name, ' ');
+			char *sp2 = sp1 ? strchr(sp1 + 1, ' ') : NULL;
+			if (!sp2)
+				continue;
+			*sp1 = *sp2 = '\0';
+			unsigned long long until = strtoull(sp1 + 1, NULL, 10);
+			/* the last line of a lane wins: drop an earlier one */
+			for (size_t i = 0; i < r->nhist; i++)
+				if (r->hist[i].why && strcmp(r->hist[i].name, name) == 0)
+					r->hist[i].us = 0;
+			if (until > now_us && !hist_push(r, name, until, sp2 + 1))
+				break;
+			continue;
+		}
+		char *sp = strrchr(line, ' ');
+		if (!sp || sp == line)
+			continue; /* a line cut by a crash: ignored */
+		*sp = '\0';
+		char *end;
+		unsigned long long us = strtoull(sp + 1, &end, 10);
+		if (*end || us + keep <= now_us || us > now_us + 60000000ull)
+			continue;
+		if (!hist_push(r, line, us, NULL))
+			break;
+	}
+	free(text);
+	r->hist_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+	if (r->hist_fd < 0) {
+		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		return -errno;
+	}
+	r->hist_lines = r->nhist;
+	return 0;
+}

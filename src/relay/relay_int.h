@@ -1,0 +1,307 @@
+/*
+ * relay_int -- the relay's private declarations, shared by its rooms (relay.h is the
+ * public side).
+ *
+ * The rooms, and the thread each runs on:
+ *   relay.c         the relay's thread and its mailbox (post() is called from the queue's
+ *                   threads, control workers and the flusher), start, stop, reload;
+ *                   relay_new/start/stop/free run on the daemon's main thread
+ *   relay_msg.c     the message index: loading, routing to lanes, recipient statuses and
+ *                   retries, expiry and the periodic sweep (the relay's thread)
+ *   relay_lane.c    lanes: the loop side of scheduling (lane_kick), DNS, connections,
+ *                   suspension, shared budgets (the relay's thread)
+ *   relay_sched.c   the pure scheduler that lane_kick asks (no I/O)
+ *   relay_tx.c      one transaction: what it takes, and each recipient's outcome
+ *   relay_bounce.c  delivery status notifications of failed and delayed recipients
+ *   relay_hist.c    the persisted send history, state_dir/relay.lanes
+ *   relay_flush.c   the flusher, a helper thread that fdatasyncs status bytes
+ *   relay_view.c    `sluice lanes`, the metrics' lanes, stats, suspend/resume (run on the
+ *                   relay's thread through call_sync)
+ *
+ * Not for use outside src/relay/.
+ */
+#ifndef SLUICE_RELAY_INT_H
+#define SLUICE_RELAY_INT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/queue.h>
+
+#include <event2/event.h>
+
+#include "classify.h"
+#include "lane.h"
+#include "log.h"
+#include "mx.h"
+#include "policy.h"
+#include "queue.h"
+#include "relay.h"
+#include "smtp_out.h"
+#include "store.h"
+
+#define HISTORY_FILE "relay.lanes"
+#define HISTORY_MAX (64u << 20)
+#define MAX_LANES 100000
+#define SWEEP_MS 30000
+#define TARGETS_TTL_NS (UINT64_C(300) * 1000000000u)
+#define DSN_MAX (64u << 20)
+/* The client recorded in the envelope of the DSNs the relay queues: how it knows, after
+ * a restart too, that a failed message from <> is its own bounce (never bounced again,
+ * not even to the postmaster: no loops). */
+#define DSN_CLIENT "[127.0.0.1] sluice-dsn"
+
+struct lane;
+struct rmsg;
+struct rconn;
+
+struct rrcpt {
+	struct lane *lane;            /* NULL: no route (waits for a reload) */
+	uint64_t next_try;            /* CLOCK_REALTIME ns; 0: at once */
+	uint32_t attempts;
+	char status;                  /* T U D F, as on disk */
+	bool busy;                    /* in a transaction */
+};
+
+struct lane_item {
+	struct rmsg *m;
+	struct lane *lane;
+	size_t pending;               /* recipients of m in this lane that are T or U */
+	size_t scan;                  /* recipients before this are done or elsewhere */
+	TAILQ_ENTRY(lane_item) link;
+};
+
+struct rmsg {
+	char id[QUEUE_ID_LEN + 1];
+	uint64_t arrival_us;
+	uint64_t size;
+	uint32_t flags;
+	char *block;                  /* sender, then each recipient, NUL-terminated */
+	const char *sender;
+	const char **addr;
+	struct rrcpt *r;
+	size_t nrcpt;
+	struct lane_item *items;
+	size_t nitems;
+	unsigned busy;                /* transactions under way */
+	bool held, deleted, bouncing;  /* bouncing: a DSN of it is being committed */
+	bool warned;                  /* control byte QUEUE_CTL_WARNED is 'W' */
+	bool is_dsn;                  /* a DSN this relay made: never bounced itself */
+	char bounce;                  /* control byte QUEUE_CTL_BOUNCE */
+	bool open;
+	unsigned flushing;            /* status flushes handed to the flusher, not yet done */
+	struct queue_msg qm;
+	TAILQ_ENTRY(rmsg) link;
+	struct rmsg *hnext;           /* in the relay's table by id */
+};
+
+/* A route as the relay runs it: the configuration and what is built from it. */
+struct route_rt {
+	const struct route_conf *conf;
+	struct classify *cls;
+	struct smtp_out_conf oc;
+};
+
+/* One configuration with its routes; retired ones live until no connection uses them. */
+struct conf_rt {
+	struct relay_conf conf;
+	struct route_rt *routes;
+	unsigned users;               /* connections made under it */
+	struct conf_rt *next;         /* retired list */
+};
+
+struct lane {
+	struct relay *r;
+	char *name;
+	char *domain;                 /* MX lanes: the destination domain */
+	struct route_rt *rt;          /* NULL: its route is gone (after a reload) */
+	struct lane_budget b;
+	TAILQ_HEAD(, lane_item) items;
+	TAILQ_HEAD(, rconn) conns;
+	unsigned nconns, nidle, nconnecting;
+	struct mx_target *targets;
+	size_t ntargets;
+	uint64_t targets_at;
+	unsigned next_target;
+	struct mx_query *query;
+	bool deciding;                /* a shared budget's answer is awaited */
+	struct store_slide_call *call;
+	struct event *timer;
+	uint64_t delivered, failed, deferred, suspensions, transactions;
+	char last[200];               /* the last reply or error, for `sluice lanes` */
+	TAILQ_ENTRY(lane) link;
+};
+
+enum rconn_state { RC_CONNECTING = 0, RC_IDLE, RC_BUSY };
+
+struct rconn {
+	struct relay *r;
+	struct lane *lane;
+	struct conf_rt *crt;
+	struct classify *cls;         /* of the route it was made for (in crt) */
+	struct smtp_out_conf oc;      /* the route's, with the MX host's name for TLS */
+	struct class_slot *slot;      /* in the host class of the peer, or NULL */
+	char host[256];
+	struct smtp_out *c;
+	enum rconn_state st;
+	struct event *idle_timer;
+	struct tx *tx;
+	unsigned target;
+	TAILQ_ENTRY(rconn) link;
+};
+
+struct tx {
+	struct rconn *rc;
+	struct rmsg *m;
+	struct lane *lane;
+	size_t n;
+	size_t *idx;
+	struct str *addrs;
+	struct str *body;
+	size_t nbody;
+	struct smtp_out_msg msg;      /* what smtp_out sends: valid until done() */
+};
+
+enum mb_kind { MB_QUEUE = 0, MB_DSN_DONE, MB_CALL, MB_STOP, MB_SETTLED };
+
+/* A message's status bytes to flush, off the relay's loop (fd: a dup of its file's). */
+struct flush_req {
+	int fd;
+	char id[QUEUE_ID_LEN + 1];
+	struct flush_req *next;
+};
+
+struct mb_item {
+	enum mb_kind kind;
+	enum queue_event ev;
+	char id[QUEUE_ID_LEN + 1];
+	int rc;
+	int64_t deadline_ms;          /* MB_STOP */
+	bool delayed;                 /* MB_DSN_DONE: a delay notice, not a bounce */
+	int (*fn)(struct relay *r, void *arg);
+	void *arg;
+	bool done;
+	struct mb_item *next;
+};
+
+struct hist_entry {
+	char *name;
+	uint64_t us;                  /* a send; or, for a suspension, its end (0: resumed) */
+	char *why;                    /* a suspension's reason; NULL for a send */
+};
+
+struct relay {
+	struct conf_rt *crt;          /* current */
+	struct conf_rt *retired;
+	struct queue *q;
+	struct queue_dir *qd;
+	struct store *store;
+	struct policy *rules;         /* host classes (a reference) */
+	relay_log_fn *log;
+	void *log_arg;
+
+	pthread_t thread;
+	bool started;
+	struct event_base *base;
+	int mb_fd;
+	struct event *mb_ev;
+	pthread_mutex_t mb_lock;
+	pthread_cond_t mb_cond;
+	struct mb_item *mb_head, **mb_tail;
+	bool mb_closed;
+
+	struct mx_resolver *dns;
+	struct event *sweep;
+	bool stopping;
+	struct event *stop_timer;
+	int64_t stop_deadline_ms;
+
+	TAILQ_HEAD(rmsg_list, rmsg) msgs;
+	struct rmsg **table;          /* by id: chained, a power of two of buckets */
+	size_t table_size, nmsgs;
+	TAILQ_HEAD(, lane) lanes;
+	unsigned nlanes;
+	struct relay_stats st;
+
+	/* the flusher: one helper thread that fdatasyncs the statuses a transaction wrote,
+	 * so that a slow disk never stalls the connections of the relay's loop */
+	pthread_t flusher;
+	bool flusher_started, fl_stop;
+	pthread_mutex_t fl_lock;
+	pthread_cond_t fl_cond;
+	struct flush_req *fl_head, **fl_tail;
+
+	int hist_fd;
+	uint64_t hist_lines;
+	struct hist_entry *hist;      /* loaded at start, for lanes not made yet */
+	size_t nhist;
+	uint64_t seq;                 /* member ids of shared sends */
+};
+
+/* ---- relay.c: logging, the mailbox, configuration ---- */
+void relay_logf(struct relay *r, enum log_level level, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+void relay_clean_text(const char *in, char *out, size_t max);
+void relay_reply_text(const struct smtp_out_result *res, const struct smtp_reply *rep,
+		       char *out, size_t len);
+int relay_post(struct relay *r, struct mb_item *it);
+/* Run fn on the relay's loop and wait for its result (control commands, metrics). */
+int relay_call_sync(struct relay *r, int (*fn)(struct relay *r, void *arg), void *arg);
+void relay_retired_sweep(struct relay *r);
+
+/* ---- relay_msg.c: messages, statuses, the sweep ---- */
+void msg_close_file(struct rmsg *m);
+void msg_free(struct relay *r, struct rmsg *m);
+struct rmsg *msg_find(struct relay *r, const char *id);
+int msg_route(struct relay *r, struct rmsg *m);
+void msg_kick_lanes(struct rmsg *m);
+int msg_load(struct relay *r, const char *id);
+int msg_open_file(struct relay *r, struct rmsg *m);
+void msg_attempt_log(struct relay *r, struct rmsg *m, size_t i, const char *status,
+			const char *lane, const char *mta, const char *dsn, const char *reply);
+void msg_delivery_log(struct relay *r, enum log_level level, const struct rmsg *m, size_t i,
+			 const char *lane, const char *relay, const char *status, const char *dsn,
+			 const char *reply, const char *note);
+void msg_set_status(struct relay *r, struct rmsg *m, size_t i, char st);
+void msg_rcpt_retry(struct relay *r, struct rmsg *m, size_t i, int64_t hint_ms);
+void msg_arm_sweep(struct relay *r);
+void msg_on_sweep(evutil_socket_t fd, short what, void *arg);
+void msg_check_done(struct relay *r, struct rmsg *m);
+
+/* ---- relay_lane.c: lanes, connections, lane_kick ---- */
+uint64_t lane_guard_ns(const struct route_conf *rc);
+struct lane *lane_find(struct relay *r, const char *name);
+struct lane *lane_get(struct relay *r, struct route_rt *rt, const char *domain);
+void lane_arm(struct lane *l, uint64_t wait_ns);
+void conn_close(struct rconn *rc, bool quit);
+void lane_close_idle(struct lane *l);
+void conn_idle(struct rconn *rc);
+void lane_signal(struct lane *l, const struct classify_result *cr, const char *text);
+void lane_kick(struct lane *l);
+
+/* ---- relay_tx.c: transactions ---- */
+struct lane_item *lane_pick(struct lane *l, uint64_t now, size_t max, size_t *idx,
+				   size_t *ret_n, uint64_t *next);
+struct tx *tx_free(struct tx *t);
+bool tx_start(struct lane *l, struct rconn *rc, uint64_t now, bool budget_taken);
+
+/* ---- relay_bounce.c: bounces ---- */
+int bounce_collect_body(void *arg, struct str chunk);
+void bounce_done(struct relay *r, struct rmsg *m);
+void bounce_start(struct relay *r, struct rmsg *m, bool delayed);
+
+/* ---- relay_hist.c: the send history ---- */
+void hist_append(struct relay *r, const char *lane, uint64_t t_ns);
+void hist_append_suspension(struct relay *r, const struct lane *l);
+void hist_compact(struct relay *r);
+int hist_load(struct relay *r, char *err, size_t errlen);
+
+/* ---- relay_flush.c: the flusher ---- */
+void *flush_main(void *arg);
+void flush_post(struct relay *r, struct rmsg *m);
+
+/* ---- relay_view.c: views ---- */
+void view_fmt_dur(uint64_t ns, char *out, size_t len);
+
+#endif

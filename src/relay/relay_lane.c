@@ -1,0 +1,584 @@
+/*
+ * relay_lane -- lanes on the relay's thread: making them, their timers, lane_kick (the
+ * loop side of scheduling), DNS, connections and their setup failures, suspension on a
+ * throttling signal, and shared budgets asked of the store.
+ *
+ * Scheduling, per lane (lane_kick): suspended -> sleep until the end; no recipient due ->
+ * sleep until the earliest retry; a ready idle connection -> take the budget (exact: an
+ * admitted send is counted now, just before MAIL FROM is written) and start a
+ * transaction, or sleep exactly until the budget allows one; no connection -> open one
+ * (only when the budget would admit a send now, so that no connection idles waiting for
+ * budget), and its ready callback kicks the lane again.  Wake-ups are timers set to the
+ * exact moment something can happen: a throttled lane wakes once per send.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/eventfd.h>
+#include <sys/queue.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "dsn.h"
+#include "relay_int.h"
+#include "util.h"
+
+/* ---- lanes ---- */
+
+static void on_lane_timer(evutil_socket_t fd, short what, void *arg);
+
+uint64_t lane_guard_ns(const struct route_conf *rc)
+{
+	return (uint64_t)rc->guard_ms * 1000000u;
+}
+
+struct lane *lane_find(struct relay *r, const char *name)
+{
+	struct lane *l;
+	TAILQ_FOREACH(l, &r->lanes, link)
+		if (strcmp(l->name, name) == 0)
+			return l;
+	return NULL;
+}
+
+struct lane *lane_get(struct relay *r, struct route_rt *rt, const char *domain)
+{
+	char name[600];
+	if (rt->conf->mx)
+		snprintf(name, sizeof(name), "%s:%s", rt->conf->name, domain);
+	else
+		snprintf(name, sizeof(name), "%s", rt->conf->name);
+	struct lane *l = lane_find(r, name);
+	if (l)
+		return l;
+	if (r->nlanes >= MAX_LANES)
+		return NULL;
+	l = calloc(1, sizeof(*l));
+	if (!l)
+		return NULL;
+	l->r = r;
+	l->rt = rt;
+	l->name = strdup(name);
+	l->domain = rt->conf->mx ? strdup(domain) : NULL;
+	l->timer = evtimer_new(r->base, on_lane_timer, l);
+	TAILQ_INIT(&l->items);
+	TAILQ_INIT(&l->conns);
+	if (!l->name || (rt->conf->mx && !l->domain) || !l->timer ||
+	    lane_budget_init(&l->b, &rt->conf->rate, lane_guard_ns(rt->conf)) < 0) {
+		if (l->timer)
+			event_free(l->timer);
+		free(l->name);
+		free(l->domain);
+		free(l);
+		return NULL;
+	}
+	uint64_t now = realtime_ns();
+	for (size_t i = 0; i < r->nhist; i++)
+		if (r->hist[i].name && strcmp(r->hist[i].name, name) == 0) {
+			if (!r->hist[i].why) {
+				lane_budget_remember(&l->b, r->hist[i].us * 1000);
+			} else if (r->hist[i].us * 1000 > now) {
+				/* suspended before the restart: still suspended */
+				lane_budget_suspend(&l->b, now, (int64_t)(r->hist[i].us * 1000 - now), 0,
+						    0, r->hist[i].why);
+			}
+			free(r->hist[i].name);
+			free(r->hist[i].why);
+			r->hist[i].name = NULL;
+			r->hist[i].why = NULL;
+		}
+	TAILQ_INSERT_TAIL(&r->lanes, l, link);
+	r->nlanes++;
+	return l;
+}
+
+void lane_arm(struct lane *l, uint64_t wait_ns)
+{
+	if (wait_ns == UINT64_MAX) {
+		evtimer_del(l->timer);
+		return;
+	}
+	/* evtimer takes microseconds: round up, never wake before the moment */
+	uint64_t us = (wait_ns + 999) / 1000;
+	/* from the clock now, not the loop's cached time: a timer set late in a callback
+	 * would otherwise fire before the moment and find the budget still closed */
+	event_base_update_cache_time(l->r->base);
+	struct timeval tv = { .tv_sec = (time_t)(us / 1000000), .tv_usec = (suseconds_t)(us % 1000000) };
+	evtimer_add(l->timer, &tv);
+}
+
+static void on_lane_timer(evutil_socket_t fd, short what, void *arg)
+{
+	lane_kick(arg);
+}
+
+/* ---- connections ---- */
+
+/* The connection's memory goes with its smtp_out's (which may finish a QUIT after the
+ * relay is done with it): the configuration it points to stays until then. */
+static void on_conn_freed(void *arg)
+{
+	struct rconn *rc = arg;
+	struct relay *r = rc->r;
+	rc->crt->users--;
+	free(rc);
+	relay_retired_sweep(r);
+}
+
+/* Take a connection out of its lane's books. */
+static void conn_detach(struct rconn *rc)
+{
+	struct lane *l = rc->lane;
+	struct relay *r = rc->r;
+	TAILQ_REMOVE(&l->conns, rc, link);
+	l->nconns--;
+	if (rc->st == RC_IDLE)
+		l->nidle--;
+	else if (rc->st == RC_CONNECTING)
+		l->nconnecting--;
+	r->st.active_connections--;
+	if (rc->idle_timer) {
+		event_free(rc->idle_timer);
+		rc->idle_timer = NULL;
+	}
+	class_slot_release(rc->slot);
+	rc->slot = NULL;
+	if (r->stopping && r->st.active_connections == 0)
+		event_base_loopexit(r->base, NULL);
+}
+
+/* Close a connection: QUIT when it is usable and quit is asked (not while stopping),
+ * else at once.  rc must not be used after this. */
+void conn_close(struct rconn *rc, bool quit)
+{
+	struct smtp_out *c = rc->c;
+	bool stopping = rc->r->stopping;
+	conn_detach(rc);
+	rc->c = NULL;
+	if (quit && !stopping && smtp_out_usable(c))
+		smtp_out_quit(c);
+	else
+		smtp_out_free(c);
+}
+
+void lane_close_idle(struct lane *l)
+{
+	struct rconn *rc, *next;
+	for (rc = TAILQ_FIRST(&l->conns); rc; rc = next) {
+		next = TAILQ_NEXT(rc, link);
+		if (rc->st == RC_IDLE || rc->st == RC_CONNECTING)
+			conn_close(rc, true);
+	}
+}
+
+static void on_idle_timeout(evutil_socket_t fd, short what, void *arg)
+{
+	struct rconn *rc = arg;
+	conn_close(rc, true);
+}
+
+void conn_idle(struct rconn *rc)
+{
+	rc->st = RC_IDLE;
+	rc->lane->nidle++;
+	struct timeval tv = timeval_from_ms((uint64_t)rc->r->crt->conf.idle_ms);
+	evtimer_add(rc->idle_timer, &tv);
+}
+
+void lane_signal(struct lane *l, const struct classify_result *cr, const char *text)
+{
+	struct relay *r = l->r;
+	uint64_t now = realtime_ns();
+	const struct relay_conf *c = &r->crt->conf;
+	snprintf(l->last, sizeof(l->last), "%s", text);
+	if (cr->verdict == CLASSIFY_SLOW) {
+		lane_budget_slow(&l->b);
+		relay_logf(r, LOG_LEVEL_WARNING, "lane=%s slowed to %u%% of its rate: \"%s\" (signal %s)",
+		     l->name, (unsigned)(l->b.factor / 10000), text, cr->signal ? cr->signal : "-");
+		if (cr->for_ms > 0) {
+			lane_budget_suspend(&l->b, now, cr->for_ms * 1000000, 0, 0, text);
+			l->suspensions++;
+			r->st.suspensions++;
+			hist_append_suspension(r, l);
+			lane_close_idle(l);
+		}
+		return;
+	}
+	uint64_t len = lane_budget_suspend(&l->b, now, cr->for_ms >= 0 ? cr->for_ms * 1000000 : -1,
+					   (uint64_t)c->suspend_min_ms * 1000000u,
+					   (uint64_t)c->suspend_max_ms * 1000000u, text);
+	l->suspensions++;
+	r->st.suspensions++;
+	hist_append_suspension(r, l);
+	relay_logf(r, LOG_LEVEL_WARNING, "lane=%s suspended for %" PRIu64 "s: \"%s\" (signal %s); no "
+	     "recipient changes state", l->name, (len + 999999999) / 1000000000, text,
+	     cr->signal ? cr->signal : "-");
+	lane_close_idle(l);
+}
+
+static void on_ready(void *arg, struct smtp_out *c, const struct smtp_out_result *failure);
+static void lane_fail_all(struct lane *l, const char *dsn, const char *text);
+static void on_resolved(void *arg, int error, const struct mx_target *t, size_t n);
+
+static void lane_resolve(struct lane *l)
+{
+	const struct route_conf *rc = l->rt->conf;
+	if (l->query)
+		return;
+	const char *name = rc->mx ? l->domain : rc->host;
+	uint16_t port = rc->mx ? 25 : rc->port;
+	struct mx_query *q = NULL;
+	l->query = (struct mx_query *)1; /* resolving: done() may run before mx_lookup returns */
+	int e = mx_lookup(l->r->dns, name, rc->mx, port, on_resolved, l, &q);
+	if (e == -EINVAL && rc->mx) {
+		/* not a name DNS can hold (raw UTF-8, an overlong label): permanent */
+		l->query = NULL;
+		char text[400];
+		snprintf(text, sizeof(text), "%.200s is not a valid domain name", name);
+		lane_fail_all(l, "5.1.2", text);
+		return;
+	}
+	if (e < 0) {
+		l->query = NULL;
+		struct classify_result cr = { .verdict = CLASSIFY_SUSPEND, .for_ms = -1,
+					      .signal = "dns" };
+		char text[300];
+		snprintf(text, sizeof(text), "cannot look up %.200s: %s", name, strerror(-e));
+		lane_signal(l, &cr, text);
+		return;
+	}
+	if (l->query)
+		l->query = q;
+}
+
+static void lane_fail_all(struct lane *l, const char *dsn, const char *text)
+{
+	struct relay *r = l->r;
+	struct lane_item *it, *next;
+	for (it = TAILQ_FIRST(&l->items); it; it = next) {
+		next = TAILQ_NEXT(it, link);
+		struct rmsg *m = it->m;
+		if (m->held || m->deleted || m->bouncing || msg_open_file(r, m) < 0)
+			continue;
+		for (size_t i = 0; i < m->nrcpt; i++) {
+			struct rrcpt *rr = &m->r[i];
+			if (rr->lane != l || rr->busy ||
+			    (rr->status != QUEUE_TODO && rr->status != QUEUE_UNCERTAIN))
+				continue;
+			msg_set_status(r, m, i, QUEUE_FAILED);
+			msg_attempt_log(r, m, i, "failed", l->name, "", dsn, text);
+			msg_delivery_log(r, LOG_LEVEL_NOTICE, m, i, l->name, "", "bounced", dsn, text,
+				     NULL);
+			r->st.failed++;
+			l->failed++;
+		}
+		if (m->busy == 0) {
+			enum queue_msg_state st;
+			queue_settle(r->q, &m->qm, &st);
+		}
+		msg_check_done(r, m);
+	}
+}
+
+static void on_resolved(void *arg, int error, const struct mx_target *t, size_t n)
+{
+	struct lane *l = arg;
+	struct relay *r = l->r;
+	l->query = NULL;
+	if (error == -ECANCELED || !l->rt)
+		return;
+	const char *name = l->rt->conf->mx ? l->domain : l->rt->conf->host;
+	if (error == -ENOENT || error == -ENODATA) {
+		char text[400];
+		if (error == -ENODATA)
+			snprintf(text, sizeof(text), "%.200s does not accept mail (null MX)", name);
+		else
+			snprintf(text, sizeof(text), "%.200s: no such domain, or no address", name);
+		if (l->rt->conf->mx) {
+			relay_logf(r, LOG_LEVEL_NOTICE, "lane=%s %s: its recipients fail", l->name, text);
+			lane_fail_all(l, error == -ENODATA ? "5.1.10" : "5.1.2", text);
+			return;
+		}
+		/* a smarthost that does not resolve is the operator's to fix: no bounce */
+		struct classify_result cr = { .verdict = CLASSIFY_SUSPEND, .for_ms = -1,
+					      .signal = "dns" };
+		lane_signal(l, &cr, text);
+		lane_kick(l);
+		return;
+	}
+	if (error < 0 || n == 0) {
+		char text[300];
+		snprintf(text, sizeof(text), "cannot look up %.200s: temporary DNS failure", name);
+		struct classify_result cr = { .verdict = CLASSIFY_SUSPEND, .for_ms = -1,
+					      .signal = "dns" };
+		lane_signal(l, &cr, text);
+		lane_kick(l);
+		return;
+	}
+	struct mx_target *copy = calloc(n, sizeof(*copy));
+	if (!copy)
+		return;
+	memcpy(copy, t, n * sizeof(*copy));
+	free(l->targets);
+	l->targets = copy;
+	l->ntargets = n;
+	l->targets_at = realtime_ns();
+	l->next_target = 0;
+	lane_kick(l);
+}
+
+static void lane_connect(struct lane *l)
+{
+	struct relay *r = l->r;
+	uint64_t now = realtime_ns();
+	if (!l->ntargets || now - l->targets_at > TARGETS_TTL_NS) {
+		lane_resolve(l);
+		return;
+	}
+	/* an outgoing session takes a slot in its host class (Sendmail's XLA): none left,
+	 * and the mail waits */
+	const struct mx_target *tg = &l->targets[l->next_target % l->ntargets];
+	struct class_slot *slot = NULL;
+	if (r->rules) {
+		struct ipaddr ip = { 0 };
+		if (tg->addr.ss_family == AF_INET) {
+			ip.family = 4;
+			memcpy(ip.b, &((const struct sockaddr_in *)&tg->addr)->sin_addr, 4);
+		} else {
+			ip.family = 6;
+			memcpy(ip.b, &((const struct sockaddr_in6 *)&tg->addr)->sin6_addr, 16);
+		}
+		const char *cls = NULL;
+		if (policy_class_enter_outbound(r->rules, &ip, str_cstr(tg->host), &slot, &cls) == 0) {
+			relay_logf(r, LOG_LEVEL_DEBUG, "lane=%s class %s is full: the mail waits", l->name,
+			     cls ? cls : "?");
+			/* XXX polled: a slot freed by an incoming session wakes no one */
+			lane_arm(l, UINT64_C(1000000000));
+			return;
+		}
+	}
+	struct rconn *rc = calloc(1, sizeof(*rc));
+	if (!rc) {
+		class_slot_release(slot);
+		return;
+	}
+	rc->slot = slot;
+	rc->r = r;
+	rc->lane = l;
+	rc->crt = r->crt;
+	rc->cls = l->rt->cls;
+	rc->target = l->next_target % l->ntargets;
+	const struct mx_target *t = &l->targets[rc->target];
+	const struct route_conf *conf = l->rt->conf;
+	rc->idle_timer = evtimer_new(r->base, on_idle_timeout, rc);
+	/* the connection keeps pointers into its conf_rt, which lives while it is used */
+	rc->oc = l->rt->oc;
+	snprintf(rc->host, sizeof(rc->host), "%s", t->host);
+	if (conf->mx && !conf->sni)
+		rc->oc.server_name = rc->host; /* the MX host's name: what its certificate holds */
+	const struct smtp_out_conf *oc = &rc->oc;
+	rc->c = rc->idle_timer ? smtp_out_new(r->base, oc, (const struct sockaddr *)&t->addr,
+					      t->addrlen,
+					      conf->source.ss_family ? (const struct sockaddr *)&conf->source : NULL,
+					      conf->sourcelen)
+			       : NULL;
+	if (!rc->c) {
+		if (rc->idle_timer)
+			event_free(rc->idle_timer);
+		class_slot_release(rc->slot);
+		free(rc);
+		return;
+	}
+	smtp_out_set_peer_name(rc->c, t->host);
+	smtp_out_set_ready(rc->c, on_ready, rc);
+	smtp_out_set_freed(rc->c, on_conn_freed, rc);
+	rc->st = RC_CONNECTING;
+	r->crt->users++;
+	TAILQ_INSERT_TAIL(&l->conns, rc, link);
+	l->nconns++;
+	l->nconnecting++;
+	r->st.connections++;
+	r->st.active_connections++;
+}
+
+static void on_ready(void *arg, struct smtp_out *c, const struct smtp_out_result *failure)
+{
+	struct rconn *rc = arg;
+	struct lane *l = rc->lane;
+	struct relay *r = rc->r;
+	if (!failure) {
+		if (rc->st == RC_CONNECTING)
+			l->nconnecting--;
+		l->next_target = rc->target;
+		conn_idle(rc);
+		if (r->stopping) {
+			conn_close(rc, true);
+			return;
+		}
+		lane_kick(l);
+		return;
+	}
+	bool setup = rc->st == RC_CONNECTING;
+	struct classify *cls = l->rt ? l->rt->cls : NULL;
+	char text[1200];
+	relay_reply_text(failure, failure->reply.code ? &failure->reply : NULL, text, sizeof(text));
+	char peer[300];
+	snprintf(peer, sizeof(peer), "%s", smtp_out_peer(c));
+	conn_close(rc, false);
+	if (!setup || r->stopping || !cls) {
+		lane_kick(l);
+		return;
+	}
+	relay_logf(r, LOG_LEVEL_NOTICE, "lane=%s mta=%s session failed at %s: \"%s\"", l->name, peer,
+	     smtp_out_stage_name(failure->stage), text);
+	/* a host that cannot be reached: the next address first, before the lane waits */
+	if (failure->error < 0 && failure->stage == SMTP_STAGE_CONNECT && l->ntargets > 1 &&
+	    (l->next_target + 1) % l->ntargets != 0) {
+		l->next_target++;
+		lane_kick(l);
+		return;
+	}
+	l->next_target = 0;
+	struct classify_result cr;
+	classify_reply(cls, failure->stage, failure->error,
+		       failure->reply.code ? &failure->reply : NULL, &cr);
+	if (cr.verdict != CLASSIFY_SLOW)
+		cr.verdict = CLASSIFY_SUSPEND; /* no recipient was involved */
+	lane_signal(l, &cr, text);
+	lane_kick(l);
+}
+
+/* ---- the scheduler ---- */
+
+static struct rconn *lane_idle_conn(struct lane *l)
+{
+	struct rconn *rc;
+	TAILQ_FOREACH(rc, &l->conns, link)
+		if (rc->st == RC_IDLE)
+			return rc;
+	return NULL;
+}
+
+static void lane_shared_take(struct lane *l, struct rconn *rc);
+
+void lane_kick(struct lane *l)
+{
+	struct relay *r = l->r;
+	if (r->stopping || !l->rt || l->deciding)
+		return;
+	for (;;) {
+		uint64_t now = realtime_ns();
+		if (lane_budget_suspended(&l->b, now)) {
+			lane_close_idle(l);
+			lane_arm(l, l->b.suspended_until - now);
+			return;
+		}
+		uint64_t next = UINT64_MAX;
+		size_t one, n1;
+		if (!lane_pick(l, now, 1, &one, &n1, &next)) {
+			lane_arm(l, next == UINT64_MAX ? UINT64_MAX : next - now);
+			return;
+		}
+		struct rconn *idle = lane_idle_conn(l);
+		if (!idle) {
+			const struct route_conf *conf = l->rt->conf;
+			uint64_t wait = conf->shared ? 0 : lane_budget_wait(&l->b, now);
+			if (wait) {
+				lane_arm(l, wait);
+				return;
+			}
+			unsigned cap = conf->connections ? conf->connections : 1;
+			if (l->nconns < cap && l->nconnecting == 0)
+				lane_connect(l);
+			/* a connection's ready, or a transaction's end, kicks the lane again */
+			return;
+		}
+		if (l->rt->conf->shared && r->store) {
+			lane_shared_take(l, idle);
+			return;
+		}
+		if (!tx_start(l, idle, now, false))
+			return;
+	}
+}
+
+/* ---- shared lanes: the budget is in Redis ---- */
+
+static void on_shared(struct store_slide_call *call, int rc, uint64_t wait_ns)
+{
+	struct lane *l = call->arg;
+	struct relay *r = l->r;
+	l->deciding = false;
+	l->call = NULL;
+	free(call);
+	if (r->stopping || !l->rt)
+		return;
+	uint64_t now = realtime_ns();
+	if (rc < 0) {
+		/* no answer: the lane stops rather than risk the shared limit */
+		char text[200];
+		snprintf(text, sizeof(text), "the shared budget cannot be reached: %s",
+			 strerror(-rc));
+		struct classify_result cr = { .verdict = CLASSIFY_SUSPEND, .for_ms = 10000,
+					      .signal = "store" };
+		lane_signal(l, &cr, text);
+		lane_kick(l);
+		return;
+	}
+	if (rc == 0) {
+		lane_arm(l, wait_ns);
+		return;
+	}
+	/* admitted: remember it locally too (for `sluice lanes` and the history) */
+	lane_budget_remember(&l->b, now);
+	l->b.sends++;
+	hist_append(r, l->name, now);
+	struct rconn *idle = lane_idle_conn(l);
+	if (!idle || !tx_start(l, idle, now, true)) {
+		/* XXX the connection went away or nothing is due any more: the granted send
+		 * is unused (the lane only sends less) */
+	}
+	lane_kick(l);
+}
+
+static void lane_shared_take(struct lane *l, struct rconn *rc)
+{
+	struct relay *r = l->r;
+	struct store_slide_call *call = calloc(1, sizeof(*call));
+	if (!call)
+		return;
+	call->name = l->name;
+	call->nwin = l->b.rate.n;
+	for (unsigned i = 0; i < l->b.rate.n; i++) {
+		call->n[i] = lane_budget_limit(&l->b, i);
+		call->window_ns[i] = lane_budget_window(&l->b, i);
+	}
+	call->take = true;
+	call->now = 0; /* Redis's clock: the nodes share it */
+	call->done = on_shared;
+	call->arg = l;
+	l->deciding = true;
+	l->call = call;
+	int e = store_slide_start(r->store, call);
+	if (e == STORE_PENDING)
+		return;
+	l->deciding = false;
+	l->call = NULL;
+	free(call);
+	if (e == -ENOTSUP) {
+		/* not a cluster store: this node's own budget */
+		tx_start(l, rc, realtime_ns(), false);
+		return;
+	}
+	struct classify_result cr = { .verdict = CLASSIFY_SUSPEND, .for_ms = 10000,
+				      .signal = "store" };
+	lane_signal(l, &cr, "the shared budget cannot be asked");
+}

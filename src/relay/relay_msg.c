@@ -1,0 +1,501 @@
+/*
+ * relay_msg -- the relay's view of the queue: a struct rmsg per message with work left,
+ * found by id in a hash table, each recipient routed to a lane; recipient statuses and
+ * retry times; expiry, delay notices and the periodic sweep.
+ *
+ * Runs on the relay's thread.  Statuses on disk change only through queue_set_status()
+ * on the message's open file (a pwrite into the page cache: a killed daemon loses none),
+ * flushed by the flusher (relay_flush.c); a message is removed, or its bounce queued,
+ * only after its flushes are done.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/eventfd.h>
+#include <sys/queue.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "dsn.h"
+#include "relay_int.h"
+#include "util.h"
+
+static void table_remove(struct relay *r, struct rmsg *m);
+
+/* ---- messages ---- */
+
+void msg_close_file(struct rmsg *m)
+{
+	if (m->open && m->busy == 0) {
+		queue_msg_close(&m->qm);
+		m->open = false;
+	}
+}
+
+void msg_free(struct relay *r, struct rmsg *m)
+{
+	for (size_t i = 0; i < m->nitems; i++) {
+		struct lane_item *it = &m->items[i];
+		if (it->lane)
+			TAILQ_REMOVE(&it->lane->items, it, link);
+	}
+	if (m->open)
+		queue_msg_close(&m->qm);
+	table_remove(r, m);
+	TAILQ_REMOVE(&r->msgs, m, link);
+	free(m->items);
+	free(m->r);
+	free(m->addr);
+	free(m->block);
+	free(m);
+}
+
+/* FNV-1a of a queue id: ids are not chosen by peers (the queue makes them). */
+static size_t id_hash(const char *id)
+{
+	uint64_t h = UINT64_C(1469598103934665603);
+	for (; *id; id++)
+		h = (h ^ (unsigned char)*id) * UINT64_C(1099511628211);
+	return (size_t)(h ^ (h >> 32));
+}
+
+struct rmsg *msg_find(struct relay *r, const char *id)
+{
+	if (!r->table_size)
+		return NULL;
+	for (struct rmsg *m = r->table[id_hash(id) & (r->table_size - 1)]; m; m = m->hnext)
+		if (strcmp(m->id, id) == 0)
+			return m;
+	return NULL;
+}
+
+static int table_add(struct relay *r, struct rmsg *m)
+{
+	if (r->nmsgs + 1 > r->table_size) {
+		size_t ns = r->table_size ? r->table_size * 2 : 1024;
+		struct rmsg **nt = calloc(ns, sizeof(*nt));
+		if (!nt)
+			return -ENOMEM;
+		for (size_t i = 0; i < r->table_size; i++)
+			for (struct rmsg *e = r->table[i], *next; e; e = next) {
+				next = e->hnext;
+				size_t b = id_hash(e->id) & (ns - 1);
+				e->hnext = nt[b];
+				nt[b] = e;
+			}
+		free(r->table);
+		r->table = nt;
+		r->table_size = ns;
+	}
+	size_t b = id_hash(m->id) & (r->table_size - 1);
+	m->hnext = r->table[b];
+	r->table[b] = m;
+	r->nmsgs++;
+	return 0;
+}
+
+static void table_remove(struct relay *r, struct rmsg *m)
+{
+	if (!r->table_size)
+		return;
+	for (struct rmsg **pp = &r->table[id_hash(m->id) & (r->table_size - 1)]; *pp;
+	     pp = &(*pp)->hnext)
+		if (*pp == m) {
+			*pp = m->hnext;
+			r->nmsgs--;
+			return;
+		}
+}
+
+static const char *addr_domain(const char *a)
+{
+	const char *at = strrchr(a, '@');
+	return at ? at + 1 : "";
+}
+
+static struct lane_item *msg_item(struct rmsg *m, struct lane *l)
+{
+	for (size_t i = 0; i < m->nitems; i++)
+		if (m->items[i].lane == l)
+			return &m->items[i];
+	return NULL;
+}
+
+/* Route every unfinished recipient to its lane and link m into those lanes (in arrival
+ * order: messages are routed in arrival order, and a reload routes them again in the
+ * same order). */
+int msg_route(struct relay *r, struct rmsg *m)
+{
+	for (size_t i = 0; i < m->nitems; i++)
+		if (m->items[i].lane)
+			TAILQ_REMOVE(&m->items[i].lane->items, &m->items[i], link);
+	free(m->items);
+	m->items = NULL;
+	m->nitems = 0;
+	size_t cap = 0;
+	for (size_t i = 0; i < m->nrcpt; i++) {
+		struct rrcpt *rr = &m->r[i];
+		rr->lane = NULL;
+		if (rr->status != QUEUE_TODO && rr->status != QUEUE_UNCERTAIN)
+			continue;
+		char dom[256];
+		snprintf(dom, sizeof(dom), "%s", addr_domain(m->addr[i]));
+		for (char *p = dom; *p; p++)
+			if (*p >= 'A' && *p <= 'Z')
+				*p = (char)(*p - 'A' + 'a');
+		const struct route_conf *rc = relay_conf_route(&r->crt->conf, dom);
+		if (!rc)
+			continue;
+		struct route_rt *rt = &r->crt->routes[rc - r->crt->conf.routes];
+		struct lane *l = lane_get(r, rt, dom);
+		if (!l)
+			return -ENOMEM;
+		rr->lane = l;
+		if (msg_item(m, l))
+			continue;
+		if (m->nitems == cap) {
+			size_t nc = cap ? cap * 2 : 2;
+			struct lane_item *it = realloc(m->items, nc * sizeof(*it));
+			if (!it)
+				return -ENOMEM;
+			/* items are linked into lanes by address: relink after a move */
+			m->items = it;
+			cap = nc;
+		}
+		m->items[m->nitems++] = (struct lane_item){ .m = m, .lane = l };
+	}
+	for (size_t i = 0; i < m->nrcpt; i++) {
+		struct lane_item *it = m->r[i].lane ? msg_item(m, m->r[i].lane) : NULL;
+		if (it)
+			it->pending++;
+	}
+	/* Insert each item in arrival order (messages are loaded in arrival order; a
+	 * reload routes in order too, so appending keeps the order). */
+	for (size_t i = 0; i < m->nitems; i++)
+		TAILQ_INSERT_TAIL(&m->items[i].lane->items, &m->items[i], link);
+	return 0;
+}
+
+void msg_kick_lanes(struct rmsg *m)
+{
+	for (size_t i = 0; i < m->nitems; i++)
+		lane_kick(m->items[i].lane);
+}
+
+
+int msg_load(struct relay *r, const char *id)
+{
+	if (msg_find(r, id))
+		return 0;
+	struct queue_msg qm;
+	const char *why = NULL;
+	int rc = queue_msg_open(r->qd, id, &qm, &why);
+	if (rc < 0) {
+		if (rc != -ENOENT)
+			relay_logf(r, LOG_LEVEL_ERROR, "qid=%s cannot be opened for delivery: %s", id,
+			     why ? why : strerror(-rc));
+		return rc;
+	}
+	const struct queue_index *ix = &qm.ix;
+	struct rmsg *m = calloc(1, sizeof(*m));
+	size_t blen = ix->env.sender.len + 1;
+	for (size_t i = 0; i < ix->nrcpt; i++)
+		blen += ix->rcpt[i].addr.len + 1;
+	if (m) {
+		m->block = malloc(blen);
+		m->addr = calloc(ix->nrcpt, sizeof(*m->addr));
+		m->r = calloc(ix->nrcpt, sizeof(*m->r));
+	}
+	if (!m || !m->block || !m->addr || !m->r) {
+		if (m) {
+			free(m->block);
+			free(m->addr);
+			free(m->r);
+			free(m);
+		}
+		queue_msg_close(&qm);
+		return -ENOMEM;
+	}
+	snprintf(m->id, sizeof(m->id), "%s", ix->env.id);
+	m->arrival_us = ix->env.arrival_us;
+	m->size = ix->body_len;
+	m->flags = ix->env.flags;
+	char *p = m->block;
+	memcpy(p, ix->env.sender.ptr, ix->env.sender.len);
+	p[ix->env.sender.len] = '\0';
+	m->sender = p;
+	p += ix->env.sender.len + 1;
+	m->nrcpt = ix->nrcpt;
+	for (size_t i = 0; i < ix->nrcpt; i++) {
+		memcpy(p, ix->rcpt[i].addr.ptr, ix->rcpt[i].addr.len);
+		p[ix->rcpt[i].addr.len] = '\0';
+		m->addr[i] = p;
+		p += ix->rcpt[i].addr.len + 1;
+		m->r[i].status = ix->rcpt[i].status;
+	}
+	m->held = ix->control[QUEUE_CTL_HOLD] == 'H';
+	m->bounce = ix->control[QUEUE_CTL_BOUNCE];
+	m->warned = ix->control[QUEUE_CTL_WARNED] == 'W';
+	m->is_dsn = ix->env.sender.len == 0 && ix->env.client.len == strlen(DSN_CLIENT) &&
+		    memcmp(ix->env.client.ptr, DSN_CLIENT, ix->env.client.len) == 0;
+	queue_msg_close(&qm);
+	TAILQ_INSERT_TAIL(&r->msgs, m, link);
+	rc = table_add(r, m);
+	if (rc == 0)
+		rc = msg_route(r, m);
+	if (rc < 0) {
+		msg_free(r, m);
+		return rc;
+	}
+	for (size_t i = 0; i < m->nrcpt; i++)
+		if ((m->r[i].status == QUEUE_TODO || m->r[i].status == QUEUE_UNCERTAIN) &&
+		    !m->r[i].lane) {
+			relay_logf(r, LOG_LEVEL_WARNING, "qid=%s rcpt=<%.200s> no route matches its domain: "
+			     "it stays queued", m->id, m->addr[i]);
+		}
+	msg_check_done(r, m);
+	return 0;
+}
+
+/* ---- attempts and statuses ---- */
+
+int msg_open_file(struct relay *r, struct rmsg *m)
+{
+	if (m->open)
+		return 0;
+	const char *why = NULL;
+	int rc = queue_msg_open(r->qd, m->id, &m->qm, &why);
+	if (rc < 0) {
+		relay_logf(r, LOG_LEVEL_ERROR, "qid=%s cannot be opened: %s", m->id, why ? why : strerror(-rc));
+		return rc;
+	}
+	m->open = true;
+	return 0;
+}
+
+/* One line of the attempt history: "ts=US rcpt=I status=S lane=L mta=M dsn=X.Y.Z reply=..."
+ * -- the reply last, as it may hold anything but a newline.  The DSN reads these back. */
+void msg_attempt_log(struct relay *r, struct rmsg *m, size_t i, const char *status,
+			const char *lane, const char *mta, const char *dsn, const char *reply)
+{
+	char line[1600];
+	int n = snprintf(line, sizeof(line), "ts=%" PRIu64 " rcpt=%zu status=%s lane=%s mta=%s "
+			 "dsn=%s reply=%s", realtime_ns() / 1000, i, status, lane,
+			 mta && *mta ? mta : "-", dsn && *dsn ? dsn : "-", reply ? reply : "");
+	if (n > 0)
+		queue_log_append(r->qd, m->id, str_make(line, (size_t)n < sizeof(line) ? (size_t)n
+								   : sizeof(line) - 1));
+}
+
+/*
+ * The administrator's line for one recipient's attempt (sluiced(8), LOGGING), like
+ * Postfix's "status=sent" lines:
+ *   delivery qid=Q rcpt=<A> lane=L relay=NAME[IP]:PORT status=S dsn=X.Y.Z reply="..."
+ *            delay=1.2s attempts=N
+ * status: sent, deferred, bounced, suspended, uncertain.  The address and the reply are
+ * quoted (log_quote): the reply is the relay's text, the address came from a client.
+ */
+void msg_delivery_log(struct relay *r, enum log_level level, const struct rmsg *m, size_t i,
+			 const char *lane, const char *relay, const char *status, const char *dsn,
+			 const char *reply, const char *note)
+{
+	char addr[820], text[1300];
+	log_quote(addr, sizeof(addr), str_cstr(m->addr[i]), 200);
+	log_quote(text, sizeof(text), str_cstr(reply ? reply : ""), 300);
+	uint64_t now_us = realtime_ns() / 1000;
+	double delay = m->arrival_us && now_us > m->arrival_us
+			       ? (double)(now_us - m->arrival_us) / 1e6 : 0.0;
+	relay_logf(r, level, "delivery qid=%s rcpt=<%s> lane=%s relay=%s status=%s dsn=%s reply=\"%s\" "
+	     "delay=%.1fs attempts=%u%s%s", m->id, addr, lane && *lane ? lane : "-",
+	     relay && *relay ? relay : "-", status, dsn && *dsn ? dsn : "-", text, delay,
+	     (unsigned)m->r[i].attempts, note ? " " : "", note ? note : "");
+}
+
+void msg_set_status(struct relay *r, struct rmsg *m, size_t i, char st)
+{
+	struct rrcpt *rr = &m->r[i];
+	bool was_pending = rr->status == QUEUE_TODO || rr->status == QUEUE_UNCERTAIN;
+	int rc = m->open ? queue_set_status(r->q, &m->qm, i, st) : -EBADF;
+	if (rc < 0) {
+		/* the byte is not on disk: the recipient is sent again after a restart */
+		relay_logf(r, LOG_LEVEL_ERROR, "qid=%s rcpt=%zu status %c cannot be written: %s", m->id, i, st,
+		     strerror(-rc));
+	}
+	rr->status = st;
+	bool pending = st == QUEUE_TODO || st == QUEUE_UNCERTAIN;
+	if (was_pending && !pending && rr->lane) {
+		struct lane_item *it = msg_item(m, rr->lane);
+		if (it && it->pending)
+			it->pending--;
+	}
+}
+
+static uint64_t jitter(uint64_t ns)
+{
+	/* +-10%: retries of messages refused together spread out */
+	uint64_t span = ns / 5;
+	return ns - ns / 10 + (span ? (uint64_t)random() % span : 0);
+}
+
+void msg_rcpt_retry(struct relay *r, struct rmsg *m, size_t i, int64_t hint_ms)
+{
+	struct rrcpt *rr = &m->r[i];
+	const struct relay_conf *c = &r->crt->conf;
+	uint64_t d;
+	if (hint_ms > 0) {
+		d = (uint64_t)hint_ms * 1000000u;
+	} else {
+		d = (uint64_t)c->retry_min_ms * 1000000u;
+		for (uint32_t k = 1; k < rr->attempts && d < (uint64_t)c->retry_max_ms * 1000000u; k++)
+			d *= 2;
+		if (d > (uint64_t)c->retry_max_ms * 1000000u)
+			d = (uint64_t)c->retry_max_ms * 1000000u;
+	}
+	rr->next_try = realtime_ns() + jitter(d);
+	r->st.deferred++;
+	if (rr->lane)
+		rr->lane->deferred++;
+}
+
+/* ---- the sweep: expiry, bounces that could not be queued, history ---- */
+
+static void expire(struct relay *r, struct rmsg *m, uint64_t now)
+{
+	const struct relay_conf *c = &r->crt->conf;
+	if (!c->lifetime_ms || m->busy || m->bouncing || m->deleted || m->held)
+		return; /* held mail waits for the operator, as Postfix's hold queue does */
+	if (m->arrival_us * 1000 + (uint64_t)c->lifetime_ms * 1000000u > now)
+		return;
+	if (msg_open_file(r, m) < 0)
+		return;
+	char text[200], d[32];
+	view_fmt_dur((uint64_t)c->lifetime_ms * 1000000u, d, sizeof(d));
+	snprintf(text, sizeof(text), "delivery time expired: the message stayed in the queue "
+		 "for %s", d);
+	bool any = false;
+	for (size_t i = 0; i < m->nrcpt; i++) {
+		char s = m->r[i].status;
+		if (s != QUEUE_TODO && s != QUEUE_UNCERTAIN)
+			continue;
+		msg_set_status(r, m, i, QUEUE_FAILED);
+		msg_attempt_log(r, m, i, "failed", m->r[i].lane ? m->r[i].lane->name : "-", "", "4.4.7",
+			    text);
+		msg_delivery_log(r, LOG_LEVEL_NOTICE, m, i, m->r[i].lane ? m->r[i].lane->name : "-", "",
+			     "bounced", "4.4.7", text, NULL);
+		r->st.failed++;
+		any = true;
+	}
+	if (any) {
+		enum queue_msg_state st;
+		queue_settle(r->q, &m->qm, &st);
+	}
+	msg_close_file(m);
+	msg_check_done(r, m);
+}
+
+/* Every 30 s, or a quarter of queue.lifetime when that is shorter. */
+void msg_arm_sweep(struct relay *r)
+{
+	int64_t ms = SWEEP_MS;
+	int64_t quarter = r->crt->conf.lifetime_ms / 4;
+	if (quarter > 0 && quarter < ms)
+		ms = quarter < 250 ? 250 : quarter;
+	quarter = r->crt->conf.delay_warning_ms / 4;
+	if (quarter > 0 && quarter < ms)
+		ms = quarter < 250 ? 250 : quarter;
+	struct timeval tv = timeval_from_ms((uint64_t)ms);
+	evtimer_add(r->sweep, &tv);
+}
+
+void msg_on_sweep(evutil_socket_t fd, short what, void *arg)
+{
+	struct relay *r = arg;
+	uint64_t now = realtime_ns();
+	struct rmsg *m, *next;
+	for (m = TAILQ_FIRST(&r->msgs); m; m = next) {
+		next = TAILQ_NEXT(m, link);
+		expire(r, m, now);
+	}
+	for (m = TAILQ_FIRST(&r->msgs); m; m = next) {
+		next = TAILQ_NEXT(m, link);
+		msg_check_done(r, m);
+	}
+	int64_t dw = r->crt->conf.delay_warning_ms;
+	TAILQ_FOREACH(m, &r->msgs, link) {
+		if (dw <= 0 || m->warned || m->busy || m->bouncing || m->deleted || m->held ||
+		    m->arrival_us * 1000 + (uint64_t)dw * 1000000u > now)
+			continue;
+		bool pending = false;
+		for (size_t i = 0; i < m->nrcpt && !pending; i++)
+			pending = m->r[i].status == QUEUE_TODO || m->r[i].status == QUEUE_UNCERTAIN;
+		if (pending)
+			bounce_start(r, m, true);
+	}
+	/* an MX lane per destination domain: one that holds nothing and remembers no send
+	 * that still counts goes (its history is in relay.lanes until compacted) */
+	struct lane *l, *lnext;
+	for (l = TAILQ_FIRST(&r->lanes); l; l = lnext) {
+		lnext = TAILQ_NEXT(l, link);
+		if (!l->domain || !TAILQ_EMPTY(&l->items) || !TAILQ_EMPTY(&l->conns) || l->query ||
+		    l->call || lane_budget_suspended(&l->b, now))
+			continue;
+		bool counts = false;
+		for (unsigned i = 0; i < l->b.rate.n && !counts; i++)
+			counts = lane_budget_used(&l->b, i, now) > 0;
+		if (counts)
+			continue;
+		TAILQ_REMOVE(&r->lanes, l, link);
+		r->nlanes--;
+		event_free(l->timer);
+		lane_budget_done(&l->b);
+		free(l->targets);
+		free(l->name);
+		free(l->domain);
+		free(l);
+	}
+	if (r->hist_lines > 100000)
+		hist_compact(r);
+	msg_arm_sweep(r);
+}
+
+void msg_check_done(struct relay *r, struct rmsg *m)
+{
+	if (m->busy || m->bouncing || m->flushing)
+		return;
+	if (m->deleted) {
+		msg_free(r, m);
+		return;
+	}
+	bool failed = false;
+	for (size_t i = 0; i < m->nrcpt; i++) {
+		char s = m->r[i].status;
+		if (s == QUEUE_TODO || s == QUEUE_UNCERTAIN)
+			return;
+		failed |= s == QUEUE_FAILED;
+	}
+	if (failed && m->bounce != 'S') {
+		if (m->bounce != 'P' && msg_open_file(r, m) == 0) {
+			/* the bounce is due (doc/QUEUE.md): recovery queues it if we crash */
+			queue_set_control(r->q, &m->qm, QUEUE_CTL_BOUNCE, 'P');
+			queue_msg_sync(&m->qm);
+			m->bounce = 'P';
+			msg_close_file(m);
+		}
+		bounce_start(r, m, false);
+		return;
+	}
+	/* finished, and every status byte is on disk (flushed where it was written) */
+	if (m->open && queue_msg_sync(&m->qm) < 0)
+		return;
+	queue_remove_finished(r->q, m->id);
+	relay_logf(r, LOG_LEVEL_INFO, "qid=%s removed: finished", m->id);
+	msg_free(r, m);
+}

@@ -1,0 +1,402 @@
+/*
+ * relay_tx -- one transaction on the relay's thread: which recipients of which message a
+ * lane sends next, the budget taken for it, and each recipient's outcome from the
+ * server's replies (delivered, failed, deferred, uncertain, or the lane's throttling,
+ * which changes no recipient).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/eventfd.h>
+#include <sys/queue.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "dsn.h"
+#include "relay_int.h"
+#include "util.h"
+
+/* ---- transactions ---- */
+
+static bool rcpt_due(const struct rmsg *m, size_t i, const struct lane *l, uint64_t now,
+		     uint64_t *next)
+{
+	const struct rrcpt *rr = &m->r[i];
+	if (rr->lane != l || rr->busy ||
+	    (rr->status != QUEUE_TODO && rr->status != QUEUE_UNCERTAIN))
+		return false;
+	if (rr->next_try > now) {
+		if (rr->next_try < *next)
+			*next = rr->next_try;
+		return false;
+	}
+	return true;
+}
+
+/* The oldest message with recipients due in l; up to max of them into idx.
+ * XXX each call walks past the messages whose recipients all wait for a retry time: a
+ * lane with many deferred messages pays for them at every transaction (a heap of retry
+ * times per lane would not). */
+struct lane_item *lane_pick(struct lane *l, uint64_t now, size_t max, size_t *idx,
+				   size_t *ret_n, uint64_t *next)
+{
+	struct lane_item *it;
+	TAILQ_FOREACH(it, &l->items, link) {
+		struct rmsg *m = it->m;
+		if (!it->pending || m->held || m->deleted || m->bouncing)
+			continue;
+		while (it->scan < m->nrcpt &&
+		       (m->r[it->scan].lane != l || (m->r[it->scan].status != QUEUE_TODO &&
+						     m->r[it->scan].status != QUEUE_UNCERTAIN)))
+			it->scan++;
+		size_t n = 0;
+		for (size_t i = it->scan; i < m->nrcpt && n < max; i++)
+			if (rcpt_due(m, i, l, now, next))
+				idx[n++] = i;
+		if (n) {
+			*ret_n = n;
+			return it;
+		}
+	}
+	return NULL;
+}
+
+static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result *res);
+
+struct tx *tx_free(struct tx *t)
+{
+	if (t) {
+		free(t->idx);
+		free(t->addrs);
+		free(t->body);
+		free(t);
+	}
+	return NULL;
+}
+
+/*
+ * Start a transaction on the idle connection rc.  budget_taken: a shared lane's budget
+ * was already granted for one send.  Returns false when nothing was started and the
+ * lane must wait (its timer is armed), true otherwise.
+ */
+bool tx_start(struct lane *l, struct rconn *rc, uint64_t now, bool budget_taken)
+{
+	struct relay *r = l->r;
+	const struct route_conf *conf = l->rt->conf;
+	size_t max = conf->recipients_per_message ? conf->recipients_per_message : 100;
+	struct tx *t = calloc(1, sizeof(*t));
+	if (!t || !(t->idx = calloc(max, sizeof(*t->idx)))) {
+		tx_free(t);
+		return false;
+	}
+	uint64_t next = UINT64_MAX;
+	struct lane_item *it = lane_pick(l, now, max, t->idx, &t->n, &next);
+	if (!it) {
+		tx_free(t);
+		lane_arm(l, next == UINT64_MAX ? UINT64_MAX : next - now);
+		return false;
+	}
+	if (!budget_taken) {
+		uint64_t want = conf->count == ROUTE_COUNT_RECIPIENTS ? t->n : 1, wait = 0;
+		uint64_t got = lane_budget_take(&l->b, want, now, &wait);
+		if (got == 0) {
+				tx_free(t);
+			lane_arm(l, wait);
+			return false;
+		}
+		for (uint64_t k = 0; k < got; k++)
+			hist_append(r, l->name, now);
+		if (conf->count == ROUTE_COUNT_RECIPIENTS)
+			t->n = got;
+	}
+	struct rmsg *m = it->m;
+	if (msg_open_file(r, m) < 0) {
+		/* gone (deleted behind the relay's back) or unreadable: forget it */
+		tx_free(t);
+		if (m->busy == 0)
+			msg_free(r, m);
+		else
+			m->deleted = true;
+		return true;
+	}
+	t->body = calloc(m->qm.ix.nbody ? m->qm.ix.nbody : 1, sizeof(*t->body));
+	t->addrs = calloc(t->n, sizeof(*t->addrs));
+	if (!t->body || !t->addrs ||
+	    queue_file_body(m->qm.map, m->qm.size, &m->qm.ix, bounce_collect_body, t) < 0) {
+		tx_free(t);
+		msg_close_file(m);
+		return false;
+	}
+	for (size_t k = 0; k < t->n; k++) {
+		t->addrs[k] = str_cstr(m->addr[t->idx[k]]);
+		m->r[t->idx[k]].busy = true;
+		m->r[t->idx[k]].attempts++;
+	}
+	m->busy++;
+	t->m = m;
+	t->lane = l;
+	t->rc = rc;
+	t->msg = (struct smtp_out_msg){
+		.sender = str_cstr(m->sender),
+		.rcpt = t->addrs,
+		.nrcpt = t->n,
+		.body = t->body,
+		.nbody = t->nbody,
+		.size = m->size,
+		.eightbit = (m->flags & QUEUE_8BITMIME) != 0,
+		.smtputf8 = (m->flags & QUEUE_SMTPUTF8) != 0,
+	};
+	evtimer_del(rc->idle_timer);
+	rc->st = RC_BUSY;
+	l->nidle--;
+	rc->tx = t;
+	l->transactions++;
+	r->st.transactions++;
+	relay_logf(r, LOG_LEVEL_DEBUG, "qid=%s lane=%s mta=%s transaction: %zu recipient(s)", m->id, l->name,
+	     smtp_out_peer(rc->c), t->n);
+	int e = smtp_out_send(rc->c, &t->msg, tx_done, t);
+	if (e < 0) {
+		struct smtp_out_result res = { .stage = SMTP_STAGE_MAIL, .error = e,
+					       .why = "the connection cannot be used" };
+		tx_done(t, rc->c, &res);
+	}
+	return true;
+}
+
+static void dsn_code(const struct smtp_reply *rep, char def, char *out, size_t len)
+{
+	if (rep && rep->enh_class)
+		snprintf(out, len, "%d.%d.%d", rep->enh_class, rep->enh_subject, rep->enh_detail);
+	else
+		snprintf(out, len, "%c.0.0", def);
+}
+
+/* A recipient's own outcome. */
+static void rcpt_outcome(struct relay *r, struct tx *t, size_t k, const struct classify_result *cr,
+			 const struct smtp_reply *rep, const char *text, const char *mta,
+			 struct classify_result *sig, char *sigtext, size_t siglen)
+{
+	struct rmsg *m = t->m;
+	struct lane *l = t->lane;
+	size_t i = t->idx[k];
+	char dsn[16];
+	switch (cr->verdict) {
+	case CLASSIFY_OK:
+		msg_set_status(r, m, i, QUEUE_DELIVERED);
+		msg_attempt_log(r, m, i, "sent", l->name, mta, "", text);
+		dsn_code(rep, '2', dsn, sizeof(dsn));
+		msg_delivery_log(r, LOG_LEVEL_INFO, m, i, l->name, mta, "sent", dsn, text, NULL);
+		r->st.delivered++;
+		l->delivered++;
+		break;
+	case CLASSIFY_FAIL:
+		dsn_code(rep, '5', dsn, sizeof(dsn));
+		msg_set_status(r, m, i, QUEUE_FAILED);
+		msg_attempt_log(r, m, i, "failed", l->name, mta, dsn, text);
+		msg_delivery_log(r, LOG_LEVEL_NOTICE, m, i, l->name, mta, "bounced", dsn, text, NULL);
+		r->st.failed++;
+		l->failed++;
+		break;
+	case CLASSIFY_RETRY:
+		if (rep && ((rep->code == 452 && (!rep->enh_class || (rep->enh_subject == 5 &&
+									 rep->enh_detail == 3))) ||
+			    (rep->code == 552 && rep->enh_class == 5 && rep->enh_subject == 5 &&
+			     rep->enh_detail == 3))) {
+			/* too many recipients (RFC 5321 4.5.3.1.10): the next transaction */
+			m->r[i].next_try = 0;
+			if (m->r[i].attempts)
+				m->r[i].attempts--;
+			msg_attempt_log(r, m, i, "deferred", l->name, mta, "", text);
+			dsn_code(rep, '4', dsn, sizeof(dsn));
+			msg_delivery_log(r, LOG_LEVEL_INFO, m, i, l->name, mta, "deferred", dsn, text,
+				     "(too many recipients: the next transaction)");
+			break;
+		}
+		msg_rcpt_retry(r, m, i, cr->for_ms);
+		msg_attempt_log(r, m, i, "deferred", l->name, mta, "", text);
+		dsn_code(rep, '4', dsn, sizeof(dsn));
+		msg_delivery_log(r, LOG_LEVEL_INFO, m, i, l->name, mta, "deferred", dsn, text, NULL);
+		break;
+	case CLASSIFY_SUSPEND:
+	case CLASSIFY_SLOW:
+		/* the lane's problem, not the recipient's: it stays as it was, due again as
+		 * soon as the lane sends, and the attempt does not count for its backoff */
+		m->r[i].next_try = 0;
+		if (m->r[i].attempts)
+			m->r[i].attempts--;
+		dsn_code(rep, '4', dsn, sizeof(dsn));
+		msg_delivery_log(r, LOG_LEVEL_INFO, m, i, l->name, mta,
+			     cr->verdict == CLASSIFY_SUSPEND ? "suspended" : "deferred", dsn, text,
+			     "(the lane's throttling: the recipient stays queued)");
+		if (sig->verdict != CLASSIFY_SUSPEND) {
+			*sig = *cr;
+			snprintf(sigtext, siglen, "%s", text);
+		}
+		break;
+	}
+}
+
+/* Recipient k's RCPT reply (code 0: none). */
+static const struct smtp_reply *rcpt_reply(const struct smtp_out_result *res, size_t k)
+{
+	static const struct smtp_reply none;
+	return res->rcpt ? &res->rcpt[k] : &none;
+}
+
+static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result *res)
+{
+	struct tx *t = arg;
+	struct rconn *rc = t->rc;
+	struct lane *l = t->lane;
+	struct rmsg *m = t->m;
+	struct relay *r = rc->r;
+	const struct relay_conf *conf = &r->crt->conf;
+	char mta[300];
+	snprintf(mta, sizeof(mta), "%s", c ? smtp_out_peer(c) : "-");
+	for (char *p = mta; *p; p++)
+		if (*p == ' ')
+			*p = '_';
+	char text[1200];
+	struct classify_result sig = { 0 };
+	char sigtext[1200] = "";
+	bool success = false;
+	unsigned prior = c ? smtp_out_transactions(c) : 0;
+
+	if (res->error == 0 && res->stage == SMTP_STAGE_DOT && res->reply.code / 100 == 2) {
+		/* the message went: each recipient the server took is delivered */
+		success = true;
+		for (size_t k = 0; k < t->n; k++) {
+			const struct smtp_reply *rep = rcpt_reply(res, k);
+			struct classify_result cr;
+			if (rep->code / 100 == 2) {
+				cr = (struct classify_result){ .verdict = CLASSIFY_OK, .for_ms = -1 };
+				relay_reply_text(res, &res->reply, text, sizeof(text));
+			} else {
+				classify_reply(rc->cls, SMTP_STAGE_RCPT, 0, rep, &cr);
+				relay_reply_text(res, rep, text, sizeof(text));
+			}
+			rcpt_outcome(r, t, k, &cr, cr.verdict == CLASSIFY_OK ? &res->reply : rep, text,
+				     mta, &sig, sigtext, sizeof(sigtext));
+		}
+	} else if (res->stage == SMTP_STAGE_DOT && res->error < 0) {
+		/* the uncertain window: the server may have taken the message */
+		relay_reply_text(res, NULL, text, sizeof(text));
+		for (size_t k = 0; k < t->n; k++) {
+			const struct smtp_reply *rep = rcpt_reply(res, k);
+			size_t i = t->idx[k];
+			if (rep->code / 100 != 2) {
+				struct classify_result cr;
+				char rt[1200];
+				classify_reply(rc->cls, SMTP_STAGE_RCPT, 0, rep, &cr);
+				relay_reply_text(res, rep, rt, sizeof(rt));
+				rcpt_outcome(r, t, k, &cr, rep, rt, mta, &sig, sigtext, sizeof(sigtext));
+				continue;
+			}
+			msg_set_status(r, m, i, QUEUE_UNCERTAIN);
+			msg_attempt_log(r, m, i, "uncertain", l->name, mta, "", text);
+			msg_delivery_log(r, LOG_LEVEL_WARNING, m, i, l->name, mta, "uncertain", "4.4.2",
+				     text, conf->uncertain == RELAY_UNCERTAIN_HOLD
+				     ? "(lost after the message was sent: held)"
+				     : "(lost after the message was sent: sent again later, possibly "
+				       "twice)");
+			r->st.uncertain++;
+			msg_rcpt_retry(r, m, i, -1);
+		}
+		if (conf->uncertain == RELAY_UNCERTAIN_HOLD) {
+			/* written, so that `sluice queue` shows it and a restart keeps it */
+			m->held = true;
+			queue_set_control(r->q, &m->qm, QUEUE_CTL_HOLD, 'H');
+		}
+	} else if (res->error == 0 && res->reply.code && res->stage >= SMTP_STAGE_RCPT) {
+		/* refused at RCPT (every recipient), DATA or the final dot */
+		struct classify_result whole;
+		classify_reply(rc->cls, res->stage, 0, &res->reply, &whole);
+		char wtext[1200];
+		relay_reply_text(res, &res->reply, wtext, sizeof(wtext));
+		for (size_t k = 0; k < t->n; k++) {
+			const struct smtp_reply *rep = rcpt_reply(res, k);
+			struct classify_result cr;
+			if (res->stage != SMTP_STAGE_RCPT && rep->code / 100 == 2) {
+				rcpt_outcome(r, t, k, &whole, &res->reply, wtext, mta, &sig, sigtext,
+					     sizeof(sigtext));
+				continue;
+			}
+			if (!rep->code) {
+				m->r[t->idx[k]].next_try = 0;
+				continue;
+			}
+			classify_reply(rc->cls, SMTP_STAGE_RCPT, 0, rep, &cr);
+			relay_reply_text(res, rep, text, sizeof(text));
+			rcpt_outcome(r, t, k, &cr, rep, text, mta, &sig, sigtext, sizeof(sigtext));
+		}
+	} else {
+		/* before any recipient: the session, MAIL FROM, or a connection lost before
+		 * the dot */
+		relay_reply_text(res, res->reply.code ? &res->reply : NULL, text, sizeof(text));
+		bool stale = res->error < 0 && prior > 0 && res->stage <= SMTP_STAGE_MAIL;
+		struct classify_result cr;
+		if (stale) {
+			/* a reused connection the server had closed: not the lane's fault */
+			cr = (struct classify_result){ .verdict = CLASSIFY_SUSPEND, .for_ms = -1 };
+			for (size_t k = 0; k < t->n; k++)
+				m->r[t->idx[k]].next_try = 0;
+		} else if (res->error == -EMSGSIZE) {
+			cr = (struct classify_result){ .verdict = CLASSIFY_FAIL, .for_ms = -1 };
+			snprintf(text, sizeof(text), "552 5.3.4 message of %" PRIu64 " bytes exceeds "
+				 "the server's limit of %" PRIu64, m->size, res->size_limit);
+		} else if (res->error == -EPROTONOSUPPORT) {
+			cr = (struct classify_result){ .verdict = CLASSIFY_FAIL, .for_ms = -1 };
+			snprintf(text, sizeof(text), "553 5.6.7 the server does not support "
+				 "SMTPUTF8, which the message needs");
+		} else {
+			classify_reply(rc->cls, res->stage, res->error,
+				       res->reply.code ? &res->reply : NULL, &cr);
+		}
+		struct smtp_reply synth = { 0 };
+		const struct smtp_reply *rep = res->reply.code ? &res->reply : &synth;
+		if (res->error == -EMSGSIZE)
+			synth = (struct smtp_reply){ .code = 552, .enh_class = 5, .enh_subject = 3,
+						     .enh_detail = 4 };
+		else if (res->error == -EPROTONOSUPPORT)
+			synth = (struct smtp_reply){ .code = 553, .enh_class = 5, .enh_subject = 6,
+						     .enh_detail = 7 };
+		if (!stale) {
+			for (size_t k = 0; k < t->n; k++)
+				rcpt_outcome(r, t, k, &cr, rep, text, mta, &sig, sigtext,
+					     sizeof(sigtext));
+		}
+	}
+
+	for (size_t k = 0; k < t->n; k++)
+		m->r[t->idx[k]].busy = false;
+	m->busy--;
+	flush_post(r, m);
+	if (sig.signal || sig.verdict == CLASSIFY_SUSPEND || sig.verdict == CLASSIFY_SLOW)
+		lane_signal(l, &sig, sigtext);
+	else if (success)
+		lane_budget_success(&l->b);
+
+	rc->tx = NULL;
+	bool keep = c && smtp_out_usable(c) && !r->stopping &&
+		    (!l->rt || !l->rt->conf->messages_per_connection ||
+		     smtp_out_transactions(c) < l->rt->conf->messages_per_connection) &&
+		    !lane_budget_suspended(&l->b, realtime_ns());
+	if (keep)
+		conn_idle(rc);
+	else
+		conn_close(rc, true);
+	tx_free(t);
+	if (m->busy == 0) {
+		msg_close_file(m);
+		msg_check_done(r, m); /* waits for the flush */
+	}
+	lane_kick(l);
+}
