@@ -239,7 +239,7 @@ static void begin_stop(struct relay *r, int64_t deadline_ms)
 	struct lane *l;
 	TAILQ_FOREACH(l, &r->lanes, link) {
 		lane_close_idle(l);
-		evtimer_del(l->timer);
+		sched_wake(&r->sched, &l->s, SCHED_NEVER);
 		if (l->call) {
 			store_slide_cancel(r->store, l->call);
 			free(l->call);
@@ -282,8 +282,10 @@ static void on_mailbox(evutil_socket_t fd, short what, void *arg)
 					msg_kick_lanes(m);
 				break;
 			case QUEUE_EV_HOLD:
-				if (m)
+				if (m) {
 					m->held = true;
+					msg_schedule(r, m);
+				}
 				break;
 			case QUEUE_EV_RELEASE:
 			case QUEUE_EV_FLUSH:
@@ -296,6 +298,7 @@ static void on_mailbox(evutil_socket_t fd, short what, void *arg)
 				else
 					for (size_t i = 0; i < m->nrcpt; i++)
 						m->r[i].next_try = 0;
+				msg_schedule(r, m);
 				msg_kick_lanes(m);
 				break;
 			case QUEUE_EV_DELETE:
@@ -317,18 +320,21 @@ static void on_mailbox(evutil_socket_t fd, short what, void *arg)
 				m->bouncing = false;
 				m->warned = true;
 				if (msg_open_file(r, m) == 0) {
-					queue_set_control(r->q, &m->qm, QUEUE_CTL_WARNED, 'W');
-					queue_msg_sync(&m->qm);
+					queue_set_control(r->q, m->qm, QUEUE_CTL_WARNED, 'W');
+					queue_msg_sync(m->qm);
 					msg_close_file(m);
 				}
-				msg_check_done(r, m);
+				msg_schedule(r, m);
 				msg_kick_lanes(m);
+				msg_check_done(r, m); /* last: it may free m */
 			} else if (m && it->rc == 0) {
 				bounce_done(r, m);
 			} else if (m) {
 				m->bouncing = false;
 				relay_logf(r, LOG_LEVEL_ERROR, "qid=%s bounce cannot be committed: %s (tried again "
 				     "later)", it->id, strerror(-it->rc));
+				msg_schedule(r, m);
+				msg_kick_lanes(m);
 			}
 			free(it);
 			break;
@@ -441,6 +447,8 @@ struct relay *relay_new(const struct relay_conf *conf, struct queue *q, struct s
 	r->log_arg = log_arg;
 	r->mb_fd = -1;
 	r->hist_fd = -1;
+	sched_init(&r->sched);
+	r->wake_at = SCHED_NEVER;
 	TAILQ_INIT(&r->msgs);
 	TAILQ_INIT(&r->lanes);
 	pthread_mutex_init(&r->mb_lock, NULL);
@@ -478,7 +486,8 @@ struct relay *relay_new(const struct relay_conf *conf, struct queue *q, struct s
 	r->mb_ev = event_new(r->base, r->mb_fd, EV_READ | EV_PERSIST, on_mailbox, r);
 	r->sweep = evtimer_new(r->base, msg_on_sweep, r);
 	r->stop_timer = evtimer_new(r->base, stop_now, r);
-	if (!r->mb_ev || !r->sweep || !r->stop_timer || event_add(r->mb_ev, NULL) < 0) {
+	r->wake = evtimer_new(r->base, lane_on_wake, r);
+	if (!r->mb_ev || !r->sweep || !r->stop_timer || !r->wake || event_add(r->mb_ev, NULL) < 0) {
 		snprintf(err, errlen, "out of memory");
 		relay_free(r);
 		return NULL;
@@ -635,13 +644,7 @@ struct relay *relay_free(struct relay *r)
 		}
 		TAILQ_REMOVE(&r->lanes, l, link);
 		free(l->call); /* cancelled when the relay stopped */
-		if (l->timer)
-			event_free(l->timer);
-		lane_budget_done(&l->b);
-		free(l->targets);
-		free(l->name);
-		free(l->domain);
-		free(l);
+		lane_free(l);
 	}
 	struct rmsg *m;
 	while ((m = TAILQ_FIRST(&r->msgs))) {
@@ -654,6 +657,9 @@ struct relay *relay_free(struct relay *r)
 		event_free(r->sweep);
 	if (r->stop_timer)
 		event_free(r->stop_timer);
+	if (r->wake)
+		event_free(r->wake);
+	sched_done(&r->sched);
 	for (struct mb_item *it = r->mb_head, *next; it; it = next) {
 		next = it->next;
 		if (it->kind != MB_CALL)

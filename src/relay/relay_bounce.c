@@ -112,10 +112,10 @@ void bounce_done(struct relay *r, struct rmsg *m)
 {
 	if (msg_open_file(r, m) < 0)
 		return;
-	queue_set_control(r->q, &m->qm, QUEUE_CTL_BOUNCE, 'S');
+	queue_set_control(r->q, m->qm, QUEUE_CTL_BOUNCE, 'S');
 	m->bounce = 'S';
 	enum queue_msg_state st;
-	int rc = queue_settle(r->q, &m->qm, &st);
+	int rc = queue_settle(r->q, m->qm, &st);
 	m->bouncing = false;
 	if (rc == 0 && st == QUEUE_MSG_FINISHED) {
 		relay_logf(r, LOG_LEVEL_INFO, "qid=%s removed: finished", m->id);
@@ -158,7 +158,7 @@ void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
 	struct fail_info *fi = calloc(m->nrcpt, sizeof(*fi));
 	struct dsn_rcpt *dr = calloc(nf ? nf : 1, sizeof(*dr));
 	struct tx body = { 0 };
-	body.body = calloc(m->qm.ix.nbody ? m->qm.ix.nbody : 1, sizeof(*body.body));
+	body.body = calloc(m->qm->ix.nbody ? m->qm->ix.nbody : 1, sizeof(*body.body));
 	struct buf out;
 	buf_init(&out, DSN_MAX);
 	int rc = fi && dr && body.body ? 0 : -ENOMEM;
@@ -179,7 +179,7 @@ void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
 				.last_attempt_us = fi[i].ts,
 			};
 		}
-		rc = queue_file_body(m->qm.map, m->qm.size, &m->qm.ix, bounce_collect_body, &body);
+		rc = queue_file_body(m->qm->map, m->qm->size, &m->qm->ix, bounce_collect_body, &body);
 		struct dsn_info info = {
 			.reporting_mta = str_cstr(c->hostname),
 			.sender = str_cstr(to),

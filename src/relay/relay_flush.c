@@ -67,10 +67,10 @@ void *flush_main(void *arg)
 void flush_post(struct relay *r, struct rmsg *m)
 {
 	struct flush_req *f = r->flusher_started ? calloc(1, sizeof(*f)) : NULL;
-	int fd = f && m->open ? fcntl(m->qm.fd, F_DUPFD_CLOEXEC, 0) : -1;
+	int fd = f && m->open ? fcntl(m->qm->fd, F_DUPFD_CLOEXEC, 0) : -1;
 	if (fd < 0) {
 		free(f);
-		int e = m->open ? queue_msg_sync(&m->qm) : 0;
+		int e = m->open ? queue_msg_sync(m->qm) : 0;
 		if (e < 0)
 			relay_logf(r, LOG_LEVEL_ERROR, "qid=%s statuses cannot be flushed: %s", m->id,
 			     strerror(-e));

@@ -38,6 +38,7 @@
 #include "policy.h"
 #include "queue.h"
 #include "relay.h"
+#include "relay_sched.h"
 #include "smtp_out.h"
 #include "store.h"
 
@@ -60,11 +61,14 @@ struct rrcpt {
 	struct lane *lane;            /* NULL: no route (waits for a reload) */
 	uint64_t next_try;            /* CLOCK_REALTIME ns; 0: at once */
 	uint32_t attempts;
+	uint32_t item;                /* its lane's item: m->items[item] (when lane is set) */
 	char status;                  /* T U D F, as on disk */
 	bool busy;                    /* in a transaction */
 };
 
+/* One message's recipients in one lane: what the scheduler orders (relay_sched.h). */
 struct lane_item {
+	struct sched_item s;          /* first: a struct sched_item * is a lane_item's */
 	struct rmsg *m;
 	struct lane *lane;
 	size_t pending;               /* recipients of m in this lane that are T or U */
@@ -82,8 +86,9 @@ struct rmsg {
 	const char **addr;
 	struct rrcpt *r;
 	size_t nrcpt;
-	struct lane_item *items;
+	struct lane_item *items;      /* linked into lanes and the scheduler by address */
 	size_t nitems;
+	uint64_t seq;                 /* load order: ties of arrival */
 	unsigned busy;                /* transactions under way */
 	bool held, deleted, bouncing;  /* bouncing: a DSN of it is being committed */
 	bool warned;                  /* control byte QUEUE_CTL_WARNED is 'W' */
@@ -91,7 +96,7 @@ struct rmsg {
 	char bounce;                  /* control byte QUEUE_CTL_BOUNCE */
 	bool open;
 	unsigned flushing;            /* status flushes handed to the flusher, not yet done */
-	struct queue_msg qm;
+	struct queue_msg *qm;         /* while open */
 	TAILQ_ENTRY(rmsg) link;
 	struct rmsg *hnext;           /* in the relay's table by id */
 };
@@ -118,6 +123,7 @@ struct lane {
 	struct route_rt *rt;          /* NULL: its route is gone (after a reload) */
 	struct lane_budget b;
 	TAILQ_HEAD(, lane_item) items;
+	struct sched_lane s;          /* its items by due time and arrival; its wake-up */
 	TAILQ_HEAD(, rconn) conns;
 	unsigned nconns, nidle, nconnecting;
 	struct mx_target *targets;
@@ -127,7 +133,6 @@ struct lane {
 	struct mx_query *query;
 	bool deciding;                /* a shared budget's answer is awaited */
 	struct store_slide_call *call;
-	struct event *timer;
 	uint64_t delivered, failed, deferred, suspensions, transactions;
 	char last[200];               /* the last reply or error, for `sluice lanes` */
 	TAILQ_ENTRY(lane) link;
@@ -220,8 +225,12 @@ struct relay {
 	TAILQ_HEAD(rmsg_list, rmsg) msgs;
 	struct rmsg **table;          /* by id: chained, a power of two of buckets */
 	size_t table_size, nmsgs;
+	uint64_t msg_seq;             /* messages loaded: their struct rmsg's seq */
 	TAILQ_HEAD(, lane) lanes;
 	unsigned nlanes;
+	struct sched sched;           /* the lanes' wake-ups */
+	struct event *wake;           /* one timer for all of them, at sched_next_wake() */
+	uint64_t wake_at;             /* when it is armed for (SCHED_NEVER: not armed) */
 	struct relay_stats st;
 
 	/* the flusher: one helper thread that fdatasyncs the statuses a transaction wrote,
@@ -256,6 +265,11 @@ void msg_free(struct relay *r, struct rmsg *m);
 struct rmsg *msg_find(struct relay *r, const char *id);
 int msg_route(struct relay *r, struct rmsg *m);
 void msg_kick_lanes(struct rmsg *m);
+/* Put m's items where the scheduler wants them (after a change of its recipients' retry
+ * times, busy flags, or of held, deleted and bouncing). */
+void msg_schedule(struct relay *r, struct rmsg *m);
+/* The same for m's item in lane l alone. */
+void msg_schedule_lane(struct relay *r, struct rmsg *m, struct lane *l);
 int msg_load(struct relay *r, const char *id);
 int msg_open_file(struct relay *r, struct rmsg *m);
 void msg_attempt_log(struct relay *r, struct rmsg *m, size_t i, const char *status,
@@ -274,6 +288,12 @@ uint64_t lane_guard_ns(const struct route_conf *rc);
 struct lane *lane_find(struct relay *r, const char *name);
 struct lane *lane_get(struct relay *r, struct route_rt *rt, const char *domain);
 void lane_arm(struct lane *l, uint64_t wait_ns);
+/* The relay's one timer: armed for the earliest wake-up of any lane; it kicks every lane
+ * whose moment has come. */
+void lane_wake_rearm(struct relay *r);
+void lane_on_wake(evutil_socket_t fd, short what, void *arg);
+/* Free a lane that nothing refers to any more (its items and connections are gone). */
+void lane_free(struct lane *l);
 void conn_close(struct rconn *rc, bool quit);
 void lane_close_idle(struct lane *l);
 void conn_idle(struct rconn *rc);

@@ -33,7 +33,6 @@
 
 /* ---- lanes ---- */
 
-static void on_lane_timer(evutil_socket_t fd, short what, void *arg);
 
 uint64_t lane_guard_ns(const struct route_conf *rc)
 {
@@ -68,13 +67,11 @@ struct lane *lane_get(struct relay *r, struct route_rt *rt, const char *domain)
 	l->rt = rt;
 	l->name = strdup(name);
 	l->domain = rt->conf->mx ? strdup(domain) : NULL;
-	l->timer = evtimer_new(r->base, on_lane_timer, l);
 	TAILQ_INIT(&l->items);
 	TAILQ_INIT(&l->conns);
-	if (!l->name || (rt->conf->mx && !l->domain) || !l->timer ||
+	sched_lane_init(&l->s);
+	if (!l->name || (rt->conf->mx && !l->domain) ||
 	    lane_budget_init(&l->b, &rt->conf->rate, lane_guard_ns(rt->conf)) < 0) {
-		if (l->timer)
-			event_free(l->timer);
 		free(l->name);
 		free(l->domain);
 		free(l);
@@ -100,24 +97,63 @@ struct lane *lane_get(struct relay *r, struct route_rt *rt, const char *domain)
 	return l;
 }
 
-void lane_arm(struct lane *l, uint64_t wait_ns)
+void lane_free(struct lane *l)
 {
-	if (wait_ns == UINT64_MAX) {
-		evtimer_del(l->timer);
-		return;
-	}
-	/* evtimer takes microseconds: round up, never wake before the moment */
-	uint64_t us = (wait_ns + 999) / 1000;
-	/* from the clock now, not the loop's cached time: a timer set late in a callback
-	 * would otherwise fire before the moment and find the budget still closed */
-	event_base_update_cache_time(l->r->base);
-	struct timeval tv = { .tv_sec = (time_t)(us / 1000000), .tv_usec = (suseconds_t)(us % 1000000) };
-	evtimer_add(l->timer, &tv);
+	sched_wake(&l->r->sched, &l->s, SCHED_NEVER);
+	sched_lane_done(&l->s);
+	lane_budget_done(&l->b);
+	free(l->targets);
+	free(l->name);
+	free(l->domain);
+	free(l);
 }
 
-static void on_lane_timer(evutil_socket_t fd, short what, void *arg)
+/* Wake l in wait_ns (UINT64_MAX: only when something happens to it). */
+void lane_arm(struct lane *l, uint64_t wait_ns)
 {
-	lane_kick(arg);
+	struct relay *r = l->r;
+	/* never "now": a lane kicked by the timer and armed again at once would be popped
+	 * again in the same round */
+	uint64_t at = wait_ns == UINT64_MAX ? SCHED_NEVER : realtime_ns() + (wait_ns ? wait_ns : 1);
+	if (sched_wake(&r->sched, &l->s, at) < 0) {
+		/* XXX without memory for the heap the lane waits for its next event */
+		relay_logf(r, LOG_LEVEL_ERROR, "lane=%s cannot be woken: out of memory", l->name);
+		return;
+	}
+	lane_wake_rearm(r);
+}
+
+void lane_wake_rearm(struct relay *r)
+{
+	uint64_t next = sched_next_wake(&r->sched);
+	if (next == r->wake_at)
+		return;
+	r->wake_at = next;
+	if (next == SCHED_NEVER) {
+		evtimer_del(r->wake);
+		return;
+	}
+	uint64_t now = realtime_ns();
+	/* evtimer takes microseconds: round up, never wake before the moment */
+	uint64_t us = next > now ? (next - now + 999) / 1000 : 0;
+	/* from the clock now, not the loop's cached time: a timer set late in a callback
+	 * would otherwise fire before the moment and find the budget still closed */
+	event_base_update_cache_time(r->base);
+	struct timeval tv = { .tv_sec = (time_t)(us / 1000000), .tv_usec = (suseconds_t)(us % 1000000) };
+	evtimer_add(r->wake, &tv);
+}
+
+void lane_on_wake(evutil_socket_t fd, short what, void *arg)
+{
+	struct relay *r = arg;
+	r->wake_at = SCHED_NEVER;
+	uint64_t now = realtime_ns();
+	struct sched_lane *s;
+	while ((s = sched_pop(&r->sched, now))) {
+		struct lane *l = (struct lane *)((char *)s - offsetof(struct lane, s));
+		lane_kick(l);
+	}
+	lane_wake_rearm(r);
 }
 
 /* ---- connections ---- */
@@ -282,7 +318,7 @@ static void lane_fail_all(struct lane *l, const char *dsn, const char *text)
 		}
 		if (m->busy == 0) {
 			enum queue_msg_state st;
-			queue_settle(r->q, &m->qm, &st);
+			queue_settle(r->q, m->qm, &st);
 		}
 		msg_check_done(r, m);
 	}
@@ -476,31 +512,40 @@ void lane_kick(struct lane *l)
 		return;
 	for (;;) {
 		uint64_t now = realtime_ns();
-		if (lane_budget_suspended(&l->b, now)) {
+		const struct route_conf *conf = l->rt->conf;
+		struct sched_lane_state st = {
+			.suspended_until = lane_budget_suspended(&l->b, now) ? l->b.suspended_until : 0,
+			.budget_shared = conf->shared,
+			.idle = l->nidle,
+			.conns = l->nconns,
+			.connecting = l->nconnecting,
+			.max_conns = conf->connections,
+		};
+		if (!st.suspended_until) {
+			uint64_t next = SCHED_NEVER;
+			size_t one, n1;
+			st.work_due = lane_pick(l, now, 1, &one, &n1, &next) != NULL;
+			st.next_due = next;
+			if (st.work_due && !st.idle && !conf->shared)
+				st.budget_wait = lane_budget_wait(&l->b, now);
+		}
+		struct sched_decision d;
+		sched_decide(&st, now, &d);
+		if (d.close_idle)
 			lane_close_idle(l);
-			lane_arm(l, l->b.suspended_until - now);
+		if (d.action == SCHED_SLEEP) {
+			lane_arm(l, d.wake == SCHED_NEVER ? UINT64_MAX : d.wake > now ? d.wake - now : 0);
 			return;
 		}
-		uint64_t next = UINT64_MAX;
-		size_t one, n1;
-		if (!lane_pick(l, now, 1, &one, &n1, &next)) {
-			lane_arm(l, next == UINT64_MAX ? UINT64_MAX : next - now);
+		if (d.action == SCHED_CONNECT)
+			lane_connect(l);
+		/* SCHED_CONNECT, SCHED_HOLD: a connection's ready, or a transaction's end,
+		 * kicks the lane again */
+		if (d.action != SCHED_SEND)
 			return;
-		}
 		struct rconn *idle = lane_idle_conn(l);
-		if (!idle) {
-			const struct route_conf *conf = l->rt->conf;
-			uint64_t wait = conf->shared ? 0 : lane_budget_wait(&l->b, now);
-			if (wait) {
-				lane_arm(l, wait);
-				return;
-			}
-			unsigned cap = conf->connections ? conf->connections : 1;
-			if (l->nconns < cap && l->nconnecting == 0)
-				lane_connect(l);
-			/* a connection's ready, or a transaction's end, kicks the lane again */
-			return;
-		}
+		if (!idle)
+			return; /* l->nidle says otherwise: cannot be */
 		if (l->rt->conf->shared && r->store) {
 			lane_shared_take(l, idle);
 			return;

@@ -35,7 +35,9 @@ static void table_remove(struct relay *r, struct rmsg *m);
 void msg_close_file(struct rmsg *m)
 {
 	if (m->open && m->busy == 0) {
-		queue_msg_close(&m->qm);
+		queue_msg_close(m->qm);
+		free(m->qm);
+		m->qm = NULL;
 		m->open = false;
 	}
 }
@@ -44,11 +46,15 @@ void msg_free(struct relay *r, struct rmsg *m)
 {
 	for (size_t i = 0; i < m->nitems; i++) {
 		struct lane_item *it = &m->items[i];
-		if (it->lane)
+		if (it->lane) {
 			TAILQ_REMOVE(&it->lane->items, it, link);
+			sched_item_remove(&it->lane->s, &it->s);
+		}
 	}
-	if (m->open)
-		queue_msg_close(&m->qm);
+	if (m->open) {
+		queue_msg_close(m->qm);
+		free(m->qm);
+	}
 	table_remove(r, m);
 	TAILQ_REMOVE(&r->msgs, m, link);
 	free(m->items);
@@ -135,8 +141,10 @@ static struct lane_item *msg_item(struct rmsg *m, struct lane *l)
 int msg_route(struct relay *r, struct rmsg *m)
 {
 	for (size_t i = 0; i < m->nitems; i++)
-		if (m->items[i].lane)
+		if (m->items[i].lane) {
 			TAILQ_REMOVE(&m->items[i].lane->items, &m->items[i], link);
+			sched_item_remove(&m->items[i].lane->s, &m->items[i].s);
+		}
 	free(m->items);
 	m->items = NULL;
 	m->nitems = 0;
@@ -159,8 +167,11 @@ int msg_route(struct relay *r, struct rmsg *m)
 		if (!l)
 			return -ENOMEM;
 		rr->lane = l;
-		if (msg_item(m, l))
+		struct lane_item *have = msg_item(m, l);
+		if (have) {
+			rr->item = (uint32_t)(have - m->items);
 			continue;
+		}
 		if (m->nitems == cap) {
 			size_t nc = cap ? cap * 2 : 2;
 			struct lane_item *it = realloc(m->items, nc * sizeof(*it));
@@ -170,18 +181,82 @@ int msg_route(struct relay *r, struct rmsg *m)
 			m->items = it;
 			cap = nc;
 		}
-		m->items[m->nitems++] = (struct lane_item){ .m = m, .lane = l };
+		rr->item = (uint32_t)m->nitems;
+		m->items[m->nitems++] = (struct lane_item){
+			.s = { .arrival = m->arrival_us, .seq = m->seq },
+			.m = m,
+			.lane = l,
+		};
 	}
-	for (size_t i = 0; i < m->nrcpt; i++) {
-		struct lane_item *it = m->r[i].lane ? msg_item(m, m->r[i].lane) : NULL;
-		if (it)
-			it->pending++;
-	}
-	/* Insert each item in arrival order (messages are loaded in arrival order; a
-	 * reload routes in order too, so appending keeps the order). */
+	for (size_t i = 0; i < m->nrcpt; i++)
+		if (m->r[i].lane)
+			m->items[m->r[i].item].pending++;
+	/* The lane's list is for walking its items (views, a domain that fails whole); the
+	 * scheduler orders them by arrival itself. */
 	for (size_t i = 0; i < m->nitems; i++)
 		TAILQ_INSERT_TAIL(&m->items[i].lane->items, &m->items[i], link);
+	msg_schedule(r, m);
 	return 0;
+}
+
+/*
+ * When each item of m is due: the earliest retry time of its recipients that are T or U
+ * and not in a transaction; never while m is held, deleted or being bounced, or when it
+ * has no such recipient.  One pass over the recipients for all items.
+ */
+static void items_due(const struct rmsg *m, uint64_t *due)
+{
+	bool parked = m->held || m->deleted || m->bouncing;
+	for (size_t k = 0; k < m->nitems; k++)
+		due[k] = SCHED_NEVER;
+	for (size_t i = 0; i < m->nrcpt && !parked; i++) {
+		const struct rrcpt *rr = &m->r[i];
+		if (!rr->lane || rr->busy ||
+		    (rr->status != QUEUE_TODO && rr->status != QUEUE_UNCERTAIN))
+			continue;
+		if (rr->next_try < due[rr->item])
+			due[rr->item] = rr->next_try;
+	}
+}
+
+static void item_place(struct relay *r, struct lane_item *it, uint64_t due, uint64_t now)
+{
+	if (sched_item_set(&it->lane->s, &it->s, due, now) < 0)
+		/* XXX without memory for the heap the item waits for the next change of its
+		 * message (a retry, a release, a restart) */
+		relay_logf(r, LOG_LEVEL_ERROR, "qid=%s lane=%s cannot be scheduled: out of memory",
+			   it->m->id, it->lane->name);
+}
+
+void msg_schedule(struct relay *r, struct rmsg *m)
+{
+	uint64_t one, *due = m->nitems <= 1 ? &one : malloc(m->nitems * sizeof(*due));
+	if (!due) {
+		relay_logf(r, LOG_LEVEL_ERROR, "qid=%s cannot be scheduled: out of memory", m->id);
+		return;
+	}
+	items_due(m, due);
+	uint64_t now = realtime_ns();
+	for (size_t k = 0; k < m->nitems; k++)
+		item_place(r, &m->items[k], due[k], now);
+	if (due != &one)
+		free(due);
+}
+
+void msg_schedule_lane(struct relay *r, struct rmsg *m, struct lane *l)
+{
+	struct lane_item *it = msg_item(m, l);
+	if (!it)
+		return;
+	uint64_t due = SCHED_NEVER;
+	if (!m->held && !m->deleted && !m->bouncing)
+		for (size_t i = 0; i < m->nrcpt; i++) {
+			const struct rrcpt *rr = &m->r[i];
+			if (rr->lane == l && !rr->busy && rr->next_try < due &&
+			    (rr->status == QUEUE_TODO || rr->status == QUEUE_UNCERTAIN))
+				due = rr->next_try;
+		}
+	item_place(r, it, due, realtime_ns());
 }
 
 void msg_kick_lanes(struct rmsg *m)
@@ -190,6 +265,22 @@ void msg_kick_lanes(struct rmsg *m)
 		lane_kick(m->items[i].lane);
 }
 
+/* The retry times and attempt counts the queue kept for m's recipients (doc/QUEUE.md,
+ * "Retry times"): after a restart nothing deferred is due before its time. */
+static void load_retry(struct relay *r, struct rmsg *m)
+{
+	uint64_t next_one, *next = m->nrcpt <= 1 ? &next_one : calloc(m->nrcpt, sizeof(*next));
+	uint32_t att_one, *att = m->nrcpt <= 1 ? &att_one : calloc(m->nrcpt, sizeof(*att));
+	if (next && att && queue_get_retry(r->q, m->id, m->nrcpt, next, att) == 0)
+		for (size_t i = 0; i < m->nrcpt; i++) {
+			m->r[i].next_try = next[i] * 1000;
+			m->r[i].attempts = att[i];
+		}
+	if (next != &next_one)
+		free(next);
+	if (att != &att_one)
+		free(att);
+}
 
 int msg_load(struct relay *r, const char *id)
 {
@@ -247,6 +338,8 @@ int msg_load(struct relay *r, const char *id)
 	m->is_dsn = ix->env.sender.len == 0 && ix->env.client.len == strlen(DSN_CLIENT) &&
 		    memcmp(ix->env.client.ptr, DSN_CLIENT, ix->env.client.len) == 0;
 	queue_msg_close(&qm);
+	m->seq = r->msg_seq++;
+	load_retry(r, m);
 	TAILQ_INSERT_TAIL(&r->msgs, m, link);
 	rc = table_add(r, m);
 	if (rc == 0)
@@ -272,11 +365,17 @@ int msg_open_file(struct relay *r, struct rmsg *m)
 	if (m->open)
 		return 0;
 	const char *why = NULL;
-	int rc = queue_msg_open(r->qd, m->id, &m->qm, &why);
+	/* the open file's index costs more than the rest of the message: only while open */
+	struct queue_msg *qm = malloc(sizeof(*qm));
+	if (!qm)
+		return -ENOMEM;
+	int rc = queue_msg_open(r->qd, m->id, qm, &why);
 	if (rc < 0) {
+		free(qm);
 		relay_logf(r, LOG_LEVEL_ERROR, "qid=%s cannot be opened: %s", m->id, why ? why : strerror(-rc));
 		return rc;
 	}
+	m->qm = qm;
 	m->open = true;
 	return 0;
 }
@@ -323,7 +422,7 @@ void msg_set_status(struct relay *r, struct rmsg *m, size_t i, char st)
 {
 	struct rrcpt *rr = &m->r[i];
 	bool was_pending = rr->status == QUEUE_TODO || rr->status == QUEUE_UNCERTAIN;
-	int rc = m->open ? queue_set_status(r->q, &m->qm, i, st) : -EBADF;
+	int rc = m->open ? queue_set_status(r->q, m->qm, i, st) : -EBADF;
 	if (rc < 0) {
 		/* the byte is not on disk: the recipient is sent again after a restart */
 		relay_logf(r, LOG_LEVEL_ERROR, "qid=%s rcpt=%zu status %c cannot be written: %s", m->id, i, st,
@@ -360,6 +459,12 @@ void msg_rcpt_retry(struct relay *r, struct rmsg *m, size_t i, int64_t hint_ms)
 			d = (uint64_t)c->retry_max_ms * 1000000u;
 	}
 	rr->next_try = realtime_ns() + jitter(d);
+	/* kept by the queue (one record appended), so that a restart keeps the backoff;
+	 * rounded up: never due earlier than here */
+	int e = queue_set_retry(r->q, m->id, i, (rr->next_try + 999) / 1000, rr->attempts);
+	if (e < 0)
+		relay_logf(r, LOG_LEVEL_WARNING, "qid=%s rcpt=%zu retry time cannot be kept: %s "
+			   "(after a restart it is due at once)", m->id, i, strerror(-e));
 	r->st.deferred++;
 	if (rr->lane)
 		rr->lane->deferred++;
@@ -395,7 +500,7 @@ static void expire(struct relay *r, struct rmsg *m, uint64_t now)
 	}
 	if (any) {
 		enum queue_msg_state st;
-		queue_settle(r->q, &m->qm, &st);
+		queue_settle(r->q, m->qm, &st);
 	}
 	msg_close_file(m);
 	msg_check_done(r, m);
@@ -454,12 +559,7 @@ void msg_on_sweep(evutil_socket_t fd, short what, void *arg)
 			continue;
 		TAILQ_REMOVE(&r->lanes, l, link);
 		r->nlanes--;
-		event_free(l->timer);
-		lane_budget_done(&l->b);
-		free(l->targets);
-		free(l->name);
-		free(l->domain);
-		free(l);
+		lane_free(l);
 	}
 	if (r->hist_lines > 100000)
 		hist_compact(r);
@@ -484,8 +584,8 @@ void msg_check_done(struct relay *r, struct rmsg *m)
 	if (failed && m->bounce != 'S') {
 		if (m->bounce != 'P' && msg_open_file(r, m) == 0) {
 			/* the bounce is due (doc/QUEUE.md): recovery queues it if we crash */
-			queue_set_control(r->q, &m->qm, QUEUE_CTL_BOUNCE, 'P');
-			queue_msg_sync(&m->qm);
+			queue_set_control(r->q, m->qm, QUEUE_CTL_BOUNCE, 'P');
+			queue_msg_sync(m->qm);
 			m->bounce = 'P';
 			msg_close_file(m);
 		}
@@ -493,7 +593,7 @@ void msg_check_done(struct relay *r, struct rmsg *m)
 		return;
 	}
 	/* finished, and every status byte is on disk (flushed where it was written) */
-	if (m->open && queue_msg_sync(&m->qm) < 0)
+	if (m->open && queue_msg_sync(m->qm) < 0)
 		return;
 	queue_remove_finished(r->q, m->id);
 	relay_logf(r, LOG_LEVEL_INFO, "qid=%s removed: finished", m->id);

@@ -41,31 +41,38 @@ static bool rcpt_due(const struct rmsg *m, size_t i, const struct lane *l, uint6
 	return true;
 }
 
-/* The oldest message with recipients due in l; up to max of them into idx.
- * XXX each call walks past the messages whose recipients all wait for a retry time: a
- * lane with many deferred messages pays for them at every transaction (a heap of retry
- * times per lane would not). */
+/*
+ * The oldest message with recipients due in l (the scheduler's answer, relay_sched.h); up
+ * to max of them into idx.  An item the scheduler holds as due but that has nothing to
+ * send (its message was held, or its recipients finished or went busy since) is put back
+ * where it belongs and the next one asked.  Costs O(log n) in the lane's messages plus
+ * the chosen message's recipients; *next is when the lane's next item is due otherwise.
+ */
 struct lane_item *lane_pick(struct lane *l, uint64_t now, size_t max, size_t *idx,
-				   size_t *ret_n, uint64_t *next)
+			    size_t *ret_n, uint64_t *next)
 {
-	struct lane_item *it;
-	TAILQ_FOREACH(it, &l->items, link) {
+	struct sched_item *s;
+	while ((s = sched_next(&l->s, now))) {
+		struct lane_item *it = (struct lane_item *)s;
 		struct rmsg *m = it->m;
-		if (!it->pending || m->held || m->deleted || m->bouncing)
-			continue;
-		while (it->scan < m->nrcpt &&
-		       (m->r[it->scan].lane != l || (m->r[it->scan].status != QUEUE_TODO &&
-						     m->r[it->scan].status != QUEUE_UNCERTAIN)))
-			it->scan++;
 		size_t n = 0;
-		for (size_t i = it->scan; i < m->nrcpt && n < max; i++)
-			if (rcpt_due(m, i, l, now, next))
-				idx[n++] = i;
+		if (it->pending && !m->held && !m->deleted && !m->bouncing) {
+			while (it->scan < m->nrcpt &&
+			       (m->r[it->scan].lane != l ||
+				(m->r[it->scan].status != QUEUE_TODO &&
+				 m->r[it->scan].status != QUEUE_UNCERTAIN)))
+				it->scan++;
+			for (size_t i = it->scan; i < m->nrcpt && n < max; i++)
+				if (rcpt_due(m, i, l, now, next))
+					idx[n++] = i;
+		}
 		if (n) {
 			*ret_n = n;
 			return it;
 		}
+		msg_schedule_lane(l->r, m, l);
 	}
+	*next = sched_lane_next_due(&l->s);
 	return NULL;
 }
 
@@ -127,10 +134,10 @@ bool tx_start(struct lane *l, struct rconn *rc, uint64_t now, bool budget_taken)
 			m->deleted = true;
 		return true;
 	}
-	t->body = calloc(m->qm.ix.nbody ? m->qm.ix.nbody : 1, sizeof(*t->body));
+	t->body = calloc(m->qm->ix.nbody ? m->qm->ix.nbody : 1, sizeof(*t->body));
 	t->addrs = calloc(t->n, sizeof(*t->addrs));
 	if (!t->body || !t->addrs ||
-	    queue_file_body(m->qm.map, m->qm.size, &m->qm.ix, bounce_collect_body, t) < 0) {
+	    queue_file_body(m->qm->map, m->qm->size, &m->qm->ix, bounce_collect_body, t) < 0) {
 		tx_free(t);
 		msg_close_file(m);
 		return false;
@@ -140,6 +147,8 @@ bool tx_start(struct lane *l, struct rconn *rc, uint64_t now, bool budget_taken)
 		m->r[t->idx[k]].busy = true;
 		m->r[t->idx[k]].attempts++;
 	}
+	/* the rest of the message in this lane: still due, waiting, or nothing */
+	msg_schedule_lane(r, m, l);
 	m->busy++;
 	t->m = m;
 	t->lane = l;
@@ -313,7 +322,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 		if (conf->uncertain == RELAY_UNCERTAIN_HOLD) {
 			/* written, so that `sluice queue` shows it and a restart keeps it */
 			m->held = true;
-			queue_set_control(r->q, &m->qm, QUEUE_CTL_HOLD, 'H');
+			queue_set_control(r->q, m->qm, QUEUE_CTL_HOLD, 'H');
 		}
 	} else if (res->error == 0 && res->reply.code && res->stage >= SMTP_STAGE_RCPT) {
 		/* refused at RCPT (every recipient), DATA or the final dot */
@@ -378,6 +387,8 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 	for (size_t k = 0; k < t->n; k++)
 		m->r[t->idx[k]].busy = false;
 	m->busy--;
+	/* its recipients' new retry times (or none left) place the item again */
+	msg_schedule_lane(r, m, l);
 	flush_post(r, m);
 	if (sig.signal || sig.verdict == CLASSIFY_SUSPEND || sig.verdict == CLASSIFY_SLOW)
 		lane_signal(l, &sig, sigtext);

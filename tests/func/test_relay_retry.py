@@ -1,0 +1,196 @@
+"""Retry times that survive: the relay's backoff across kill -9 and restarts, against
+Postfix's smtp-sink answering 450 to every RCPT (``smtp-sink -r rcpt``) and then a sink
+that takes everything.
+
+What a user checks: after a restart, no deferred recipient is tried before its time
+(sluiced's own counters and the sink's sessions say so); a kill -9 while retry records
+are being written loses no message and delivers each once; a queue written before the
+retry journal existed is delivered as before.
+"""
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import SLUICE, free_port, require_binary, tcp_listening, wait_until
+from test_queue_load import message_file, qid
+from test_relay import relay_config, send
+
+SMTP_SINK = shutil.which("smtp-sink", path="/usr/sbin:/usr/bin") or "/usr/sbin/smtp-sink"
+
+
+class Sink:
+    """Postfix's smtp-sink on a loopback port; refuse=True answers 450 to every RCPT."""
+
+    def __init__(self, directory, port, refuse):
+        if not os.path.exists(SMTP_SINK):
+            pytest.skip("smtp-sink (postfix) is not installed")
+        self.log = pathlib.Path(directory) / f"sink-{port}-{int(refuse)}.log"
+        args = [SMTP_SINK, "-u", "nobody"] + (["-r", "rcpt"] if refuse else []) + [
+            f"127.0.0.1:{port}", "100"]
+        self.out = open(self.log, "wb")
+        self.proc = subprocess.Popen(args, stdout=self.out, stderr=subprocess.STDOUT)
+        wait_until(lambda: tcp_listening("127.0.0.1", port) or self.proc.poll() is not None,
+                   10, "smtp-sink to listen")
+        assert self.proc.poll() is None, self.log.read_text()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        self.out.close()
+
+
+def relay_stats(sd):
+    st = sd.stats()
+    relay = st.get("relay") or next((s for s in st.get("services", [])
+                                     if s.get("name") == "relay"), None)
+    assert relay is not None, json.dumps(st)[:2000]
+    return relay
+
+
+def wait_loaded(sd, timeout=30):
+    wait_until(lambda: "loading" not in sd.cli("status").stdout, timeout,
+               "the queue to finish loading")
+
+
+def retry_config(intake, sink, retry="min = 1h; max = 2h;"):
+    cfg = relay_config(intake, sink, route='tls = "none";\nconnections = 2;')
+    return cfg.replace("retry { min = 1s; max = 2s; }", f"retry {{ {retry} }}")
+
+
+def test_restart_keeps_backoff(sluiced, workdir):
+    """20 recipients deferred once with retry.min = 1h: after kill -9 and a restart, and
+    after a SIGTERM and a restart, none is tried during 4 s; `sluice queue flush` makes
+    them due at once, which shows the lane itself was free to send."""
+    require_binary(SLUICE, "SLUICE")
+    sink_port, intake = free_port(), free_port()
+    sink = Sink(workdir, sink_port, refuse=True)
+    try:
+        sd = sluiced(retry_config(intake, sink_port))
+        for i in range(20):
+            send(intake, [f"user{i}@example.net"])
+        wait_until(lambda: relay_stats(sd)["deferred"] >= 20, 30,
+                   "every recipient to be tried once")
+        assert relay_stats(sd)["deferred"] == 20
+
+        for how in (signal.SIGKILL, signal.SIGTERM):
+            sd.signal(how)
+            sd.wait(30)
+            sd.start()
+            wait_loaded(sd)
+            time.sleep(4)
+            st = relay_stats(sd)
+            assert st["deferred"] == 0 and st["transactions"] == 0, (
+                f"after {how.name}, recipients were tried before their time: {st}\n"
+                f"{sd.log.tail(40)}")
+            assert st.get("delivered", 0) == 0
+        # the queue still holds all 20, none failed
+        q = sd.cli("queue", "--json").stdout
+        assert q.count('"id"') >= 20 or q.count("example.net") >= 20, q[:2000]
+
+        sd.cli("queue", "flush", "--all")
+        wait_until(lambda: relay_stats(sd)["deferred"] >= 20, 30,
+                   "the flushed recipients to be tried")
+    finally:
+        sink.stop()
+
+
+def test_kill_during_retry_writes_loses_nothing(sluiced, workdir):
+    """300 recipients retried every second or so while sluiced is killed with SIGKILL
+    five times at moments that fall among the retry journal's appends; then a sink that
+    takes everything: every recipient is delivered exactly once and the queue empties."""
+    require_binary(SLUICE, "SLUICE")
+    sink_port, intake = free_port(), free_port()
+    sink = Sink(workdir, sink_port, refuse=True)
+    n = 300
+    try:
+        sd = sluiced(retry_config(intake, sink_port, retry="min = 1s; max = 1s;"))
+        send(intake, [f"user{i}@example.net" for i in range(n)])
+        wait_until(lambda: relay_stats(sd)["deferred"] >= n, 30, "a first round of tries")
+        journal = pathlib.Path(sd.dir) / "queue"
+        for k in range(5):
+            time.sleep(0.3 + 0.37 * k)
+            sd.signal(signal.SIGKILL)
+            sd.wait(30)
+            sd.start()
+            wait_loaded(sd)
+        retry_files = sorted(p.name for p in journal.iterdir() if p.name.startswith("retry"))
+        assert retry_files, sorted(p.name for p in journal.iterdir())
+        sink.stop()
+        sink = Sink(workdir, sink_port, refuse=False)
+        sd.cli("queue", "flush", "--all")
+        wait_until(lambda: relay_stats(sd).get("delivered", 0) >= n, 60,
+                   f"{n} recipients delivered")
+        time.sleep(1)
+        assert relay_stats(sd)["delivered"] == n
+        wait_until(lambda: "example.net" not in sd.cli("queue").stdout, 30,
+                   "the queue to empty")
+        assert not list((journal / "corrupt").iterdir())
+    finally:
+        sink.stop()
+
+
+def test_damaged_journal_costs_a_retry_not_a_message(sluiced, workdir):
+    """Garbage appended to the retry journal and a record cut in half: sluiced starts,
+    keeps the other records (nothing is retried early), and every message stays."""
+    require_binary(SLUICE, "SLUICE")
+    sink_port, intake = free_port(), free_port()
+    sink = Sink(workdir, sink_port, refuse=True)
+    try:
+        sd = sluiced(retry_config(intake, sink_port))
+        for i in range(10):
+            send(intake, [f"user{i}@example.net"])
+        wait_until(lambda: relay_stats(sd)["deferred"] >= 10, 30, "ten tries")
+        sd.stop()
+        qdir = pathlib.Path(sd.dir) / "queue"
+        gens = sorted((p for p in qdir.iterdir() if p.name.startswith("retry.")),
+                      key=lambda p: int(p.name.split(".")[1]))
+        assert gens, sorted(p.name for p in qdir.iterdir())
+        data = gens[-1].read_bytes()
+        with open(gens[-1], "ab") as f:
+            f.write(b"\x00garbage that is no record" * 3)
+            f.write(data[:20])   # the start of a record, cut
+        sd.start()
+        wait_loaded(sd)
+        time.sleep(3)
+        st = relay_stats(sd)
+        assert st["deferred"] == 0, f"retried early after a damaged journal: {st}"
+        out = sd.cli("queue").stdout
+        assert sum(f"user{i}@example.net" in out for i in range(10)) == 10, out
+    finally:
+        sink.stop()
+
+
+def test_queue_of_the_previous_version_is_delivered(sluiced, workdir):
+    """Queue files written as sluice wrote them before the retry journal (no retry.*
+    file at all): sluiced loads them and delivers each once."""
+    require_binary(SLUICE, "SLUICE")
+    sink_port, intake = free_port(), free_port()
+    sink = Sink(workdir, sink_port, refuse=False)
+    try:
+        sd = sluiced(retry_config(intake, sink_port), start=False)
+        qdir = pathlib.Path(sd.dir) / "queue"
+        t0 = int(time.time() * 1e6) - 600 * 1000000
+        for i in range(5):
+            us = t0 + i * 1000
+            ident = qid(us, i)
+            d = qdir / "msg" / ident[7]
+            d.mkdir(parents=True, exist_ok=True)
+            (d / ident).write_bytes(message_file(
+                ident, us, b"old@example.org", [b"old%d@example.net" % i],
+                b"Subject: from before\r\n\r\nbody\r\n"))
+        sd.start()
+        wait_until(lambda: relay_stats(sd).get("delivered", 0) >= 5, 30,
+                   "the old queue delivered")
+        wait_until(lambda: "old@example.org" not in sd.cli("queue").stdout, 30,
+                   "the queue to empty")
+        assert relay_stats(sd)["delivered"] == 5
+    finally:
+        sink.stop()
