@@ -11,7 +11,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <stdbool.h>
 #include <grp.h>
 #include <stdio.h>
@@ -117,28 +116,63 @@ int privs_drop(uid_t uid, gid_t gid, char *err, size_t errlen)
 	return 0;
 }
 
-/* nftw has no argument for its callback: the walk runs on the main thread at start. */
-static char *walk_err;
-static size_t walk_errlen;
-
-static int walk_one(const char *path, const struct stat *st, int type, struct FTW *ftw)
+/* Whether the effective identity may use path (st: its lstat); 1 with err set if not. */
+static int check_one(const char *path, const struct stat *st, bool dir, char *err,
+		     size_t errlen)
 {
-	(void)ftw;
-	int need;
-	if (type == FTW_D || type == FTW_DP)
-		need = R_OK | W_OK | X_OK;
-	else if (type == FTW_F)
-		need = R_OK | W_OK;
-	else if (type == FTW_SL)
+	int need = dir ? R_OK | W_OK | X_OK : R_OK | W_OK;
+	if (faccessat(AT_FDCWD, path, need, AT_EACCESS) == 0)
 		return 0;
-	else
-		need = -1; /* FTW_DNR, FTW_NS: could not even look */
-	if (need >= 0 && faccessat(AT_FDCWD, path, need, AT_EACCESS) == 0)
-		return 0;
-	snprintf(walk_err, walk_errlen, "%s is not %s by uid %lu (owner %lu, mode %04o)", path,
-		 type == FTW_F ? "readable and writable" : "usable", (unsigned long)geteuid(),
+	snprintf(err, errlen, "%s is not %s by uid %lu (owner %lu, mode %04o)", path,
+		 dir ? "usable" : "readable and writable", (unsigned long)geteuid(),
 		 (unsigned long)st->st_uid, (unsigned)st->st_mode & 07777);
 	return 1;
+}
+
+/*
+ * Every directory under path, and the first PRIVS_TREE_FILES of the files in each: a
+ * tree left to root is so as a whole (a sluiced run once as root), and a queue of a
+ * million messages must not cost a walk of a million files before the daemon serves.
+ * A file the sample misses is reported by the queue's load, one message at a time.
+ * 1 (err set), 0, or -errno when a directory cannot be read at all.
+ */
+static int walk(char *path, size_t len, size_t cap, int depth, char *err, size_t errlen)
+{
+	struct stat st;
+	if (lstat(path, &st) < 0)
+		return -errno;
+	if (!S_ISDIR(st.st_mode))
+		return S_ISREG(st.st_mode) ? check_one(path, &st, false, err, errlen) : 0;
+	int r = check_one(path, &st, true, err, errlen);
+	if (r || depth > 16)
+		return r;
+	DIR *dp = opendir(path);
+	if (!dp)
+		return -errno;
+	unsigned files = 0, entries = 0;
+	/* directories of the trees come first in the names' order or among few files (the
+	 * queue's msg/ and log/ hold only its 32 subdirectories): after PRIVS_TREE_ENTRIES
+	 * names a directory of files is left */
+	for (struct dirent *de; r == 0 && entries++ < PRIVS_TREE_ENTRIES && (de = readdir(dp));) {
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+			continue;
+		bool is_dir = de->d_type == DT_DIR || de->d_type == DT_UNKNOWN;
+		if (!is_dir && files >= PRIVS_TREE_FILES)
+			continue;
+		size_t n = strlen(de->d_name);
+		if (len + 1 + n + 1 > cap)
+			continue;
+		path[len] = '/';
+		memcpy(path + len + 1, de->d_name, n + 1);
+		if (!is_dir)
+			files++;
+		r = walk(path, len + 1 + n, cap, depth + 1, err, errlen);
+		if (r == -ENOENT)
+			r = 0; /* gone meanwhile */
+		path[len] = '\0';
+	}
+	closedir(dp);
+	return r;
 }
 
 int privs_check_tree(const char *dir, uid_t uid, gid_t gid, char *err, size_t errlen)
@@ -159,10 +193,13 @@ int privs_check_tree(const char *dir, uid_t uid, gid_t gid, char *err, size_t er
 			return -e;
 		}
 	}
-	walk_err = err;
-	walk_errlen = errlen;
-	int r = nftw(dir, walk_one, 16, FTW_PHYS);
-	int e = errno;
+	char path[4096];
+	int r = -ENAMETOOLONG;
+	if (strlen(dir) < sizeof(path)) {
+		snprintf(path, sizeof(path), "%s", dir);
+		r = walk(path, strlen(path), sizeof(path), 0, err, errlen);
+	}
+	int e = r < 0 ? -r : 0;
 	uid_t who = geteuid();
 	if (as_user && (seteuid(0) < 0 || setegid(0) < 0 || setgroups((size_t)nsaved, saved) < 0)) {
 		e = errno;
