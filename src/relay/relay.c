@@ -333,6 +333,10 @@ static void on_mailbox(evutil_socket_t fd, short what, void *arg)
 				m->bouncing = false;
 				relay_logf(r, LOG_LEVEL_ERROR, "qid=%s bounce cannot be committed: %s (tried again "
 				     "later)", it->id, strerror(-it->rc));
+				if (it->delayed)
+					r->warned_upto = TAILQ_PREV(m, rmsg_list, link);
+				else
+					msg_recheck_later(r, m);
 				msg_schedule(r, m);
 				msg_kick_lanes(m);
 			}
@@ -677,6 +681,7 @@ struct relay *relay_free(struct relay *r)
 	}
 	free(r->hist);
 	free(r->table);
+	free(r->recheck);
 	conf_rt_free(r->crt);
 	if (r->rules)
 		policy_unref(r->rules);

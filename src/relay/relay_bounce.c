@@ -110,8 +110,10 @@ int bounce_collect_body(void *arg, struct str chunk)
 
 void bounce_done(struct relay *r, struct rmsg *m)
 {
-	if (msg_open_file(r, m) < 0)
+	if (msg_open_file(r, m) < 0) {
+		msg_recheck_later(r, m);
 		return;
+	}
 	queue_set_control(r->q, m->qm, QUEUE_CTL_BOUNCE, 'S');
 	m->bounce = 'S';
 	enum queue_msg_state st;
@@ -129,6 +131,16 @@ void bounce_done(struct relay *r, struct rmsg *m)
  * Queue the DSN of m: of its failed recipients (all of them at once: one DSN per
  * message), or, delayed, a delay notice for the recipients still waiting.
  */
+/* A DSN that could not be queued is tried again at the next sweep: a bounce through
+ * msg_check_done(), a delay notice by the notices' walk going back to it. */
+static void retry_later(struct relay *r, struct rmsg *m, bool delayed)
+{
+	if (!delayed)
+		msg_recheck_later(r, m);
+	else /* the walk had just passed it */
+		r->warned_upto = TAILQ_PREV(m, rmsg_list, link);
+}
+
 void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
 {
 	const struct relay_conf *c = &r->crt->conf;
@@ -149,8 +161,10 @@ void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
 		}
 		to = c->postmaster;
 	}
-	if (msg_open_file(r, m) < 0)
+	if (msg_open_file(r, m) < 0) {
+		retry_later(r, m, delayed);
 		return;
+	}
 	size_t nf = 0;
 	for (size_t i = 0; i < m->nrcpt; i++)
 		nf += delayed ? m->r[i].status == QUEUE_TODO || m->r[i].status == QUEUE_UNCERTAIN
@@ -239,9 +253,11 @@ void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
 		}
 	}
 	queue_new_abort(qn);
-	if (rc < 0)
-		relay_logf(r, LOG_LEVEL_ERROR, "qid=%s bounce cannot be queued: %s (tried again later)", m->id,
-		     strerror(-rc));
+	if (rc < 0) {
+		relay_logf(r, LOG_LEVEL_ERROR, "qid=%s %s cannot be queued: %s (tried again later)",
+			   m->id, delayed ? "delay notice" : "bounce", strerror(-rc));
+		retry_later(r, m, delayed);
+	}
 	buf_clear(&out);
 	free(body.body);
 	free(dr);

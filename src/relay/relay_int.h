@@ -93,6 +93,7 @@ struct rmsg {
 	bool held, deleted, bouncing;  /* bouncing: a DSN of it is being committed */
 	bool warned;                  /* control byte QUEUE_CTL_WARNED is 'W' */
 	bool is_dsn;                  /* a DSN this relay made: never bounced itself */
+	bool recheck;                 /* its id is in relay.recheck */
 	char bounce;                  /* control byte QUEUE_CTL_BOUNCE */
 	bool open;
 	unsigned flushing;            /* status flushes handed to the flusher, not yet done */
@@ -222,7 +223,12 @@ struct relay {
 	struct event *stop_timer;
 	int64_t stop_deadline_ms;
 
-	TAILQ_HEAD(rmsg_list, rmsg) msgs;
+	TAILQ_HEAD(rmsg_list, rmsg) msgs; /* in arrival order (msg_insert) */
+	struct rmsg *insert_hint;     /* the last one inserted: the loader's next goes after */
+	struct rmsg *warned_upto;     /* the delay notices' walk is done up to this one */
+	char (*recheck)[QUEUE_ID_LEN + 1]; /* messages whose end could not be settled: the
+				       * sweep asks msg_check_done() again */
+	size_t nrecheck, recheck_cap;
 	struct rmsg **table;          /* by id: chained, a power of two of buckets */
 	size_t table_size, nmsgs;
 	uint64_t msg_seq;             /* messages loaded: their struct rmsg's seq */
@@ -282,6 +288,8 @@ void msg_rcpt_retry(struct relay *r, struct rmsg *m, size_t i, int64_t hint_ms);
 void msg_arm_sweep(struct relay *r);
 void msg_on_sweep(evutil_socket_t fd, short what, void *arg);
 void msg_check_done(struct relay *r, struct rmsg *m);
+/* m's end (its bounce, its removal) failed for now: the next sweep tries again. */
+void msg_recheck_later(struct relay *r, struct rmsg *m);
 
 /* ---- relay_lane.c: lanes, connections, lane_kick ---- */
 uint64_t lane_guard_ns(const struct route_conf *rc);

@@ -56,6 +56,10 @@ void msg_free(struct relay *r, struct rmsg *m)
 		free(m->qm);
 	}
 	table_remove(r, m);
+	if (r->insert_hint == m)
+		r->insert_hint = NULL;
+	if (r->warned_upto == m)
+		r->warned_upto = TAILQ_PREV(m, rmsg_list, link);
 	TAILQ_REMOVE(&r->msgs, m, link);
 	free(m->items);
 	free(m->r);
@@ -265,6 +269,43 @@ void msg_kick_lanes(struct rmsg *m)
 		lane_kick(m->items[i].lane);
 }
 
+static bool msg_before(const struct rmsg *a, const struct rmsg *b)
+{
+	return a->arrival_us != b->arrival_us ? a->arrival_us < b->arrival_us
+					      : strcmp(a->id, b->id) < 0;
+}
+
+/*
+ * Link m into r->msgs in arrival order, so that expiry and delay notices walk only the
+ * messages whose time has come.  New mail is the newest (an append); the queue's loader
+ * hands over the older messages in order while new mail arrives, so each goes right after
+ * the one inserted before it (the hint): O(1) either way, a walk back only after the hint
+ * went away.
+ */
+static void msg_insert(struct relay *r, struct rmsg *m)
+{
+	struct rmsg *last = TAILQ_LAST(&r->msgs, rmsg_list);
+	struct rmsg *h = r->insert_hint;
+	if (!last || !msg_before(m, last)) {
+		TAILQ_INSERT_TAIL(&r->msgs, m, link);
+	} else if (h && !msg_before(m, h) && TAILQ_NEXT(h, link) &&
+		   msg_before(m, TAILQ_NEXT(h, link))) {
+		TAILQ_INSERT_AFTER(&r->msgs, h, m, link);
+	} else {
+		struct rmsg *p = last;
+		while (p && msg_before(m, p))
+			p = TAILQ_PREV(p, rmsg_list, link);
+		if (p)
+			TAILQ_INSERT_AFTER(&r->msgs, p, m, link);
+		else
+			TAILQ_INSERT_HEAD(&r->msgs, m, link);
+	}
+	r->insert_hint = m;
+	/* older than where the delay notices' walk is: it must see this one */
+	if (r->warned_upto && msg_before(m, r->warned_upto))
+		r->warned_upto = TAILQ_PREV(m, rmsg_list, link);
+}
+
 /* The retry times and attempt counts the queue kept for m's recipients (doc/QUEUE.md,
  * "Retry times"): after a restart nothing deferred is due before its time. */
 static void load_retry(struct relay *r, struct rmsg *m)
@@ -340,7 +381,7 @@ int msg_load(struct relay *r, const char *id)
 	queue_msg_close(&qm);
 	m->seq = r->msg_seq++;
 	load_retry(r, m);
-	TAILQ_INSERT_TAIL(&r->msgs, m, link);
+	msg_insert(r, m);
 	rc = table_add(r, m);
 	if (rc == 0)
 		rc = msg_route(r, m);
@@ -520,23 +561,57 @@ void msg_arm_sweep(struct relay *r)
 	evtimer_add(r->sweep, &tv);
 }
 
+void msg_recheck_later(struct relay *r, struct rmsg *m)
+{
+	if (m->recheck)
+		return;
+	if (r->nrecheck == r->recheck_cap) {
+		size_t cap = r->recheck_cap ? r->recheck_cap * 2 : 16;
+		char (*n)[QUEUE_ID_LEN + 1] = realloc(r->recheck, cap * sizeof(*n));
+		if (!n)
+			return; /* XXX it waits for the next start */
+		r->recheck = n;
+		r->recheck_cap = cap;
+	}
+	memcpy(r->recheck[r->nrecheck++], m->id, QUEUE_ID_LEN + 1);
+	m->recheck = true;
+}
+
+/*
+ * The sweep walks no more than what is due: the messages are in arrival order, so
+ * expiry stops at the first one younger than the lifetime (it passes over the held and
+ * busy ones before it), delay notices go on from where their last walk stopped, and only
+ * the messages whose end could not be settled are looked at again.
+ */
 void msg_on_sweep(evutil_socket_t fd, short what, void *arg)
 {
 	struct relay *r = arg;
 	uint64_t now = realtime_ns();
 	struct rmsg *m, *next;
-	for (m = TAILQ_FIRST(&r->msgs); m; m = next) {
+	uint64_t life = (uint64_t)r->crt->conf.lifetime_ms * 1000000u;
+	for (m = TAILQ_FIRST(&r->msgs); life && m && m->arrival_us * 1000 + life <= now; m = next) {
 		next = TAILQ_NEXT(m, link);
 		expire(r, m, now);
 	}
-	for (m = TAILQ_FIRST(&r->msgs); m; m = next) {
-		next = TAILQ_NEXT(m, link);
-		msg_check_done(r, m);
-	}
+	char (*ids)[QUEUE_ID_LEN + 1] = r->recheck;
+	size_t nids = r->nrecheck;
+	r->recheck = NULL;
+	r->nrecheck = r->recheck_cap = 0;
+	for (size_t i = 0; i < nids; i++)
+		if ((m = msg_find(r, ids[i]))) {
+			m->recheck = false;
+			msg_check_done(r, m);
+		}
+	free(ids);
 	int64_t dw = r->crt->conf.delay_warning_ms;
-	TAILQ_FOREACH(m, &r->msgs, link) {
-		if (dw <= 0 || m->warned || m->busy || m->bouncing || m->deleted || m->held ||
-		    m->arrival_us * 1000 + (uint64_t)dw * 1000000u > now)
+	for (m = r->warned_upto ? TAILQ_NEXT(r->warned_upto, link) : TAILQ_FIRST(&r->msgs);
+	     dw > 0 && m && m->arrival_us * 1000 + (uint64_t)dw * 1000000u <= now; m = next) {
+		next = TAILQ_NEXT(m, link);
+		if (m->busy || m->bouncing)
+			break; /* again at the next sweep */
+		r->warned_upto = m;
+		/* held mail waits for the operator, and gets no notice */
+		if (m->warned || m->deleted || m->held)
 			continue;
 		bool pending = false;
 		for (size_t i = 0; i < m->nrcpt && !pending; i++)
@@ -593,8 +668,10 @@ void msg_check_done(struct relay *r, struct rmsg *m)
 		return;
 	}
 	/* finished, and every status byte is on disk (flushed where it was written) */
-	if (m->open && queue_msg_sync(m->qm) < 0)
+	if (m->open && queue_msg_sync(m->qm) < 0) {
+		msg_recheck_later(r, m);
 		return;
+	}
 	queue_remove_finished(r->q, m->id);
 	relay_logf(r, LOG_LEVEL_INFO, "qid=%s removed: finished", m->id);
 	msg_free(r, m);
