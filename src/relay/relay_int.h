@@ -125,6 +125,7 @@ struct lane {
 	struct lane_budget b;
 	TAILQ_HEAD(, lane_item) items;
 	struct sched_lane s;          /* its items by due time and arrival; its wake-up */
+	size_t waiting;               /* the items' pending recipients, summed */
 	TAILQ_HEAD(, rconn) conns;
 	unsigned nconns, nidle, nconnecting;
 	struct mx_target *targets;

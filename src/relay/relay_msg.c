@@ -49,6 +49,7 @@ void msg_free(struct relay *r, struct rmsg *m)
 		if (it->lane) {
 			TAILQ_REMOVE(&it->lane->items, it, link);
 			sched_item_remove(&it->lane->s, &it->s);
+			it->lane->waiting -= it->pending;
 		}
 	}
 	if (m->open) {
@@ -148,6 +149,7 @@ int msg_route(struct relay *r, struct rmsg *m)
 		if (m->items[i].lane) {
 			TAILQ_REMOVE(&m->items[i].lane->items, &m->items[i], link);
 			sched_item_remove(&m->items[i].lane->s, &m->items[i].s);
+			m->items[i].lane->waiting -= m->items[i].pending;
 		}
 	free(m->items);
 	m->items = NULL;
@@ -193,8 +195,10 @@ int msg_route(struct relay *r, struct rmsg *m)
 		};
 	}
 	for (size_t i = 0; i < m->nrcpt; i++)
-		if (m->r[i].lane)
+		if (m->r[i].lane) {
 			m->items[m->r[i].item].pending++;
+			m->r[i].lane->waiting++;
+		}
 	/* The lane's list is for walking its items (views, a domain that fails whole); the
 	 * scheduler orders them by arrival itself. */
 	for (size_t i = 0; i < m->nitems; i++)
@@ -473,8 +477,10 @@ void msg_set_status(struct relay *r, struct rmsg *m, size_t i, char st)
 	bool pending = st == QUEUE_TODO || st == QUEUE_UNCERTAIN;
 	if (was_pending && !pending && rr->lane) {
 		struct lane_item *it = msg_item(m, rr->lane);
-		if (it && it->pending)
+		if (it && it->pending) {
 			it->pending--;
+			rr->lane->waiting--;
+		}
 	}
 }
 

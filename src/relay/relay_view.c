@@ -70,11 +70,7 @@ static void json_str(struct buf *b, const char *s)
 
 static size_t lane_waiting(const struct lane *l)
 {
-	size_t waiting = 0;
-	const struct lane_item *it;
-	TAILQ_FOREACH(it, &l->items, link)
-		waiting += it->pending;
-	return waiting;
+	return l->waiting;
 }
 
 static void lane_brief_line(struct buf *b, const struct lane *l, size_t waiting, bool susp,
