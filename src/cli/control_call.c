@@ -3,6 +3,7 @@
  * moves bytes.
  */
 #include <errno.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "control.h"
@@ -27,11 +28,21 @@ static int send_all(int fd, const char *p, size_t len)
 int control_call(int fd, const char *req, size_t len, struct buf *body, bool *ret_ok,
 		 const char **ret_why, volatile sig_atomic_t *stop)
 {
+	return control_call_parts(fd, req, len, NULL, NULL, body, ret_ok, ret_why, stop);
+}
+
+int control_call_parts(int fd, const char *req, size_t len,
+		       void (*part)(void *arg, const char *p, size_t n), void *arg,
+		       struct buf *body, bool *ret_ok, const char **ret_why,
+		       volatile sig_atomic_t *stop)
+{
 	int r = send_all(fd, req, len);
 	if (r < 0)
 		return r;
 	struct buf in;
 	buf_init(&in, CONTROL_BODY_MAX + 64);
+	size_t gathered = 0; /* parts gathered in body (part == NULL) */
+	buf_reset(body);
 	for (;;) {
 		struct control_reply rep;
 		size_t used;
@@ -42,8 +53,21 @@ int control_call(int fd, const char *req, size_t len, struct buf *body, bool *re
 			r = -EPROTO;
 			break;
 		}
+		if (pr == 1 && rep.more) {
+			if (part) {
+				part(arg, rep.body.ptr, rep.body.len);
+			} else if (buf_append(body, rep.body.ptr, rep.body.len) < 0) {
+				r = -EMSGSIZE;
+				break;
+			}
+			gathered = body->len;
+			/* what follows the part moves to the front */
+			memmove(in.ptr, in.ptr + used, in.len - used);
+			buf_truncate(&in, in.len - used);
+			continue;
+		}
 		if (pr == 1) {
-			buf_reset(body);
+			buf_truncate(body, gathered);
 			r = buf_append(body, rep.body.ptr, rep.body.len);
 			if (r == 0)
 				r = buf_append_byte(body, '\0');

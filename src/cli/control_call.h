@@ -20,5 +20,14 @@
  */
 int control_call(int fd, const char *req, size_t len, struct buf *body, bool *ret_ok,
 		 const char **ret_why, volatile sig_atomic_t *stop);
+/*
+ * The same for a reply that may stream (control.h's "more" parts): each part's body is
+ * passed to part(arg, p, n) as it comes, and body gets the last frame's only.  part may
+ * be NULL: the parts are then gathered in body before the last (up to its limit).
+ */
+int control_call_parts(int fd, const char *req, size_t len,
+		       void (*part)(void *arg, const char *p, size_t n), void *arg,
+		       struct buf *body, bool *ret_ok, const char **ret_why,
+		       volatile sig_atomic_t *stop);
 
 #endif

@@ -62,16 +62,19 @@ int control_reply_parse(const char *p, size_t n, struct control_reply *ret, size
 		}
 		return 0;
 	}
-	bool ok;
+	bool ok, more = false;
 	size_t i;
 	if (nl - p >= 3 && memcmp(p, "ok ", 3) == 0) {
 		ok = true;
 		i = 3;
+	} else if (nl - p >= 5 && memcmp(p, "more ", 5) == 0) {
+		ok = more = true;
+		i = 5;
 	} else if (nl - p >= 6 && memcmp(p, "error ", 6) == 0) {
 		ok = false;
 		i = 6;
 	} else {
-		*ret_why = "reply header is not 'ok LEN' or 'error LEN'";
+		*ret_why = "reply header is not 'ok LEN', 'more LEN' or 'error LEN'";
 		return -EPROTO;
 	}
 	size_t len = 0;
@@ -94,6 +97,7 @@ int control_reply_parse(const char *p, size_t n, struct control_reply *ret, size
 	if (n - head < len)
 		return 0;
 	ret->ok = ok;
+	ret->more = more;
 	ret->body = str_make(p + head, len);
 	*ret_used = head + len;
 	return 1;
@@ -104,6 +108,16 @@ int control_put_reply(struct buf *out, bool ok, struct str body)
 	if (body.len > CONTROL_BODY_MAX)
 		return -EINVAL;
 	int r = buf_printf(out, "%s %zu\n", ok ? "ok" : "error", body.len);
+	if (r == 0)
+		r = buf_append_str(out, body);
+	return r;
+}
+
+int control_put_part(struct buf *out, struct str body)
+{
+	if (body.len > CONTROL_BODY_MAX)
+		return -EINVAL;
+	int r = buf_printf(out, "more %zu\n", body.len);
 	if (r == 0)
 		r = buf_append_str(out, body);
 	return r;

@@ -5,6 +5,15 @@
  *           separated by spaces or tabs, at most CONTROL_MAX_ARGS words.
  * Reply:    "ok LEN\n" or "error LEN\n", then exactly LEN bytes of body (text or JSON),
  *           LEN <= CONTROL_BODY_MAX.  Several requests may be sent on one connection.
+ *
+ * A reply of unbounded size (`queue` over a deep queue) streams: any number of parts,
+ * each "more LEN\n" and LEN bytes, then the "ok LEN" or "error LEN" frame that ends it
+ * (its body the last part, often a summary line).  The reply is the parts' bodies in
+ * order, then the last one's; each part is at most CONTROL_BODY_MAX, the whole has no
+ * limit.  The parts of one reply are never interleaved with another reply, and an error
+ * found after parts went out ends the reply with "error".  A command answers in parts
+ * only when its reply can grow with the queue; the others keep the single frame, so a
+ * client that does not know "more" works for every other command.
  */
 #ifndef SLUICE_PROTO_CONTROL_H
 #define SLUICE_PROTO_CONTROL_H
@@ -34,14 +43,17 @@ int control_request_parse(const char *p, size_t n, struct control_request *ret,
 
 struct control_reply {
 	bool ok;
+	bool more;       /* a part: more frames follow (ok is then true) */
 	struct str body; /* slice into the input */
 };
 
-/* Parse a reply; same return convention as control_request_parse(). */
+/* Parse a reply's frame; same return convention as control_request_parse(). */
 int control_reply_parse(const char *p, size_t n, struct control_reply *ret, size_t *ret_used,
 			const char **ret_why);
 
 /* Append a reply with the given body. */
 int control_put_reply(struct buf *out, bool ok, struct str body);
+/* Append a part of a streamed reply ("more LEN"). */
+int control_put_part(struct buf *out, struct str body);
 
 #endif

@@ -148,7 +148,7 @@ static void check_request(const char *p, size_t n, size_t *ret_used, bool *ret_m
 
 struct ref_reply {
 	int result;
-	bool ok;
+	bool ok, more;
 	size_t head, len;
 };
 
@@ -169,6 +169,9 @@ static struct ref_reply ref_reply_parse(const char *p, size_t n)
 	if (nl > 3 && memcmp(p, "ok ", 3) == 0) {
 		r.ok = true;
 		i = 3;
+	} else if (nl > 5 && memcmp(p, "more ", 5) == 0) {
+		r.ok = r.more = true;
+		i = 5;
 	} else if (nl > 6 && memcmp(p, "error ", 6) == 0) {
 		i = 6;
 	} else {
@@ -209,7 +212,7 @@ static void check_reply(const char *p, size_t n, size_t *ret_used, bool *ret_mor
 			CHECK(why && why[0]);
 		return;
 	}
-	CHECK(rep.ok == ref.ok);
+	CHECK(rep.ok == ref.ok && rep.more == ref.more);
 	CHECK(rep.body.ptr == p + ref.head && rep.body.len == ref.len);
 	CHECK(used == ref.head + ref.len && used <= n);
 	/* cut short: more is needed */
@@ -222,11 +225,13 @@ static void check_reply(const char *p, size_t n, size_t *ret_used, bool *ret_mor
 	/* written again, it reads the same */
 	struct buf out;
 	buf_init(&out, CONTROL_BODY_MAX + 64);
-	CHECK(control_put_reply(&out, rep.ok, rep.body) == 0);
+	CHECK((rep.more ? control_put_part(&out, rep.body)
+			: control_put_reply(&out, rep.ok, rep.body)) == 0);
 	struct control_reply again;
 	size_t u2 = 0;
 	CHECK(control_reply_parse(out.ptr, out.len, &again, &u2, &why) == 1);
-	CHECK(u2 == out.len && again.ok == rep.ok && again.body.len == rep.body.len);
+	CHECK(u2 == out.len && again.ok == rep.ok && again.more == rep.more &&
+	      again.body.len == rep.body.len);
 	CHECK(rep.body.len == 0 || memcmp(again.body.ptr, rep.body.ptr, rep.body.len) == 0);
 	buf_clear(&out);
 	*ret_used = used;

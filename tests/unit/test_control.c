@@ -237,6 +237,12 @@ static const struct {
 	{ LIT("ok 3\na\0b"), 1, true, LIT("a\0b"), 8, NULL },
 	{ LIT("ok 2\n\n\n"), 1, true, LIT("\n\n"), 7, NULL },
 	{ LIT("ok 007\nabcdefg"), 1, true, LIT("abcdefg"), 14, NULL },
+	/* a part of a streamed reply (ok is true, more says so) */
+	{ LIT("more 3\nabcok 0\n"), 1, true, LIT("abc"), 10, NULL },
+	{ LIT("more 0\n"), 1, true, LIT(""), 7, NULL },
+	{ LIT("more 3\nab"), 0, false, NULL, 0, 0, NULL },
+	{ LIT("more\n"), -EPROTO, false, NULL, 0, 0, "reply header is not 'ok LEN', 'more LEN' or 'error LEN'" },
+	{ LIT("more 16777217\n"), -EPROTO, false, NULL, 0, 0, "reply body too large" },
 	/* partial */
 	{ LIT(""), 0, false, NULL, 0, 0, NULL },
 	{ LIT("ok"), 0, false, NULL, 0, 0, NULL },
@@ -251,12 +257,12 @@ static const struct {
 	  "reply header too long" },
 	{ LIT("ok 0000000000000000000000000005\nhello"), 1, true, LIT("hello"), 37, NULL },
 	/* malformed */
-	{ LIT("ok\n"), -EPROTO, false, NULL, 0, 0, "reply header is not 'ok LEN' or 'error LEN'" },
+	{ LIT("ok\n"), -EPROTO, false, NULL, 0, 0, "reply header is not 'ok LEN', 'more LEN' or 'error LEN'" },
 	{ LIT("ok \n"), -EPROTO, false, NULL, 0, 0, "reply without length" },
 	{ LIT("error \n"), -EPROTO, false, NULL, 0, 0, "reply without length" },
-	{ LIT("OK 1\nx"), -EPROTO, false, NULL, 0, 0, "reply header is not 'ok LEN' or 'error LEN'" },
-	{ LIT("okay 1\nx"), -EPROTO, false, NULL, 0, 0, "reply header is not 'ok LEN' or 'error LEN'" },
-	{ LIT("\n"), -EPROTO, false, NULL, 0, 0, "reply header is not 'ok LEN' or 'error LEN'" },
+	{ LIT("OK 1\nx"), -EPROTO, false, NULL, 0, 0, "reply header is not 'ok LEN', 'more LEN' or 'error LEN'" },
+	{ LIT("okay 1\nx"), -EPROTO, false, NULL, 0, 0, "reply header is not 'ok LEN', 'more LEN' or 'error LEN'" },
+	{ LIT("\n"), -EPROTO, false, NULL, 0, 0, "reply header is not 'ok LEN', 'more LEN' or 'error LEN'" },
 	{ LIT("ok  1\nx"), -EPROTO, false, NULL, 0, 0, "reply length is not a number" },
 	{ LIT("ok 1 \nx"), -EPROTO, false, NULL, 0, 0, "reply length is not a number" },
 	{ LIT("ok 1\r\nx"), -EPROTO, false, NULL, 0, 0, "reply length is not a number" },
@@ -283,6 +289,7 @@ static void test_reply_table(void **state)
 				 why ? why : "");
 		if (r == 1) {
 			assert_int_equal(rep.ok, reply_cases[i].ok);
+			assert_int_equal(rep.more, memcmp(reply_cases[i].in, "more", 4) == 0);
 			assert_int_equal(rep.body.len, reply_cases[i].body_len);
 			assert_memory_equal(rep.body.ptr, reply_cases[i].body, rep.body.len);
 			assert_int_equal(used, reply_cases[i].used);
@@ -374,6 +381,25 @@ static void test_reply_round_trip(void **state)
 		assert_int_equal(rep.ok, cases[i].ok);
 		assert_int_equal(rep.body.len, cases[i].len);
 		assert_memory_equal(rep.body.ptr, cases[i].body, cases[i].len);
+		off += used;
+	}
+	assert_int_equal(off, out.len);
+	/* a streamed reply: parts, then the frame that ends it */
+	buf_reset(&out);
+	assert_int_equal(control_put_part(&out, str_cstr("one\n")), 0);
+	assert_int_equal(control_put_part(&out, str_cstr("two\n")), 0);
+	assert_int_equal(control_put_reply(&out, true, str_cstr("-- 2\n")), 0);
+	static const char *const parts[] = { "one\n", "two\n", "-- 2\n" };
+	off = 0;
+	for (size_t i = 0; i < ARRAY_SIZE(parts); i++) {
+		struct control_reply rep;
+		size_t used = 0;
+		const char *why = NULL;
+		assert_int_equal(control_reply_parse(out.ptr + off, out.len - off, &rep, &used, &why), 1);
+		assert_true(rep.ok);
+		assert_int_equal(rep.more, i < 2);
+		assert_int_equal(rep.body.len, strlen(parts[i]));
+		assert_memory_equal(rep.body.ptr, parts[i], rep.body.len);
 		off += used;
 	}
 	assert_int_equal(off, out.len);
