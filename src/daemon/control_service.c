@@ -9,9 +9,16 @@
  * "root"; } the group's members may only run the commands that change nothing.  An inet
  * control socket carries no credentials: every peer that reaches it counts as a group
  * member (so keep it on loopback).
+ *
+ * A reply that grows with the queue streams (control.h's "more" parts): the command
+ * gives its first part, then the session asks it for the next one whenever the peer has
+ * taken what was written (less than STREAM_HIGH bytes wait in the output), a few parts
+ * per turn of the loop so that the worker's other sessions are served in between.  The
+ * request stays in the input, and the session reads nothing more, until the last part.
  */
 #include <errno.h>
 #include <event2/buffer.h>
+#include <event2/event.h>
 #include <grp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +32,10 @@
 #include "control_service.h"
 #include "daemon.h"
 
+#define STREAM_HIGH (256 * 1024) /* output waiting for the peer before a stream pauses */
+#define STREAM_PARTS 8           /* parts made per turn of the loop */
+#define STREAM_POLL_MS 2         /* how often a paused stream looks at its output */
+
 static void send_reply(struct session *s, bool ok, struct str body)
 {
 	struct buf out;
@@ -34,7 +45,19 @@ static void send_reply(struct session *s, bool ok, struct str body)
 	buf_clear(&out);
 }
 
-/* A command waiting for the store: its reply buffer and the request's length. */
+static void send_part(struct session *s, struct str body)
+{
+	if (body.len == 0)
+		return;
+	struct buf out;
+	buf_init(&out, CONTROL_BODY_MAX + 64);
+	control_put_part(&out, body);
+	session_write(s, out.ptr, out.len);
+	buf_clear(&out);
+}
+
+/* A command waiting for the store, or streaming: its reply buffer and the request's
+ * length. */
 struct ctl_wait {
 	struct control_wait w;
 	struct session *s;
@@ -42,7 +65,16 @@ struct ctl_wait {
 	struct buf body;
 	bool ok;
 	size_t used;
+	struct event *pump; /* a streaming reply's next parts */
 };
+
+static void ctl_wait_free(struct ctl_wait *cw)
+{
+	if (cw->pump)
+		event_free(cw->pump);
+	buf_clear(&cw->body);
+	free(cw);
+}
 
 static void wait_done(struct control_wait *w)
 {
@@ -50,15 +82,54 @@ static void wait_done(struct control_wait *w)
 	struct session *s = cw->s;
 	send_reply(s, cw->ok, buf_str(&cw->body));
 	evbuffer_drain(cw->in, cw->used);
-	buf_clear(&cw->body);
 	session_set_data(s, NULL);
 	struct daemon *d = service_arg(session_service(s));
-	free(cw);
+	ctl_wait_free(cw);
 	if (daemon_stopping(d)) {
 		session_close(s); /* answered; the daemon is on its way out */
 		return;
 	}
 	session_resume(s); /* the next request, if one came meanwhile; may end the session */
+}
+
+/* A streaming reply: the next parts while the peer keeps up, then wait for it. */
+static void stream_pump(evutil_socket_t fd, short what, void *arg)
+{
+	struct ctl_wait *cw = arg;
+	(void)fd;
+	(void)what;
+	struct timeval later = { 0, 0 };
+	for (int k = 0; k < STREAM_PARTS; k++) {
+		if (session_output_length(cw->s) > STREAM_HIGH) {
+			later.tv_usec = STREAM_POLL_MS * 1000;
+			break;
+		}
+		buf_reset(&cw->body);
+		struct daemon *d = service_arg(session_service(cw->s));
+		int r;
+		if (daemon_stopping(d)) {
+			/* a long listing does not hold the shutdown */
+			if (cw->w.cancel)
+				cw->w.cancel(&cw->w);
+			buf_append_cstr(&cw->body, "sluiced is stopping: the reply is cut here\n");
+			cw->ok = false;
+			r = 0;
+		} else {
+			r = cw->w.step(&cw->w);
+		}
+		if (r < 0) {
+			buf_reset(&cw->body);
+			buf_append_cstr(&cw->body, "internal error\n");
+			cw->ok = false;
+		}
+		if (r <= 0) {
+			cw->w.cancel = NULL; /* the command is over: step freed its state */
+			wait_done(&cw->w);
+			return;
+		}
+		send_part(cw->s, buf_str(&cw->body));
+	}
+	event_add(cw->pump, &later);
 }
 
 static void control_close(struct session *s)
@@ -68,8 +139,7 @@ static void control_close(struct session *s)
 		return;
 	if (cw->w.cancel)
 		cw->w.cancel(&cw->w);
-	buf_clear(&cw->body);
-	free(cw);
+	ctl_wait_free(cw);
 }
 
 enum peer_access {
@@ -129,9 +199,9 @@ static bool command_changes_state(size_t argc, const struct str *argv)
 		return false;
 	if (str_eq_cstr(argv[0], "reload"))
 		return true;
-	const char *verbs[][6] = {
+	const char *verbs[][7] = {
 		{ "limits", "reset", NULL },
-		{ "queue", "hold", "release", "delete", "flush", NULL },
+		{ "queue", "hold", "release", "delete", "flush", "bounce", NULL },
 		{ "lanes", "suspend", "resume", NULL },
 	};
 	for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++) {
@@ -198,6 +268,23 @@ static void control_input(struct session *s, struct evbuffer *in)
 		cw->w.done = wait_done;
 		cw->w.svc = cw;
 		r = daemon_control(d, req.argc, req.argv, &cw->body, &cw->ok, &cw->w);
+		if (r == 2) {
+			/* a stream: its first part now, the others from stream_pump() */
+			cw->pump = event_new(session_base(s), -1, 0, stream_pump, cw);
+			if (!cw->pump) {
+				if (cw->w.cancel)
+					cw->w.cancel(&cw->w);
+				ctl_wait_free(cw);
+				session_protocol_error(s, "out of memory");
+				return;
+			}
+			send_part(s, buf_str(&cw->body));
+			session_set_data(s, cw);
+			session_pause(s);
+			struct timeval now = { 0, 0 };
+			event_add(cw->pump, &now);
+			return;
+		}
 		if (r == 1) {
 			/* the request stays in the input until wait_done() answers it */
 			session_set_data(s, cw);

@@ -23,6 +23,12 @@ struct control_wait {
 	bool *ok;
 	void (*done)(struct control_wait *w);   /* set by the service */
 	void (*cancel)(struct control_wait *w); /* set by the command */
+	/* Set by a command that streams its reply (daemon_control() returned 2): the service
+	 * calls it each time the peer has taken what was written; it appends the next part
+	 * to out and returns 1 while more follows, or 0 with the last part in out and *ok
+	 * set (or <0); either way it has freed the command's state.  cancel is called
+	 * instead when the session ends first. */
+	int (*step)(struct control_wait *w);
 	void *cmd;                              /* the command's state */
 	void *svc;                              /* the service's state */
 };
@@ -32,7 +38,8 @@ struct control_wait {
 bool daemon_stopping(const struct daemon *d);
 
 /* Control commands (run on a worker thread): status, stats [--json], reload, limits,
- * test.  Returns 0 (answered in out), 1 (answers later through w), or <0. */
+ * test.  Returns 0 (answered in out), 1 (answers later through w), 2 (out holds the
+ * first part of a reply that w->step goes on with: control.h's "more" parts), or <0. */
 int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct buf *out,
 		   bool *ret_ok, struct control_wait *w);
 

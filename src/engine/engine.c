@@ -601,6 +601,11 @@ size_t session_input_length(const struct session *s)
 	return evbuffer_get_length(bufferevent_get_input(s->bev));
 }
 
+size_t session_output_length(const struct session *s)
+{
+	return evbuffer_get_length(bufferevent_get_output(s->bev));
+}
+
 void session_resume(struct session *s)
 {
 	if (!s->paused)

@@ -131,6 +131,9 @@ int session_write(struct session *s, const void *p, size_t n);
 void session_pause(struct session *s);
 /* Bytes received from the peer and not consumed yet. */
 size_t session_input_length(const struct session *s);
+/* Bytes written with session_write() that the peer has not taken yet (a service that
+ * streams a long reply writes more only while this stays small). */
+size_t session_output_length(const struct session *s);
 /* Start reading again, and deliver input that arrived meanwhile. */
 void session_resume(struct session *s);
 /* End the session once its output is written. */
