@@ -289,6 +289,7 @@ void msg_rcpt_retry(struct relay *r, struct rmsg *m, size_t i, int64_t hint_ms);
 void msg_arm_sweep(struct relay *r);
 void msg_on_sweep(evutil_socket_t fd, short what, void *arg);
 void msg_check_done(struct relay *r, struct rmsg *m);
+int msg_fail_pending(struct relay *r, struct rmsg *m, const char *dsn, const char *text);
 /* m's end (its bounce, its removal) failed for now: the next sweep tries again. */
 void msg_recheck_later(struct relay *r, struct rmsg *m);
 

@@ -519,29 +519,28 @@ void msg_rcpt_retry(struct relay *r, struct rmsg *m, size_t i, int64_t hint_ms)
 
 /* ---- the sweep: expiry, bounces that could not be queued, history ---- */
 
-static void expire(struct relay *r, struct rmsg *m, uint64_t now)
+/*
+ * Every recipient of m still to do fails now with dsn and text (the end of its
+ * lifetime, or the operator's `sluice queue bounce`), and its bounce follows.  m may be
+ * freed.  -EBUSY while a transaction holds some of its recipients.
+ */
+int msg_fail_pending(struct relay *r, struct rmsg *m, const char *dsn, const char *text)
 {
-	const struct relay_conf *c = &r->crt->conf;
-	if (!c->lifetime_ms || m->busy || m->bouncing || m->deleted || m->held)
-		return; /* held mail waits for the operator, as Postfix's hold queue does */
-	if (m->arrival_us * 1000 + (uint64_t)c->lifetime_ms * 1000000u > now)
-		return;
-	if (msg_open_file(r, m) < 0)
-		return;
-	char text[200], d[32];
-	view_fmt_dur((uint64_t)c->lifetime_ms * 1000000u, d, sizeof(d));
-	snprintf(text, sizeof(text), "delivery time expired: the message stayed in the queue "
-		 "for %s", d);
+	if (m->busy || m->bouncing)
+		return -EBUSY;
+	int e = msg_open_file(r, m);
+	if (e < 0)
+		return e;
 	bool any = false;
 	for (size_t i = 0; i < m->nrcpt; i++) {
 		char s = m->r[i].status;
 		if (s != QUEUE_TODO && s != QUEUE_UNCERTAIN)
 			continue;
 		msg_set_status(r, m, i, QUEUE_FAILED);
-		msg_attempt_log(r, m, i, "failed", m->r[i].lane ? m->r[i].lane->name : "-", "", "4.4.7",
+		msg_attempt_log(r, m, i, "failed", m->r[i].lane ? m->r[i].lane->name : "-", "", dsn,
 			    text);
 		msg_delivery_log(r, LOG_LEVEL_NOTICE, m, i, m->r[i].lane ? m->r[i].lane->name : "-", "",
-			     "bounced", "4.4.7", text, NULL);
+			     "bounced", dsn, text, NULL);
 		r->st.failed++;
 		any = true;
 	}
@@ -551,6 +550,21 @@ static void expire(struct relay *r, struct rmsg *m, uint64_t now)
 	}
 	msg_close_file(m);
 	msg_check_done(r, m);
+	return 0;
+}
+
+static void expire(struct relay *r, struct rmsg *m, uint64_t now)
+{
+	const struct relay_conf *c = &r->crt->conf;
+	if (!c->lifetime_ms || m->busy || m->bouncing || m->deleted || m->held)
+		return; /* held mail waits for the operator, as Postfix's hold queue does */
+	if (m->arrival_us * 1000 + (uint64_t)c->lifetime_ms * 1000000u > now)
+		return;
+	char text[200], d[32];
+	view_fmt_dur((uint64_t)c->lifetime_ms * 1000000u, d, sizeof(d));
+	snprintf(text, sizeof(text), "delivery time expired: the message stayed in the queue "
+		 "for %s", d);
+	msg_fail_pending(r, m, "4.4.7", text);
 }
 
 /* Every 30 s, or a quarter of queue.lifetime when that is shorter. */
