@@ -786,10 +786,8 @@ int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct
 		policy_unref(p);
 		return r;
 	}
-	if (str_eq_cstr(argv[0], "queue")) {
-		queue_control(d->queue, argc, argv, out, ret_ok);
-		return 0;
-	}
+	if (str_eq_cstr(argv[0], "queue"))
+		return queue_control(d->queue, argc, argv, out, ret_ok, w);
 	if (str_eq_cstr(argv[0], "lanes")) {
 		relay_control(d->relay, argc, argv, out, ret_ok);
 		return 0;
@@ -798,8 +796,11 @@ int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct
 		buf_append_cstr(out, "commands: status [--json], stats [--reset] [--json], decisions [--json], top, "
 			"reload, "
 			"limits top [RULE] [--json], limits show KEY [RULE], limits reset KEY [RULE], "
-			"test NAME=VALUE..., queue [list|show ID] [--json], "
-			"queue hold|release|delete|flush ID...|--all, lanes [--json], "
+			"test NAME=VALUE..., queue [list] [ID...|SELECTION] [--json], queue show ID [--json], "
+			"queue summary [SELECTION] [by=sender] [top=N] [--json], "
+			"queue hold|release|delete|flush|bounce ID...|--all|SELECTION, "
+			"(SELECTION: domain=D sender=S older=DURATION state=deferred|todo|held|uncertain "
+			"ids=ID,...), lanes [--json], "
 			"lanes suspend NAME [FOR], lanes resume NAME, help\n");
 		*ret_ok = true;
 		return 0;

@@ -1,7 +1,16 @@
 /*
  * queue_control -- the control commands over the queue and the intake: `queue` (list),
- * `queue show ID`, `queue hold|release|delete|flush ID...|--all`, and the queue and
- * intake part of `stats`.
+ * `queue show ID`, `queue summary`, `queue hold|release|delete|flush|bounce
+ * ID...|--all|SELECTION`, and the queue and intake part of `stats`.
+ *
+ * A selection is words of the request: domain=D sender=S older=DURATION state=STATE
+ * ids=ID,ID,... (queue_select.h says what each selects; they combine with "and").  A
+ * listing, a summary and an action on a selection (or --all) walk the index in batches
+ * (queue.h, "Walks") and answer in parts (control.h's "more"): a listing of a million
+ * messages never sits whole in memory nor holds the index's lock for long, and an action
+ * on a million messages ships no IDs back and forth.  The last part of a text listing is
+ * "-- N messages, R recipients, B bytes", of an action "N messages held" (or its JSON
+ * object), so that the CLI can add up the batches of IDs it reads from its input.
  */
 #ifndef SLUICE_QUEUE_CONTROL_H
 #define SLUICE_QUEUE_CONTROL_H
@@ -10,13 +19,16 @@
 #include <stddef.h>
 
 #include "buf.h"
+#include "daemon.h"
 #include "engine.h"
 #include "queue.h"
 #include "str.h"
 
-/* q may be NULL (no queue configured: the command says so). */
-void queue_control(struct queue *q, size_t argc, const struct str *argv, struct buf *out,
-		   bool *ret_ok);
+/* q may be NULL (no queue configured: the command says so).  Returns as
+ * daemon_control(): 0 (answered in out), 2 (a streamed reply that w->step goes on
+ * with), or <0. */
+int queue_control(struct queue *q, size_t argc, const struct str *argv, struct buf *out,
+		  bool *ret_ok, struct control_wait *w);
 /* json: members ("queue":{...},"intake_mail":{...}: "intake" holds the service's session
  * statistics) to put inside the stats object, with a leading comma.  intake may be NULL. */
 void queue_control_stats(struct queue *q, struct service *intake, bool json, struct buf *out);

@@ -15,6 +15,7 @@
 #include "queue.h"
 #include "queue_journal.h"
 #include "queue_retry.h"
+#include "queue_select.h"
 #include "queue_table.h"
 #include "util.h"
 
@@ -820,26 +821,84 @@ static void format_time(uint64_t us, char *out, size_t len)
 		snprintf(out, len, "?");
 }
 
-static const char *status_name(char s)
+/* "1h52m", "3d04h", "45s": a duration for a person, to the minute past an hour. */
+static void format_rel(uint64_t us, char *out, size_t len)
 {
-	switch (s) {
-	case QUEUE_TODO: return "to do";
-	case QUEUE_UNCERTAIN: return "uncertain";
-	case QUEUE_DELIVERED: return "delivered";
-	case QUEUE_FAILED: return "failed";
-	}
-	return "?";
+	uint64_t s = us / 1000000;
+	if (s >= 86400)
+		snprintf(out, len, "%" PRIu64 "d%02" PRIu64 "h", s / 86400, s % 86400 / 3600);
+	else if (s >= 3600)
+		snprintf(out, len, "%" PRIu64 "h%02" PRIu64 "m", s / 3600, s % 3600 / 60);
+	else if (s >= 60)
+		snprintf(out, len, "%" PRIu64 "m%02" PRIu64 "s", s / 60, s % 60);
+	else
+		snprintf(out, len, "%" PRIu64 "s", s);
 }
 
-static int list_entry(const struct qentry *e, bool json, bool first, struct buf *out)
+/*
+ * The reply of each recipient's last line in an attempt log ("ts=... rcpt=I status=...
+ * reply=TEXT"): ret[i] points into log, or is empty when the log has no line for i.
+ */
+static void last_replies(struct str log, size_t nrcpt, struct str *ret)
+{
+	for (size_t i = 0; i < nrcpt; i++)
+		ret[i] = STR_NULL;
+	const char *p = log.ptr, *end = log.ptr + log.len;
+	while (p && p < end) {
+		const char *nl = memchr(p, '\n', (size_t)(end - p));
+		const char *eol = nl ? nl : end;
+		const char *r = memmem(p, (size_t)(eol - p), " rcpt=", 6);
+		const char *t = memmem(p, (size_t)(eol - p), " reply=", 7);
+		if (r && t && r < t) {
+			size_t i = 0;
+			bool digits = false;
+			for (r += 6; r < eol && *r >= '0' && *r <= '9' && i < nrcpt; r++) {
+				i = i * 10 + (size_t)(*r - '0');
+				digits = true;
+			}
+			if (digits && i < nrcpt)
+				ret[i] = str_make(t + 7, (size_t)(eol - t - 7));
+		}
+		p = nl ? nl + 1 : NULL;
+	}
+}
+
+/* How a recipient stands: "deferred: next attempt in 1h52m, 3 attempts". */
+static void rcpt_state(char status, uint64_t next_us, uint32_t attempts, uint64_t now_us,
+		       char *out, size_t len)
+{
+	if (status == QUEUE_DELIVERED || status == QUEUE_FAILED) {
+		snprintf(out, len, "%s", status == QUEUE_DELIVERED ? "delivered" : "failed");
+		return;
+	}
+	char when[32] = "now";
+	if (next_us > now_us) {
+		char rel[24];
+		format_rel(next_us - now_us, rel, sizeof(rel));
+		snprintf(when, sizeof(when), "in %s", rel);
+	}
+	const char *name = status == QUEUE_UNCERTAIN ? "uncertain"
+			   : next_us > now_us	     ? "deferred"
+						     : "to do";
+	if (attempts)
+		snprintf(out, len, "%s: next attempt %s, %" PRIu32 " attempt%s", name, when,
+			 attempts, attempts == 1 ? "" : "s");
+	else
+		snprintf(out, len, "%s: next attempt %s", name, when);
+}
+
+static int list_entry(const struct qentry *e, const struct str *last, uint64_t now_us,
+		      bool json, struct buf *out)
 {
 	char when[32];
 	format_time(e->arrival_us, when, sizeof(when));
 	const char *status = qentry_status(e);
+	const struct qrcpt *rc = qentry_rcpt(e);
 	int r;
 	if (json) {
-		r = buf_printf(out, "%s{\"id\":\"%s\",\"size\":%" PRIu64 ",\"arrival\":\"%s\","
-			       "\"held\":%s,\"sender\":", first ? "" : ",", e->id, e->size, when,
+		r = buf_printf(out, "{\"id\":\"%s\",\"size\":%" PRIu64 ",\"arrival\":\"%s\","
+			       "\"arrival_us\":%" PRIu64 ",\"held\":%s,\"sender\":", e->id, e->size,
+			       when, e->arrival_us,
 			       e->control[QUEUE_CTL_HOLD] == 'H' ? "true" : "false");
 		if (r == 0)
 			r = buf_append_json_string(out, qentry_sender(e));
@@ -850,64 +909,220 @@ static int list_entry(const struct qentry *e, bool json, bool first, struct buf 
 			if (r == 0)
 				r = buf_append_json_string(out, qentry_addr(e, i));
 			if (r == 0)
-				r = buf_printf(out, ",\"status\":\"%c\"}", status[i]);
+				r = buf_printf(out, ",\"status\":\"%c\",\"next_attempt_us\":%" PRIu64
+					       ",\"attempts\":%" PRIu32 ",\"last_reply\":", status[i],
+					       rc[i].next_us, rc[i].attempts);
+			if (r == 0 && last[i].len) {
+				char *t = strndup(last[i].ptr, last[i].len);
+				r = t ? buf_append_json_string(out, t) : -ENOMEM;
+				free(t);
+			} else if (r == 0) {
+				r = buf_append_cstr(out, "null");
+			}
+			if (r == 0)
+				r = buf_append_byte(out, '}');
 		}
-		return r == 0 ? buf_append_cstr(out, "]}") : r;
+		return r == 0 ? buf_append_cstr(out, "]}\n") : r;
 	}
 	r = buf_printf(out, "%s%c %10" PRIu64 "  %s  <%s>\n", e->id,
 		       e->control[QUEUE_CTL_HOLD] == 'H' ? '!' : ' ', e->size, when,
 		       qentry_sender(e));
-	for (size_t i = 0; r == 0 && i < e->nrcpt; i++)
-		r = buf_printf(out, "%48s%c <%s>  (%s)\n", "", status[i], qentry_addr(e, i),
-			       status_name(status[i]));
+	for (size_t i = 0; r == 0 && i < e->nrcpt; i++) {
+		char st[96];
+		rcpt_state(status[i], rc[i].next_us, rc[i].attempts, now_us, st, sizeof(st));
+		r = buf_printf(out, "    %c <%s>  %s\n", status[i], qentry_addr(e, i), st);
+		if (r == 0 && last[i].len)
+			r = buf_printf(out, "        last reply: %.*s\n", (int)last[i].len,
+				       last[i].ptr);
+	}
 	return r;
 }
 
-int queue_list(struct queue *q, const char *id, bool json, struct buf *out)
+/* ---- walks of the index, in batches ---- */
+
+/*
+ * Under ix_lock: visit the messages after the cursor that sel selects, until max were
+ * visited or QUEUE_WALK_SCAN were looked at, and move the cursor past the last one looked
+ * at (c->done at the end).  visit() returns <0 to stop (the walk then returns it; the
+ * cursor stays on the message it refused).
+ */
+static int walk(struct queue *q, const struct queue_select *sel, uint64_t now_us, size_t max,
+		struct queue_cursor *c, int (*visit)(void *arg, const struct qentry *e),
+		void *arg)
 {
-	int r = 0;
+	size_t seen = 0, taken = 0;
+	if (sel->ids) {
+		while (c->next_id < sel->nids && taken < max && seen < QUEUE_WALK_SCAN) {
+			const struct qentry *e = ix_get(q, sel->ids[c->next_id]);
+			seen++;
+			if (e && queue_select_match(sel, e, now_us)) {
+				int r = visit(arg, e);
+				if (r < 0)
+					return r;
+				taken++;
+			} else if (!e) {
+				c->missing++;
+			}
+			c->next_id++;
+		}
+		c->done = c->next_id >= sel->nids;
+		return 0;
+	}
+	const struct qentry *e = c->last[0] ? queue_table_after(&q->ix, c->last)
+					    : queue_table_first(&q->ix);
+	for (; e && taken < max && seen < QUEUE_WALK_SCAN; e = queue_table_next(e)) {
+		seen++;
+		if (queue_select_match(sel, e, now_us)) {
+			int r = visit(arg, e);
+			if (r < 0)
+				return r;
+			taken++;
+		}
+		memcpy(c->last, e->id, sizeof(c->last));
+	}
+	c->done = e == NULL;
+	return 0;
+}
+
+struct copies {
+	struct qentry **v;
+	size_t n;
+};
+
+static int copy_entry(void *arg, const struct qentry *e)
+{
+	struct copies *cp = arg;
+	size_t len = qentry_bytes(e);
+	struct qentry *c = malloc(len);
+	if (!c)
+		return -ENOMEM;
+	memcpy(c, e, len); /* its forward pointers are stale: only read, never followed */
+	cp->v[cp->n++] = c;
+	return 0;
+}
+
+int queue_list_step(struct queue *q, const struct queue_select *sel, uint64_t now_us,
+		    bool json, size_t max, struct queue_cursor *c,
+		    struct queue_list_totals *tot, struct buf *out)
+{
+	if (max == 0 || max > QUEUE_WALK_SCAN)
+		max = QUEUE_WALK_SCAN;
+	struct copies cp = { .v = calloc(max, sizeof(cp.v[0])) };
+	if (!cp.v)
+		return -ENOMEM;
+	struct queue_cursor before = *c;
 	pthread_mutex_lock(&q->ix_lock);
-	if (id) {
-		struct qentry *e = ix_get(q, id);
-		if (!e)
-			r = -ENOENT;
-		else if (json)
-			r = buf_append_cstr(out, "{\"messages\":[");
-		if (r == 0)
-			r = list_entry(e, json, true, out);
-		if (r == 0 && json)
-			r = buf_append_cstr(out, "]}\n");
-		pthread_mutex_unlock(&q->ix_lock);
-		return r;
-	}
-	uint64_t bytes = 0, rcpts = 0;
-	size_t n = q->ix.n;
-	r = json ? buf_append_cstr(out, "{\"messages\":[") : 0;
-	if (r == 0 && !json && q->loading)
-		r = buf_printf(out, "the queue is still loading: %" PRIu64 " of %" PRIu64
-			       " messages read, the list is not complete\n", q->load_done,
-			       q->load_total);
-	if (r == 0 && !json && n)
-		r = buf_printf(out, "%-17s %10s  %-20s  %s\n", "queue id (! held)", "size",
-			       "arrival (UTC)", "sender / recipients (status)");
-	bool first = true;
-	for (const struct qentry *e = queue_table_first(&q->ix); r == 0 && e;
-	     e = queue_table_next(e)) {
-		r = list_entry(e, json, first, out);
-		first = false;
-		bytes += e->size;
-		rcpts += e->nrcpt;
-	}
-	if (r == 0 && json)
-		r = buf_printf(out, "],\"count\":%zu,\"bytes\":%" PRIu64 ",\"loading\":%s}\n", n,
-			       bytes, q->loading ? "true" : "false");
-	else if (r == 0)
-		r = n ? buf_printf(out, "-- %zu messages, %" PRIu64 " recipients, %" PRIu64
-				   " bytes\n", n, rcpts, bytes)
-		      : buf_append_cstr(out, q->loading ? "none loaded yet\n"
-							: "the queue is empty\n");
+	int r = walk(q, sel, now_us, max, c, copy_entry, &cp);
 	pthread_mutex_unlock(&q->ix_lock);
+	if (r < 0) {
+		*c = before; /* the batch again, next time */
+		goto out;
+	}
+	struct buf log;
+	buf_init(&log, QUEUE_LIST_LOG_MAX + 1);
+	for (size_t k = 0; r == 0 && k < cp.n; k++) {
+		const struct qentry *e = cp.v[k];
+		struct str *last = calloc(e->nrcpt ? e->nrcpt : 1, sizeof(*last));
+		if (!last) {
+			r = -ENOMEM;
+			break;
+		}
+		/* the log only of a message something was tried for, as mailq reads only
+		 * the defer logs */
+		bool tried = false;
+		for (size_t i = 0; i < e->nrcpt; i++)
+			tried |= qentry_rcpt(e)[i].attempts || qentry_status(e)[i] != QUEUE_TODO;
+		buf_reset(&log);
+		if (tried && queue_log_read(q->qd, e->id, &log, QUEUE_LIST_LOG_MAX) == 0)
+			last_replies(buf_str(&log), e->nrcpt, last);
+		r = list_entry(e, last, now_us, json, out);
+		free(last);
+		tot->messages++;
+		tot->bytes += e->size;
+		for (size_t i = 0; i < e->nrcpt; i++)
+			tot->recipients += qentry_status(e)[i] == QUEUE_TODO ||
+					   qentry_status(e)[i] == QUEUE_UNCERTAIN;
+	}
+	buf_clear(&log);
+out:
+	for (size_t k = 0; k < cp.n; k++)
+		free(cp.v[k]);
+	free(cp.v);
 	return r;
+}
+
+struct id_list {
+	char (*v)[QUEUE_ID_LEN + 1];
+	size_t n;
+};
+
+static int copy_id(void *arg, const struct qentry *e)
+{
+	struct id_list *l = arg;
+	memcpy(l->v[l->n++], e->id, QUEUE_ID_LEN + 1);
+	return 0;
+}
+
+int queue_select_ids(struct queue *q, const struct queue_select *sel, uint64_t now_us,
+		     size_t max, struct queue_cursor *c, char (*ret)[QUEUE_ID_LEN + 1],
+		     size_t *ret_n)
+{
+	struct id_list l = { .v = ret };
+	pthread_mutex_lock(&q->ix_lock);
+	walk(q, sel, now_us, max, c, copy_id, &l);
+	pthread_mutex_unlock(&q->ix_lock);
+	*ret_n = l.n;
+	return 0;
+}
+
+struct summing {
+	const struct queue_select *sel;
+	uint64_t now_us;
+	bool by_sender;
+	struct queue_summary *sum;
+	int error;
+};
+
+static int count_entry(void *arg, const struct qentry *e)
+{
+	struct summing *s = arg;
+	uint64_t age = s->now_us > e->arrival_us ? s->now_us - e->arrival_us : 0;
+	const char *sender = qentry_sender(e);
+	const char *sdom = sender[0] ? queue_addr_domain(sender) : "<>";
+	bool rsel = s->sel->domain || s->sel->state != QUEUE_SEL_ANY;
+	for (size_t i = 0; i < e->nrcpt; i++) {
+		char st = qentry_status(e)[i];
+		if (st != QUEUE_TODO && st != QUEUE_UNCERTAIN)
+			continue;
+		/* with a recipient selector, only the recipients it picks */
+		if (rsel && !queue_select_rcpt_match(s->sel, e, i, s->now_us))
+			continue;
+		int r = queue_summary_add(s->sum, s->by_sender ? sdom
+						    : queue_addr_domain(qentry_addr(e, i)), age);
+		if (r < 0)
+			s->error = r;
+	}
+	return 0;
+}
+
+int queue_summary_step(struct queue *q, const struct queue_select *sel, uint64_t now_us,
+		       bool by_sender, struct queue_cursor *c, struct queue_summary *sum)
+{
+	struct summing s = { sel, now_us, by_sender, sum, 0 };
+	pthread_mutex_lock(&q->ix_lock);
+	walk(q, sel, now_us, QUEUE_WALK_SCAN, c, count_entry, &s);
+	pthread_mutex_unlock(&q->ix_lock);
+	return s.error;
+}
+
+bool queue_loading(struct queue *q, uint64_t *ret_done, uint64_t *ret_total)
+{
+	pthread_mutex_lock(&q->ix_lock);
+	bool loading = q->loading;
+	*ret_done = q->load_done;
+	*ret_total = q->load_total;
+	pthread_mutex_unlock(&q->ix_lock);
+	return loading;
 }
 
 int queue_show(struct queue *q, const char *id, bool json, struct buf *out)
@@ -929,7 +1144,17 @@ int queue_show(struct queue *q, const char *id, bool json, struct buf *out)
 	char *client = strndup(env->client.ptr ? env->client.ptr : "", env->client.len);
 	char *helo = strndup(env->helo.ptr ? env->helo.ptr : "", env->helo.len);
 	char *logtext = strndup(log.ptr ? log.ptr : "", log.len);
-	r = sender && client && helo && logtext ? 0 : -ENOMEM;
+	size_t nr = m.ix.nrcpt ? m.ix.nrcpt : 1;
+	uint64_t *next = calloc(nr, sizeof(*next));
+	uint32_t *attempts = calloc(nr, sizeof(*attempts));
+	struct str *last = calloc(nr, sizeof(*last));
+	r = sender && client && helo && logtext && next && attempts && last ? 0 : -ENOMEM;
+	if (r == 0) {
+		/* a message the loader has not reached yet shows no retry state */
+		queue_get_retry(q, id, m.ix.nrcpt, next, attempts);
+		last_replies(str_make(logtext, log.len), m.ix.nrcpt, last);
+	}
+	uint64_t now_us = realtime_ns() / 1000;
 	if (r == 0 && json) {
 		r = buf_printf(out, "{\"id\":\"%s\",\"arrival\":\"%s\",\"size\":%" PRIu64
 			       ",\"declared_size\":%" PRIu64 ",\"8bitmime\":%s,\"smtputf8\":%s,"
@@ -957,7 +1182,15 @@ int queue_show(struct queue *q, const char *id, bool json, struct buf *out)
 			if (r == 0)
 				r = buf_append_json_string(out, a);
 			if (r == 0)
-				r = buf_printf(out, ",\"status\":\"%c\"}", m.ix.rcpt[i].status);
+				r = buf_printf(out, ",\"status\":\"%c\",\"next_attempt_us\":%" PRIu64
+					       ",\"attempts\":%" PRIu32 ",\"last_reply\":",
+					       m.ix.rcpt[i].status, next[i], attempts[i]);
+			free(a);
+			a = last[i].len ? strndup(last[i].ptr, last[i].len) : NULL;
+			if (r == 0)
+				r = a ? buf_append_json_string(out, a) : buf_append_cstr(out, "null");
+			if (r == 0)
+				r = buf_append_byte(out, '}');
 			free(a);
 		}
 		if (r == 0)
@@ -978,9 +1211,16 @@ int queue_show(struct queue *q, const char *id, bool json, struct buf *out)
 			       env->flags & QUEUE_SMTPUTF8 ? "SMTPUTF8" : "", m.ix.control,
 			       m.ix.control[QUEUE_CTL_HOLD], m.ix.control[QUEUE_CTL_BOUNCE],
 			       m.ix.nrcpt, m.todo, m.uncertain, m.delivered, m.failed);
-		for (size_t i = 0; r == 0 && i < m.ix.nrcpt; i++)
-			r = buf_printf(out, "  %c <%.*s>\n", m.ix.rcpt[i].status,
-				       (int)m.ix.rcpt[i].addr.len, m.ix.rcpt[i].addr.ptr);
+		for (size_t i = 0; r == 0 && i < m.ix.nrcpt; i++) {
+			char st[96];
+			rcpt_state(m.ix.rcpt[i].status, next[i], attempts[i], now_us, st,
+				   sizeof(st));
+			r = buf_printf(out, "  %c <%.*s>  %s\n", m.ix.rcpt[i].status,
+				       (int)m.ix.rcpt[i].addr.len, m.ix.rcpt[i].addr.ptr, st);
+			if (r == 0 && last[i].len)
+				r = buf_printf(out, "      last reply: %.*s\n", (int)last[i].len,
+					       last[i].ptr);
+		}
 		if (r == 0)
 			r = buf_printf(out, "attempts:\n%s", log.len ? logtext : "  (none yet)\n");
 	}
@@ -988,6 +1228,9 @@ int queue_show(struct queue *q, const char *id, bool json, struct buf *out)
 	free(client);
 	free(helo);
 	free(logtext);
+	free(next);
+	free(attempts);
+	free(last);
 	buf_clear(&log);
 	queue_msg_close(&m);
 	return r;
@@ -1044,6 +1287,17 @@ int queue_delete(struct queue *q, const char *id)
 	if (r == 0)
 		notify(q, QUEUE_EV_DELETE, id);
 	return r;
+}
+
+int queue_bounce(struct queue *q, const char *id)
+{
+	pthread_mutex_lock(&q->ix_lock);
+	bool known = ix_get(q, id) != NULL;
+	pthread_mutex_unlock(&q->ix_lock);
+	if (!known)
+		return -ENOENT;
+	notify(q, QUEUE_EV_BOUNCE, id);
+	return 0;
 }
 
 /* Under ix_lock: append records (whole ones, at most 64) in one write. */

@@ -36,6 +36,7 @@
 #include "buf.h"
 #include "queue_dir.h"
 #include "queue_file.h"
+#include "queue_select.h"
 #include "str.h"
 
 struct queue;
@@ -135,10 +136,49 @@ struct queue_stats {
 };
 void queue_stats(struct queue *q, struct queue_stats *ret);
 
-/* `sluice queue`: every message (or only the given ID), text or JSON, appended to out.
- * While the queue loads the text starts with a line that says so, and the JSON has
- * "loading":true. */
-int queue_list(struct queue *q, const char *id, bool json, struct buf *out);
+/*
+ * Walks of the index for `sluice queue`, in batches: each call holds the index's lock
+ * once, for at most QUEUE_WALK_SCAN messages, and moves the cursor past the last one it
+ * looked at; the next call goes on from the ID after it, so a message committed or
+ * removed meanwhile is seen or not, and none is seen twice.  With sel->ids the walk goes
+ * through those IDs instead of the index (c->missing counts the ones not in it).
+ */
+#define QUEUE_WALK_SCAN 4096
+struct queue_cursor {
+	char last[QUEUE_ID_LEN + 1]; /* the last ID looked at; "" before the first */
+	size_t next_id;              /* with sel->ids: the next of them */
+	uint64_t missing;            /* with sel->ids: IDs not in the index */
+	bool done;                   /* the walk is over */
+};
+struct queue_list_totals {
+	uint64_t messages, recipients, bytes; /* recipients: pending (T or U) */
+};
+/* The last bytes of a message's attempt log that a listing reads, for each recipient's
+ * last reply (a recipient whose last line is older than that shows none). */
+#define QUEUE_LIST_LOG_MAX 16384
+/*
+ * `sluice queue`: the next (at most max) messages that sel selects, appended to out: in
+ * text, a line for the message ("ID[!] SIZE ARRIVAL <SENDER>") and one for each
+ * recipient (status, next attempt, attempts) with its last reply; with json, one object
+ * a line.  The entries are copied under the lock; their attempt logs are read and the
+ * text formatted after it is released.  now_us: the clock for "next attempt in ...".
+ * 0, or -ENOMEM (the cursor is where it was).
+ */
+int queue_list_step(struct queue *q, const struct queue_select *sel, uint64_t now_us,
+		    bool json, size_t max, struct queue_cursor *c,
+		    struct queue_list_totals *tot, struct buf *out);
+/* The IDs of the next (at most max) messages that sel selects, into ret[]. */
+int queue_select_ids(struct queue *q, const struct queue_select *sel, uint64_t now_us,
+		     size_t max, struct queue_cursor *c, char (*ret)[QUEUE_ID_LEN + 1],
+		     size_t *ret_n);
+/* `sluice queue summary`: count the pending recipients of the next messages that sel
+ * selects into sum, by recipient domain (or by_sender: by the sender's domain, "<>" for
+ * the null sender).  With a recipient selector (domain, state) only the recipients it
+ * picks count.  0 or -ENOMEM (a recipient counted in the total only). */
+int queue_summary_step(struct queue *q, const struct queue_select *sel, uint64_t now_us,
+		       bool by_sender, struct queue_cursor *c, struct queue_summary *sum);
+/* Is the loader still filling the index?  With its progress. */
+bool queue_loading(struct queue *q, uint64_t *ret_done, uint64_t *ret_total);
 /* `sluice queue show ID`: envelope, control and status bytes, the attempt history. */
 int queue_show(struct queue *q, const char *id, bool json, struct buf *out);
 /* Hold ('H') or release ('-') a message: one byte written and flushed.  0, -ENOENT (also
@@ -152,7 +192,11 @@ int queue_delete(struct queue *q, const char *id);
  * (journaled; attempts are kept) and the listener gets QUEUE_EV_FLUSH.  0, -ENOENT, or
  * the errno of the journal's write (the index is changed all the same). */
 int queue_flush(struct queue *q, const char *id);
-/* The IDs of every message, in arrival order (for --all); *ret is malloc'ed. */
+/* Fail the message's pending recipients now, with a DSN to its sender ("5.0.0 returned
+ * by the administrator"): the listener gets QUEUE_EV_BOUNCE and the relay, which owns the
+ * status bytes, does it.  0, -ENOENT (also for a message the loader has not reached). */
+int queue_bounce(struct queue *q, const char *id);
+/* The IDs of every message, in arrival order; *ret is malloc'ed. */
 int queue_ids(struct queue *q, char (**ret)[QUEUE_ID_LEN + 1], size_t *ret_n);
 
 /* ---- the relay's side ---- */
@@ -164,6 +208,7 @@ enum queue_event {
 	QUEUE_EV_RELEASE,
 	QUEUE_EV_DELETE,
 	QUEUE_EV_FLUSH,       /* `sluice queue flush`: eligible now (budgets still apply) */
+	QUEUE_EV_BOUNCE,      /* `sluice queue bounce`: its pending recipients fail now */
 };
 /*
  * fn(arg, ev, id) is called after each event, on the thread that caused it (the

@@ -312,12 +312,13 @@ def test_kill_during_injection_loses_nothing(sluiced):
     assert len(by_qid) == len(messages) + len(duplicates)
 
     # the restarted daemon lists exactly the files, once it has loaded them (it loads
-    # its queue in the background: the list says "loading" until then)
+    # its queue in the background: `sluice status` says "loading" until then)
     s.start()
-    listing = wait_until(lambda: (lambda js: not js.get("loading") and js)(
-        json.loads(s.cli("queue", "--json").stdout)), 30, "the queue to load")
-    assert {e["id"] for e in listing["messages"]} == set(by_qid), \
-        f"expected `sluice queue` to list the {len(by_qid)} files, got {listing['count']}"
+    wait_until(lambda: not json.loads(s.cli("status", "--json").stdout)["queue"]["loading"],
+               30, "the queue to load")
+    listed = [json.loads(line)["id"] for line in s.cli("queue", "--json").stdout.splitlines()]
+    assert set(listed) == set(by_qid), \
+        f"expected `sluice queue` to list the {len(by_qid)} files, got {len(listed)}"
     retries = sum(m.attempts - 1 for m in messages)
     print(f"\n{MESSAGES} messages ({sum(len(m.body) for m in messages) / 1e6:.1f} MB, "
           f"{sum(len(m.rcpts) for m in messages)} recipients) over {CLIENTS} connections "
