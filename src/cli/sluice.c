@@ -4,7 +4,9 @@
  *   sluice [-c FILE | -s SOCKET] status|stats [--reset]|decisions|reload|help [--json]
  *   sluice ... top [-n SECONDS] [-b ITERATIONS]
  *   sluice ... limits top [RULE] | limits show KEY [RULE] | limits reset KEY [RULE]
- *   sluice ... queue [list|show ID] | queue hold|release|delete|flush ID...|--all
+ *   sluice ... queue [list] [ID...|-] [SELECTION] | queue show ID | queue summary [SELECTION]
+ *   sluice ... queue hold|release|delete|flush|bounce ID...|-|--all|SELECTION
+ *              SELECTION: [--domain D] [--sender S] [--older-than DURATION] [--state S]
  *   sluice ... test [--client-ip IP] [--client-name NAME] [--helo NAME] [--sasl-user U]
  *                   [--from ADDR] [--rcpt ADDR]... [--header "Name: value"]...
  *                   [--size BYTES] [--message FILE]
@@ -16,6 +18,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
+#include <inttypes.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,9 +58,15 @@ static void usage(FILE *f)
 		"       [--message FILE]\n"
 		"            explain what the rules would do with such a transaction now,\n"
 		"            without counting anything (--message: headers and size from a file)\n"
-		"  queue [list] [ID]          the intake's queue: messages, recipients, status\n"
+		"  queue [list] [ID...|-] [SELECTION]\n"
+		"            the queue: messages, each recipient's status, next attempt, last\n"
+		"            reply (- reads IDs from the input, one a line; --json: JSON lines)\n"
 		"  queue show ID              one message: envelope, status bytes, history\n"
-		"  queue hold|release|delete|flush ID...|--all\n"
+		"  queue summary [SELECTION] [--by sender] [--top N]\n"
+		"            recipients by domain and age (5m ... 1280m+), as qshape\n"
+		"  queue hold|release|delete|flush|bounce ID...|-|--all|SELECTION\n"
+		"            SELECTION: --domain D (.D: its subdomains) --sender ADDR|@D|'<>'\n"
+		"            --older-than DURATION --state deferred|todo|held|uncertain\n"
 		"  lanes                      the relay's lanes: budget used, next send, state\n"
 		"  lanes suspend NAME [FOR]   stop a lane (until resumed, or for a duration)\n"
 		"  lanes resume NAME          lift a lane's suspension\n"
@@ -262,6 +271,230 @@ static int build_test(struct buf *req, int argc, char **argv)
 	return 0;
 }
 
+/* ---- queue ---- */
+
+/* What `sluice queue ...` sends: the request without IDs read from the input. */
+struct queue_req {
+	const char *verb;
+	bool stdin_ids;
+};
+
+/*
+ * queue [VERB] [ID...|-|--all] [--domain D] [--sender S] [--older-than D] [--state S]
+ * [--by sender|recipient] [--top N] [--json]: the request's words (selections become
+ * NAME=VALUE words).  -1 on a usage error (said).
+ */
+static int build_queue(struct buf *req, int argc, char **argv, struct queue_req *ret)
+{
+	static const struct {
+		const char *opt, *word;
+	} opts[] = {
+		{ "--domain", "domain" }, { "--sender", "sender" }, { "--older-than", "older" },
+		{ "--state", "state" },	  { "--by", "by" },	    { "--top", "top" },
+	};
+	static const char *const verbs[] = { "list", "show", "summary", "hold", "release",
+					     "delete", "flush", "bounce" };
+	ret->verb = "list";
+	ret->stdin_ids = false;
+	if (buf_append_cstr(req, "queue") < 0)
+		return -1;
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		bool known = false;
+		for (size_t k = 0; k < sizeof(opts) / sizeof(opts[0]); k++) {
+			size_t ol = strlen(opts[k].opt);
+			if (strncmp(a, opts[k].opt, ol) != 0 || (a[ol] && a[ol] != '='))
+				continue;
+			const char *v = a[ol] == '=' ? a + ol + 1 : i + 1 < argc ? argv[++i] : NULL;
+			if (!v) {
+				fprintf(stderr, "sluice queue: %s needs a value\n", opts[k].opt);
+				return -1;
+			}
+			if (strcmp(opts[k].word, "sender") == 0 && !v[0])
+				v = "<>";
+			if (!v[0] || strpbrk(v, " \t\n,") ||
+			    buf_printf(req, " %s=%s", opts[k].word, v) < 0) {
+				fprintf(stderr, "sluice queue: %s: bad value \"%s\"\n", opts[k].opt, v);
+				return -1;
+			}
+			known = true;
+		}
+		if (known)
+			continue;
+		if (strcmp(a, "-") == 0) {
+			ret->stdin_ids = true;
+			continue;
+		}
+		if (i == 1)
+			for (size_t k = 0; k < sizeof(verbs) / sizeof(verbs[0]); k++)
+				if (strcmp(a, verbs[k]) == 0)
+					ret->verb = verbs[k];
+		if (strcmp(a, "--json") == 0)
+			continue; /* added by main */
+		if (a[0] == '-' && strcmp(a, "--all") != 0) {
+			fprintf(stderr, "sluice queue: unknown option \"%s\"\n", a);
+			return -1;
+		}
+		if (!a[0] || strpbrk(a, " \t\n=") || buf_printf(req, " %s", a) < 0) {
+			fprintf(stderr, "sluice: bad argument \"%s\"\n", a);
+			return -1;
+		}
+	}
+	if (ret->stdin_ids && (strcmp(ret->verb, "show") == 0 ||
+			       strcmp(ret->verb, "summary") == 0)) {
+		fprintf(stderr, "sluice queue %s: no IDs from the input (-)\n", ret->verb);
+		return -1;
+	}
+	return 0;
+}
+
+/* As sluiced says what was done to the messages of a selection. */
+static const char *done_word(const char *verb)
+{
+	static const char *const words[][2] = {
+		{ "hold", "held" },	  { "release", "released" },
+		{ "delete", "deleted" }, { "flush", "eligible for delivery now" },
+		{ "bounce", "returned to the sender" },
+	};
+	for (size_t i = 0; i < sizeof(words) / sizeof(words[0]); i++)
+		if (strcmp(verb, words[i][0]) == 0)
+			return words[i][1];
+	return verb;
+}
+
+static void print_part(void *arg, const char *p, size_t n)
+{
+	(void)arg;
+	fwrite(p, 1, n, stdout);
+}
+
+/* The number written just before word in text ("12 messages"), 0 if none. */
+static uint64_t num_before(const char *text, const char *word)
+{
+	const char *w = strstr(text, word);
+	if (!w)
+		return 0;
+	const char *d = w;
+	while (d > text && d[-1] >= '0' && d[-1] <= '9')
+		d--;
+	return strtoull(d, NULL, 10);
+}
+
+static uint64_t json_num(const char *text, const char *key)
+{
+	char k[32];
+	snprintf(k, sizeof(k), "\"%s\":", key);
+	const char *p = strstr(text, k);
+	return p ? strtoull(p + strlen(k), NULL, 10) : 0;
+}
+
+/*
+ * `sluice queue VERB - ...`: the IDs read from the input, sent in batches of as many as
+ * a request line holds (each request is "REQUEST ids=ID,ID,..."), the parts printed as
+ * they come, and the batches' last lines added up into one.
+ */
+static int queue_from_input(int fd, const struct buf *base, const struct queue_req *qr,
+			    bool json)
+{
+	bool list = strcmp(qr->verb, "list") == 0;
+	uint64_t n[4] = { 0 }; /* list: messages, recipients, bytes; action: done, failed;
+				* both: IDs not found [3] */
+	bool all_ok = true, any = false;
+	struct buf req, body;
+	buf_init(&req, CONTROL_LINE_MAX - 1);
+	buf_init(&body, CONTROL_BODY_MAX + 1);
+	char line[256];
+	bool eof = false;
+	int rc = 0;
+	while (!eof) {
+		buf_reset(&req);
+		/* base ends with its newline */
+		buf_append(&req, base->ptr, base->len - 1);
+		if (any && list && !json)
+			buf_append_cstr(&req, " nohead");
+		buf_append_cstr(&req, " ids=");
+		size_t ids = 0;
+		while (req.len + 64 < CONTROL_LINE_MAX - 16) {
+			if (!fgets(line, sizeof(line), stdin)) {
+				eof = true;
+				break;
+			}
+			size_t l = strcspn(line, " \t\r\n");
+			if (l == 0)
+				continue;
+			line[l] = '\0';
+			if (l > 32 || strchr(line, ',')) {
+				fprintf(stderr, "sluice queue: \"%.40s\" is no queue ID\n", line);
+				all_ok = false;
+				continue;
+			}
+			buf_printf(&req, "%s%s", ids ? "," : "", line);
+			ids++;
+		}
+		if (ids == 0 && any)
+			break;
+		buf_append_byte(&req, '\n');
+		bool ok = false;
+		const char *why = "";
+		int r = control_call_parts(fd, req.ptr, req.len, print_part, NULL, &body, &ok, &why,
+					   NULL);
+		if (r < 0) {
+			fprintf(stderr, "sluice: %s\n", r == -EPROTO ? why : strerror(-r));
+			rc = r == -EPROTO ? EX_PROTOCOL : EX_UNAVAILABLE;
+			break;
+		}
+		any = true;
+		const char *t = body.ptr ? body.ptr : "";
+		if (!ok) {
+			all_ok = false;
+			/* an error says why, unless it is only IDs that are gone */
+			if (!strstr(t, "IDs not in the queue") && !strstr(t, "\"missing\""))
+				fputs(t, stderr);
+		}
+		if (json && list) {
+			n[3] += num_before(t, " IDs not in the queue");
+		} else if (json) {
+			n[0] += json_num(t, "done");
+			n[1] += json_num(t, "failed");
+			n[3] += json_num(t, "missing");
+		} else if (list) {
+			n[0] += num_before(t, " message");
+			n[1] += num_before(t, " recipient");
+			n[2] += num_before(t, " bytes");
+			n[3] += num_before(t, " IDs not in the queue");
+		} else {
+			n[0] += num_before(t, " message");
+			n[1] += num_before(t, " failed");
+			n[3] += num_before(t, " IDs not in the queue");
+		}
+	}
+	if (rc == 0) {
+		if (json && list && n[3])
+			fprintf(stderr, "sluice: %" PRIu64 " IDs not in the queue\n", n[3]);
+		if (json && !list)
+			printf("{\"selected\":%" PRIu64 ",\"done\":%" PRIu64 ",\"failed\":%" PRIu64
+			       ",\"missing\":%" PRIu64 "}\n", n[0] + n[1], n[0], n[1], n[3]);
+		else if (list && !json)
+			printf("-- %" PRIu64 " messages, %" PRIu64 " recipients, %" PRIu64 " bytes",
+			       n[0], n[1], n[2]);
+		else if (!json)
+			printf("%" PRIu64 " message%s %s", n[0], n[0] == 1 ? "" : "s",
+			       done_word(qr->verb));
+		if (!json) {
+			if (!list && n[1])
+				printf("; %" PRIu64 " failed", n[1]);
+			if (n[3])
+				printf("%s%" PRIu64 " IDs not in the queue%s", list ? " (" : "; ", n[3],
+				       list ? ")" : "");
+			printf("\n");
+		}
+		rc = all_ok && !n[3] ? 0 : 1;
+	}
+	buf_clear(&req);
+	buf_clear(&body);
+	return rc;
+}
+
 /* top [-n SECONDS] [-b|--batch ITERATIONS] */
 static int parse_top(int argc, char **argv, unsigned *ret_interval, long *ret_batch)
 {
@@ -361,6 +594,14 @@ int main(int argc, char **argv)
 			return 2;
 		optind = argc;
 	}
+	struct queue_req qr = { 0 };
+	if (!top && strcmp(argv[optind], "queue") == 0) {
+		for (int i = optind; i < argc; i++)
+			json |= strcmp(argv[i], "--json") == 0;
+		if (build_queue(&req, argc - optind, argv + optind, &qr) < 0)
+			return 2;
+		optind = argc;
+	}
 	for (int i = optind; i < argc; i++) {
 		if (strcmp(argv[i], "--json") == 0) {
 			json = true;
@@ -401,11 +642,19 @@ int main(int argc, char **argv)
 		close(fd);
 		return rc;
 	}
+	if (qr.stdin_ids) {
+		int rc = queue_from_input(fd, &req, &qr, json);
+		close(fd);
+		buf_clear(&req);
+		return rc;
+	}
 	struct buf body;
 	buf_init(&body, CONTROL_BODY_MAX + 1);
 	bool ok = false;
 	const char *why = "";
-	int r = control_call(fd, req.ptr, req.len, &body, &ok, &why, NULL);
+	/* a reply in parts (a queue listing) is printed as it comes */
+	int r = control_call_parts(fd, req.ptr, req.len, print_part, NULL, &body, &ok, &why,
+				   NULL);
 	close(fd);
 	buf_clear(&req);
 	int rc = 0;
