@@ -307,6 +307,11 @@ static void on_mailbox(evutil_socket_t fd, short what, void *arg)
 					msg_check_done(r, m);
 				}
 				break;
+			case QUEUE_EV_BOUNCE:
+				if (!m && (msg_load(r, it->id) < 0 || !(m = msg_find(r, it->id))))
+					break;
+				msg_bounce_by_operator(r, m);
+				break;
 			}
 			free(it);
 			break;
@@ -326,7 +331,10 @@ static void on_mailbox(evutil_socket_t fd, short what, void *arg)
 				}
 				msg_schedule(r, m);
 				msg_kick_lanes(m);
-				msg_check_done(r, m); /* last: it may free m */
+				if (m->bounce_asked)
+					msg_bounce_by_operator(r, m); /* last: it may free m */
+				else
+					msg_check_done(r, m);
 			} else if (m && it->rc == 0) {
 				bounce_done(r, m);
 			} else if (m) {
@@ -339,6 +347,8 @@ static void on_mailbox(evutil_socket_t fd, short what, void *arg)
 					msg_recheck_later(r, m);
 				msg_schedule(r, m);
 				msg_kick_lanes(m);
+				if (m->bounce_asked)
+					msg_bounce_by_operator(r, m);
 			}
 			free(it);
 			break;

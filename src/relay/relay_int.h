@@ -94,6 +94,7 @@ struct rmsg {
 	bool warned;                  /* control byte QUEUE_CTL_WARNED is 'W' */
 	bool is_dsn;                  /* a DSN this relay made: never bounced itself */
 	bool recheck;                 /* its id is in relay.recheck */
+	bool bounce_asked;            /* `sluice queue bounce` while it was busy */
 	char bounce;                  /* control byte QUEUE_CTL_BOUNCE */
 	bool open;
 	unsigned flushing;            /* status flushes handed to the flusher, not yet done */
@@ -290,6 +291,9 @@ void msg_arm_sweep(struct relay *r);
 void msg_on_sweep(evutil_socket_t fd, short what, void *arg);
 void msg_check_done(struct relay *r, struct rmsg *m);
 int msg_fail_pending(struct relay *r, struct rmsg *m, const char *dsn, const char *text);
+/* The operator's `sluice queue bounce` (QUEUE_EV_BOUNCE): now, or when m's transactions
+ * and its delay notice are over.  m may be freed. */
+void msg_bounce_by_operator(struct relay *r, struct rmsg *m);
 /* m's end (its bounce, its removal) failed for now: the next sweep tries again. */
 void msg_recheck_later(struct relay *r, struct rmsg *m);
 

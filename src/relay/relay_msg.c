@@ -553,6 +553,15 @@ int msg_fail_pending(struct relay *r, struct rmsg *m, const char *dsn, const cha
 	return 0;
 }
 
+void msg_bounce_by_operator(struct relay *r, struct rmsg *m)
+{
+	m->bounce_asked = true;
+	if (m->busy || m->bouncing)
+		return; /* tx_done() or the notice's commit comes back here */
+	m->bounce_asked = false;
+	msg_fail_pending(r, m, "5.0.0", "returned by the administrator");
+}
+
 static void expire(struct relay *r, struct rmsg *m, uint64_t now)
 {
 	const struct relay_conf *c = &r->crt->conf;

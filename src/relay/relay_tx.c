@@ -407,7 +407,10 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 	tx_free(t);
 	if (m->busy == 0) {
 		msg_close_file(m);
-		msg_check_done(r, m); /* waits for the flush */
+		if (m->bounce_asked)
+			msg_bounce_by_operator(r, m);
+		else
+			msg_check_done(r, m); /* waits for the flush */
 	}
 	lane_kick(l);
 }

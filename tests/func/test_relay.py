@@ -363,8 +363,7 @@ def test_uncertain_hold_is_written(relay):
                          drop_after_dot_first=1)
     send(port, ["u@example.net"])
     sd.log.wait_for(r"status=uncertain", timeout=20)
-    listing = json.loads(sd.cli("queue", "--json").stdout)
-    msgs = listing["messages"] if isinstance(listing, dict) else listing
+    msgs = [json.loads(line) for line in sd.cli("queue", "--json").stdout.splitlines()]
     assert len(msgs) == 1 and msgs[0].get("held") is True, msgs
     time.sleep(1.5)
     assert sh.accepted() == []
