@@ -120,7 +120,8 @@ int queue_journal_open(int dirfd, struct queue_journal **ret)
 		rc = -errno;
 	closedir(d);
 	if (rc == 0) {
-		qsort(j->old, j->nold, sizeof(*j->old), u64_cmp);
+		if (j->nold)
+			qsort(j->old, j->nold, sizeof(*j->old), u64_cmp);
 		j->cur = j->nold ? j->old[j->nold - 1] + 1 : 1;
 		struct stat st;
 		char name[32];
