@@ -595,7 +595,7 @@ int main(int argc, char **argv)
 		optind = argc;
 	}
 	struct queue_req qr = { 0 };
-	if (!top && strcmp(argv[optind], "queue") == 0) {
+	if (!top && optind < argc && strcmp(argv[optind], "queue") == 0) {
 		for (int i = optind; i < argc; i++)
 			json |= strcmp(argv[i], "--json") == 0;
 		if (build_queue(&req, argc - optind, argv + optind, &qr) < 0)
