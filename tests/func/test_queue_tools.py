@@ -193,9 +193,11 @@ def test_bounce_sends_a_dsn(deferred):
     sd, sh, port = deferred(sends=[("owner@example.org", ["x1@gone.example"]),
                                    ("owner@example.org", ["x2@gone.example"]),
                                    ("keep@example.org", ["y@stays.example"])])
+    # the DSNs (and only they: the others wait an hour) go out; before the bounce, which
+    # queues and sends them at once
+    sh._rcpt_tempfail_p = 0.0
     res = sd.cli("queue", "bounce", "--domain", "gone.example")
     assert res.stdout == "2 messages returned to the sender\n", res.stdout
-    sh._rcpt_tempfail_p = 0.0  # the DSN (and only it: the others wait an hour) goes out
     # one DSN per message, as for any bounce
     wait_until(lambda: len([m for m in sh.accepted() if m.sender == ""]) >= 2, 15, "the DSNs")
     dsns = [m for m in sh.accepted() if m.sender == ""]
