@@ -212,17 +212,25 @@ int msg_route(struct relay *r, struct rmsg *m)
  * and not in a transaction; never while m is held, deleted or being bounced, or when it
  * has no such recipient.  One pass over the recipients for all items.
  */
+static bool msg_parked(const struct rmsg *m)
+{
+	return m->held || m->deleted || m->bouncing;
+}
+
+/* A recipient that a lane will send: routed, T or U, and not in a transaction. */
+static bool rcpt_waits(const struct rrcpt *rr)
+{
+	return rr->lane && !rr->busy &&
+	       (rr->status == QUEUE_TODO || rr->status == QUEUE_UNCERTAIN);
+}
+
 static void items_due(const struct rmsg *m, uint64_t *due)
 {
-	bool parked = m->held || m->deleted || m->bouncing;
 	for (size_t k = 0; k < m->nitems; k++)
 		due[k] = SCHED_NEVER;
-	for (size_t i = 0; i < m->nrcpt && !parked; i++) {
+	for (size_t i = 0; i < m->nrcpt && !msg_parked(m); i++) {
 		const struct rrcpt *rr = &m->r[i];
-		if (!rr->lane || rr->busy ||
-		    (rr->status != QUEUE_TODO && rr->status != QUEUE_UNCERTAIN))
-			continue;
-		if (rr->next_try < due[rr->item])
+		if (rcpt_waits(rr) && rr->next_try < due[rr->item])
 			due[rr->item] = rr->next_try;
 	}
 }
@@ -257,13 +265,11 @@ void msg_schedule_lane(struct relay *r, struct rmsg *m, struct lane *l)
 	if (!it)
 		return;
 	uint64_t due = SCHED_NEVER;
-	if (!m->held && !m->deleted && !m->bouncing)
-		for (size_t i = 0; i < m->nrcpt; i++) {
-			const struct rrcpt *rr = &m->r[i];
-			if (rr->lane == l && !rr->busy && rr->next_try < due &&
-			    (rr->status == QUEUE_TODO || rr->status == QUEUE_UNCERTAIN))
-				due = rr->next_try;
-		}
+	for (size_t i = 0; i < m->nrcpt && !msg_parked(m); i++) {
+		const struct rrcpt *rr = &m->r[i];
+		if (rr->lane == l && rcpt_waits(rr) && rr->next_try < due)
+			due = rr->next_try;
+	}
 	item_place(r, it, due, realtime_ns());
 }
 
