@@ -246,6 +246,8 @@ static void *loader_main(void *arg)
 		compact(q);
 		pthread_mutex_lock(&q->ix_lock);
 		q->compacting = false;
+		/* appends during the compaction went uncounted against the thresholds */
+		queue_maybe_compact(q);
 	}
 	pthread_mutex_unlock(&q->ix_lock);
 	return NULL;
