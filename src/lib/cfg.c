@@ -50,6 +50,7 @@
  * value[value_len]; node->file of every node points into the root's own allocation.
  */
 #include "cfg.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -63,7 +64,6 @@
 #include <unistd.h>
 
 #define CFG_MAX_NODES 1000000u
-#define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 
 struct parser {
 	const char *file;       /* the root's copy of the file name */
@@ -1251,17 +1251,13 @@ static int parse_duration(const char *s, size_t len, int64_t *ret)
 	return 0;
 }
 
-/* Writes ms in the largest unit that divides it: 90000 -> "90s", 3600000 -> "1h". */
-static const char *fmt_duration(int64_t ms, char *buf, size_t size)
+/* A bound of a duration key as sluice.conf writes it ("-5s" below zero). */
+static const char *duration_shown(int64_t ms, char *buf, size_t size)
 {
-	for (size_t u = 0; u < ARRAY_SIZE(duration_units); u++) {
-		if (ms != 0 && ms % duration_units[u].ms == 0) {
-			snprintf(buf, size, "%" PRId64 "%s", ms / duration_units[u].ms,
-				 duration_units[u].name);
-			return buf;
-		}
-	}
-	snprintf(buf, size, "%" PRId64 "ms", ms);
+	if (ms >= 0)
+		return fmt_duration(buf, size, (uint64_t)ms, DURATION_EXACT);
+	buf[0] = '-';
+	fmt_duration(buf + 1, size - 1, (uint64_t)0 - (uint64_t)ms, DURATION_EXACT);
 	return buf;
 }
 
@@ -1278,7 +1274,7 @@ int cfg_duration_ms(const struct cfg_node *n, int64_t min, int64_t max, int64_t 
 		r = -ERANGE;
 	if (r == -ERANGE)
 		cfg_error(n, err, errlen, "%s is out of range [%s, %s]", show(n, shown, sizeof(shown)),
-			  fmt_duration(min, lo, sizeof(lo)), fmt_duration(max, hi, sizeof(hi)));
+			  duration_shown(min, lo, sizeof(lo)), duration_shown(max, hi, sizeof(hi)));
 	else if (r < 0)
 		cfg_error(n, err, errlen, "expected a duration such as 250ms, 30s, 5m, 2h, 1d, 1w "
 			  "or 1h30m, got %s", show(n, shown, sizeof(shown)));

@@ -259,7 +259,6 @@ struct relay {
 /* ---- relay.c: logging, the mailbox, configuration ---- */
 void relay_logf(struct relay *r, enum log_level level, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
-void relay_clean_text(const char *in, char *out, size_t max);
 void relay_reply_text(const struct smtp_out_result *res, const struct smtp_reply *rep,
 		       char *out, size_t len);
 int relay_post(struct relay *r, struct mb_item *it);
@@ -336,6 +335,10 @@ void *flush_main(void *arg);
 void flush_post(struct relay *r, struct rmsg *m);
 
 /* ---- relay_view.c: views ---- */
-void view_fmt_dur(uint64_t ns, char *out, size_t len);
+/* A wait in ns as ms for fmt_duration(), UINT64_MAX ("never") kept. */
+static inline uint64_t ns_to_ms(uint64_t ns)
+{
+	return ns == UINT64_MAX ? UINT64_MAX : ns / 1000000u;
+}
 
 #endif

@@ -157,15 +157,6 @@ static const struct store_ops redis_ops;
 
 /* ---- small helpers -------------------------------------------------------------------- */
 
-static uint64_t jitter(uint64_t ms)
-{
-	uint32_t r = 0;
-	if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != sizeof(r))
-		r = (uint32_t)now_ns();
-	/* 80% to 120% */
-	return ms * 4 / 5 + (ms ? r % (ms * 2 / 5 + 1) : 0);
-}
-
 static const char *failure_name(enum store_failure f)
 {
 	switch (f) {
@@ -1026,7 +1017,7 @@ static void retry_later(struct rconn *c)
 	c->backoff_ms = c->backoff_ms ? c->backoff_ms * 2 : BACKOFF_MIN_MS;
 	if (c->backoff_ms > BACKOFF_MAX_MS)
 		c->backoff_ms = BACKOFF_MAX_MS;
-	struct timeval tv = timeval_from_ms(jitter(c->backoff_ms));
+	struct timeval tv = timeval_from_ms(jitter(c->backoff_ms, 20, 20));
 	evtimer_add(c->retry, &tv);
 }
 
