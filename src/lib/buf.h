@@ -24,7 +24,7 @@ struct buf {
 
 void buf_init(struct buf *b, size_t max);
 /* A buffer over caller memory (size >= 1) that never reallocates: max = size - 1.  Do not
- * buf_clear() it. */
+ * buf_free() it. */
 static inline void buf_init_fixed(struct buf *b, char *space, size_t size)
 {
 	b->ptr = space;
@@ -34,7 +34,7 @@ static inline void buf_init_fixed(struct buf *b, char *space, size_t size)
 	space[0] = '\0';
 }
 /* Release the memory; the buffer can be used again (with the same max). */
-void buf_clear(struct buf *b);
+void buf_free(struct buf *b);
 /* Forget the contents, keep the memory. */
 static inline void buf_reset(struct buf *b)
 {

@@ -1428,6 +1428,17 @@ static void put_field(struct line *m, const char *name, struct str v, char open,
 		line_printf(m, " %s=%s", name, q);
 }
 
+void policy_decision_log(const struct policy_decision *d, enum policy_stage st,
+			 const struct policy_log_ctx *ctx,
+			 void (*emit)(void *arg, enum log_level level, const char *line), void *arg)
+{
+	for (size_t i = 0; i < d->nover; i++) {
+		char line[1024];
+		enum log_level level = policy_decision_line(d, i, st, ctx, line, sizeof(line));
+		emit(arg, level, line);
+	}
+}
+
 enum log_level policy_decision_line(const struct policy_decision *d, size_t i,
 				    enum policy_stage st, const struct policy_log_ctx *ctx,
 				    char *buf, size_t len)

@@ -198,7 +198,7 @@ static void stop_now(evutil_socket_t fd, short what, void *arg)
 	struct lane *l;
 	TAILQ_FOREACH(l, &r->lanes, link) {
 		while (!TAILQ_EMPTY(&l->conns)) {
-			struct rconn *rc = TAILQ_FIRST(&l->conns);
+			struct lane_conn *rc = TAILQ_FIRST(&l->conns);
 			if (rc->tx) {
 				/* its recipients stay T on disk: sent again after the restart */
 				rc->tx->m->busy--;
@@ -637,7 +637,7 @@ struct relay *relay_free(struct relay *r)
 	struct lane *l;
 	while ((l = TAILQ_FIRST(&r->lanes))) {
 		while (!TAILQ_EMPTY(&l->conns)) {
-			struct rconn *rc = TAILQ_FIRST(&l->conns);
+			struct lane_conn *rc = TAILQ_FIRST(&l->conns);
 			if (rc->tx) {
 				rc->tx->m->busy--;
 				rc->tx = tx_free(rc->tx);

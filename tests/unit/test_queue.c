@@ -194,7 +194,7 @@ static void test_commit_list_reopen(void **state)
 	queue_stats(q, &st);
 	assert_int_equal(st.messages, 1);
 	assert_int_equal(queue_show(q, b, false, &out), -ENOENT);
-	buf_clear(&out);
+	buf_free(&out);
 	queue_free(q);
 }
 
@@ -260,7 +260,7 @@ static void test_many_recipients(void **state)
 	assert_int_equal(queue_show(q, id, true, &out), 0);
 	assert_non_null(strstr(out.ptr, "\"user19999@example.org\""));
 	assert_non_null(strstr(out.ptr, "\"size\":1048576"));
-	buf_clear(&out);
+	buf_free(&out);
 	assert_int_equal(queue_delete(q, id), 0);
 	queue_free(q);
 }
@@ -565,7 +565,7 @@ static void test_walks(void **state)
 	buf_reset(&out);
 	assert_int_equal(queue_show(q, ids[5], true, &out), 0);
 	assert_non_null(strstr(out.ptr, "\"attempts\":2,\"last_reply\":null"));
-	buf_clear(&out);
+	buf_free(&out);
 	queue_set_listener(q, NULL, NULL);
 	queue_free(q);
 }
@@ -600,7 +600,7 @@ static void test_last_reply(void **state)
 	buf_reset(&out);
 	assert_int_equal(queue_show(q, id, false, &out), 0);
 	assert_non_null(strstr(out.ptr, "      last reply: 450 4.2.1 \"quoted\" last\n"));
-	buf_clear(&out);
+	buf_free(&out);
 	queue_free(q);
 }
 
