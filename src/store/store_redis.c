@@ -1380,7 +1380,7 @@ static size_t redis_top(void *ctx, struct store_top_entry *ret, size_t max, uint
 	(void)ret;
 	(void)max;
 	(void)now;
-	return 0; /* keys live in Redis; see the README for scanning them */
+	return 0; /* keys live in Redis; doc/CLUSTERS.md shows how to scan them */
 }
 
 static size_t redis_expire(void *ctx, uint64_t now)
