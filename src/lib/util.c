@@ -202,11 +202,11 @@ const char *fmt_duration(char *out, size_t len, uint64_t ms, enum duration_style
 			snprintf(out, len, "never");
 		else if (ms < 1000)
 			snprintf(out, len, "%" PRIu64 "ms", ms);
-		else if (ms < 120000)
+		else if (ms < 60000)
 			snprintf(out, len, "%.1fs", (double)ms / 1e3);
-		else if (ms < 7200000)
+		else if (ms < 3600000)
 			snprintf(out, len, "%" PRIu64 "m%02" PRIu64 "s", ms / 60000, ms / 1000 % 60);
-		else if (ms < 172800000)
+		else if (ms < 86400000)
 			snprintf(out, len, "%" PRIu64 "h%02" PRIu64 "m", ms / 3600000, ms / 60000 % 60);
 		else
 			snprintf(out, len, "%" PRIu64 "d%02" PRIu64 "h", ms / 86400000,

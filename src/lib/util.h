@@ -64,8 +64,9 @@ uint64_t jitter(uint64_t v, unsigned below_pct, unsigned above_pct);
  *                   90000 -> "90s", 3600000 -> "1h", 1500 -> "1500ms", "2w";
  *   DURATION_UP     at most two units, rounded up (never less than the real wait):
  *                   "45s", "3m20s", "2h5m", "1d3h" (whole seconds; ms rounded up);
- *   DURATION_BRIEF  a short reading for tables: "250ms", "1.5s", "2m05s", "1h02m",
- *                   "3d04h"; UINT64_MAX is "never".
+ *   DURATION_BRIEF  a short reading for tables and listings, to the minute past an
+ *                   hour: "250ms", "1.5s", "2m05s", "1h02m", "3d04h"; UINT64_MAX is
+ *                   "never".
  * ms is milliseconds; the result is cut to fit len. */
 enum duration_style { DURATION_EXACT, DURATION_UP, DURATION_BRIEF };
 const char *fmt_duration(char *out, size_t len, uint64_t ms, enum duration_style style);

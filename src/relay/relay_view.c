@@ -160,7 +160,8 @@ static int do_lanes(struct relay *r, void *arg)
 			if (susp && l->b.suspended_until - now > UINT64_C(10) * 365 * 86400 * 1000000000) {
 				buf_printf(b, "  SUSPENDED    until resumed: %s\n", l->b.why);
 			} else if (susp) {
-				fmt_duration(d, sizeof(d), ns_to_ms(l->b.suspended_until - now), DURATION_BRIEF);
+				fmt_duration(d, sizeof(d), ns_to_ms(l->b.suspended_until - now),
+					     DURATION_BRIEF);
 				buf_printf(b, "  SUSPENDED    for %s: %s\n", d, l->b.why);
 			} else {
 				buf_append_cstr(b, "  state        active\n");

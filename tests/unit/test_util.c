@@ -98,8 +98,11 @@ static void test_duration(void **state)
 		{ 250, DURATION_BRIEF, "250ms" },
 		{ 1500, DURATION_BRIEF, "1.5s" },
 		{ 125000, DURATION_BRIEF, "2m05s" },
-		{ 3720000, DURATION_BRIEF, "62m00s" },
+		{ 3720000, DURATION_BRIEF, "1h02m" },
+		{ 3599000, DURATION_BRIEF, "59m59s" },
+		{ 59900, DURATION_BRIEF, "59.9s" },
 		{ 7320000, DURATION_BRIEF, "2h02m" },
+		{ 86400000, DURATION_BRIEF, "1d00h" },
 		{ 273600000, DURATION_BRIEF, "3d04h" },
 		{ UINT64_MAX, DURATION_BRIEF, "never" },
 	};
