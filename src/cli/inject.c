@@ -204,10 +204,10 @@ static int fold_long_lines(struct buf *msg, size_t *ret_folded)
 	buf_init(&out, msg->len + msg->len / (INJECT_LINE_MAX / 3) + 64);
 	int r = inject_msg_fold(buf_str(msg), INJECT_LINE_MAX, &out);
 	if (r < 0) {
-		buf_free(&out);
+		buf_done(&out);
 		return r;
 	}
-	buf_free(msg);
+	buf_done(msg);
 	*msg = out;
 	return 0;
 }
@@ -428,7 +428,7 @@ static int sendmail_sender(struct sendmail *s, const struct passwd *pw)
 			r = -E2BIG;
 		if (r == 0 && x.err == 1 && buf_append_str(&s->sender, buf_str(&x.tmp)) < 0)
 			r = -ENAMETOOLONG;
-		buf_free(&x.tmp);
+		buf_done(&x.tmp);
 		if (r < 0) {
 			fprintf(stderr, "%s: -f %s: %s\n", s->prog, s->sender_arg,
 				r == -E2BIG ? "one address only" : "not a usable address");
@@ -497,7 +497,7 @@ static int sendmail_message(struct sendmail *s, const struct passwd *pw)
 	inject_text_init(&text, &raw, s->dots_end);
 	int r = read_message(0, &text);
 	if (r < 0) {
-		buf_free(&raw);
+		buf_done(&raw);
 		if (r == -ENOBUFS) {
 			fprintf(stderr, "%s: the message is larger than the intake takes (%llu "
 					"bytes)\n", s->prog, (unsigned long long)s->t.max_size);
@@ -535,7 +535,7 @@ static int sendmail_message(struct sendmail *s, const struct passwd *pw)
 	/* room for the fields added */
 	buf_init(&s->msg, s->t.max_size + 2048);
 	r = inject_msg_headers(buf_str(&raw), &o, &s->msg, &res);
-	buf_free(&raw);
+	buf_done(&raw);
 	switch (r) {
 	case 0:
 		break;
@@ -617,7 +617,7 @@ static int sendmail_transaction(struct sendmail *s, struct smtp_client *c, size_
 			r = put_xtext(&cmd, s->envid);
 	}
 	int code = r < 0 ? -E2BIG : smtp_client_command(c, COMMAND_TIMEOUT_MS, "%s", cmd.ptr);
-	buf_free(&cmd);
+	buf_done(&cmd);
 	if (code < 200 || code >= 300)
 		return sendmail_fail(s, c, code, "the intake refused the sender", EX_DATAERR);
 
@@ -805,7 +805,7 @@ int inject_sendmail(int argc, char **argv, const char *config, const char *prog)
 			status = EX_USAGE;
 		}
 	}
-	buf_free(&x.tmp);
+	buf_done(&x.tmp);
 	if (!status && !s.extract && s.rcpts.n == 0) {
 		fprintf(stderr, "%s: no recipients: give them as arguments, or use -t\n", prog);
 		sendmail_usage(stderr, prog);
@@ -815,8 +815,8 @@ int inject_sendmail(int argc, char **argv, const char *config, const char *prog)
 		status = sendmail_message(&s, pw);
 	if (!status)
 		status = sendmail_deliver(&s);
-	buf_free(&s.msg);
-	buf_free(&s.sender);
+	buf_done(&s.msg);
+	buf_done(&s.sender);
 	inject_rcpts_clear(&s.rcpts);
 	target_free(&s.t);
 	return status;
@@ -1037,7 +1037,7 @@ int inject_qmail_remote(int argc, char **argv, const char *config)
 		if (!rcpt[nrcpt].addr)
 			break;
 	}
-	buf_free(&a);
+	buf_done(&a);
 	if (!rcpt || nrcpt < (size_t)argc - 3) {
 		q_put(&q, "ZOut of memory. (#4.3.0)\n");
 		q_end(&q);
@@ -1077,8 +1077,8 @@ int inject_qmail_remote(int argc, char **argv, const char *config)
 	smtp_client_quit(&q.c);
 	smtp_client_close(&q.c);
 out:
-	buf_free(&q.out);
-	buf_free(&msg);
+	buf_done(&q.out);
+	buf_done(&msg);
 	for (size_t i = 0; rcpt && i < nrcpt; i++)
 		free(rcpt[i].addr);
 	free(rcpt);

@@ -52,7 +52,7 @@ static void usage(FILE *f)
 		"  --json    machine-readable output (status, stats, decisions, limits, queue,\n"
 		"            lanes)\n",
 		(int)cmds.len, cmds.ptr ? cmds.ptr : "", CONFIG_DEFAULT_PATH);
-	buf_free(&cmds);
+	buf_done(&cmds);
 }
 
 static int connect_to(const char *spec)
@@ -462,8 +462,8 @@ static int queue_from_input(int fd, const struct buf *base, const struct queue_r
 		}
 		rc = all_ok && !n[3] ? 0 : 1;
 	}
-	buf_free(&req);
-	buf_free(&body);
+	buf_done(&req);
+	buf_done(&body);
 	return rc;
 }
 
@@ -609,7 +609,7 @@ int main(int argc, char **argv)
 	if (fd < 0)
 		return EX_UNAVAILABLE;
 	if (top) {
-		buf_free(&req);
+		buf_done(&req);
 		int rc = top_run(fd, top_interval, top_batch);
 		close(fd);
 		return rc;
@@ -617,7 +617,7 @@ int main(int argc, char **argv)
 	if (qr.stdin_ids) {
 		int rc = queue_from_input(fd, &req, &qr, json);
 		close(fd);
-		buf_free(&req);
+		buf_done(&req);
 		return rc;
 	}
 	struct buf body;
@@ -628,7 +628,7 @@ int main(int argc, char **argv)
 	int r = control_call_parts(fd, req.ptr, req.len, print_part, NULL, &body, &ok, &why,
 				   NULL);
 	close(fd);
-	buf_free(&req);
+	buf_done(&req);
 	int rc = 0;
 	if (r == 0) {
 		fwrite(body.ptr, 1, body.len, ok ? stdout : stderr);
@@ -644,6 +644,6 @@ int main(int argc, char **argv)
 		fprintf(stderr, "sluice: %s\n", strerror(-r));
 		rc = EX_UNAVAILABLE;
 	}
-	buf_free(&body);
+	buf_done(&body);
 	return rc;
 }

@@ -126,7 +126,7 @@ void smtp_client_close(struct smtp_client *c)
 	c->fd = -1;
 	free(c->name);
 	c->name = NULL;
-	buf_free(&c->reply);
+	buf_done(&c->reply);
 }
 
 /* Milliseconds left until deadline (a now_ms() value), at least 0. */

@@ -43,7 +43,7 @@ static void send_reply(struct session *s, bool ok, struct str body)
 	buf_init(&out, CONTROL_BODY_MAX + 64);
 	control_put_reply(&out, ok, body);
 	session_write(s, out.ptr, out.len);
-	buf_free(&out);
+	buf_done(&out);
 }
 
 static void send_part(struct session *s, struct str body)
@@ -54,7 +54,7 @@ static void send_part(struct session *s, struct str body)
 	buf_init(&out, CONTROL_BODY_MAX + 64);
 	control_put_part(&out, body);
 	session_write(s, out.ptr, out.len);
-	buf_free(&out);
+	buf_done(&out);
 }
 
 /* A command waiting for the store, or streaming: its reply buffer and the request's
@@ -73,7 +73,7 @@ static void ctl_wait_free(struct ctl_wait *cw)
 {
 	if (cw->pump)
 		event_free(cw->pump);
-	buf_free(&cw->body);
+	buf_done(&cw->body);
 	free(cw);
 }
 
@@ -275,7 +275,7 @@ static void control_input(struct session *s, struct evbuffer *in)
 			cw->ok = false;
 		}
 		send_reply(s, cw->ok, buf_str(&cw->body));
-		buf_free(&cw->body);
+		buf_done(&cw->body);
 		free(cw);
 		evbuffer_drain(in, used);
 		if (cs->stopping(cs->arg)) {

@@ -338,7 +338,7 @@ static void on_overrides(evutil_socket_t fd, short what, void *arg)
 		log_error("%.*s", (int)(err.len - 1), err.ptr);
 	if (n > 0)
 		log_notice("reloaded %d overrides file%s", n, n == 1 ? "" : "s");
-	buf_free(&err);
+	buf_done(&err);
 	arm_timer(d->ev_overrides, d->cfg->store.overrides_check_ms);
 }
 

@@ -440,7 +440,7 @@ static void on_close(void *ctx, struct milter_session *ms)
 	policy_msg_end(h->policy, &st->msg, false, realtime_ns());
 	policy_msg_clear(&st->msg);
 	policy_class_release(h->policy, st->slot);
-	buf_free(&st->header_bytes);
+	buf_done(&st->header_bytes);
 	free(st->headers);
 	free(st);
 	milter_session_set_handler_data(ms, NULL);

@@ -94,7 +94,7 @@ static void pf_close(struct session *s)
 	free(c->held);
 	end_message(c);
 	policy_msg_clear(&c->msg);
-	buf_free(&c->out);
+	buf_done(&c->out);
 	free(c);
 }
 

@@ -738,7 +738,7 @@ int dsn_format(const struct dsn_info *info, const struct dsn_rcpt *rcpt, size_t 
 	}
 	if (r < 0)
 		buf_truncate(out, start);
-	buf_free(&hdr);
-	buf_free(&sc);
+	buf_done(&hdr);
+	buf_done(&sc);
 	return r;
 }

@@ -155,7 +155,7 @@ static int recover_message(void *arg, const struct queue_msg *m)
 	struct qentry *e = r == 0 ? qentry_new(ix->env.id, ix->env.arrival_us, ix->body_len,
 					       names.ptr, names.len, ix->nrcpt)
 				  : NULL;
-	buf_free(&names);
+	buf_done(&names);
 	if (!e)
 		return -ENOMEM;
 	memcpy(e->control, ix->control, sizeof(e->control));
@@ -345,8 +345,8 @@ static struct queue_new *new_free(struct queue_new *n)
 	if (n->fd >= 0)
 		close(n->fd);
 	queue_writer_free(n->w);
-	buf_free(&n->out);
-	buf_free(&n->names);
+	buf_done(&n->out);
+	buf_done(&n->names);
 	free(n);
 	return NULL;
 }

@@ -348,7 +348,7 @@ static void test_reply_body_bounds(void **state)
 	assert_int_equal(control_put_reply(&out, true, str_make(body, CONTROL_BODY_MAX + 1)), -EINVAL);
 	assert_int_equal(out.len, 0);
 	free(body);
-	buf_free(&out);
+	buf_done(&out);
 }
 
 /* control_put_reply() output, read back. */
@@ -408,8 +408,8 @@ static void test_reply_round_trip(void **state)
 	struct buf tiny;
 	buf_init(&tiny, 4);
 	assert_true(control_put_reply(&tiny, true, str_cstr("x")) < 0);
-	buf_free(&tiny);
-	buf_free(&out);
+	buf_done(&tiny);
+	buf_done(&out);
 }
 
 /* A request line and a reply header for each word count and each length parse back. */
@@ -433,7 +433,7 @@ static void test_request_round_trip(void **state)
 			snprintf(w, sizeof(w), "w%zu", i);
 			assert_true(str_eq_cstr(req.argv[i], w));
 		}
-		buf_free(&line);
+		buf_done(&line);
 	}
 }
 
@@ -502,7 +502,7 @@ static void test_cmds_table(void **state)
 	buf_reset(&b);
 	assert_int_equal(control_cmds_help(&b, true), 0);
 	assert_non_null(memmem(b.ptr, b.len, "\n  sendmail ", 12));
-	buf_free(&b);
+	buf_done(&b);
 }
 
 int main(void)

@@ -172,7 +172,7 @@ static void test_commit_list_reopen(void **state)
 	queue_stats(q, &st);
 	assert_int_equal(st.messages, 1);
 	assert_int_equal(queue_show(q, b, false, &out), -ENOENT);
-	buf_free(&out);
+	buf_done(&out);
 	queue_free(q);
 }
 
@@ -238,7 +238,7 @@ static void test_many_recipients(void **state)
 	assert_int_equal(queue_show(q, id, true, &out), 0);
 	assert_non_null(strstr(out.ptr, "\"user19999@example.org\""));
 	assert_non_null(strstr(out.ptr, "\"size\":1048576"));
-	buf_free(&out);
+	buf_done(&out);
 	assert_int_equal(queue_delete(q, id), 0);
 	queue_free(q);
 }
@@ -543,7 +543,7 @@ static void test_walks(void **state)
 	buf_reset(&out);
 	assert_int_equal(queue_show(q, ids[5], true, &out), 0);
 	assert_non_null(strstr(out.ptr, "\"attempts\":2,\"last_reply\":null"));
-	buf_free(&out);
+	buf_done(&out);
 	queue_set_listener(q, NULL, NULL);
 	queue_free(q);
 }
@@ -578,7 +578,7 @@ static void test_last_reply(void **state)
 	buf_reset(&out);
 	assert_int_equal(queue_show(q, id, false, &out), 0);
 	assert_non_null(strstr(out.ptr, "      last reply: 450 4.2.1 \"quoted\" last\n"));
-	buf_free(&out);
+	buf_done(&out);
 	queue_free(q);
 }
 
