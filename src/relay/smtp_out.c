@@ -424,8 +424,8 @@ void smtp_out_after_hello(struct smtp_out *c)
 			return;
 		}
 		if (cf->tls != SMTP_TLS_MAY) {
-			smtp_out_fail(c, SMTP_STAGE_STARTTLS, -EPERM, "TLS is required and STARTTLS is not smtp_out_offered",
-			     NULL, false);
+			smtp_out_fail(c, SMTP_STAGE_STARTTLS, -EPERM,
+				      "TLS is required and STARTTLS is not offered", NULL, false);
 			return;
 		}
 	}
