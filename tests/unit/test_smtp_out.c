@@ -762,6 +762,8 @@ static void test_cases(void **state)
 		assert_int_equal(o->usable, t->usable);
 		if (t->error)
 			assert_true(o->why[0] != '\0');
+		if (t->error == -EPERM) /* what the operator reads in the log and the queue */
+			assert_string_equal(o->why, "TLS is required and STARTTLS is not offered");
 		if (t->error == -EMSGSIZE)
 			assert_int_equal(o->size_limit, 1000);
 		free(srv.data);
