@@ -22,6 +22,7 @@ The server is private to this module: its own unix socket in a temporary directo
 TCP port, no persistence; every test starts from an empty database.
 """
 
+import os
 import pathlib
 import re
 import shutil
@@ -34,7 +35,9 @@ from conftest import unix_listening, wait_until
 
 HERE = pathlib.Path(__file__).resolve().parent
 SOURCE_ROOT = HERE.parent.parent
-SCRIPTS = SOURCE_ROOT / "src/store/redis"
+# the scripts as sluiced embeds them: assembled in the build directory (with their
+# helpers, src/store/redis/lib); $REDIS_SCRIPTS is set by meson
+SCRIPTS = pathlib.Path(os.environ.get("REDIS_SCRIPTS") or SOURCE_ROOT / "build/src/store/redis")
 CASES = SOURCE_ROOT / "tests/cases/store.cases"
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"

@@ -37,11 +37,11 @@ end
 
 local sub = string.sub
 
-local now_s, now_n
+--@include ns.lua
+
 local arg_now = ARGV[2]
 if arg_now == '' then
-	local t = redis.call('TIME')
-	now_s, now_n = tonumber(t[1]), tonumber(t[2]) * 1000
+	now_s, now_n = server_now()
 else
 	local l = #arg_now
 	if l > 9 then
@@ -51,19 +51,12 @@ else
 	end
 end
 
--- TAT - now, in ns (a missing key is TAT = now): the decimal string is split into
--- seconds and nanoseconds, each exact in a double.
+-- TAT - now, in ns (a missing key is TAT = now).
 local function ahead_of(tat)
 	if not tat then
 		return 0
 	end
-	local l = #tat
-	local s, n
-	if l > 9 then
-		s, n = tonumber(sub(tat, 1, l - 9)), tonumber(sub(tat, l - 8))
-	else
-		s, n = 0, tonumber(tat)
-	end
+	local s, n = split_ns(tat)
 	if not s or not n then
 		error('gcra.lua: stored TAT is not a decimal integer: ' .. tat)
 	end
@@ -73,47 +66,11 @@ end
 -- A whole double >= 0 in decimal, saturating at 2^64 - 1 as the memory store does
 -- ('%d' goes through a C long and is wrong past 2^63; '%.0f' prints a whole double
 -- exactly).
-local U64_MAX = '18446744073709551615'
 local function u64_string(x)
 	if x >= 18446744073709551616 then
 		return U64_MAX
 	end
 	return string.format('%.0f', x)
-end
-
--- now + rel as a decimal ns string, and the rel it holds, for rel >= 0 whole, saturating at 2^64 - 1 ns (the
--- year 2554: "never").  fmod is exact; the quotient is rounded to the integer it must be.
-local function tat_string(rel)
-	local r = math.fmod(rel, 1e9)
-	local q = math.floor((rel - r) / 1e9 + 0.5)
-	local s, n = now_s + q, now_n + r
-	if n >= 1e9 then
-		s, n = s + 1, n - 1e9
-	end
-	if s > 18446744073 or (s == 18446744073 and n > 709551615) then
-		return U64_MAX, (18446744073 - now_s) * 1e9 + (709551615 - now_n)
-	end
-	if s == 0 then
-		return string.format('%d', n), rel
-	end
-	return string.format('%.0f%09d', s, n), rel
-end
-
--- ceil(a / b) for whole a >= 0, b > 0, exact below 2^53 (a plain a / b may round across
--- an integer).
-local function div_ceil(a, b)
-	local q = math.floor(a / b)
-	local r = a - q * b
-	while r < 0 do
-		q, r = q - 1, r + b
-	end
-	while r >= b do
-		q, r = q + 1, r - b
-	end
-	if r > 0 then
-		q = q + 1
-	end
-	return q
 end
 
 local function used_at(rel, t)

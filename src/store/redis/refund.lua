@@ -14,56 +14,14 @@
 -- a TAT only while it is ahead of now; one that would fall to now or below is deleted,
 -- and one that stays gets the PX gcra.lua gives (TAT - now, rounded up to ms, plus 1 s).
 
-local function digits(s, what)
-	if type(s) ~= 'string' or not string.find(s, '^%d+$') or #s > 20 then
-		error('refund.lua: ' .. what .. ' is not a decimal integer: ' .. tostring(s))
-	end
-	return s
-end
+local SCRIPT, DIGITS_MAX = 'refund.lua', 20
+--@include digits.lua
+--@include ns.lua
 
-local function split_ns(s)
-	local n = #s
-	if n > 9 then
-		return tonumber(string.sub(s, 1, n - 9)), tonumber(string.sub(s, n - 8))
-	end
-	return 0, tonumber(s)
-end
-
-local now_s, now_n
 if ARGV[1] == '' then
-	local t = redis.call('TIME')
-	now_s, now_n = tonumber(t[1]), tonumber(t[2]) * 1000
+	now_s, now_n = server_now()
 else
 	now_s, now_n = split_ns(digits(ARGV[1], 'now'))
-end
-
-local function div_ceil(a, b)
-	local q = math.floor(a / b)
-	local r = a - q * b
-	while r < 0 do
-		q, r = q - 1, r + b
-	end
-	while r >= b do
-		q, r = q + 1, r - b
-	end
-	if r > 0 then
-		q = q + 1
-	end
-	return q
-end
-
--- now + rel for 0 < rel, below the TAT it came from (so below 2^64 ns)
-local function tat_string(rel)
-	local r = math.fmod(rel, 1e9)
-	local q = math.floor((rel - r) / 1e9 + 0.5)
-	local s, n = now_s + q, now_n + r
-	if n >= 1e9 then
-		s, n = s + 1, n - 1e9
-	end
-	if s == 0 then
-		return string.format('%d', n)
-	end
-	return string.format('%.0f%09d', s, n)
 end
 
 local n = tonumber(digits(ARGV[2], 'item count'))

@@ -38,21 +38,9 @@
 -- sends the stepped clock still counts; each is then more than W old in real time, the
 -- same compromise as slide.h's forgetting, but slide.c, which has no expiry, keeps them.
 
-local function digits(s, what)
-	if type(s) ~= 'string' or not string.find(s, '^%d+$') or #s > 20 then
-		error('slide.lua: ' .. what .. ' is not a decimal integer: ' .. tostring(s))
-	end
-	return s
-end
-
--- a decimal of ns into seconds and ns, each exact in a double
-local function split_ns(s)
-	local n = #s
-	if n > 9 then
-		return tonumber(string.sub(s, 1, n - 9)), tonumber(string.sub(s, n - 8))
-	end
-	return 0, tonumber(s)
-end
+local SCRIPT, DIGITS_MAX = 'slide.lua', 20
+--@include digits.lua
+--@include ns.lua
 
 local nwin = #KEYS
 local mode = ARGV[1]
@@ -73,10 +61,8 @@ if mode == 'take' and (not id or id == '') then
 	error('slide.lua: take needs a member id')
 end
 
-local now_s, now_n
 if ARGV[2] == '' then
-	local t = redis.call('TIME')
-	now_s, now_n = tonumber(t[1]), tonumber(t[2]) * 1000
+	now_s, now_n = server_now()
 else
 	now_s, now_n = split_ns(digits(ARGV[2], 'now'))
 end
@@ -151,7 +137,7 @@ for i = 1, nwin do
 	reply[2 + i] = count[i]
 end
 if never then
-	reply[2] = '18446744073709551615'
+	reply[2] = U64_MAX
 elseif sub_us == 0 then
 	reply[2] = string.format('%.0f000', d_max)
 elseif d_max > 1 then

@@ -17,56 +17,23 @@
 -- last write (an expiry is only ever extended, so a node with a longer lease never loses
 -- its slots to one with a shorter).
 
-local function digits(s, what)
-	if type(s) ~= 'string' or not string.find(s, '^%d+$') or #s > 18 then
-		error('slot_enter.lua: ' .. what .. ' is not a decimal integer: ' .. tostring(s))
-	end
-	return tonumber(s)
-end
+local SCRIPT, DIGITS_MAX = 'slot_enter.lua', 18
+--@include digits.lua
+--@include lease.lua
 
 local key, node = KEYS[1], ARGV[1]
 if not node or node == '' then
 	error('slot_enter.lua: no node id')
 end
-local cap = digits(ARGV[2], 'cap')
-local lease = digits(ARGV[3], 'lease_ms')
+local cap = tonumber(digits(ARGV[2], 'cap'))
+local lease = tonumber(digits(ARGV[3], 'lease_ms'))
 if lease == 0 then
 	error('slot_enter.lua: lease_ms must be above 0')
 end
-local now
-if ARGV[4] == '' then
-	local t = redis.call('TIME')
-	now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-else
-	now = digits(ARGV[4], 'now')
-end
+local now = lease_now(ARGV[4])
 
 -- Drop expired nodes (and slot counts that belong to no lease); sum the rest.
-local h = redis.call('HGETALL', key)
-local counts, expiry = {}, {}
-for i = 1, #h, 2 do
-	local f, v = h[i], tonumber(h[i + 1]) or 0
-	local kind, who = string.sub(f, 1, 2), string.sub(f, 3)
-	if kind == 'c:' then
-		counts[who] = v
-	elseif kind == 'e:' then
-		expiry[who] = v
-	end
-end
-local used = 0
-for who, e in pairs(expiry) do
-	if e < now then
-		redis.call('HDEL', key, 'c:' .. who, 'e:' .. who)
-		counts[who] = nil
-	end
-end
-for who, c in pairs(counts) do
-	if not expiry[who] then
-		redis.call('HDEL', key, 'c:' .. who)
-	elseif c > 0 then
-		used = used + c
-	end
-end
+local used = live_slots(key, now)
 
 if used >= cap then
 	return { 0, used }

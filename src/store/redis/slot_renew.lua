@@ -12,68 +12,29 @@
 -- Invariants: as slot_enter.lua -- expired nodes are dropped before anything is summed; a
 -- node with no slots keeps no fields; a hash's expiry is only ever extended.
 
-local function digits(s, what)
-	if type(s) ~= 'string' or not string.find(s, '^%d+$') or #s > 18 then
-		error('slot_renew.lua: ' .. what .. ' is not a decimal integer: ' .. tostring(s))
-	end
-	return tonumber(s)
-end
+local SCRIPT, DIGITS_MAX = 'slot_renew.lua', 18
+--@include digits.lua
+--@include lease.lua
 
 local node = ARGV[1]
 if not node or node == '' then
 	error('slot_renew.lua: no node id')
 end
-local lease = digits(ARGV[2], 'lease_ms')
+local lease = tonumber(digits(ARGV[2], 'lease_ms'))
 if lease == 0 then
 	error('slot_renew.lua: lease_ms must be above 0')
 end
-local now
-if ARGV[3] == '' then
-	local t = redis.call('TIME')
-	now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-else
-	now = digits(ARGV[3], 'now')
-end
+local now = lease_now(ARGV[3])
 if #ARGV ~= 3 + #KEYS then
 	error('slot_renew.lua: one count per key expected')
-end
-
--- Drop the nodes whose lease ran out (and counts that belong to no lease); return the
--- slots the other live nodes hold.
-local function others(key)
-	local h = redis.call('HGETALL', key)
-	local counts, expiry = {}, {}
-	for j = 1, #h, 2 do
-		local f, v = h[j], tonumber(h[j + 1]) or 0
-		local kind, who = string.sub(f, 1, 2), string.sub(f, 3)
-		if kind == 'c:' then
-			counts[who] = v
-		elseif kind == 'e:' then
-			expiry[who] = v
-		end
-	end
-	local used = 0
-	for who, e in pairs(expiry) do
-		if e < now then
-			redis.call('HDEL', key, 'c:' .. who, 'e:' .. who)
-			counts[who] = nil
-		end
-	end
-	for who, c in pairs(counts) do
-		if not expiry[who] then
-			redis.call('HDEL', key, 'c:' .. who)
-		elseif c > 0 and who ~= node then
-			used = used + c
-		end
-	end
-	return used
 end
 
 local reply = {}
 for i = 1, #KEYS do
 	local key = KEYS[i]
-	local count = digits(ARGV[3 + i], 'count')
-	local used = others(key)
+	local count = tonumber(digits(ARGV[3 + i], 'count'))
+	-- drops the nodes whose lease ran out; the slots the other live nodes hold
+	local used = live_slots(key, now, node)
 	if count > 0 then
 		redis.call('HSET', key, 'c:' .. node, string.format('%.0f', count),
 			'e:' .. node, string.format('%.0f', now + lease))
