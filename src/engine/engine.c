@@ -2,9 +2,10 @@
  * engine -- worker pool, listeners and sessions (see engine.h).
  *
  * Threads: the caller's thread runs main_base (listeners, signals, timers of the daemon);
- * each worker runs its own event_base.  The only cross-thread paths are the worker queue
- * (mutex + eventfd), the per-service counters (atomics), and the per-worker stats shards
- * (a mutex each, taken once per session start/end and by the stats reader).
+ * each worker runs its own event_base.  The only cross-thread paths are the workers'
+ * inboxes (mailbox.h: mutex + eventfd), the per-service counters (atomics), and the
+ * per-worker stats shards (a mutex each, taken once per session start/end and by the
+ * stats reader).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -16,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <netinet/in.h>
@@ -25,6 +25,7 @@
 
 #include "engine.h"
 #include "listen.h"
+#include "mailbox.h"
 #include "util.h"
 
 #define ENGINE_MAX_WORKERS 256
@@ -126,11 +127,7 @@ struct worker {
 	unsigned idx;
 	pthread_t thread;
 	struct event_base *base;
-	int notify_fd;
-	struct event *notify_ev;
-	pthread_mutex_t lock;
-	struct worker_msg *queue;
-	size_t queue_len, queue_cap;
+	struct mailbox inbox;   /* of struct worker_msg */
 	_Atomic unsigned nsessions;
 	struct session *sessions;
 	/* libevent "common timeouts": timers of one duration kept in a queue instead of the
@@ -693,20 +690,12 @@ undo:
 
 /* ---- workers ---- */
 
-static void worker_on_notify(evutil_socket_t fd, short what, void *arg)
+/* The inbox's batch, on the worker's loop: the whole queue at once, one lock per
+ * wake-up, not per message. */
+static void worker_on_inbox(void *items, size_t n, void *arg)
 {
 	struct worker *w = arg;
-	(void)what;
-	uint64_t v;
-	if (read(fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-		log_error("worker %u: eventfd read: %s", w->idx, strerror(errno));
-	/* Take the whole queue at once: one lock per wake-up, not per message. */
-	pthread_mutex_lock(&w->lock);
-	struct worker_msg *q = w->queue;
-	size_t n = w->queue_len;
-	w->queue = NULL;
-	w->queue_len = w->queue_cap = 0;
-	pthread_mutex_unlock(&w->lock);
+	struct worker_msg *q = items;
 	for (size_t i = 0; i < n; i++) {
 		if (q[i].type == WORKER_MSG_SESSION) {
 			session_start(w, &q[i]);
@@ -728,28 +717,11 @@ static void worker_on_notify(evutil_socket_t fd, short what, void *arg)
 			}
 		break;
 	}
-	free(q);
 }
 
 static int worker_post(struct worker *w, const struct worker_msg *m)
 {
-	pthread_mutex_lock(&w->lock);
-	if (w->queue_len == w->queue_cap) {
-		size_t cap = w->queue_cap ? w->queue_cap * 2 : 64;
-		struct worker_msg *q = realloc(w->queue, cap * sizeof(*q));
-		if (!q) {
-			pthread_mutex_unlock(&w->lock);
-			return -ENOMEM;
-		}
-		w->queue = q;
-		w->queue_cap = cap;
-	}
-	w->queue[w->queue_len++] = *m;
-	pthread_mutex_unlock(&w->lock);
-	uint64_t one = 1;
-	if (write(w->notify_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-		return -errno;
-	return 0;
+	return mailbox_post(&w->inbox, m);
 }
 
 static void *worker_main(void *arg)
@@ -786,8 +758,7 @@ struct engine *engine_new(unsigned nworkers, struct event_base *main_base)
 		struct worker *w = &e->workers[i];
 		w->e = e;
 		w->idx = i;
-		w->notify_fd = -1;
-		pthread_mutex_init(&w->lock, NULL);
+		mailbox_init(&w->inbox, sizeof(struct worker_msg));
 	}
 	return e;
 }
@@ -813,13 +784,11 @@ int engine_start(struct engine *e)
 		event_config_set_flag(cfg, EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST);
 		w->base = event_base_new_with_config(cfg);
 		event_config_free(cfg);
-		w->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-		if (!w->base || w->notify_fd < 0)
+		if (!w->base)
 			return -errno ? -errno : -ENOMEM;
-		w->notify_ev = event_new(w->base, w->notify_fd, EV_READ | EV_PERSIST,
-					 worker_on_notify, w);
-		if (!w->notify_ev || event_add(w->notify_ev, NULL) < 0)
-			return -ENOMEM;
+		int r = mailbox_attach(&w->inbox, w->base, worker_on_inbox, w);
+		if (r < 0)
+			return r;
 	}
 	for (unsigned i = 0; i < e->nworkers; i++) {
 		struct worker *w = &e->workers[i];
@@ -1093,17 +1062,15 @@ struct engine *engine_free(struct engine *e)
 	engine_stop(e);
 	for (unsigned i = 0; i < e->nworkers; i++) {
 		struct worker *w = &e->workers[i];
-		for (size_t j = 0; j < w->queue_len; j++)
-			if (w->queue[j].type == WORKER_MSG_SESSION)
-				close(w->queue[j].fd);
-		free(w->queue);
-		if (w->notify_ev)
-			event_free(w->notify_ev);
-		if (w->notify_fd >= 0)
-			close(w->notify_fd);
+		size_t n;
+		struct worker_msg *q = mailbox_take(&w->inbox, &n);
+		for (size_t j = 0; j < n; j++)
+			if (q[j].type == WORKER_MSG_SESSION)
+				close(q[j].fd);
+		free(q);
+		mailbox_done(&w->inbox);
 		if (w->base)
 			event_base_free(w->base);
-		pthread_mutex_destroy(&w->lock);
 	}
 	for (size_t i = 0; i < e->nservices; i++)
 		service_free(e->services[i]);
