@@ -15,7 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/eventfd.h>
 #include <sys/queue.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -73,19 +72,9 @@ void relay_reply_text(const struct smtp_out_result *res, const struct smtp_reply
 
 int relay_post(struct relay *r, struct mb_item *it)
 {
-	pthread_mutex_lock(&r->mb_lock);
-	if (r->mb_closed) {
-		pthread_mutex_unlock(&r->mb_lock);
-		return -ESHUTDOWN;
-	}
-	it->next = NULL;
-	*r->mb_tail = it;
-	r->mb_tail = &it->next;
-	pthread_mutex_unlock(&r->mb_lock);
-	uint64_t one = 1;
-	ssize_t w = write(r->mb_fd, &one, sizeof(one));
-	(void)w; /* an eventfd counter cannot overflow here */
-	return 0;
+	int e = mailbox_post(&r->mb, &it);
+	/* a failed wake-up (an eventfd counter cannot overflow here) still posted it */
+	return e == -ESHUTDOWN || e == -ENOMEM ? e : 0;
 }
 
 static void on_queue_event(void *arg, enum queue_event ev, const char *id)
@@ -111,10 +100,10 @@ int relay_call_sync(struct relay *r, int (*fn)(struct relay *r, void *arg), void
 	int rc = relay_post(r, &it);
 	if (rc < 0)
 		return rc;
-	pthread_mutex_lock(&r->mb_lock);
+	pthread_mutex_lock(&r->call_lock);
 	while (!it.done)
-		pthread_cond_wait(&r->mb_cond, &r->mb_lock);
-	pthread_mutex_unlock(&r->mb_lock);
+		pthread_cond_wait(&r->call_cond, &r->call_lock);
+	pthread_mutex_unlock(&r->call_lock);
 	return it.rc;
 }
 
@@ -247,19 +236,22 @@ static void begin_stop(struct relay *r, int64_t deadline_ms)
 	evtimer_add(r->stop_timer, &tv);
 }
 
-static void on_mailbox(evutil_socket_t fd, short what, void *arg)
+/* A call's answer, to the thread that waits for it (relay_call_sync()). */
+static void call_done(struct relay *r, struct mb_item *it, int rc)
+{
+	pthread_mutex_lock(&r->call_lock);
+	it->rc = rc;
+	it->done = true; /* the caller's item is gone after it */
+	pthread_cond_broadcast(&r->call_cond);
+	pthread_mutex_unlock(&r->call_lock);
+}
+
+static void on_mailbox(void *items, size_t n, void *arg)
 {
 	struct relay *r = arg;
-	uint64_t v;
-	ssize_t n = read(r->mb_fd, &v, sizeof(v));
-	(void)n;
-	pthread_mutex_lock(&r->mb_lock);
-	struct mb_item *it = r->mb_head;
-	r->mb_head = NULL;
-	r->mb_tail = &r->mb_head;
-	pthread_mutex_unlock(&r->mb_lock);
-	while (it) {
-		struct mb_item *next = it->next;
+	struct mb_item **its = items;
+	for (size_t k = 0; k < n; k++) {
+		struct mb_item *it = its[k];
 		struct rmsg *m;
 		switch (it->kind) {
 		case MB_QUEUE:
@@ -341,11 +333,7 @@ static void on_mailbox(evutil_socket_t fd, short what, void *arg)
 			free(it);
 			break;
 		case MB_CALL:
-			it->rc = it->fn(r, it->arg);
-			pthread_mutex_lock(&r->mb_lock);
-			it->done = true;
-			pthread_cond_broadcast(&r->mb_cond);
-			pthread_mutex_unlock(&r->mb_lock);
+			call_done(r, it, it->fn(r, it->arg));
 			break;
 		case MB_STOP:
 			begin_stop(r, it->deadline_ms);
@@ -366,7 +354,6 @@ static void on_mailbox(evutil_socket_t fd, short what, void *arg)
 			free(it);
 			break;
 		}
-		it = next;
 	}
 }
 
@@ -408,22 +395,16 @@ static void *relay_main(void *arg)
 	 * joins: calls posted from now on fail, and those already waiting are answered here,
 	 * so that no thread (`sluice lanes` during the drain, a metrics scrape) waits for a
 	 * loop that will not run again. */
-	pthread_mutex_lock(&r->mb_lock);
-	r->mb_closed = true;
-	struct mb_item **pp = &r->mb_head;
-	while (*pp) {
-		struct mb_item *it = *pp;
-		if (it->kind == MB_CALL) {
-			*pp = it->next; /* before done: the caller's item is gone after it */
-			it->rc = -ESHUTDOWN;
-			it->done = true;
-		} else {
-			pp = &it->next;
-		}
+	mailbox_shut(&r->mb);
+	size_t n;
+	struct mb_item **its = mailbox_take(&r->mb, &n);
+	for (size_t k = 0; k < n; k++) {
+		if (its[k]->kind == MB_CALL)
+			call_done(r, its[k], -ESHUTDOWN);
+		else
+			free(its[k]); /* never handled: the loop will not run again */
 	}
-	r->mb_tail = pp;
-	pthread_cond_broadcast(&r->mb_cond);
-	pthread_mutex_unlock(&r->mb_lock);
+	free(its);
 	/* connections still saying QUIT, and those cut by the deadline, go now */
 	smtp_out_abandon_quitting(r->base);
 	thread_set_base(NULL);
@@ -447,15 +428,14 @@ struct relay *relay_new(const struct relay_conf *conf, struct queue *q, struct s
 	r->rules = rules ? policy_ref(rules) : NULL;
 	r->log = log;
 	r->log_arg = log_arg;
-	r->mb_fd = -1;
 	r->hist_fd = -1;
 	sched_init(&r->sched);
 	r->wake_at = SCHED_NEVER;
 	TAILQ_INIT(&r->msgs);
 	TAILQ_INIT(&r->lanes);
-	pthread_mutex_init(&r->mb_lock, NULL);
-	pthread_cond_init(&r->mb_cond, NULL);
-	r->mb_tail = &r->mb_head;
+	mailbox_init(&r->mb, sizeof(struct mb_item *));
+	pthread_mutex_init(&r->call_lock, NULL);
+	pthread_cond_init(&r->call_cond, NULL);
 	pthread_mutex_init(&r->fl_lock, NULL);
 	pthread_cond_init(&r->fl_cond, NULL);
 	r->fl_tail = &r->fl_head;
@@ -479,17 +459,16 @@ struct relay *relay_new(const struct relay_conf *conf, struct queue *q, struct s
 	}
 	hist_compact(r);
 	r->base = event_base_new();
-	r->mb_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-	if (!r->base || r->mb_fd < 0) {
-		snprintf(err, errlen, "cannot make the relay's event loop: %s", strerror(errno));
+	int e = r->base ? mailbox_attach(&r->mb, r->base, on_mailbox, r) : -ENOMEM;
+	if (e < 0) {
+		snprintf(err, errlen, "cannot make the relay's event loop: %s", strerror(-e));
 		relay_free(r);
 		return NULL;
 	}
-	r->mb_ev = event_new(r->base, r->mb_fd, EV_READ | EV_PERSIST, on_mailbox, r);
 	r->sweep = evtimer_new(r->base, msg_on_sweep, r);
 	r->stop_timer = evtimer_new(r->base, stop_now, r);
 	r->wake = evtimer_new(r->base, lane_on_wake, r);
-	if (!r->mb_ev || !r->sweep || !r->stop_timer || !r->wake || event_add(r->mb_ev, NULL) < 0) {
+	if (!r->sweep || !r->stop_timer || !r->wake) {
 		snprintf(err, errlen, "out of memory");
 		relay_free(r);
 		return NULL;
@@ -621,9 +600,7 @@ void relay_stop(struct relay *r, int64_t deadline_ms)
 	pthread_join(r->thread, NULL);
 	flusher_stop(r);
 	r->started = false;
-	pthread_mutex_lock(&r->mb_lock);
-	r->mb_closed = true;
-	pthread_mutex_unlock(&r->mb_lock);
+	mailbox_shut(&r->mb);
 }
 
 struct relay *relay_free(struct relay *r)
@@ -653,8 +630,6 @@ struct relay *relay_free(struct relay *r)
 		m->nitems = 0; /* the lanes are gone */
 		msg_free(r, m);
 	}
-	if (r->mb_ev)
-		event_free(r->mb_ev);
 	if (r->sweep)
 		event_free(r->sweep);
 	if (r->stop_timer)
@@ -662,15 +637,15 @@ struct relay *relay_free(struct relay *r)
 	if (r->wake)
 		event_free(r->wake);
 	sched_done(&r->sched);
-	for (struct mb_item *it = r->mb_head, *next; it; it = next) {
-		next = it->next;
-		if (it->kind != MB_CALL)
-			free(it);
-	}
+	size_t n;
+	struct mb_item **its = mailbox_take(&r->mb, &n);
+	for (size_t k = 0; k < n; k++)
+		if (its[k]->kind != MB_CALL)
+			free(its[k]);
+	free(its);
+	mailbox_done(&r->mb); /* before the base: its event */
 	if (r->base)
 		event_base_free(r->base);
-	if (r->mb_fd >= 0)
-		close(r->mb_fd);
 	if (r->hist_fd >= 0)
 		close(r->hist_fd);
 	for (size_t i = 0; i < r->nhist; i++) {
@@ -689,8 +664,8 @@ struct relay *relay_free(struct relay *r)
 		conf_rt_free(c);
 	}
 	flusher_stop(r); /* relay_start() may have started it alone */
-	pthread_mutex_destroy(&r->mb_lock);
-	pthread_cond_destroy(&r->mb_cond);
+	pthread_mutex_destroy(&r->call_lock);
+	pthread_cond_destroy(&r->call_cond);
 	pthread_mutex_destroy(&r->fl_lock);
 	pthread_cond_destroy(&r->fl_cond);
 	free(r);

@@ -34,6 +34,7 @@
 #include "classify.h"
 #include "lane.h"
 #include "log.h"
+#include "mailbox.h"
 #include "mx.h"
 #include "policy.h"
 #include "queue.h"
@@ -190,7 +191,6 @@ struct mb_item {
 	int (*fn)(struct relay *r, void *arg);
 	void *arg;
 	bool done;
-	struct mb_item *next;
 };
 
 struct hist_entry {
@@ -212,12 +212,9 @@ struct relay {
 	pthread_t thread;
 	bool started;
 	struct event_base *base;
-	int mb_fd;
-	struct event *mb_ev;
-	pthread_mutex_t mb_lock;
-	pthread_cond_t mb_cond;
-	struct mb_item *mb_head, **mb_tail;
-	bool mb_closed;
+	struct mailbox mb;            /* of struct mb_item * */
+	pthread_mutex_t call_lock;    /* an MB_CALL's done, and call_cond */
+	pthread_cond_t call_cond;
 
 	struct mx_resolver *dns;
 	struct event *sweep;
