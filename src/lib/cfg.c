@@ -62,8 +62,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "util.h"
+
 #define CFG_MAX_NODES 1000000u
-#define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 
 struct parser {
 	const char *file;       /* the root's copy of the file name */
@@ -1163,32 +1164,6 @@ static int parse_int64(const char *s, size_t len, int64_t *ret)
 	return 0;
 }
 
-int cfg_int64(const struct cfg_node *n, int64_t min, int64_t max, int64_t *ret,
-	      char *err, size_t errlen)
-{
-	char shown[80];
-	int64_t v;
-	int r = want_scalar(n, "an integer", err, errlen);
-	if (r < 0)
-		return r;
-	r = parse_int64(n->value, n->value_len, &v);
-	if (r == 0 && (v < min || v > max))
-		r = -ERANGE;
-	if (r == -EDOM)
-		cfg_error(n, err, errlen, "%s: leading zeros are not allowed (octal is not "
-			  "supported)", show(n, shown, sizeof(shown)));
-	else if (r == -ERANGE)
-		cfg_error(n, err, errlen, "%s is out of range [%" PRId64 ", %" PRId64 "]",
-			  show(n, shown, sizeof(shown)), min, max);
-	else if (r < 0)
-		cfg_error(n, err, errlen, "expected an integer (with an optional k, m, g or kb, "
-			  "mb, gb suffix), got %s", show(n, shown, sizeof(shown)));
-	if (r < 0)
-		return -EINVAL;
-	*ret = v;
-	return 0;
-}
-
 static const struct {
 	const char *name;
 	int64_t ms;
@@ -1265,29 +1240,6 @@ static const char *fmt_duration(int64_t ms, char *buf, size_t size)
 	return buf;
 }
 
-int cfg_duration_ms(const struct cfg_node *n, int64_t min, int64_t max, int64_t *ret,
-		    char *err, size_t errlen)
-{
-	char shown[80], lo[32], hi[32];
-	int64_t v;
-	int r = want_scalar(n, "a duration", err, errlen);
-	if (r < 0)
-		return r;
-	r = parse_duration(n->value, n->value_len, &v);
-	if (r == 0 && (v < min || v > max))
-		r = -ERANGE;
-	if (r == -ERANGE)
-		cfg_error(n, err, errlen, "%s is out of range [%s, %s]", show(n, shown, sizeof(shown)),
-			  fmt_duration(min, lo, sizeof(lo)), fmt_duration(max, hi, sizeof(hi)));
-	else if (r < 0)
-		cfg_error(n, err, errlen, "expected a duration such as 250ms, 30s, 5m, 2h, 1d, 1w "
-			  "or 1h30m, got %s", show(n, shown, sizeof(shown)));
-	if (r < 0)
-		return -EINVAL;
-	*ret = v;
-	return 0;
-}
-
 /* Returns 0, -EINVAL (syntax) or -ERANGE. */
 static int parse_size(const char *s, size_t len, uint64_t *ret)
 {
@@ -1318,25 +1270,124 @@ static int parse_size(const char *s, size_t len, uint64_t *ret)
 	return 0;
 }
 
-int cfg_size(const struct cfg_node *n, uint64_t min, uint64_t max, uint64_t *ret,
-	     char *err, size_t errlen)
+/* ---- the numeric converters: one pattern, three kinds ---- */
+
+union num {
+	int64_t i;
+	uint64_t u;
+};
+
+struct num_kind {
+	const char *what;   /* "expected WHAT, not a list" */
+	bool is_unsigned;
+	int (*parse)(const char *s, size_t len, union num *ret); /* 0, -EINVAL, -EDOM, -ERANGE */
+	const char *(*fmt)(union num v, char *buf, size_t size); /* a bound, in a message */
+	const char *unit;   /* after the range, e.g. " bytes" */
+	const char *syntax; /* "expected ..., got " */
+};
+
+static int num_parse_int(const char *s, size_t len, union num *ret)
 {
-	char shown[80];
-	uint64_t v;
-	int r = want_scalar(n, "a size", err, errlen);
+	return parse_int64(s, len, &ret->i);
+}
+
+static int num_parse_duration(const char *s, size_t len, union num *ret)
+{
+	return parse_duration(s, len, &ret->i);
+}
+
+static int num_parse_size(const char *s, size_t len, union num *ret)
+{
+	return parse_size(s, len, &ret->u);
+}
+
+static const char *num_fmt_int(union num v, char *buf, size_t size)
+{
+	snprintf(buf, size, "%" PRId64, v.i);
+	return buf;
+}
+
+static const char *num_fmt_duration(union num v, char *buf, size_t size)
+{
+	return fmt_duration(v.i, buf, size);
+}
+
+static const char *num_fmt_size(union num v, char *buf, size_t size)
+{
+	snprintf(buf, size, "%" PRIu64, v.u);
+	return buf;
+}
+
+static const struct num_kind num_int = {
+	"an integer", false, num_parse_int, num_fmt_int, "",
+	"an integer (with an optional k, m, g or kb, mb, gb suffix)",
+};
+static const struct num_kind num_duration = {
+	"a duration", false, num_parse_duration, num_fmt_duration, "",
+	"a duration such as 250ms, 30s, 5m, 2h, 1d, 1w or 1h30m",
+};
+static const struct num_kind num_size = {
+	"a size", true, num_parse_size, num_fmt_size, " bytes",
+	"a size such as 512, 64k, 10mb or 1g",
+};
+
+/* Converts n by kind k and checks it against [min, max]; the errors name n. */
+static int num_convert(const struct cfg_node *n, const struct num_kind *k, union num min,
+		       union num max, union num *ret, char *err, size_t errlen)
+{
+	char shown[80], lo[32], hi[32];
+	union num v;
+	int r = want_scalar(n, k->what, err, errlen);
 	if (r < 0)
 		return r;
-	r = parse_size(n->value, n->value_len, &v);
-	if (r == 0 && (v < min || v > max))
+	r = k->parse(n->value, n->value_len, &v);
+	if (r == 0 && (k->is_unsigned ? v.u < min.u || v.u > max.u : v.i < min.i || v.i > max.i))
 		r = -ERANGE;
-	if (r == -ERANGE)
-		cfg_error(n, err, errlen, "%s is out of range [%" PRIu64 ", %" PRIu64 "] bytes",
-			  show(n, shown, sizeof(shown)), min, max);
+	if (r == -EDOM)
+		cfg_error(n, err, errlen, "%s: leading zeros are not allowed (octal is not "
+			  "supported)", show(n, shown, sizeof(shown)));
+	else if (r == -ERANGE)
+		cfg_error(n, err, errlen, "%s is out of range [%s, %s]%s",
+			  show(n, shown, sizeof(shown)), k->fmt(min, lo, sizeof(lo)),
+			  k->fmt(max, hi, sizeof(hi)), k->unit);
 	else if (r < 0)
-		cfg_error(n, err, errlen, "expected a size such as 512, 64k, 10mb or 1g, got %s",
+		cfg_error(n, err, errlen, "expected %s, got %s", k->syntax,
 			  show(n, shown, sizeof(shown)));
 	if (r < 0)
 		return -EINVAL;
 	*ret = v;
 	return 0;
+}
+
+int cfg_int64(const struct cfg_node *n, int64_t min, int64_t max, int64_t *ret,
+	      char *err, size_t errlen)
+{
+	union num v;
+	int r = num_convert(n, &num_int, (union num){ .i = min }, (union num){ .i = max }, &v,
+			    err, errlen);
+	if (r == 0)
+		*ret = v.i;
+	return r;
+}
+
+int cfg_duration_ms(const struct cfg_node *n, int64_t min, int64_t max, int64_t *ret,
+		    char *err, size_t errlen)
+{
+	union num v;
+	int r = num_convert(n, &num_duration, (union num){ .i = min }, (union num){ .i = max },
+			    &v, err, errlen);
+	if (r == 0)
+		*ret = v.i;
+	return r;
+}
+
+int cfg_size(const struct cfg_node *n, uint64_t min, uint64_t max, uint64_t *ret,
+	     char *err, size_t errlen)
+{
+	union num v;
+	int r = num_convert(n, &num_size, (union num){ .u = min }, (union num){ .u = max }, &v,
+			    err, errlen);
+	if (r == 0)
+		*ret = v.u;
+	return r;
 }
