@@ -18,7 +18,9 @@
 #include <unistd.h>
 
 #include "cfg.h"
+#include "cfg_schema.h"
 #include "config.h"
+#include "config_schema.h"
 #include "listen.h"
 #include "util.h"
 
@@ -83,24 +85,6 @@ static int get_uint(struct cfg_node *obj, const char *key, int64_t min, int64_t 
 	return r;
 }
 
-static int get_mode(struct cfg_node *obj, unsigned *ret, char *err, size_t el)
-{
-	struct cfg_node *n = cfg_get(obj, "mode");
-	if (!n)
-		return 0;
-	const char *s;
-	int r = cfg_string(n, &s, err, el);
-	if (r < 0)
-		return r;
-	char *end;
-	unsigned long v = strtoul(s, &end, 8);
-	if (!*s || *end || v > 0777) {
-		ERR(n, err, el, "expected an octal mode such as \"0660\"");
-		return -EINVAL;
-	}
-	*ret = (unsigned)v;
-	return 0;
-}
 
 /* A user name (or a number) to its uid, and its primary group: 0, or -EINVAL naming it. */
 static int get_owner(struct cfg_node *obj, const char *key, uid_t *ret, gid_t *ret_gid,
@@ -157,49 +141,6 @@ static int get_group(struct cfg_node *obj, const char *key, gid_t *ret, char *er
 	return r;
 }
 
-static int get_listen(struct cfg_node *obj, struct listen_conf *lc, bool required, char *err,
-		      size_t el)
-{
-	struct cfg_node *n = cfg_get(obj, "listen");
-	if (!n) {
-		if (required) {
-			ERR(obj, err, el, "listen is required");
-			return -EINVAL;
-		}
-		return 0;
-	}
-	for (size_t i = 0; i < lc->n; i++)
-		free(lc->addr[i]);
-	lc->n = 0;
-	/* listen = "a"; listen = ["a", "b"]; or listen repeated. */
-	for (; n; n = cfg_next_same(n)) {
-		struct cfg_node *items = n->kind == CFG_LIST ? n->child : n;
-		for (struct cfg_node *it = items; it; it = n->kind == CFG_LIST ? it->next : NULL) {
-			const char *s;
-			int r = cfg_string(it, &s, err, el);
-			if (r < 0)
-				return r;
-			if (lc->n == CONFIG_MAX_LISTEN) {
-				ERR(it, err, el, "more than %d addresses", CONFIG_MAX_LISTEN);
-				return -EINVAL;
-			}
-			if (strncmp(s, "unix:", 5) != 0 && strncmp(s, "inet:", 5) != 0 &&
-			    strncmp(s, "inet6:", 6) != 0) {
-				ERR(it, err, el, "\"%.100s\": expected unix:/path, inet:host:port or "
-				    "inet6:[addr]:port", s);
-				return -EINVAL;
-			}
-			if (!(lc->addr[lc->n++] = strdup(s)))
-				return -ENOMEM;
-		}
-	}
-	int r = get_mode(obj, &lc->mode, err, el);
-	if (r == 0)
-		r = get_owner(obj, "owner", &lc->owner, NULL, err, el);
-	if (r == 0)
-		r = get_group(obj, "group", &lc->group, err, el);
-	return r;
-}
 
 static int get_string_list(struct cfg_node *obj, const char *key, bool (*check)(const char *, const char **),
 			   char ***ret, char *err, size_t el)
@@ -288,19 +229,7 @@ static bool check_from(const char *s, const char **why)
 
 static int load_milter(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
 {
-	int r = get_listen(m, &c->milter.listen, true, err, el);
-	if (r == 0)
-		r = get_uint(m, "max_sessions", 0, 10000000, &c->milter.max_sessions, err, el);
-	if (r == 0)
-		r = get_duration(m, "idle_timeout", 1000, INT64_C(86400000) * 7,
-				 &c->milter.idle_timeout_ms, err, el);
-	if (r == 0)
-		r = get_duration(m, "command_timeout", 100, INT64_C(86400000),
-				 &c->milter.command_timeout_ms, err, el);
-	struct cfg_node *n;
-	if (r == 0 && (n = cfg_get(m, "max_packet"))) {
-		r = cfg_size(n, 65536 + 1, 64u << 20, &c->milter.max_packet, err, el);
-	}
+	int r = cfg_schema_load(m, config_milter_keys, c, err, el);
 	struct cfg_node *reply = cfg_get(m, "reply");
 	if (reply || cfg_get(m, "modify"))
 		c->milter.static_handler = true;
@@ -373,84 +302,14 @@ static int load_milter(struct cfg_node *m, struct sluice_config *c, char *err, s
 
 static int load_policy(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
 {
-	int r = get_listen(m, &c->policy.listen, true, err, el);
-	if (r == 0)
-		r = get_uint(m, "max_sessions", 0, 10000000, &c->policy.max_sessions, err, el);
-	if (r == 0)
-		r = get_duration(m, "idle_timeout", 1000, INT64_C(86400000) * 7,
-				 &c->policy.idle_timeout_ms, err, el);
-	if (r == 0)
-		r = get_duration(m, "command_timeout", 100, INT64_C(86400000),
-				 &c->policy.command_timeout_ms, err, el);
-	struct cfg_node *n;
-	if (r == 0 && (n = cfg_get(m, "max_request")))
-		r = cfg_size(n, 1024, 1u << 20, &c->policy.max_request, err, el);
-	return r;
+	return cfg_schema_load(m, config_policy_keys, c, err, el);
 }
 
-/* allow = ["127.0.0.0/8", "::1"]: networks, each ADDR or ADDR/BITS. */
-static int get_prefixes(struct cfg_node *obj, const char *key, struct ip_prefix **ret,
-			size_t *ret_n, char *err, size_t el)
-{
-	char **list = NULL;
-	int r = get_string_list(obj, key, NULL, &list, err, el);
-	if (r < 0 || !list)
-		return r;
-	size_t n = 0;
-	while (list[n])
-		n++;
-	struct ip_prefix *p = calloc(n ? n : 1, sizeof(*p));
-	if (!p)
-		r = -ENOMEM;
-	for (size_t i = 0; r == 0 && i < n; i++)
-		if (ipaddr_parse_prefix(str_cstr(list[i]), &p[i].addr, &p[i].bits) < 0) {
-			ERR(cfg_get(obj, key), err, el,
-			    "\"%.100s\": expected an address or a network (ADDR/BITS)", list[i]);
-			r = -EINVAL;
-		}
-	for (size_t i = 0; i < n; i++)
-		free(list[i]);
-	free(list);
-	if (r < 0) {
-		free(p);
-		return r;
-	}
-	free(*ret);
-	*ret = p;
-	*ret_n = n;
-	return 0;
-}
 
 static int load_intake(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
 {
 	c->intake.enabled = true;
-	int r = get_listen(m, &c->intake.listen, true, err, el);
-	if (r == 0)
-		r = get_prefixes(m, "allow", &c->intake.allow, &c->intake.nallow, err, el);
-	if (r == 0)
-		r = get_uint(m, "max_sessions", 1, 1000000, &c->intake.max_sessions, err, el);
-	if (r == 0)
-		r = get_duration(m, "idle_timeout", 1000, INT64_C(86400000),
-				 &c->intake.idle_timeout_ms, err, el);
-	if (r == 0)
-		r = get_duration(m, "command_timeout", 1000, INT64_C(86400000),
-				 &c->intake.command_timeout_ms, err, el);
-	struct cfg_node *n;
-	if (r == 0 && (r = get_one(m, "max_message_size", &n, err, el)) == 0 && n)
-		r = cfg_size(n, 1024, UINT64_C(1) << 40, &c->intake.max_message_size, err, el);
-	if (r == 0)
-		r = get_uint(m, "max_recipients", 1, 1000000, &c->intake.max_recipients, err, el);
-	if (r == 0)
-		r = get_uint(m, "max_errors", 1, 1000, &c->intake.max_errors, err, el);
-	if (r == 0)
-		r = get_uint(m, "max_line_length", 78, 1 << 30, &c->intake.max_line_length, err, el);
-	if (r == 0)
-		r = get_string(m, "hostname", &c->intake.hostname, err, el);
-	if (r == 0 && c->intake.hostname && strpbrk(c->intake.hostname, " \t\r\n")) {
-		ERR(cfg_get(m, "hostname"), err, el, "a host name has no spaces");
-		r = -EINVAL;
-	}
-	return r;
+	return cfg_schema_load(m, config_intake_keys, c, err, el);
 }
 
 static int get_bool(struct cfg_node *obj, const char *key, bool *ret, char *err, size_t el);
@@ -478,11 +337,7 @@ static bool addr_is_local(const struct listen_addr *a)
 static int load_metrics(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
 {
 	c->metrics.enabled = true;
-	int r = get_string(m, "listen", &c->metrics.listen, err, el);
-	if (r == 0)
-		r = get_bool(m, "allow_remote", &c->metrics.allow_remote, err, el);
-	if (r == 0)
-		r = get_uint(m, "max_connections", 1, 1024, &c->metrics.max_connections, err, el);
+	int r = cfg_schema_load(m, config_metrics_keys, c, err, el);
 	if (r < 0)
 		return r;
 	struct listen_addr a;
@@ -503,21 +358,8 @@ static int load_metrics(struct cfg_node *m, struct sluice_config *c, char *err, 
 
 static int load_queue(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
 {
-	int r = get_string(m, "dir", &c->queue.dir, err, el);
-	if (r == 0)
-		r = get_uint(m, "commit_batch", 1, 65536, &c->queue.commit_batch, err, el);
-	if (r == 0)
-		r = get_duration(m, "lifetime", 1000, INT64_C(86400000) * 365,
-				 &c->queue.lifetime_ms, err, el);
-	struct cfg_node *n;
-	if (r == 0 && (r = get_one(m, "min_free", &n, err, el)) == 0 && n)
-		r = cfg_size(n, 0, UINT64_C(1) << 40, &c->queue.min_free, err, el);
-	return r;
+	return cfg_schema_load(m, config_queue_keys, c, err, el);
 }
-
-static const char *const redis_keys[] = { "server", "user", "password", "password_file", "db",
-					   "prefix", "timeout", "sentinels", "master_name",
-					   "on_failure", "nodes", "node", "lease" };
 
 /* The identity sluiced runs as: the configured user, or whoever started it. */
 static uid_t daemon_uid(const struct sluice_config *c)
@@ -582,69 +424,37 @@ static int read_secret(struct cfg_node *n, const char *file, const struct sluice
 /* The Redis password: inline, or the first line of password_file. */
 static int load_password(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
 {
-	char *file = NULL;
-	int r = get_string(m, "password", &c->store.password, err, el);
-	if (r == 0)
-		r = get_string(m, "password_file", &file, err, el);
-	if (r == 0 && file && c->store.password) {
+	const char *file = c->store.password_file;
+	if (file && c->store.password) {
 		ERR(cfg_get(m, "password_file"), err, el, "give password or password_file, not both");
-		r = -EINVAL;
+		return -EINVAL;
 	}
-	if (r == 0 && file)
-		r = read_secret(cfg_get(m, "password_file"), file, c, &c->store.password, err, el);
-	free(file);
-	return r;
+	if (file)
+		return read_secret(cfg_get(m, "password_file"), file, c, &c->store.password, err, el);
+	return 0;
 }
 
 static int load_store(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
 {
-	char *type = NULL;
-	int r = get_string(m, "type", &type, err, el);
-	if (r == 0 && type && strcmp(type, "memory") != 0 && strcmp(type, "redis") != 0) {
-		ERR(cfg_get(m, "type"), err, el, "\"%.50s\": expected memory or redis", type);
-		r = -EINVAL;
-	}
-	c->store.redis = r == 0 && type && strcmp(type, "redis") == 0;
-	free(type);
-	int64_t v;
-	struct cfg_node *n;
-	if (r == 0 && (n = cfg_get(m, "max_keys")) &&
-	    (r = cfg_int64(n, 1000, INT64_C(1000000000), &v, err, el)) == 0)
-		c->store.max_keys = (uint64_t)v;
-	if (r == 0)
-		r = get_duration(m, "snapshot_interval", 0, INT64_C(86400000),
-				 &c->store.snapshot_interval_ms, err, el);
-	if (r == 0)
-		r = get_duration(m, "overrides_check", 1000, INT64_C(3600000),
-				 &c->store.overrides_check_ms, err, el);
+	int r = cfg_schema_load(m, config_store_keys, c, err, el);
+	c->store.redis = r == 0 && c->store.type == 1;
 	if (r == 0 && !c->store.redis) {
-		for (size_t i = 0; i < ARRAY_SIZE(redis_keys); i++)
-			if ((n = cfg_get(m, redis_keys[i]))) {
+		struct cfg_node *n;
+		for (const struct cfg_key *k = config_redis_keys; k->name; k++)
+			if ((n = cfg_get(m, k->name))) {
 				ERR(n, err, el, "only with type = \"redis\"");
 				return -EINVAL;
 			}
 		return 0;
 	}
 	if (r == 0)
-		r = get_string(m, "server", &c->store.server, err, el);
-	if (r == 0)
-		r = get_string(m, "user", &c->store.user, err, el);
+		r = cfg_schema_load(m, config_redis_keys, c, err, el);
 	if (r == 0)
 		r = load_password(m, c, err, el);
-	if (r == 0 && c->store.user && !c->store.password && !cfg_get(m, "password_file")) {
+	if (r == 0 && c->store.user && !c->store.password && !c->store.password_file) {
 		ERR(cfg_get(m, "user"), err, el, "a user needs a password (or password_file)");
 		r = -EINVAL;
 	}
-	if (r == 0)
-		r = get_uint(m, "db", 0, 1000000, &c->store.db, err, el);
-	if (r == 0)
-		r = get_string(m, "prefix", &c->store.prefix, err, el);
-	if (r == 0)
-		r = get_duration(m, "timeout", 1, 60000, &c->store.timeout_ms, err, el);
-	if (r == 0)
-		r = get_string_list(m, "sentinels", NULL, &c->store.sentinels, err, el);
-	if (r == 0)
-		r = get_string(m, "master_name", &c->store.master_name, err, el);
 	if (r == 0 && c->store.sentinels) {
 		while (c->store.sentinels[c->store.nsentinels])
 			c->store.nsentinels++;
@@ -660,28 +470,6 @@ static int load_store(struct cfg_node *m, struct sluice_config *c, char *err, si
 		ERR(cfg_get(m, "master_name"), err, el, "master_name needs sentinels");
 		r = -EINVAL;
 	}
-	char *fail = NULL;
-	if (r == 0)
-		r = get_string(m, "on_failure", &fail, err, el);
-	if (r == 0 && fail) {
-		if (strcmp(fail, "local") == 0)
-			c->store.on_failure = STORE_FAIL_LOCAL;
-		else if (strcmp(fail, "accept") == 0)
-			c->store.on_failure = STORE_FAIL_ACCEPT;
-		else if (strcmp(fail, "tempfail") == 0)
-			c->store.on_failure = STORE_FAIL_TEMPFAIL;
-		else {
-			ERR(cfg_get(m, "on_failure"), err, el, "expected local, accept or tempfail");
-			r = -EINVAL;
-		}
-	}
-	free(fail);
-	if (r == 0)
-		r = get_uint(m, "nodes", 1, 1000, &c->store.nodes, err, el);
-	if (r == 0)
-		r = get_string(m, "node", &c->store.node, err, el);
-	if (r == 0)
-		r = get_duration(m, "lease", 1000, INT64_C(3600000), &c->store.lease_ms, err, el);
 	return r;
 }
 
@@ -1027,46 +815,8 @@ static int load_relay(struct cfg_node *root, struct sluice_config *c, char *err,
 	struct cfg_node *n = cfg_get(root, "relay");
 	int r = 0;
 	if (n) {
-		r = get_string(n, "hostname", &rl->hostname, err, el);
-		struct cfg_node *x;
-		for (const char *const *k = (const char *const[]){ "retry", "suspend", NULL }; *k; k++)
-			if (r == 0 && (x = cfg_get(n, *k)) && x->kind != CFG_OBJECT) {
-				ERR(x, err, el, "expected %s { min = ...; max = ...; }", *k);
-				r = -EINVAL;
-			}
-		if (r == 0 && (x = cfg_get(n, "retry"))) {
-			r = get_duration(x, "min", 1000, INT64_C(86400000), &rl->retry_min_ms, err, el);
-			if (r == 0)
-				r = get_duration(x, "max", 1000, INT64_C(7) * 86400000, &rl->retry_max_ms, err, el);
-		}
-		if (r == 0 && (x = cfg_get(n, "suspend"))) {
-			r = get_duration(x, "min", 1000, INT64_C(86400000), &rl->suspend_min_ms, err, el);
-			if (r == 0)
-				r = get_duration(x, "max", 1000, INT64_C(7) * 86400000, &rl->suspend_max_ms, err, el);
-		}
-		char *s = NULL;
-		if (r == 0)
-			r = get_string(n, "uncertain", &s, err, el);
-		if (r == 0 && s) {
-			if (strcmp(s, "retry") == 0)
-				rl->uncertain = RELAY_UNCERTAIN_RETRY;
-			else if (strcmp(s, "hold") == 0)
-				rl->uncertain = RELAY_UNCERTAIN_HOLD;
-			else {
-				ERR(cfg_get(n, "uncertain"), err, el, "expected retry or hold");
-				r = -EINVAL;
-			}
-		}
-		free(s);
-		if (r == 0)
-			r = get_string(n, "postmaster", &rl->postmaster, err, el);
-		if (r == 0)
-			r = get_string(n, "dns_servers", &rl->dns_servers, err, el);
-		if (r == 0)
-			r = get_duration(n, "idle_timeout", 100, 3600000, &rl->idle_ms, err, el);
-		if (r == 0)
-			r = get_duration(n, "delay_warning", 0, INT64_C(365) * 86400000,
-					 &rl->delay_warning_ms, err, el);
+		c->has_relay = true;
+		r = cfg_schema_load(n, config_relay_keys, c, err, el);
 		if (r == 0 && rl->retry_max_ms < rl->retry_min_ms) {
 			ERR(cfg_get(n, "retry"), err, el, "max is below min");
 			r = -EINVAL;
@@ -1099,13 +849,6 @@ static int load_relay(struct cfg_node *root, struct sluice_config *c, char *err,
 		    "intake { } or a queue { } block");
 		r = -EINVAL;
 	}
-	if (r == 0 && rl->hostname && strspn(rl->hostname, "abcdefghijklmnopqrstuvwxyz"
-					     "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_") !=
-				     strlen(rl->hostname)) {
-		ERR(cfg_get(n, "hostname"), err, el, "\"%.100s\": expected a host name "
-		    "(letters, digits, '.', '-')", rl->hostname);
-		r = -EINVAL;
-	}
 	if (r == 0 && !rl->hostname) {
 		/* the intake's name, when it is one DNS can hold; else the machine's */
 		const char *h = c->intake.hostname;
@@ -1132,20 +875,10 @@ static int load_relay(struct cfg_node *root, struct sluice_config *c, char *err,
 
 static int load(struct cfg_node *root, struct sluice_config *c, char *err, size_t el)
 {
-	int r = get_uint(root, "workers", 0, 256, &c->workers, err, el);
-	if (r == 0)
-		r = get_duration(root, "stats_interval", 0, INT64_C(86400000), &c->stats_interval_ms, err, el);
-	if (r == 0)
-		r = get_duration(root, "shutdown_timeout", 0, INT64_C(3600000), &c->shutdown_timeout_ms, err, el);
-	if (r == 0)
-		r = get_string(root, "pid_file", &c->pid_file, err, el);
+	int r = cfg_schema_load(root, config_root_keys, c, err, el);
 	/* first: the secret files' owner is checked against the user */
-	if (r == 0)
-		r = get_string(root, "user", &c->user, err, el);
 	if (r == 0 && c->user)
 		r = get_owner(root, "user", &c->uid, &c->gid, err, el);
-	if (r == 0)
-		r = get_string(root, "group", &c->group, err, el);
 	if (r == 0 && c->group && !c->user) {
 		ERR(cfg_get(root, "group"), err, el, "group needs user");
 		r = -EINVAL;
@@ -1153,55 +886,10 @@ static int load(struct cfg_node *root, struct sluice_config *c, char *err, size_
 	if (r == 0 && c->group)
 		r = get_group(root, "group", &c->gid, err, el);
 	struct cfg_node *n;
-	if (r == 0 && (n = cfg_get(root, "log"))) {
-		char *s = NULL;
-		r = get_string(n, "target", &s, err, el);
-		if (r == 0 && s) {
-			if (strcmp(s, "stderr") == 0)
-				c->log.target = LOG_TARGET_STDERR;
-			else if (strcmp(s, "syslog") == 0)
-				c->log.target = LOG_TARGET_SYSLOG;
-			else {
-				ERR(cfg_get(n, "target"), err, el, "expected stderr or syslog");
-				r = -EINVAL;
-			}
-		}
-		free(s);
-		s = NULL;
-		if (r == 0)
-			r = get_string(n, "facility", &s, err, el);
-		if (r == 0 && s && log_facility_from_name(s, &c->log.facility) < 0) {
-			ERR(cfg_get(n, "facility"), err, el, "unknown syslog facility \"%.50s\"", s);
-			r = -EINVAL;
-		}
-		free(s);
-		s = NULL;
-		if (r == 0)
-			r = get_string(n, "level", &s, err, el);
-		if (r == 0 && s && log_level_from_name(s, &c->log.level) < 0) {
-			ERR(cfg_get(n, "level"), err, el,
-			    "expected debug, info, notice, warning or error");
-			r = -EINVAL;
-		}
-		free(s);
-	}
-	if (r == 0 && (n = cfg_get(root, "control"))) {
-		r = get_listen(n, &c->control, true, err, el);
-		char *s = NULL;
-		if (r == 0)
-			r = get_string(n, "admin", &s, err, el);
-		if (r == 0 && s) {
-			if (strcmp(s, "group") == 0)
-				c->control_admin = CONTROL_ADMIN_GROUP;
-			else if (strcmp(s, "root") == 0)
-				c->control_admin = CONTROL_ADMIN_ROOT;
-			else {
-				ERR(cfg_get(n, "admin"), err, el, "expected group or root");
-				r = -EINVAL;
-			}
-		}
-		free(s);
-	}
+	if (r == 0 && (n = cfg_get(root, "log")))
+		r = cfg_schema_load(n, config_log_keys, c, err, el);
+	if (r == 0 && (n = cfg_get(root, "control")))
+		r = cfg_schema_load(n, config_control_keys, c, err, el);
 	if (r == 0 && (n = cfg_get(root, "metrics")))
 		r = load_metrics(n, c, err, el);
 	struct cfg_node *milter = cfg_get(root, "milter");
@@ -1220,8 +908,6 @@ static int load(struct cfg_node *root, struct sluice_config *c, char *err, size_
 		r = load_intake(intake, c, err, el);
 	if (r == 0 && (n = cfg_get(root, "queue")))
 		r = load_queue(n, c, err, el);
-	if (r == 0)
-		r = get_string(root, "state_dir", &c->state_dir, err, el);
 	if (r == 0 && (n = cfg_get(root, "store")))
 		r = load_store(n, c, err, el);
 	/* an inline password makes this file a secret too */
@@ -1271,61 +957,11 @@ static int config_load_as(const char *path, bool client, struct sluice_config **
 	}
 	c->client = client;
 	c->path = strdup(path);
-	c->stats_interval_ms = 300 * 1000;
-	c->shutdown_timeout_ms = 30 * 1000;
-	c->log.target = LOG_TARGET_STDERR;
-	c->log.facility = LOG_MAIL;
-	c->log.level = LOG_LEVEL_INFO;
-	c->control.mode = 0660;
-	struct listen_conf *all[] = { &c->control, &c->milter.listen, &c->policy.listen,
-				      &c->intake.listen };
-	for (size_t i = 0; i < ARRAY_SIZE(all); i++) {
-		all[i]->owner = (uid_t)-1;
-		all[i]->group = (gid_t)-1;
-	}
-	c->metrics.listen = strdup("inet:127.0.0.1:9187");
-	c->metrics.max_connections = 4;
-	c->milter.listen.mode = 0660;
-	c->milter.max_sessions = 10000;
-	c->milter.idle_timeout_ms = 2 * 3600 * 1000;
-	c->milter.command_timeout_ms = 300 * 1000;
-	c->milter.max_packet = MILTER_LEN_CAP_DEFAULT;
-	c->policy.listen.mode = 0666; /* Postfix's smtpd runs as postfix, not as sluice */
-	c->policy.max_sessions = 1000;
-	c->policy.idle_timeout_ms = 3600 * 1000;
-	c->policy.command_timeout_ms = 60 * 1000;
-	c->policy.max_request = 65536;
-	c->intake.listen.mode = 0666; /* local programs inject; allow does not apply to unix: */
-	c->intake.max_sessions = 1000;
-	c->intake.idle_timeout_ms = 5 * 60 * 1000;
-	c->intake.command_timeout_ms = 5 * 60 * 1000;
-	c->intake.max_message_size = 50u << 20;
-	c->intake.max_recipients = 1000;
-	c->intake.max_errors = 20;
-	c->intake.max_line_length = 998; /* RFC 5321 4.5.3.1.6 */
-	relay_conf_init(&c->relay);
-	c->queue.commit_batch = 256;
-	c->queue.min_free = 10u << 20;
-	c->queue.lifetime_ms = INT64_C(5) * 86400 * 1000;
-	c->store.max_keys = 1000000;
-	c->store.snapshot_interval_ms = 300 * 1000;
-	c->store.overrides_check_ms = 5 * 1000;
-	c->store.timeout_ms = 50;
-	c->store.on_failure = STORE_FAIL_LOCAL;
-	c->store.nodes = 1;
-	c->store.lease_ms = 15 * 1000;
-	c->state_dir = strdup("/var/lib/sluice");
-	c->queue.dir = strdup("/var/spool/sluice");
-	c->intake.allow = calloc(2, sizeof(*c->intake.allow));
-	if (c->intake.allow) {
-		ipaddr_parse_prefix(str_cstr("127.0.0.0/8"), &c->intake.allow[0].addr,
-				    &c->intake.allow[0].bits);
-		ipaddr_parse_prefix(str_cstr("::1"), &c->intake.allow[1].addr,
-				    &c->intake.allow[1].bits);
-		c->intake.nallow = 2;
-	}
-	r = c->path && c->state_dir && c->queue.dir && c->intake.allow ? load(root, c, err, errlen)
-								       : -ENOMEM;
+	r = config_init(c);
+	if (r == 0 && !c->path)
+		r = -ENOMEM;
+	if (r == 0)
+		r = load(root, c, err, errlen);
 	cfg_free(root);
 	if (r < 0) {
 		if (!err[0])
@@ -1365,6 +1001,7 @@ struct sluice_config *config_free(struct sluice_config *c)
 	free(c->state_dir);
 	free(c->store.server);
 	free(c->store.user);
+	free(c->store.password_file);
 	if (c->store.password)
 		explicit_bzero(c->store.password, strlen(c->store.password));
 	free(c->store.password);

@@ -96,7 +96,8 @@ struct sluice_config {
 	} queue;
 	char *state_dir;
 	struct {
-		bool redis;                   /* type = "redis" (else "memory") */
+		int type;                     /* 0: memory, 1: redis */
+		bool redis;                   /* type = "redis" */
 		uint64_t max_keys;
 		int64_t snapshot_interval_ms; /* 0 = only at shutdown */
 		int64_t overrides_check_ms;   /* how often overrides files are checked */
@@ -104,6 +105,7 @@ struct sluice_config {
 		char *server;
 		char *user;
 		char *password;               /* from password or password_file */
+		char *password_file;
 		unsigned db;
 		char *prefix;
 		int64_t timeout_ms;
@@ -118,6 +120,7 @@ struct sluice_config {
 	struct policy *rules;                 /* limit and class blocks (NULL only for clients) */
 	bool client;                          /* config_load_client() */
 	struct relay_conf relay;              /* relay {} and route blocks; no route: no relay */
+	bool has_relay;                       /* a relay {} block was given */
 };
 
 /* Load and check a file.  0 and *ret, or <0 with err "FILE:LINE: KEY: message". */
