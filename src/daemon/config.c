@@ -18,54 +18,21 @@
 #include <unistd.h>
 
 #include "cfg.h"
-#include "cfg_schema.h"
 #include "config.h"
+#include "config_core.h"
 #include "config_schema.h"
 #include "listen.h"
 #include "util.h"
 
 #define ERR(...) cfg_error(__VA_ARGS__)
 
-/* The node of a key that may be given once: 0 with *ret (NULL when absent), or -EINVAL. */
-static int get_one(struct cfg_node *obj, const char *key, struct cfg_node **ret, char *err,
-		   size_t el)
-{
-	struct cfg_node *n = cfg_get(obj, key);
-	if (n && cfg_next_same(n)) {
-		ERR(cfg_next_same(n), err, el, "given twice");
-		return -EINVAL;
-	}
-	*ret = n;
-	return 0;
-}
 
-static int get_string(struct cfg_node *obj, const char *key, char **ret, char *err, size_t el)
-{
-	struct cfg_node *n;
-	int r = get_one(obj, key, &n, err, el);
-	if (r < 0 || !n)
-		return r;
-	const char *s;
-	r = cfg_string(n, &s, err, el);
-	if (r < 0)
-		return r;
-	if (!*s) {
-		ERR(n, err, el, "must not be empty");
-		return -EINVAL;
-	}
-	char *c = strdup(s);
-	if (!c)
-		return -ENOMEM;
-	free(*ret);
-	*ret = c;
-	return 0;
-}
 
 static int get_duration(struct cfg_node *obj, const char *key, int64_t min, int64_t max,
 			int64_t *ret, char *err, size_t el)
 {
 	struct cfg_node *n;
-	int r = get_one(obj, key, &n, err, el);
+	int r = config_get_one(obj, key, &n, err, el);
 	if (r < 0 || !n)
 		return r;
 	return cfg_duration_ms(n, min, max, ret, err, el);
@@ -75,7 +42,7 @@ static int get_uint(struct cfg_node *obj, const char *key, int64_t min, int64_t 
 		    unsigned *ret, char *err, size_t el)
 {
 	struct cfg_node *n;
-	int r = get_one(obj, key, &n, err, el);
+	int r = config_get_one(obj, key, &n, err, el);
 	if (r < 0 || !n)
 		return r;
 	int64_t v;
@@ -86,60 +53,7 @@ static int get_uint(struct cfg_node *obj, const char *key, int64_t min, int64_t 
 }
 
 
-/* A user name (or a number) to its uid, and its primary group: 0, or -EINVAL naming it. */
-static int get_owner(struct cfg_node *obj, const char *key, uid_t *ret, gid_t *ret_gid,
-		     char *err, size_t el)
-{
-	char *name = NULL;
-	int r = get_string(obj, key, &name, err, el);
-	if (r < 0 || !name)
-		return r;
-	struct passwd pw, *res = NULL;
-	char tmp[4096];
-	int e = getpwnam_r(name, &pw, tmp, sizeof(tmp), &res);
-	char *end;
-	unsigned long v = strtoul(name, &end, 10);
-	if (!res && name[0] >= '0' && name[0] <= '9' && !*end && v < UINT32_MAX) {
-		*ret = (uid_t)v;
-		if (ret_gid)
-			*ret_gid = (gid_t)v;
-	} else if (!res) {
-		ERR(cfg_get(obj, key), err, el, "unknown user \"%.64s\"%s%s (create it, e.g. "
-		    "adduser --system --group %.64s)", name, e ? ": " : "", e ? strerror(e) : "",
-		    name);
-		r = -EINVAL;
-	} else {
-		*ret = pw.pw_uid;
-		if (ret_gid)
-			*ret_gid = pw.pw_gid;
-	}
-	free(name);
-	return r;
-}
 
-static int get_group(struct cfg_node *obj, const char *key, gid_t *ret, char *err, size_t el)
-{
-	char *name = NULL;
-	int r = get_string(obj, key, &name, err, el);
-	if (r < 0 || !name)
-		return r;
-	struct group gr, *res = NULL;
-	char tmp[16384];
-	int e = getgrnam_r(name, &gr, tmp, sizeof(tmp), &res);
-	char *end;
-	unsigned long v = strtoul(name, &end, 10);
-	if (!res && name[0] >= '0' && name[0] <= '9' && !*end && v < UINT32_MAX) {
-		*ret = (gid_t)v;
-	} else if (!res) {
-		ERR(cfg_get(obj, key), err, el, "unknown group \"%.64s\"%s%s", name,
-		    e ? ": " : "", e ? strerror(e) : "");
-		r = -EINVAL;
-	} else {
-		*ret = gr.gr_gid;
-	}
-	free(name);
-	return r;
-}
 
 
 static int get_string_list(struct cfg_node *obj, const char *key, bool (*check)(const char *, const char **),
@@ -227,13 +141,12 @@ static bool check_from(const char *s, const char **why)
 	return true;
 }
 
-static int load_milter(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
+/* milter { reply { } modify { } }: the fixed answers for testing an MTA's integration. */
+static int load_milter_handler(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
 {
-	int r = cfg_schema_load(m, config_milter_keys, c, err, el);
+	int r = 0;
 	struct cfg_node *reply = cfg_get(m, "reply");
-	if (reply || cfg_get(m, "modify"))
-		c->milter.static_handler = true;
-	if (r == 0 && reply) {
+	if (reply) {
 		if (reply->kind != CFG_OBJECT) {
 			ERR(reply, err, el, "expected a block { step = action; ... }");
 			return -EINVAL;
@@ -293,185 +206,24 @@ static int load_milter(struct cfg_node *m, struct sluice_config *c, char *err, s
 			free(from);
 		}
 		if (r == 0)
-			r = get_string(mod, "replace_body", &h->replace_body, err, el);
+			r = config_get_string(mod, "replace_body", &h->replace_body, err, el);
 		if (r == 0)
-			r = get_string(mod, "quarantine", &h->quarantine, err, el);
+			r = config_get_string(mod, "quarantine", &h->quarantine, err, el);
 	}
 	return r;
 }
 
-static int load_policy(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
-{
-	return cfg_schema_load(m, config_policy_keys, c, err, el);
-}
 
 
-static int load_intake(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
-{
-	c->intake.enabled = true;
-	return cfg_schema_load(m, config_intake_keys, c, err, el);
-}
 
-static int get_bool(struct cfg_node *obj, const char *key, bool *ret, char *err, size_t el);
 
-/* Is the address reachable from this host only?  (unix sockets, 127.0.0.0/8, ::1) */
-static bool addr_is_local(const struct listen_addr *a)
-{
-	if (a->ss.ss_family == AF_UNIX)
-		return true;
-	if (a->ss.ss_family == AF_INET) {
-		const struct sockaddr_in *in = (const struct sockaddr_in *)&a->ss;
-		return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
-	}
-	if (a->ss.ss_family == AF_INET6) {
-		const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)&a->ss;
-		if (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr))
-			return true;
-		return IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && in6->sin6_addr.s6_addr[12] == 127;
-	}
-	return false;
-}
 
-/* metrics { listen; allow_remote; max_connections; } -- the endpoint answers without
- * authentication, so an address other hosts can reach must be asked for. */
-static int load_metrics(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
-{
-	c->metrics.enabled = true;
-	int r = cfg_schema_load(m, config_metrics_keys, c, err, el);
-	if (r < 0)
-		return r;
-	struct listen_addr a;
-	char why[300];
-	struct cfg_node *n = cfg_get(m, "listen");
-	if (listen_addr_parse(c->metrics.listen, &a, why, sizeof(why)) < 0) {
-		ERR(n ? n : m, err, el, "%s", why);
-		return -EINVAL;
-	}
-	if (!c->metrics.allow_remote && !addr_is_local(&a)) {
-		ERR(n ? n : m, err, el, "\"%.100s\" can be reached from other hosts, and the "
-		    "metrics have no authentication: listen on 127.0.0.1 or ::1, or set "
-		    "allow_remote = true", c->metrics.listen);
-		return -EINVAL;
-	}
-	return 0;
-}
 
-static int load_queue(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
-{
-	return cfg_schema_load(m, config_queue_keys, c, err, el);
-}
 
-/* The identity sluiced runs as: the configured user, or whoever started it. */
-static uid_t daemon_uid(const struct sluice_config *c)
-{
-	return c->user && geteuid() == 0 ? c->uid : geteuid();
-}
 
-/*
- * A file holding a secret (a password_file, or sluice.conf with an inline password): no
- * access at all for others, and owned by root or by the daemon's user -- anyone else
- * could replace it.  0, or -EACCES with err naming the file, its mode and the fix.
- */
-static int check_secret_file(struct cfg_node *n, const char *file, const struct sluice_config *c,
-			     const char *why, char *err, size_t el)
-{
-	struct stat st;
-	if (stat(file, &st) < 0) {
-		int e = errno;
-		ERR(n, err, el, "%s: %s", file, strerror(e));
-		return -e;
-	}
-	unsigned mode = (unsigned)st.st_mode & 07777;
-	if (mode & 007) {
-		ERR(n, err, el, "%s%s has mode %04o: others may %s it; fix: chmod 0640 %s", file, why,
-		    mode, mode & 002 ? "change" : "read", file);
-		return -EACCES;
-	}
-	if (st.st_uid != 0 && st.st_uid != daemon_uid(c) && st.st_uid != geteuid()) {
-		ERR(n, err, el, "%s%s is owned by uid %lu, neither root nor the daemon's user; "
-		    "fix: chown root %s", file, why, (unsigned long)st.st_uid, file);
-		return -EACCES;
-	}
-	return 0;
-}
 
-/* The first line of a secret file, checked by check_secret_file().  *ret is owned. */
-static int read_secret(struct cfg_node *n, const char *file, const struct sluice_config *c,
-		       char **ret, char *err, size_t el)
-{
-	if (c->client)
-		return 0; /* the sluice command needs no secret, and may not read one */
-	int r = check_secret_file(n, file, c, "", err, el);
-	if (r < 0)
-		return -EINVAL;
-	char *text = NULL;
-	size_t len;
-	int fr = file_read_all(file, 4096, &text, &len);
-	if (fr < 0) {
-		ERR(n, err, el, "%s: %s", file, strerror(-fr));
-		return -EINVAL;
-	}
-	text[strcspn(text, "\r\n")] = '\0';
-	if (!text[0]) {
-		ERR(n, err, el, "%s is empty", file);
-		free(text);
-		return -EINVAL;
-	}
-	*ret = text;
-	return 0;
-}
 
-/* The Redis password: inline, or the first line of password_file. */
-static int load_password(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
-{
-	const char *file = c->store.password_file;
-	if (file && c->store.password) {
-		ERR(cfg_get(m, "password_file"), err, el, "give password or password_file, not both");
-		return -EINVAL;
-	}
-	if (file)
-		return read_secret(cfg_get(m, "password_file"), file, c, &c->store.password, err, el);
-	return 0;
-}
 
-static int load_store(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
-{
-	int r = cfg_schema_load(m, config_store_keys, c, err, el);
-	c->store.redis = r == 0 && c->store.type == 1;
-	if (r == 0 && !c->store.redis) {
-		struct cfg_node *n;
-		for (const struct cfg_key *k = config_redis_keys; k->name; k++)
-			if ((n = cfg_get(m, k->name))) {
-				ERR(n, err, el, "only with type = \"redis\"");
-				return -EINVAL;
-			}
-		return 0;
-	}
-	if (r == 0)
-		r = cfg_schema_load(m, config_redis_keys, c, err, el);
-	if (r == 0)
-		r = load_password(m, c, err, el);
-	if (r == 0 && c->store.user && !c->store.password && !c->store.password_file) {
-		ERR(cfg_get(m, "user"), err, el, "a user needs a password (or password_file)");
-		r = -EINVAL;
-	}
-	if (r == 0 && c->store.sentinels) {
-		while (c->store.sentinels[c->store.nsentinels])
-			c->store.nsentinels++;
-		if (!c->store.master_name) {
-			ERR(cfg_get(m, "sentinels"), err, el, "sentinels need master_name");
-			r = -EINVAL;
-		} else if (c->store.server) {
-			ERR(cfg_get(m, "server"), err, el, "give server or sentinels, not both "
-			    "(sentinels say where the master is)");
-			r = -EINVAL;
-		}
-	} else if (r == 0 && c->store.master_name) {
-		ERR(cfg_get(m, "master_name"), err, el, "master_name needs sentinels");
-		r = -EINVAL;
-	}
-	return r;
-}
 
 
 /* ---- the relay: relay {} and route "name" {} ---- */
@@ -479,7 +231,7 @@ static int load_store(struct cfg_node *m, struct sluice_config *c, char *err, si
 static int get_bool(struct cfg_node *obj, const char *key, bool *ret, char *err, size_t el)
 {
 	struct cfg_node *n;
-	int r = get_one(obj, key, &n, err, el);
+	int r = config_get_one(obj, key, &n, err, el);
 	if (r < 0 || !n)
 		return r;
 	return cfg_bool(n, ret, err, el);
@@ -491,7 +243,7 @@ static int each_string(struct cfg_node *obj, const char *key,
 		       void *arg, char *err, size_t el)
 {
 	struct cfg_node *n;
-	int r = get_one(obj, key, &n, err, el);
+	int r = config_get_one(obj, key, &n, err, el);
 	if (r < 0 || !n)
 		return r;
 	struct cfg_node *items = n->kind == CFG_LIST ? n->child : n;
@@ -598,9 +350,9 @@ static int load_signal(struct cfg_node *s, struct route_conf *rc, char *err, siz
 	}
 	struct classify_signal_conf sc = { .for_ms = 0 };
 	char *match = NULL, *action = NULL;
-	int r = get_string(s, "match", &match, err, el);
+	int r = config_get_string(s, "match", &match, err, el);
 	if (r == 0)
-		r = get_string(s, "action", &action, err, el);
+		r = config_get_string(s, "action", &action, err, el);
 	if (r == 0)
 		r = get_duration(s, "for", 1000, INT64_C(30) * 86400 * 1000, &sc.for_ms, err, el);
 	if (r == 0 && !match) {
@@ -669,7 +421,7 @@ static int load_route(struct cfg_node *n, struct route_conf *rc, const struct sl
 	}
 	struct cfg_node *sh = NULL;
 	if (r == 0)
-		r = get_one(n, "smarthost", &sh, err, el);
+		r = config_get_one(n, "smarthost", &sh, err, el);
 	if (r == 0)
 		r = get_bool(n, "mx", &rc->mx, err, el);
 	if (r == 0 && !sh == !rc->mx) {
@@ -684,10 +436,10 @@ static int load_route(struct cfg_node *n, struct route_conf *rc, const struct sl
 	}
 	rc->connections = rc->mx ? 4 : 2;
 	if (r == 0)
-		r = get_string(n, "helo", &rc->helo, err, el);
+		r = config_get_string(n, "helo", &rc->helo, err, el);
 	char *s = NULL;
 	if (r == 0)
-		r = get_string(n, "tls", &s, err, el);
+		r = config_get_string(n, "tls", &s, err, el);
 	if (r == 0 && s) {
 		if (strcmp(s, "none") == 0)
 			rc->tls = SMTP_TLS_NONE;
@@ -705,28 +457,28 @@ static int load_route(struct cfg_node *n, struct route_conf *rc, const struct sl
 	free(s);
 	s = NULL;
 	if (r == 0)
-		r = get_string(n, "ca_file", &rc->ca_file, err, el);
+		r = config_get_string(n, "ca_file", &rc->ca_file, err, el);
 	if (r == 0 && rc->ca_file && access(rc->ca_file, R_OK) < 0) {
 		ERR(cfg_get(n, "ca_file"), err, el, "%s: %s", rc->ca_file, strerror(errno));
 		r = -EINVAL;
 	}
 	if (r == 0)
-		r = get_string(n, "sni", &rc->sni, err, el);
+		r = config_get_string(n, "sni", &rc->sni, err, el);
 	struct cfg_node *auth = cfg_get(n, "auth");
 	if (r == 0 && auth) {
 		char *file = NULL;
-		r = get_string(auth, "user", &rc->auth_user, err, el);
+		r = config_get_string(auth, "user", &rc->auth_user, err, el);
 		if (r == 0)
-			r = get_string(auth, "password_file", &file, err, el);
+			r = config_get_string(auth, "password_file", &file, err, el);
 		if (r == 0 && (!rc->auth_user || !file)) {
 			ERR(auth, err, el, "auth needs user and password_file");
 			r = -EINVAL;
 		}
 		if (r == 0)
-			r = read_secret(cfg_get(auth, "password_file"), file, c, &rc->auth_password, err, el);
+			r = config_read_secret(cfg_get(auth, "password_file"), file, c, &rc->auth_password, err, el);
 		free(file);
 		if (r == 0)
-			r = get_string(auth, "mechanisms", &rc->auth_mechanisms, err, el);
+			r = config_get_string(auth, "mechanisms", &rc->auth_mechanisms, err, el);
 		if (r == 0)
 			r = get_bool(auth, "plaintext", &rc->auth_plaintext, err, el);
 		if (r == 0 && rc->tls == SMTP_TLS_NONE && !rc->auth_plaintext) {
@@ -736,7 +488,7 @@ static int load_route(struct cfg_node *n, struct route_conf *rc, const struct sl
 		}
 	}
 	if (r == 0)
-		r = get_string(n, "source", &s, err, el);
+		r = config_get_string(n, "source", &s, err, el);
 	if (r == 0 && s) {
 		struct sockaddr_in *v4 = (struct sockaddr_in *)&rc->source;
 		struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&rc->source;
@@ -756,7 +508,7 @@ static int load_route(struct cfg_node *n, struct route_conf *rc, const struct sl
 	if (r == 0)
 		r = each_string(n, "rate", add_window, &rc->rate, err, el);
 	if (r == 0)
-		r = get_string(n, "count", &s, err, el);
+		r = config_get_string(n, "count", &s, err, el);
 	if (r == 0 && s) {
 		if (strcmp(s, "messages") == 0)
 			rc->count = ROUTE_COUNT_MESSAGES;
@@ -873,53 +625,13 @@ static int load_relay(struct cfg_node *root, struct sluice_config *c, char *err,
 	return r;
 }
 
-static int load(struct cfg_node *root, struct sluice_config *c, char *err, size_t el)
+/* What the daemon reads beyond config_core_load(): the rules, the relay and the routes. */
+static int load_daemon(struct cfg_node *root, struct sluice_config *c, char *err, size_t el)
 {
-	int r = cfg_schema_load(root, config_root_keys, c, err, el);
-	/* first: the secret files' owner is checked against the user */
-	if (r == 0 && c->user)
-		r = get_owner(root, "user", &c->uid, &c->gid, err, el);
-	if (r == 0 && c->group && !c->user) {
-		ERR(cfg_get(root, "group"), err, el, "group needs user");
-		r = -EINVAL;
-	}
-	if (r == 0 && c->group)
-		r = get_group(root, "group", &c->gid, err, el);
-	struct cfg_node *n;
-	if (r == 0 && (n = cfg_get(root, "log")))
-		r = cfg_schema_load(n, config_log_keys, c, err, el);
-	if (r == 0 && (n = cfg_get(root, "control")))
-		r = cfg_schema_load(n, config_control_keys, c, err, el);
-	if (r == 0 && (n = cfg_get(root, "metrics")))
-		r = load_metrics(n, c, err, el);
 	struct cfg_node *milter = cfg_get(root, "milter");
-	struct cfg_node *policy = cfg_get(root, "policy");
-	struct cfg_node *intake = cfg_get(root, "intake");
-	if (r == 0 && !milter && !policy && !intake) {
-		cfg_error(root, err, el, "nothing to serve: give a milter { listen = ...; }, a "
-			  "policy { listen = ...; } or an intake { listen = ...; } block");
-		r = -EINVAL;
-	}
-	if (r == 0 && milter)
-		r = load_milter(milter, c, err, el);
-	if (r == 0 && policy)
-		r = load_policy(policy, c, err, el);
-	if (r == 0 && intake)
-		r = load_intake(intake, c, err, el);
-	if (r == 0 && (n = cfg_get(root, "queue")))
-		r = load_queue(n, c, err, el);
-	if (r == 0 && (n = cfg_get(root, "store")))
-		r = load_store(n, c, err, el);
-	/* an inline password makes this file a secret too */
-	if (r == 0 && n && cfg_get(n, "password") && !c->client &&
-	    check_secret_file(cfg_get(n, "password"), c->path, c, " (it holds a password)", err,
-			      el) < 0)
-		r = -EINVAL;
-	if (c->client) {
-		/* what the sluice command needs is read by now: the rules (their overrides
-		 * files) and the routes (their password files) are the daemon's */
-		return r;
-	}
+	int r = 0;
+	if (milter)
+		r = load_milter_handler(milter, c, err, el);
 	if (r == 0)
 		r = policy_load(root, &c->rules, err, el);
 	if (r == 0)
@@ -942,26 +654,22 @@ static int load(struct cfg_node *root, struct sluice_config *c, char *err, size_
 	return r;
 }
 
-static int config_load_as(const char *path, bool client, struct sluice_config **ret, char *err,
-			  size_t errlen)
+static void free_daemon(struct sluice_config *c)
+{
+	milter_static_conf_clear(&c->milter.handler);
+	relay_conf_clear(&c->relay);
+	policy_unref(c->rules);
+}
+
+int config_load(const char *path, struct sluice_config **ret, char *err, size_t errlen)
 {
 	struct cfg_node *root = NULL;
-	err[0] = '\0';
-	int r = cfg_parse_file(path, &root, err, errlen);
+	struct sluice_config *c = NULL;
+	int r = config_core_load(path, false, &root, &c, err, errlen);
 	if (r < 0)
 		return r;
-	struct sluice_config *c = calloc(1, sizeof(*c));
-	if (!c) {
-		cfg_free(root);
-		return -ENOMEM;
-	}
-	c->client = client;
-	c->path = strdup(path);
-	r = config_init(c);
-	if (r == 0 && !c->path)
-		r = -ENOMEM;
-	if (r == 0)
-		r = load(root, c, err, errlen);
+	c->free_daemon = free_daemon;
+	r = load_daemon(root, c, err, errlen);
 	cfg_free(root);
 	if (r < 0) {
 		if (!err[0])
@@ -971,58 +679,4 @@ static int config_load_as(const char *path, bool client, struct sluice_config **
 	}
 	*ret = c;
 	return 0;
-}
-
-static void listen_conf_clear(struct listen_conf *lc)
-{
-	for (size_t i = 0; i < lc->n; i++)
-		free(lc->addr[i]);
-	lc->n = 0;
-}
-
-struct sluice_config *config_free(struct sluice_config *c)
-{
-	if (!c)
-		return NULL;
-	free(c->path);
-	free(c->pid_file);
-	free(c->user);
-	free(c->group);
-	free(c->metrics.listen);
-	listen_conf_clear(&c->control);
-	listen_conf_clear(&c->milter.listen);
-	listen_conf_clear(&c->policy.listen);
-	milter_static_conf_clear(&c->milter.handler);
-	listen_conf_clear(&c->intake.listen);
-	free(c->intake.allow);
-	free(c->intake.hostname);
-	free(c->queue.dir);
-	relay_conf_clear(&c->relay);
-	free(c->state_dir);
-	free(c->store.server);
-	free(c->store.user);
-	free(c->store.password_file);
-	if (c->store.password)
-		explicit_bzero(c->store.password, strlen(c->store.password));
-	free(c->store.password);
-	free(c->store.prefix);
-	if (c->store.sentinels)
-		for (char **p = c->store.sentinels; *p; p++)
-			free(*p);
-	free(c->store.sentinels);
-	free(c->store.master_name);
-	free(c->store.node);
-	policy_unref(c->rules);
-	free(c);
-	return NULL;
-}
-
-int config_load(const char *path, struct sluice_config **ret, char *err, size_t errlen)
-{
-	return config_load_as(path, false, ret, err, errlen);
-}
-
-int config_load_client(const char *path, struct sluice_config **ret, char *err, size_t errlen)
-{
-	return config_load_as(path, true, ret, err, errlen);
 }

@@ -1,6 +1,10 @@
 /*
  * config -- sluiced's configuration: the schema over the cfg tree.
  *
+ * The struct and config_load_client() live in the conf layer (src/conf), which the sluice
+ * command links without the policy engine, the milter or the relay: it uses their headers
+ * for the types of the members config_load() fills, not their code.
+ *
  * Loading is all or nothing: a file with any error yields no configuration, and the error
  * names file, line and key.  A loaded configuration is immutable; reload builds a new one.
  */
@@ -119,6 +123,8 @@ struct sluice_config {
 	} store;
 	struct policy *rules;                 /* limit and class blocks (NULL only for clients) */
 	bool client;                          /* config_load_client() */
+	/* frees what config_load() in src/daemon adds (rules, relay, milter answers) */
+	void (*free_daemon)(struct sluice_config *c);
 	struct relay_conf relay;              /* relay {} and route blocks; no route: no relay */
 	bool has_relay;                       /* a relay {} block was given */
 };

@@ -508,7 +508,7 @@ int config_init(struct sluice_config *c)
 		all[i]->owner = (uid_t)-1;
 		all[i]->group = (gid_t)-1;
 	}
-	relay_conf_init(&c->relay);
+	/* the relay's defaults are in its table: relay_conf_init() would link the relay */
 	for (const struct config_block *b = config_blocks; b->name; b++) {
 		int r = cfg_schema_defaults(b->keys, c);
 		if (r < 0)
