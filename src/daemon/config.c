@@ -1,9 +1,11 @@
 /*
- * config -- schema of sluice.conf (see config.h and sluice.conf(5)).
+ * config -- config_load(): sluice.conf beyond the tables (see config.h, sluice.conf(5)).
  *
- * Every key the daemon knows is read here; anything else in the file is reported as an
- * unknown key with its line (cfg_check_unused), so a typo never silently falls back to a
- * default.
+ * src/conf reads the blocks whose keys are tables; this file reads what is code rather
+ * than a table -- the milter's fixed answers, the rules (policy_load), the relay's routes
+ * and their signals -- and the checks that span those.  Then anything left unread in the
+ * file is reported as an unknown key with its line (cfg_check_unused), so a typo never
+ * silently falls back to a default.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -37,24 +39,6 @@ static int get_duration(struct cfg_node *obj, const char *key, int64_t min, int6
 		return r;
 	return cfg_duration_ms(n, min, max, ret, err, el);
 }
-
-static int get_uint(struct cfg_node *obj, const char *key, int64_t min, int64_t max,
-		    unsigned *ret, char *err, size_t el)
-{
-	struct cfg_node *n;
-	int r = config_get_one(obj, key, &n, err, el);
-	if (r < 0 || !n)
-		return r;
-	int64_t v;
-	r = cfg_int64(n, min, max, &v, err, el);
-	if (r == 0)
-		*ret = (unsigned)v;
-	return r;
-}
-
-
-
-
 
 static int get_string_list(struct cfg_node *obj, const char *key, bool (*check)(const char *, const char **),
 			   char ***ret, char *err, size_t el)
@@ -410,11 +394,9 @@ static int load_route(struct cfg_node *n, struct route_conf *rc, const struct sl
 	}
 	if (!(rc->name = strdup(n->label)))
 		return -ENOMEM;
-	rc->tls = SMTP_TLS_MAY;
-	rc->messages_per_connection = 100;
-	rc->recipients_per_message = 50;
-	rc->guard_ms = 100;
-	int r = each_string(n, "domains", add_domain, rc, err, el);
+	int r = cfg_schema_defaults(route_conf_keys, rc);
+	if (r == 0)
+		r = each_string(n, "domains", add_domain, rc, err, el);
 	if (r == 0 && !rc->ndomains) {
 		ERR(n, err, el, "domains is required: [\"*\"] for every domain");
 		r = -EINVAL;
@@ -436,34 +418,7 @@ static int load_route(struct cfg_node *n, struct route_conf *rc, const struct sl
 	}
 	rc->connections = rc->mx ? 4 : 2;
 	if (r == 0)
-		r = config_get_string(n, "helo", &rc->helo, err, el);
-	char *s = NULL;
-	if (r == 0)
-		r = config_get_string(n, "tls", &s, err, el);
-	if (r == 0 && s) {
-		if (strcmp(s, "none") == 0)
-			rc->tls = SMTP_TLS_NONE;
-		else if (strcmp(s, "may") == 0)
-			rc->tls = SMTP_TLS_MAY;
-		else if (strcmp(s, "require") == 0)
-			rc->tls = SMTP_TLS_REQUIRE;
-		else if (strcmp(s, "verify") == 0)
-			rc->tls = SMTP_TLS_VERIFY;
-		else {
-			ERR(cfg_get(n, "tls"), err, el, "expected none, may, require or verify");
-			r = -EINVAL;
-		}
-	}
-	free(s);
-	s = NULL;
-	if (r == 0)
-		r = config_get_string(n, "ca_file", &rc->ca_file, err, el);
-	if (r == 0 && rc->ca_file && access(rc->ca_file, R_OK) < 0) {
-		ERR(cfg_get(n, "ca_file"), err, el, "%s: %s", rc->ca_file, strerror(errno));
-		r = -EINVAL;
-	}
-	if (r == 0)
-		r = config_get_string(n, "sni", &rc->sni, err, el);
+		r = cfg_schema_load(n, route_conf_keys, rc, err, el);
 	struct cfg_node *auth = cfg_get(n, "auth");
 	if (r == 0 && auth) {
 		char *file = NULL;
@@ -487,6 +442,7 @@ static int load_route(struct cfg_node *n, struct route_conf *rc, const struct sl
 			r = -EINVAL;
 		}
 	}
+	char *s = NULL;
 	if (r == 0)
 		r = config_get_string(n, "source", &s, err, el);
 	if (r == 0 && s) {
@@ -507,31 +463,6 @@ static int load_route(struct cfg_node *n, struct route_conf *rc, const struct sl
 	s = NULL;
 	if (r == 0)
 		r = each_string(n, "rate", add_window, &rc->rate, err, el);
-	if (r == 0)
-		r = config_get_string(n, "count", &s, err, el);
-	if (r == 0 && s) {
-		if (strcmp(s, "messages") == 0)
-			rc->count = ROUTE_COUNT_MESSAGES;
-		else if (strcmp(s, "recipients") == 0)
-			rc->count = ROUTE_COUNT_RECIPIENTS;
-		else {
-			ERR(cfg_get(n, "count"), err, el, "expected messages or recipients");
-			r = -EINVAL;
-		}
-	}
-	free(s);
-	if (r == 0)
-		r = get_uint(n, "connections", 1, 1000, &rc->connections, err, el);
-	if (r == 0)
-		r = get_uint(n, "messages_per_connection", 1, 1000000, &rc->messages_per_connection,
-			     err, el);
-	if (r == 0)
-		r = get_uint(n, "recipients_per_message", 1, SMTP_OUT_RCPT_MAX,
-			     &rc->recipients_per_message, err, el);
-	if (r == 0)
-		r = get_duration(n, "guard", 0, 60000, &rc->guard_ms, err, el);
-	if (r == 0)
-		r = get_bool(n, "shared", &rc->shared, err, el);
 	if (r == 0 && rc->shared && rc->count == ROUTE_COUNT_RECIPIENTS) {
 		ERR(cfg_get(n, "shared"), err, el, "a shared lane counts messages (count = "
 		    "\"recipients\" is for a lane of one node)");
