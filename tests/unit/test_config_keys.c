@@ -282,7 +282,11 @@ struct entry {
 	size_t n;
 	bool has_default;
 	unsigned line;
+	char text[4096]; /* the description, its lines joined by spaces */
 };
+
+/* "key" -> the X of the first "Default *X*" in its description. */
+static struct strset doc_defaults;
 
 /* Reads "*name*" at *p (a key: letters, digits, '_', '\_'); advances past it. */
 static bool read_key(const char **p, char *out, size_t len)
@@ -367,8 +371,21 @@ static bool section_block(const char *title, char *out, size_t len)
 
 static void close_entry(struct entry *e, struct strset *doc, struct strset *no_default)
 {
+	const char *d = strstr(e->text, "Default *");
+	char def[300] = "";
+	if (d) {
+		d += strlen("Default *");
+		size_t n = strcspn(d, "*");
+		if (d[n] == '*' && n < 200)
+			snprintf(def, sizeof(def), "%.*s", (int)n, d);
+	}
 	for (size_t i = 0; i < e->n; i++) {
 		strset_add(doc, e->keys[i]);
+		if (def[0]) {
+			char kv[600];
+			snprintf(kv, sizeof(kv), "%s=%s", e->keys[i], def);
+			strset_add(&doc_defaults, kv);
+		}
 		if (!e->has_default) {
 			char msg[200];
 			snprintf(msg, sizeof(msg), "%s (line %u)", e->keys[i], e->line);
@@ -376,6 +393,7 @@ static void close_entry(struct entry *e, struct strset *doc, struct strset *no_d
 		}
 	}
 	e->n = 0;
+	e->text[0] = '\0';
 }
 
 static void collect_documented_keys(struct strset *doc, struct strset *no_default)
@@ -409,6 +427,8 @@ static void collect_documented_keys(struct strset *doc, struct strset *no_defaul
 		if (line[0] == '\t' && e.n > 0) {
 			if (strcasestr(line, "default") || strcasestr(line, "required"))
 				e.has_default = true;
+			size_t tl = strlen(e.text);
+			snprintf(e.text + tl, sizeof(e.text) - tl, "%s ", line + 1);
 			continue;
 		}
 		close_entry(&e, doc, no_default);
@@ -484,6 +504,62 @@ static void table_keys(const struct cfg_key *keys, const char *block, struct str
 	}
 }
 
+/* The value of text for key k, in the form k's type writes it; false if it does not parse. */
+static bool normal_value(const struct cfg_key *k, const char *text, char *out, size_t len)
+{
+	char v[256];
+	size_t n = strlen(text);
+	if (n >= 2 && text[0] == '"' && text[n - 1] == '"')
+		snprintf(v, sizeof(v), "%.*s", (int)n - 2, text + 1);
+	else
+		snprintf(v, sizeof(v), "%s", text);
+	_Alignas(max_align_t) char field[256] = { 0 };
+	struct cfg_node node = { .kind = CFG_SCALAR, .key = (char *)k->name, .value = v,
+				 .value_len = strlen(v), .file = "doc" };
+	char err[300];
+	if (k->type->parse(&node, k, field, err, sizeof(err)) < 0)
+		return false;
+	bool ok = k->type->format(k, field, out, len);
+	if (k->type->clear)
+		k->type->clear(field);
+	return ok;
+}
+
+static size_t defaults_compared;
+
+/* The defaults sluice.conf(5) states ("Default *X*") are the tables' (keys of lists and
+ * of no default in a table are left out); returns the number that differ. */
+static size_t compare_defaults(const struct cfg_key *keys, const char *block)
+{
+	size_t bad = 0;
+	for (const struct cfg_key *k = keys; k->name; k++) {
+		char path[200];
+		join_key(path, sizeof(path), block, k->name);
+		if (k->type == &cfg_type_block) {
+			bad += compare_defaults(k->sub, path);
+			continue;
+		}
+		if (!k->def || (k->flags & CFG_REPEAT))
+			continue;
+		const char *doc = NULL;
+		size_t pl = strlen(path);
+		for (size_t i = 0; i < doc_defaults.n && !doc; i++)
+			if (strncmp(doc_defaults.v[i], path, pl) == 0 && doc_defaults.v[i][pl] == '=')
+				doc = doc_defaults.v[i] + pl + 1;
+		if (!doc)
+			continue;
+		char a[512], b[512];
+		assert_true(normal_value(k, k->def, a, sizeof(a)));
+		defaults_compared++;
+		if (!normal_value(k, doc, b, sizeof(b)) || strcmp(a, b) != 0) {
+			print_message("default of %s: %s in its table, *%s* in sluice.conf(5)\n",
+				      path, k->def, doc);
+			bad++;
+		}
+	}
+	return bad;
+}
+
 /*
  * sluice.conf(5) and the tables agree: every key of a table is documented, every key the
  * page documents in a block the tables hold is in them, and sluiced -D writes every key
@@ -513,6 +589,11 @@ static void test_tables(void **state)
 			bad++;
 		}
 	strset_clear(&route);
+	for (const struct config_block *b = config_blocks; b->name; b++)
+		bad += compare_defaults(b->keys, b->name);
+	bad += compare_defaults(route_conf_keys, "route");
+	assert_true(doc_defaults.n > 50);
+	assert_true(defaults_compared > 40); /* the page's "Default *X*" were found */
 	assert_true(all.n > 60);
 	for (size_t i = 0; i < all.n; i++) {
 		if (!strset_has(&doc, all.v[i])) {
@@ -550,6 +631,7 @@ static void test_tables(void **state)
 	strset_clear(&secret);
 	strset_clear(&blocks);
 	strset_clear(&printed);
+	strset_clear(&doc_defaults);
 	if (bad)
 		fail_msg("the tables of src/conf/config_schema.c, %s and sluiced -D disagree on "
 			 "%zu keys (listed above)", man_path, bad);
