@@ -127,6 +127,7 @@ struct sluice_config {
 	void (*free_daemon)(struct sluice_config *c);
 	struct relay_conf relay;              /* relay {} and route blocks; no route: no relay */
 	bool has_relay;                       /* a relay {} block was given */
+	bool relay_hostname_derived;          /* relay.hostname: not given, found by sluiced */
 };
 
 /* Load and check a file.  0 and *ret, or <0 with err "FILE:LINE: KEY: message". */

@@ -532,6 +532,12 @@ void config_print(FILE *f, const struct sluice_config *c, bool all)
 		config_free(d);
 		return;
 	}
+	/* a value sluiced finds when none is given is its default (for -n) */
+	if (c->relay_hostname_derived && c->relay.hostname &&
+	    !(d->relay.hostname = strdup(c->relay.hostname))) {
+		config_free(d);
+		return;
+	}
 	const struct sluice_config *defaults = all ? NULL : d;
 	for (const struct config_block *b = config_blocks; b->name; b++) {
 		if (!*b->name) {
@@ -556,5 +562,6 @@ void config_print(FILE *f, const struct sluice_config *c, bool all)
 			fprintf(f, "%s {\n%s}\n", b->name, text);
 		free(text);
 	}
+	free(d->relay.hostname); /* relay_conf_clear() is the daemon's */
 	config_free(d);
 }

@@ -545,6 +545,7 @@ static int load_relay(struct cfg_node *root, struct sluice_config *c, char *err,
 			h = host;
 		}
 		rl->hostname = strdup(h);
+		c->relay_hostname_derived = true;
 	}
 	if (r == 0 && !rl->hostname)
 		r = -ENOMEM;

@@ -155,6 +155,10 @@ static bool duration_format(const struct cfg_key *k, const void *field, char *bu
 		      { "h", INT64_C(3600000) }, { "m", 60000 }, { "s", 1000 } };
 	(void)k;
 	int64_t ms = *(const int64_t *)field;
+	if (ms == 0) {
+		snprintf(buf, size, "0");
+		return true;
+	}
 	for (size_t u = 0; u < ARRAY_SIZE(units); u++)
 		if (ms != 0 && ms % units[u].ms == 0) {
 			snprintf(buf, size, "%" PRId64 "%s", ms / units[u].ms, units[u].name);
