@@ -333,34 +333,13 @@ static int load_signal(struct cfg_node *s, struct route_conf *rc, char *err, siz
 		return -EINVAL;
 	}
 	struct classify_signal_conf sc = { .for_ms = 0 };
-	char *match = NULL, *action = NULL;
-	int r = config_get_string(s, "match", &match, err, el);
+	int r = cfg_schema_defaults(route_signal_keys, &sc);
 	if (r == 0)
-		r = config_get_string(s, "action", &action, err, el);
-	if (r == 0)
-		r = get_duration(s, "for", 1000, INT64_C(30) * 86400 * 1000, &sc.for_ms, err, el);
-	if (r == 0 && !match) {
-		ERR(s, err, el, "match is required");
-		r = -EINVAL;
-	}
-	if (r == 0) {
-		if (!action || strcmp(action, "suspend") == 0)
-			sc.action = CLASSIFY_SUSPEND;
-		else if (strcmp(action, "slow") == 0)
-			sc.action = CLASSIFY_SLOW;
-		else if (strcmp(action, "retry") == 0)
-			sc.action = CLASSIFY_RETRY;
-		else if (strcmp(action, "bounce") == 0)
-			sc.action = CLASSIFY_FAIL;
-		else {
-			ERR(cfg_get(s, "action"), err, el, "expected suspend, slow, retry or bounce");
-			r = -EINVAL;
-		}
-	}
+		r = cfg_schema_load(s, route_signal_keys, &sc, err, el);
+	char *match = (char *)sc.match; /* owned here until the route has it */
 	if (r == 0) {
 		/* the pattern is checked here, so that a bad one names its line */
 		char e[256];
-		sc.match = match;
 		struct classify *cl = classify_new(&sc, 1, e, sizeof(e));
 		if (!cl) {
 			ERR(cfg_get(s, "match"), err, el, "%s", e);
@@ -374,13 +353,11 @@ static int load_signal(struct cfg_node *s, struct route_conf *rc, char *err, siz
 			r = -ENOMEM;
 		} else {
 			rc->signals = a;
-			sc.match = match;
 			a[rc->nsignals++] = sc;
 			match = NULL;
 		}
 	}
 	free(match);
-	free(action);
 	return r;
 }
 

@@ -85,9 +85,11 @@ struct route_conf {
 };
 
 /* The keys of route "name" { } that are plain values (cfg_schema.h; relay_conf.c); the
- * others (domains, smarthost, mx, auth, source, rate, timeouts, signal) are read by
+ * others (domains, smarthost, mx, auth, source, rate, timeouts) are read by
  * src/daemon/config.c. */
 extern const struct cfg_key route_conf_keys[];
+/* The keys of route "name" { signal { } } (struct classify_signal_conf). */
+extern const struct cfg_key route_signal_keys[];
 
 /* `relay { ... }` and the routes. */
 struct relay_conf {

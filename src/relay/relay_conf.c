@@ -37,6 +37,25 @@ static const struct cfg_enum route_count[] = {
 	{ NULL, 0 },
 };
 
+_Static_assert(sizeof(enum classify_verdict) == sizeof(int), "stored by cfg_type_enum");
+
+static const struct cfg_enum signal_actions[] = {
+	{ "suspend", CLASSIFY_SUSPEND }, { "slow", CLASSIFY_SLOW }, { "retry", CLASSIFY_RETRY },
+	{ "bounce", CLASSIFY_FAIL }, { NULL, 0 },
+};
+
+#define SIGNAL(field) offsetof(struct classify_signal_conf, field)
+
+const struct cfg_key route_signal_keys[] = {
+	{ "match", &cfg_type_string, SIGNAL(match), NULL, .flags = CFG_REQUIRED,
+	  .help = "a regular expression over the relay's reply" },
+	{ "action", &cfg_type_enum, SIGNAL(action), "suspend", .names = signal_actions,
+	  .help = "what a matching reply does to the lane or the recipient" },
+	{ "for", &cfg_type_duration, SIGNAL(for_ms), NULL, 1000, INT64_C(30) * 86400 * 1000,
+	  .help = "the suspension or slow-down (default: the lane's backoff)" },
+	{ .name = NULL },
+};
+
 #define ROUTE(field) offsetof(struct route_conf, field)
 
 const struct cfg_key route_conf_keys[] = {

@@ -583,6 +583,7 @@ static void test_tables(void **state)
 	/* a route's plain values: a table of the relay's; sluiced -D writes no route */
 	struct strset route = { 0 };
 	table_keys(route_conf_keys, "route", &route, NULL);
+	table_keys(route_signal_keys, "route.signal", &route, NULL);
 	for (size_t i = 0; i < route.n; i++)
 		if (!strset_has(&doc, route.v[i])) {
 			print_message("in a table, not in sluice.conf(5): %s\n", route.v[i]);
@@ -592,6 +593,7 @@ static void test_tables(void **state)
 	for (const struct config_block *b = config_blocks; b->name; b++)
 		bad += compare_defaults(b->keys, b->name);
 	bad += compare_defaults(route_conf_keys, "route");
+	bad += compare_defaults(route_signal_keys, "route.signal");
 	assert_true(doc_defaults.n > 50);
 	assert_true(defaults_compared > 40); /* the page's "Default *X*" were found */
 	assert_true(all.n > 60);
