@@ -2,10 +2,11 @@
  * config_schema -- the keys of sluice.conf's blocks as data (see config_schema.h).
  *
  * Each entry is name, type, offset into struct sluice_config, default (in sluice.conf
- * syntax), bounds and one line of help; config.c walks them with cfg_schema_load() and
- * keeps only the checks that span several keys, the secret files and the blocks whose
- * content is code (milter reply/modify, limit, class, route).  sluice.conf(5) documents
- * every key here (test_config_keys checks it).
+ * syntax), bounds and one line of help; config_core.c walks them with cfg_schema_load()
+ * and keeps only the checks that span several keys and the secret files; src/daemon's
+ * config.c reads the blocks whose content is code (milter reply/modify, limit, class,
+ * and a route's addresses, auth and rates).  sluice.conf(5) documents every key here with
+ * the same default (test_config_keys checks both).
  */
 #include <errno.h>
 #include <stddef.h>

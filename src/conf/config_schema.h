@@ -1,6 +1,7 @@
 /*
- * config_schema -- the tables of sluice.conf's blocks (private to config.c, sluiced -n/-d
- * and the tests).  Each block's keys are data: see cfg_schema.h for the walker.
+ * config_schema -- the tables of sluice.conf's blocks, for the loading (config_core.c),
+ * sluiced -n and -D, and the tests.  Each block's keys are data: see cfg_schema.h for the
+ * walker.  A route's keys are the relay's (route_conf_keys in relay.h).
  */
 #ifndef SLUICE_CONFIG_SCHEMA_H
 #define SLUICE_CONFIG_SCHEMA_H
