@@ -524,7 +524,9 @@ size_t cfg_schema_print(FILE *f, const struct cfg_key *keys, const void *base,
 		    strcmp(v, d) == 0)
 			continue;
 		bool active = !k->active || k->active(base);
-		fprintf(f, "%*s%s%s = %s;\n", (int)depth * 2, "", active ? "" : "# ", k->name, v);
+		/* every value: with its line of help, as a comment */
+		fprintf(f, "%*s%s%s = %s;%s%s\n", (int)depth * 2, "", active ? "" : "# ", k->name, v,
+			!defaults && k->help ? "  # " : "", !defaults && k->help ? k->help : "");
 		lines++;
 	}
 	return lines;

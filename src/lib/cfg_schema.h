@@ -90,8 +90,8 @@ void cfg_schema_clear(const struct cfg_key *keys, void *base);
 /*
  * Write keys' values from base as "key = value;" lines indented by depth tabs.  With
  * defaults non-NULL (the same struct holding only defaults) only values that differ are
- * written.  Unset values are skipped; inactive ones are written as comments.  Returns
- * the number of lines written.
+ * written; without, every value is followed by its help as a comment.  Unset values are
+ * skipped; inactive ones are written as comments.  Returns the number of lines written.
  */
 size_t cfg_schema_print(FILE *f, const struct cfg_key *keys, const void *base,
 			const void *defaults, unsigned depth);

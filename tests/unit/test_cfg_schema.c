@@ -206,18 +206,18 @@ static void test_print(void **state)
 				     "  hi = 2m;\n"
 				     "}\n");
 	char *all = print(&d, NULL);
-	assert_string_equal(all, "name = \"x\";\n"
-				 "on = false;\n"
-				 "n = 7;\n"
-				 "big = 1000000;\n"
-				 "ms = 30s;\n"
-				 "bytes = 64kb;\n"
-				 "color = \"blue\";\n"
-				 "mode = \"0640\";\n"
-				 "list = [\"a\", \"b\\\"c\"];\n"
+	assert_string_equal(all, "name = \"x\";  # a string\n"
+				 "on = false;  # a bool\n"
+				 "n = 7;  # an integer\n"
+				 "big = 1000000;  # a big one\n"
+				 "ms = 30s;  # a duration\n"
+				 "bytes = 64kb;  # a size\n"
+				 "color = \"blue\";  # an enum\n"
+				 "mode = \"0640\";  # a mode\n"
+				 "list = [\"a\", \"b\\\"c\"];  # a list\n"
 				 "box {\n"
-				 "  lo = 1s;\n"
-				 "  hi = 2m;\n"
+				 "  lo = 1s;  # low\n"
+				 "  hi = 2m;  # high\n"
 				 "}\n");
 	/* what it writes reads back to the same values */
 	struct demo again;
