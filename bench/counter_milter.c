@@ -5,8 +5,8 @@
  * Per recipient domain it counts recipients in a fixed window (-w seconds, default 60)
  * and, once a domain is over the limit (-l, default 1,000,000 so that a benchmark
  * measures the cost of counting and not refusals), answers that RCPT with
- * "451 4.7.1 Too much mail for DOMAIN".  This is the shape of the pmilter prototype in
- * DESIGN.md: one hash table, one pthread mutex around it, one thread per MTA connection
+ * "451 4.7.1 Too much mail for DOMAIN".  This is the shape of a pmilter-style counting
+ * prototype: one hash table, one pthread mutex around it, one thread per MTA connection
  * (libmilter's model), so every RCPT of every connection takes the same lock.
  *
  * Invariants:

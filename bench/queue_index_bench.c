@@ -151,7 +151,7 @@ static int bench_load(const char *dir, size_t n)
 		}
 		close(fd);
 	}
-	buf_clear(&out);
+	buf_done(&out);
 	printf("load: %zu files written in %.1f s\n", n, now_s() - s);
 	sync();
 	s = now_s();

@@ -95,6 +95,6 @@ int control_call_parts(int fd, const char *req, size_t len,
 			break;
 		}
 	}
-	buf_clear(&in);
+	buf_done(&in);
 	return r;
 }

@@ -204,10 +204,10 @@ static int fold_long_lines(struct buf *msg, size_t *ret_folded)
 	buf_init(&out, msg->len + msg->len / (INJECT_LINE_MAX / 3) + 64);
 	int r = inject_msg_fold(buf_str(msg), INJECT_LINE_MAX, &out);
 	if (r < 0) {
-		buf_clear(&out);
+		buf_done(&out);
 		return r;
 	}
-	buf_clear(msg);
+	buf_done(msg);
 	*msg = out;
 	return 0;
 }
@@ -428,7 +428,7 @@ static int sendmail_sender(struct sendmail *s, const struct passwd *pw)
 			r = -E2BIG;
 		if (r == 0 && x.err == 1 && buf_append_str(&s->sender, buf_str(&x.tmp)) < 0)
 			r = -ENAMETOOLONG;
-		buf_clear(&x.tmp);
+		buf_done(&x.tmp);
 		if (r < 0) {
 			fprintf(stderr, "%s: -f %s: %s\n", s->prog, s->sender_arg,
 				r == -E2BIG ? "one address only" : "not a usable address");
@@ -497,7 +497,7 @@ static int sendmail_message(struct sendmail *s, const struct passwd *pw)
 	inject_text_init(&text, &raw, s->dots_end);
 	int r = read_message(0, &text);
 	if (r < 0) {
-		buf_clear(&raw);
+		buf_done(&raw);
 		if (r == -ENOBUFS) {
 			fprintf(stderr, "%s: the message is larger than the intake takes (%llu "
 					"bytes)\n", s->prog, (unsigned long long)s->t.max_size);
@@ -535,7 +535,7 @@ static int sendmail_message(struct sendmail *s, const struct passwd *pw)
 	/* room for the fields added */
 	buf_init(&s->msg, s->t.max_size + 2048);
 	r = inject_msg_headers(buf_str(&raw), &o, &s->msg, &res);
-	buf_clear(&raw);
+	buf_done(&raw);
 	switch (r) {
 	case 0:
 		break;
@@ -603,21 +603,21 @@ static int sendmail_transaction(struct sendmail *s, struct smtp_client *c, size_
 		utf8 |= has_8bit(str_cstr(s->rcpts.addr[i]));
 	bool eight = s->body8 || has_8bit(buf_str(&s->msg));
 	int r = buf_printf(&cmd, "MAIL FROM:<%s>", s->sender.len ? s->sender.ptr : "");
-	if (r == 0 && c->ext & SMTP_EXT_SIZE)
+	if (r == 0 && c->ehlo.ext & SMTP_EHLO_SIZE)
 		r = buf_printf(&cmd, " SIZE=%zu", s->msg.len);
-	if (r == 0 && eight && c->ext & SMTP_EXT_8BITMIME)
+	if (r == 0 && eight && c->ehlo.ext & SMTP_EHLO_8BITMIME)
 		r = buf_append_cstr(&cmd, " BODY=8BITMIME");
-	if (r == 0 && utf8 && c->ext & SMTP_EXT_SMTPUTF8)
+	if (r == 0 && utf8 && c->ehlo.ext & SMTP_EHLO_SMTPUTF8)
 		r = buf_append_cstr(&cmd, " SMTPUTF8");
-	if (r == 0 && s->ret && c->ext & SMTP_EXT_DSN)
+	if (r == 0 && s->ret && c->ehlo.ext & SMTP_EHLO_DSN)
 		r = buf_printf(&cmd, " RET=%s", s->ret);
-	if (r == 0 && s->envid && c->ext & SMTP_EXT_DSN) {
+	if (r == 0 && s->envid && c->ehlo.ext & SMTP_EHLO_DSN) {
 		r = buf_append_cstr(&cmd, " ENVID=");
 		if (r == 0)
 			r = put_xtext(&cmd, s->envid);
 	}
 	int code = r < 0 ? -E2BIG : smtp_client_command(c, COMMAND_TIMEOUT_MS, "%s", cmd.ptr);
-	buf_clear(&cmd);
+	buf_done(&cmd);
 	if (code < 200 || code >= 300)
 		return sendmail_fail(s, c, code, "the intake refused the sender", EX_DATAERR);
 
@@ -625,7 +625,7 @@ static int sendmail_transaction(struct sendmail *s, struct smtp_client *c, size_
 	int status = 0;
 	for (i = *next; i < s->rcpts.n; i++) {
 		const char *rcpt = s->rcpts.addr[i];
-		code = s->notify[0] && c->ext & SMTP_EXT_DSN
+		code = s->notify[0] && c->ehlo.ext & SMTP_EHLO_DSN
 			       ? smtp_client_command(c, COMMAND_TIMEOUT_MS, "RCPT TO:<%s> NOTIFY=%s",
 						     rcpt, s->notify)
 			       : smtp_client_command(c, COMMAND_TIMEOUT_MS, "RCPT TO:<%s>", rcpt);
@@ -689,10 +689,11 @@ static int sendmail_deliver(struct sendmail *s)
 			status = sendmail_fail(s, &c, code, "the intake refused EHLO",
 					       EX_UNAVAILABLE);
 	}
-	if (!status && c.ext & SMTP_EXT_SIZE && c.size_max && s->msg.len > c.size_max) {
+	if (!status && c.ehlo.ext & SMTP_EHLO_SIZE && c.ehlo.size_max &&
+	    s->msg.len > c.ehlo.size_max) {
 		fprintf(stderr, "%s: the message (%zu bytes) is larger than the intake takes "
 				"(%llu bytes)\n", s->prog, s->msg.len,
-			(unsigned long long)c.size_max);
+			(unsigned long long)c.ehlo.size_max);
 		status = EX_DATAERR;
 	}
 	size_t next = 0;
@@ -804,7 +805,7 @@ int inject_sendmail(int argc, char **argv, const char *config, const char *prog)
 			status = EX_USAGE;
 		}
 	}
-	buf_clear(&x.tmp);
+	buf_done(&x.tmp);
 	if (!status && !s.extract && s.rcpts.n == 0) {
 		fprintf(stderr, "%s: no recipients: give them as arguments, or use -t\n", prog);
 		sendmail_usage(stderr, prog);
@@ -814,8 +815,8 @@ int inject_sendmail(int argc, char **argv, const char *config, const char *prog)
 		status = sendmail_message(&s, pw);
 	if (!status)
 		status = sendmail_deliver(&s);
-	buf_clear(&s.msg);
-	buf_clear(&s.sender);
+	buf_done(&s.msg);
+	buf_done(&s.sender);
 	inject_rcpts_clear(&s.rcpts);
 	target_free(&s.t);
 	return status;
@@ -915,21 +916,21 @@ static int qmail_session(struct qmail *q, struct target *t, const char *sender,
 		return q_dropped(q, false);
 	if (code < 200 || code >= 300)
 		return q_quit(q, 'Z', "Connected to ", " but my name was rejected");
-	if (c->ext & SMTP_EXT_SIZE && c->size_max && msg.len > c->size_max) {
+	if (c->ehlo.ext & SMTP_EHLO_SIZE && c->ehlo.size_max && msg.len > c->ehlo.size_max) {
 		buf_printf(&q->out, "DConnected to %s but the message (%zu bytes) is larger than "
 				    "it takes (%llu bytes). (#5.3.4)\n", q->host, msg.len,
-			   (unsigned long long)c->size_max);
+			   (unsigned long long)c->ehlo.size_max);
 		return q_end(q);
 	}
 	bool utf8 = has_8bit(str_cstr(sender));
 	for (size_t i = 0; i < nrcpt; i++)
 		utf8 |= has_8bit(str_cstr(rcpt[i].addr));
 	char size[32] = "";
-	if (c->ext & SMTP_EXT_SIZE)
+	if (c->ehlo.ext & SMTP_EHLO_SIZE)
 		snprintf(size, sizeof(size), " SIZE=%zu", msg.len);
 	code = smtp_client_command(c, COMMAND_TIMEOUT_MS, "MAIL FROM:<%s>%s%s%s", sender, size,
-				   eightbit && c->ext & SMTP_EXT_8BITMIME ? " BODY=8BITMIME" : "",
-				   utf8 && c->ext & SMTP_EXT_SMTPUTF8 ? " SMTPUTF8" : "");
+				   eightbit && c->ehlo.ext & SMTP_EHLO_8BITMIME ? " BODY=8BITMIME" : "",
+				   utf8 && c->ehlo.ext & SMTP_EHLO_SMTPUTF8 ? " SMTPUTF8" : "");
 	if (code < 0)
 		return q_dropped(q, false);
 	if (code >= 500)
@@ -1036,7 +1037,7 @@ int inject_qmail_remote(int argc, char **argv, const char *config)
 		if (!rcpt[nrcpt].addr)
 			break;
 	}
-	buf_clear(&a);
+	buf_done(&a);
 	if (!rcpt || nrcpt < (size_t)argc - 3) {
 		q_put(&q, "ZOut of memory. (#4.3.0)\n");
 		q_end(&q);
@@ -1076,8 +1077,8 @@ int inject_qmail_remote(int argc, char **argv, const char *config)
 	smtp_client_quit(&q.c);
 	smtp_client_close(&q.c);
 out:
-	buf_clear(&q.out);
-	buf_clear(&msg);
+	buf_done(&q.out);
+	buf_done(&msg);
 	for (size_t i = 0; rcpt && i < nrcpt; i++)
 		free(rcpt[i].addr);
 	free(rcpt);

@@ -603,7 +603,7 @@ int inject_msg_headers(struct str text, const struct inject_header_opts *o, stru
 		}
 		r = buf_append(out, text.ptr + f.start, f.end - f.start);
 	}
-	buf_clear(&x.addr);
+	buf_done(&x.addr);
 	if (r == 0)
 		r = add_fields(o, !from, !date, !msgid, out);
 	if (r == 0 && body < text.len && !blank)

@@ -32,55 +32,27 @@
 #include "config.h"
 #include "control.h"
 #include "control_call.h"
+#include "control_cmds.h"
 #include "inject.h"
 #include "top.h"
 
 static void usage(FILE *f)
 {
+	/* the commands from the table the daemon dispatches on (control_cmds.h) */
+	struct buf cmds;
+	buf_init(&cmds, 64 * 1024);
+	if (control_cmds_help(&cmds, true) < 0)
+		buf_reset(&cmds);
 	fprintf(f,
 		"usage: sluice [-c FILE | -s SOCKET] COMMAND [--json]\n"
-		"commands:\n"
-		"  status    daemon version, uptime, workers, sessions\n"
-		"  stats     per service: connections, session duration and work time\n"
-		"            (min / mean / max / std-dev), current and peak sessions, errors\n"
-		"  stats --reset  end the statistics interval now (and log it)\n"
-		"  decisions what each rule decided: checks within and over its limit\n"
-		"  top [-n SECONDS] [-b|--batch ITERATIONS]\n"
-		"            live view: sessions, queue, relay, decisions per second per rule,\n"
-		"            keys nearest their limits, lanes (q or Ctrl-C quits)\n"
-		"  reload    check the configuration file and reload it\n"
-		"  help      commands the daemon understands\n"
-		"  limits top [RULE]         the keys nearest their limits\n"
-		"  limits show KEY [RULE]    a key's state in every rule (or in RULE)\n"
-		"  limits reset KEY [RULE]   forget a key's counts\n"
-		"  test [--client-ip IP] [--client-name NAME] [--helo NAME] [--sasl-user USER]\n"
-		"       [--from ADDR] [--rcpt ADDR]... [--header 'Name: value']... [--size BYTES]\n"
-		"       [--message FILE]\n"
-		"            explain what the rules would do with such a transaction now,\n"
-		"            without counting anything (--message: headers and size from a file)\n"
-		"  queue [list] [ID...|-] [SELECTION]\n"
-		"            the queue: messages, each recipient's status, next attempt, last\n"
-		"            reply (- reads IDs from the input, one a line; --json: JSON lines)\n"
-		"  queue show ID              one message: envelope, status bytes, history\n"
-		"  queue summary [SELECTION] [--by sender] [--top N]\n"
-		"            recipients by domain and age (5m ... 1280m+), as qshape\n"
-		"  queue hold|release|delete|flush|bounce ID...|-|--all|SELECTION\n"
-		"            SELECTION: --domain D (.D: its subdomains) --sender ADDR|@D|'<>'\n"
-		"            --older-than DURATION --state deferred|todo|held|uncertain\n"
-		"  lanes                      the relay's lanes: budget used, next send, state\n"
-		"  lanes suspend NAME [FOR]   stop a lane (until resumed, or for a duration)\n"
-		"  lanes resume NAME          lift a lane's suspension\n"
-		"  sendmail [OPTIONS] [RECIPIENT...] < MESSAGE\n"
-		"            queue a message through sluiced's intake, like sendmail(1)\n"
-		"            (-t -i -f -F -C -v -B -N -R -V -bm -bs; see sluice(1), INJECTORS)\n"
-		"  qmail-remote HOST SENDER RECIPIENT... < MESSAGE\n"
-		"            qmail's qmail-remote(8): queue it, print qmail's reports\n"
+		"commands:\n%.*s"
 		"options:\n"
 		"  -c FILE   configuration file to find the control socket in (default %s)\n"
 		"  -s SOCK   control socket: unix:/path, /path, inet:host:port\n"
 		"  --json    machine-readable output (status, stats, decisions, limits, queue,\n"
 		"            lanes)\n",
-		CONFIG_DEFAULT_PATH);
+		(int)cmds.len, cmds.ptr ? cmds.ptr : "", CONFIG_DEFAULT_PATH);
+	buf_done(&cmds);
 }
 
 static int connect_to(const char *spec)
@@ -490,8 +462,8 @@ static int queue_from_input(int fd, const struct buf *base, const struct queue_r
 		}
 		rc = all_ok && !n[3] ? 0 : 1;
 	}
-	buf_clear(&req);
-	buf_clear(&body);
+	buf_done(&req);
+	buf_done(&body);
 	return rc;
 }
 
@@ -637,7 +609,7 @@ int main(int argc, char **argv)
 	if (fd < 0)
 		return EX_UNAVAILABLE;
 	if (top) {
-		buf_clear(&req);
+		buf_done(&req);
 		int rc = top_run(fd, top_interval, top_batch);
 		close(fd);
 		return rc;
@@ -645,7 +617,7 @@ int main(int argc, char **argv)
 	if (qr.stdin_ids) {
 		int rc = queue_from_input(fd, &req, &qr, json);
 		close(fd);
-		buf_clear(&req);
+		buf_done(&req);
 		return rc;
 	}
 	struct buf body;
@@ -656,7 +628,7 @@ int main(int argc, char **argv)
 	int r = control_call_parts(fd, req.ptr, req.len, print_part, NULL, &body, &ok, &why,
 				   NULL);
 	close(fd);
-	buf_clear(&req);
+	buf_done(&req);
 	int rc = 0;
 	if (r == 0) {
 		fwrite(body.ptr, 1, body.len, ok ? stdout : stderr);
@@ -672,6 +644,6 @@ int main(int argc, char **argv)
 		fprintf(stderr, "sluice: %s\n", strerror(-r));
 		rc = EX_UNAVAILABLE;
 	}
-	buf_clear(&body);
+	buf_done(&body);
 	return rc;
 }

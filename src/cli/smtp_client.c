@@ -126,7 +126,7 @@ void smtp_client_close(struct smtp_client *c)
 	c->fd = -1;
 	free(c->name);
 	c->name = NULL;
-	buf_clear(&c->reply);
+	buf_done(&c->reply);
 }
 
 /* Milliseconds left until deadline (a now_ms() value), at least 0. */
@@ -180,14 +180,18 @@ int smtp_client_write(struct smtp_client *c, const void *p, size_t n, int timeou
 }
 
 /* The next byte from the server: 0..255, or a negative errno. */
-static int get_byte(struct smtp_client *c, uint64_t deadline)
+/* More bytes into in[] after what waits there (moved to the front): 0, or a negative
+ * errno. */
+static int fill(struct smtp_client *c, uint64_t deadline)
 {
-	while (c->in_off == c->in_len) {
-		ssize_t n = read(c->fd, c->in, sizeof(c->in));
+	memmove(c->in, c->in + c->in_off, c->in_len - c->in_off);
+	c->in_len -= c->in_off;
+	c->in_off = 0;
+	for (;;) {
+		ssize_t n = read(c->fd, c->in + c->in_len, sizeof(c->in) - c->in_len);
 		if (n > 0) {
-			c->in_off = 0;
-			c->in_len = (size_t)n;
-			break;
+			c->in_len += (size_t)n;
+			return 0;
 		}
 		if (n == 0) {
 			c->lost = true;
@@ -203,45 +207,51 @@ static int get_byte(struct smtp_client *c, uint64_t deadline)
 		if (r < 0)
 			return r;
 	}
-	return (unsigned char)c->in[c->in_off++];
 }
 
+/* The whole lines p[0..n) of a reply into c->reply, CR removed (a reply longer than
+ * the buffer keeps its first lines), and to the trace. */
+static void keep_lines(struct smtp_client *c, const char *p, size_t n)
+{
+	while (n > 0) {
+		const char *lf = memchr(p, '\n', n);
+		size_t len = lf ? (size_t)(lf - p) : n;
+		size_t tl = len > 0 && p[len - 1] == '\r' ? len - 1 : len;
+		trace_line(c, "<<<", p, tl);
+		if (buf_append(&c->reply, p, tl) == 0)
+			buf_append_byte(&c->reply, '\n');
+		n -= lf ? len + 1 : len;
+		p += lf ? len + 1 : len;
+	}
+}
+
+/* Read with proto's reply reader, the relay's: the same checks and limits. */
 int smtp_client_read_reply(struct smtp_client *c, int timeout_ms)
 {
 	uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
 	buf_reset(&c->reply);
 	c->code = 0;
-	int code = 0;
+	struct smtp_reply_reader rd;
+	smtp_reply_reader_init(&rd);
+	struct smtp_reply rep;
 	for (;;) {
-		char line[1024];
-		size_t n = 0;
-		for (;;) {
-			int b = get_byte(c, deadline);
-			if (b < 0)
-				return b;
-			if (b == '\n')
-				break;
-			if (b == '\r')
-				continue;
-			if (n < sizeof(line))
-				line[n++] = b ? (char)b : '?';
+		size_t used = 0;
+		const char *why;
+		int r = c->in_off < c->in_len
+			? smtp_reply_read(&rd, c->in + c->in_off, c->in_len - c->in_off, &rep, &used,
+					  &why)
+			: 0;
+		if (r < 0)
+			return -EPROTO;
+		keep_lines(c, c->in + c->in_off, used);
+		c->in_off += used;
+		if (r == 1) {
+			c->code = rep.code;
+			return rep.code;
 		}
-		trace_line(c, "<<<", line, n);
-		if (n < 3 || line[0] < '1' || line[0] > '5' || line[1] < '0' || line[1] > '9' ||
-		    line[2] < '0' || line[2] > '9' || (n > 3 && line[3] != ' ' && line[3] != '-'))
-			return -EPROTO;
-		int this = (line[0] - '0') * 100 + (line[1] - '0') * 10 + (line[2] - '0');
-		if (code && this != code)
-			return -EPROTO;
-		code = this;
-		/* a reply longer than the buffer keeps its first lines */
-		if (buf_append(&c->reply, line, n) == 0)
-			buf_append_byte(&c->reply, '\n');
-		if (n == 3 || line[3] == ' ')
-			break;
+		if ((r = fill(c, deadline)) < 0)
+			return r;
 	}
-	c->code = code;
-	return code;
 }
 
 /* A reply the server may have sent before closing (a 421 after our write failed). */
@@ -271,31 +281,19 @@ int smtp_client_command(struct smtp_client *c, int timeout_ms, const char *fmt, 
 	return smtp_client_read_reply(c, timeout_ms);
 }
 
-/* The EHLO reply's keywords (every line after the first). */
+/* The EHLO reply's keywords (every line after the first), read by proto's reader. */
 static void parse_ehlo(struct smtp_client *c)
 {
 	struct str r = buf_str(&c->reply);
 	const char *p = r.ptr, *end = r.ptr + r.len;
 	const char *nl = memchr(p, '\n', (size_t)(end - p));
 	p = nl ? nl + 1 : end;
-	c->ext = 0;
-	c->size_max = 0;
+	memset(&c->ehlo, 0, sizeof(c->ehlo));
 	while (p < end) {
 		nl = memchr(p, '\n', (size_t)(end - p));
 		const char *e = nl ? nl : end;
-		const char *kw = p + 4 <= e ? p + 4 : e;
-		size_t kl = strcspn(kw, " \n");
-		static const struct {
-			const char *name;
-			unsigned flag;
-		} known[] = { { "8BITMIME", SMTP_EXT_8BITMIME }, { "SIZE", SMTP_EXT_SIZE },
-			      { "DSN", SMTP_EXT_DSN },		 { "SMTPUTF8", SMTP_EXT_SMTPUTF8 },
-			      { "PIPELINING", SMTP_EXT_PIPELINING } };
-		for (size_t i = 0; i < ARRAY_SIZE(known); i++)
-			if (kl == strlen(known[i].name) && strncasecmp(kw, known[i].name, kl) == 0)
-				c->ext |= known[i].flag;
-		if (kl == 4 && strncasecmp(kw, "SIZE", 4) == 0 && kw[4] == ' ')
-			c->size_max = strtoull(kw + 5, NULL, 10);
+		if (e - p > 4)
+			smtp_ehlo_line(&c->ehlo, str_make(p + 4, (size_t)(e - p - 4)));
 		p = e + 1;
 	}
 }

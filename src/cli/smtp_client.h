@@ -5,8 +5,9 @@
  * A command may block (it runs in the `sluice` command, never in the daemon), but never
  * forever: connecting, each reply and each write have a deadline.  One command at a
  * time, no PIPELINING: each reply is read before the next command, so every reply can be
- * told apart and reported.  Replies are bounded (SMTP_REPLY_MAX bytes, the rest of a
- * longer one is read and dropped).
+ * told apart and reported.  Replies are read by proto/smtp_reply.h's reader, the relay's,
+ * with its limits; the lines kept for reports are bounded (SMTP_REPLY_MAX bytes, the
+ * first lines of a longer reply).
  *
  * Errors are negative errnos: -ETIMEDOUT (a deadline passed), -ECONNRESET (the server
  * closed the connection or it broke), -EPROTO (a reply that is not SMTP).
@@ -20,23 +21,15 @@
 #include <stdio.h>
 
 #include "buf.h"
+#include "smtp_reply.h"
 #include "str.h"
 
 #define SMTP_REPLY_MAX 4096
 
-enum smtp_ext {
-	SMTP_EXT_8BITMIME = 1u << 0,
-	SMTP_EXT_SIZE = 1u << 1,
-	SMTP_EXT_DSN = 1u << 2,
-	SMTP_EXT_SMTPUTF8 = 1u << 3,
-	SMTP_EXT_PIPELINING = 1u << 4,
-};
-
 struct smtp_client {
 	int fd;
 	char *name;           /* the address connected to, for messages */
-	unsigned ext;         /* enum smtp_ext, from the EHLO reply */
-	uint64_t size_max;    /* SIZE advertised, 0 = none given */
+	struct smtp_ehlo ehlo; /* what the EHLO reply offered */
 	int code;             /* the last reply's code, 0 if none */
 	struct buf reply;     /* the last reply's lines, CR removed, each ending "\n" */
 	FILE *trace;          /* -v: the dialogue goes there, or NULL */
@@ -59,7 +52,7 @@ int smtp_client_read_reply(struct smtp_client *c, int timeout_ms);
 /* Send a command line (CRLF added) and read its reply: the code, or a negative errno. */
 int smtp_client_command(struct smtp_client *c, int timeout_ms, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
-/* EHLO name, and HELO if EHLO is refused with 5xx; fills ext and size_max.  The code. */
+/* EHLO name, and HELO if EHLO is refused with 5xx; fills ehlo.  The code. */
 int smtp_client_hello(struct smtp_client *c, const char *name, int timeout_ms);
 /* The message (CRLF lines), dot-stuffed, then ".": the code of the reply after the dot,
  * or a negative errno (*ret_sent tells whether the final dot was written). */

@@ -335,8 +335,8 @@ int top_run(int fd, unsigned interval_s, long batch)
 		have_prev = true;
 	}
 	tty_restore();
-	buf_clear(&body);
-	buf_clear(&out);
+	buf_done(&body);
+	buf_done(&out);
 	free(cur);
 	free(prev);
 	return rc;

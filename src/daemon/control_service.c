@@ -1,6 +1,7 @@
 /*
  * control_service -- the control socket: requests in the control line protocol, answered
- * by daemon_control().  Sessions run on the worker loops like every other protocol.
+ * by the owner's run() (control_service.h).  Sessions run on the worker loops like every
+ * other protocol.
  *
  * Who may talk (checked at every request, with SO_PEERCRED; the socket file's mode is the
  * first barrier, this is the second and also covers a socket made 0666 by mistake): on a
@@ -29,8 +30,8 @@
 #include <unistd.h>
 
 #include "control.h"
+#include "control_cmds.h"
 #include "control_service.h"
-#include "daemon.h"
 
 #define STREAM_HIGH (256 * 1024) /* output waiting for the peer before a stream pauses */
 #define STREAM_PARTS 8           /* parts made per turn of the loop */
@@ -42,7 +43,7 @@ static void send_reply(struct session *s, bool ok, struct str body)
 	buf_init(&out, CONTROL_BODY_MAX + 64);
 	control_put_reply(&out, ok, body);
 	session_write(s, out.ptr, out.len);
-	buf_clear(&out);
+	buf_done(&out);
 }
 
 static void send_part(struct session *s, struct str body)
@@ -53,7 +54,7 @@ static void send_part(struct session *s, struct str body)
 	buf_init(&out, CONTROL_BODY_MAX + 64);
 	control_put_part(&out, body);
 	session_write(s, out.ptr, out.len);
-	buf_clear(&out);
+	buf_done(&out);
 }
 
 /* A command waiting for the store, or streaming: its reply buffer and the request's
@@ -72,7 +73,7 @@ static void ctl_wait_free(struct ctl_wait *cw)
 {
 	if (cw->pump)
 		event_free(cw->pump);
-	buf_clear(&cw->body);
+	buf_done(&cw->body);
 	free(cw);
 }
 
@@ -83,9 +84,9 @@ static void wait_done(struct control_wait *w)
 	send_reply(s, cw->ok, buf_str(&cw->body));
 	evbuffer_drain(cw->in, cw->used);
 	session_set_data(s, NULL);
-	struct daemon *d = service_arg(session_service(s));
+	const struct control_owner *cs = service_arg(session_service(s));
 	ctl_wait_free(cw);
-	if (daemon_stopping(d)) {
+	if (cs->stopping(cs->arg)) {
 		session_close(s); /* answered; the daemon is on its way out */
 		return;
 	}
@@ -105,9 +106,9 @@ static void stream_pump(evutil_socket_t fd, short what, void *arg)
 			break;
 		}
 		buf_reset(&cw->body);
-		struct daemon *d = service_arg(session_service(cw->s));
+		const struct control_owner *cs = service_arg(session_service(cw->s));
 		int r;
-		if (daemon_stopping(d)) {
+		if (cs->stopping(cs->arg)) {
 			/* a long listing does not hold the shutdown */
 			if (cw->w.cancel)
 				cw->w.cancel(&cw->w);
@@ -192,32 +193,9 @@ static enum peer_access peer_access(struct session *s, bool admin_root, char *wh
 	return admin_root ? PEER_READ : PEER_ADMIN;
 }
 
-/* Does the command change the daemon's state (refused to readers with admin = "root")? */
-static bool command_changes_state(size_t argc, const struct str *argv)
-{
-	if (argc == 0)
-		return false;
-	if (str_eq_cstr(argv[0], "reload"))
-		return true;
-	const char *verbs[][7] = {
-		{ "limits", "reset", NULL },
-		{ "queue", "hold", "release", "delete", "flush", "bounce", NULL },
-		{ "lanes", "suspend", "resume", NULL },
-	};
-	for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++) {
-		if (!str_eq_cstr(argv[0], verbs[i][0]))
-			continue;
-		for (size_t a = 1; a < argc; a++)
-			for (size_t v = 1; verbs[i][v]; v++)
-				if (str_eq_cstr(argv[a], verbs[i][v]))
-					return true;
-	}
-	return false;
-}
-
 static void control_input(struct session *s, struct evbuffer *in)
 {
-	struct daemon *d = service_arg(session_service(s));
+	const struct control_owner *cs = service_arg(session_service(s));
 	while (!session_data(s)) {
 		size_t avail = evbuffer_get_length(in);
 		if (avail == 0)
@@ -236,7 +214,7 @@ static void control_input(struct session *s, struct evbuffer *in)
 			return;
 		}
 		char who[64];
-		enum peer_access acc = peer_access(s, daemon_control_admin_root(d), who, sizeof(who));
+		enum peer_access acc = peer_access(s, cs->admin_root(cs->arg), who, sizeof(who));
 		if (acc == PEER_DENIED) {
 			log_warning("control: %s refused: not root, the daemon's user or a member of "
 				    "the control socket's group", who);
@@ -245,7 +223,7 @@ static void control_input(struct session *s, struct evbuffer *in)
 			session_close(s);
 			return;
 		}
-		if (acc == PEER_READ && command_changes_state(req.argc, req.argv)) {
+		if (acc == PEER_READ && control_cmd_changes_state(req.argc, req.argv)) {
 			char q[64];
 			log_notice("control: %s: \"%s\" refused (admin = \"root\")", who,
 				   log_quote(q, sizeof(q), req.argv[0], 20));
@@ -267,7 +245,7 @@ static void control_input(struct session *s, struct evbuffer *in)
 		cw->w.ok = &cw->ok;
 		cw->w.done = wait_done;
 		cw->w.svc = cw;
-		r = daemon_control(d, req.argc, req.argv, &cw->body, &cw->ok, &cw->w);
+		r = cs->run(cs->arg, req.argc, req.argv, &cw->body, &cw->ok, &cw->w);
 		if (r == 2) {
 			/* a stream: its first part now, the others from stream_pump() */
 			cw->pump = event_new(session_base(s), -1, 0, stream_pump, cw);
@@ -297,10 +275,10 @@ static void control_input(struct session *s, struct evbuffer *in)
 			cw->ok = false;
 		}
 		send_reply(s, cw->ok, buf_str(&cw->body));
-		buf_clear(&cw->body);
+		buf_done(&cw->body);
 		free(cw);
 		evbuffer_drain(in, used);
-		if (daemon_stopping(d)) {
+		if (cs->stopping(cs->arg)) {
 			session_close(s); /* answered; the daemon is on its way out */
 			return;
 		}
@@ -313,7 +291,7 @@ static const struct service_ops control_ops = {
 	.refuse_msg = "error 17\ntoo many sessions",
 };
 
-struct service *control_service_new(struct engine *e, struct daemon *d)
+struct service *control_service_new(struct engine *e, const struct control_owner *owner)
 {
-	return service_new(e, "control", &control_ops, d);
+	return service_new(e, "control", &control_ops, (void *)owner);
 }

@@ -28,6 +28,7 @@
 #include "build_config.h"
 #include "config.h"
 #include "config_schema.h"
+#include "control_cmds.h"
 #include "control_service.h"
 #include "daemon.h"
 #include "engine.h"
@@ -66,6 +67,7 @@ struct daemon {
 	struct service *milter;
 	struct service *policy;
 	struct service *control;
+	struct control_owner control_owner; /* the control service runs our handlers */
 	struct service *intake;
 	struct queue *queue;
 	struct relay *relay;
@@ -339,7 +341,7 @@ static void on_overrides(evutil_socket_t fd, short what, void *arg)
 		log_error("%.*s", (int)(err.len - 1), err.ptr);
 	if (n > 0)
 		log_notice("reloaded %d overrides file%s", n, n == 1 ? "" : "s");
-	buf_clear(&err);
+	buf_done(&err);
 	arm_timer(d->ev_overrides, d->cfg->store.overrides_check_ms);
 }
 
@@ -660,162 +662,268 @@ static void daemon_top(struct daemon *d, struct policy *p, struct buf *out)
 	}
 }
 
-bool daemon_stopping(const struct daemon *d)
+static bool daemon_stopping(void *arg)
 {
+	const struct daemon *d = arg;
 	return __atomic_load_n(&d->stopping, __ATOMIC_RELAXED);
 }
 
-int daemon_control(struct daemon *d, size_t argc, const struct str *argv, struct buf *out,
-		   bool *ret_ok, struct control_wait *w)
+/* ---- control commands: the handlers of control_cmds.h's rows ---- */
+
+/* A handler: 0 (answered in out), 1 (answers later through w), 2 (a stream), or <0. */
+typedef int control_fn(struct daemon *d, size_t argc, const struct str *argv, bool json,
+		       struct buf *out, bool *ret_ok, struct control_wait *w);
+
+static struct policy *current_rules(struct daemon *d)
 {
+	pthread_mutex_lock(&d->cfg_lock);
+	struct policy *p = policy_ref(d->cfg->rules);
+	pthread_mutex_unlock(&d->cfg_lock);
+	return p;
+}
+
+static int cmd_stats(struct daemon *d, size_t argc, const struct str *argv, bool json,
+		     struct buf *out, bool *ret_ok, struct control_wait *w)
+{
+	(void)w;
+	bool reset = false;
+	for (size_t i = 1; i < argc; i++)
+		if (str_eq_cstr(argv[i], "--reset") || str_eq_cstr(argv[i], "reset"))
+			reset = true;
+	if (reset) {
+		/* the interval ends here, as at a tick: its lines go to the log too */
+		log_notice("stats: interval ended by the control command");
+		log_stats(d, true);
+	}
+	struct service_stats sts[16];
+	size_t n = 0;
+	for (; n < ARRAY_SIZE(sts) && engine_service(d->e, n); n++)
+		service_stats(engine_service(d->e, n), false, &sts[n]);
+	if (json) {
+		buf_append_byte(out, '{');
+		for (size_t i = 0; i < n; i++) {
+			if (i)
+				buf_append_byte(out, ',');
+			service_stats_json(out, &sts[i]);
+		}
+	} else {
+		service_stats_format(out, sts, n);
+		buf_append_byte(out, '\n');
+	}
+	struct policy *p = current_rules(d);
+	if (json)
+		buf_append_byte(out, ',');
+	policy_control_stats(p, d->store, json, out);
+	policy_unref(p);
+	queue_control_stats(d->queue, d->intake, json, out);
+	relay_control_stats(d->relay, json, out);
+	if (json)
+		buf_append_cstr(out, "}\n");
+	*ret_ok = true;
+	return 0;
+}
+
+static int cmd_decisions(struct daemon *d, size_t argc, const struct str *argv, bool json,
+			 struct buf *out, bool *ret_ok, struct control_wait *w)
+{
+	(void)argc;
+	(void)argv;
+	(void)w;
+	struct policy *p = current_rules(d);
+	policy_control_decisions(p, json, out);
+	policy_unref(p);
+	*ret_ok = true;
+	return 0;
+}
+
+static int cmd_top(struct daemon *d, size_t argc, const struct str *argv, bool json,
+		   struct buf *out, bool *ret_ok, struct control_wait *w)
+{
+	(void)argc;
+	(void)argv;
+	(void)json;
+	(void)w;
+	struct policy *p = current_rules(d);
+	daemon_top(d, p, out);
+	policy_unref(p);
+	*ret_ok = true;
+	return 0;
+}
+
+static int cmd_status(struct daemon *d, size_t argc, const struct str *argv, bool json,
+		      struct buf *out, bool *ret_ok, struct control_wait *w)
+{
+	(void)argc;
+	(void)argv;
+	(void)w;
+	pthread_mutex_lock(&d->cfg_lock);
+	const char *path = d->cfg->path;
+	double up = (double)(now_ms() - d->started_ms) / 1000.0;
+	struct store_stats ss;
+	d->store->ops->stats(d->store->ctx, &ss);
+	char store[200];
+	if (ss.shared)
+		fmt_fixed(store, sizeof(store), "%s, %s", d->store->type, ss.state);
+	else
+		fmt_fixed(store, sizeof(store), "%s", d->store->type);
+	if (json) {
+		buf_printf(out,
+			   "{\"version\":\"%s\",\"pid\":%ld,\"uptime\":%.0f,\"workers\":%u,"
+			   "\"sessions\":%u,\"reloads\":%lu,\"stopping\":%s,"
+			   "\"nofile\":%llu,\"store\":{\"type\":\"%s\",\"up\":%s,\"state\":",
+			   SLUICE_VERSION, (long)getpid(), up, engine_workers(d->e),
+			   engine_sessions(d->e), d->reloads, d->stopping ? "true" : "false",
+			   (unsigned long long)d->nofile, d->store->type,
+			   !ss.shared || ss.up ? "true" : "false");
+		/* the state quotes Redis's error text */
+		buf_append_json_string(out, ss.shared ? ss.state : "memory");
+		buf_append_byte(out, '}');
+		queue_control_status(d->queue, true, out);
+		buf_append_cstr(out, "}\n");
+	} else {
+		buf_printf(out,
+			   "sluiced %s running, pid %ld, up %.0f s\n"
+			   "configuration: %s (reloaded %lu times)\n"
+			   "workers: %u, sessions open: %u, file descriptor limit: %llu\n"
+			   "store: %s%s\n",
+			   SLUICE_VERSION, (long)getpid(), up, path, d->reloads,
+			   engine_workers(d->e), engine_sessions(d->e),
+			   (unsigned long long)d->nofile, store, d->stopping ? "\nstopping" : "");
+		queue_control_status(d->queue, false, out);
+	}
+	pthread_mutex_unlock(&d->cfg_lock);
+	*ret_ok = true;
+	return 0;
+}
+
+static int cmd_reload(struct daemon *d, size_t argc, const struct str *argv, bool json,
+		      struct buf *out, bool *ret_ok, struct control_wait *w)
+{
+	(void)argc;
+	(void)argv;
+	(void)json;
+	(void)w;
+	/* Check the file here so the operator sees the error; the main thread
+	 * reloads (and checks again) on the signal. */
+	char err[1024];
+	struct sluice_config *nc = NULL;
+	if (config_load(d->config_path, &nc, err, sizeof(err)) < 0) {
+		buf_printf(out, "%s\nthe running configuration is kept\n", err);
+		*ret_ok = false;
+		return 0;
+	}
+	config_free(nc);
+	kill(getpid(), SIGHUP);
+	buf_printf(out, "reloading %s\n", d->config_path);
+	*ret_ok = true;
+	return 0;
+}
+
+static int cmd_limits(struct daemon *d, size_t argc, const struct str *argv, bool json,
+		      struct buf *out, bool *ret_ok, struct control_wait *w)
+{
+	(void)json;
+	/* the command holds its own reference while it waits */
+	struct policy *p = current_rules(d);
+	int r = policy_control_limits(p, argc, argv, out, ret_ok, w);
+	policy_unref(p);
+	return r;
+}
+
+static int cmd_test(struct daemon *d, size_t argc, const struct str *argv, bool json,
+		    struct buf *out, bool *ret_ok, struct control_wait *w)
+{
+	(void)json;
+	struct policy *p = current_rules(d);
+	int r = policy_control_test(p, argc, argv, out, ret_ok, w);
+	policy_unref(p);
+	return r;
+}
+
+static int cmd_queue(struct daemon *d, size_t argc, const struct str *argv, bool json,
+		     struct buf *out, bool *ret_ok, struct control_wait *w)
+{
+	(void)json;
+	return queue_control(d->queue, argc, argv, out, ret_ok, w);
+}
+
+static int cmd_lanes(struct daemon *d, size_t argc, const struct str *argv, bool json,
+		     struct buf *out, bool *ret_ok, struct control_wait *w)
+{
+	(void)json;
+	(void)w;
+	relay_control(d->relay, argc, argv, out, ret_ok);
+	return 0;
+}
+
+static int cmd_help(struct daemon *d, size_t argc, const struct str *argv, bool json,
+		    struct buf *out, bool *ret_ok, struct control_wait *w)
+{
+	(void)d;
+	(void)argc;
+	(void)argv;
+	(void)json;
+	(void)w;
+	buf_append_cstr(out, "commands:\n");
+	*ret_ok = control_cmds_help(out, false) == 0;
+	return 0;
+}
+
+/* The handler of each command that control_cmds.h lists for the daemon. */
+static const struct {
+	const char *name;
+	control_fn *fn;
+} handlers[] = {
+	{ "status", cmd_status }, { "stats", cmd_stats }, { "decisions", cmd_decisions },
+	{ "top", cmd_top }, { "reload", cmd_reload }, { "limits", cmd_limits },
+	{ "test", cmd_test }, { "queue", cmd_queue }, { "lanes", cmd_lanes },
+	{ "help", cmd_help },
+};
+
+static int daemon_control_check(char *err, size_t errlen)
+{
+	for (size_t i = 0; i < control_ncmds; i++) {
+		const struct control_cmd *c = &control_cmds[i];
+		bool found = false;
+		for (size_t h = 0; h < ARRAY_SIZE(handlers); h++)
+			found |= strcmp(handlers[h].name, c->name) == 0;
+		if (found == !!(c->flags & CONTROL_CMD_LOCAL)) {
+			fmt_fixed(err, errlen, "control command \"%s\": %s", c->name,
+				  found ? "run by sluice, yet the daemon has a handler"
+					: "no handler in the daemon");
+			return -EINVAL;
+		}
+	}
+	for (size_t h = 0; h < ARRAY_SIZE(handlers); h++) {
+		if (!control_cmd_known(str_cstr(handlers[h].name))) {
+			fmt_fixed(err, errlen, "control handler \"%s\" is not in the command table",
+				  handlers[h].name);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+static int daemon_control(void *arg, size_t argc, const struct str *argv, struct buf *out,
+			  bool *ret_ok, struct control_wait *w)
+{
+	struct daemon *d = arg;
 	bool json = false;
 	for (size_t i = 1; i < argc; i++)
 		if (str_eq_cstr(argv[i], "--json") || str_eq_cstr(argv[i], "json"))
 			json = true;
-	if (str_eq_cstr(argv[0], "stats")) {
-		bool reset = false;
-		for (size_t i = 1; i < argc; i++)
-			if (str_eq_cstr(argv[i], "--reset") || str_eq_cstr(argv[i], "reset"))
-				reset = true;
-		if (reset) {
-			/* the interval ends here, as at a tick: its lines go to the log too */
-			log_notice("stats: interval ended by the control command");
-			log_stats(d, true);
-		}
-		struct service_stats sts[16];
-		size_t n = 0;
-		for (; n < ARRAY_SIZE(sts) && engine_service(d->e, n); n++)
-			service_stats(engine_service(d->e, n), false, &sts[n]);
-		if (json) {
-			buf_append_byte(out, '{');
-			for (size_t i = 0; i < n; i++) {
-				if (i)
-					buf_append_byte(out, ',');
-				service_stats_json(out, &sts[i]);
-			}
-		} else {
-			service_stats_format(out, sts, n);
-			buf_append_byte(out, '\n');
-		}
-		pthread_mutex_lock(&d->cfg_lock);
-		struct policy *p = policy_ref(d->cfg->rules);
-		pthread_mutex_unlock(&d->cfg_lock);
-		if (json)
-			buf_append_byte(out, ',');
-		policy_control_stats(p, d->store, json, out);
-		policy_unref(p);
-		queue_control_stats(d->queue, d->intake, json, out);
-		relay_control_stats(d->relay, json, out);
-		if (json)
-			buf_append_cstr(out, "}\n");
-		*ret_ok = true;
-		return 0;
-	}
-	if (str_eq_cstr(argv[0], "decisions") || str_eq_cstr(argv[0], "top")) {
-		pthread_mutex_lock(&d->cfg_lock);
-		struct policy *p = policy_ref(d->cfg->rules);
-		pthread_mutex_unlock(&d->cfg_lock);
-		if (str_eq_cstr(argv[0], "decisions"))
-			policy_control_decisions(p, json, out);
-		else
-			daemon_top(d, p, out);
-		policy_unref(p);
-		*ret_ok = true;
-		return 0;
-	}
-	if (str_eq_cstr(argv[0], "status")) {
-		pthread_mutex_lock(&d->cfg_lock);
-		const char *path = d->cfg->path;
-		double up = (double)(now_ms() - d->started_ms) / 1000.0;
-		struct store_stats ss;
-		d->store->ops->stats(d->store->ctx, &ss);
-		char store[200];
-		if (ss.shared)
-			fmt_fixed(store, sizeof(store), "%s, %s", d->store->type, ss.state);
-		else
-			fmt_fixed(store, sizeof(store), "%s", d->store->type);
-		if (json) {
-			buf_printf(out,
-				   "{\"version\":\"%s\",\"pid\":%ld,\"uptime\":%.0f,\"workers\":%u,"
-				   "\"sessions\":%u,\"reloads\":%lu,\"stopping\":%s,"
-				   "\"nofile\":%llu,\"store\":{\"type\":\"%s\",\"up\":%s,\"state\":",
-				   SLUICE_VERSION, (long)getpid(), up, engine_workers(d->e),
-				   engine_sessions(d->e), d->reloads, d->stopping ? "true" : "false",
-				   (unsigned long long)d->nofile, d->store->type,
-				   !ss.shared || ss.up ? "true" : "false");
-			/* the state quotes Redis's error text */
-			buf_append_json_string(out, ss.shared ? ss.state : "memory");
-			buf_append_byte(out, '}');
-			queue_control_status(d->queue, true, out);
-			buf_append_cstr(out, "}\n");
-		} else {
-			buf_printf(out,
-				   "sluiced %s running, pid %ld, up %.0f s\n"
-				   "configuration: %s (reloaded %lu times)\n"
-				   "workers: %u, sessions open: %u, file descriptor limit: %llu\n"
-				   "store: %s%s\n",
-				   SLUICE_VERSION, (long)getpid(), up, path, d->reloads,
-				   engine_workers(d->e), engine_sessions(d->e),
-				   (unsigned long long)d->nofile, store, d->stopping ? "\nstopping" : "");
-			queue_control_status(d->queue, false, out);
-		}
-		pthread_mutex_unlock(&d->cfg_lock);
-		*ret_ok = true;
-		return 0;
-	}
-	if (str_eq_cstr(argv[0], "reload")) {
-		/* Check the file here so the operator sees the error; the main thread
-		 * reloads (and checks again) on the signal. */
-		char err[1024];
-		struct sluice_config *nc = NULL;
-		if (config_load(d->config_path, &nc, err, sizeof(err)) < 0) {
-			buf_printf(out, "%s\nthe running configuration is kept\n", err);
-			*ret_ok = false;
-			return 0;
-		}
-		config_free(nc);
-		kill(getpid(), SIGHUP);
-		buf_printf(out, "reloading %s\n", d->config_path);
-		*ret_ok = true;
-		return 0;
-	}
-	if (str_eq_cstr(argv[0], "limits") || str_eq_cstr(argv[0], "test")) {
-		pthread_mutex_lock(&d->cfg_lock);
-		struct policy *p = policy_ref(d->cfg->rules);
-		pthread_mutex_unlock(&d->cfg_lock);
-		/* the command holds its own reference while it waits */
-		int r = str_eq_cstr(argv[0], "test") ? policy_control_test(p, argc, argv, out, ret_ok, w)
-						     : policy_control_limits(p, argc, argv, out, ret_ok, w);
-		policy_unref(p);
-		return r;
-	}
-	if (str_eq_cstr(argv[0], "queue"))
-		return queue_control(d->queue, argc, argv, out, ret_ok, w);
-	if (str_eq_cstr(argv[0], "lanes")) {
-		relay_control(d->relay, argc, argv, out, ret_ok);
-		return 0;
-	}
-	if (str_eq_cstr(argv[0], "help")) {
-		buf_append_cstr(out, "commands: status [--json], stats [--reset] [--json], decisions [--json], top, "
-			"reload, "
-			"limits top [RULE] [--json], limits show KEY [RULE], limits reset KEY [RULE], "
-			"test NAME=VALUE..., queue [list] [ID...|SELECTION] [--json], queue show ID [--json], "
-			"queue summary [SELECTION] [by=sender] [top=N] [--json], "
-			"queue hold|release|delete|flush|bounce ID...|--all|SELECTION, "
-			"(SELECTION: domain=D sender=S older=DURATION state=deferred|todo|held|uncertain "
-			"ids=ID,...), lanes [--json], "
-			"lanes suspend NAME [FOR], lanes resume NAME, help\n");
-		*ret_ok = true;
-		return 0;
-	}
+	for (size_t h = 0; h < ARRAY_SIZE(handlers); h++)
+		if (str_eq_cstr(argv[0], handlers[h].name))
+			return handlers[h].fn(d, argc, argv, json, out, ret_ok, w);
 	char q[128];
 	buf_printf(out, "unknown command \"%s\" (try help)\n", log_quote(q, sizeof(q), argv[0], 40));
 	*ret_ok = false;
 	return 0;
 }
 
-bool daemon_control_admin_root(struct daemon *d)
+static bool daemon_control_admin_root(void *arg)
 {
+	struct daemon *d = arg;
 	pthread_mutex_lock(&d->cfg_lock);
 	bool r = d->cfg->control_admin == CONTROL_ADMIN_ROOT;
 	pthread_mutex_unlock(&d->cfg_lock);
@@ -1036,10 +1144,14 @@ int daemon_main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
+	char err[1024];
+	if (daemon_control_check(err, sizeof(err)) < 0) {
+		fprintf(stderr, "sluiced: %s\n", err); /* a build whose two tables disagree */
+		return 70;
+	}
 	struct daemon d = { .config_path = path, .started_ms = now_ms(),
 			    .started_us = realtime_ns() / 1000 };
 	pthread_mutex_init(&d.cfg_lock, NULL);
-	char err[1024];
 	if (config_load(path, &d.cfg, err, sizeof(err)) < 0) {
 		fprintf(stderr, "sluiced: %s\n", err);
 		return 1;
@@ -1160,7 +1272,10 @@ int daemon_main(int argc, char **argv)
 		if (!(d.intake = intake_service_new(d.e, d.queue, &ic)))
 			fatal("out of memory at start");
 	}
-	if (d.cfg->control.n && !(d.control = control_service_new(d.e, &d)))
+	d.control_owner = (struct control_owner){ .run = daemon_control,
+						  .admin_root = daemon_control_admin_root,
+						  .stopping = daemon_stopping, .arg = &d };
+	if (d.cfg->control.n && !(d.control = control_service_new(d.e, &d.control_owner)))
 		fatal("out of memory at start");
 	if (d.cfg->store.redis)
 		log_info("rules: %zu limits, %s; store: redis %s, timeout %lldms, on_failure %s, "

@@ -148,13 +148,13 @@ static void on_request(struct evhttp_request *req, void *arg)
 	struct evbuffer *b = evbuffer_new();
 	if (r < 0 || !b || evbuffer_add(b, page.ptr, page.len) < 0) {
 		log_debug("metrics: cannot render the page: %s", strerror(r < 0 ? -r : ENOMEM));
-		buf_clear(&page);
+		buf_done(&page);
 		if (b)
 			evbuffer_free(b);
 		send_text(req, 500, "Internal Server Error", "the metrics cannot be rendered\n");
 		return;
 	}
-	buf_clear(&page);
+	buf_done(&page);
 	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
 			  "text/plain; version=0.0.4; charset=utf-8");
 	evhttp_send_reply(req, 200, "OK", b);

@@ -10,7 +10,7 @@
 #include <stddef.h>
 
 #include "buf.h"
-#include "daemon.h"
+#include "control_service.h"
 #include "policy.h"
 #include "store.h"
 #include "str.h"

@@ -300,7 +300,7 @@ static int list_step(struct qc_stream *st, struct control_wait *w)
 		if (r < 0)
 			break;
 	}
-	buf_clear(&chunk);
+	buf_done(&chunk);
 	if (r < 0) {
 		buf_reset(w->out);
 		buf_printf(w->out, "cannot list the queue: %s\n", strerror(-r));

@@ -19,13 +19,13 @@
 #include <stddef.h>
 
 #include "buf.h"
-#include "daemon.h"
+#include "control_service.h"
 #include "engine.h"
 #include "queue.h"
 #include "str.h"
 
 /* q may be NULL (no queue configured: the command says so).  Returns as
- * daemon_control(): 0 (answered in out), 2 (a streamed reply that w->step goes on
+ * its run(): 0 (answered in out), 2 (a streamed reply that w->step goes on
  * with), or <0. */
 int queue_control(struct queue *q, size_t argc, const struct str *argv, struct buf *out,
 		  bool *ret_ok, struct control_wait *w);

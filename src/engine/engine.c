@@ -360,6 +360,11 @@ int worker_call(struct worker *w, void (*fn)(void *arg), void *arg)
 	return worker_post(w, &m);
 }
 
+void session_log_line(void *s, enum log_level level, const char *line)
+{
+	session_log(s, level, "%s", line);
+}
+
 void session_log(struct session *s, enum log_level level, const char *fmt, ...)
 {
 	if (!log_enabled(level))

@@ -143,5 +143,7 @@ void session_protocol_error(struct session *s, const char *why);
 /* Log a line prefixed with "sid=... peer=... svc=..." */
 void session_log(struct session *s, enum log_level level, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
+/* session_log(s, level, "%s", line) for code that takes a line sink (void *s). */
+void session_log_line(void *s, enum log_level level, const char *line);
 
 #endif

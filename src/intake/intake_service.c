@@ -421,7 +421,7 @@ static int write_received(struct isession *is)
 		r = buf_printf(&h, "; %s\r\n", date);
 	if (r == 0)
 		r = queue_new_body(is->qn, buf_str(&h));
-	buf_clear(&h);
+	buf_done(&h);
 	return r;
 }
 
@@ -767,9 +767,9 @@ static void is_close(struct session *s)
 	if (is->wait)
 		is->wait->is = NULL; /* the commit goes on; its callback frees the wait */
 	transaction_reset(is);
-	buf_clear(&is->reply);
-	buf_clear(&is->sender);
-	buf_clear(&is->rcpts);
+	buf_done(&is->reply);
+	buf_done(&is->sender);
+	buf_done(&is->rcpts);
 	free(is->out);
 	iconf_unref(is->conf);
 	free(is);

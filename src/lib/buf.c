@@ -14,7 +14,7 @@ void buf_init(struct buf *b, size_t max)
 	*b = (struct buf){ .max = max };
 }
 
-void buf_clear(struct buf *b)
+void buf_done(struct buf *b)
 {
 	free(b->ptr);
 	b->ptr = NULL;

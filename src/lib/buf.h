@@ -24,7 +24,7 @@ struct buf {
 
 void buf_init(struct buf *b, size_t max);
 /* A buffer over caller memory (size >= 1) that never reallocates: max = size - 1.  Do not
- * buf_clear() it. */
+ * buf_done() it. */
 static inline void buf_init_fixed(struct buf *b, char *space, size_t size)
 {
 	b->ptr = space;
@@ -33,8 +33,9 @@ static inline void buf_init_fixed(struct buf *b, char *space, size_t size)
 	b->max = size - 1;
 	space[0] = '\0';
 }
-/* Release the memory; the buffer can be used again (with the same max). */
-void buf_clear(struct buf *b);
+/* Free the memory (as slide_done does; buf_reset keeps it); the buffer can be used
+ * again, with the same max. */
+void buf_done(struct buf *b);
 /* Forget the contents, keep the memory. */
 static inline void buf_reset(struct buf *b)
 {

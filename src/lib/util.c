@@ -7,6 +7,9 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <inttypes.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -143,4 +146,125 @@ unsigned thread_shard(void)
 		shard_mine = (n < THREAD_SHARDS - 1 ? n : THREAD_SHARDS - 1) + 1;
 	}
 	return shard_mine - 1;
+}
+
+uint64_t random_u64(void)
+{
+	static _Thread_local uint64_t x;
+	if (x == 0) {
+		if (getrandom(&x, sizeof(x), GRND_NONBLOCK) != sizeof(x) || x == 0)
+			x = now_ns() | 1;
+	}
+	x ^= x >> 12;
+	x ^= x << 25;
+	x ^= x >> 27;
+	return x * 0x2545F4914F6CDD1DULL;
+}
+
+/* pct% of v without overflow */
+static uint64_t percent(uint64_t v, unsigned pct)
+{
+	return v / 100 * pct + v % 100 * pct / 100;
+}
+
+uint64_t jitter(uint64_t v, unsigned below_pct, unsigned above_pct)
+{
+	uint64_t low = v - percent(v, below_pct < 100 ? below_pct : 100);
+	uint64_t span = percent(v, below_pct) + percent(v, above_pct);
+	uint64_t r = span ? random_u64() % (span + 1) : 0;
+	return UINT64_MAX - low < r ? UINT64_MAX : low + r;
+}
+
+static const struct {
+	const char *name;
+	uint64_t ms;
+} units[] = {
+	{ "d", 86400000 }, { "h", 3600000 }, { "m", 60000 }, { "s", 1000 },
+};
+
+const char *fmt_duration(char *out, size_t len, uint64_t ms, enum duration_style style)
+{
+	if (style == DURATION_EXACT) {
+		if (ms != 0 && ms % (7 * units[0].ms) == 0) {
+			snprintf(out, len, "%" PRIu64 "w", ms / (7 * units[0].ms));
+			return out;
+		}
+		for (size_t u = 0; u < ARRAY_SIZE(units); u++)
+			if (ms != 0 && ms % units[u].ms == 0) {
+				snprintf(out, len, "%" PRIu64 "%s", ms / units[u].ms, units[u].name);
+				return out;
+			}
+		snprintf(out, len, "%" PRIu64 "ms", ms);
+		return out;
+	}
+	if (style == DURATION_BRIEF) {
+		if (ms == UINT64_MAX)
+			snprintf(out, len, "never");
+		else if (ms < 1000)
+			snprintf(out, len, "%" PRIu64 "ms", ms);
+		else if (ms < 60000)
+			snprintf(out, len, "%.1fs", (double)ms / 1e3);
+		else if (ms < 3600000)
+			snprintf(out, len, "%" PRIu64 "m%02" PRIu64 "s", ms / 60000, ms / 1000 % 60);
+		else if (ms < 86400000)
+			snprintf(out, len, "%" PRIu64 "h%02" PRIu64 "m", ms / 3600000, ms / 60000 % 60);
+		else
+			snprintf(out, len, "%" PRIu64 "d%02" PRIu64 "h", ms / 86400000,
+				 ms / 3600000 % 24);
+		return out;
+	}
+	/* DURATION_UP: whole seconds, then the smaller unit rounded up into the larger */
+	uint64_t s = ms / 1000 + (ms % 1000 != 0);
+	if (s >= 86400 && s % 3600)
+		s += 3600 - s % 3600;
+	else if (s >= 3600 && s % 60)
+		s += 60 - s % 60;
+	for (size_t u = 0; u < ARRAY_SIZE(units); u++) {
+		uint64_t big = units[u].ms / 1000;
+		if (s < big && u + 1 < ARRAY_SIZE(units))
+			continue;
+		uint64_t small = u + 1 < ARRAY_SIZE(units) ? units[u + 1].ms / 1000 : 1;
+		uint64_t rest = s % big / small;
+		if (rest && u + 1 < ARRAY_SIZE(units))
+			snprintf(out, len, "%" PRIu64 "%s%" PRIu64 "%s", s / big, units[u].name, rest,
+				 units[u + 1].name);
+		else
+			snprintf(out, len, "%" PRIu64 "%s", s / big, units[u].name);
+		return out;
+	}
+	return out;
+}
+
+size_t text_sanitize(char *dst, size_t dstlen, struct str s, size_t max, unsigned flags)
+{
+	if (dstlen == 0)
+		return 0;
+	size_t limit = max < dstlen - 1 ? max : dstlen - 1, n = 0, i = 0;
+	bool space = false;
+	for (; i < s.len && n < limit; i++) {
+		unsigned char c = (unsigned char)s.ptr[i];
+		if (flags & TEXT_FOLD_SPACE) {
+			if (c == '\0')
+				continue;
+			if (c == ' ' || (c >= '\t' && c <= '\r')) {
+				space = true;
+				continue;
+			}
+			if (space && n > 0) {
+				if (limit - n < 2)
+					break; /* no room for the space and what follows it */
+				dst[n++] = ' ';
+			}
+			space = false;
+		}
+		if (c < 0x20 || c >= 0x7f || (c == '"' && (flags & TEXT_NO_QUOTES)))
+			c = '?';
+		dst[n++] = (char)c;
+	}
+	if ((flags & TEXT_MARK_CUT) && i < s.len && n + 3 < dstlen) {
+		memcpy(dst + n, "...", 3);
+		n += 3;
+	}
+	dst[n] = '\0';
+	return n;
 }

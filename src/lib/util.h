@@ -11,6 +11,8 @@
 #include <sys/time.h>
 #include <time.h>
 
+#include "str.h"
+
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 
 /* Monotonic clock in nanoseconds / milliseconds. */
@@ -48,6 +50,39 @@ int fmt_fixed(char *dst, size_t len, const char *fmt, ...) __attribute__((format
 /* An RFC 5322 date ("Sun, 22 Nov 2026 05:12:00 +0100") of t at utc_offset seconds east of
  * UTC, for Date: and Received: fields; English names whatever the locale.  32 bytes do. */
 void fmt_rfc5322_date(char *out, size_t len, time_t t, long utc_offset);
+
+/* A random number from a per-thread generator (xorshift64*, seeded from getrandom):
+ * for spreading retries, never for secrets. */
+uint64_t random_u64(void);
+
+/* v spread at random over [v - below% of v, v + above% of v]: retries of clients
+ * refused together, or reconnections after one failure, do not come back at once. */
+uint64_t jitter(uint64_t v, unsigned below_pct, unsigned above_pct);
+
+/* A duration for a person, in one of three styles:
+ *   DURATION_EXACT  the largest unit that divides it, as sluice.conf writes it:
+ *                   90000 -> "90s", 3600000 -> "1h", 1500 -> "1500ms", "2w";
+ *   DURATION_UP     at most two units, rounded up (never less than the real wait):
+ *                   "45s", "3m20s", "2h5m", "1d3h" (whole seconds; ms rounded up);
+ *   DURATION_BRIEF  a short reading for tables and listings, to the minute past an
+ *                   hour: "250ms", "1.5s", "2m05s", "1h02m", "3d04h"; UINT64_MAX is
+ *                   "never".
+ * ms is milliseconds; the result is cut to fit len. */
+enum duration_style { DURATION_EXACT, DURATION_UP, DURATION_BRIEF };
+const char *fmt_duration(char *out, size_t len, uint64_t ms, enum duration_style style);
+
+/*
+ * Peer text made safe for a log line, a reply or a report: printable ASCII only, any
+ * other byte '?'.  At most max bytes are written (and never more than dstlen - 1: dst
+ * is always terminated).  Flags:
+ *   TEXT_NO_QUOTES   '"' becomes '?' too (text shown between quotes);
+ *   TEXT_FOLD_SPACE  one line from many: NUL dropped, white space (CR, LF, tabs, runs of
+ *                    spaces) one space, none at either end;
+ *   TEXT_MARK_CUT    "..." after text that was cut, when it fits.
+ * Returns the length written.
+ */
+enum { TEXT_NO_QUOTES = 1, TEXT_FOLD_SPACE = 2, TEXT_MARK_CUT = 4 };
+size_t text_sanitize(char *dst, size_t dstlen, struct str s, size_t max, unsigned flags);
 
 /* Read a whole file (<= max bytes) into a malloc'ed NUL-terminated buffer. */
 int file_read_all(const char *path, size_t max, char **ret, size_t *ret_len);

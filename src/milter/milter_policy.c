@@ -148,11 +148,7 @@ static void log_over(struct milter_session *ms, const struct policy_decision *d,
 		ctx.rcpt = milter_session_rcpt(ms);
 	/* the MTA's queue id, macro i (Postfix sends it from MAIL FROM on) */
 	milter_session_macro(ms, "i", &ctx.qid);
-	for (size_t i = 0; i < d->nover; i++) {
-		char line[1024];
-		enum log_level level = policy_decision_line(d, i, st, &ctx, line, sizeof(line));
-		session_log(s, level, "%s", line);
-	}
+	policy_decision_log(d, st, &ctx, session_log_line, s);
 	if (d->store_error == STORE_TEMPFAIL)
 		session_log(s, LOG_LEVEL_WARNING, "limit store unavailable (on_failure tempfail): "
 			    "answering the %s with \"%s\" client=%s", policy_stage_name(st), d->reply,
@@ -444,7 +440,7 @@ static void on_close(void *ctx, struct milter_session *ms)
 	policy_msg_end(h->policy, &st->msg, false, realtime_ns());
 	policy_msg_clear(&st->msg);
 	policy_class_release(h->policy, st->slot);
-	buf_clear(&st->header_bytes);
+	buf_done(&st->header_bytes);
 	free(st->headers);
 	free(st);
 	milter_session_set_handler_data(ms, NULL);

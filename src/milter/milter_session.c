@@ -225,7 +225,7 @@ static void macros_drop(struct milter_session *ms, int lo, int hi)
 		}
 	}
 	if (b->len == 0)
-		buf_clear(b); /* an idle session keeps no macro memory */
+		buf_done(b); /* an idle session keeps no macro memory */
 }
 
 /* ---- actions ---- */
@@ -450,7 +450,7 @@ static void finish_step(struct milter_session *ms, enum milter_verdict v, bool r
 			    milter_verdict_name(v), reply_needed ? "" : " (no reply)");
 	if (ms->step == MILTER_STEP_EOM)
 		reset_message(ms, false, SLOT_MAIL);
-	buf_clear(&ms->reply);
+	buf_done(&ms->reply);
 }
 
 /*
@@ -752,13 +752,13 @@ static void milter_close(struct session *s)
 	/* EOF without QUIT: ABORT + QUIT. */
 	reset_connection(ms, 0);
 	milter_handler_unref(ms->h);
-	buf_clear(&ms->out);
-	buf_clear(&ms->macros);
-	buf_clear(&ms->conn);
-	buf_clear(&ms->helo);
-	buf_clear(&ms->sender);
-	buf_clear(&ms->rcpt);
-	buf_clear(&ms->reply);
+	buf_done(&ms->out);
+	buf_done(&ms->macros);
+	buf_done(&ms->conn);
+	buf_done(&ms->helo);
+	buf_done(&ms->sender);
+	buf_done(&ms->rcpt);
+	buf_done(&ms->reply);
 	free(ms);
 }
 

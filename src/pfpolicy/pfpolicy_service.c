@@ -94,7 +94,7 @@ static void pf_close(struct session *s)
 	free(c->held);
 	end_message(c);
 	policy_msg_clear(&c->msg);
-	buf_clear(&c->out);
+	buf_done(&c->out);
 	free(c);
 }
 
@@ -178,11 +178,7 @@ static void log_over(struct session *s, const struct policy_decision *d, enum po
 	}
 	if (st == POLICY_RCPT)
 		ctx.rcpt = pfpolicy_get(r, "recipient");
-	for (size_t i = 0; i < d->nover; i++) {
-		char line[1024];
-		enum log_level level = policy_decision_line(d, i, st, &ctx, line, sizeof(line));
-		session_log(s, level, "%s", line);
-	}
+	policy_decision_log(d, st, &ctx, session_log_line, s);
 	if (d->store_error == STORE_TEMPFAIL)
 		session_log(s, LOG_LEVEL_WARNING, "limit store unavailable (on_failure tempfail): "
 			    "answering \"%s\" client=%s qid=%s", d->reply, peer, qid);

@@ -904,63 +904,13 @@ static uint64_t ns_to_s_up(uint64_t ns)
 	return ns / 1000000000ULL + (ns % 1000000000ULL != 0);
 }
 
-/* Per-thread random numbers for retry jitter (xorshift64*). */
-static uint64_t jitter_rand(void)
-{
-	static _Thread_local uint64_t x;
-	if (x == 0) {
-		if (getrandom(&x, sizeof(x), GRND_NONBLOCK) != sizeof(x) || x == 0)
-			x = now_ns() | 1;
-	}
-	x ^= x >> 12;
-	x ^= x << 25;
-	x ^= x >> 27;
-	return x * 0x2545F4914F6CDD1DULL;
-}
-
-/* "45s", "3m20s", "2h5m", "1d3h": rounded up, never less than the real wait */
-static void format_duration(uint64_t s, char *buf, size_t len)
-{
-	if (s >= 86400 && s % 3600)
-		s += 3600 - s % 3600;
-	else if (s >= 3600 && s % 60)
-		s += 60 - s % 60;
-	if (s < 60)
-		fmt_fixed(buf, len, "%llus", (unsigned long long)s);
-	else if (s < 3600)
-		fmt_fixed(buf, len, s % 60 ? "%llum%llus" : "%llum", (unsigned long long)(s / 60),
-			  (unsigned long long)(s % 60));
-	else if (s < 86400)
-		fmt_fixed(buf, len, s % 3600 / 60 ? "%lluh%llum" : "%lluh",
-			  (unsigned long long)(s / 3600), (unsigned long long)(s % 3600 / 60));
-	else
-		fmt_fixed(buf, len, s % 86400 / 3600 ? "%llud%lluh" : "%llud",
-			  (unsigned long long)(s / 86400), (unsigned long long)(s % 86400 / 3600));
-}
-
-/* Peer text into a reply or a log: printable ASCII only, cut to max bytes. */
-static void sanitize(char *dst, size_t dstlen, struct str s, size_t max)
-{
-	size_t n = 0;
-	for (size_t i = 0; i < s.len && n + 1 < dstlen && i < max; i++) {
-		unsigned char c = (unsigned char)s.ptr[i];
-		dst[n++] = (c < ' ' || c >= 0x7f) ? '?' : (char)c;
-	}
-	if (s.len > max && n + 3 < dstlen) {
-		memcpy(dst + n, "...", 3);
-		n += 3;
-	}
-	dst[n] = '\0';
-}
-
 static void expand_reply(const struct policy_rule *r, const char *key, const char *limit,
 			 uint64_t retry_s, char *out, size_t outlen)
 {
 	struct buf b;
 	buf_init_fixed(&b, out, outlen);
 	/* jitter: up to a fifth more, so that refused clients do not all come back at once */
-	uint64_t spread = retry_s / 5 + 1;
-	uint64_t shown = retry_s + jitter_rand() % spread;
+	uint64_t shown = jitter(retry_s, 0, 20);
 	if (shown == 0)
 		shown = 1;
 	for (const char *p = r->reply; *p; p++) {
@@ -975,7 +925,7 @@ static void expand_reply(const struct policy_rule *r, const char *key, const cha
 			else if (n == 5 && strncmp(p + 2, "limit", 5) == 0)
 				buf_append_cstr(&b, limit);
 			else if (n == 5 && strncmp(p + 2, "retry", 5) == 0) {
-				format_duration(shown, tmp, sizeof(tmp));
+				fmt_duration(tmp, sizeof(tmp), shown * 1000, DURATION_UP);
 				buf_append_cstr(&b, tmp);
 			}
 			p = end;
@@ -1235,7 +1185,7 @@ static void finish(enum policy_stage st, struct policy_msg *msg, enum store_mode
 		if (d->nover < POLICY_MAX_OVER) {
 			struct policy_over *o = &d->over[d->nover++];
 			o->rule = r;
-			sanitize(o->key, sizeof(o->key), it->key, POLICY_LOG_KEY - 3);
+			text_sanitize(o->key, sizeof(o->key), it->key, POLICY_LOG_KEY - 3, TEXT_MARK_CUT);
 			unsigned wi = binding_window(it, o->limit, sizeof(o->limit));
 			o->count = it->used[wi];
 			o->retry_s = ns_to_s_up(it->retry_ns);
@@ -1252,7 +1202,7 @@ static void finish(enum policy_stage st, struct policy_msg *msg, enum store_mode
 		 * quarantined; the rule's verdict stands. */
 		if (r->action == POLICY_TAG && msg->marks && msg->ntags < POLICY_MAX_TAGS) {
 			char key[120], tag[POLICY_TAG_MAX];
-			sanitize(key, sizeof(key), it->key, 100);
+			text_sanitize(key, sizeof(key), it->key, 100, TEXT_MARK_CUT);
 			fmt_fixed(tag, sizeof(tag), "rule=%s; key=%s", r->name, key);
 			bool seen = false; /* one header per rule and key, not per recipient */
 			for (size_t k = 0; k < msg->ntags; k++)
@@ -1262,7 +1212,7 @@ static void finish(enum policy_stage st, struct policy_msg *msg, enum store_mode
 		}
 		if (r->action == POLICY_QUARANTINE && msg->marks && !msg->quarantine) {
 			char key[120];
-			sanitize(key, sizeof(key), it->key, 100);
+			text_sanitize(key, sizeof(key), it->key, 100, TEXT_MARK_CUT);
 			msg->quarantine = true;
 			fmt_fixed(msg->marks->quarantine_reason, sizeof(msg->marks->quarantine_reason),
 				  "sluice limit %s for %s", r->name, key);
@@ -1274,7 +1224,7 @@ static void finish(enum policy_stage st, struct policy_msg *msg, enum store_mode
 	const struct policy_rule *r = w->rules[decider];
 	d->action = r->action;
 	d->rule = r;
-	sanitize(d->key, sizeof(d->key), it->key, 100);
+	text_sanitize(d->key, sizeof(d->key), it->key, 100, TEXT_MARK_CUT);
 	d->retry_s = ns_to_s_up(it->retry_ns);
 	if (r->reply) {
 		char limit[32];
@@ -1476,6 +1426,17 @@ static void put_field(struct line *m, const char *name, struct str v, char open,
 		line_printf(m, " %s=%c%s%c", name, open, q, close);
 	else
 		line_printf(m, " %s=%s", name, q);
+}
+
+void policy_decision_log(const struct policy_decision *d, enum policy_stage st,
+			 const struct policy_log_ctx *ctx,
+			 void (*emit)(void *arg, enum log_level level, const char *line), void *arg)
+{
+	for (size_t i = 0; i < d->nover; i++) {
+		char line[1024];
+		enum log_level level = policy_decision_line(d, i, st, ctx, line, sizeof(line));
+		emit(arg, level, line);
+	}
 }
 
 enum log_level policy_decision_line(const struct policy_decision *d, size_t i,

@@ -236,6 +236,11 @@ struct policy_log_ctx {
 enum log_level policy_decision_line(const struct policy_decision *d, size_t i,
 				    enum policy_stage st, const struct policy_log_ctx *ctx,
 				    char *buf, size_t len);
+/* Every line of policy_decision_line() for d, handed to emit() with its level: the
+ * milter and the policy service log them on their session. */
+void policy_decision_log(const struct policy_decision *d, enum policy_stage st,
+			 const struct policy_log_ctx *ctx,
+			 void (*emit)(void *arg, enum log_level level, const char *line), void *arg);
 /*
  * The message ended.  delivered = false (aborted, refused at DATA or EOM): every
  * refundable charge of the message goes back to the store.  The ledger is cleared either

@@ -3,6 +3,7 @@
  */
 #include <errno.h>
 #include <string.h>
+#include <strings.h>
 
 #include "smtp_reply.h"
 
@@ -131,4 +132,77 @@ bad:
 	if (ret_why)
 		*ret_why = why;
 	return -EPROTO;
+}
+
+/* ---- EHLO keywords ---- */
+
+static bool word_eq(struct str w, const char *s)
+{
+	return w.len == strlen(s) && strncasecmp(w.ptr, s, w.len) == 0;
+}
+
+/* Next space-separated word of *s (advanced), or an empty str at the end. */
+struct str smtp_next_word(struct str *s)
+{
+	size_t i = 0;
+	while (i < s->len && (s->ptr[i] == ' ' || s->ptr[i] == '\t'))
+		i++;
+	size_t j = i;
+	while (j < s->len && s->ptr[j] != ' ' && s->ptr[j] != '\t')
+		j++;
+	struct str w = str_make(s->ptr + i, j - i);
+	*s = str_make(s->ptr + j, s->len - j);
+	return w;
+}
+
+static void add_auth_mechs(struct smtp_ehlo *e, struct str rest)
+{
+	for (struct str w = smtp_next_word(&rest); w.len; w = smtp_next_word(&rest)) {
+		size_t have = strlen(e->auth);
+		if (w.len > SMTP_EHLO_MECH_MAX || have + w.len + 2 > sizeof(e->auth))
+			continue; /* not a mechanism we could name, or no room: dropped */
+		if (have)
+			e->auth[have++] = ' ';
+		for (size_t i = 0; i < w.len; i++) {
+			char ch = w.ptr[i];
+			e->auth[have++] = ch >= 'a' && ch <= 'z' ? (char)(ch - 'a' + 'A') : ch;
+		}
+		e->auth[have] = '\0';
+	}
+	e->ext |= SMTP_EHLO_AUTH;
+}
+
+void smtp_ehlo_line(struct smtp_ehlo *e, struct str text)
+{
+	struct str rest = text;
+	struct str kw = smtp_next_word(&rest);
+	if (kw.len > 5 && strncasecmp(kw.ptr, "AUTH=", 5) == 0) { /* legacy "AUTH=LOGIN PLAIN" */
+		struct str first = str_make(kw.ptr + 5, kw.len - 5);
+		add_auth_mechs(e, first);
+		add_auth_mechs(e, rest);
+	} else if (word_eq(kw, "AUTH")) {
+		add_auth_mechs(e, rest);
+	} else if (word_eq(kw, "PIPELINING")) {
+		e->ext |= SMTP_EHLO_PIPELINING;
+	} else if (word_eq(kw, "8BITMIME")) {
+		e->ext |= SMTP_EHLO_8BITMIME;
+	} else if (word_eq(kw, "SMTPUTF8")) {
+		e->ext |= SMTP_EHLO_SMTPUTF8;
+	} else if (word_eq(kw, "DSN")) {
+		e->ext |= SMTP_EHLO_DSN;
+	} else if (word_eq(kw, "STARTTLS")) {
+		e->ext |= SMTP_EHLO_STARTTLS;
+	} else if (word_eq(kw, "SIZE")) {
+		e->ext |= SMTP_EHLO_SIZE;
+		struct str n = smtp_next_word(&rest);
+		uint64_t v = 0;
+		for (size_t i = 0; i < n.len; i++) {
+			if (n.ptr[i] < '0' || n.ptr[i] > '9' || v > (UINT64_MAX - 9) / 10) {
+				v = 0; /* not a number: no limit known */
+				break;
+			}
+			v = v * 10 + (uint64_t)(n.ptr[i] - '0');
+		}
+		e->size_max = v;
+	}
 }

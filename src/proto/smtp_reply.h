@@ -18,6 +18,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "str.h"
 
@@ -53,5 +54,34 @@ void smtp_reply_reader_init(struct smtp_reply_reader *rd);
  */
 int smtp_reply_read(struct smtp_reply_reader *rd, const char *p, size_t n,
 		    struct smtp_reply *ret, size_t *ret_used, const char **ret_why);
+
+/*
+ * What a server's EHLO reply offers (RFC 5321 4.1.1.1), read from its keyword lines (every
+ * line after the first).  Both SMTP clients (the relay's and the injectors') use it.
+ */
+enum smtp_ehlo_ext {
+	SMTP_EHLO_PIPELINING = 1u << 0,
+	SMTP_EHLO_SIZE = 1u << 1,
+	SMTP_EHLO_8BITMIME = 1u << 2,
+	SMTP_EHLO_SMTPUTF8 = 1u << 3,
+	SMTP_EHLO_STARTTLS = 1u << 4,
+	SMTP_EHLO_AUTH = 1u << 5,
+	SMTP_EHLO_DSN = 1u << 6,
+};
+#define SMTP_EHLO_AUTH_MAX 256 /* bytes of AUTH mechanisms kept (more are dropped) */
+#define SMTP_EHLO_MECH_MAX 20  /* a SASL mechanism's name (RFC 4422 3.1); longer: dropped */
+
+struct smtp_ehlo {
+	unsigned ext;               /* enum smtp_ehlo_ext */
+	uint64_t size_max;          /* SIZE's value; 0 when none or not a number */
+	char auth[SMTP_EHLO_AUTH_MAX]; /* mechanisms, upper case, space-separated */
+};
+
+/* One keyword line: its text after "250-" or "250 ".  Adds what it offers to e (zero e
+ * before the first line).  Keywords compare without case; unknown ones are ignored. */
+void smtp_ehlo_line(struct smtp_ehlo *e, struct str text);
+
+/* The next space- or tab-separated word of *s (advanced past it); empty at the end. */
+struct str smtp_next_word(struct str *s);
 
 #endif

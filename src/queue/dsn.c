@@ -125,41 +125,13 @@ static bool host_valid(struct str h)
 	return true;
 }
 
-/*
- * Append s to b as one line of printable ASCII: NUL dropped; CR, LF and other white
- * space as a space; other control bytes and bytes >= 0x80 as '?'; runs of spaces as one,
- * none leading or trailing.  At most max bytes are appended (the rest is cut).  0, or
- * buf_append()'s error.
- */
+/* Append s to b as one line of printable ASCII (text_sanitize's TEXT_FOLD_SPACE), at
+ * most max (<= VALUE_MAX) bytes: 0, or buf_append()'s error. */
 static int append_sanitized(struct buf *b, struct str s, size_t max)
 {
-	size_t n = 0;
-	bool space = false;
-	for (size_t i = 0; i < s.len && n < max; i++) {
-		unsigned char c = (unsigned char)s.ptr[i];
-		if (c == '\0')
-			continue;
-		if (c == ' ' || (c >= '\t' && c <= '\r')) {
-			space = true;
-			continue;
-		}
-		if (c < 0x20 || c >= 0x7f)
-			c = '?';
-		if (space && n > 0) {
-			if (max - n < 2)
-				break;
-			int r = buf_append_byte(b, ' ');
-			if (r < 0)
-				return r;
-			n++;
-		}
-		space = false;
-		int r = buf_append_byte(b, c);
-		if (r < 0)
-			return r;
-		n++;
-	}
-	return 0;
+	char t[VALUE_MAX + 1];
+	size_t n = text_sanitize(t, sizeof(t), s, max, TEXT_FOLD_SPACE);
+	return buf_append(b, t, n);
 }
 
 static bool is_ascii(struct str s)
@@ -766,7 +738,7 @@ int dsn_format(const struct dsn_info *info, const struct dsn_rcpt *rcpt, size_t 
 	}
 	if (r < 0)
 		buf_truncate(out, start);
-	buf_clear(&hdr);
-	buf_clear(&sc);
+	buf_done(&hdr);
+	buf_done(&sc);
 	return r;
 }

@@ -155,7 +155,7 @@ static int recover_message(void *arg, const struct queue_msg *m)
 	struct qentry *e = r == 0 ? qentry_new(ix->env.id, ix->env.arrival_us, ix->body_len,
 					       names.ptr, names.len, ix->nrcpt)
 				  : NULL;
-	buf_clear(&names);
+	buf_done(&names);
 	if (!e)
 		return -ENOMEM;
 	memcpy(e->control, ix->control, sizeof(e->control));
@@ -345,8 +345,8 @@ static struct queue_new *new_free(struct queue_new *n)
 	if (n->fd >= 0)
 		close(n->fd);
 	queue_writer_free(n->w);
-	buf_clear(&n->out);
-	buf_clear(&n->names);
+	buf_done(&n->out);
+	buf_done(&n->names);
 	free(n);
 	return NULL;
 }
@@ -746,20 +746,6 @@ void queue_format_time(uint64_t us, char *out, size_t len)
 		snprintf(out, len, "?");
 }
 
-/* "1h52m", "3d04h", "45s": a duration for a person, to the minute past an hour. */
-static void format_rel(uint64_t us, char *out, size_t len)
-{
-	uint64_t s = us / 1000000;
-	if (s >= 86400)
-		snprintf(out, len, "%" PRIu64 "d%02" PRIu64 "h", s / 86400, s % 86400 / 3600);
-	else if (s >= 3600)
-		snprintf(out, len, "%" PRIu64 "h%02" PRIu64 "m", s / 3600, s % 3600 / 60);
-	else if (s >= 60)
-		snprintf(out, len, "%" PRIu64 "m%02" PRIu64 "s", s / 60, s % 60);
-	else
-		snprintf(out, len, "%" PRIu64 "s", s);
-}
-
 /*
  * The reply of each recipient's last line in an attempt log ("ts=... rcpt=I status=...
  * reply=TEXT"): ret[i] points into log, or is empty when the log has no line for i.
@@ -799,7 +785,7 @@ void queue_rcpt_state(char status, uint64_t next_us, uint32_t attempts, uint64_t
 	char when[32] = "now";
 	if (next_us > now_us) {
 		char rel[24];
-		format_rel(next_us - now_us, rel, sizeof(rel));
+		fmt_duration(rel, sizeof(rel), (next_us - now_us) / 1000, DURATION_BRIEF);
 		snprintf(when, sizeof(when), "in %s", rel);
 	}
 	const char *name = status == QUEUE_UNCERTAIN ? "uncertain"

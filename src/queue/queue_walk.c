@@ -129,7 +129,7 @@ int queue_list_step(struct queue *q, const struct queue_select *sel, uint64_t no
 			tot->recipients += qentry_status(e)[i] == QUEUE_TODO ||
 					   qentry_status(e)[i] == QUEUE_UNCERTAIN;
 	}
-	buf_clear(&log);
+	buf_done(&log);
 out:
 	for (size_t k = 0; k < cp.n; k++)
 		free(cp.v[k]);
@@ -317,7 +317,7 @@ int queue_show(struct queue *q, const char *id, bool json, struct buf *out)
 	free(next);
 	free(attempts);
 	free(last);
-	buf_clear(&log);
+	buf_done(&log);
 	queue_msg_close(&m);
 	return r;
 }

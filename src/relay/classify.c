@@ -1,6 +1,6 @@
 /*
  * classify -- what a relay's reply means for the mail and for the lane (classify.h):
- * DESIGN law 5, "throttling is not failure".
+ * law 5 of doc/ARCHITECTURE.md, "throttling is not failure".
  *
  * Order of decision for a 4xx/5xx reply or a connection error (first match wins):
  *   1. the operator's signals, in configuration order;
@@ -107,7 +107,7 @@
  *                                   too" (Postfix policy daemons, Zimbra "Deferring: Too many
  *                                   messages from sender", SES, Gmail).  Not for a mailbox.
  *   rate-5xx               SUSPEND  the same words in a 5xx: an ISP smarthost that answers a
- *                                   burst with a permanent error (DESIGN, the first problem).
+ *                                   burst with a permanent error (doc/RELAY.md, the ISP).
  *   suspended              SUSPEND  "suspended" ("550 5.7.1 Account suspended"), unless the
  *                                   reply is about a recipient (X.1.x, X.2.x, "mailbox",
  *                                   "recipient").

@@ -1,6 +1,6 @@
 /*
  * classify -- what a relay's reply means for the mail and for the lane: the heart of
- * "throttling is not failure" (DESIGN law 5).
+ * "throttling is not failure" (law 5, doc/ARCHITECTURE.md).
  *
  * A reply (or a connection error) at a stage of an SMTP transaction becomes one verdict:
  *   OK         2xx where success was expected;

@@ -40,24 +40,12 @@ void relay_logf(struct relay *r, enum log_level level, const char *fmt, ...)
 	r->log(r->log_arg, level, line);
 }
 
-/* A peer's text for a log line or the attempt log: printable ASCII, quotes made safe,
- * at most max bytes. */
-void relay_clean_text(const char *in, char *out, size_t max)
-{
-	size_t o = 0;
-	for (const char *p = in; p && *p && o + 1 < max; p++) {
-		unsigned char c = (unsigned char)*p;
-		out[o++] = c < 0x20 || c >= 0x7f || c == '"' ? '?' : (char)c;
-	}
-	out[o] = '\0';
-}
-
 void relay_reply_text(const struct smtp_out_result *res, const struct smtp_reply *rep,
 		       char *out, size_t len)
 {
 	char t[SMTP_REPLY_TEXT_MAX + 1];
 	if (rep && rep->code) {
-		relay_clean_text(rep->text, t, sizeof(t));
+		text_sanitize(t, sizeof(t), str_cstr(rep->text), SIZE_MAX, TEXT_NO_QUOTES);
 		if (rep->enh_class)
 			snprintf(out, len, "%d %d.%d.%d %s", rep->code, rep->enh_class,
 				 rep->enh_subject, rep->enh_detail, t);
@@ -210,7 +198,7 @@ static void stop_now(evutil_socket_t fd, short what, void *arg)
 	struct lane *l;
 	TAILQ_FOREACH(l, &r->lanes, link) {
 		while (!TAILQ_EMPTY(&l->conns)) {
-			struct rconn *rc = TAILQ_FIRST(&l->conns);
+			struct lane_conn *rc = TAILQ_FIRST(&l->conns);
 			if (rc->tx) {
 				/* its recipients stay T on disk: sent again after the restart */
 				rc->tx->m->busy--;
@@ -649,7 +637,7 @@ struct relay *relay_free(struct relay *r)
 	struct lane *l;
 	while ((l = TAILQ_FIRST(&r->lanes))) {
 		while (!TAILQ_EMPTY(&l->conns)) {
-			struct rconn *rc = TAILQ_FIRST(&l->conns);
+			struct lane_conn *rc = TAILQ_FIRST(&l->conns);
 			if (rc->tx) {
 				rc->tx->m->busy--;
 				rc->tx = tx_free(rc->tx);

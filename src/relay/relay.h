@@ -5,8 +5,8 @@
  * The relay runs on one thread of its own with its own event loop (started after the
  * daemon forks), which owns every lane, every outgoing connection and the relay's view of
  * the queue: the only owner of all lane budgets, so "may I send" needs no lock and two
- * deliveries never race for one slot (DESIGN law 4).  Its thread count does not depend
- * on the number of connections: one loop, non-blocking sockets (law 1).
+ * deliveries never race for one slot (law 4, doc/ARCHITECTURE.md).  Its thread count
+ * does not depend on the number of connections: one loop, non-blocking sockets (law 1).
  *
  * Other threads talk to it through a mailbox: the queue's events (a commit, hold,
  * release, delete, flush), configuration reloads, and `sluice lanes` (a control worker

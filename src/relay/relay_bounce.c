@@ -77,7 +77,7 @@ static void read_failures(struct relay *r, struct rmsg *m, struct fail_info *fi,
 	struct buf lb;
 	buf_init(&lb, 8u << 20);
 	if (queue_log_read(r->qd, m->id, &lb, 8u << 20) < 0 || lb.len == 0) {
-		buf_clear(&lb);
+		buf_done(&lb);
 		return;
 	}
 	buf_append_byte(&lb, 0);
@@ -98,7 +98,7 @@ static void read_failures(struct relay *r, struct rmsg *m, struct fail_info *fi,
 		const char *q = strstr(line, " reply=");
 		snprintf(f->reply, sizeof(f->reply), "%s", q ? q + 7 : "");
 	}
-	buf_clear(&lb);
+	buf_done(&lb);
 }
 
 int bounce_collect_body(void *arg, struct str chunk)
@@ -258,7 +258,7 @@ void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
 			   m->id, delayed ? "delay notice" : "bounce", strerror(-rc));
 		retry_later(r, m, delayed);
 	}
-	buf_clear(&out);
+	buf_done(&out);
 	free(body.body);
 	free(dr);
 	free(fi);

@@ -60,7 +60,8 @@ void hist_append(struct relay *r, const char *lane, uint64_t t_ns)
 void hist_append_suspension(struct relay *r, const struct lane *l)
 {
 	char why[300];
-	relay_clean_text(l->b.why, why, sizeof(why));
+	text_sanitize(why, sizeof(why), str_cstr(l->b.why), SIZE_MAX,
+				      TEXT_NO_QUOTES);
 	hist_write(r, l->name, l->b.suspended_until / 1000, why);
 }
 
@@ -131,7 +132,8 @@ void hist_compact(struct relay *r)
 	TAILQ_FOREACH(l, &r->lanes, link)
 		if (l->b.suspended_until / 1000 > now_us) {
 			char why[300];
-			relay_clean_text(l->b.why, why, sizeof(why));
+			text_sanitize(why, sizeof(why), str_cstr(l->b.why), SIZE_MAX,
+				      TEXT_NO_QUOTES);
 			if (hist_format(line, sizeof(line), l->name, l->b.suspended_until / 1000,
 					why) > 0) {
 				fputs(line, f);

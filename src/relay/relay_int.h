@@ -55,7 +55,7 @@
 
 struct lane;
 struct rmsg;
-struct rconn;
+struct lane_conn;
 
 struct rrcpt {
 	struct lane *lane;            /* NULL: no route (waits for a reload) */
@@ -127,7 +127,7 @@ struct lane {
 	TAILQ_HEAD(, lane_item) items;
 	struct sched_lane s;          /* its items by due time and arrival; its wake-up */
 	size_t waiting;               /* the items' pending recipients, summed */
-	TAILQ_HEAD(, rconn) conns;
+	TAILQ_HEAD(, lane_conn) conns;
 	unsigned nconns, nidle, nconnecting;
 	struct mx_target *targets;
 	size_t ntargets;
@@ -143,7 +143,7 @@ struct lane {
 
 enum rconn_state { RC_CONNECTING = 0, RC_IDLE, RC_BUSY };
 
-struct rconn {
+struct lane_conn {
 	struct relay *r;
 	struct lane *lane;
 	struct conf_rt *crt;
@@ -156,11 +156,11 @@ struct rconn {
 	struct event *idle_timer;
 	struct tx *tx;
 	unsigned target;
-	TAILQ_ENTRY(rconn) link;
+	TAILQ_ENTRY(lane_conn) link;
 };
 
 struct tx {
-	struct rconn *rc;
+	struct lane_conn *rc;
 	struct rmsg *m;
 	struct lane *lane;
 	size_t n;
@@ -259,7 +259,6 @@ struct relay {
 /* ---- relay.c: logging, the mailbox, configuration ---- */
 void relay_logf(struct relay *r, enum log_level level, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
-void relay_clean_text(const char *in, char *out, size_t max);
 void relay_reply_text(const struct smtp_out_result *res, const struct smtp_reply *rep,
 		       char *out, size_t len);
 int relay_post(struct relay *r, struct mb_item *it);
@@ -308,9 +307,9 @@ void lane_wake_rearm(struct relay *r);
 void lane_on_wake(evutil_socket_t fd, short what, void *arg);
 /* Free a lane that nothing refers to any more (its items and connections are gone). */
 void lane_free(struct lane *l);
-void conn_close(struct rconn *rc, bool quit);
+void conn_close(struct lane_conn *rc, bool quit);
 void lane_close_idle(struct lane *l);
-void conn_idle(struct rconn *rc);
+void conn_idle(struct lane_conn *rc);
 void lane_signal(struct lane *l, const struct classify_result *cr, const char *text);
 void lane_kick(struct lane *l);
 
@@ -318,7 +317,7 @@ void lane_kick(struct lane *l);
 struct lane_item *lane_pick(struct lane *l, uint64_t now, size_t max, size_t *idx,
 				   size_t *ret_n, uint64_t *next);
 struct tx *tx_free(struct tx *t);
-bool tx_start(struct lane *l, struct rconn *rc, uint64_t now, bool budget_taken);
+bool tx_start(struct lane *l, struct lane_conn *rc, uint64_t now, bool budget_taken);
 
 /* ---- relay_bounce.c: bounces ---- */
 int bounce_collect_body(void *arg, struct str chunk);
@@ -336,6 +335,10 @@ void *flush_main(void *arg);
 void flush_post(struct relay *r, struct rmsg *m);
 
 /* ---- relay_view.c: views ---- */
-void view_fmt_dur(uint64_t ns, char *out, size_t len);
+/* A wait in ns as ms for fmt_duration(), UINT64_MAX ("never") kept. */
+static inline uint64_t ns_to_ms(uint64_t ns)
+{
+	return ns == UINT64_MAX ? UINT64_MAX : ns / 1000000u;
+}
 
 #endif

@@ -162,7 +162,7 @@ void lane_on_wake(evutil_socket_t fd, short what, void *arg)
  * relay is done with it): the configuration it points to stays until then. */
 static void on_conn_freed(void *arg)
 {
-	struct rconn *rc = arg;
+	struct lane_conn *rc = arg;
 	struct relay *r = rc->r;
 	rc->crt->users--;
 	free(rc);
@@ -170,7 +170,7 @@ static void on_conn_freed(void *arg)
 }
 
 /* Take a connection out of its lane's books. */
-static void conn_detach(struct rconn *rc)
+static void conn_detach(struct lane_conn *rc)
 {
 	struct lane *l = rc->lane;
 	struct relay *r = rc->r;
@@ -193,7 +193,7 @@ static void conn_detach(struct rconn *rc)
 
 /* Close a connection: QUIT when it is usable and quit is asked (not while stopping),
  * else at once.  rc must not be used after this. */
-void conn_close(struct rconn *rc, bool quit)
+void conn_close(struct lane_conn *rc, bool quit)
 {
 	struct smtp_out *c = rc->c;
 	bool stopping = rc->r->stopping;
@@ -207,7 +207,7 @@ void conn_close(struct rconn *rc, bool quit)
 
 void lane_close_idle(struct lane *l)
 {
-	struct rconn *rc, *next;
+	struct lane_conn *rc, *next;
 	for (rc = TAILQ_FIRST(&l->conns); rc; rc = next) {
 		next = TAILQ_NEXT(rc, link);
 		if (rc->st == RC_IDLE || rc->st == RC_CONNECTING)
@@ -217,11 +217,11 @@ void lane_close_idle(struct lane *l)
 
 static void on_idle_timeout(evutil_socket_t fd, short what, void *arg)
 {
-	struct rconn *rc = arg;
+	struct lane_conn *rc = arg;
 	conn_close(rc, true);
 }
 
-void conn_idle(struct rconn *rc)
+void conn_idle(struct lane_conn *rc)
 {
 	rc->st = RC_IDLE;
 	rc->lane->nidle++;
@@ -401,7 +401,7 @@ static void lane_connect(struct lane *l)
 			return;
 		}
 	}
-	struct rconn *rc = calloc(1, sizeof(*rc));
+	struct lane_conn *rc = calloc(1, sizeof(*rc));
 	if (!rc) {
 		class_slot_release(slot);
 		return;
@@ -447,7 +447,7 @@ static void lane_connect(struct lane *l)
 
 static void on_ready(void *arg, struct smtp_out *c, const struct smtp_out_result *failure)
 {
-	struct rconn *rc = arg;
+	struct lane_conn *rc = arg;
 	struct lane *l = rc->lane;
 	struct relay *r = rc->r;
 	if (!failure) {
@@ -494,16 +494,16 @@ static void on_ready(void *arg, struct smtp_out *c, const struct smtp_out_result
 
 /* ---- the scheduler ---- */
 
-static struct rconn *lane_idle_conn(struct lane *l)
+static struct lane_conn *lane_idle_conn(struct lane *l)
 {
-	struct rconn *rc;
+	struct lane_conn *rc;
 	TAILQ_FOREACH(rc, &l->conns, link)
 		if (rc->st == RC_IDLE)
 			return rc;
 	return NULL;
 }
 
-static void lane_shared_take(struct lane *l, struct rconn *rc);
+static void lane_shared_take(struct lane *l, struct lane_conn *rc);
 
 void lane_kick(struct lane *l)
 {
@@ -543,7 +543,7 @@ void lane_kick(struct lane *l)
 		 * kicks the lane again */
 		if (d.action != SCHED_SEND)
 			return;
-		struct rconn *idle = lane_idle_conn(l);
+		struct lane_conn *idle = lane_idle_conn(l);
 		if (!idle)
 			return; /* l->nidle says otherwise: cannot be */
 		if (l->rt->conf->shared && r->store) {
@@ -586,7 +586,7 @@ static void on_shared(struct store_slide_call *call, int rc, uint64_t wait_ns)
 	lane_budget_remember(&l->b, now);
 	l->b.sends++;
 	hist_append(r, l->name, now);
-	struct rconn *idle = lane_idle_conn(l);
+	struct lane_conn *idle = lane_idle_conn(l);
 	if (!idle || !tx_start(l, idle, now, true)) {
 		/* XXX the connection went away or nothing is due any more: the granted send
 		 * is unused (the lane only sends less) */
@@ -594,7 +594,7 @@ static void on_shared(struct store_slide_call *call, int rc, uint64_t wait_ns)
 	lane_kick(l);
 }
 
-static void lane_shared_take(struct lane *l, struct rconn *rc)
+static void lane_shared_take(struct lane *l, struct lane_conn *rc)
 {
 	struct relay *r = l->r;
 	struct store_slide_call *call = calloc(1, sizeof(*call));

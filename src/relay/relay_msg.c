@@ -490,13 +490,6 @@ void msg_set_status(struct relay *r, struct rmsg *m, size_t i, char st)
 	}
 }
 
-static uint64_t jitter(uint64_t ns)
-{
-	/* +-10%: retries of messages refused together spread out */
-	uint64_t span = ns / 5;
-	return ns - ns / 10 + (span ? (uint64_t)random() % span : 0);
-}
-
 void msg_rcpt_retry(struct relay *r, struct rmsg *m, size_t i, int64_t hint_ms)
 {
 	struct rrcpt *rr = &m->r[i];
@@ -511,7 +504,7 @@ void msg_rcpt_retry(struct relay *r, struct rmsg *m, size_t i, int64_t hint_ms)
 		if (d > (uint64_t)c->retry_max_ms * 1000000u)
 			d = (uint64_t)c->retry_max_ms * 1000000u;
 	}
-	rr->next_try = realtime_ns() + jitter(d);
+	rr->next_try = realtime_ns() + jitter(d, 10, 10); /* refused together, retried apart */
 	/* kept by the queue (one record appended), so that a restart keeps the backoff;
 	 * rounded up: never due earlier than here */
 	int e = queue_set_retry(r->q, m->id, i, (rr->next_try + 999) / 1000, rr->attempts);
@@ -576,7 +569,7 @@ static void expire(struct relay *r, struct rmsg *m, uint64_t now)
 	if (m->arrival_us * 1000 + (uint64_t)c->lifetime_ms * 1000000u > now)
 		return;
 	char text[200], d[32];
-	view_fmt_dur((uint64_t)c->lifetime_ms * 1000000u, d, sizeof(d));
+	fmt_duration(d, sizeof(d), (uint64_t)c->lifetime_ms, DURATION_BRIEF);
 	snprintf(text, sizeof(text), "delivery time expired: the message stayed in the queue "
 		 "for %s", d);
 	msg_fail_pending(r, m, "4.4.7", text);

@@ -13,7 +13,7 @@
  *   - wait: items whose time has not come, by due time.
  * sched_next() moves the items of wait whose time has come into due, then answers the
  * oldest.  Every operation costs O(log n) in the lane's items: nothing walks past the
- * recipients that wait for a retry (law 8), however many there are.
+ * recipients that wait for a retry (law 8, doc/ARCHITECTURE.md), however many there are.
  *
  * Lanes' wake-ups are in one more heap (struct sched), by time, so that the relay needs a
  * single timer however many lanes there are (direct MX delivery makes one per domain):

@@ -94,7 +94,7 @@ struct tx *tx_free(struct tx *t)
  * was already granted for one send.  Returns false when nothing was started and the
  * lane must wait (its timer is armed), true otherwise.
  */
-bool tx_start(struct lane *l, struct rconn *rc, uint64_t now, bool budget_taken)
+bool tx_start(struct lane *l, struct lane_conn *rc, uint64_t now, bool budget_taken)
 {
 	struct relay *r = l->r;
 	const struct route_conf *conf = l->rt->conf;
@@ -263,7 +263,7 @@ static const struct smtp_reply *rcpt_reply(const struct smtp_out_result *res, si
 static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result *res)
 {
 	struct tx *t = arg;
-	struct rconn *rc = t->rc;
+	struct lane_conn *rc = t->rc;
 	struct lane *l = t->lane;
 	struct rmsg *m = t->m;
 	struct relay *r = rc->r;

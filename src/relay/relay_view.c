@@ -35,39 +35,6 @@ struct lanes_arg {
 	struct relay_stats *st;
 };
 
-void view_fmt_dur(uint64_t ns, char *out, size_t len)
-{
-	if (ns == UINT64_MAX)
-		snprintf(out, len, "never");
-	else if (ns < 1000000000u)
-		snprintf(out, len, "%" PRIu64 "ms", ns / 1000000);
-	else if (ns < UINT64_C(120) * 1000000000u)
-		snprintf(out, len, "%.1fs", (double)ns / 1e9);
-	else if (ns < UINT64_C(7200) * 1000000000u)
-		snprintf(out, len, "%" PRIu64 "m%02" PRIu64 "s", ns / 60000000000u,
-			 ns / 1000000000u % 60);
-	else if (ns < UINT64_C(172800) * 1000000000u)
-		snprintf(out, len, "%" PRIu64 "h%02" PRIu64 "m", ns / 3600000000000u,
-			 ns / 60000000000u % 60);
-	else
-		snprintf(out, len, "%" PRIu64 "d%02" PRIu64 "h", ns / 86400000000000u,
-			 ns / 3600000000000u % 24);
-}
-
-static void json_str(struct buf *b, const char *s)
-{
-	buf_append_byte(b, '"');
-	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-		if (*p == '"' || *p == '\\')
-			buf_printf(b, "\\%c", *p);
-		else if (*p < 0x20 || *p >= 0x7f)
-			buf_printf(b, "\\u%04x", *p);
-		else
-			buf_append_byte(b, *p);
-	}
-	buf_append_byte(b, '"');
-}
-
 static size_t lane_waiting(const struct lane *l)
 {
 	return l->waiting;
@@ -88,7 +55,7 @@ static void lane_brief_line(struct buf *b, const struct lane *l, size_t waiting,
 		buf_append_cstr(b, " unlimited");
 	char d[32];
 	uint64_t wait = lane_budget_wait(&l->b, now);
-	view_fmt_dur(wait, d, sizeof(d));
+	fmt_duration(d, sizeof(d), ns_to_ms(wait), DURATION_BRIEF);
 	unsigned cap = l->rt ? l->rt->conf->connections : 0;
 	buf_printf(b, "  next %s  conns %u/%u  waiting %zu  sent/def/fail %" PRIu64 "/%" PRIu64
 		   "/%" PRIu64 "%s\n", wait ? d : "now", l->nconns, cap, waiting, l->delivered,
@@ -140,9 +107,9 @@ static int do_lanes(struct relay *r, void *arg)
 		unsigned cap = l->rt ? l->rt->conf->connections : 0;
 		if (a->json) {
 			buf_append_cstr(b, first ? "\n  {\"lane\": " : ",\n  {\"lane\": ");
-			json_str(b, l->name);
+			buf_append_json_string(b, l->name);
 			buf_append_cstr(b, ", \"route\": ");
-			json_str(b, route);
+			buf_append_json_string(b, route);
 			buf_append_cstr(b, ", \"windows\": [");
 			for (unsigned i = 0; i < l->b.rate.n; i++)
 				buf_printf(b, "%s{\"limit\": %" PRIu64 ", \"configured\": %" PRIu64
@@ -163,9 +130,9 @@ static int do_lanes(struct relay *r, void *arg)
 				buf_printf(b, ", \"suspended_for_ms\": %" PRIu64,
 					   (l->b.suspended_until - now) / 1000000);
 			buf_append_cstr(b, ", \"reason\": ");
-			json_str(b, susp ? l->b.why : "");
+			buf_append_json_string(b, susp ? l->b.why : "");
 			buf_append_cstr(b, ", \"last\": ");
-			json_str(b, l->last);
+			buf_append_json_string(b, l->last);
 			buf_append_cstr(b, "}");
 		} else {
 			buf_printf(b, "%s%s (route %s)\n", first ? "" : "\n", l->name, route);
@@ -180,7 +147,7 @@ static int do_lanes(struct relay *r, void *arg)
 			if (!l->b.rate.n)
 				buf_append_cstr(b, "  unlimited\n");
 			char d[32];
-			view_fmt_dur(wait, d, sizeof(d));
+			fmt_duration(d, sizeof(d), ns_to_ms(wait), DURATION_BRIEF);
 			buf_printf(b, "  next send    %s\n", wait ? d : "now");
 			buf_printf(b, "  rate         %u%% of configured\n",
 				   (unsigned)(l->b.factor / 10000));
@@ -193,7 +160,8 @@ static int do_lanes(struct relay *r, void *arg)
 			if (susp && l->b.suspended_until - now > UINT64_C(10) * 365 * 86400 * 1000000000) {
 				buf_printf(b, "  SUSPENDED    until resumed: %s\n", l->b.why);
 			} else if (susp) {
-				view_fmt_dur(l->b.suspended_until - now, d, sizeof(d));
+				fmt_duration(d, sizeof(d), ns_to_ms(l->b.suspended_until - now),
+					     DURATION_BRIEF);
 				buf_printf(b, "  SUSPENDED    for %s: %s\n", d, l->b.why);
 			} else {
 				buf_append_cstr(b, "  state        active\n");
@@ -309,7 +277,8 @@ static int do_lane_metrics(struct relay *r, void *arg)
 			m->rate_factor = (double)l->b.factor / 1e6;
 			m->suspended = lane_budget_suspended(&l->b, now);
 			if (m->suspended)
-				relay_clean_text(l->b.why, m->reason, sizeof(m->reason));
+				text_sanitize(m->reason, sizeof(m->reason), str_cstr(l->b.why), SIZE_MAX,
+					      TEXT_NO_QUOTES);
 			m->connections = l->nconns;
 			m->max_connections = l->rt ? l->rt->conf->connections : 0;
 		}

@@ -391,76 +391,6 @@ void smtp_out_send_ehlo(struct smtp_out *c, const char *verb)
 	smtp_out_arm(c);
 }
 
-static bool word_eq(struct str w, const char *s)
-{
-	return w.len == strlen(s) && strncasecmp(w.ptr, s, w.len) == 0;
-}
-
-/* Next space-separated word of *s (advanced), or an empty str at the end. */
-struct str smtp_out_next_word(struct str *s)
-{
-	size_t i = 0;
-	while (i < s->len && (s->ptr[i] == ' ' || s->ptr[i] == '\t'))
-		i++;
-	size_t j = i;
-	while (j < s->len && s->ptr[j] != ' ' && s->ptr[j] != '\t')
-		j++;
-	struct str w = str_make(s->ptr + i, j - i);
-	*s = str_make(s->ptr + j, s->len - j);
-	return w;
-}
-
-static void add_auth_mechs(struct ehlo_ext *e, struct str rest)
-{
-	for (struct str w = smtp_out_next_word(&rest); w.len; w = smtp_out_next_word(&rest)) {
-		size_t have = strlen(e->auth);
-		if (w.len > GSASL_MAX_MECHANISM_SIZE || have + w.len + 2 > sizeof(e->auth))
-			continue; /* not a mechanism we could name, or no room: dropped */
-		if (have)
-			e->auth[have++] = ' ';
-		for (size_t i = 0; i < w.len; i++) {
-			char ch = w.ptr[i];
-			e->auth[have++] = ch >= 'a' && ch <= 'z' ? (char)(ch - 'a' + 'A') : ch;
-		}
-		e->auth[have] = '\0';
-	}
-	e->ext |= EXT_AUTH;
-}
-
-/* One EHLO keyword line (the text after "250-"). */
-static void ehlo_line(struct ehlo_ext *e, struct str text)
-{
-	struct str rest = text;
-	struct str kw = smtp_out_next_word(&rest);
-	if (kw.len > 5 && strncasecmp(kw.ptr, "AUTH=", 5) == 0) { /* legacy "AUTH=LOGIN PLAIN" */
-		struct str first = str_make(kw.ptr + 5, kw.len - 5);
-		add_auth_mechs(e, first);
-		add_auth_mechs(e, rest);
-	} else if (word_eq(kw, "AUTH")) {
-		add_auth_mechs(e, rest);
-	} else if (word_eq(kw, "PIPELINING")) {
-		e->ext |= EXT_PIPELINING;
-	} else if (word_eq(kw, "8BITMIME")) {
-		e->ext |= EXT_8BITMIME;
-	} else if (word_eq(kw, "SMTPUTF8")) {
-		e->ext |= EXT_SMTPUTF8;
-	} else if (word_eq(kw, "STARTTLS")) {
-		e->ext |= EXT_STARTTLS;
-	} else if (word_eq(kw, "SIZE")) {
-		e->ext |= EXT_SIZE;
-		struct str n = smtp_out_next_word(&rest);
-		uint64_t v = 0;
-		for (size_t i = 0; i < n.len; i++) {
-			if (n.ptr[i] < '0' || n.ptr[i] > '9' || v > (UINT64_MAX - 9) / 10) {
-				v = 0; /* not a number: no limit known */
-				break;
-			}
-			v = v * 10 + (uint64_t)(n.ptr[i] - '0');
-		}
-		e->size_max = v;
-	}
-}
-
 /* The complete lines p[0..n) of the EHLO reply being read (the first line names the
  * server; the others are keywords). */
 void smtp_out_ehlo_scan(struct smtp_out *c, const char *p, size_t n)
@@ -472,7 +402,7 @@ void smtp_out_ehlo_scan(struct smtp_out *c, const char *p, size_t n)
 		size_t len = (size_t)(lf - p);
 		size_t tl = len > 0 && p[len - 1] == '\r' ? len - 1 : len;
 		if (c->reply_lines++ > 0 && tl > 4 && p[0] == '2')
-			ehlo_line(&c->seen, str_make(p + 4, tl - 4));
+			smtp_ehlo_line(&c->seen, str_make(p + 4, tl - 4));
 		n -= len + 1;
 		p = lf + 1;
 	}
@@ -484,7 +414,7 @@ void smtp_out_after_hello(struct smtp_out *c)
 {
 	const struct smtp_out_conf *cf = c->conf;
 	if (!c->tls && cf->tls != SMTP_TLS_NONE) {
-		if (c->ehlo.ext & EXT_STARTTLS) {
+		if (c->ehlo.ext & SMTP_EHLO_STARTTLS) {
 			if (smtp_out_send_cmd(c, "STARTTLS") < 0) {
 				smtp_out_fail_nomem(c);
 				return;

@@ -28,7 +28,6 @@
 #define TLS_UNDER_HIGH (64u * 1024)    /* ciphertext queued below the TLS filter */
 #define INPUT_MAX (64u * 1024)         /* read high watermark */
 #define READ_WINDOW (4u * SMTP_REPLY_LINE_MAX) /* bytes handed to the reader at a time */
-#define AUTH_OFFERED_MAX 256           /* the AUTH mechanisms a server lists (rest dropped) */
 #define PEER_MAX 320
 #define QUIT_TIMEOUT_MS 10000
 #define BODY_TIMEOUT_MS 180000
@@ -52,22 +51,6 @@ enum phase {
 	PH_CLOSED,
 };
 
-enum ext {
-	EXT_PIPELINING = 1u << 0,
-	EXT_SIZE = 1u << 1,
-	EXT_8BITMIME = 1u << 2,
-	EXT_SMTPUTF8 = 1u << 3,
-	EXT_STARTTLS = 1u << 4,
-	EXT_AUTH = 1u << 5,
-};
-
-/* What an EHLO reply advertises, gathered line by line while it is read. */
-struct ehlo_ext {
-	unsigned ext;
-	uint64_t size_max;
-	char auth[AUTH_OFFERED_MAX]; /* mechanisms, upper case, space-separated */
-};
-
 struct smtp_out {
 	struct smtp_out *q_prev, *q_next; /* on the quitting list (smtp_out_quit) */
 	bool on_quit_list;
@@ -86,7 +69,7 @@ struct smtp_out {
 	size_t reply_lines;          /* lines of the reply being read (EHLO parsing) */
 
 	/* the session */
-	struct ehlo_ext ehlo, seen;  /* in force; being read */
+	struct smtp_ehlo ehlo, seen;  /* in force; being read */
 	bool tls;
 	const char *tls_version;
 	bool authenticated;
@@ -146,7 +129,6 @@ void smtp_out_fail_proto(struct smtp_out *c, const char *why);
 void smtp_out_send_quit(struct smtp_out *c);
 void smtp_out_ready(struct smtp_out *c);
 void smtp_out_send_ehlo(struct smtp_out *c, const char *verb);
-struct str smtp_out_next_word(struct str *s);
 void smtp_out_ehlo_scan(struct smtp_out *c, const char *p, size_t n);
 void smtp_out_after_hello(struct smtp_out *c);
 bool smtp_out_is_ip_literal(const char *s);

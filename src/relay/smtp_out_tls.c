@@ -29,6 +29,9 @@
 #include "smtp_out_int.h"
 #include "util.h"
 
+/* the EHLO reader keeps every mechanism name gsasl can take */
+_Static_assert(SMTP_EHLO_MECH_MAX <= GSASL_MAX_MECHANISM_SIZE, "mechanism names");
+
 /* ---- process-wide state: TLS contexts per CA file, the SASL library ---- */
 
 struct tls_ctx_entry {
@@ -186,7 +189,7 @@ void smtp_out_start_tls(struct smtp_out *c)
 bool smtp_out_offered(const char *list, struct str mech)
 {
 	struct str s = str_cstr(list);
-	for (struct str w = smtp_out_next_word(&s); w.len; w = smtp_out_next_word(&s))
+	for (struct str w = smtp_next_word(&s); w.len; w = smtp_next_word(&s))
 		if (w.len == mech.len && strncasecmp(w.ptr, mech.ptr, w.len) == 0)
 			return true;
 	return false;
@@ -227,7 +230,7 @@ void smtp_out_start_auth(struct smtp_out *c)
 		smtp_out_fail(c, SMTP_STAGE_AUTH, -EPERM, "AUTH without TLS is not allowed", NULL, false);
 		return;
 	}
-	if (!(c->ehlo.ext & EXT_AUTH)) {
+	if (!(c->ehlo.ext & SMTP_EHLO_AUTH)) {
 		smtp_out_fail(c, SMTP_STAGE_AUTH, -EPERM, "the server does not offer AUTH", NULL, false);
 		return;
 	}
@@ -239,7 +242,7 @@ void smtp_out_start_auth(struct smtp_out *c)
 	struct str prefs = str_cstr(cf->auth_mechanisms ? cf->auth_mechanisms
 							: "SCRAM-SHA-256 SCRAM-SHA-1 PLAIN LOGIN");
 	struct str mech = STR_NULL;
-	for (struct str w = smtp_out_next_word(&prefs); w.len; w = smtp_out_next_word(&prefs)) {
+	for (struct str w = smtp_next_word(&prefs); w.len; w = smtp_next_word(&prefs)) {
 		if (w.len > GSASL_MAX_MECHANISM_SIZE || !smtp_out_offered(c->ehlo.auth, w))
 			continue;
 		char name[GSASL_MAX_MECHANISM_SIZE + 1];

@@ -67,7 +67,7 @@ int smtp_out_tx_check(const struct smtp_out *c, const struct smtp_out_msg *m, co
 		*why = "the message is larger than the server's SIZE";
 		return -EMSGSIZE;
 	}
-	if (m->smtputf8 && !(c->ehlo.ext & EXT_SMTPUTF8)) {
+	if (m->smtputf8 && !(c->ehlo.ext & SMTP_EHLO_SMTPUTF8)) {
 		*why = "the message needs SMTPUTF8 and the server does not offer it";
 		return -EPROTONOSUPPORT;
 	}
@@ -84,17 +84,17 @@ int smtp_out_tx_write_mail(struct smtp_out *c)
 	c->mail_failed = false;
 	struct evbuffer *o = smtp_out_out_buf(c);
 	int r = add_path(o, "MAIL FROM:<", m->sender);
-	if (r == 0 && (c->ehlo.ext & EXT_SIZE))
+	if (r == 0 && (c->ehlo.ext & SMTP_EHLO_SIZE))
 		r = evbuffer_add_printf(o, " SIZE=%llu", (unsigned long long)m->size) < 0 ? -ENOMEM : 0;
 	/* XXX an 8-bit message to a server without 8BITMIME goes as it is (no conversion to
 	 * 7 bit, RFC 6152 3): nearly every server takes it */
-	if (r == 0 && m->eightbit && (c->ehlo.ext & EXT_8BITMIME))
+	if (r == 0 && m->eightbit && (c->ehlo.ext & SMTP_EHLO_8BITMIME))
 		r = evbuffer_add(o, " BODY=8BITMIME", 14);
 	if (r == 0 && m->smtputf8)
 		r = evbuffer_add(o, " SMTPUTF8", 9);
 	if (r == 0)
 		r = evbuffer_add(o, "\r\n", 2);
-	if (r == 0 && (c->ehlo.ext & EXT_PIPELINING))
+	if (r == 0 && (c->ehlo.ext & SMTP_EHLO_PIPELINING))
 		for (size_t i = 0; i < m->nrcpt && r == 0; i++)
 			r = send_rcpt(c, i);
 	if (r < 0)
@@ -228,7 +228,7 @@ static void on_rcpt_reply(struct smtp_out *c, const struct smtp_reply *r)
 			c->end_reply = *r;
 	}
 	if (c->rcpt_got < m->nrcpt) {
-		if (!(c->ehlo.ext & EXT_PIPELINING) && send_rcpt(c, c->rcpt_got) < 0) {
+		if (!(c->ehlo.ext & SMTP_EHLO_PIPELINING) && send_rcpt(c, c->rcpt_got) < 0) {
 			smtp_out_fail_nomem(c);
 			return;
 		}
@@ -308,7 +308,7 @@ static void on_reply(struct smtp_out *c, const struct smtp_reply *r)
 			}
 			smtp_out_start_tls(c);
 		} else if (smtp_out_is_refusal(r) && c->conf->tls == SMTP_TLS_MAY) {
-			c->ehlo.ext &= ~(unsigned)EXT_STARTTLS; /* go on in clear */
+			c->ehlo.ext &= ~(unsigned)SMTP_EHLO_STARTTLS; /* go on in clear */
 			smtp_out_after_hello(c);
 		} else if (smtp_out_is_refusal(r)) {
 			smtp_out_fail(c, SMTP_STAGE_STARTTLS, 0, "", r, false);
@@ -324,7 +324,7 @@ static void on_reply(struct smtp_out *c, const struct smtp_reply *r)
 			smtp_out_fail_proto(c, "an unexpected reply to MAIL");
 			return;
 		}
-		if (c->ehlo.ext & EXT_PIPELINING) {
+		if (c->ehlo.ext & SMTP_EHLO_PIPELINING) {
 			/* the RCPTs' replies follow; after a refused MAIL they say nothing about
 			 * the recipients and are not reported */
 			if (!smtp_out_is_2xx(r)) {

@@ -39,7 +39,7 @@ int slide_init(struct slide *s, uint32_t cap)
 	return 0;
 }
 
-void slide_clear(struct slide *s)
+void slide_reset(struct slide *s)
 {
 	s->head = 0;
 	s->len = 0;

@@ -49,7 +49,7 @@ struct slide {
 /* Room for a limit of up to cap sends (cap >= 1).  0, or -ENOMEM / -EINVAL (s untouched). */
 int slide_init(struct slide *s, uint32_t cap);
 /* Forget every send; the ring stays for reuse. */
-void slide_clear(struct slide *s);
+void slide_reset(struct slide *s);
 /* Free the ring; s may then be initialised again.  Accepts a zeroed or freed s. */
 void slide_done(struct slide *s);
 

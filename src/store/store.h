@@ -4,7 +4,7 @@
  * A backend is a function table (store_memory.c: the embedded default; store_redis.c for
  * clusters).  The unit of work is a decision over a batch of items, one per (rule, key)
  * that an SMTP event touches, decided atomically: no other decision sees a state between
- * the check and the charge of the batch (DESIGN law 4).
+ * the check and the charge of the batch (law 4, doc/ARCHITECTURE.md).
  *
  * GCRA, per window (count N per period P, burst B; emission interval T = ceil(P / N)):
  *   state: TAT, the theoretical arrival time (ns since the epoch, CLOCK_REALTIME);
@@ -142,7 +142,8 @@ struct store_slot_call {
  * are known only to Redis, so a node could send its whole share into a window that is
  * already full, and nodes that still reach Redis (a partition, not an outage) keep using
  * the whole budget -- together over the provider's limit, which is what gets a relay's
- * account banned.  A shared lane stops instead; its mail waits in the queue (DESIGN law 5).
+ * account banned.  A shared lane stops instead; its mail waits in the queue (law 5,
+ * doc/ARCHITECTURE.md).
  *
  * Keys: PREFIX "lane:" NAME ":" I, one sorted set per window, I its index in n[] (the
  * order must stay the same across calls and nodes: the lane's configured order).

@@ -18,11 +18,11 @@
  *
  * A decision locks the distinct shards of its items in ascending order (so two decisions
  * cannot deadlock), reads every window, decides, charges, and unlocks: nothing sees the
- * state between check and charge (DESIGN law 4).  Everything a decision may need to
- * allocate (new records, table growth) is done before the first charge, so a failure
- * leaves the state untouched.  A single item whose records exist takes a shorter path
- * (decide_one()) with the same result.  On a large table the cost of a decision is the
- * cache miss on its record's line; the line is prefetched before the lock is taken.
+ * state between check and charge (law 4, doc/ARCHITECTURE.md).  Everything a decision
+ * may need to allocate (new records, table growth) is done before the first charge, so a
+ * failure leaves the state untouched.  A single item whose records exist takes a shorter
+ * path (decide_one()) with the same result.  On a large table the cost of a decision is
+ * the cache miss on its record's line; the line is prefetched before the lock is taken.
  *
  * Bound.  A global count of records is kept against max_keys.  A new record over the
  * bound evicts one: a record whose TAT has passed if the sample finds one, otherwise the

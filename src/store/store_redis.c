@@ -93,10 +93,10 @@ struct addr {
 
 enum req_kind { REQ_DECIDE = 0, REQ_SLOT, REQ_SLIDE, REQ_OTHER, REQ_SETUP };
 
-struct rconn;
+struct redis_conn;
 
 struct rreq {
-	struct rconn *conn;
+	struct redis_conn *conn;
 	struct rreq *prev, *next;  /* the connection's unanswered requests, oldest first */
 	enum req_kind kind;
 	enum script_id script;
@@ -112,7 +112,7 @@ struct rreq {
 
 struct rstore;
 
-struct rconn {
+struct redis_conn {
 	struct rstore *st;
 	struct event_base *base;
 	redisAsyncContext *ac;     /* NULL while down */
@@ -142,7 +142,7 @@ struct rstore {
 	struct addr *sentinels;
 	size_t nsentinels;
 	pthread_mutex_t lock;      /* adding connections, the state text */
-	struct rconn *conns[MAX_CONNS];
+	struct redis_conn *conns[MAX_CONNS];
 	_Atomic size_t nconns;
 	_Atomic unsigned down;     /* connections not healthy */
 	_Atomic bool announced;    /* the first connection was logged */
@@ -156,15 +156,6 @@ struct rstore {
 static const struct store_ops redis_ops;
 
 /* ---- small helpers -------------------------------------------------------------------- */
-
-static uint64_t jitter(uint64_t ms)
-{
-	uint32_t r = 0;
-	if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != sizeof(r))
-		r = (uint32_t)now_ns();
-	/* 80% to 120% */
-	return ms * 4 / 5 + (ms ? r % (ms * 2 / 5 + 1) : 0);
-}
 
 static const char *failure_name(enum store_failure f)
 {
@@ -287,7 +278,7 @@ static void set_state(struct rstore *st, bool up, const char *why)
 		st->conf.notify(st->conf.notify_arg, !up, msg);
 }
 
-static void conn_mark(struct rconn *c, bool healthy, const char *why)
+static void conn_mark(struct redis_conn *c, bool healthy, const char *why)
 {
 	struct rstore *st = c->st;
 	c->healthy = healthy;
@@ -387,7 +378,7 @@ static int fallback_slot(struct rstore *st, const struct store_slot_call *c)
 
 static void req_unlink(struct rreq *r)
 {
-	struct rconn *c = r->conn;
+	struct redis_conn *c = r->conn;
 	if (!r->waiting)
 		return;
 	if (r->prev)
@@ -428,7 +419,7 @@ static void req_fail(struct rreq *r, int err)
 	}
 }
 
-static struct rreq *req_new(struct rconn *c, enum req_kind kind, enum script_id sc)
+static struct rreq *req_new(struct redis_conn *c, enum req_kind kind, enum script_id sc)
 {
 	if (c->inflight >= MAX_INFLIGHT)
 		return NULL;
@@ -444,13 +435,13 @@ static struct rreq *req_new(struct rconn *c, enum req_kind kind, enum script_id 
 	return r;
 }
 
-static void timer_arm(struct rconn *c);
+static void timer_arm(struct redis_conn *c);
 
 /* Into the unanswered list, kept in deadline order (a request sent again after NOSCRIPT
  * keeps its first deadline, so it may go before later ones). */
 static void req_wait(struct rreq *r)
 {
-	struct rconn *c = r->conn;
+	struct redis_conn *c = r->conn;
 	struct rreq *after = c->tail;
 	while (after && after->deadline_ms > r->deadline_ms)
 		after = after->prev;
@@ -615,7 +606,7 @@ static uint64_t count_windows(const struct store_item *items, size_t n)
 }
 
 /* EVALSHA sha nkeys keys... args..., or EVAL with the text while the sha is unknown. */
-static int script_head(struct argv_buf *a, const struct rconn *c, enum script_id sc, bool eval,
+static int script_head(struct argv_buf *a, const struct redis_conn *c, enum script_id sc, bool eval,
 		       uint64_t nkeys)
 {
 	if (!eval && c->sha[sc][0]) {
@@ -628,7 +619,7 @@ static int script_head(struct argv_buf *a, const struct rconn *c, enum script_id
 	return argv_add_u64(a, nkeys);
 }
 
-static int build_decide(struct argv_buf *a, const struct rconn *c, const struct store_call *call,
+static int build_decide(struct argv_buf *a, const struct redis_conn *c, const struct store_call *call,
 			bool eval)
 {
 	const struct rstore *st = c->st;
@@ -720,7 +711,7 @@ static int parse_decide(const redisReply *r, struct store_call *call)
 /* ---- lanes: building the script's arguments, reading its reply ------------------------ */
 
 /* EVALSHA slide nwin  PREFIX"lane:"NAME":"0 ...  take|peek now member  N_1 W_1 ... */
-static int build_slide(struct argv_buf *a, const struct rconn *c,
+static int build_slide(struct argv_buf *a, const struct redis_conn *c,
 		       const struct store_slide_call *sl, bool eval)
 {
 	const struct rstore *st = c->st;
@@ -783,9 +774,9 @@ static int parse_slide(const redisReply *r, struct store_slide_call *sl, uint64_
 
 /* ---- the connection ------------------------------------------------------------------- */
 
-static void conn_start(struct rconn *c);
-static void conn_down(struct rconn *c, const char *why);
-static int send_req(struct rconn *c, struct rreq *r, struct argv_buf *a);
+static void conn_start(struct redis_conn *c);
+static void conn_down(struct redis_conn *c, const char *why);
+static int send_req(struct redis_conn *c, struct rreq *r, struct argv_buf *a);
 
 /* An error reply that says the server is not the writable master any more. */
 static bool reply_means_reconnect(const redisReply *r)
@@ -799,7 +790,7 @@ static bool reply_means_reconnect(const redisReply *r)
 static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 {
 	struct rreq *r = privdata;
-	struct rconn *c = r->conn;
+	struct redis_conn *c = r->conn;
 	struct rstore *st = c->st;
 	redisReply *rep = reply;
 	(void)ac;
@@ -931,7 +922,7 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 	req_free(r);
 }
 
-static int send_req(struct rconn *c, struct rreq *r, struct argv_buf *a)
+static int send_req(struct redis_conn *c, struct rreq *r, struct argv_buf *a)
 {
 	int rc = redisAsyncCommandArgv(c->ac, on_reply, r, (int)a->n, a->argv, a->len);
 	argv_clear(a);
@@ -945,7 +936,7 @@ static int send_req(struct rconn *c, struct rreq *r, struct argv_buf *a)
 }
 
 /* One command with fixed arguments (setup, releases, renewals). */
-static void send_simple(struct rconn *c, enum req_kind kind, enum script_id sc, const char *what,
+static void send_simple(struct redis_conn *c, enum req_kind kind, enum script_id sc, const char *what,
 			int argc, const char **argv, const size_t *len)
 {
 	struct rreq *r = req_new(c, kind, sc);
@@ -957,12 +948,12 @@ static void send_simple(struct rconn *c, enum req_kind kind, enum script_id sc, 
 }
 
 /* Since when requests have been waiting with no reply at all. */
-static uint64_t quiet_since(const struct rconn *c)
+static uint64_t quiet_since(const struct redis_conn *c)
 {
 	return c->last_reply_ms > c->busy_since_ms ? c->last_reply_ms : c->busy_since_ms;
 }
 
-static void timer_arm(struct rconn *c)
+static void timer_arm(struct redis_conn *c)
 {
 	uint64_t now = now_ms(), at = UINT64_MAX;
 	if (c->head)
@@ -985,7 +976,7 @@ static void timer_arm(struct rconn *c)
 
 static void on_timer(evutil_socket_t fd, short what, void *arg)
 {
-	struct rconn *c = arg;
+	struct redis_conn *c = arg;
 	struct rstore *st = c->st;
 	uint64_t now = now_ms();
 	(void)fd;
@@ -1018,7 +1009,7 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
 
 /* The connection is gone (c->err says why): answer what waits by on_failure, mark the
  * loop down, and try again after the next backoff step. */
-static void retry_later(struct rconn *c)
+static void retry_later(struct redis_conn *c)
 {
 	while (c->head)
 		req_fail(c->head, -EAGAIN);
@@ -1026,12 +1017,12 @@ static void retry_later(struct rconn *c)
 	c->backoff_ms = c->backoff_ms ? c->backoff_ms * 2 : BACKOFF_MIN_MS;
 	if (c->backoff_ms > BACKOFF_MAX_MS)
 		c->backoff_ms = BACKOFF_MAX_MS;
-	struct timeval tv = timeval_from_ms(jitter(c->backoff_ms));
+	struct timeval tv = timeval_from_ms(jitter(c->backoff_ms, 20, 20));
 	evtimer_add(c->retry, &tv);
 }
 
 /* Give up on the current connection (from outside hiredis callbacks) and try again later. */
-static void conn_down(struct rconn *c, const char *why)
+static void conn_down(struct redis_conn *c, const char *why)
 {
 	fmt_fixed(c->err, sizeof(c->err), "%s", why);
 	if (c->sac) {
@@ -1053,7 +1044,7 @@ static void conn_down(struct rconn *c, const char *why)
 
 static void on_disconnect(const redisAsyncContext *ac, int status)
 {
-	struct rconn *c = ac->data;
+	struct redis_conn *c = ac->data;
 	(void)status;
 	if (!c || c->ac != ac)
 		return; /* we dropped it ourselves */
@@ -1068,7 +1059,7 @@ static void on_disconnect(const redisAsyncContext *ac, int status)
 
 static void on_connect(const redisAsyncContext *ac, int status)
 {
-	struct rconn *c = ac->data;
+	struct redis_conn *c = ac->data;
 	if (!c || c->ac != ac)
 		return;
 	if (status != REDIS_OK) {
@@ -1086,7 +1077,7 @@ static void on_connect(const redisAsyncContext *ac, int status)
 }
 
 /* Commands every new connection sends first (pipelined before any decision). */
-static void conn_setup(struct rconn *c)
+static void conn_setup(struct redis_conn *c)
 {
 	struct rstore *st = c->st;
 	if (st->password) {
@@ -1113,7 +1104,7 @@ static void conn_setup(struct rconn *c)
 	}
 }
 
-static void connect_master(struct rconn *c)
+static void connect_master(struct redis_conn *c)
 {
 	redisAsyncContext *ac = c->master.port ? redisAsyncConnect(c->master.host, c->master.port)
 					       : redisAsyncConnectUnix(c->master.host);
@@ -1143,11 +1134,11 @@ static void connect_master(struct rconn *c)
 	timer_arm(c);
 }
 
-static void sentinel_next(struct rconn *c);
+static void sentinel_next(struct redis_conn *c);
 
 static void on_sentinel_reply(redisAsyncContext *ac, void *reply, void *privdata)
 {
-	struct rconn *c = privdata;
+	struct redis_conn *c = privdata;
 	redisReply *r = reply;
 	if (!c || c->sac != ac)
 		return;
@@ -1176,7 +1167,7 @@ static void on_sentinel_reply(redisAsyncContext *ac, void *reply, void *privdata
 static void on_sentinel_disconnect(const redisAsyncContext *ac, int status)
 {
 	(void)status;
-	struct rconn *c = ac->data;
+	struct redis_conn *c = ac->data;
 	if (!c || c->sac != ac)
 		return;
 	c->sac = NULL; /* asked and lost: try the next one */
@@ -1189,7 +1180,7 @@ static void on_sentinel_disconnect(const redisAsyncContext *ac, int status)
 }
 
 /* Ask the next sentinel where the master is. */
-static void sentinel_next(struct rconn *c)
+static void sentinel_next(struct redis_conn *c)
 {
 	const struct addr *s = &c->st->sentinels[c->next_sentinel % c->st->nsentinels];
 	redisAsyncContext *ac = s->port ? redisAsyncConnect(s->host, s->port)
@@ -1210,7 +1201,7 @@ static void sentinel_next(struct rconn *c)
 		conn_down(c, "cannot ask a sentinel");
 }
 
-static void conn_start(struct rconn *c)
+static void conn_start(struct redis_conn *c)
 {
 	if (c->ac || c->sac)
 		return;
@@ -1225,7 +1216,7 @@ static void conn_start(struct rconn *c)
 }
 
 /* This thread's connection, made on first use.  NULL when the thread has no loop. */
-static struct rconn *conn_get(struct rstore *st)
+static struct redis_conn *conn_get(struct rstore *st)
 {
 	struct event_base *base = thread_base();
 	if (!base)
@@ -1234,7 +1225,7 @@ static struct rconn *conn_get(struct rstore *st)
 	for (size_t i = 0; i < n; i++)
 		if (st->conns[i]->base == base)
 			return st->conns[i];
-	struct rconn *c = calloc(1, sizeof(*c));
+	struct redis_conn *c = calloc(1, sizeof(*c));
 	if (!c)
 		return NULL;
 	c->st = st;
@@ -1266,9 +1257,9 @@ static struct rconn *conn_get(struct rstore *st)
  * gets -EAGAIN).
  * XXX with sentinels, a loop's first decisions are answered by on_failure while its
  * connection asks the sentinels (without them they queue until the connection is up). */
-static struct rconn *conn_usable(struct rstore *st)
+static struct redis_conn *conn_usable(struct rstore *st)
 {
-	struct rconn *c = conn_get(st);
+	struct redis_conn *c = conn_get(st);
 	if (!c || !c->healthy || !c->ac || c->inflight >= MAX_INFLIGHT)
 		return NULL;
 	return c;
@@ -1282,7 +1273,7 @@ static int redis_decide_start(void *ctx, struct store_call *call)
 	atomic_fetch_add(&st->decisions, 1);
 	if (call->n == 0)
 		return 1;
-	struct rconn *c = conn_usable(st);
+	struct redis_conn *c = conn_usable(st);
 	struct rreq *r = c ? req_new(c, REQ_DECIDE, SC_GCRA) : NULL;
 	struct argv_buf a;
 	if (!r || build_decide(&a, c, call, false) < 0) {
@@ -1333,7 +1324,7 @@ static void redis_refund(void *ctx, const struct store_item *items, size_t n, ui
 	/* the local share too: what it charged while Redis was away comes back the same way */
 	if (st->local)
 		st->local->ops->refund(st->local->ctx, items, n, now);
-	struct rconn *c = conn_usable(st);
+	struct redis_conn *c = conn_usable(st);
 	if (!c || n == 0)
 		return;
 	uint64_t nk = 0;
@@ -1389,7 +1380,7 @@ static size_t redis_top(void *ctx, struct store_top_entry *ret, size_t max, uint
 	(void)ret;
 	(void)max;
 	(void)now;
-	return 0; /* keys live in Redis; see the README for scanning them */
+	return 0; /* keys live in Redis; doc/CLUSTERS.md shows how to scan them */
 }
 
 static size_t redis_expire(void *ctx, uint64_t now)
@@ -1454,7 +1445,7 @@ static int redis_slide_start(void *ctx, struct store_slide_call *sl)
 	    fmt_fixed(sl->member, sizeof(sl->member), "%s:%" PRIx64, st->member_base,
 		      atomic_fetch_add(&st->slide_seq, 1) + 1) < 0)
 		return -EINVAL; /* cannot happen: the base is short */
-	struct rconn *c = conn_usable(st);
+	struct redis_conn *c = conn_usable(st);
 	if (!c)
 		return -EAGAIN;
 	struct rreq *r = req_new(c, REQ_SLIDE, SC_SLIDE);
@@ -1488,7 +1479,7 @@ static void redis_slide_cancel(void *ctx, struct store_slide_call *sl)
 static int redis_slot_enter(void *ctx, struct store_slot_call *sc)
 {
 	struct rstore *st = ctx;
-	struct rconn *c = conn_usable(st);
+	struct redis_conn *c = conn_usable(st);
 	struct rreq *r = c ? req_new(c, REQ_SLOT, SC_SLOT_ENTER) : NULL;
 	struct argv_buf a;
 	if (!r || argv_init(&a, 16, 1024 + strlen(st->prefix) + strlen(sc->cls)) < 0) {
@@ -1522,7 +1513,7 @@ static void redis_slot_cancel(void *ctx, struct store_slot_call *sc)
 static void redis_slot_release(void *ctx, const char *cls)
 {
 	struct rstore *st = ctx;
-	struct rconn *c = conn_usable(st);
+	struct redis_conn *c = conn_usable(st);
 	struct argv_buf a;
 	if (!c || argv_init(&a, 8, 1024 + strlen(st->prefix) + strlen(cls)) < 0)
 		return; /* the next renewal sets this node's count right */
@@ -1541,7 +1532,7 @@ static void redis_slot_release(void *ctx, const char *cls)
 static void redis_slots_renew(void *ctx, const char *const *cls, const unsigned *counts, size_t n)
 {
 	struct rstore *st = ctx;
-	struct rconn *c = conn_usable(st);
+	struct redis_conn *c = conn_usable(st);
 	if (!c || n == 0)
 		return;
 	size_t text = 256 + strlen(st->node_id);
@@ -1579,7 +1570,7 @@ static void redis_destroy(void *ctx)
 	struct rstore *st = ctx;
 	size_t n = atomic_load(&st->nconns);
 	for (size_t i = 0; i < n; i++) {
-		struct rconn *c = st->conns[i];
+		struct redis_conn *c = st->conns[i];
 		while (c->head)
 			req_withdraw(c->head);
 		if (c->sac) {

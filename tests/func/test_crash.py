@@ -1,5 +1,5 @@
 """The intake's promise across crashes: a 250 to the final dot means the message is in the
-queue, whole, once (doc/QUEUE.md, "Guarantees"; DESIGN.md law 2).
+queue, whole, once (doc/QUEUE.md, "Guarantees"; law 2, doc/ARCHITECTURE.md).
 
 Several SMTP clients (Python's smtplib, over concurrent connections) inject a few hundred
 messages of mixed sizes and recipient counts while another thread kills sluiced with

@@ -19,7 +19,8 @@ from conftest import SLUICED, SOURCE_ROOT, ensure_user, require_binary
 EXAMPLES = SOURCE_ROOT / "etc/examples"
 NAMES = ["isp-smarthost.conf", "university.conf", "cluster.conf"]
 
-# What each story needs (DESIGN.md), as keys that must be set in its example.
+# What each story needs (README.md, "Integration with an MTA"), as keys that must be set
+# in its example.
 STORY_KEYS = {
     "isp-smarthost.conf": [r"^route ", r"^\s*rate = ", r"^\s*tls = \"require\"",
                            r"^\s*password_file = ", r"^\s*uncertain = ", r"^\s*signal \{"],

@@ -1,5 +1,5 @@
-"""The relay's long tests (meson suite 'slow'): the ISP list post of DESIGN.md at the real
-rate, and delivery of a very large message while the daemon is killed again and again.
+"""The relay's long tests (meson suite 'slow'): the ISP list post of doc/RELAY.md at the
+real rate, and delivery of a very large message while the daemon is killed again and again.
 
 * A 500-recipient list post, one message per recipient, through a lane of 8/10s to a
   smarthost that bans at 8/10s: all delivered, no window over, no ban, and the lane keeps

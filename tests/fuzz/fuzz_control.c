@@ -139,7 +139,7 @@ static void check_request(const char *p, size_t n, size_t *ret_used, bool *ret_m
 	for (size_t i = 0; i < req.argc; i++)
 		CHECK(again.argv[i].len == req.argv[i].len &&
 		      memcmp(again.argv[i].ptr, req.argv[i].ptr, req.argv[i].len) == 0);
-	buf_clear(&line);
+	buf_done(&line);
 	*ret_used = used;
 	*ret_more = true;
 }
@@ -233,7 +233,7 @@ static void check_reply(const char *p, size_t n, size_t *ret_used, bool *ret_mor
 	CHECK(u2 == out.len && again.ok == rep.ok && again.more == rep.more &&
 	      again.body.len == rep.body.len);
 	CHECK(rep.body.len == 0 || memcmp(again.body.ptr, rep.body.ptr, rep.body.len) == 0);
-	buf_clear(&out);
+	buf_done(&out);
 	*ret_used = used;
 	*ret_more = true;
 }
@@ -266,6 +266,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	const char *why = NULL;
 	CHECK(control_reply_parse(out.ptr, out.len, &rep, &used, &why) == 1);
 	CHECK(used == out.len && rep.body.len == size && rep.ok == (size & 1));
-	buf_clear(&out);
+	buf_done(&out);
 	return 0;
 }

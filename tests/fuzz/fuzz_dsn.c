@@ -262,14 +262,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (!valid) {
 		CHECK(r == -EINVAL);
 		CHECK(out.len == 3 && memcmp(out.ptr, "pre", 3) == 0);
-		buf_clear(&out);
+		buf_done(&out);
 		return 0;
 	}
 	if (flags & F_SMALL) {
 		CHECK(r == 0 || r == -ENOBUFS);
 		if (r < 0) {
 			CHECK(out.len == 3 && memcmp(out.ptr, "pre", 3) == 0);
-			buf_clear(&out);
+			buf_done(&out);
 			return 0;
 		}
 	}
@@ -283,7 +283,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	buf_init(&again, OUT_MAX);
 	CHECK(format(&in, body, in.step, &again) == 0);
 	CHECK(str_eq(s, buf_str(&again)));
-	buf_clear(&again);
+	buf_done(&again);
 
 	if (flags & F_PLANT) {
 		/* the boundary as the first line of the original headers */
@@ -300,9 +300,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		char b2[71];
 		check_report(buf_str(&again), in.n, b2);
 		CHECK(strcmp(b, b2) != 0);
-		buf_clear(&again);
+		buf_done(&again);
 		free(planted);
 	}
-	buf_clear(&out);
+	buf_done(&out);
 	return 0;
 }

@@ -153,7 +153,7 @@ static void check_negotiation(uint32_t v, uint32_t a, uint32_t p, const struct m
 		      get_u32(pl.ptr + 8) == n.protocol);
 		CHECK(n.symlist || pl.len == 12);
 	}
-	buf_clear(&out);
+	buf_done(&out);
 }
 
 static const struct milter_want codec_wants[] = {
@@ -175,7 +175,7 @@ static void check_replycode(struct str text)
 	CHECK((chk == 0) == (r == 0));
 	if (r < 0) {
 		CHECK(why && out.len == 0);
-		buf_clear(&out);
+		buf_done(&out);
 		return;
 	}
 	size_t off = 0;
@@ -217,7 +217,7 @@ static void check_replycode(struct str text)
 	}
 	CHECK(o == pl.len - 1);
 	CHECK(lines >= 1 && lines <= MILTER_REPLY_MAX_LINES);
-	buf_clear(&out);
+	buf_done(&out);
 }
 
 static void check_header_enc(uint8_t code, uint32_t index, struct str name, struct str value)
@@ -230,7 +230,7 @@ static void check_header_enc(uint8_t code, uint32_t index, struct str name, stru
 		CHECK(name.len == 0 || memchr(name.ptr, 0, name.len) ||
 		      (value.len && memchr(value.ptr, 0, value.len)) ||
 		      name.len + value.len + 7 > MILTER_DATA_1M);
-		buf_clear(&out);
+		buf_done(&out);
 		return;
 	}
 	size_t off = 0;
@@ -247,7 +247,7 @@ static void check_header_enc(uint8_t code, uint32_t index, struct str name, stru
 	CHECK(memcmp(pl.ptr + o, name.ptr, name.len) == 0 && pl.ptr[o + name.len] == 0);
 	CHECK(value.len == 0 || memcmp(pl.ptr + o + name.len + 1, value.ptr, value.len) == 0);
 	CHECK(pl.ptr[pl.len - 1] == 0);
-	buf_clear(&out);
+	buf_done(&out);
 }
 
 static void check_addr_enc(uint8_t code, struct str addr, struct str args)
@@ -257,7 +257,7 @@ static void check_addr_enc(uint8_t code, struct str addr, struct str args)
 	int r = milter_put_addr(&out, code, addr, args);
 	if (r < 0) {
 		CHECK(out.len == 0);
-		buf_clear(&out);
+		buf_done(&out);
 		return;
 	}
 	CHECK(addr.len > 0);
@@ -273,7 +273,7 @@ static void check_addr_enc(uint8_t code, struct str addr, struct str args)
 		      memcmp(pl.ptr + addr.len + 1, args.ptr, args.len) == 0);
 	else
 		CHECK(pl.len == addr.len + 1);
-	buf_clear(&out);
+	buf_done(&out);
 }
 
 static void check_replbody_enc(struct str body)
@@ -291,7 +291,7 @@ static void check_replbody_enc(struct str body)
 		got += pl.len;
 	}
 	CHECK(got == body.len);
-	buf_clear(&out);
+	buf_done(&out);
 }
 
 static void check_quarantine_enc(struct str reason)
@@ -307,7 +307,7 @@ static void check_quarantine_enc(struct str reason)
 	} else {
 		CHECK(out.len == 0);
 	}
-	buf_clear(&out);
+	buf_done(&out);
 }
 
 static void codec_one(const struct milter_frame *f)
@@ -775,7 +775,7 @@ static void check_replies(const uint8_t *consumed, size_t n, const struct milter
 	} else {
 		CHECK(k <= nexp);
 	}
-	buf_clear(&out);
+	buf_done(&out);
 	free(expect);
 }
 

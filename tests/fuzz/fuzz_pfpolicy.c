@@ -207,7 +207,7 @@ static void check_action(struct str text)
 	int r = pfpolicy_put_action(&out, text);
 	if (!good) {
 		CHECK(r == -EINVAL && out.len == 1);
-		buf_clear(&out);
+		buf_done(&out);
 		return;
 	}
 	CHECK(r == 0 && out.len == 1 + 7 + text.len + 2);
@@ -228,8 +228,8 @@ static void check_action(struct str text)
 	struct buf small;
 	buf_init(&small, 7 + text.len + 1);
 	CHECK(pfpolicy_put_action(&small, text) == -ENOBUFS && small.len == 0);
-	buf_clear(&small);
-	buf_clear(&out);
+	buf_done(&small);
+	buf_done(&out);
 }
 
 /* ---- the two readings ---------------------------------------------------------------- */

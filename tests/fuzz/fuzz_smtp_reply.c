@@ -3,7 +3,9 @@
  *
  * The input is read as a stream of replies twice: whole, and one byte at a time; both
  * readings must give the same replies and the same verdict, every reply must respect
- * the codec's limits, and a malformed stream must stop both at the same reply.
+ * the codec's limits, and a malformed stream must stop both at the same reply.  Each
+ * line also goes through the EHLO keyword reader, whose mechanism list must stay
+ * terminated and within its bounds.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -69,12 +71,30 @@ static void read_all(const uint8_t *data, size_t size, size_t step, struct readi
 	free(buf);
 }
 
+static void ehlo_lines(const uint8_t *data, size_t size)
+{
+	struct smtp_ehlo e;
+	memset(&e, 0, sizeof(e));
+	const char *p = (const char *)data, *end = p + size;
+	while (p < end) {
+		const char *nl = memchr(p, '\n', (size_t)(end - p));
+		const char *le = nl ? nl : end;
+		smtp_ehlo_line(&e, str_make(p, (size_t)(le - p)));
+		if (memchr(e.auth, '\0', sizeof(e.auth)) == NULL)
+			abort();
+		if (e.auth[0] && !(e.ext & SMTP_EHLO_AUTH))
+			abort();
+		p = le + 1;
+	}
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	if (size > 65536)
 		return 0;
 	static struct reading a, b;
+	ehlo_lines(data, size);
 	read_all(data, size, 0, &a);
 	read_all(data, size, 1, &b);
 	if (a.n != b.n || a.verdict != b.verdict)

@@ -217,7 +217,7 @@ static void test_label_brace_next_line(void **state)
 	cfg_free(root);
 }
 
-/* A realistic document in the shape of DESIGN.md, checked through the lookup API. */
+/* A realistic sluice.conf, checked through the lookup API. */
 static void test_design_example(void **state)
 {
 	static const char text[] =

@@ -19,6 +19,7 @@
 
 #include "buf.h"
 #include "control.h"
+#include "control_cmds.h"
 
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 #define LIT(s) s, sizeof(s) - 1
@@ -347,7 +348,7 @@ static void test_reply_body_bounds(void **state)
 	assert_int_equal(control_put_reply(&out, true, str_make(body, CONTROL_BODY_MAX + 1)), -EINVAL);
 	assert_int_equal(out.len, 0);
 	free(body);
-	buf_clear(&out);
+	buf_done(&out);
 }
 
 /* control_put_reply() output, read back. */
@@ -407,8 +408,8 @@ static void test_reply_round_trip(void **state)
 	struct buf tiny;
 	buf_init(&tiny, 4);
 	assert_true(control_put_reply(&tiny, true, str_cstr("x")) < 0);
-	buf_clear(&tiny);
-	buf_clear(&out);
+	buf_done(&tiny);
+	buf_done(&out);
 }
 
 /* A request line and a reply header for each word count and each length parse back. */
@@ -432,8 +433,76 @@ static void test_request_round_trip(void **state)
 			snprintf(w, sizeof(w), "w%zu", i);
 			assert_true(str_eq_cstr(req.argv[i], w));
 		}
-		buf_clear(&line);
+		buf_done(&line);
 	}
+}
+
+/* Which requests change state (refused to readers when control.admin is "root"). */
+static void test_cmds_changes_state(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *line;
+		bool changes;
+	} cases[] = {
+		{ "reload", true },
+		{ "status", false },
+		{ "stats --reset", false },
+		{ "limits top", false },
+		{ "limits show 10.0.0.1", false },
+		{ "limits reset 10.0.0.1", true },
+		{ "limits show reset", true }, /* a key named like a verb: refused, as before */
+		{ "queue", false },
+		{ "queue list domain=example.org", false },
+		{ "queue show 0123456789abcdef", false },
+		{ "queue summary", false },
+		{ "queue hold ids=1", true },
+		{ "queue --all flush", true },
+		{ "queue bounce state=deferred", true },
+		{ "lanes", false },
+		{ "lanes --json", false },
+		{ "lanes suspend smarthost", true },
+		{ "lanes resume smarthost", true },
+		{ "help", false },
+		{ "unknown", false },
+		{ "sendmail", false },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct control_request req;
+		size_t used;
+		const char *why;
+		char line[128];
+		snprintf(line, sizeof(line), "%s\n", cases[i].line);
+		assert_int_equal(control_request_parse(line, strlen(line), &req, &used, &why), 1);
+		if (control_cmd_changes_state(req.argc, req.argv) != cases[i].changes)
+			fail_msg("\"%s\": expected %s", cases[i].line,
+				 cases[i].changes ? "a change" : "no change");
+	}
+}
+
+/* Every row has a name, help, and words the help can show; the daemon's commands are
+ * known and the local ones are not. */
+static void test_cmds_table(void **state)
+{
+	(void)state;
+	assert_true(control_ncmds > 10);
+	for (size_t i = 0; i < control_ncmds; i++) {
+		const struct control_cmd *c = &control_cmds[i];
+		assert_non_null(c->name);
+		assert_non_null(c->args);
+		assert_true(c->help && *c->help);
+		assert_true(control_cmd_known(str_cstr(c->name)) != !!(c->flags & CONTROL_CMD_LOCAL));
+	}
+	assert_false(control_cmd_known(str_cstr("nonsense")));
+	struct buf b;
+	buf_init(&b, 1 << 20);
+	assert_int_equal(control_cmds_help(&b, false), 0);
+	assert_non_null(memmem(b.ptr, b.len, "  queue hold|release|delete|flush|bounce ", 41));
+	assert_null(memmem(b.ptr, b.len, "sendmail", 8));
+	buf_reset(&b);
+	assert_int_equal(control_cmds_help(&b, true), 0);
+	assert_non_null(memmem(b.ptr, b.len, "\n  sendmail ", 12));
+	buf_done(&b);
 }
 
 int main(void)
@@ -449,6 +518,8 @@ int main(void)
 		cmocka_unit_test(test_reply_prefixes),
 		cmocka_unit_test(test_reply_body_bounds),
 		cmocka_unit_test(test_reply_round_trip),
+		cmocka_unit_test(test_cmds_changes_state),
+		cmocka_unit_test(test_cmds_table),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -316,8 +316,8 @@ static void test_structure(void **state)
 	buf_init(&again, OUT_MAX);
 	assert_int_equal(format(&info, r, 2, original, &again), 0);
 	assert_true(str_eq(buf_str(&out), buf_str(&again)));
-	buf_clear(&again);
-	buf_clear(&out);
+	buf_done(&again);
+	buf_done(&out);
 }
 
 static void test_delayed(void **state)
@@ -352,7 +352,7 @@ static void test_delayed(void **state)
 	/* not an SMTP reply: our own diagnostic type */
 	assert_true(field(blk[1], "Diagnostic-Code", 0, v, sizeof(v)));
 	assert_string_equal(v, "X-Sluice; connect to mx.example.net: Connection refused");
-	buf_clear(&out);
+	buf_done(&out);
 
 	/* mixed: a failure makes it a bounce */
 	struct dsn_rcpt two[2] = { r, { .addr = str_cstr("gone@example.net"),
@@ -362,7 +362,7 @@ static void test_delayed(void **state)
 	walk(buf_str(&out), &d);
 	assert_true(field(d.head, "Subject", 0, v, sizeof(v)));
 	assert_string_equal(v, "Undelivered Mail Returned to Sender");
-	buf_clear(&out);
+	buf_done(&out);
 }
 
 static void test_status(void **state)
@@ -398,7 +398,7 @@ static void test_status(void **state)
 		assert_true(field(blk[1], "Status", 0, v, sizeof(v)));
 		if (strcmp(v, cases[i].want) != 0)
 			fail_msg("status \"%s\": got %s, want %s", cases[i].in, v, cases[i].want);
-		buf_clear(&out);
+		buf_done(&out);
 	}
 }
 
@@ -427,8 +427,8 @@ static void test_headers_limit(void **state)
 	/* whole lines of the original, from its start */
 	assert_true(memcmp(h.ptr, msg.ptr, h.len) == 0);
 	assert_true(msg.ptr[h.len] == 'X'); /* the next line of the original begins there */
-	buf_clear(&out);
-	buf_clear(&msg);
+	buf_done(&out);
+	buf_done(&msg);
 }
 
 /* The header section read across chunks of every small size gives the same part 3. */
@@ -450,7 +450,7 @@ static void test_headers_chunks(void **state)
 		buf_init(&out, OUT_MAX);
 		assert_int_equal(dsn_format(&info, &r, 1, chunks, n, &out), 0);
 		assert_true(str_eq(buf_str(&out), buf_str(&whole)));
-		buf_clear(&out);
+		buf_done(&out);
 	}
 	/* empty chunks (and a NULL one) are nothing */
 	struct str odd[] = { STR_NULL, str_make(original, 10), str_make(original, 0),
@@ -459,7 +459,7 @@ static void test_headers_chunks(void **state)
 	buf_init(&out, OUT_MAX);
 	assert_int_equal(dsn_format(&info, &r, 1, odd, ARRAY_SIZE(odd), &out), 0);
 	assert_true(str_eq(buf_str(&out), buf_str(&whole)));
-	buf_clear(&out);
+	buf_done(&out);
 
 	/* bare LF lines, a stray CR, NULs, the CR of CRLF ending one chunk and its LF
 	 * beginning the next; the empty line split the same way */
@@ -471,8 +471,8 @@ static void test_headers_chunks(void **state)
 	struct doc d;
 	walk(buf_str(&out), &d);
 	assert_true(str_eq_cstr(d.part[2].body, "A: 1\r\nB: 2\r\nC: x y\r\nD: nul\r\n"));
-	buf_clear(&out);
-	buf_clear(&whole);
+	buf_done(&out);
+	buf_done(&whole);
 }
 
 static void test_no_body(void **state)
@@ -487,21 +487,21 @@ static void test_no_body(void **state)
 	assert_int_equal(dsn_format(&info, &r, 1, NULL, 0, &out), 0);
 	walk(buf_str(&out), &d);
 	assert_int_equal(d.part[2].body.len, 0);
-	buf_clear(&out);
+	buf_done(&out);
 
 	/* no empty line: all of it is the header section, the last line without CRLF too */
 	buf_init(&out, OUT_MAX);
 	assert_int_equal(format(&info, &r, 1, "Subject: x\r\nFrom: y", &out), 0);
 	walk(buf_str(&out), &d);
 	assert_true(str_eq_cstr(d.part[2].body, "Subject: x\r\nFrom: y\r\n"));
-	buf_clear(&out);
+	buf_done(&out);
 
 	/* a body that starts with the empty line: no header section */
 	buf_init(&out, OUT_MAX);
 	assert_int_equal(format(&info, &r, 1, "\r\nSubject: not a header\r\n", &out), 0);
 	walk(buf_str(&out), &d);
 	assert_int_equal(d.part[2].body.len, 0);
-	buf_clear(&out);
+	buf_done(&out);
 
 	/* a header line over 998 octets is cut */
 	static char big[5000];
@@ -514,7 +514,7 @@ static void test_no_body(void **state)
 	walk(buf_str(&out), &d);
 	assert_int_equal(d.part[2].body.len, 998 + 2 + strlen("Subject: after\r\n"));
 	assert_non_null(find(d.part[2].body, "\r\nSubject: after\r\n").ptr);
-	buf_clear(&out);
+	buf_done(&out);
 }
 
 /* A 3000-byte diagnostic is folded: unfolded (each CRLF dropped, the space after it
@@ -569,7 +569,7 @@ static void test_fold(void **state)
 				assert_true(++col <= 76);
 		}
 		free(v);
-		buf_clear(&out);
+		buf_done(&out);
 	}
 	free(diag);
 
@@ -585,7 +585,7 @@ static void test_fold(void **state)
 	assert_int_equal(format(&info, &r, 1, original, &out), 0);
 	struct doc d;
 	walk(buf_str(&out), &d);
-	buf_clear(&out);
+	buf_done(&out);
 }
 
 /* CR and LF in peer values cannot start a header field or a delivery-status field. */
@@ -620,7 +620,7 @@ static void test_injection(void **state)
 			       "evil@example.org Action: delivered ??");
 	assert_true(field(blk[1], "Remote-MTA", 0, v, sizeof(v)));
 	assert_string_equal(v, "dns; mx.example.net X-Remote-Injected: yes");
-	buf_clear(&out);
+	buf_done(&out);
 }
 
 static void test_utf8_address(void **state)
@@ -650,7 +650,7 @@ static void test_utf8_address(void **state)
 	assert_true(field(blk[4], "Final-Recipient", 0, v, sizeof(v)));
 	assert_string_equal(v, "utf-8; \"a\\x{20}\\x{20}b\"@example.net");
 	assert_non_null(find(d.part[0].body, "<j??rg+a=b\\c@b??cher.example>").ptr);
-	buf_clear(&out);
+	buf_done(&out);
 
 	/* 8-bit original headers: the part, and the message, say 8bit */
 	buf_init(&out, OUT_MAX);
@@ -661,7 +661,7 @@ static void test_utf8_address(void **state)
 	assert_true(field(d.part[2].head, "Content-Transfer-Encoding", 0, v, sizeof(v)));
 	assert_string_equal(v, "8bit");
 	assert_true(str_eq_cstr(d.part[2].body, "Subject: gr\xc3\xbc\xc3\x9f" "e\r\n"));
-	buf_clear(&out);
+	buf_done(&out);
 }
 
 /* The boundary planted in the original headers: another one is chosen. */
@@ -692,7 +692,7 @@ static void test_boundary_collision(void **state)
 		assert_string_not_equal(d.boundary, first);
 		assert_true(str_eq_cstr(d.part[2].body, planted));
 	}
-	buf_clear(&out);
+	buf_done(&out);
 }
 
 /* The null sender: the caller sends the report to a postmaster; To: names nobody.  An
@@ -718,7 +718,7 @@ static void test_null_sender(void **state)
 	assert_int_equal(ds_blocks(d.part[1].body, blk, 4), 2);
 	assert_true(field(blk[0], "Reporting-MTA", 0, v, sizeof(v)));
 	assert_string_equal(v, "dns; [IPv6:2001:db8::1]");
-	buf_clear(&out);
+	buf_done(&out);
 }
 
 static void test_errors(void **state)
@@ -763,7 +763,7 @@ static void test_errors(void **state)
 	assert_int_equal(format(&li, &r, 1, original, &out), 0);
 	buf_truncate(&out, 4);
 	assert_true(str_eq_cstr(buf_str(&out), "kept")); /* failures appended nothing */
-	buf_clear(&out);
+	buf_done(&out);
 
 	/* -ENOBUFS at every size short of the whole: out is left as it was */
 	struct buf whole;
@@ -774,20 +774,20 @@ static void test_errors(void **state)
 		assert_int_equal(buf_append_cstr(&out, "kept"), 0);
 		assert_int_equal(format(&info, &r, 1, original, &out), -ENOBUFS);
 		assert_true(str_eq_cstr(buf_str(&out), "kept"));
-		buf_clear(&out);
+		buf_done(&out);
 	}
 	/* exactly enough */
 	buf_init(&out, whole.len + 4);
 	assert_int_equal(buf_append_cstr(&out, "kept"), 0);
 	assert_int_equal(format(&info, &r, 1, original, &out), 0);
 	assert_true(str_eq(str_make(out.ptr + 4, out.len - 4), buf_str(&whole)));
-	buf_clear(&out);
+	buf_done(&out);
 	/* a fixed buffer over caller memory */
 	char small[100];
 	buf_init_fixed(&out, small, sizeof(small));
 	assert_int_equal(format(&info, &r, 1, original, &out), -ENOBUFS);
 	assert_int_equal(out.len, 0);
-	buf_clear(&whole);
+	buf_done(&whole);
 }
 
 /* ---- cross-check with Python's email package ------------------------------------------ */
@@ -859,7 +859,7 @@ static void test_python(void **state)
 	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
 		fail_msg("python3's email parser refused the DSN (status %d):\n%.*s", st,
 			 (int)out.len, out.ptr);
-	buf_clear(&out);
+	buf_done(&out);
 }
 
 int main(void)

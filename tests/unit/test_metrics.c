@@ -49,7 +49,7 @@ static void test_samples(void **state)
 			    "y -Inf\n"
 			    "y NaN\n"
 			    "y 0.25\n");
-	buf_clear(&b);
+	buf_done(&b);
 }
 
 static void test_histogram(void **state)
@@ -81,7 +81,7 @@ static void test_histogram(void **state)
 	for (const char *p = b.ptr; *p; p++)
 		lines += *p == '\n';
 	assert_int_equal(lines, STAT_HIST_BUCKETS + 2);
-	buf_clear(&b);
+	buf_done(&b);
 }
 
 static int fail_render;

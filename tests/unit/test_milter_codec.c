@@ -464,7 +464,7 @@ static void test_decode_macro_counts(void **state)
 					assert_true(str_eq_cstr(c.macro.pairs[i].value, v));
 				}
 			}
-			buf_clear(&b);
+			buf_done(&b);
 		}
 	}
 }
@@ -499,7 +499,7 @@ static void test_decode_esmtp_counts(void **state)
 					assert_true(str_eq_cstr(c.envelope.args[i], a));
 				}
 			}
-			buf_clear(&b);
+			buf_done(&b);
 		}
 }
 
@@ -816,7 +816,7 @@ static void test_put_optneg(void **state)
 	assert_int_equal(milter_put_optneg(&out, &n, huge), -EINVAL);
 	assert_int_equal(out.len, 0);
 	free(big);
-	buf_clear(&out);
+	buf_done(&out);
 }
 
 /* ---- replies ---------------------------------------------------------------------- */
@@ -833,7 +833,7 @@ static void test_put_simple(void **state)
 		char expect[5] = { 0, 0, 0, 1, codes[i] };
 		assert_bytes(&out, expect, 5);
 	}
-	buf_clear(&out);
+	buf_done(&out);
 }
 
 static const struct {
@@ -918,7 +918,7 @@ static void test_put_replycode_table(void **state)
 			fail_msg("case %zu: payload %s", i, a.buf);
 		}
 	}
-	buf_clear(&out);
+	buf_done(&out);
 }
 
 /* Line count and line length limits, at and past the boundary. */
@@ -967,8 +967,8 @@ static void test_put_replycode_limits(void **state)
 		assert_int_equal(buf_append_byte(&text, 'x'), 0);
 	assert_int_equal(milter_put_replycode(&out, buf_str(&text)), -EINVAL);
 	/* whole reply over 64 K in one line is impossible: 980 bytes cap it */
-	buf_clear(&text);
-	buf_clear(&out);
+	buf_done(&text);
+	buf_done(&out);
 }
 
 static void test_put_header(void **state)
@@ -1009,7 +1009,7 @@ static void test_put_header(void **state)
 					   str_make(big, MILTER_DATA_1M - 4)), 0);
 	assert_int_equal(get_u32(out.ptr + 1), MILTER_DATA_1M);
 	free(big);
-	buf_clear(&out);
+	buf_done(&out);
 }
 
 static void test_put_addr(void **state)
@@ -1061,7 +1061,7 @@ static void test_put_addr(void **state)
 	assert_int_equal(milter_put_addr(&out, 'e', str_cstr("<a>"), str_make(big, MILTER_DATA_64K - 6)),
 			 0);
 	free(big);
-	buf_clear(&out);
+	buf_done(&out);
 }
 
 static void test_put_quarantine(void **state)
@@ -1082,7 +1082,7 @@ static void test_put_quarantine(void **state)
 	assert_int_equal(milter_put_quarantine(&out, str_make(big, MILTER_DATA_64K - 2)), 0);
 	assert_int_equal(get_u32(out.ptr), MILTER_DATA_64K);
 	free(big);
-	buf_clear(&out);
+	buf_done(&out);
 }
 
 /* Walks the 'b' packets in out and checks they rebuild body, each <= 65535 bytes. */
@@ -1143,8 +1143,8 @@ static void test_put_replbody(void **state)
 	assert_int_equal(buf_append(&small, "x", 1), 0);
 	assert_int_equal(milter_put_replbody(&small, str_make(body, 200000)), -ENOBUFS);
 	assert_int_equal(small.len, 1);
-	buf_clear(&small);
-	buf_clear(&out);
+	buf_done(&small);
+	buf_done(&out);
 	free(body);
 }
 
@@ -1184,7 +1184,7 @@ static void test_encoders_atomic(void **state)
 				dump_printf(&bad, "\n  %s: max %zu, returned %d, left %zu bytes", names[e],
 					    max, r, b.len);
 			}
-			buf_clear(&b);
+			buf_done(&b);
 		}
 	}
 	if (bad.pos)

@@ -180,7 +180,7 @@ static void read_all_ways(const char *text, size_t len, size_t max, struct outco
 		read_split(text, len, max, k, &o);
 		assert_same(whole, &o, "split", ci);
 	}
-	buf_clear(&o.flat);
+	buf_done(&o.flat);
 }
 
 /* ---- table ------------------------------------------------------------------------- */
@@ -310,7 +310,7 @@ static void test_table(void **state)
 				fail_msg("case %zu: read \"%.*s\"", i, (int)whole.flat.len, whole.flat.ptr);
 		}
 	}
-	buf_clear(&whole.flat);
+	buf_done(&whole.flat);
 }
 
 /* ---- a real Postfix request ---------------------------------------------------------- */
@@ -393,8 +393,8 @@ static void test_real_request(void **state)
 	assert_int_equal(whole.result, (int)in.len);
 	assert_int_equal(whole.flat.len, in.len - 1);
 	assert_memory_equal(whole.flat.ptr, in.ptr, in.len - 1);
-	buf_clear(&whole.flat);
-	buf_clear(&in);
+	buf_done(&whole.flat);
+	buf_done(&in);
 }
 
 /* ---- several requests on one connection ------------------------------------------------ */
@@ -484,7 +484,7 @@ static void test_pipeline(void **state)
 		assert_int_equal(seen, 3);
 		assert_int_equal(start, third);
 	}
-	buf_clear(&in);
+	buf_done(&in);
 }
 
 /* ---- limits ------------------------------------------------------------------------ */
@@ -533,8 +533,8 @@ static void test_max_boundary(void **state)
 	pfpolicy_parser_reset(&st);
 	assert_int_equal(pfpolicy_parse(&st, in.ptr, in.len, len - 1, &req, &why), -EMSGSIZE);
 	assert_int_equal(st.scanned, len - 1);
-	buf_clear(&o.flat);
-	buf_clear(&in);
+	buf_done(&o.flat);
+	buf_done(&in);
 }
 
 /* PFPOLICY_MAX_ATTRS distinct names pass, one more does not; repeats do not count. */
@@ -575,9 +575,9 @@ static void test_attr_limit(void **state)
 	read_all_ways(in.ptr, in.len, MAX, &o, 2);
 	assert_int_equal(o.result, -EPROTO);
 	assert_string_equal(o.why, "too many attributes");
-	buf_clear(&want);
-	buf_clear(&o.flat);
-	buf_clear(&in);
+	buf_done(&want);
+	buf_done(&o.flat);
+	buf_done(&in);
 }
 
 /* An error stays where it is when more bytes arrive, with the same reason. */
@@ -675,7 +675,7 @@ static void test_put_action(void **state)
 		assert_int_equal(v.len, c[i].len);
 		assert_memory_equal(v.ptr, c[i].text, c[i].len);
 	}
-	buf_clear(&out);
+	buf_done(&out);
 
 	/* a full buffer: nothing half-written */
 	struct buf small;
@@ -683,7 +683,7 @@ static void test_put_action(void **state)
 	assert_int_equal(buf_append_cstr(&small, "ab"), 0);
 	assert_int_equal(pfpolicy_put_action(&small, str_cstr("DUNNO")), 0); /* exactly 16 */
 	assert_int_equal(small.len, 16);
-	buf_clear(&small);
+	buf_done(&small);
 	buf_init(&small, 16);
 	assert_int_equal(buf_append_cstr(&small, "abcd"), 0);
 	assert_int_equal(pfpolicy_put_action(&small, str_cstr("DUNNO")), -ENOBUFS);
@@ -692,7 +692,7 @@ static void test_put_action(void **state)
 	assert_int_equal(pfpolicy_put_action(&small, str_cstr("OK")), 0);
 	assert_int_equal(small.len, 15);
 	assert_string_equal(small.ptr, "abcdaction=OK\n\n");
-	buf_clear(&small);
+	buf_done(&small);
 }
 
 int main(void)

@@ -1093,7 +1093,7 @@ static void test_overrides(void **state)
 	assert_true(ov);
 	assert_int_equal(act(&e, &big, POLICY_RCPT, NULL, T0), POLICY_ACCEPT);
 
-	buf_clear(&err);
+	buf_done(&err);
 	env_free(&e);
 
 	/* a bad file at load: the rule set does not load, the error names file and line */

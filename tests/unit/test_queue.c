@@ -20,34 +20,15 @@
 
 #include <cmocka.h>
 
+#include "fixture.h"
 #include "queue.h"
 #include "queue_select.h"
 #include "queue_table.h"
 #include "util.h"
 
-struct waiter {
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	int done;
-	int result;
-};
-
 static void on_done(void *arg, int r)
 {
-	struct waiter *w = arg;
-	pthread_mutex_lock(&w->lock);
-	w->done++;
-	w->result = r;
-	pthread_cond_broadcast(&w->cond);
-	pthread_mutex_unlock(&w->lock);
-}
-
-static void wait_for(struct waiter *w, int n)
-{
-	pthread_mutex_lock(&w->lock);
-	while (w->done < n)
-		pthread_cond_wait(&w->cond, &w->lock);
-	pthread_mutex_unlock(&w->lock);
+	waiter_done(arg, r);
 }
 
 static char dir[64];
@@ -55,16 +36,13 @@ static char dir[64];
 static int setup(void **state)
 {
 	(void)state;
-	snprintf(dir, sizeof(dir), "/tmp/test_queue.XXXXXX");
-	return mkdtemp(dir) ? 0 : -1;
+	return fixture_dir_make(dir, sizeof(dir), "test_queue");
 }
 
 static int teardown(void **state)
 {
 	(void)state;
-	char cmd[128];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	return system(cmd) == 0 ? 0 : -1;
+	return fixture_dir_remove(dir);
 }
 
 static struct queue *open_queue(void)
@@ -110,7 +88,7 @@ static void put(struct queue *q, const char *sender, size_t nrcpt, const char *b
 	}
 	assert_int_equal(queue_new_body(n, str_cstr(body)), 0);
 	assert_int_equal(queue_new_commit(n, on_done, w), 0);
-	wait_for(w, expect_done);
+	waiter_wait(w, expect_done);
 	assert_int_equal(w->result, 0);
 }
 
@@ -141,7 +119,7 @@ static int list_all(struct queue *q, const char *id, bool json, struct buf *out,
 static void test_commit_list_reopen(void **state)
 {
 	(void)state;
-	struct waiter w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0 };
+	struct waiter w = WAITER_INIT;
 	struct queue *q = open_queue();
 	char a[QUEUE_ID_LEN + 1], b[QUEUE_ID_LEN + 1];
 	put(q, "s@example.net", 2, "Subject: one\r\n\r\nbody\r\n", a, &w, 1);
@@ -194,7 +172,7 @@ static void test_commit_list_reopen(void **state)
 	queue_stats(q, &st);
 	assert_int_equal(st.messages, 1);
 	assert_int_equal(queue_show(q, b, false, &out), -ENOENT);
-	buf_clear(&out);
+	buf_done(&out);
 	queue_free(q);
 }
 
@@ -236,7 +214,7 @@ static void test_abort_and_drain(void **state)
 static void test_many_recipients(void **state)
 {
 	(void)state;
-	struct waiter w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0 };
+	struct waiter w = WAITER_INIT;
 	struct queue *q = open_queue();
 	size_t blen = 1 << 20;
 	char *body = malloc(blen + 1);
@@ -260,7 +238,7 @@ static void test_many_recipients(void **state)
 	assert_int_equal(queue_show(q, id, true, &out), 0);
 	assert_non_null(strstr(out.ptr, "\"user19999@example.org\""));
 	assert_non_null(strstr(out.ptr, "\"size\":1048576"));
-	buf_clear(&out);
+	buf_done(&out);
 	assert_int_equal(queue_delete(q, id), 0);
 	queue_free(q);
 }
@@ -452,7 +430,7 @@ static void on_event(void *arg, enum queue_event ev, const char *id)
 static void test_walks(void **state)
 {
 	(void)state;
-	struct waiter w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0 };
+	struct waiter w = WAITER_INIT;
 	struct queue *q = open_queue();
 	struct events evs = { .lock = PTHREAD_MUTEX_INITIALIZER };
 	queue_set_listener(q, on_event, &evs);
@@ -565,7 +543,7 @@ static void test_walks(void **state)
 	buf_reset(&out);
 	assert_int_equal(queue_show(q, ids[5], true, &out), 0);
 	assert_non_null(strstr(out.ptr, "\"attempts\":2,\"last_reply\":null"));
-	buf_clear(&out);
+	buf_done(&out);
 	queue_set_listener(q, NULL, NULL);
 	queue_free(q);
 }
@@ -574,7 +552,7 @@ static void test_walks(void **state)
 static void test_last_reply(void **state)
 {
 	(void)state;
-	struct waiter w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0 };
+	struct waiter w = WAITER_INIT;
 	struct queue *q = open_queue();
 	char id[QUEUE_ID_LEN + 1];
 	put(q, "s@example.net", 2, "Subject: x\r\n\r\nx\r\n", id, &w, 1);
@@ -600,7 +578,7 @@ static void test_last_reply(void **state)
 	buf_reset(&out);
 	assert_int_equal(queue_show(q, id, false, &out), 0);
 	assert_non_null(strstr(out.ptr, "      last reply: 450 4.2.1 \"quoted\" last\n"));
-	buf_clear(&out);
+	buf_done(&out);
 	queue_free(q);
 }
 

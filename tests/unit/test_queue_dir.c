@@ -155,7 +155,7 @@ static void put_msg(struct fx *f, const char *id, size_t nrcpt)
 	put_tmp(f, id, nrcpt, &b, NULL);
 	const char *ids[] = { id };
 	assert_int_equal(queue_commit(f->qd, ids, 1, NULL), 0);
-	buf_clear(&b);
+	buf_done(&b);
 }
 
 /* A file written as is at a path under the queue. */
@@ -324,7 +324,7 @@ static void test_commit(void **state)
 	/* a message alone: one syncfs, one directory fsync */
 	assert_true(st.batches == 1 && st.messages == 1 && st.syncfs == 1 && st.dir_syncs == 1 &&
 		    st.file_syncs == 0 && st.failed_batches == 0);
-	buf_clear(&b);
+	buf_done(&b);
 
 	/* a batch of 12 over 3 H directories, fds still open (they need not be closed) */
 	enum { N = 12 };
@@ -345,7 +345,7 @@ static void test_commit(void **state)
 	for (int i = 0; i < N; i++) {
 		close(fds[i]);
 		assert_same_file(p(f, "msg/%c/%s", bucket_char(ids[i]), ids[i]), &bufs[i]);
-		buf_clear(&bufs[i]);
+		buf_done(&bufs[i]);
 	}
 	assert_int_equal(queue_commit(f->qd, list, 0, &st), 0);
 }
@@ -366,9 +366,9 @@ static void test_commit_failure(void **state)
 		for (int i = 0; i < 3; i++)
 			list[i] = ids[(i + order * 2) % 3]; /* ids[2] is never written */
 		put_tmp(f, ids[0], 1, &b, NULL);
-		buf_clear(&b);
+		buf_done(&b);
 		put_tmp(f, ids[1], 1, &b, NULL);
-		buf_clear(&b);
+		buf_done(&b);
 		assert_int_equal(queue_commit(f->qd, list, 3, &st), -ENOENT);
 		assert_int_equal(count_entries(p(f, "tmp")), 0);
 		assert_int_equal(count_tree(f, "msg"), 0);
@@ -377,7 +377,7 @@ static void test_commit_failure(void **state)
 
 	/* an ID that is not a QID */
 	put_tmp(f, ids[0], 1, &b, NULL);
-	buf_clear(&b);
+	buf_done(&b);
 	const char *bad[] = { ids[0], "not-an-id" };
 	assert_int_equal(queue_commit(f->qd, bad, 2, &st), -EINVAL);
 	assert_int_equal(count_entries(p(f, "tmp")), 0);
@@ -388,9 +388,9 @@ static void test_commit_failure(void **state)
 	char *before;
 	size_t n = read_file(p(f, "msg/%c/%s", bucket_char(ids[3]), ids[3]), &before);
 	put_tmp(f, ids[0], 1, &b, NULL);
-	buf_clear(&b);
+	buf_done(&b);
 	put_tmp(f, ids[3], 5, &b, NULL);
-	buf_clear(&b);
+	buf_done(&b);
 	const char *dup[] = { ids[0], ids[3] };
 	assert_int_equal(queue_commit(f->qd, dup, 2, &st), -EEXIST);
 	assert_int_equal(count_entries(p(f, "tmp")), 0);
@@ -403,7 +403,7 @@ static void test_commit_failure(void **state)
 
 	/* the same ID twice in one batch */
 	put_tmp(f, ids[1], 1, &b, NULL);
-	buf_clear(&b);
+	buf_done(&b);
 	const char *twice[] = { ids[1], ids[1] };
 	assert_int_equal(queue_commit(f->qd, twice, 2, &st), -ENOENT);
 	assert_int_equal(count_entries(p(f, "tmp")), 0);
@@ -435,7 +435,7 @@ static void *commit_thread(void *arg)
 			int fd = queue_tmp_create(c->f->qd, ids[j]);
 			if (fd < 0 || write(fd, b.ptr, b.len) != (ssize_t)b.len)
 				c->rc = -EIO;
-			buf_clear(&b);
+			buf_done(&b);
 			if (fd >= 0)
 				close(fd);
 			/* an abandoned one in between, as a RSET would */
@@ -501,7 +501,7 @@ static void test_no_fd_leak(void **state)
 	struct buf out;
 	buf_init(&out, 100);
 	assert_int_equal(queue_log_read(f->qd, id, &out, 100), 0);
-	buf_clear(&out);
+	buf_done(&out);
 	struct seen s = { .stop_at = SIZE_MAX };
 	assert_int_equal(queue_scan(f->qd, collect_id, &s), 0);
 	put_raw(p(f, "msg/0/junk"), "x", 1);
@@ -682,7 +682,7 @@ static void test_remove_and_log(void **state)
 	put_msg(f, id, 1);
 	assert_int_equal(queue_msg_remove(f->qd, id), 0);
 	assert_int_equal(queue_msg_remove(f->qd, "bad"), -EINVAL);
-	buf_clear(&out);
+	buf_done(&out);
 }
 
 static void test_scan(void **state)
@@ -854,7 +854,7 @@ static void test_recover(void **state)
 
 	/* anything in tmp/: a message being written, one written but not committed */
 	put_tmp(f, ids[TMP], 2, &b, NULL);
-	buf_clear(&b);
+	buf_done(&b);
 	put_raw(p(f, "tmp/partial"), "S\x0c", 2);
 
 	/* truncated after its commit */
@@ -871,18 +871,18 @@ static void test_recover(void **state)
 	/* no end record */
 	build(&b, ids[NOEND], 2, false);
 	put_raw(msg_path(f, ids[NOEND]), b.ptr, b.len);
-	buf_clear(&b);
+	buf_done(&b);
 	/* a valid file under a valid QID in the wrong H directory */
 	build(&b, ids[WRONG_H], 1, true);
 	char wrong_h = bucket_char(ids[WRONG_H]) == '0' ? '1' : '0';
 	put_raw(p(f, "msg/%c/%s", wrong_h, ids[WRONG_H]), b.ptr, b.len);
-	buf_clear(&b);
+	buf_done(&b);
 	/* a name that is not a QID */
 	put_raw(p(f, "msg/3/notes.txt"), "operator's notes", 16);
 	/* a file whose envelope ID is not its name (a valid file of ids[ACTIVE]'s) */
 	build(&b, ids[ACTIVE], 1, true);
 	put_raw(msg_path(f, ids[ENV_ID]), b.ptr, b.len);
-	buf_clear(&b);
+	buf_done(&b);
 	/* a directory under a QID's name */
 	assert_int_equal(mkdir(msg_path(f, ids[DIRNAME]), 0700), 0);
 

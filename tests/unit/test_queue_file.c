@@ -100,8 +100,8 @@ static void test_round_trip(void **state)
 	}
 	assert_int_equal(b.ptr[ix.control_off + QUEUE_CTL_HOLD], '-');
 	queue_index_clear(&ix);
-	buf_clear(&b);
-	buf_clear(&body);
+	buf_done(&b);
+	buf_done(&body);
 }
 
 static void test_many_recipients(void **state)
@@ -116,7 +116,7 @@ static void test_many_recipients(void **state)
 	assert_int_equal(ix.nrcpt, 10000);
 	assert_true(str_eq_cstr(ix.rcpt[9999].addr, "user9999@example.net"));
 	queue_index_clear(&ix);
-	buf_clear(&b);
+	buf_done(&b);
 }
 
 static void expect_refused(const void *p, size_t n, const char *needle)
@@ -170,7 +170,7 @@ static void test_refusals(void **state)
 	/* not a queue file */
 	expect_refused("SMTP", 4, "cut short");
 	expect_refused("S\x0c\0\0\0SLUICEQ9\1\0\0\0", 17, "version");
-	buf_clear(&b);
+	buf_done(&b);
 }
 
 static void test_writer_limits(void **state)
@@ -194,7 +194,7 @@ static void test_writer_limits(void **state)
 	assert_int_equal(queue_write_rcpt(w, str_cstr("a@b")), -ENOBUFS);
 	assert_int_equal(small.len, 0);
 	queue_writer_free(w);
-	buf_clear(&b);
+	buf_done(&b);
 }
 
 int main(void)

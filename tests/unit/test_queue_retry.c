@@ -21,6 +21,7 @@
 
 #include <cmocka.h>
 
+#include "fixture.h"
 #include "queue.h"
 #include "queue_retry.h"
 
@@ -29,16 +30,13 @@ static char dir[64];
 static int setup(void **state)
 {
 	(void)state;
-	snprintf(dir, sizeof(dir), "/tmp/test_queue_retry.XXXXXX");
-	return mkdtemp(dir) ? 0 : -1;
+	return fixture_dir_make(dir, sizeof(dir), "test_queue_retry");
 }
 
 static int teardown(void **state)
 {
 	(void)state;
-	char cmd[128];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	return system(cmd) == 0 ? 0 : -1;
+	return fixture_dir_remove(dir);
 }
 
 static struct queue *open_queue(uint64_t compact_min)
@@ -53,26 +51,16 @@ static struct queue *open_queue(uint64_t compact_min)
 	return q;
 }
 
-struct waiter {
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	int done;
-};
-
 static void on_done(void *arg, int r)
 {
-	struct waiter *w = arg;
 	assert_int_equal(r, 0);
-	pthread_mutex_lock(&w->lock);
-	w->done++;
-	pthread_cond_broadcast(&w->cond);
-	pthread_mutex_unlock(&w->lock);
+	waiter_done(arg, r);
 }
 
 /* Queue n messages of nrcpt recipients each; their IDs into ids (in order). */
 static void put(struct queue *q, size_t n, size_t nrcpt, char (*ids)[QUEUE_ID_LEN + 1])
 {
-	struct waiter w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0 };
+	struct waiter w = WAITER_INIT;
 	for (size_t k = 0; k < n; k++) {
 		struct queue_envelope env = { .sender = str_cstr("s@example.net"),
 					      .client = str_cstr("[127.0.0.1]"),
@@ -88,10 +76,7 @@ static void put(struct queue *q, size_t n, size_t nrcpt, char (*ids)[QUEUE_ID_LE
 		assert_int_equal(queue_new_body(nw, str_cstr("Subject: x\r\n\r\nbody\r\n")), 0);
 		assert_int_equal(queue_new_commit(nw, on_done, &w), 0);
 	}
-	pthread_mutex_lock(&w.lock);
-	while ((size_t)w.done < n)
-		pthread_cond_wait(&w.cond, &w.lock);
-	pthread_mutex_unlock(&w.lock);
+	waiter_wait(&w, (int)n);
 }
 
 /* ---- the codec ---- */

@@ -152,12 +152,47 @@ static void test_limits(void **state)
 	free(many);
 }
 
+/* The EHLO keyword reader that both SMTP clients use. */
+static void test_ehlo(void **state)
+{
+	(void)state;
+	static const char *lines[] = {
+		"PIPELINING", "size 10485760", "AUTH=LOGIN PLAIN", "auth cram-md5 XOAUTH2",
+		"AUTH A-VERY-LONG-MECHANISM-NAME-OVER-TWENTY", "DSN", "8BITMIME", "SMTPUTF8",
+		"STARTTLS", "X-UNKNOWN keyword", "", "SIZEX 5",
+	};
+	struct smtp_ehlo e;
+	memset(&e, 0, sizeof(e));
+	for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++)
+		smtp_ehlo_line(&e, str_cstr(lines[i]));
+	assert_int_equal(e.ext, SMTP_EHLO_PIPELINING | SMTP_EHLO_SIZE | SMTP_EHLO_AUTH |
+				SMTP_EHLO_DSN | SMTP_EHLO_8BITMIME | SMTP_EHLO_SMTPUTF8 |
+				SMTP_EHLO_STARTTLS);
+	assert_int_equal(e.size_max, 10485760);
+	/* upper case, in order, the over-long name dropped */
+	assert_string_equal(e.auth, "LOGIN PLAIN CRAM-MD5 XOAUTH2");
+
+	memset(&e, 0, sizeof(e));
+	smtp_ehlo_line(&e, str_cstr("SIZE 99999999999999999999999"));
+	assert_int_equal(e.ext, SMTP_EHLO_SIZE);
+	assert_int_equal(e.size_max, 0); /* not a number we can hold: no limit known */
+	smtp_ehlo_line(&e, str_cstr("SIZE"));
+	assert_int_equal(e.size_max, 0);
+
+	/* a flood of mechanisms stops at the buffer, terminated */
+	memset(&e, 0, sizeof(e));
+	for (int i = 0; i < 100; i++)
+		smtp_ehlo_line(&e, str_cstr("AUTH MECHANISM-NAME1 MECHANISM-NAME2"));
+	assert_true(strlen(e.auth) < sizeof(e.auth));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_cases),
 		cmocka_unit_test(test_two_replies_in_one_read),
 		cmocka_unit_test(test_limits),
+		cmocka_unit_test(test_ehlo),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -279,8 +279,8 @@ static void test_format_text(void **state)
 	struct buf tiny;
 	buf_init(&tiny, 40);
 	assert_true(service_stats_format(&tiny, st, 2) < 0);
-	buf_clear(&tiny);
-	buf_clear(&out);
+	buf_done(&tiny);
+	buf_done(&out);
 }
 
 /* ---- a strict JSON reader, enough to validate and list key paths ---------------------- */
@@ -555,7 +555,7 @@ static void test_format_json(void **state)
 		for (size_t b = a + 1; b < j.npaths; b++)
 			if (strcmp(j.paths[a], j.paths[b]) == 0)
 				fail_msg("key %s appears twice", j.paths[a]);
-	buf_clear(&out);
+	buf_done(&out);
 }
 
 /* Empty statistics and extreme counters still give valid JSON and text. */
@@ -586,7 +586,7 @@ static void test_format_extremes(void **state)
 	buf_reset(&out);
 	assert_int_equal(service_stats_format(&out, &st, 1), 0);
 	assert_non_null(strstr(out.ptr, "\ncontrol  18446744073709551615 18446744073709551615      0"));
-	buf_clear(&out);
+	buf_done(&out);
 }
 
 /* Each value lands in the first bucket whose edge is >= it; edges themselves belong to

@@ -780,7 +780,7 @@ static void test_slide_edges(void **state)
 	assert_false(slide_take(&sl, 5, 60000000000, now, &wait));
 	assert_true(wait == 60000000000);
 	/* clear forgets, and the ring is reused */
-	slide_clear(&sl);
+	slide_reset(&sl);
 	assert_true(slide_count(&sl, 60000000000, now) == 0);
 	assert_true(slide_take(&sl, 1, 60000000000, now, NULL));
 	assert_false(slide_peek(&sl, 1, 60000000000, now, &wait));
@@ -789,7 +789,7 @@ static void test_slide_edges(void **state)
 	assert_true(slide_take(&sl, 1, 0, now, NULL));
 	assert_true(slide_take(&sl, 1, 0, now, NULL));
 	/* the ring wraps many times: 2 per 2 us, a send every us */
-	slide_clear(&sl);
+	slide_reset(&sl);
 	assert_true(slide_take(&sl, 2, 2000, now, NULL));
 	for (uint64_t i = 1; i < 100; i++) {
 		assert_true(slide_take(&sl, 2, 2000, now + i * 1000, &wait));

@@ -16,10 +16,10 @@
 -- it to every window's set; when one refuses, nothing is added anywhere and the wait is
 -- the largest over the refusing windows -- exact too, since a window's count only falls
 -- while nothing is added, so at that time every window admits.  The script runs alone
--- on the server: no node sees a state between the check and the charge (DESIGN law 4),
--- which is what lets several nodes share one lane.  Decided window by window this would
--- be what slide.c does for a lane with one struct slide per window: peek at every
--- window, then take from each only if all admit.
+-- on the server: no node sees a state between the check and the charge (law 4,
+-- doc/ARCHITECTURE.md), which is what lets several nodes share one lane.  Decided window
+-- by window this would be what slide.c does for a lane with one struct slide per window:
+-- peek at every window, then take from each only if all admit.
 --
 -- KEYS: one sorted set per window (member: the caller's id, unique per send; score: s).
 -- ARGV: mode ("take" | "peek"), now (decimal ns; "" for the server's TIME), the member
