@@ -208,17 +208,13 @@ static int parse_duration(const char *s, size_t len, int64_t *ret)
 	return 0;
 }
 
-/* Writes ms in the largest unit that divides it: 90000 -> "90s", 3600000 -> "1h". */
-static const char *fmt_duration(int64_t ms, char *buf, size_t size)
+/* A bound of a duration key as sluice.conf writes it ("-5s" below zero). */
+static const char *duration_shown(int64_t ms, char *buf, size_t size)
 {
-	for (size_t u = 0; u < ARRAY_SIZE(duration_units); u++) {
-		if (ms != 0 && ms % duration_units[u].ms == 0) {
-			snprintf(buf, size, "%" PRId64 "%s", ms / duration_units[u].ms,
-				 duration_units[u].name);
-			return buf;
-		}
-	}
-	snprintf(buf, size, "%" PRId64 "ms", ms);
+	if (ms >= 0)
+		return fmt_duration(buf, size, (uint64_t)ms, DURATION_EXACT);
+	buf[0] = '-';
+	fmt_duration(buf + 1, size - 1, (uint64_t)0 - (uint64_t)ms, DURATION_EXACT);
 	return buf;
 }
 
@@ -291,7 +287,7 @@ static const char *num_fmt_int(union num v, char *buf, size_t size)
 
 static const char *num_fmt_duration(union num v, char *buf, size_t size)
 {
-	return fmt_duration(v.i, buf, size);
+	return duration_shown(v.i, buf, size);
 }
 
 static const char *num_fmt_size(union num v, char *buf, size_t size)

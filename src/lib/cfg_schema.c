@@ -148,23 +148,14 @@ static int duration_parse(const struct cfg_node *n, const struct cfg_key *k, voi
 
 static bool duration_format(const struct cfg_key *k, const void *field, char *buf, size_t size)
 {
-	static const struct {
-		const char *name;
-		int64_t ms;
-	} units[] = { { "w", INT64_C(604800000) }, { "d", INT64_C(86400000) },
-		      { "h", INT64_C(3600000) }, { "m", 60000 }, { "s", 1000 } };
 	(void)k;
 	int64_t ms = *(const int64_t *)field;
-	if (ms == 0) {
+	if (ms == 0)
 		snprintf(buf, size, "0");
-		return true;
-	}
-	for (size_t u = 0; u < ARRAY_SIZE(units); u++)
-		if (ms != 0 && ms % units[u].ms == 0) {
-			snprintf(buf, size, "%" PRId64 "%s", ms / units[u].ms, units[u].name);
-			return true;
-		}
-	snprintf(buf, size, "%" PRId64 "ms", ms);
+	else if (ms < 0) /* no table allows it; written so that it reads back */
+		snprintf(buf, size, "%" PRId64 "ms", ms);
+	else
+		fmt_duration(buf, size, (uint64_t)ms, DURATION_EXACT);
 	return true;
 }
 
