@@ -8,9 +8,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <grp.h>
 #include <netinet/in.h>
-#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,75 +44,7 @@ int config_get_string(struct cfg_node *obj, const char *key, char **ret, char *e
 	int r = config_get_one(obj, key, &n, err, el);
 	if (r < 0 || !n)
 		return r;
-	const char *s;
-	r = cfg_string(n, &s, err, el);
-	if (r < 0)
-		return r;
-	if (!*s) {
-		ERR(n, err, el, "must not be empty");
-		return -EINVAL;
-	}
-	char *c = strdup(s);
-	if (!c)
-		return -ENOMEM;
-	free(*ret);
-	*ret = c;
-	return 0;
-}
-
-/* A user name (or a number) to its uid, and its primary group: 0, or -EINVAL naming it. */
-static int get_owner(struct cfg_node *obj, const char *key, uid_t *ret, gid_t *ret_gid,
-		     char *err, size_t el)
-{
-	char *name = NULL;
-	int r = config_get_string(obj, key, &name, err, el);
-	if (r < 0 || !name)
-		return r;
-	struct passwd pw, *res = NULL;
-	char tmp[4096];
-	int e = getpwnam_r(name, &pw, tmp, sizeof(tmp), &res);
-	char *end;
-	unsigned long v = strtoul(name, &end, 10);
-	if (!res && name[0] >= '0' && name[0] <= '9' && !*end && v < UINT32_MAX) {
-		*ret = (uid_t)v;
-		if (ret_gid)
-			*ret_gid = (gid_t)v;
-	} else if (!res) {
-		ERR(cfg_get(obj, key), err, el, "unknown user \"%.64s\"%s%s (create it, e.g. "
-		    "adduser --system --group %.64s)", name, e ? ": " : "", e ? strerror(e) : "",
-		    name);
-		r = -EINVAL;
-	} else {
-		*ret = pw.pw_uid;
-		if (ret_gid)
-			*ret_gid = pw.pw_gid;
-	}
-	free(name);
-	return r;
-}
-
-static int get_group(struct cfg_node *obj, const char *key, gid_t *ret, char *err, size_t el)
-{
-	char *name = NULL;
-	int r = config_get_string(obj, key, &name, err, el);
-	if (r < 0 || !name)
-		return r;
-	struct group gr, *res = NULL;
-	char tmp[16384];
-	int e = getgrnam_r(name, &gr, tmp, sizeof(tmp), &res);
-	char *end;
-	unsigned long v = strtoul(name, &end, 10);
-	if (!res && name[0] >= '0' && name[0] <= '9' && !*end && v < UINT32_MAX) {
-		*ret = (gid_t)v;
-	} else if (!res) {
-		ERR(cfg_get(obj, key), err, el, "unknown group \"%.64s\"%s%s", name,
-		    e ? ": " : "", e ? strerror(e) : "");
-		r = -EINVAL;
-	} else {
-		*ret = gr.gr_gid;
-	}
-	free(name);
-	return r;
+	return cfg_type_string.parse(n, NULL, ret, err, el);
 }
 
 static int load_policy(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
@@ -292,13 +222,13 @@ static int load_core(struct cfg_node *root, struct sluice_config *c, char *err, 
 	int r = cfg_schema_load(root, config_root_keys, c, err, el);
 	/* first: the secret files' owner is checked against the user */
 	if (r == 0 && c->user)
-		r = get_owner(root, "user", &c->uid, &c->gid, err, el);
+		r = cfg_user(cfg_get(root, "user"), &c->uid, &c->gid, err, el);
 	if (r == 0 && c->group && !c->user) {
 		ERR(cfg_get(root, "group"), err, el, "group needs user");
 		r = -EINVAL;
 	}
 	if (r == 0 && c->group)
-		r = get_group(root, "group", &c->gid, err, el);
+		r = cfg_group(cfg_get(root, "group"), &c->gid, err, el);
 	struct cfg_node *n;
 	if (r == 0 && (n = cfg_get(root, "log")))
 		r = cfg_schema_load(n, config_log_keys, c, err, el);

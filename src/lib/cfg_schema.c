@@ -258,10 +258,8 @@ static bool numeric_id(const char *s, unsigned long *ret)
 	return true;
 }
 
-static int user_parse(const struct cfg_node *n, const struct cfg_key *k, void *field, char *err,
-		      size_t el)
+int cfg_user(const struct cfg_node *n, uid_t *ret_uid, gid_t *ret_gid, char *err, size_t el)
 {
-	(void)k;
 	const char *name;
 	int r = cfg_string(n, &name, err, el);
 	if (r == 0 && !*name) {
@@ -275,9 +273,13 @@ static int user_parse(const struct cfg_node *n, const struct cfg_key *k, void *f
 	int e = getpwnam_r(name, &pw, tmp, sizeof(tmp), &res);
 	unsigned long v;
 	if (res) {
-		*(uid_t *)field = pw.pw_uid;
+		*ret_uid = pw.pw_uid;
+		if (ret_gid)
+			*ret_gid = pw.pw_gid;
 	} else if (numeric_id(name, &v)) {
-		*(uid_t *)field = (uid_t)v;
+		*ret_uid = (uid_t)v;
+		if (ret_gid)
+			*ret_gid = (gid_t)v;
 	} else {
 		cfg_error(n, err, el, "unknown user \"%.64s\"%s%s (create it, e.g. "
 			  "adduser --system --group %.64s)", name, e ? ": " : "", e ? strerror(e) : "",
@@ -285,6 +287,13 @@ static int user_parse(const struct cfg_node *n, const struct cfg_key *k, void *f
 		return -EINVAL;
 	}
 	return 0;
+}
+
+static int user_parse(const struct cfg_node *n, const struct cfg_key *k, void *field, char *err,
+		      size_t el)
+{
+	(void)k;
+	return cfg_user(n, field, NULL, err, el);
 }
 
 static bool id_format(const struct cfg_key *k, const void *field, char *buf, size_t size)
@@ -299,10 +308,8 @@ static bool id_format(const struct cfg_key *k, const void *field, char *buf, siz
 
 const struct cfg_type cfg_type_user = { "user", user_parse, id_format, NULL };
 
-static int group_parse(const struct cfg_node *n, const struct cfg_key *k, void *field,
-		       char *err, size_t el)
+int cfg_group(const struct cfg_node *n, gid_t *ret, char *err, size_t el)
 {
-	(void)k;
 	const char *name;
 	int r = cfg_string(n, &name, err, el);
 	if (r == 0 && !*name) {
@@ -316,15 +323,22 @@ static int group_parse(const struct cfg_node *n, const struct cfg_key *k, void *
 	int e = getgrnam_r(name, &gr, tmp, sizeof(tmp), &res);
 	unsigned long v;
 	if (res) {
-		*(gid_t *)field = gr.gr_gid;
+		*ret = gr.gr_gid;
 	} else if (numeric_id(name, &v)) {
-		*(gid_t *)field = (gid_t)v;
+		*ret = (gid_t)v;
 	} else {
 		cfg_error(n, err, el, "unknown group \"%.64s\"%s%s", name, e ? ": " : "",
 			  e ? strerror(e) : "");
 		return -EINVAL;
 	}
 	return 0;
+}
+
+static int group_parse(const struct cfg_node *n, const struct cfg_key *k, void *field,
+		       char *err, size_t el)
+{
+	(void)k;
+	return cfg_group(n, field, err, el);
 }
 
 const struct cfg_type cfg_type_group = { "group", group_parse, id_format, NULL };

@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #include "cfg.h"
 
@@ -98,6 +99,11 @@ size_t cfg_schema_print(FILE *f, const struct cfg_key *keys, const void *base,
 
 /* The number of keys in the table (sub-blocks' keys not counted). */
 size_t cfg_schema_count(const struct cfg_key *keys);
+
+/* A user name (or a number when no user has that name) to its uid and, with ret_gid, its
+ * primary group; a group name (or number) to its gid.  0, or -EINVAL naming the node. */
+int cfg_user(const struct cfg_node *n, uid_t *ret_uid, gid_t *ret_gid, char *err, size_t el);
+int cfg_group(const struct cfg_node *n, gid_t *ret, char *err, size_t el);
 
 /* A value as a quoted sluice.conf string (escaping " \ and control characters). */
 const char *cfg_quote(const char *s, char *buf, size_t size);

@@ -90,6 +90,15 @@ static const struct {
 	  "route \"r\" { domains = \"*\"; mx = true; signal { action = \"slow\"; } }\n",
 	  "t.conf:2: route \"r\".signal: match is required" },
 	{ M "store { nodes = 2; }\n", "t.conf:2: store.nodes: only with type = \"redis\"" },
+	{ M "user = \"no-such-user-xyz\";\n",
+	  "t.conf:2: user: unknown user \"no-such-user-xyz\" (create it, e.g. adduser --system "
+	  "--group no-such-user-xyz)" },
+	{ M "group = \"root\";\n", "t.conf:2: group: group needs user" },
+	{ M "user = \"root\";\ngroup = \"no-such-group-xyz\";\n",
+	  "t.conf:3: group: unknown group \"no-such-group-xyz\"" },
+	{ M "control { listen = \"unix:c.sock\"; owner = \"no-such-user-xyz\"; }\n",
+	  "t.conf:2: control.owner: unknown user \"no-such-user-xyz\" (create it, e.g. adduser "
+	  "--system --group no-such-user-xyz)" },
 	{ M "polciy { }\n", "t.conf:2: polciy: unknown key" },
 	{ M "queue { dirr = \"q\"; }\n", "t.conf:2: queue.dirr: unknown key" },
 };
