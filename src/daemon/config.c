@@ -1,9 +1,11 @@
 /*
- * config -- schema of sluice.conf (see config.h and sluice.conf(5)).
+ * config -- config_load(): sluice.conf beyond the tables (see config.h, sluice.conf(5)).
  *
- * Every key the daemon knows is read here; anything else in the file is reported as an
- * unknown key with its line (cfg_check_unused), so a typo never silently falls back to a
- * default.
+ * src/conf reads the blocks whose keys are tables; this file reads what is code rather
+ * than a table -- the milter's fixed answers, the rules (policy_load), the relay's routes
+ * and their signals -- and the checks that span those.  Then anything left unread in the
+ * file is reported as an unknown key with its line (cfg_check_unused), so a typo never
+ * silently falls back to a default.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -19,186 +21,23 @@
 
 #include "cfg.h"
 #include "config.h"
+#include "config_core.h"
+#include "config_schema.h"
 #include "listen.h"
 #include "util.h"
 
 #define ERR(...) cfg_error(__VA_ARGS__)
 
-/* The node of a key that may be given once: 0 with *ret (NULL when absent), or -EINVAL. */
-static int get_one(struct cfg_node *obj, const char *key, struct cfg_node **ret, char *err,
-		   size_t el)
-{
-	struct cfg_node *n = cfg_get(obj, key);
-	if (n && cfg_next_same(n)) {
-		ERR(cfg_next_same(n), err, el, "given twice");
-		return -EINVAL;
-	}
-	*ret = n;
-	return 0;
-}
 
-static int get_string(struct cfg_node *obj, const char *key, char **ret, char *err, size_t el)
-{
-	struct cfg_node *n;
-	int r = get_one(obj, key, &n, err, el);
-	if (r < 0 || !n)
-		return r;
-	const char *s;
-	r = cfg_string(n, &s, err, el);
-	if (r < 0)
-		return r;
-	if (!*s) {
-		ERR(n, err, el, "must not be empty");
-		return -EINVAL;
-	}
-	char *c = strdup(s);
-	if (!c)
-		return -ENOMEM;
-	free(*ret);
-	*ret = c;
-	return 0;
-}
 
 static int get_duration(struct cfg_node *obj, const char *key, int64_t min, int64_t max,
 			int64_t *ret, char *err, size_t el)
 {
 	struct cfg_node *n;
-	int r = get_one(obj, key, &n, err, el);
+	int r = config_get_one(obj, key, &n, err, el);
 	if (r < 0 || !n)
 		return r;
 	return cfg_duration_ms(n, min, max, ret, err, el);
-}
-
-static int get_uint(struct cfg_node *obj, const char *key, int64_t min, int64_t max,
-		    unsigned *ret, char *err, size_t el)
-{
-	struct cfg_node *n;
-	int r = get_one(obj, key, &n, err, el);
-	if (r < 0 || !n)
-		return r;
-	int64_t v;
-	r = cfg_int64(n, min, max, &v, err, el);
-	if (r == 0)
-		*ret = (unsigned)v;
-	return r;
-}
-
-static int get_mode(struct cfg_node *obj, unsigned *ret, char *err, size_t el)
-{
-	struct cfg_node *n = cfg_get(obj, "mode");
-	if (!n)
-		return 0;
-	const char *s;
-	int r = cfg_string(n, &s, err, el);
-	if (r < 0)
-		return r;
-	char *end;
-	unsigned long v = strtoul(s, &end, 8);
-	if (!*s || *end || v > 0777) {
-		ERR(n, err, el, "expected an octal mode such as \"0660\"");
-		return -EINVAL;
-	}
-	*ret = (unsigned)v;
-	return 0;
-}
-
-/* A user name (or a number) to its uid, and its primary group: 0, or -EINVAL naming it. */
-static int get_owner(struct cfg_node *obj, const char *key, uid_t *ret, gid_t *ret_gid,
-		     char *err, size_t el)
-{
-	char *name = NULL;
-	int r = get_string(obj, key, &name, err, el);
-	if (r < 0 || !name)
-		return r;
-	struct passwd pw, *res = NULL;
-	char tmp[4096];
-	int e = getpwnam_r(name, &pw, tmp, sizeof(tmp), &res);
-	char *end;
-	unsigned long v = strtoul(name, &end, 10);
-	if (!res && name[0] >= '0' && name[0] <= '9' && !*end && v < UINT32_MAX) {
-		*ret = (uid_t)v;
-		if (ret_gid)
-			*ret_gid = (gid_t)v;
-	} else if (!res) {
-		ERR(cfg_get(obj, key), err, el, "unknown user \"%.64s\"%s%s (create it, e.g. "
-		    "adduser --system --group %.64s)", name, e ? ": " : "", e ? strerror(e) : "",
-		    name);
-		r = -EINVAL;
-	} else {
-		*ret = pw.pw_uid;
-		if (ret_gid)
-			*ret_gid = pw.pw_gid;
-	}
-	free(name);
-	return r;
-}
-
-static int get_group(struct cfg_node *obj, const char *key, gid_t *ret, char *err, size_t el)
-{
-	char *name = NULL;
-	int r = get_string(obj, key, &name, err, el);
-	if (r < 0 || !name)
-		return r;
-	struct group gr, *res = NULL;
-	char tmp[16384];
-	int e = getgrnam_r(name, &gr, tmp, sizeof(tmp), &res);
-	char *end;
-	unsigned long v = strtoul(name, &end, 10);
-	if (!res && name[0] >= '0' && name[0] <= '9' && !*end && v < UINT32_MAX) {
-		*ret = (gid_t)v;
-	} else if (!res) {
-		ERR(cfg_get(obj, key), err, el, "unknown group \"%.64s\"%s%s", name,
-		    e ? ": " : "", e ? strerror(e) : "");
-		r = -EINVAL;
-	} else {
-		*ret = gr.gr_gid;
-	}
-	free(name);
-	return r;
-}
-
-static int get_listen(struct cfg_node *obj, struct listen_conf *lc, bool required, char *err,
-		      size_t el)
-{
-	struct cfg_node *n = cfg_get(obj, "listen");
-	if (!n) {
-		if (required) {
-			ERR(obj, err, el, "listen is required");
-			return -EINVAL;
-		}
-		return 0;
-	}
-	for (size_t i = 0; i < lc->n; i++)
-		free(lc->addr[i]);
-	lc->n = 0;
-	/* listen = "a"; listen = ["a", "b"]; or listen repeated. */
-	for (; n; n = cfg_next_same(n)) {
-		struct cfg_node *items = n->kind == CFG_LIST ? n->child : n;
-		for (struct cfg_node *it = items; it; it = n->kind == CFG_LIST ? it->next : NULL) {
-			const char *s;
-			int r = cfg_string(it, &s, err, el);
-			if (r < 0)
-				return r;
-			if (lc->n == CONFIG_MAX_LISTEN) {
-				ERR(it, err, el, "more than %d addresses", CONFIG_MAX_LISTEN);
-				return -EINVAL;
-			}
-			if (strncmp(s, "unix:", 5) != 0 && strncmp(s, "inet:", 5) != 0 &&
-			    strncmp(s, "inet6:", 6) != 0) {
-				ERR(it, err, el, "\"%.100s\": expected unix:/path, inet:host:port or "
-				    "inet6:[addr]:port", s);
-				return -EINVAL;
-			}
-			if (!(lc->addr[lc->n++] = strdup(s)))
-				return -ENOMEM;
-		}
-	}
-	int r = get_mode(obj, &lc->mode, err, el);
-	if (r == 0)
-		r = get_owner(obj, "owner", &lc->owner, NULL, err, el);
-	if (r == 0)
-		r = get_group(obj, "group", &lc->group, err, el);
-	return r;
 }
 
 static int get_string_list(struct cfg_node *obj, const char *key, bool (*check)(const char *, const char **),
@@ -286,25 +125,12 @@ static bool check_from(const char *s, const char **why)
 	return true;
 }
 
-static int load_milter(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
+/* milter { reply { } modify { } }: the fixed answers for testing an MTA's integration. */
+static int load_milter_handler(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
 {
-	int r = get_listen(m, &c->milter.listen, true, err, el);
-	if (r == 0)
-		r = get_uint(m, "max_sessions", 0, 10000000, &c->milter.max_sessions, err, el);
-	if (r == 0)
-		r = get_duration(m, "idle_timeout", 1000, INT64_C(86400000) * 7,
-				 &c->milter.idle_timeout_ms, err, el);
-	if (r == 0)
-		r = get_duration(m, "command_timeout", 100, INT64_C(86400000),
-				 &c->milter.command_timeout_ms, err, el);
-	struct cfg_node *n;
-	if (r == 0 && (n = cfg_get(m, "max_packet"))) {
-		r = cfg_size(n, 65536 + 1, 64u << 20, &c->milter.max_packet, err, el);
-	}
+	int r = 0;
 	struct cfg_node *reply = cfg_get(m, "reply");
-	if (reply || cfg_get(m, "modify"))
-		c->milter.static_handler = true;
-	if (r == 0 && reply) {
+	if (reply) {
 		if (reply->kind != CFG_OBJECT) {
 			ERR(reply, err, el, "expected a block { step = action; ... }");
 			return -EINVAL;
@@ -364,326 +190,24 @@ static int load_milter(struct cfg_node *m, struct sluice_config *c, char *err, s
 			free(from);
 		}
 		if (r == 0)
-			r = get_string(mod, "replace_body", &h->replace_body, err, el);
+			r = config_get_string(mod, "replace_body", &h->replace_body, err, el);
 		if (r == 0)
-			r = get_string(mod, "quarantine", &h->quarantine, err, el);
+			r = config_get_string(mod, "quarantine", &h->quarantine, err, el);
 	}
 	return r;
 }
 
-static int load_policy(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
-{
-	int r = get_listen(m, &c->policy.listen, true, err, el);
-	if (r == 0)
-		r = get_uint(m, "max_sessions", 0, 10000000, &c->policy.max_sessions, err, el);
-	if (r == 0)
-		r = get_duration(m, "idle_timeout", 1000, INT64_C(86400000) * 7,
-				 &c->policy.idle_timeout_ms, err, el);
-	if (r == 0)
-		r = get_duration(m, "command_timeout", 100, INT64_C(86400000),
-				 &c->policy.command_timeout_ms, err, el);
-	struct cfg_node *n;
-	if (r == 0 && (n = cfg_get(m, "max_request")))
-		r = cfg_size(n, 1024, 1u << 20, &c->policy.max_request, err, el);
-	return r;
-}
 
-/* allow = ["127.0.0.0/8", "::1"]: networks, each ADDR or ADDR/BITS. */
-static int get_prefixes(struct cfg_node *obj, const char *key, struct ip_prefix **ret,
-			size_t *ret_n, char *err, size_t el)
-{
-	char **list = NULL;
-	int r = get_string_list(obj, key, NULL, &list, err, el);
-	if (r < 0 || !list)
-		return r;
-	size_t n = 0;
-	while (list[n])
-		n++;
-	struct ip_prefix *p = calloc(n ? n : 1, sizeof(*p));
-	if (!p)
-		r = -ENOMEM;
-	for (size_t i = 0; r == 0 && i < n; i++)
-		if (ipaddr_parse_prefix(str_cstr(list[i]), &p[i].addr, &p[i].bits) < 0) {
-			ERR(cfg_get(obj, key), err, el,
-			    "\"%.100s\": expected an address or a network (ADDR/BITS)", list[i]);
-			r = -EINVAL;
-		}
-	for (size_t i = 0; i < n; i++)
-		free(list[i]);
-	free(list);
-	if (r < 0) {
-		free(p);
-		return r;
-	}
-	free(*ret);
-	*ret = p;
-	*ret_n = n;
-	return 0;
-}
 
-static int load_intake(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
-{
-	c->intake.enabled = true;
-	int r = get_listen(m, &c->intake.listen, true, err, el);
-	if (r == 0)
-		r = get_prefixes(m, "allow", &c->intake.allow, &c->intake.nallow, err, el);
-	if (r == 0)
-		r = get_uint(m, "max_sessions", 1, 1000000, &c->intake.max_sessions, err, el);
-	if (r == 0)
-		r = get_duration(m, "idle_timeout", 1000, INT64_C(86400000),
-				 &c->intake.idle_timeout_ms, err, el);
-	if (r == 0)
-		r = get_duration(m, "command_timeout", 1000, INT64_C(86400000),
-				 &c->intake.command_timeout_ms, err, el);
-	struct cfg_node *n;
-	if (r == 0 && (r = get_one(m, "max_message_size", &n, err, el)) == 0 && n)
-		r = cfg_size(n, 1024, UINT64_C(1) << 40, &c->intake.max_message_size, err, el);
-	if (r == 0)
-		r = get_uint(m, "max_recipients", 1, 1000000, &c->intake.max_recipients, err, el);
-	if (r == 0)
-		r = get_uint(m, "max_errors", 1, 1000, &c->intake.max_errors, err, el);
-	if (r == 0)
-		r = get_uint(m, "max_line_length", 78, 1 << 30, &c->intake.max_line_length, err, el);
-	if (r == 0)
-		r = get_string(m, "hostname", &c->intake.hostname, err, el);
-	if (r == 0 && c->intake.hostname && strpbrk(c->intake.hostname, " \t\r\n")) {
-		ERR(cfg_get(m, "hostname"), err, el, "a host name has no spaces");
-		r = -EINVAL;
-	}
-	return r;
-}
 
-static int get_bool(struct cfg_node *obj, const char *key, bool *ret, char *err, size_t el);
 
-/* Is the address reachable from this host only?  (unix sockets, 127.0.0.0/8, ::1) */
-static bool addr_is_local(const struct listen_addr *a)
-{
-	if (a->ss.ss_family == AF_UNIX)
-		return true;
-	if (a->ss.ss_family == AF_INET) {
-		const struct sockaddr_in *in = (const struct sockaddr_in *)&a->ss;
-		return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
-	}
-	if (a->ss.ss_family == AF_INET6) {
-		const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)&a->ss;
-		if (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr))
-			return true;
-		return IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && in6->sin6_addr.s6_addr[12] == 127;
-	}
-	return false;
-}
 
-/* metrics { listen; allow_remote; max_connections; } -- the endpoint answers without
- * authentication, so an address other hosts can reach must be asked for. */
-static int load_metrics(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
-{
-	c->metrics.enabled = true;
-	int r = get_string(m, "listen", &c->metrics.listen, err, el);
-	if (r == 0)
-		r = get_bool(m, "allow_remote", &c->metrics.allow_remote, err, el);
-	if (r == 0)
-		r = get_uint(m, "max_connections", 1, 1024, &c->metrics.max_connections, err, el);
-	if (r < 0)
-		return r;
-	struct listen_addr a;
-	char why[300];
-	struct cfg_node *n = cfg_get(m, "listen");
-	if (listen_addr_parse(c->metrics.listen, &a, why, sizeof(why)) < 0) {
-		ERR(n ? n : m, err, el, "%s", why);
-		return -EINVAL;
-	}
-	if (!c->metrics.allow_remote && !addr_is_local(&a)) {
-		ERR(n ? n : m, err, el, "\"%.100s\" can be reached from other hosts, and the "
-		    "metrics have no authentication: listen on 127.0.0.1 or ::1, or set "
-		    "allow_remote = true", c->metrics.listen);
-		return -EINVAL;
-	}
-	return 0;
-}
 
-static int load_queue(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
-{
-	int r = get_string(m, "dir", &c->queue.dir, err, el);
-	if (r == 0)
-		r = get_uint(m, "commit_batch", 1, 65536, &c->queue.commit_batch, err, el);
-	if (r == 0)
-		r = get_duration(m, "lifetime", 1000, INT64_C(86400000) * 365,
-				 &c->queue.lifetime_ms, err, el);
-	struct cfg_node *n;
-	if (r == 0 && (r = get_one(m, "min_free", &n, err, el)) == 0 && n)
-		r = cfg_size(n, 0, UINT64_C(1) << 40, &c->queue.min_free, err, el);
-	return r;
-}
 
-static const char *const redis_keys[] = { "server", "user", "password", "password_file", "db",
-					   "prefix", "timeout", "sentinels", "master_name",
-					   "on_failure", "nodes", "node", "lease" };
 
-/* The identity sluiced runs as: the configured user, or whoever started it. */
-static uid_t daemon_uid(const struct sluice_config *c)
-{
-	return c->user && geteuid() == 0 ? c->uid : geteuid();
-}
 
-/*
- * A file holding a secret (a password_file, or sluice.conf with an inline password): no
- * access at all for others, and owned by root or by the daemon's user -- anyone else
- * could replace it.  0, or -EACCES with err naming the file, its mode and the fix.
- */
-static int check_secret_file(struct cfg_node *n, const char *file, const struct sluice_config *c,
-			     const char *why, char *err, size_t el)
-{
-	struct stat st;
-	if (stat(file, &st) < 0) {
-		int e = errno;
-		ERR(n, err, el, "%s: %s", file, strerror(e));
-		return -e;
-	}
-	unsigned mode = (unsigned)st.st_mode & 07777;
-	if (mode & 007) {
-		ERR(n, err, el, "%s%s has mode %04o: others may %s it; fix: chmod 0640 %s", file, why,
-		    mode, mode & 002 ? "change" : "read", file);
-		return -EACCES;
-	}
-	if (st.st_uid != 0 && st.st_uid != daemon_uid(c) && st.st_uid != geteuid()) {
-		ERR(n, err, el, "%s%s is owned by uid %lu, neither root nor the daemon's user; "
-		    "fix: chown root %s", file, why, (unsigned long)st.st_uid, file);
-		return -EACCES;
-	}
-	return 0;
-}
 
-/* The first line of a secret file, checked by check_secret_file().  *ret is owned. */
-static int read_secret(struct cfg_node *n, const char *file, const struct sluice_config *c,
-		       char **ret, char *err, size_t el)
-{
-	if (c->client)
-		return 0; /* the sluice command needs no secret, and may not read one */
-	int r = check_secret_file(n, file, c, "", err, el);
-	if (r < 0)
-		return -EINVAL;
-	char *text = NULL;
-	size_t len;
-	int fr = file_read_all(file, 4096, &text, &len);
-	if (fr < 0) {
-		ERR(n, err, el, "%s: %s", file, strerror(-fr));
-		return -EINVAL;
-	}
-	text[strcspn(text, "\r\n")] = '\0';
-	if (!text[0]) {
-		ERR(n, err, el, "%s is empty", file);
-		free(text);
-		return -EINVAL;
-	}
-	*ret = text;
-	return 0;
-}
 
-/* The Redis password: inline, or the first line of password_file. */
-static int load_password(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
-{
-	char *file = NULL;
-	int r = get_string(m, "password", &c->store.password, err, el);
-	if (r == 0)
-		r = get_string(m, "password_file", &file, err, el);
-	if (r == 0 && file && c->store.password) {
-		ERR(cfg_get(m, "password_file"), err, el, "give password or password_file, not both");
-		r = -EINVAL;
-	}
-	if (r == 0 && file)
-		r = read_secret(cfg_get(m, "password_file"), file, c, &c->store.password, err, el);
-	free(file);
-	return r;
-}
-
-static int load_store(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
-{
-	char *type = NULL;
-	int r = get_string(m, "type", &type, err, el);
-	if (r == 0 && type && strcmp(type, "memory") != 0 && strcmp(type, "redis") != 0) {
-		ERR(cfg_get(m, "type"), err, el, "\"%.50s\": expected memory or redis", type);
-		r = -EINVAL;
-	}
-	c->store.redis = r == 0 && type && strcmp(type, "redis") == 0;
-	free(type);
-	int64_t v;
-	struct cfg_node *n;
-	if (r == 0 && (n = cfg_get(m, "max_keys")) &&
-	    (r = cfg_int64(n, 1000, INT64_C(1000000000), &v, err, el)) == 0)
-		c->store.max_keys = (uint64_t)v;
-	if (r == 0)
-		r = get_duration(m, "snapshot_interval", 0, INT64_C(86400000),
-				 &c->store.snapshot_interval_ms, err, el);
-	if (r == 0)
-		r = get_duration(m, "overrides_check", 1000, INT64_C(3600000),
-				 &c->store.overrides_check_ms, err, el);
-	if (r == 0 && !c->store.redis) {
-		for (size_t i = 0; i < ARRAY_SIZE(redis_keys); i++)
-			if ((n = cfg_get(m, redis_keys[i]))) {
-				ERR(n, err, el, "only with type = \"redis\"");
-				return -EINVAL;
-			}
-		return 0;
-	}
-	if (r == 0)
-		r = get_string(m, "server", &c->store.server, err, el);
-	if (r == 0)
-		r = get_string(m, "user", &c->store.user, err, el);
-	if (r == 0)
-		r = load_password(m, c, err, el);
-	if (r == 0 && c->store.user && !c->store.password && !cfg_get(m, "password_file")) {
-		ERR(cfg_get(m, "user"), err, el, "a user needs a password (or password_file)");
-		r = -EINVAL;
-	}
-	if (r == 0)
-		r = get_uint(m, "db", 0, 1000000, &c->store.db, err, el);
-	if (r == 0)
-		r = get_string(m, "prefix", &c->store.prefix, err, el);
-	if (r == 0)
-		r = get_duration(m, "timeout", 1, 60000, &c->store.timeout_ms, err, el);
-	if (r == 0)
-		r = get_string_list(m, "sentinels", NULL, &c->store.sentinels, err, el);
-	if (r == 0)
-		r = get_string(m, "master_name", &c->store.master_name, err, el);
-	if (r == 0 && c->store.sentinels) {
-		while (c->store.sentinels[c->store.nsentinels])
-			c->store.nsentinels++;
-		if (!c->store.master_name) {
-			ERR(cfg_get(m, "sentinels"), err, el, "sentinels need master_name");
-			r = -EINVAL;
-		} else if (c->store.server) {
-			ERR(cfg_get(m, "server"), err, el, "give server or sentinels, not both "
-			    "(sentinels say where the master is)");
-			r = -EINVAL;
-		}
-	} else if (r == 0 && c->store.master_name) {
-		ERR(cfg_get(m, "master_name"), err, el, "master_name needs sentinels");
-		r = -EINVAL;
-	}
-	char *fail = NULL;
-	if (r == 0)
-		r = get_string(m, "on_failure", &fail, err, el);
-	if (r == 0 && fail) {
-		if (strcmp(fail, "local") == 0)
-			c->store.on_failure = STORE_FAIL_LOCAL;
-		else if (strcmp(fail, "accept") == 0)
-			c->store.on_failure = STORE_FAIL_ACCEPT;
-		else if (strcmp(fail, "tempfail") == 0)
-			c->store.on_failure = STORE_FAIL_TEMPFAIL;
-		else {
-			ERR(cfg_get(m, "on_failure"), err, el, "expected local, accept or tempfail");
-			r = -EINVAL;
-		}
-	}
-	free(fail);
-	if (r == 0)
-		r = get_uint(m, "nodes", 1, 1000, &c->store.nodes, err, el);
-	if (r == 0)
-		r = get_string(m, "node", &c->store.node, err, el);
-	if (r == 0)
-		r = get_duration(m, "lease", 1000, INT64_C(3600000), &c->store.lease_ms, err, el);
-	return r;
-}
 
 
 /* ---- the relay: relay {} and route "name" {} ---- */
@@ -691,7 +215,7 @@ static int load_store(struct cfg_node *m, struct sluice_config *c, char *err, si
 static int get_bool(struct cfg_node *obj, const char *key, bool *ret, char *err, size_t el)
 {
 	struct cfg_node *n;
-	int r = get_one(obj, key, &n, err, el);
+	int r = config_get_one(obj, key, &n, err, el);
 	if (r < 0 || !n)
 		return r;
 	return cfg_bool(n, ret, err, el);
@@ -703,7 +227,7 @@ static int each_string(struct cfg_node *obj, const char *key,
 		       void *arg, char *err, size_t el)
 {
 	struct cfg_node *n;
-	int r = get_one(obj, key, &n, err, el);
+	int r = config_get_one(obj, key, &n, err, el);
 	if (r < 0 || !n)
 		return r;
 	struct cfg_node *items = n->kind == CFG_LIST ? n->child : n;
@@ -809,34 +333,13 @@ static int load_signal(struct cfg_node *s, struct route_conf *rc, char *err, siz
 		return -EINVAL;
 	}
 	struct classify_signal_conf sc = { .for_ms = 0 };
-	char *match = NULL, *action = NULL;
-	int r = get_string(s, "match", &match, err, el);
+	int r = cfg_schema_defaults(route_signal_keys, &sc);
 	if (r == 0)
-		r = get_string(s, "action", &action, err, el);
-	if (r == 0)
-		r = get_duration(s, "for", 1000, INT64_C(30) * 86400 * 1000, &sc.for_ms, err, el);
-	if (r == 0 && !match) {
-		ERR(s, err, el, "match is required");
-		r = -EINVAL;
-	}
-	if (r == 0) {
-		if (!action || strcmp(action, "suspend") == 0)
-			sc.action = CLASSIFY_SUSPEND;
-		else if (strcmp(action, "slow") == 0)
-			sc.action = CLASSIFY_SLOW;
-		else if (strcmp(action, "retry") == 0)
-			sc.action = CLASSIFY_RETRY;
-		else if (strcmp(action, "bounce") == 0)
-			sc.action = CLASSIFY_FAIL;
-		else {
-			ERR(cfg_get(s, "action"), err, el, "expected suspend, slow, retry or bounce");
-			r = -EINVAL;
-		}
-	}
+		r = cfg_schema_load(s, route_signal_keys, &sc, err, el);
+	char *match = (char *)sc.match; /* owned here until the route has it */
 	if (r == 0) {
 		/* the pattern is checked here, so that a bad one names its line */
 		char e[256];
-		sc.match = match;
 		struct classify *cl = classify_new(&sc, 1, e, sizeof(e));
 		if (!cl) {
 			ERR(cfg_get(s, "match"), err, el, "%s", e);
@@ -850,13 +353,11 @@ static int load_signal(struct cfg_node *s, struct route_conf *rc, char *err, siz
 			r = -ENOMEM;
 		} else {
 			rc->signals = a;
-			sc.match = match;
 			a[rc->nsignals++] = sc;
 			match = NULL;
 		}
 	}
 	free(match);
-	free(action);
 	return r;
 }
 
@@ -870,18 +371,16 @@ static int load_route(struct cfg_node *n, struct route_conf *rc, const struct sl
 	}
 	if (!(rc->name = strdup(n->label)))
 		return -ENOMEM;
-	rc->tls = SMTP_TLS_MAY;
-	rc->messages_per_connection = 100;
-	rc->recipients_per_message = 50;
-	rc->guard_ms = 100;
-	int r = each_string(n, "domains", add_domain, rc, err, el);
+	int r = cfg_schema_defaults(route_conf_keys, rc);
+	if (r == 0)
+		r = each_string(n, "domains", add_domain, rc, err, el);
 	if (r == 0 && !rc->ndomains) {
 		ERR(n, err, el, "domains is required: [\"*\"] for every domain");
 		r = -EINVAL;
 	}
 	struct cfg_node *sh = NULL;
 	if (r == 0)
-		r = get_one(n, "smarthost", &sh, err, el);
+		r = config_get_one(n, "smarthost", &sh, err, el);
 	if (r == 0)
 		r = get_bool(n, "mx", &rc->mx, err, el);
 	if (r == 0 && !sh == !rc->mx) {
@@ -896,49 +395,22 @@ static int load_route(struct cfg_node *n, struct route_conf *rc, const struct sl
 	}
 	rc->connections = rc->mx ? 4 : 2;
 	if (r == 0)
-		r = get_string(n, "helo", &rc->helo, err, el);
-	char *s = NULL;
-	if (r == 0)
-		r = get_string(n, "tls", &s, err, el);
-	if (r == 0 && s) {
-		if (strcmp(s, "none") == 0)
-			rc->tls = SMTP_TLS_NONE;
-		else if (strcmp(s, "may") == 0)
-			rc->tls = SMTP_TLS_MAY;
-		else if (strcmp(s, "require") == 0)
-			rc->tls = SMTP_TLS_REQUIRE;
-		else if (strcmp(s, "verify") == 0)
-			rc->tls = SMTP_TLS_VERIFY;
-		else {
-			ERR(cfg_get(n, "tls"), err, el, "expected none, may, require or verify");
-			r = -EINVAL;
-		}
-	}
-	free(s);
-	s = NULL;
-	if (r == 0)
-		r = get_string(n, "ca_file", &rc->ca_file, err, el);
-	if (r == 0 && rc->ca_file && access(rc->ca_file, R_OK) < 0) {
-		ERR(cfg_get(n, "ca_file"), err, el, "%s: %s", rc->ca_file, strerror(errno));
-		r = -EINVAL;
-	}
-	if (r == 0)
-		r = get_string(n, "sni", &rc->sni, err, el);
+		r = cfg_schema_load(n, route_conf_keys, rc, err, el);
 	struct cfg_node *auth = cfg_get(n, "auth");
 	if (r == 0 && auth) {
 		char *file = NULL;
-		r = get_string(auth, "user", &rc->auth_user, err, el);
+		r = config_get_string(auth, "user", &rc->auth_user, err, el);
 		if (r == 0)
-			r = get_string(auth, "password_file", &file, err, el);
+			r = config_get_string(auth, "password_file", &file, err, el);
 		if (r == 0 && (!rc->auth_user || !file)) {
 			ERR(auth, err, el, "auth needs user and password_file");
 			r = -EINVAL;
 		}
 		if (r == 0)
-			r = read_secret(cfg_get(auth, "password_file"), file, c, &rc->auth_password, err, el);
+			r = config_read_secret(cfg_get(auth, "password_file"), file, c, &rc->auth_password, err, el);
 		free(file);
 		if (r == 0)
-			r = get_string(auth, "mechanisms", &rc->auth_mechanisms, err, el);
+			r = config_get_string(auth, "mechanisms", &rc->auth_mechanisms, err, el);
 		if (r == 0)
 			r = get_bool(auth, "plaintext", &rc->auth_plaintext, err, el);
 		if (r == 0 && rc->tls == SMTP_TLS_NONE && !rc->auth_plaintext) {
@@ -947,8 +419,9 @@ static int load_route(struct cfg_node *n, struct route_conf *rc, const struct sl
 			r = -EINVAL;
 		}
 	}
+	char *s = NULL;
 	if (r == 0)
-		r = get_string(n, "source", &s, err, el);
+		r = config_get_string(n, "source", &s, err, el);
 	if (r == 0 && s) {
 		struct sockaddr_in *v4 = (struct sockaddr_in *)&rc->source;
 		struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&rc->source;
@@ -967,31 +440,6 @@ static int load_route(struct cfg_node *n, struct route_conf *rc, const struct sl
 	s = NULL;
 	if (r == 0)
 		r = each_string(n, "rate", add_window, &rc->rate, err, el);
-	if (r == 0)
-		r = get_string(n, "count", &s, err, el);
-	if (r == 0 && s) {
-		if (strcmp(s, "messages") == 0)
-			rc->count = ROUTE_COUNT_MESSAGES;
-		else if (strcmp(s, "recipients") == 0)
-			rc->count = ROUTE_COUNT_RECIPIENTS;
-		else {
-			ERR(cfg_get(n, "count"), err, el, "expected messages or recipients");
-			r = -EINVAL;
-		}
-	}
-	free(s);
-	if (r == 0)
-		r = get_uint(n, "connections", 1, 1000, &rc->connections, err, el);
-	if (r == 0)
-		r = get_uint(n, "messages_per_connection", 1, 1000000, &rc->messages_per_connection,
-			     err, el);
-	if (r == 0)
-		r = get_uint(n, "recipients_per_message", 1, SMTP_OUT_RCPT_MAX,
-			     &rc->recipients_per_message, err, el);
-	if (r == 0)
-		r = get_duration(n, "guard", 0, 60000, &rc->guard_ms, err, el);
-	if (r == 0)
-		r = get_bool(n, "shared", &rc->shared, err, el);
 	if (r == 0 && rc->shared && rc->count == ROUTE_COUNT_RECIPIENTS) {
 		ERR(cfg_get(n, "shared"), err, el, "a shared lane counts messages (count = "
 		    "\"recipients\" is for a lane of one node)");
@@ -1027,46 +475,8 @@ static int load_relay(struct cfg_node *root, struct sluice_config *c, char *err,
 	struct cfg_node *n = cfg_get(root, "relay");
 	int r = 0;
 	if (n) {
-		r = get_string(n, "hostname", &rl->hostname, err, el);
-		struct cfg_node *x;
-		for (const char *const *k = (const char *const[]){ "retry", "suspend", NULL }; *k; k++)
-			if (r == 0 && (x = cfg_get(n, *k)) && x->kind != CFG_OBJECT) {
-				ERR(x, err, el, "expected %s { min = ...; max = ...; }", *k);
-				r = -EINVAL;
-			}
-		if (r == 0 && (x = cfg_get(n, "retry"))) {
-			r = get_duration(x, "min", 1000, INT64_C(86400000), &rl->retry_min_ms, err, el);
-			if (r == 0)
-				r = get_duration(x, "max", 1000, INT64_C(7) * 86400000, &rl->retry_max_ms, err, el);
-		}
-		if (r == 0 && (x = cfg_get(n, "suspend"))) {
-			r = get_duration(x, "min", 1000, INT64_C(86400000), &rl->suspend_min_ms, err, el);
-			if (r == 0)
-				r = get_duration(x, "max", 1000, INT64_C(7) * 86400000, &rl->suspend_max_ms, err, el);
-		}
-		char *s = NULL;
-		if (r == 0)
-			r = get_string(n, "uncertain", &s, err, el);
-		if (r == 0 && s) {
-			if (strcmp(s, "retry") == 0)
-				rl->uncertain = RELAY_UNCERTAIN_RETRY;
-			else if (strcmp(s, "hold") == 0)
-				rl->uncertain = RELAY_UNCERTAIN_HOLD;
-			else {
-				ERR(cfg_get(n, "uncertain"), err, el, "expected retry or hold");
-				r = -EINVAL;
-			}
-		}
-		free(s);
-		if (r == 0)
-			r = get_string(n, "postmaster", &rl->postmaster, err, el);
-		if (r == 0)
-			r = get_string(n, "dns_servers", &rl->dns_servers, err, el);
-		if (r == 0)
-			r = get_duration(n, "idle_timeout", 100, 3600000, &rl->idle_ms, err, el);
-		if (r == 0)
-			r = get_duration(n, "delay_warning", 0, INT64_C(365) * 86400000,
-					 &rl->delay_warning_ms, err, el);
+		c->has_relay = true;
+		r = cfg_schema_load(n, config_relay_keys, c, err, el);
 		if (r == 0 && rl->retry_max_ms < rl->retry_min_ms) {
 			ERR(cfg_get(n, "retry"), err, el, "max is below min");
 			r = -EINVAL;
@@ -1099,13 +509,6 @@ static int load_relay(struct cfg_node *root, struct sluice_config *c, char *err,
 		    "intake { } or a queue { } block");
 		r = -EINVAL;
 	}
-	if (r == 0 && rl->hostname && strspn(rl->hostname, "abcdefghijklmnopqrstuvwxyz"
-					     "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_") !=
-				     strlen(rl->hostname)) {
-		ERR(cfg_get(n, "hostname"), err, el, "\"%.100s\": expected a host name "
-		    "(letters, digits, '.', '-')", rl->hostname);
-		r = -EINVAL;
-	}
 	if (r == 0 && !rl->hostname) {
 		/* the intake's name, when it is one DNS can hold; else the machine's */
 		const char *h = c->intake.hostname;
@@ -1119,6 +522,7 @@ static int load_relay(struct cfg_node *root, struct sluice_config *c, char *err,
 			h = host;
 		}
 		rl->hostname = strdup(h);
+		c->relay_hostname_derived = true;
 	}
 	if (r == 0 && !rl->hostname)
 		r = -ENOMEM;
@@ -1130,110 +534,13 @@ static int load_relay(struct cfg_node *root, struct sluice_config *c, char *err,
 	return r;
 }
 
-static int load(struct cfg_node *root, struct sluice_config *c, char *err, size_t el)
+/* What the daemon reads beyond config_core_load(): the rules, the relay and the routes. */
+static int load_daemon(struct cfg_node *root, struct sluice_config *c, char *err, size_t el)
 {
-	int r = get_uint(root, "workers", 0, 256, &c->workers, err, el);
-	if (r == 0)
-		r = get_duration(root, "stats_interval", 0, INT64_C(86400000), &c->stats_interval_ms, err, el);
-	if (r == 0)
-		r = get_duration(root, "shutdown_timeout", 0, INT64_C(3600000), &c->shutdown_timeout_ms, err, el);
-	if (r == 0)
-		r = get_string(root, "pid_file", &c->pid_file, err, el);
-	/* first: the secret files' owner is checked against the user */
-	if (r == 0)
-		r = get_string(root, "user", &c->user, err, el);
-	if (r == 0 && c->user)
-		r = get_owner(root, "user", &c->uid, &c->gid, err, el);
-	if (r == 0)
-		r = get_string(root, "group", &c->group, err, el);
-	if (r == 0 && c->group && !c->user) {
-		ERR(cfg_get(root, "group"), err, el, "group needs user");
-		r = -EINVAL;
-	}
-	if (r == 0 && c->group)
-		r = get_group(root, "group", &c->gid, err, el);
-	struct cfg_node *n;
-	if (r == 0 && (n = cfg_get(root, "log"))) {
-		char *s = NULL;
-		r = get_string(n, "target", &s, err, el);
-		if (r == 0 && s) {
-			if (strcmp(s, "stderr") == 0)
-				c->log.target = LOG_TARGET_STDERR;
-			else if (strcmp(s, "syslog") == 0)
-				c->log.target = LOG_TARGET_SYSLOG;
-			else {
-				ERR(cfg_get(n, "target"), err, el, "expected stderr or syslog");
-				r = -EINVAL;
-			}
-		}
-		free(s);
-		s = NULL;
-		if (r == 0)
-			r = get_string(n, "facility", &s, err, el);
-		if (r == 0 && s && log_facility_from_name(s, &c->log.facility) < 0) {
-			ERR(cfg_get(n, "facility"), err, el, "unknown syslog facility \"%.50s\"", s);
-			r = -EINVAL;
-		}
-		free(s);
-		s = NULL;
-		if (r == 0)
-			r = get_string(n, "level", &s, err, el);
-		if (r == 0 && s && log_level_from_name(s, &c->log.level) < 0) {
-			ERR(cfg_get(n, "level"), err, el,
-			    "expected debug, info, notice, warning or error");
-			r = -EINVAL;
-		}
-		free(s);
-	}
-	if (r == 0 && (n = cfg_get(root, "control"))) {
-		r = get_listen(n, &c->control, true, err, el);
-		char *s = NULL;
-		if (r == 0)
-			r = get_string(n, "admin", &s, err, el);
-		if (r == 0 && s) {
-			if (strcmp(s, "group") == 0)
-				c->control_admin = CONTROL_ADMIN_GROUP;
-			else if (strcmp(s, "root") == 0)
-				c->control_admin = CONTROL_ADMIN_ROOT;
-			else {
-				ERR(cfg_get(n, "admin"), err, el, "expected group or root");
-				r = -EINVAL;
-			}
-		}
-		free(s);
-	}
-	if (r == 0 && (n = cfg_get(root, "metrics")))
-		r = load_metrics(n, c, err, el);
 	struct cfg_node *milter = cfg_get(root, "milter");
-	struct cfg_node *policy = cfg_get(root, "policy");
-	struct cfg_node *intake = cfg_get(root, "intake");
-	if (r == 0 && !milter && !policy && !intake) {
-		cfg_error(root, err, el, "nothing to serve: give a milter { listen = ...; }, a "
-			  "policy { listen = ...; } or an intake { listen = ...; } block");
-		r = -EINVAL;
-	}
-	if (r == 0 && milter)
-		r = load_milter(milter, c, err, el);
-	if (r == 0 && policy)
-		r = load_policy(policy, c, err, el);
-	if (r == 0 && intake)
-		r = load_intake(intake, c, err, el);
-	if (r == 0 && (n = cfg_get(root, "queue")))
-		r = load_queue(n, c, err, el);
-	if (r == 0)
-		r = get_string(root, "state_dir", &c->state_dir, err, el);
-	if (r == 0 && (n = cfg_get(root, "store")))
-		r = load_store(n, c, err, el);
-	/* an inline password makes this file a secret too */
-	if (r == 0 && n && cfg_get(n, "password") && !c->client &&
-	    check_secret_file(cfg_get(n, "password"), c->path, c, " (it holds a password)", err,
-			      el) < 0)
-		r = -EINVAL;
-	if (c->client) {
-		/* what the sluice command needs is read by now: the rules (their overrides
-		 * files) and the routes (their password files) are the daemon's */
-		return r;
-	}
+	int r = 0;
+	if (milter)
+		r = load_milter_handler(milter, c, err, el);
 	if (r == 0)
 		r = policy_load(root, &c->rules, err, el);
 	if (r == 0)
@@ -1256,76 +563,22 @@ static int load(struct cfg_node *root, struct sluice_config *c, char *err, size_
 	return r;
 }
 
-static int config_load_as(const char *path, bool client, struct sluice_config **ret, char *err,
-			  size_t errlen)
+static void free_daemon(struct sluice_config *c)
+{
+	milter_static_conf_clear(&c->milter.handler);
+	relay_conf_clear(&c->relay);
+	policy_unref(c->rules);
+}
+
+int config_load(const char *path, struct sluice_config **ret, char *err, size_t errlen)
 {
 	struct cfg_node *root = NULL;
-	err[0] = '\0';
-	int r = cfg_parse_file(path, &root, err, errlen);
+	struct sluice_config *c = NULL;
+	int r = config_core_load(path, false, &root, &c, err, errlen);
 	if (r < 0)
 		return r;
-	struct sluice_config *c = calloc(1, sizeof(*c));
-	if (!c) {
-		cfg_free(root);
-		return -ENOMEM;
-	}
-	c->client = client;
-	c->path = strdup(path);
-	c->stats_interval_ms = 300 * 1000;
-	c->shutdown_timeout_ms = 30 * 1000;
-	c->log.target = LOG_TARGET_STDERR;
-	c->log.facility = LOG_MAIL;
-	c->log.level = LOG_LEVEL_INFO;
-	c->control.mode = 0660;
-	struct listen_conf *all[] = { &c->control, &c->milter.listen, &c->policy.listen,
-				      &c->intake.listen };
-	for (size_t i = 0; i < ARRAY_SIZE(all); i++) {
-		all[i]->owner = (uid_t)-1;
-		all[i]->group = (gid_t)-1;
-	}
-	c->metrics.listen = strdup("inet:127.0.0.1:9187");
-	c->metrics.max_connections = 4;
-	c->milter.listen.mode = 0660;
-	c->milter.max_sessions = 10000;
-	c->milter.idle_timeout_ms = 2 * 3600 * 1000;
-	c->milter.command_timeout_ms = 300 * 1000;
-	c->milter.max_packet = MILTER_LEN_CAP_DEFAULT;
-	c->policy.listen.mode = 0666; /* Postfix's smtpd runs as postfix, not as sluice */
-	c->policy.max_sessions = 1000;
-	c->policy.idle_timeout_ms = 3600 * 1000;
-	c->policy.command_timeout_ms = 60 * 1000;
-	c->policy.max_request = 65536;
-	c->intake.listen.mode = 0666; /* local programs inject; allow does not apply to unix: */
-	c->intake.max_sessions = 1000;
-	c->intake.idle_timeout_ms = 5 * 60 * 1000;
-	c->intake.command_timeout_ms = 5 * 60 * 1000;
-	c->intake.max_message_size = 50u << 20;
-	c->intake.max_recipients = 1000;
-	c->intake.max_errors = 20;
-	c->intake.max_line_length = 998; /* RFC 5321 4.5.3.1.6 */
-	relay_conf_init(&c->relay);
-	c->queue.commit_batch = 256;
-	c->queue.min_free = 10u << 20;
-	c->queue.lifetime_ms = INT64_C(5) * 86400 * 1000;
-	c->store.max_keys = 1000000;
-	c->store.snapshot_interval_ms = 300 * 1000;
-	c->store.overrides_check_ms = 5 * 1000;
-	c->store.timeout_ms = 50;
-	c->store.on_failure = STORE_FAIL_LOCAL;
-	c->store.nodes = 1;
-	c->store.lease_ms = 15 * 1000;
-	c->state_dir = strdup("/var/lib/sluice");
-	c->queue.dir = strdup("/var/spool/sluice");
-	c->intake.allow = calloc(2, sizeof(*c->intake.allow));
-	if (c->intake.allow) {
-		ipaddr_parse_prefix(str_cstr("127.0.0.0/8"), &c->intake.allow[0].addr,
-				    &c->intake.allow[0].bits);
-		ipaddr_parse_prefix(str_cstr("::1"), &c->intake.allow[1].addr,
-				    &c->intake.allow[1].bits);
-		c->intake.nallow = 2;
-	}
-	r = c->path && c->state_dir && c->queue.dir && c->intake.allow ? load(root, c, err, errlen)
-								       : -ENOMEM;
+	c->free_daemon = free_daemon;
+	r = load_daemon(root, c, err, errlen);
 	cfg_free(root);
 	if (r < 0) {
 		if (!err[0])
@@ -1335,57 +588,4 @@ static int config_load_as(const char *path, bool client, struct sluice_config **
 	}
 	*ret = c;
 	return 0;
-}
-
-static void listen_conf_clear(struct listen_conf *lc)
-{
-	for (size_t i = 0; i < lc->n; i++)
-		free(lc->addr[i]);
-	lc->n = 0;
-}
-
-struct sluice_config *config_free(struct sluice_config *c)
-{
-	if (!c)
-		return NULL;
-	free(c->path);
-	free(c->pid_file);
-	free(c->user);
-	free(c->group);
-	free(c->metrics.listen);
-	listen_conf_clear(&c->control);
-	listen_conf_clear(&c->milter.listen);
-	listen_conf_clear(&c->policy.listen);
-	milter_static_conf_clear(&c->milter.handler);
-	listen_conf_clear(&c->intake.listen);
-	free(c->intake.allow);
-	free(c->intake.hostname);
-	free(c->queue.dir);
-	relay_conf_clear(&c->relay);
-	free(c->state_dir);
-	free(c->store.server);
-	free(c->store.user);
-	if (c->store.password)
-		explicit_bzero(c->store.password, strlen(c->store.password));
-	free(c->store.password);
-	free(c->store.prefix);
-	if (c->store.sentinels)
-		for (char **p = c->store.sentinels; *p; p++)
-			free(*p);
-	free(c->store.sentinels);
-	free(c->store.master_name);
-	free(c->store.node);
-	policy_unref(c->rules);
-	free(c);
-	return NULL;
-}
-
-int config_load(const char *path, struct sluice_config **ret, char *err, size_t errlen)
-{
-	return config_load_as(path, false, ret, err, errlen);
-}
-
-int config_load_client(const char *path, struct sluice_config **ret, char *err, size_t errlen)
-{
-	return config_load_as(path, true, ret, err, errlen);
 }

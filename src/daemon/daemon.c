@@ -27,6 +27,7 @@
 
 #include "build_config.h"
 #include "config.h"
+#include "config_schema.h"
 #include "control_cmds.h"
 #include "control_service.h"
 #include "daemon.h"
@@ -88,9 +89,11 @@ struct daemon {
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: sluiced [-c FILE] [-t] [-d [-p PIDFILE]]\n"
+		"usage: sluiced [-c FILE] [-t | -n | -D] [-d [-p PIDFILE]]\n"
 		"  -c FILE   configuration file (default %s)\n"
 		"  -t        check the configuration and exit (0 ok, 1 error)\n"
+		"  -n        print the settings that differ from their defaults, and exit\n"
+		"  -D        print every effective setting, and exit\n"
 		"  -d        detach into the background (default: run in the foreground)\n"
 		"  -p FILE   pid file written with -d (default: pid_file from the configuration)\n"
 		"  -V        print the version\n",
@@ -1124,11 +1127,12 @@ int daemon_main(int argc, char **argv)
 {
 	const char *path = CONFIG_DEFAULT_PATH, *pid_file = NULL;
 	bool check = false, background = false;
-	int opt;
-	while ((opt = getopt(argc, argv, "c:tdp:Vh")) != -1) {
+	int opt, print = 0; /* 'n' or 'D' */
+	while ((opt = getopt(argc, argv, "c:tnDdp:Vh")) != -1) {
 		switch (opt) {
 		case 'c': path = optarg; break;
 		case 't': check = true; break;
+		case 'n': case 'D': print = opt; break;
 		case 'd': background = true; break;
 		case 'p': pid_file = optarg; break;
 		case 'V': printf("sluiced %s\n", SLUICE_VERSION); return 0;
@@ -1151,6 +1155,11 @@ int daemon_main(int argc, char **argv)
 	if (config_load(path, &d.cfg, err, sizeof(err)) < 0) {
 		fprintf(stderr, "sluiced: %s\n", err);
 		return 1;
+	}
+	if (print) {
+		config_print(stdout, d.cfg, print == 'D');
+		config_free(d.cfg);
+		return 0;
 	}
 	if (check) {
 		if (geteuid() == 0 && !d.cfg->user)

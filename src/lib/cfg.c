@@ -50,7 +50,6 @@
  * value[value_len]; node->file of every node points into the root's own allocation.
  */
 #include "cfg.h"
-#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -62,6 +61,9 @@
 #include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "cfg_int.h"
+#include "util.h"
 
 #define CFG_MAX_NODES 1000000u
 
@@ -189,7 +191,7 @@ static const char *describe(const struct parser *p, char *buf, size_t size)
 }
 
 /* Quotes a key for an error message, escaping and truncating it. */
-static const char *show_text(const char *s, size_t n, char *buf, size_t size)
+const char *cfg_show_text(const char *s, size_t n, char *buf, size_t size)
 {
 	struct sbuf b;
 	bool cut = n > 64;
@@ -688,7 +690,7 @@ static int parse_entry(struct parser *p, struct cfg_node *obj, struct cfg_node *
 		/* key { ... }, the brace possibly on the next line */
 	} else if (at_eof(p) || nl) {
 		return parse_error(p, line, "missing value for key %s",
-				   show_text(key, key_len, shown, sizeof(shown)));
+				   cfg_show_text(key, key_len, shown, sizeof(shown)));
 	} else if (c == '"' || c == '\'') {
 		/* key "label" { ... } or key "value" */
 		unsigned sline = p->line;
@@ -1028,311 +1030,4 @@ int cfg_check_unused(const struct cfg_node *obj, char *err, size_t errlen)
 	if (!obj || obj->kind == CFG_SCALAR)
 		return 0;
 	return check_unused(obj, err, errlen);
-}
-
-/* ---- converters ------------------------------------------------------------------ */
-
-/* The scalar's text, quoted, escaped and truncated, for an error message. */
-static const char *show(const struct cfg_node *n, char *buf, size_t size)
-{
-	return show_text(n->value ? n->value : "", n->value ? n->value_len : 0, buf, size);
-}
-
-static int want_scalar(const struct cfg_node *n, const char *what, char *err, size_t errlen)
-{
-	if (!n) {
-		if (err && errlen > 0)
-			snprintf(err, errlen, "missing %s", what);
-		return -EINVAL;
-	}
-	if (n->kind == CFG_SCALAR && n->value)
-		return 0;
-	cfg_error(n, err, errlen, "expected %s, not %s", what,
-		  n->kind == CFG_OBJECT ? "an object" : n->kind == CFG_LIST ? "a list" : "nothing");
-	return -EINVAL;
-}
-
-int cfg_string(const struct cfg_node *n, const char **ret, char *err, size_t errlen)
-{
-	int r = want_scalar(n, "a string", err, errlen);
-	if (r < 0)
-		return r;
-	/* A C string cannot carry a \u0000; refusing it beats silently cutting the text. */
-	if (memchr(n->value, '\0', n->value_len)) {
-		cfg_error(n, err, errlen, "contains a NUL character");
-		return -EINVAL;
-	}
-	*ret = n->value;
-	return 0;
-}
-
-static bool value_is(const struct cfg_node *n, const char *word)
-{
-	size_t len = strlen(word);
-	return n->value_len == len && strncasecmp(n->value, word, len) == 0;
-}
-
-int cfg_bool(const struct cfg_node *n, bool *ret, char *err, size_t errlen)
-{
-	static const char *const yes[] = { "yes", "true", "on", "1" };
-	static const char *const no[] = { "no", "false", "off", "0" };
-	char shown[80];
-	int r = want_scalar(n, "yes or no", err, errlen);
-	if (r < 0)
-		return r;
-	for (size_t i = 0; i < ARRAY_SIZE(yes); i++) {
-		if (value_is(n, yes[i])) {
-			*ret = true;
-			return 0;
-		}
-		if (value_is(n, no[i])) {
-			*ret = false;
-			return 0;
-		}
-	}
-	cfg_error(n, err, errlen, "expected yes/no, true/false, on/off or 1/0, got %s",
-		  show(n, shown, sizeof(shown)));
-	return -EINVAL;
-}
-
-static int lower(char c)
-{
-	return c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c;
-}
-
-/*
- * Reads decimal digits from s[*i]; returns the count, sets *ret (saturating) and
- * *over when the value does not fit in a uint64_t.
- */
-static size_t read_digits(const char *s, size_t len, size_t *i, uint64_t *ret, bool *over)
-{
-	size_t start = *i;
-	uint64_t v = 0;
-	while (*i < len && s[*i] >= '0' && s[*i] <= '9') {
-		unsigned d = (unsigned)(s[*i] - '0');
-		if (v > (UINT64_MAX - d) / 10)
-			*over = true;
-		else
-			v = v * 10 + d;
-		(*i)++;
-	}
-	*ret = v;
-	return *i - start;
-}
-
-/* Returns 0, -EINVAL (syntax), -EDOM (leading zero) or -ERANGE. */
-static int parse_int64(const char *s, size_t len, int64_t *ret)
-{
-	size_t i = 0, start;
-	bool neg = false, over = false;
-	uint64_t mag, mult = 1;
-
-	if (i < len && (s[i] == '+' || s[i] == '-'))
-		neg = s[i++] == '-';
-	start = i;
-	size_t digits = read_digits(s, len, &i, &mag, &over);
-	if (digits == 0)
-		return -EINVAL;
-	if (len - i > 0) {
-		int c = lower(s[i]);
-		bool binary = len - i == 2 && lower(s[i + 1]) == 'b';
-		if (len - i > 2 || (len - i == 2 && !binary))
-			return -EINVAL;
-		if (c == 'k')
-			mult = binary ? 1024u : 1000u;
-		else if (c == 'm')
-			mult = binary ? 1024u * 1024 : 1000u * 1000;
-		else if (c == 'g')
-			mult = binary ? 1024u * 1024 * 1024 : 1000u * 1000 * 1000;
-		else
-			return -EINVAL;
-	}
-	if (digits > 1 && s[start] == '0')
-		return -EDOM;
-	if (over || mag > UINT64_MAX / mult)
-		return -ERANGE;
-	mag *= mult;
-	if (mag > (neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX))
-		return -ERANGE;
-	if (!neg)
-		*ret = (int64_t)mag;
-	else if (mag == (uint64_t)INT64_MAX + 1)
-		*ret = INT64_MIN;
-	else
-		*ret = -(int64_t)mag;
-	return 0;
-}
-
-int cfg_int64(const struct cfg_node *n, int64_t min, int64_t max, int64_t *ret,
-	      char *err, size_t errlen)
-{
-	char shown[80];
-	int64_t v;
-	int r = want_scalar(n, "an integer", err, errlen);
-	if (r < 0)
-		return r;
-	r = parse_int64(n->value, n->value_len, &v);
-	if (r == 0 && (v < min || v > max))
-		r = -ERANGE;
-	if (r == -EDOM)
-		cfg_error(n, err, errlen, "%s: leading zeros are not allowed (octal is not "
-			  "supported)", show(n, shown, sizeof(shown)));
-	else if (r == -ERANGE)
-		cfg_error(n, err, errlen, "%s is out of range [%" PRId64 ", %" PRId64 "]",
-			  show(n, shown, sizeof(shown)), min, max);
-	else if (r < 0)
-		cfg_error(n, err, errlen, "expected an integer (with an optional k, m, g or kb, "
-			  "mb, gb suffix), got %s", show(n, shown, sizeof(shown)));
-	if (r < 0)
-		return -EINVAL;
-	*ret = v;
-	return 0;
-}
-
-static const struct {
-	const char *name;
-	int64_t ms;
-} duration_units[] = {
-	{ "w", 7 * 24 * 3600 * 1000LL },
-	{ "d", 24 * 3600 * 1000LL },
-	{ "h", 3600 * 1000LL },
-	{ "m", 60 * 1000LL },
-	{ "s", 1000LL },
-	{ "ms", 1LL },
-};
-
-/* Returns 0, -EINVAL (syntax) or -ERANGE. */
-static int parse_duration(const char *s, size_t len, int64_t *ret)
-{
-	int64_t total = 0;
-	size_t i = 0, parts = 0, last = 0;
-	bool over = false;
-
-	if (len == 0)
-		return -EINVAL;
-	while (i < len) {
-		uint64_t v;
-		size_t u;
-		if (read_digits(s, len, &i, &v, &over) == 0)
-			return -EINVAL;
-		if (i == len) {
-			if (parts > 0)
-				return -EINVAL; /* "1h30": a bare number only stands alone */
-			u = 4;                  /* seconds */
-		} else if (s[i] == 'm' && i + 1 < len && s[i + 1] == 's') {
-			u = 5;
-			i += 2;
-		} else {
-			for (u = 0; u < 5 && s[i] != duration_units[u].name[0]; u++)
-				;
-			if (u == 5)
-				return -EINVAL;
-			i++;
-		}
-		/* Largest unit first, each at most once: "30m1h" is a typo, not 90 minutes. */
-		if (parts > 0 && u <= last)
-			return -EINVAL;
-		last = u;
-		parts++;
-		int64_t ms = duration_units[u].ms;
-		if (over || v > (uint64_t)(INT64_MAX / ms)) {
-			over = true;
-			continue;
-		}
-		int64_t part = (int64_t)v * ms;
-		if (total > INT64_MAX - part)
-			over = true;
-		else
-			total += part;
-	}
-	if (over)
-		return -ERANGE;
-	*ret = total;
-	return 0;
-}
-
-/* A bound of a duration key as sluice.conf writes it ("-5s" below zero). */
-static const char *duration_shown(int64_t ms, char *buf, size_t size)
-{
-	if (ms >= 0)
-		return fmt_duration(buf, size, (uint64_t)ms, DURATION_EXACT);
-	buf[0] = '-';
-	fmt_duration(buf + 1, size - 1, (uint64_t)0 - (uint64_t)ms, DURATION_EXACT);
-	return buf;
-}
-
-int cfg_duration_ms(const struct cfg_node *n, int64_t min, int64_t max, int64_t *ret,
-		    char *err, size_t errlen)
-{
-	char shown[80], lo[32], hi[32];
-	int64_t v;
-	int r = want_scalar(n, "a duration", err, errlen);
-	if (r < 0)
-		return r;
-	r = parse_duration(n->value, n->value_len, &v);
-	if (r == 0 && (v < min || v > max))
-		r = -ERANGE;
-	if (r == -ERANGE)
-		cfg_error(n, err, errlen, "%s is out of range [%s, %s]", show(n, shown, sizeof(shown)),
-			  duration_shown(min, lo, sizeof(lo)), duration_shown(max, hi, sizeof(hi)));
-	else if (r < 0)
-		cfg_error(n, err, errlen, "expected a duration such as 250ms, 30s, 5m, 2h, 1d, 1w "
-			  "or 1h30m, got %s", show(n, shown, sizeof(shown)));
-	if (r < 0)
-		return -EINVAL;
-	*ret = v;
-	return 0;
-}
-
-/* Returns 0, -EINVAL (syntax) or -ERANGE. */
-static int parse_size(const char *s, size_t len, uint64_t *ret)
-{
-	size_t i = 0;
-	bool over = false;
-	uint64_t v, mult = 1;
-
-	if (read_digits(s, len, &i, &v, &over) == 0)
-		return -EINVAL;
-	if (i < len) {
-		int c = lower(s[i]);
-		if (c == 'k')
-			mult = 1024u;
-		else if (c == 'm')
-			mult = 1024u * 1024;
-		else if (c == 'g')
-			mult = 1024u * 1024 * 1024;
-		if (mult > 1)
-			i++;
-	}
-	if (i < len && lower(s[i]) == 'b')
-		i++;
-	if (i != len)
-		return -EINVAL;
-	if (over || v > UINT64_MAX / mult)
-		return -ERANGE;
-	*ret = v * mult;
-	return 0;
-}
-
-int cfg_size(const struct cfg_node *n, uint64_t min, uint64_t max, uint64_t *ret,
-	     char *err, size_t errlen)
-{
-	char shown[80];
-	uint64_t v;
-	int r = want_scalar(n, "a size", err, errlen);
-	if (r < 0)
-		return r;
-	r = parse_size(n->value, n->value_len, &v);
-	if (r == 0 && (v < min || v > max))
-		r = -ERANGE;
-	if (r == -ERANGE)
-		cfg_error(n, err, errlen, "%s is out of range [%" PRIu64 ", %" PRIu64 "] bytes",
-			  show(n, shown, sizeof(shown)), min, max);
-	else if (r < 0)
-		cfg_error(n, err, errlen, "expected a size such as 512, 64k, 10mb or 1g, got %s",
-			  show(n, shown, sizeof(shown)));
-	if (r < 0)
-		return -EINVAL;
-	*ret = v;
-	return 0;
 }

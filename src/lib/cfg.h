@@ -2,8 +2,8 @@
  * cfg -- parser for sluice's configuration syntax: the nginx-like subset of UCL.
  *
  * Generic: knows nothing of mail.  It turns text into a tree of nodes, each carrying the
- * file and line it came from, so that the schema layer (src/daemon/config.c) can name
- * file, line and key in every error.  No I/O except cfg_parse_file() reading one file.
+ * file and line it came from, so that the schema (cfg_schema.c, the tables of src/conf)
+ * can name file, line and key in every error.  No I/O except cfg_parse_file() reading one file.
  *
  * Syntax accepted (a subset of UCL, compatible with libucl for these forms):
  *

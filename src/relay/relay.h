@@ -33,6 +33,7 @@
 #include <sys/socket.h>
 
 #include "buf.h"
+#include "cfg_schema.h"
 #include "classify.h"
 #include "log.h"
 #include "rate.h"
@@ -82,6 +83,13 @@ struct route_conf {
 	size_t nsignals;
 	uint64_t timeout_ms[SMTP_STAGE_COUNT];
 };
+
+/* The keys of route "name" { } that are plain values (cfg_schema.h; relay_conf.c); the
+ * others (domains, smarthost, mx, auth, source, rate, timeouts) are read by
+ * src/daemon/config.c. */
+extern const struct cfg_key route_conf_keys[];
+/* The keys of route "name" { signal { } } (struct classify_signal_conf). */
+extern const struct cfg_key route_signal_keys[];
 
 /* `relay { ... }` and the routes. */
 struct relay_conf {

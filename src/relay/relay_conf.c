@@ -3,11 +3,84 @@
  * a deep copy for the relay's thread, and the route of a recipient domain.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
+#include "cfg_schema.h"
 #include "relay.h"
+
+/* ---- the keys of route "name" { } that are plain values ---- */
+
+_Static_assert(sizeof(enum smtp_out_tls) == sizeof(int), "stored by cfg_type_enum");
+_Static_assert(sizeof(enum route_count) == sizeof(int), "stored by cfg_type_enum");
+
+static int check_readable(const struct cfg_node *n, const void *field, char *err, size_t el)
+{
+	const char *file = *(char *const *)field;
+	if (file && access(file, R_OK) < 0) {
+		cfg_error(n, err, el, "%s: %s", file, strerror(errno));
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static const struct cfg_enum route_tls[] = {
+	{ "none", SMTP_TLS_NONE }, { "may", SMTP_TLS_MAY }, { "require", SMTP_TLS_REQUIRE },
+	{ "verify", SMTP_TLS_VERIFY }, { NULL, 0 },
+};
+
+static const struct cfg_enum route_count[] = {
+	{ "messages", ROUTE_COUNT_MESSAGES }, { "recipients", ROUTE_COUNT_RECIPIENTS },
+	{ NULL, 0 },
+};
+
+_Static_assert(sizeof(enum classify_verdict) == sizeof(int), "stored by cfg_type_enum");
+
+static const struct cfg_enum signal_actions[] = {
+	{ "suspend", CLASSIFY_SUSPEND }, { "slow", CLASSIFY_SLOW }, { "retry", CLASSIFY_RETRY },
+	{ "bounce", CLASSIFY_FAIL }, { NULL, 0 },
+};
+
+#define SIGNAL(field) offsetof(struct classify_signal_conf, field)
+
+const struct cfg_key route_signal_keys[] = {
+	{ "match", &cfg_type_string, SIGNAL(match), NULL, .flags = CFG_REQUIRED,
+	  .help = "a regular expression over the relay's reply" },
+	{ "action", &cfg_type_enum, SIGNAL(action), "suspend", .names = signal_actions,
+	  .help = "what a matching reply does to the lane or the recipient" },
+	{ "for", &cfg_type_duration, SIGNAL(for_ms), NULL, 1000, INT64_C(30) * 86400 * 1000,
+	  .help = "the suspension or slow-down (default: the lane's backoff)" },
+	{ .name = NULL },
+};
+
+#define ROUTE(field) offsetof(struct route_conf, field)
+
+const struct cfg_key route_conf_keys[] = {
+	{ "helo", &cfg_type_string, ROUTE(helo), NULL,
+	  .help = "the EHLO name (default: relay.hostname)" },
+	{ "tls", &cfg_type_enum, ROUTE(tls), "may", .names = route_tls,
+	  .help = "STARTTLS: none, may (when offered), require, or verify the certificate" },
+	{ "ca_file", &cfg_type_string, ROUTE(ca_file), NULL, .check = check_readable,
+	  .help = "the CAs that verify trusts (default: the system's)" },
+	{ "sni", &cfg_type_string, ROUTE(sni), NULL,
+	  .help = "the name sent and verified (default: the smarthost's or the MX's)" },
+	{ "count", &cfg_type_enum, ROUTE(count), "messages", .names = route_count,
+	  .help = "what the rate counts" },
+	{ "connections", &cfg_type_uint, ROUTE(connections), NULL, 1, 1000,
+	  .help = "simultaneous connections per lane (default 2, 4 with mx)" },
+	{ "messages_per_connection", &cfg_type_uint, ROUTE(messages_per_connection), "100", 1,
+	  1000000, .help = "messages sent over one connection before it is closed" },
+	{ "recipients_per_message", &cfg_type_uint, ROUTE(recipients_per_message), "50", 1,
+	  SMTP_OUT_RCPT_MAX, .help = "RCPT TO per transaction" },
+	{ "guard", &cfg_type_duration, ROUTE(guard_ms), "100ms", 0, 60000,
+	  .help = "added to every window, against clock skew with the smarthost" },
+	{ "shared", &cfg_type_bool, ROUTE(shared), "false",
+	  .help = "the lane's budget is in the Redis store, shared by the nodes" },
+	{ .name = NULL },
+};
 
 void relay_conf_init(struct relay_conf *c)
 {

@@ -86,3 +86,54 @@ def test_a_missing_password_file_is_named(workdir):
     res = check(path)
     assert res.returncode != 0
     assert 'route "isp".auth.password_file' in res.stderr and "isp.secret" in res.stderr
+
+
+def dump(path, flag):
+    return subprocess.run([SLUICED, flag, "-c", str(path)], capture_output=True, text=True,
+                          timeout=30)
+
+
+def test_n_prints_only_what_the_shipped_file_sets(workdir):
+    """sluiced -n (as postconf -n): every block and key it writes is set in the file."""
+    require_binary(SLUICED, "SLUICED")
+    if os.geteuid() == 0:
+        ensure_user("sluice")
+    shipped = SOURCE_ROOT / "etc/sluice.conf"
+    text = "\n".join(line.split("#")[0] for line in shipped.read_text().splitlines())
+    res = dump(shipped, "-n")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip(), "sluiced -n wrote nothing"
+    for line in res.stdout.splitlines():
+        m = re.match(r"^\s*([a-z_]+) (?:\{|= )", line)
+        if m:
+            assert re.search(rf"^\s*{m.group(1)}\s*(=|\{{)", text, re.M), \
+                f"sluiced -n wrote {line!r}, which {shipped} does not set"
+        else:
+            assert line == "}", line
+    # a default the file repeats is not written
+    assert "stats_interval" not in res.stdout
+
+
+@pytest.mark.parametrize("name", ["sluice.conf"] + NAMES)
+def test_D_output_reads_back(name, workdir):
+    """sluiced -D writes every effective setting; what it writes passes sluiced -t and
+    gives the same settings again."""
+    require_binary(SLUICED, "SLUICED")
+    if os.geteuid() == 0:
+        ensure_user("sluice")
+    if name == "sluice.conf":
+        path = workdir / name
+        shutil.copy(SOURCE_ROOT / "etc/sluice.conf", path)
+    else:
+        path = copy_example(name, workdir)
+    first = dump(path, "-D")
+    assert first.returncode == 0, first.stderr
+    again = workdir / "again.conf"
+    again.write_text(first.stdout)
+    again.chmod(0o600)  # an example's inline password would make it a secret
+    res = check(again)
+    assert res.returncode == 0, f"sluiced -t on the output of -D {name}:\n{res.stderr}"
+    second = dump(again, "-D")
+    assert second.stdout == first.stdout
+    for key in ["workers", "state_dir", "stats_interval", "commit_batch", "max_keys"]:
+        assert re.search(rf"^\s*{key} = ", first.stdout, re.M), key

@@ -1,5 +1,5 @@
 /*
- * test_cfg -- unit tests of the configuration parser (src/lib/cfg.c).
+ * test_cfg -- unit tests of the configuration parser (src/lib/cfg.c, cfg_convert.c).
  *
  * Table-driven: documents that parse, compared with a compact dump of the tree (which
  * shows every key's line); documents that do not, compared with the exact error; and

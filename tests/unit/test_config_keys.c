@@ -39,6 +39,7 @@
 
 #include "cfg.h"
 #include "config.h"
+#include "config_schema.h"
 
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -177,6 +178,52 @@ static const char conf_sentinels[] =
 	"  password = \"x\"; }\n"
 	"limit \"l\" { stage = \"connect\"; key = \"client_ip\"; rate = \"10/1m\"; }\n";
 
+/* Owners and groups of every socket (root exists everywhere). */
+static const char conf_ids[] =
+	"user = \"root\"; group = \"root\";\n"
+	"control { listen = \"unix:c.sock\"; owner = \"root\"; group = \"root\"; admin = \"root\"; }\n"
+	"milter { listen = \"unix:m.sock\"; owner = \"root\"; group = \"root\"; }\n"
+	"policy { listen = \"unix:p.sock\"; owner = \"root\"; group = \"root\"; }\n"
+	"intake { listen = \"unix:i.sock\"; owner = \"root\"; group = \"root\"; }\n";
+
+/* The keys `sluiced -D` writes for the configurations loaded ("block.key"). */
+static struct strset printed;
+
+/* Adds the keys of config_print()'s text (blocks nest by "name {" ... "}"). */
+static void collect_printed(const char *text)
+{
+	char stack[4][200] = { "" };
+	size_t depth = 0;
+	for (const char *line = text; *line;) {
+		const char *eol = strchr(line, '\n');
+		size_t len = eol ? (size_t)(eol - line) : strlen(line);
+		char l[9000];
+		snprintf(l, sizeof(l), "%.*s", (int)len, line);
+		char *p = l + strspn(l, " ");
+		if (strncmp(p, "# ", 2) == 0)
+			p += 2;
+		char name[64];
+		if (strcmp(p, "}") == 0) {
+			assert_true(depth > 0);
+			depth--;
+		} else if (sscanf(p, "%63[a-z_] {", name) == 1 && strstr(p, " {")) {
+			assert_true(depth < 3);
+			char up[200];
+			memcpy(up, stack[depth], sizeof(up));
+			join_key(stack[depth + 1], sizeof(stack[0]), up, name);
+			depth++;
+		} else if (sscanf(p, "%63[a-z_] = ", name) == 1) {
+			char k[200];
+			join_key(k, sizeof(k), stack[depth], name);
+			strset_add(&printed, k);
+		} else {
+			fail_msg("sluiced -D wrote a line of no key: %s", l);
+		}
+		line += len + (eol ? 1 : 0);
+	}
+	assert_int_equal(depth, 0);
+}
+
 static void load_ok(const char *name, const char *text)
 {
 	char path[256], err[1024];
@@ -187,11 +234,20 @@ static void load_ok(const char *name, const char *text)
 	int r = config_load(path, &c, err, sizeof(err));
 	if (r < 0)
 		fail_msg("%s does not load: %s", name, err);
+	char *out = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&out, &len);
+	assert_non_null(f);
+	config_print(f, c, true);
+	assert_int_equal(fclose(f), 0);
+	collect_printed(out);
+	free(out);
 	config_free(c);
 }
 
 static void collect_schema_keys(struct strset *read)
 {
+	memcpy(dir + sizeof(dir) - 7, "XXXXXX", 6);
 	assert_non_null(mkdtemp(dir));
 	write_file("redis.secret", "secret\n");
 	write_file("isp.secret", "secret\n");
@@ -205,11 +261,12 @@ static void collect_schema_keys(struct strset *read)
 	load_ok("reply.conf", conf_reply);
 	load_ok("rules.conf", conf_rules);
 	load_ok("sentinels.conf", conf_sentinels);
+	load_ok("ids.conf", conf_ids);
 	cfg_set_lookup_hook(NULL, NULL);
 
 	assert_int_equal(chdir(cwd), 0);
 	const char *names[] = { "redis.secret", "isp.secret", "ca.pem", "domains.limits",
-				"reply.conf", "rules.conf", "sentinels.conf" };
+				"reply.conf", "rules.conf", "sentinels.conf", "ids.conf" };
 	for (size_t i = 0; i < ARRAY_SIZE(names); i++) {
 		char p[256];
 		snprintf(p, sizeof(p), "%s/%s", dir, names[i]);
@@ -225,7 +282,11 @@ struct entry {
 	size_t n;
 	bool has_default;
 	unsigned line;
+	char text[4096]; /* the description, its lines joined by spaces */
 };
+
+/* "key" -> the X of the first "Default *X*" in its description. */
+static struct strset doc_defaults;
 
 /* Reads "*name*" at *p (a key: letters, digits, '_', '\_'); advances past it. */
 static bool read_key(const char **p, char *out, size_t len)
@@ -310,8 +371,21 @@ static bool section_block(const char *title, char *out, size_t len)
 
 static void close_entry(struct entry *e, struct strset *doc, struct strset *no_default)
 {
+	const char *d = strstr(e->text, "Default *");
+	char def[300] = "";
+	if (d) {
+		d += strlen("Default *");
+		size_t n = strcspn(d, "*");
+		if (d[n] == '*' && n < 200)
+			snprintf(def, sizeof(def), "%.*s", (int)n, d);
+	}
 	for (size_t i = 0; i < e->n; i++) {
 		strset_add(doc, e->keys[i]);
+		if (def[0]) {
+			char kv[600];
+			snprintf(kv, sizeof(kv), "%s=%s", e->keys[i], def);
+			strset_add(&doc_defaults, kv);
+		}
 		if (!e->has_default) {
 			char msg[200];
 			snprintf(msg, sizeof(msg), "%s (line %u)", e->keys[i], e->line);
@@ -319,6 +393,7 @@ static void close_entry(struct entry *e, struct strset *doc, struct strset *no_d
 		}
 	}
 	e->n = 0;
+	e->text[0] = '\0';
 }
 
 static void collect_documented_keys(struct strset *doc, struct strset *no_default)
@@ -352,6 +427,8 @@ static void collect_documented_keys(struct strset *doc, struct strset *no_defaul
 		if (line[0] == '\t' && e.n > 0) {
 			if (strcasestr(line, "default") || strcasestr(line, "required"))
 				e.has_default = true;
+			size_t tl = strlen(e.text);
+			snprintf(e.text + tl, sizeof(e.text) - tl, "%s ", line + 1);
 			continue;
 		}
 		close_entry(&e, doc, no_default);
@@ -410,6 +487,158 @@ static void test_keys_documented(void **state)
 			 man_path, bad);
 }
 
+/* Every key of the tables, as "block.key" ("relay.retry.min"); secrets apart. */
+static void table_keys(const struct cfg_key *keys, const char *block, struct strset *all,
+		       struct strset *secret)
+{
+	for (const struct cfg_key *k = keys; k->name; k++) {
+		char path[200];
+		join_key(path, sizeof(path), block, k->name);
+		if (k->type == &cfg_type_block) {
+			table_keys(k->sub, path, all, secret);
+			continue;
+		}
+		strset_add(all, path);
+		if (secret && (k->flags & CFG_SECRET))
+			strset_add(secret, path);
+	}
+}
+
+/* The value of text for key k, in the form k's type writes it; false if it does not parse. */
+static bool normal_value(const struct cfg_key *k, const char *text, char *out, size_t len)
+{
+	char v[256];
+	size_t n = strlen(text);
+	if (n >= 2 && text[0] == '"' && text[n - 1] == '"')
+		snprintf(v, sizeof(v), "%.*s", (int)n - 2, text + 1);
+	else
+		snprintf(v, sizeof(v), "%s", text);
+	_Alignas(max_align_t) char field[256] = { 0 };
+	struct cfg_node node = { .kind = CFG_SCALAR, .key = (char *)k->name, .value = v,
+				 .value_len = strlen(v), .file = "doc" };
+	char err[300];
+	if (k->type->parse(&node, k, field, err, sizeof(err)) < 0)
+		return false;
+	bool ok = k->type->format(k, field, out, len);
+	if (k->type->clear)
+		k->type->clear(field);
+	return ok;
+}
+
+static size_t defaults_compared;
+
+/* The defaults sluice.conf(5) states ("Default *X*") are the tables' (keys of lists and
+ * of no default in a table are left out); returns the number that differ. */
+static size_t compare_defaults(const struct cfg_key *keys, const char *block)
+{
+	size_t bad = 0;
+	for (const struct cfg_key *k = keys; k->name; k++) {
+		char path[200];
+		join_key(path, sizeof(path), block, k->name);
+		if (k->type == &cfg_type_block) {
+			bad += compare_defaults(k->sub, path);
+			continue;
+		}
+		if (!k->def || (k->flags & CFG_REPEAT))
+			continue;
+		const char *doc = NULL;
+		size_t pl = strlen(path);
+		for (size_t i = 0; i < doc_defaults.n && !doc; i++)
+			if (strncmp(doc_defaults.v[i], path, pl) == 0 && doc_defaults.v[i][pl] == '=')
+				doc = doc_defaults.v[i] + pl + 1;
+		if (!doc)
+			continue;
+		char a[512], b[512];
+		assert_true(normal_value(k, k->def, a, sizeof(a)));
+		defaults_compared++;
+		if (!normal_value(k, doc, b, sizeof(b)) || strcmp(a, b) != 0) {
+			print_message("default of %s: %s in its table, *%s* in sluice.conf(5)\n",
+				      path, k->def, doc);
+			bad++;
+		}
+	}
+	return bad;
+}
+
+/*
+ * sluice.conf(5) and the tables agree: every key of a table is documented, every key the
+ * page documents in a block the tables hold is in them, and sluiced -D writes every key
+ * of the tables but the secrets.
+ */
+static void test_tables(void **state)
+{
+	(void)state;
+	struct strset read = { 0 }, doc = { 0 }, no_default = { 0 }, all = { 0 }, secret = { 0 };
+	struct strset blocks = { 0 };
+	size_t bad = 0;
+
+	collect_schema_keys(&read);
+	collect_documented_keys(&doc, &no_default);
+	for (const struct config_block *b = config_blocks; b->name; b++) {
+		table_keys(b->keys, b->name, &all, &secret);
+		strset_add(&blocks, b->name);
+	}
+	strset_add(&blocks, "relay.retry");
+	strset_add(&blocks, "relay.suspend");
+	/* a route's plain values: a table of the relay's; sluiced -D writes no route */
+	struct strset route = { 0 };
+	table_keys(route_conf_keys, "route", &route, NULL);
+	table_keys(route_signal_keys, "route.signal", &route, NULL);
+	for (size_t i = 0; i < route.n; i++)
+		if (!strset_has(&doc, route.v[i])) {
+			print_message("in a table, not in sluice.conf(5): %s\n", route.v[i]);
+			bad++;
+		}
+	strset_clear(&route);
+	for (const struct config_block *b = config_blocks; b->name; b++)
+		bad += compare_defaults(b->keys, b->name);
+	bad += compare_defaults(route_conf_keys, "route");
+	bad += compare_defaults(route_signal_keys, "route.signal");
+	assert_true(doc_defaults.n > 50);
+	assert_true(defaults_compared > 40); /* the page's "Default *X*" were found */
+	assert_true(all.n > 60);
+	for (size_t i = 0; i < all.n; i++) {
+		if (!strset_has(&doc, all.v[i])) {
+			print_message("in a table, not in sluice.conf(5): %s\n", all.v[i]);
+			bad++;
+		}
+		if (!strset_has(&printed, all.v[i]) && !strset_has(&secret, all.v[i])) {
+			print_message("in a table, not written by sluiced -D: %s\n", all.v[i]);
+			bad++;
+		}
+	}
+	for (size_t i = 0; i < doc.n; i++) {
+		char block[200];
+		const char *dot = strrchr(doc.v[i], '.');
+		snprintf(block, sizeof(block), "%.*s", dot ? (int)(dot - doc.v[i]) : 0, doc.v[i]);
+		if (!strset_has(&blocks, block) || strset_has(&all, doc.v[i]))
+			continue;
+		/* a block's own name, or a sub-block whose content is code (milter.reply) */
+		char prefix[200];
+		snprintf(prefix, sizeof(prefix), "%s.", doc.v[i]);
+		bool is_block = false;
+		for (size_t j = 0; j < doc.n && !is_block; j++)
+			is_block = strncmp(doc.v[j], prefix, strlen(prefix)) == 0;
+		if (is_block || (!dot && (strcmp(doc.v[i], "limit") == 0 ||
+					  strcmp(doc.v[i], "class") == 0 ||
+					  strcmp(doc.v[i], "route") == 0)))
+			continue;
+		print_message("in sluice.conf(5), not in a table: %s\n", doc.v[i]);
+		bad++;
+	}
+	strset_clear(&read);
+	strset_clear(&doc);
+	strset_clear(&no_default);
+	strset_clear(&all);
+	strset_clear(&secret);
+	strset_clear(&blocks);
+	strset_clear(&printed);
+	strset_clear(&doc_defaults);
+	if (bad)
+		fail_msg("the tables of src/conf/config_schema.c, %s and sluiced -D disagree on "
+			 "%zu keys (listed above)", man_path, bad);
+}
+
 /* The hook itself: the block path has no labels, lookups of absent keys count. */
 static void on_lookup_line(void *arg, const char *block, const char *key)
 {
@@ -448,6 +677,7 @@ int main(int argc, char **argv)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_hook_paths),
 		cmocka_unit_test(test_keys_documented),
+		cmocka_unit_test(test_tables),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,10 @@
 /*
  * config -- sluiced's configuration: the schema over the cfg tree.
  *
+ * The struct and config_load_client() live in the conf layer (src/conf), which the sluice
+ * command links without the policy engine, the milter or the relay: it uses their headers
+ * for the types of the members config_load() fills, not their code.
+ *
  * Loading is all or nothing: a file with any error yields no configuration, and the error
  * names file, line and key.  A loaded configuration is immutable; reload builds a new one.
  */
@@ -96,7 +100,8 @@ struct sluice_config {
 	} queue;
 	char *state_dir;
 	struct {
-		bool redis;                   /* type = "redis" (else "memory") */
+		int type;                     /* 0: memory, 1: redis */
+		bool redis;                   /* type = "redis" */
 		uint64_t max_keys;
 		int64_t snapshot_interval_ms; /* 0 = only at shutdown */
 		int64_t overrides_check_ms;   /* how often overrides files are checked */
@@ -104,6 +109,7 @@ struct sluice_config {
 		char *server;
 		char *user;
 		char *password;               /* from password or password_file */
+		char *password_file;
 		unsigned db;
 		char *prefix;
 		int64_t timeout_ms;
@@ -117,7 +123,11 @@ struct sluice_config {
 	} store;
 	struct policy *rules;                 /* limit and class blocks (NULL only for clients) */
 	bool client;                          /* config_load_client() */
+	/* frees what config_load() in src/daemon adds (rules, relay, milter answers) */
+	void (*free_daemon)(struct sluice_config *c);
 	struct relay_conf relay;              /* relay {} and route blocks; no route: no relay */
+	bool has_relay;                       /* a relay {} block was given */
+	bool relay_hostname_derived;          /* relay.hostname: not given, found by sluiced */
 };
 
 /* Load and check a file.  0 and *ret, or <0 with err "FILE:LINE: KEY: message". */

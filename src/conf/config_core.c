@@ -1,0 +1,348 @@
+/*
+ * config_core -- loading sluice.conf up to the rules: the blocks of the tables
+ * (config_schema.c), the checks across their keys, and the secret files.
+ *
+ * This is all the sluice command reads (config_load_client), so it links nothing of the
+ * policy engine, the milter or the relay; config_load() in src/daemon/config.c goes on
+ * with the rules, the milter's fixed answers, the relay and the routes.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cfg.h"
+#include "cfg_schema.h"
+#include "config.h"
+#include "config_core.h"
+#include "config_schema.h"
+#include "listen.h"
+#include "util.h"
+
+#define ERR(...) cfg_error(__VA_ARGS__)
+
+/* The node of a key that may be given once: 0 with *ret (NULL when absent), or -EINVAL. */
+int config_get_one(struct cfg_node *obj, const char *key, struct cfg_node **ret, char *err,
+		   size_t el)
+{
+	struct cfg_node *n = cfg_get(obj, key);
+	if (n && cfg_next_same(n)) {
+		ERR(cfg_next_same(n), err, el, "given twice");
+		return -EINVAL;
+	}
+	*ret = n;
+	return 0;
+}
+
+int config_get_string(struct cfg_node *obj, const char *key, char **ret, char *err, size_t el)
+{
+	struct cfg_node *n;
+	int r = config_get_one(obj, key, &n, err, el);
+	if (r < 0 || !n)
+		return r;
+	return cfg_type_string.parse(n, NULL, ret, err, el);
+}
+
+static int load_policy(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
+{
+	return cfg_schema_load(m, config_policy_keys, c, err, el);
+}
+
+static int load_intake(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
+{
+	c->intake.enabled = true;
+	return cfg_schema_load(m, config_intake_keys, c, err, el);
+}
+
+/* Is the address reachable from this host only?  (unix sockets, 127.0.0.0/8, ::1) */
+static bool addr_is_local(const struct listen_addr *a)
+{
+	if (a->ss.ss_family == AF_UNIX)
+		return true;
+	if (a->ss.ss_family == AF_INET) {
+		const struct sockaddr_in *in = (const struct sockaddr_in *)&a->ss;
+		return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+	}
+	if (a->ss.ss_family == AF_INET6) {
+		const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)&a->ss;
+		if (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr))
+			return true;
+		return IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && in6->sin6_addr.s6_addr[12] == 127;
+	}
+	return false;
+}
+
+/* metrics { listen; allow_remote; max_connections; } -- the endpoint answers without
+ * authentication, so an address other hosts can reach must be asked for. */
+static int load_metrics(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
+{
+	c->metrics.enabled = true;
+	int r = cfg_schema_load(m, config_metrics_keys, c, err, el);
+	if (r < 0)
+		return r;
+	struct listen_addr a;
+	char why[300];
+	struct cfg_node *n = cfg_get(m, "listen");
+	if (listen_addr_parse(c->metrics.listen, &a, why, sizeof(why)) < 0) {
+		ERR(n ? n : m, err, el, "%s", why);
+		return -EINVAL;
+	}
+	if (!c->metrics.allow_remote && !addr_is_local(&a)) {
+		ERR(n ? n : m, err, el, "\"%.100s\" can be reached from other hosts, and the "
+		    "metrics have no authentication: listen on 127.0.0.1 or ::1, or set "
+		    "allow_remote = true", c->metrics.listen);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int load_queue(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
+{
+	return cfg_schema_load(m, config_queue_keys, c, err, el);
+}
+
+/* The identity sluiced runs as: the configured user, or whoever started it. */
+static uid_t daemon_uid(const struct sluice_config *c)
+{
+	return c->user && geteuid() == 0 ? c->uid : geteuid();
+}
+
+/*
+ * A file holding a secret (a password_file, or sluice.conf with an inline password): no
+ * access at all for others, and owned by root or by the daemon's user -- anyone else
+ * could replace it.  0, or -EACCES with err naming the file, its mode and the fix.
+ */
+static int check_secret_file(struct cfg_node *n, const char *file, const struct sluice_config *c,
+			     const char *why, char *err, size_t el)
+{
+	struct stat st;
+	if (stat(file, &st) < 0) {
+		int e = errno;
+		ERR(n, err, el, "%s: %s", file, strerror(e));
+		return -e;
+	}
+	unsigned mode = (unsigned)st.st_mode & 07777;
+	if (mode & 007) {
+		ERR(n, err, el, "%s%s has mode %04o: others may %s it; fix: chmod 0640 %s", file, why,
+		    mode, mode & 002 ? "change" : "read", file);
+		return -EACCES;
+	}
+	if (st.st_uid != 0 && st.st_uid != daemon_uid(c) && st.st_uid != geteuid()) {
+		ERR(n, err, el, "%s%s is owned by uid %lu, neither root nor the daemon's user; "
+		    "fix: chown root %s", file, why, (unsigned long)st.st_uid, file);
+		return -EACCES;
+	}
+	return 0;
+}
+
+/* The first line of a secret file, checked by check_secret_file().  *ret is owned. */
+int config_read_secret(struct cfg_node *n, const char *file, const struct sluice_config *c,
+		       char **ret, char *err, size_t el)
+{
+	if (c->client)
+		return 0; /* the sluice command needs no secret, and may not read one */
+	int r = check_secret_file(n, file, c, "", err, el);
+	if (r < 0)
+		return -EINVAL;
+	char *text = NULL;
+	size_t len;
+	int fr = file_read_all(file, 4096, &text, &len);
+	if (fr < 0) {
+		ERR(n, err, el, "%s: %s", file, strerror(-fr));
+		return -EINVAL;
+	}
+	text[strcspn(text, "\r\n")] = '\0';
+	if (!text[0]) {
+		ERR(n, err, el, "%s is empty", file);
+		free(text);
+		return -EINVAL;
+	}
+	*ret = text;
+	return 0;
+}
+
+/* The Redis password: inline, or the first line of password_file. */
+static int load_password(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
+{
+	const char *file = c->store.password_file;
+	if (file && c->store.password) {
+		ERR(cfg_get(m, "password_file"), err, el, "give password or password_file, not both");
+		return -EINVAL;
+	}
+	if (file)
+		return config_read_secret(cfg_get(m, "password_file"), file, c, &c->store.password, err, el);
+	return 0;
+}
+
+static int load_store(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
+{
+	int r = cfg_schema_load(m, config_store_keys, c, err, el);
+	c->store.redis = r == 0 && c->store.type == 1;
+	if (r == 0 && !c->store.redis) {
+		struct cfg_node *n;
+		for (const struct cfg_key *k = config_redis_keys; k->name; k++)
+			if ((n = cfg_get(m, k->name))) {
+				ERR(n, err, el, "only with type = \"redis\"");
+				return -EINVAL;
+			}
+		return 0;
+	}
+	if (r == 0)
+		r = cfg_schema_load(m, config_redis_keys, c, err, el);
+	if (r == 0)
+		r = load_password(m, c, err, el);
+	if (r == 0 && c->store.user && !c->store.password && !c->store.password_file) {
+		ERR(cfg_get(m, "user"), err, el, "a user needs a password (or password_file)");
+		r = -EINVAL;
+	}
+	if (r == 0 && c->store.sentinels) {
+		while (c->store.sentinels[c->store.nsentinels])
+			c->store.nsentinels++;
+		if (!c->store.master_name) {
+			ERR(cfg_get(m, "sentinels"), err, el, "sentinels need master_name");
+			r = -EINVAL;
+		} else if (c->store.server) {
+			ERR(cfg_get(m, "server"), err, el, "give server or sentinels, not both "
+			    "(sentinels say where the master is)");
+			r = -EINVAL;
+		}
+	} else if (r == 0 && c->store.master_name) {
+		ERR(cfg_get(m, "master_name"), err, el, "master_name needs sentinels");
+		r = -EINVAL;
+	}
+	return r;
+}
+
+static int load_core(struct cfg_node *root, struct sluice_config *c, char *err, size_t el)
+{
+	int r = cfg_schema_load(root, config_root_keys, c, err, el);
+	/* first: the secret files' owner is checked against the user */
+	if (r == 0 && c->user)
+		r = cfg_user(cfg_get(root, "user"), &c->uid, &c->gid, err, el);
+	if (r == 0 && c->group && !c->user) {
+		ERR(cfg_get(root, "group"), err, el, "group needs user");
+		r = -EINVAL;
+	}
+	if (r == 0 && c->group)
+		r = cfg_group(cfg_get(root, "group"), &c->gid, err, el);
+	struct cfg_node *n;
+	if (r == 0 && (n = cfg_get(root, "log")))
+		r = cfg_schema_load(n, config_log_keys, c, err, el);
+	if (r == 0 && (n = cfg_get(root, "control")))
+		r = cfg_schema_load(n, config_control_keys, c, err, el);
+	if (r == 0 && (n = cfg_get(root, "metrics")))
+		r = load_metrics(n, c, err, el);
+	struct cfg_node *milter = cfg_get(root, "milter");
+	struct cfg_node *policy = cfg_get(root, "policy");
+	struct cfg_node *intake = cfg_get(root, "intake");
+	if (r == 0 && !milter && !policy && !intake) {
+		cfg_error(root, err, el, "nothing to serve: give a milter { listen = ...; }, a "
+			  "policy { listen = ...; } or an intake { listen = ...; } block");
+		r = -EINVAL;
+	}
+	if (r == 0 && milter) {
+		r = cfg_schema_load(milter, config_milter_keys, c, err, el);
+		c->milter.static_handler = cfg_get(milter, "reply") || cfg_get(milter, "modify");
+	}
+	if (r == 0 && policy)
+		r = load_policy(policy, c, err, el);
+	if (r == 0 && intake)
+		r = load_intake(intake, c, err, el);
+	if (r == 0 && (n = cfg_get(root, "queue")))
+		r = load_queue(n, c, err, el);
+	if (r == 0 && (n = cfg_get(root, "store")))
+		r = load_store(n, c, err, el);
+	/* an inline password makes this file a secret too */
+	if (r == 0 && n && cfg_get(n, "password") && !c->client &&
+	    check_secret_file(cfg_get(n, "password"), c->path, c, " (it holds a password)", err,
+			      el) < 0)
+		r = -EINVAL;
+	return r;
+}
+
+int config_core_load(const char *path, bool client, struct cfg_node **ret_root,
+		     struct sluice_config **ret, char *err, size_t errlen)
+{
+	struct cfg_node *root = NULL;
+	err[0] = '\0';
+	int r = cfg_parse_file(path, &root, err, errlen);
+	if (r < 0)
+		return r;
+	struct sluice_config *c = calloc(1, sizeof(*c));
+	if (!c) {
+		cfg_free(root);
+		return -ENOMEM;
+	}
+	c->client = client;
+	c->path = strdup(path);
+	r = config_init(c);
+	if (r == 0 && !c->path)
+		r = -ENOMEM;
+	if (r == 0)
+		r = load_core(root, c, err, errlen);
+	if (r < 0) {
+		cfg_free(root);
+		if (!err[0])
+			snprintf(err, errlen, "%s: %s", path, strerror(-r));
+		config_free(c);
+		return r;
+	}
+	*ret_root = root;
+	*ret = c;
+	return 0;
+}
+
+static void listen_conf_clear(struct listen_conf *lc)
+{
+	for (size_t i = 0; i < lc->n; i++)
+		free(lc->addr[i]);
+	lc->n = 0;
+}
+
+struct sluice_config *config_free(struct sluice_config *c)
+{
+	if (!c)
+		return NULL;
+	if (c->free_daemon)
+		c->free_daemon(c);
+	free(c->path);
+	free(c->pid_file);
+	free(c->user);
+	free(c->group);
+	free(c->metrics.listen);
+	listen_conf_clear(&c->control);
+	listen_conf_clear(&c->milter.listen);
+	listen_conf_clear(&c->policy.listen);
+	listen_conf_clear(&c->intake.listen);
+	free(c->intake.allow);
+	free(c->intake.hostname);
+	free(c->queue.dir);
+	free(c->state_dir);
+	free(c->store.server);
+	free(c->store.user);
+	free(c->store.password_file);
+	if (c->store.password)
+		explicit_bzero(c->store.password, strlen(c->store.password));
+	free(c->store.password);
+	free(c->store.prefix);
+	if (c->store.sentinels)
+		for (char **p = c->store.sentinels; *p; p++)
+			free(*p);
+	free(c->store.sentinels);
+	free(c->store.master_name);
+	free(c->store.node);
+	free(c);
+	return NULL;
+}
+
+int config_load_client(const char *path, struct sluice_config **ret, char *err, size_t errlen)
+{
+	struct cfg_node *root = NULL;
+	int r = config_core_load(path, true, &root, ret, err, errlen);
+	cfg_free(root);
+	return r;
+}

@@ -1,0 +1,32 @@
+/*
+ * config_core -- the part of loading sluice.conf below the daemon (see config_core.c),
+ * and the helpers src/daemon/config.c shares with it.  Private to the configuration.
+ */
+#ifndef SLUICE_CONFIG_CORE_H
+#define SLUICE_CONFIG_CORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "cfg.h"
+#include "config.h"
+
+/*
+ * Parse path and read every block of the tables into a new configuration.  0 with
+ * *ret_root (the tree, for the caller to read the rest from and free) and *ret, or <0
+ * with err "FILE:LINE: KEY: message" and nothing returned.  client: read no secret file.
+ */
+int config_core_load(const char *path, bool client, struct cfg_node **ret_root,
+		     struct sluice_config **ret, char *err, size_t errlen);
+
+/* The node of a key that may be given once: 0 with *ret (NULL when absent), or -EINVAL. */
+int config_get_one(struct cfg_node *obj, const char *key, struct cfg_node **ret, char *err,
+		   size_t el);
+/* A non-empty string, copied into *ret (replacing it); absent: 0, *ret untouched. */
+int config_get_string(struct cfg_node *obj, const char *key, char **ret, char *err, size_t el);
+/* The first line of a secret file, after checking its mode and owner (nothing for a
+ * client).  *ret is owned by the caller. */
+int config_read_secret(struct cfg_node *n, const char *file, const struct sluice_config *c,
+		       char **ret, char *err, size_t el);
+
+#endif

@@ -1,0 +1,54 @@
+/*
+ * config_print -- sluiced -n and -D: a loaded configuration written back in sluice.conf
+ * syntax from the tables (config_schema.c), all of it or what differs from the defaults.
+ * Blocks whose content is code (milter reply/modify, limit, class, route) are not written.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cfg_schema.h"
+#include "config.h"
+#include "config_schema.h"
+
+void config_print(FILE *f, const struct sluice_config *c, bool all)
+{
+	struct sluice_config *d = calloc(1, sizeof(*d));
+	if (!d || config_init(d) < 0) {
+		fprintf(stderr, "sluiced: out of memory\n");
+		config_free(d);
+		return;
+	}
+	/* a value sluiced finds when none is given is its default (for -n) */
+	if (c->relay_hostname_derived && c->relay.hostname &&
+	    !(d->relay.hostname = strdup(c->relay.hostname))) {
+		config_free(d);
+		return;
+	}
+	const struct sluice_config *defaults = all ? NULL : d;
+	for (const struct config_block *b = config_blocks; b->name; b++) {
+		if (!*b->name) {
+			cfg_schema_print(f, b->keys, c, defaults, 0);
+			continue;
+		}
+		if (b->present && !b->present(c))
+			continue;
+		/* the store's two tables make one block */
+		if (b > config_blocks && strcmp(b[-1].name, b->name) == 0)
+			continue;
+		char *text = NULL;
+		size_t len = 0;
+		FILE *m = open_memstream(&text, &len);
+		if (!m)
+			continue;
+		size_t lines = cfg_schema_print(m, b->keys, c, defaults, 1);
+		if (b[1].name && strcmp(b[1].name, b->name) == 0)
+			lines += cfg_schema_print(m, b[1].keys, c, defaults, 1);
+		fclose(m);
+		if (lines || b->present)
+			fprintf(f, "%s {\n%s}\n", b->name, text);
+		free(text);
+	}
+	free(d->relay.hostname); /* relay_conf_clear() is the daemon's */
+	config_free(d);
+}
