@@ -7,7 +7,7 @@
  * tree against its table: it checks types and bounds, refuses a key given twice, and its
  * errors are cfg's "FILE:LINE: KEY: message".  Keys it does not know stay unused in the
  * tree for cfg_check_unused().  cfg_schema_print() writes a block back in sluice.conf
- * syntax, so that `sluiced -n` and `-d` and the manual read the same tables.
+ * syntax, so that `sluiced -n` and `-D` and the manual read the same tables.
  *
  * Generic: knows nothing of mail.  A type is a struct cfg_type (parse, format, clear);
  * the common ones are below, and a module may declare its own (listen addresses, ...).
