@@ -595,19 +595,23 @@ int main(int argc, char **argv)
 		char err[1024];
 		if (config_load_client(config, &cfg, err, sizeof(err)) < 0) {
 			fprintf(stderr, "sluice: %s\n", err);
+			buf_done(&req);
 			return EX_CONFIG;
 		}
 		if (cfg->control.n == 0) {
 			fprintf(stderr, "sluice: %s has no control { listen = ...; } block\n", config);
 			config_free(cfg);
+			buf_done(&req);
 			return EX_CONFIG;
 		}
 		sock = cfg->control.addr[0];
 	}
 	int fd = connect_to(sock);
 	config_free(cfg);
-	if (fd < 0)
+	if (fd < 0) {
+		buf_done(&req);
 		return EX_UNAVAILABLE;
+	}
 	if (top) {
 		buf_done(&req);
 		int rc = top_run(fd, top_interval, top_batch);
