@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/eventfd.h>
 #include <sys/queue.h>
 #include <sys/stat.h>
 #include <unistd.h>
