@@ -2,8 +2,11 @@
 """Write a C header holding text files as string constants: embed_text.py OUT IN...
 
 Each IN becomes `static const char NAME[]` where NAME is "script_" + the file's base name
-without extension: the file's bytes and a terminating NUL (sizeof - 1 is its length).
+without extension: the file's bytes and a terminating NUL (sizeof - 1 is its length);
+beside it `NAME_sha1[]`, the SHA-1 of those bytes in hex (the name Redis gives a script
+for EVALSHA, so that a request can be built before any server has answered SCRIPT LOAD).
 """
+import hashlib
 import os
 import sys
 
@@ -23,7 +26,9 @@ def main() -> None:
     for path in inputs:
         name = 'script_' + os.path.splitext(os.path.basename(path))[0]
         with open(path, 'rb') as f:
-            parts.append('static const char %s[] = %s;\n' % (name, initializer(f.read())))
+            data = f.read()
+        parts.append('static const char %s[] = %s;\n' % (name, initializer(data)))
+        parts.append('static const char %s_sha1[] = "%s";\n' % (name, hashlib.sha1(data).hexdigest()))
     with open(out, 'w') as f:
         f.write(''.join(parts))
 

@@ -115,6 +115,8 @@ struct sluice_config {
 		int64_t timeout_ms;
 		char **sentinels;             /* NULL-terminated, or NULL */
 		size_t nsentinels;
+		char **cluster;               /* seed nodes, NULL-terminated, or NULL */
+		size_t ncluster;
 		char *master_name;
 		enum store_failure on_failure;
 		unsigned nodes;

@@ -199,6 +199,26 @@ static int load_store(struct cfg_node *m, struct sluice_config *c, char *err, si
 		ERR(cfg_get(m, "user"), err, el, "a user needs a password (or password_file)");
 		r = -EINVAL;
 	}
+	if (r == 0 && c->store.cluster) {
+		while (c->store.cluster[c->store.ncluster])
+			c->store.ncluster++;
+		if (c->store.ncluster == 0) {
+			ERR(cfg_get(m, "cluster"), err, el, "a cluster needs at least one seed node");
+			r = -EINVAL;
+		} else if (c->store.server || c->store.sentinels) {
+			ERR(cfg_get(m, c->store.server ? "server" : "sentinels"), err, el,
+			    "give cluster or %s, not both (the cluster says where its nodes are)",
+			    c->store.server ? "server" : "sentinels");
+			r = -EINVAL;
+		} else if (c->store.db) {
+			ERR(cfg_get(m, "db"), err, el, "a cluster has only database 0");
+			r = -EINVAL;
+		} else if (c->store.prefix && strpbrk(c->store.prefix, "{}")) {
+			ERR(cfg_get(m, "prefix"), err, el, "a cluster's prefix cannot hold '{' or '}' "
+			    "(a hash tag there would put every key in one slot)");
+			r = -EINVAL;
+		}
+	}
 	if (r == 0 && c->store.sentinels) {
 		while (c->store.sentinels[c->store.nsentinels])
 			c->store.nsentinels++;
@@ -333,6 +353,10 @@ struct sluice_config *config_free(struct sluice_config *c)
 		for (char **p = c->store.sentinels; *p; p++)
 			free(*p);
 	free(c->store.sentinels);
+	if (c->store.cluster)
+		for (char **p = c->store.cluster; *p; p++)
+			free(*p);
+	free(c->store.cluster);
 	free(c->store.master_name);
 	free(c->store.node);
 	free(c);

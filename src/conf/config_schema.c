@@ -406,6 +406,8 @@ const struct cfg_key config_redis_keys[] = {
 	  .active = is_redis, .help = "Sentinel addresses, with master_name" },
 	{ "master_name", &cfg_type_string, OFF(store.master_name), NULL, .active = is_redis,
 	  .help = "the master the sentinels watch" },
+	{ "cluster", &cfg_type_list, OFF(store.cluster), NULL, .flags = CFG_REPEAT,
+	  .active = is_redis, .help = "seed nodes of a Redis Cluster (host:port each)" },
 	{ "on_failure", &cfg_type_enum, OFF(store.on_failure), "local", .names = failures,
 	  .active = is_redis, .help = "what a decision does when Redis does not answer" },
 	{ "nodes", &cfg_type_uint, OFF(store.nodes), "1", 1, 1000, .active = is_redis,

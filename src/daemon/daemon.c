@@ -368,6 +368,9 @@ static struct store *open_redis(const struct sluice_config *c)
 		.sentinels = (const char *const *)c->store.sentinels,
 		.nsentinels = c->store.nsentinels,
 		.master_name = c->store.master_name,
+		.seeds = (const char *const *)c->store.cluster,
+		.nseeds = c->store.ncluster,
+		.probe = true,
 		.on_failure = c->store.on_failure,
 		.nodes = c->store.nodes,
 		.node_id = c->store.node,
@@ -429,6 +432,9 @@ static bool store_same(const struct sluice_config *a, const struct sluice_config
 		    a->store.nsentinels == b->store.nsentinels;
 	for (size_t i = 0; same && i < a->store.nsentinels; i++)
 		same = strcmp(a->store.sentinels[i], b->store.sentinels[i]) == 0;
+	same = same && a->store.ncluster == b->store.ncluster;
+	for (size_t i = 0; same && i < a->store.ncluster; i++)
+		same = strcmp(a->store.cluster[i], b->store.cluster[i]) == 0;
 	return same;
 }
 

@@ -330,7 +330,8 @@ enum store_failure {
 };
 
 struct store_redis_conf {
-	const char *server;      /* "host:port", "[v6]:port", "unix:/path"; NULL with sentinels */
+	const char *server;      /* "host:port", "[v6]:port", "unix:/path"; NULL with sentinels
+				  * or seeds */
 	const char *user;        /* ACL user, or NULL */
 	const char *password;    /* or NULL */
 	unsigned db;
@@ -339,6 +340,11 @@ struct store_redis_conf {
 	const char *const *sentinels; /* "host:port" each; with master_name */
 	size_t nsentinels;
 	const char *master_name;
+	const char *const *seeds;     /* a Redis Cluster: "host:port" of some of its nodes */
+	size_t nseeds;
+	bool probe;                   /* a cluster: ask a seed for the slot map now (blocking,
+				       * at start), and fail with err when none gives one or
+				       * one is no cluster node */
 	enum store_failure on_failure;
 	unsigned nodes;          /* for local shares */
 	const char *node_id;     /* lease owner, unique per running process */

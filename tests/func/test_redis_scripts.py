@@ -269,31 +269,50 @@ def window_keys(name, windows):
             for j, w in enumerate(windows)]
 
 
-def gcra(redis, case, mode, now, items):
-    """Run gcra.lua; returns (pass, [(ok, charged, retry, [used...]) per item])."""
-    keys, args = [], [mode, now, len(items)]
-    for it in items:
-        windows = case["keys"][it["key"]]
-        keys += window_keys(it["key"], windows)
-        args += [it["cost"], it["flags"], len(windows)]
-        for w in windows:
-            args += [w["t"], w["burst"]]
+def item_key(name, windows):
+    """The one key of an item, which holds all its windows, named by them as sluiced
+    names it (a window whose numbers change starts afresh)."""
+    return f"case:{name}:" + ",".join(f"{w['count']}:{w['period']}:{w['burst']}"
+                                      for w in windows)
+
+
+def gcra_batch(redis, case, now, decisions):
+    """Run gcra.lua over several decisions [(mode, items)] in one call; returns, per
+    decision, (pass, [(ok, charged, retry, [used...]) per item])."""
+    keys, args = [], [now, len(decisions)]
+    for mode, items in decisions:
+        args += [mode, len(items)]
+        for it in items:
+            windows = case["keys"][it["key"]]
+            keys.append(item_key(it["key"], windows))
+            args += [it["cost"], it["flags"], len(windows)]
+            for w in windows:
+                args += [w["t"], w["burst"]]
     out = [int(x) for x in redis.eval("gcra.lua", keys, args)]
-    passed, at, results = out[0], 1, []
-    for it in items:
-        nw = len(case["keys"][it["key"]])
-        ok, charged, retry = out[at:at + 3]
-        results.append((ok, charged, retry, out[at + 3:at + 3 + nw]))
-        at += 3 + nw
+    at, answers = 0, []
+    for mode, items in decisions:
+        passed, results = out[at], []
+        at += 1
+        for it in items:
+            nw = len(case["keys"][it["key"]])
+            ok, charged, retry = out[at:at + 3]
+            results.append((ok, charged, retry, out[at + 3:at + 3 + nw]))
+            at += 3 + nw
+        answers.append((passed, results))
     assert at == len(out), f"reply longer than expected: {out}"
-    return passed, results
+    return answers
+
+
+def gcra(redis, case, mode, now, items):
+    """Run gcra.lua for one decision; returns (pass, [(ok, charged, retry, [used...])])."""
+    return gcra_batch(redis, case, now, [(mode, items)])[0]
 
 
 def refund(redis, case, now, items):
     keys, args = [], [now, len(items)]
     for it in items:
         windows = case["keys"][it["key"]]
-        keys += window_keys(it["key"], windows)
+        keys.append(item_key(it["key"], windows))
         args += [it["cost"], len(windows)] + [w["t"] for w in windows]
     return int(redis.eval("refund.lua", keys, args)[0])
 
@@ -349,7 +368,7 @@ def pttl_about(redis, key, ms):
 
 def test_gcra_sets_px_while_the_tat_is_ahead(redis):
     case = {"keys": {"k": [window("10/1m")], "s": [window("7/10s:3")]}}
-    key = window_keys("k", case["keys"]["k"])[0]
+    key = item_key("k", case["keys"]["k"])
     now = redis.time_ns()
     item = {"key": "k", "cost": 3, "flags": BLOCKING}
     assert gcra(redis, case, "check", now, [item]) == (1, [(1, 1, 0, [3])])
@@ -359,7 +378,7 @@ def test_gcra_sets_px_while_the_tat_is_ahead(redis):
     gcra(redis, case, "check", now, [item])
     pttl_about(redis, key, 24000 + 1000)
     # T = 1428571429 ns: the TAT to the ns, the PX rounded up to the ms
-    skey = window_keys("s", case["keys"]["s"])[0]
+    skey = item_key("s", case["keys"]["s"])
     gcra(redis, case, "check", now, [{"key": "s", "cost": 1, "flags": 0}])
     assert redis.cli("GET", skey) == [str(now + 1428571429)]
     pttl_about(redis, skey, 1429 + 1000)
@@ -382,7 +401,7 @@ def test_gcra_writes_only_charges(redis):
     assert redis.cli("DBSIZE") == ["0"]
     # a refused decision writes nothing, not even the expiry of the item that had room
     gcra(redis, case, "check", now, [{"key": "j", "cost": 2, "flags": BLOCKING}])
-    jkey = window_keys("j", case["keys"]["j"])[0]
+    jkey = item_key("j", case["keys"]["j"])
     before = redis.cli("GET", jkey)
     batch = [{"key": "j", "cost": 1, "flags": BLOCKING}, {"key": "k", "cost": 1, "flags": 0}]
     assert gcra(redis, case, "check", now, batch) == (0, [(0, 0, 30 * SEC, [2]), (1, 0, 0, [0])])
@@ -392,7 +411,7 @@ def test_gcra_writes_only_charges(redis):
 
 def test_gcra_and_refund_use_time_for_an_empty_now(redis):
     case = {"keys": {"k": [window("10/1m")]}}
-    key = window_keys("k", case["keys"]["k"])[0]
+    key = item_key("k", case["keys"]["k"])
     t1 = redis.time_ns()
     assert gcra(redis, case, "check", "", [{"key": "k", "cost": 2, "flags": BLOCKING}]) == \
         (1, [(1, 1, 0, [2])])
@@ -499,10 +518,15 @@ def test_slide_expiry_per_window(redis):
 
 def test_scripts_check_their_input(redis):
     case = {"keys": {"k": [window("10/1m")]}}
-    with pytest.raises(RedisError, match="more keys than windows"):
-        redis.eval("gcra.lua", ["a", "b"], ["check", DEFAULT_EPOCH, 1, 1, 1, 1, 6 * SEC, 10])
-    with pytest.raises(RedisError, match="fewer keys than windows"):
-        redis.eval("gcra.lua", ["a"], ["check", DEFAULT_EPOCH, 1, 1, 1, 2, 6 * SEC, 10, 1, 1])
+    with pytest.raises(RedisError, match="more keys than items"):
+        redis.eval("gcra.lua", ["a", "b"], [DEFAULT_EPOCH, 1, "check", 1, 1, 1, 1, 6 * SEC, 10])
+    with pytest.raises(RedisError, match="fewer keys than items"):
+        redis.eval("gcra.lua", ["a"], [DEFAULT_EPOCH, 1, "check", 2, 1, 1, 1, 6 * SEC, 10,
+                                       1, 1, 1, 6 * SEC, 10])
+    with pytest.raises(RedisError, match="more arguments than windows"):
+        redis.eval("gcra.lua", ["a"], [DEFAULT_EPOCH, 1, "check", 1, 1, 1, 1, 6 * SEC, 10, 7])
+    with pytest.raises(RedisError, match="T is not a decimal"):
+        redis.eval("gcra.lua", ["a"], [DEFAULT_EPOCH, 1, "check", 1, 1, 1, 2, 6 * SEC, 10])
     with pytest.raises(RedisError, match="now is not a decimal"):
         gcra(redis, case, "check", "-5", [{"key": "k", "cost": 1, "flags": 1}])
     with pytest.raises(RedisError, match="neither check nor peek"):
@@ -700,6 +724,41 @@ def test_gcra_random_against_model(redis):
         if charged:
             charged_items.append(charged)
     assert refused > 20
+
+
+def test_gcra_decisions_of_one_call_see_each_other(redis):
+    """sluiced sends the decisions a loop makes in one pass as one script call: each is
+    taken in order, as if it were alone, and sees what the ones before it charged --
+    the same key in several of them included."""
+    import random
+    import time
+    rng = random.Random(20261127)
+    model = GcraModel()
+    keys = {}
+    for k in range(4):
+        windows = [random_window(rng) for _ in range(2 if k == 0 else rng.choice([1, 2, 3]))]
+        keys[f"b{k}"] = {"windows": windows, "keys": window_keys(f"b{k}", windows)}
+    case = {"keys": {name: v["windows"] for name, v in keys.items()}}
+    refused = 0
+    for step in range(60):
+        now = time.time_ns() + step * rng.randrange(1, 3 * SEC)
+        decisions = []
+        for _ in range(rng.choice([2, 5, 20])):
+            names = rng.sample(sorted(keys), rng.choice([1, 1, 2]))
+            items = [{"key": n, "cost": rng.randrange(0, 4),
+                      "flags": rng.choice([BLOCKING, BLOCKING, 0, COUNT_REJECTED])}
+                     for n in names]
+            decisions.append(("peek" if rng.random() < 0.1 else "check", items))
+        got = gcra_batch(redis, case, now, decisions)
+        want = [model.decide(mode, now, [dict(it, **keys[it["key"]]) for it in items])
+                 for mode, items in decisions]
+        assert got == want, f"step {step}: got {got}, model {want}"
+        refused += sum(1 for passed, _ in got if not passed)
+    assert refused > 20
+    # a key of several windows holds their TATs in order, separated by spaces
+    multi = next(n for n, v in keys.items() if len(v["windows"]) > 1)
+    value = redis.cli("GET", item_key(multi, keys[multi]["windows"]))
+    assert value and len(value[0].split(" ")) == len(keys[multi]["windows"]), value
 
 
 def test_slide_random_against_model(redis):

@@ -1,16 +1,24 @@
--- gcra.lua -- one atomic GCRA decision over a batch of items, for the Redis store.
+-- gcra.lua -- atomic GCRA decisions for the Redis store: one or several decisions, each
+-- over a batch of items, in one script call.
 --
 -- The same rules as the memory store (src/store/store.h), so that a rule decides the same
 -- way whichever store holds its state; tests/cases/store.cases is run against both.  A
 -- script runs alone on the server, so no other decision sees a state between the check
--- and the charge of a batch.
+-- and the charge of a batch; the decisions of one call are taken in order, each seeing
+-- what the ones before it charged.
 --
--- KEYS: one per (item, window), in item order then window order.
--- ARGV: mode ("check" | "peek"), now, n items; then per item: cost, flags, nwin; then
---   per window: T (the emission interval in ns, ceil(period / count)), burst.
---   flags: 1 = blocking (its refusal refuses the event), 2 = count rejected (charged
---   even when the event is refused).
--- Reply: { pass, then per item: ok, charged, retry_ns (a decimal string), used per window }.
+-- KEYS: one per item, over every decision of the call in order: the item's (rule, key),
+--   which holds the TATs of all its windows, in the windows' order, separated by spaces.
+-- ARGV: now, D (the number of decisions); then per decision: mode ("check" | "peek"),
+--   n items; then per item: cost, flags, nwin; then per window: T (the emission interval
+--   in ns, ceil(period / count)), burst.
+--   flags: 1 = blocking (its refusal refuses the decision), 2 = count rejected (charged
+--   even when the decision is refused).
+-- Reply: per decision { pass, then per item: ok, charged, retry_ns (a decimal string),
+--   used per window }, all decisions one after the other in one flat array.
+--
+-- Cost on the server: TIME and one MGET for the whole call, then one SET per item
+-- charged; a call of many decisions pays the script's own overhead once.
 --
 -- Times.  now and the stored TATs are decimal strings of ns since the epoch ("" for now:
 -- the server's TIME).  They exceed 2^53, past which Lua's doubles round, so they are
@@ -20,15 +28,15 @@
 -- (one per 366 days, say) -- where the memory store's 128-bit arithmetic stays exact;
 -- both saturate a TAT or a retry at 2^64 - 1 ns.
 --
--- Invariants: a key holds a TAT only while it is ahead of now (its PX ends one second
--- after the TAT passes, when it says nothing); this script writes a TAT only as
+-- Invariants: a key holds TATs only while one of them is ahead of now (its PX ends one
+-- second after the last passes, when it says nothing); this script writes a TAT only as
 -- max(TAT, now) + cost*T, in a decision that charged (refund.lua only lowers one).
 
 -- Arguments come from sluiced, which formats them; a decision runs this script for every
 -- SMTP event, so they are checked with tonumber alone (a pattern match per argument cost
 -- as much as the decision itself).
 local function num(s, what)
-	local v = tonumber(s)
+	local v = s and tonumber(s)
 	if not v or v < 0 then
 		error('gcra.lua: ' .. what .. ' is not a decimal integer: ' .. tostring(s))
 	end
@@ -39,7 +47,7 @@ local sub = string.sub
 
 --@include ns.lua
 
-local arg_now = ARGV[2]
+local arg_now = ARGV[1]
 if arg_now == '' then
 	now_s, now_n = server_now()
 else
@@ -51,7 +59,7 @@ else
 	end
 end
 
--- TAT - now, in ns (a missing key is TAT = now).
+-- TAT - now, in ns (a missing TAT is TAT = now).
 local function ahead_of(tat)
 	if not tat then
 		return 0
@@ -73,92 +81,147 @@ local function u64_string(x)
 	return string.format('%.0f', x)
 end
 
-local function used_at(rel, t)
-	if rel > 0 and t > 0 then
-		return div_ceil(rel, t)
+-- The values of every key, read once; a key's entry follows the writes of this call.
+local cur = {}
+if #KEYS > 0 then
+	local got = redis.call('MGET', unpack(KEYS))
+	for i = 1, #KEYS do
+		cur[KEYS[i]] = got[i]
 	end
-	return 0
 end
 
-local mode = ARGV[1]
-if mode ~= 'check' and mode ~= 'peek' then
-	error('gcra.lua: mode is neither check nor peek: ' .. tostring(mode))
-end
-local n = num(ARGV[3], 'item count')
-
--- Read and decide every window before anything is written.
-local items = {}
-local a, k = 4, 1
-local pass = true
-for i = 1, n do
-	local it = {
-		cost = num(ARGV[a], 'cost'),
-		flags = num(ARGV[a + 1], 'flags'),
-		ok = true,
-		retry = 0,
-		win = {},
-	}
-	local nwin = num(ARGV[a + 2], 'window count')
-	a = a + 3
-	local c = it.cost
-	if c == 0 then
-		c = 1 -- cost 0 asks "is there room at all": checked as 1, charges nothing
+-- Every argument is read and checked before anything is written: a script that fails
+-- half-way keeps what it wrote.
+local D = num(ARGV[2], 'decision count')
+local dmode, dn = {}, {}
+local icost, iflags, inwin = {}, {}, {}
+local wt, wburst = {}, {}
+local a, ni, nw = 3, 0, 0
+for d = 1, D do
+	local mode = ARGV[a]
+	if mode ~= 'check' and mode ~= 'peek' then
+		error('gcra.lua: mode is neither check nor peek: ' .. tostring(mode))
 	end
-	for j = 1, nwin do
-		local key = KEYS[k]
-		if not key then
-			error('gcra.lua: fewer keys than windows')
+	local n = num(ARGV[a + 1], 'item count')
+	dmode[d], dn[d] = mode, n
+	a = a + 2
+	for i = 1, n do
+		ni = ni + 1
+		icost[ni], iflags[ni] = num(ARGV[a], 'cost'), num(ARGV[a + 1], 'flags')
+		local nwin = num(ARGV[a + 2], 'window count')
+		inwin[ni] = nwin
+		a = a + 3
+		for j = 1, nwin do
+			nw = nw + 1
+			wt[nw], wburst[nw] = num(ARGV[a], 'T'), num(ARGV[a + 1], 'burst')
+			a = a + 2
 		end
-		local t = num(ARGV[a], 'T')
-		local burst = num(ARGV[a + 1], 'burst')
-		a, k = a + 2, k + 1
-		local ahead = ahead_of(redis.call('GET', key) or nil)
-		if ahead < 0 then
-			ahead = 0 -- base = max(TAT, now)
+	end
+end
+if ARGV[a] then
+	error('gcra.lua: more arguments than windows')
+end
+if ni > #KEYS then
+	error('gcra.lua: fewer keys than items')
+elseif ni < #KEYS then
+	error('gcra.lua: more keys than items')
+end
+
+local reply, nr = {}, 0
+local k, w = 1, 1
+-- per item of the decision at hand: ok, retry, its windows' TAT - now (flat, reused)
+local iok, iretry, wahead = {}, {}, {}
+for d = 1, D do
+	local n, first_item, first_win = dn[d], k, w
+	-- Read and decide every window of the decision before anything is written.
+	local pass = true
+	for x = first_item, first_item + n - 1 do
+		local cost, nwin = icost[x], inwin[x]
+		local c = cost
+		if c == 0 then
+			c = 1 -- cost 0 asks "is there room at all": checked as 1, charges nothing
 		end
-		-- conforms iff ahead + c*T <= burst*T; compared as ahead <= (burst - c)*T so
-		-- that no product exceeds the burst's
-		local retry
-		if c <= burst then
-			retry = ahead - (burst - c) * t
-		else
-			retry = ahead + (c - burst) * t
-		end
-		if retry > 0 then
-			it.ok = false
-			if retry > it.retry then
-				it.retry = retry
+		local v = cur[KEYS[x]]
+		local pos = 1
+		local ok, worst = true, 0
+		for j = 1, nwin do
+			local t, burst = wt[w], wburst[w]
+			local ahead = 0
+			if v then
+				local tat
+				if nwin == 1 then
+					tat = v
+				else
+					local e = string.find(v, ' ', pos, true)
+					if e then
+						tat, pos = sub(v, pos, e - 1), e + 1
+					elseif pos <= #v then
+						tat, pos = sub(v, pos), #v + 1
+					end
+				end
+				if tat then
+					ahead = ahead_of(tat)
+					if ahead < 0 then
+						ahead = 0 -- base = max(TAT, now)
+					end
+				end
 			end
+			-- conforms iff ahead + c*T <= burst*T; compared as ahead <= (burst - c)*T
+			-- so that no product exceeds the burst's
+			local retry
+			if c <= burst then
+				retry = ahead - (burst - c) * t
+			else
+				retry = ahead + (c - burst) * t
+			end
+			if retry > 0 then
+				ok = false
+				if retry > worst then
+					worst = retry
+				end
+			end
+			wahead[w] = ahead
+			w = w + 1
 		end
-		it.win[j] = { key = key, t = t, ahead = ahead }
-	end
-	if not it.ok and bit.band(it.flags, 1) ~= 0 then
-		pass = false
-	end
-	items[i] = it
-end
-if KEYS[k] then
-	error('gcra.lua: more keys than windows')
-end
-
-local reply = { pass and 1 or 0 }
-for i = 1, n do
-	local it = items[i]
-	local charged = mode == 'check' and it.ok and (pass or bit.band(it.flags, 2) ~= 0)
-	reply[#reply + 1] = it.ok and 1 or 0
-	reply[#reply + 1] = charged and 1 or 0
-	reply[#reply + 1] = u64_string(it.retry)
-	for j = 1, #it.win do
-		local w = it.win[j]
-		local rel = w.ahead
-		if charged and it.cost > 0 then
-			local tat
-			tat, rel = tat_string(rel + it.cost * w.t)
-			-- the key lives until its TAT has passed, and a second more for the nodes
-			-- whose clocks (which give now) run up to a second behind this caller's
-			redis.call('SET', w.key, tat, 'PX', string.format('%.0f', div_ceil(rel, 1e6) + 1000))
+		iok[x], iretry[x] = ok, worst
+		if not ok and bit.band(iflags[x], 1) ~= 0 then
+			pass = false
 		end
-		reply[#reply + 1] = used_at(rel, w.t)
 	end
+	nr = nr + 1
+	reply[nr] = pass and 1 or 0
+	local mode = dmode[d]
+	w = first_win
+	for x = first_item, first_item + n - 1 do
+		local ok, cost = iok[x], icost[x]
+		local charged = mode == 'check' and ok and (pass or bit.band(iflags[x], 2) ~= 0)
+		reply[nr + 1] = ok and 1 or 0
+		reply[nr + 2] = charged and 1 or 0
+		reply[nr + 3] = ok and '0' or u64_string(iretry[x])
+		nr = nr + 3
+		local write = charged and cost > 0
+		local v, longest = nil, 0
+		for j = 1, inwin[x] do
+			local t, rel = wt[w], wahead[w]
+			w = w + 1
+			if write then
+				local tat
+				tat, rel = tat_string(rel + cost * t)
+				v = v and (v .. ' ' .. tat) or tat
+				if rel > longest then
+					longest = rel
+				end
+			end
+			nr = nr + 1
+			reply[nr] = (rel > 0 and t > 0) and div_ceil(rel, t) or 0
+		end
+		if write then
+			-- the key lives until its last TAT has passed, and a second more for the
+			-- nodes whose clocks (which give now) run up to a second behind this caller's
+			cur[KEYS[x]] = v
+			redis.call('SET', KEYS[x], v, 'PX', div_ceil(longest, 1e6) + 1000)
+		end
+	end
+	k = first_item + n
 end
 return reply

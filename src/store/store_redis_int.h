@@ -1,0 +1,244 @@
+/*
+ * store_redis_int.h -- the rooms of the Redis store, and what they share.
+ *
+ *   store_redis.c       the store's operations: decisions (batched into script calls),
+ *                       refunds, class slots, lane windows, statistics, life.
+ *   store_redis_link.c  where a request goes and how it gets there: addresses, each
+ *                       event loop's connections, their setup and backoff, Sentinel,
+ *                       the cluster's slot map and its redirections, deadlines.
+ *
+ * Threads: every structure below but struct rstore belongs to one event loop (a worker's
+ * or the main loop) and is touched only by the thread that runs it.  struct rstore is
+ * shared: its configuration is read-only after store_redis_new(); its counters are atomic;
+ * its state text and loop table are under its lock.
+ *
+ * A request (struct rreq) is one thing a caller waits for, or one command nobody waits
+ * for (a release, a refund).  It is queued on its loop, sent by the loop's flush (which
+ * batches the decisions bound for one connection -- and one slot, on a cluster -- into one
+ * script call), and answered exactly once: by its reply, by its deadline, or by on_failure
+ * when its connection cannot take it; unless its caller withdrew first.  Memory: a
+ * request in flight is freed by the reply callback of the command that carries it (hiredis
+ * runs it, with no reply, when a connection goes away); a queued one by the flush that
+ * finds it answered.
+ */
+#ifndef SLUICE_STORE_REDIS_INT_H
+#define SLUICE_STORE_REDIS_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/event.h>
+#include <hiredis/hiredis.h>
+#include <hiredis/async.h>
+
+#include "store.h"
+
+#define REDIS_MAX_LOOPS 256         /* event loops: workers + main */
+#define REDIS_MAX_NODES 64          /* cluster masters one loop talks to */
+#define REDIS_MAX_INFLIGHT 100000   /* commands out on one connection */
+#define REDIS_SLOTS 16384
+#define REDIS_NO_NODE 0xff          /* a slot whose master is not known */
+#define REDIS_MAX_REDIRECTS 5       /* MOVED/ASK/TRYAGAIN followed per request */
+#define REDIS_BATCH_DECISIONS 64    /* decisions in one script call */
+#define REDIS_BATCH_KEYS 512        /* keys in one script call */
+
+enum script_id {
+	SC_GCRA = 0, SC_REFUND, SC_SLOT_ENTER, SC_SLOT_RELEASE, SC_SLOT_RENEW, SC_SLIDE,
+	SC_COUNT,
+};
+
+struct redis_script {
+	const char *text;
+	size_t len;
+	const char *sha1;
+};
+extern const struct redis_script redis_scripts[SC_COUNT];
+
+struct addr {
+	char host[256];  /* IP literal, or the socket path */
+	int port;        /* 0: unix socket */
+};
+
+int redis_addr_parse(const char *text, struct addr *ret, char *err, size_t errlen);
+void redis_addr_format(const struct addr *a, char *buf, size_t len);
+
+/* A command's arguments, in one allocation. */
+struct argv_buf {
+	const char **argv;
+	size_t *len;
+	size_t n, cap;
+	char *text;        /* all argument text, back to back */
+	size_t used, size;
+};
+
+int argv_init(struct argv_buf *a, size_t cap, size_t text);
+void argv_clear(struct argv_buf *a);
+int argv_add_cstr(struct argv_buf *a, const char *v);
+int argv_add_u64(struct argv_buf *a, uint64_t v);
+int argv_add(struct argv_buf *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int argv_add_bytes(struct argv_buf *a, const char *p, size_t n);
+char *argv_room(struct argv_buf *a, size_t n);
+int argv_commit(struct argv_buf *a, size_t n);
+/* EVALSHA sha nkeys, or EVAL text nkeys */
+int argv_script_head(struct argv_buf *a, enum script_id sc, bool eval, uint64_t nkeys);
+
+enum req_kind {
+	REQ_DECIDE = 0,  /* a decision (batched): call */
+	REQ_SLOT,        /* a class slot: slot */
+	REQ_SLIDE,       /* a lane's windows: slide */
+	REQ_OTHER,       /* a command nobody waits for (refund, release, renewal) */
+};
+
+struct rloop;
+struct redis_conn;
+
+/* What a pending store_call's req points to: a request, or a decision split over slots. */
+enum req_holder { HOLD_REQ = 0, HOLD_JOIN };
+
+struct rreq {
+	enum req_holder holder;     /* HOLD_REQ (first: see struct djoin) */
+	struct rloop *loop;
+	struct rreq *prev, *next;   /* the loop's unanswered requests, in deadline order */
+	struct rreq *qnext;         /* the loop's send queue */
+	enum req_kind kind;
+	enum script_id script;
+	bool waiting;               /* in the deadline list: not answered yet */
+	bool queued;                /* in the send queue */
+	bool orphan;                /* call is the store's copy of a withdrawn decision */
+	uint8_t redirects;
+	uint16_t slot;              /* cluster: the slot of every key it touches */
+	struct redis_conn *ask;     /* send once to this node, after ASKING */
+	uint64_t deadline_ms;       /* monotonic; 0: none (REQ_OTHER) */
+	uint64_t not_before_ms;     /* TRYAGAIN: not sent again before this */
+	struct store_call *call;
+	struct store_slot_call *slotc;
+	struct store_slide_call *slide;
+	struct argv_buf cmd;        /* every kind but REQ_DECIDE: the command, kept to resend */
+	size_t reply_len;           /* REQ_DECIDE: its elements in a batch's reply */
+	const char *what;
+};
+
+/* One command sent: what its reply answers.  hiredis's privdata. */
+enum sent_kind { SENT_REQS = 0, SENT_SETUP, SENT_MAP };
+
+struct rsent {
+	struct redis_conn *conn;
+	enum sent_kind kind;
+	int script;                 /* SENT_SETUP: the script it loads, or -1 */
+	const char *what;
+	bool eval;                  /* sent with the script's text */
+	size_t n;
+	struct rreq *r[];           /* SENT_REQS: the requests it carries, in reply order */
+};
+
+struct redis_conn {
+	struct rloop *loop;
+	struct rstore *st;
+	redisAsyncContext *ac;      /* NULL while down */
+	redisAsyncContext *sac;     /* asking a sentinel */
+	bool connected;             /* TCP up, setup sent */
+	bool ready;                 /* setup answered: requests may go */
+	bool healthy;               /* the last attempt worked (optimistic at first) */
+	bool counted_down;          /* counted in st->down */
+	bool retired;               /* cluster: no slot maps here any more */
+	uint8_t index;              /* in loop->conns */
+	unsigned next_sentinel;
+	unsigned setup_left;        /* setup replies still awaited */
+	struct addr addr;           /* where ac goes */
+	struct event *timer;        /* connect timeout, stall check */
+	struct event *retry;        /* reconnect backoff */
+	uint64_t backoff_ms;
+	uint64_t last_reply_ms;
+	uint64_t busy_since_ms;     /* when inflight last went from 0 to 1 */
+	uint64_t connect_deadline_ms;
+	size_t inflight;            /* commands sent and not answered */
+	char err[128];
+};
+
+struct rloop {
+	struct rstore *st;
+	struct event_base *base;
+	struct redis_conn *conns[REDIS_MAX_NODES];  /* single server: conns[0] */
+	size_t nconns;
+	uint8_t *map;               /* cluster: slot -> index in conns (REDIS_NO_NODE) */
+	bool map_known;
+	bool map_asking;            /* a CLUSTER SLOTS is out */
+	uint64_t map_at_ms;         /* when the map was last asked for */
+	struct rreq *head, *tail;   /* unanswered requests, deadline order */
+	struct rreq *q_head, *q_tail; /* not sent yet */
+	struct event *flush;        /* sends the queue, once per loop pass */
+	struct event *timer;        /* deadlines, TRYAGAIN, the map's refresh */
+};
+
+struct rstore {
+	struct store *local;        /* on_failure = local */
+	struct store_redis_conf conf;
+	char *user, *password, *prefix, *master_name, *node_id;
+	struct addr server_addr;
+	struct addr *sentinels;
+	size_t nsentinels;
+	struct addr *seeds;         /* cluster */
+	size_t nseeds;
+	bool cluster;
+	pthread_mutex_t lock;       /* adding loops, the state text, the addresses logged */
+	struct rloop *loops[REDIS_MAX_LOOPS];
+	_Atomic size_t nloops;
+	_Atomic unsigned down;      /* connections not healthy */
+	_Atomic bool announced;     /* the first connection was logged */
+	_Atomic uint64_t decisions, errors, fallbacks, timeouts, reconnects, redirects, batches;
+	_Atomic uint64_t slide_seq; /* lane sends taken by this process: member ids */
+	_Atomic unsigned masters;   /* cluster: masters in the last map */
+	char member_base[32];       /* "NODE:RANDOM": see redis_slide_start() */
+	char state[160];            /* under lock */
+	uint64_t down_since;        /* realtime ns, under lock */
+	struct addr logged[16];     /* announced addresses outside the seeds' (under lock) */
+	size_t nlogged;
+};
+
+/* ---- store_redis_link.c ---- */
+
+/* This thread's loop, made on first use (its connections start then).  NULL when the
+ * thread has no event loop or on allocation failure. */
+struct rloop *rloop_get(struct rstore *st);
+/* A new request of this loop; NULL at the loop's bound or on allocation failure. */
+struct rreq *rreq_new(struct rloop *l, enum req_kind kind, enum script_id sc);
+/* Queue r for sending (this loop pass); with a deadline it waits in the deadline list. */
+void rreq_submit(struct rreq *r);
+/* The caller gives up on r: nobody is answered (a decision that may have charged is
+ * replaced by the store's copy, whose answer refunds it). */
+void rreq_withdraw(struct rreq *r);
+/* r leaves the deadline list (answered): nothing for one already out of it. */
+void rreq_leave(struct rreq *r);
+/* Send one command carrying q[0..n) on c (after ASKING when asking): 0, or <0 (nothing
+ * sent: the caller answers them). */
+int redis_conn_send_reqs(struct redis_conn *c, struct rreq **q, size_t n, bool eval, bool asking,
+			 const char *what, int argc, const char **argv, const size_t *len);
+/* Free r (it must have left the queue, and no command may carry it). */
+void rreq_free_one(struct rreq *r);
+/* Free the loops and their connections, after every loop has stopped. */
+void redis_links_free(struct rstore *st);
+/* Is every connection usable?  (Readers: stats.) */
+void redis_set_state(struct rstore *st, bool up, const char *why);
+/* Ask one seed for the cluster's slot map, blocking, at start: 0, or -1 with err. */
+int redis_cluster_probe(struct rstore *st, char *err, size_t errlen);
+/* The cluster slot of a key's hash tag (CRC16/XMODEM of tag, mod 16384). */
+uint16_t redis_key_slot(const char *tag, size_t len);
+
+/* ---- store_redis.c (called by the link) ---- */
+
+/* Answer r's caller by on_failure (a lane, which has none, by err); r leaves the
+ * deadline list.  Nothing for a request already answered. */
+void rreq_fail(struct rreq *r, int err);
+/* Send the decisions q[0..n), bound for one connection (and one slot), as one script
+ * call: 0, or <0 (nothing sent; the caller fails them). */
+int redis_send_decisions(struct redis_conn *c, struct rreq **q, size_t n, bool eval, bool asking);
+/* A copy of a decision in flight whose caller withdrew: its done() refunds what the
+ * answer says was charged.  NULL for a decision that charges nothing, or no memory. */
+struct store_call *redis_orphan(const struct store_call *c);
+/* Answer the requests of a reply that is no redirection or connection error. */
+void redis_answer(struct rsent *s, redisReply *rep);
+
+#endif
