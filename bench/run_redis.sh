@@ -2,19 +2,25 @@
 # run_redis.sh -- decisions through the Redis store against the memory store, in one run:
 # milter_load against (a) one sluiced with the memory store, (b) one sluiced node with
 # the Redis store alone and (c) two sluiced nodes sharing that Redis store, driven at
-# once, with the same two rules; Redis on loopback TCP, and on a unix socket as well.
+# once, with the same three rules; Redis on loopback TCP, on a unix socket, and a Redis
+# Cluster of three masters on loopback TCP.
 #
 # Usage: bench/run_redis.sh [BUILD_DIR]         (default ./build)
 #
 # The script starts its own redis-server (no persistence: --save '' --appendonly no)
 # listening on 127.0.0.1 and on a unix socket in a temporary directory, and every sluiced
-# at once: the memory node, nodes A and B on TCP, nodes A and B on the unix socket.  Each
-# has two rules, so that every milter session makes four decisions (store calls):
-#     per-client-ip    stage connect, key client_ip, BENCH_CLIENT_RATE (100/1d)
-#     per-rcpt-domain  stage rcpt, key rcpt_domain, count recipients, BENCH_RCPT_RATE
+# at once: the memory node, nodes A and B on TCP, nodes A and B on the unix socket, and
+# (for the cluster runs) three cluster-enabled redis-servers made one cluster with
+# `redis-cli --cluster create` and nodes A and B on it.  Each node has three rules, and
+# milter_load sends BENCH_RCPTS (2) recipients, so that every milter session makes four
+# decisions (store calls):
+#     per-client-ip      stage connect, key client_ip, BENCH_CLIENT_RATE (100/1d)
+#     per-sender-domain  stage mail, key sender_domain, BENCH_RCPT_RATE
+#     per-rcpt-domain    stage rcpt, key rcpt_domain, count recipients, BENCH_RCPT_RATE
 # milter_load gives every session a new client address, so Redis holds one key per
-# client address (about 15 minutes at 100/1d: longer than the run), and the three
-# recipient domains are hot keys; neither rule refuses anything.  milter_load -c BENCH_CONCURRENCY drives one node, or both
+# client address (about 15 minutes at 100/1d: longer than the run: 100,000 and more in
+# a run), and the sender's and the recipients' domains are hot keys; no rule refuses
+# anything.  milter_load -c BENCH_CONCURRENCY drives one node, or both
 # nodes of a pair at once with one milter_load each, for each entry of BENCH_RUNS in
 # turn, BENCH_ROUNDS times (memory, tcp1, tcp2, unix1, unix2, memory, ...), so that a
 # slow moment of the machine does not land on one store only; the c=1 probe runs come
@@ -32,8 +38,9 @@
 #
 # Environment: BENCH_DURATION (seconds per run, default 10), BENCH_WARMUP (default 1),
 # BENCH_CONCURRENCY (sessions per node, default 100), BENCH_ROUNDS (default 3),
-# BENCH_RUNS (default "memory tcp1 tcp2 unix1 unix2"), BENCH_PROBE (the runs at
-# concurrency 1, default "memory tcp1"; empty: none), BENCH_PROBE_DURATION (default 3),
+# BENCH_RUNS (default "memory tcp1 tcp2 unix1 unix2 cluster1 cluster2"), BENCH_PROBE
+# (the runs at concurrency 1, default "memory unix1 cluster1"; empty: none),
+# BENCH_RCPTS (recipients per message, default 2), BENCH_PROBE_DURATION (default 3),
 # BENCH_CLIENT_RATE (default 100/1d), BENCH_RCPT_RATE (default 1000000000/1m),
 # BENCH_REDIS_TIMEOUT (the store's timeout, default 50ms), BENCH_REDIS_SERVER and
 # BENCH_REDIS_CLI (default redis-server and redis-cli from PATH), BENCH_EXTRA_CONF (lines
@@ -53,6 +60,7 @@ ROUNDS=${BENCH_ROUNDS:-3}
 PROBE_DURATION=${BENCH_PROBE_DURATION:-3}
 CLIENT_RATE=${BENCH_CLIENT_RATE:-100/1d}
 RCPT_RATE=${BENCH_RCPT_RATE:-1000000000/1m}
+RCPTS=${BENCH_RCPTS:-2}
 REDIS_TIMEOUT=${BENCH_REDIS_TIMEOUT:-50ms}
 REDIS_SERVER=${BENCH_REDIS_SERVER:-redis-server}
 REDIS_CLI=${BENCH_REDIS_CLI:-redis-cli}
@@ -64,12 +72,14 @@ SLUICE=$BUILD/src/cli/sluice
 need_built "$LOAD" "$SLUICED" "$SLUICE"
 command -v "$REDIS_SERVER" >/dev/null || die "$REDIS_SERVER not found (Debian: redis-server)"
 command -v "$REDIS_CLI" >/dev/null || die "$REDIS_CLI not found (Debian: redis-tools)"
-read -r -a RUNS <<<"${BENCH_RUNS:-memory tcp1 tcp2 unix1 unix2}"
-read -r -a PROBES <<<"${BENCH_PROBE-memory tcp1}"
+read -r -a RUNS <<<"${BENCH_RUNS:-memory tcp1 tcp2 unix1 unix2 cluster1 cluster2}"
+read -r -a PROBES <<<"${BENCH_PROBE-memory unix1 cluster1}"
+CLUSTER=
 for run in "${RUNS[@]}" "${PROBES[@]}"; do
 	case $run in
 	memory|tcp1|tcp2|unix1|unix2) ;;
-	*) die "BENCH_RUNS/BENCH_PROBE: unknown run $run (memory, tcp1, tcp2, unix1, unix2)" ;;
+	cluster1|cluster2) CLUSTER=1 ;;
+	*) die "BENCH_RUNS/BENCH_PROBE: unknown run $run (memory, tcp1, tcp2, unix1, unix2, cluster1, cluster2)" ;;
 	esac
 done
 bench_tmpdir
@@ -116,16 +126,69 @@ done
 [ "$(rcli PING 2>/dev/null)" = PONG ] || die "redis-server does not answer PING"
 REDIS_VERSION=$(rcli INFO server | sed -n 's/^redis_version:\([^[:space:]]*\).*/\1/p')
 
+# The cluster: three masters (no replicas: every server decides), each on a free port.
+CPORTS=()
+if [ -n "$CLUSTER" ]; then
+	for i in 1 2 3; do
+		d=$DIR/cluster$i
+		mkdir -p "$d"
+		for _ in 1 2 3 4 5 6 7 8; do
+			port=$((20000 + RANDOM % 40000))
+			(cd "$d" && exec "$REDIS_SERVER" --port "$port" --bind 127.0.0.1 \
+			    --cluster-enabled yes --cluster-config-file nodes.conf \
+			    --save '' --appendonly no --dir "$d" --logfile "$d/redis.log") &
+			PID[cluster$i]=$!
+			up=
+			for _ in $(seq 1 50); do
+				if [ "$("$REDIS_CLI" -p "$port" PING 2>/dev/null)" = PONG ]; then
+					up=1
+					break
+				fi
+				kill -0 "${PID[cluster$i]}" 2>/dev/null || break
+				sleep 0.1
+			done
+			[ -n "$up" ] && { CPORTS+=("$port"); break; }
+			stop "cluster$i"
+		done
+	done
+	[ "${#CPORTS[@]}" = 3 ] || die "the cluster's redis-servers did not come up"
+	"$REDIS_CLI" --cluster create "127.0.0.1:${CPORTS[0]}" "127.0.0.1:${CPORTS[1]}" \
+	    "127.0.0.1:${CPORTS[2]}" --cluster-yes > "$DIR/cluster-create.log" 2>&1 ||
+	    die "redis-cli --cluster create failed: $(tail -n 3 "$DIR/cluster-create.log")"
+	for _ in $(seq 1 100); do
+		ok=0
+		for port in "${CPORTS[@]}"; do
+			"$REDIS_CLI" -p "$port" CLUSTER INFO 2>/dev/null | grep -q '^cluster_state:ok' &&
+			    ok=$((ok + 1))
+		done
+		[ "$ok" = 3 ] && break
+		sleep 0.1
+	done
+	[ "$ok" = 3 ] || die "the cluster did not reach cluster_state:ok"
+fi
+
 # rinfo SECTION FIELD: one field of INFO SECTION.
 rinfo() {
 	rcli INFO "$1" | sed -n "s/^$2:\\([^[:space:]]*\\).*/\\1/p"
 }
 
-# redis_snapshot FILE: "calls usec cpu_s" -- EVALSHA and EVAL calls and their time in
-# Redis (commandstats), Redis's user+system CPU seconds.
+# redis_snapshot FILE RUN: "calls usec cpu_s" -- EVALSHA and EVAL calls and their time
+# in Redis (commandstats), Redis's user+system CPU seconds; for a cluster run, summed over
+# its three masters.
 redis_snapshot() {
-	rcli INFO commandstats > "$1.commandstats"
-	rcli INFO cpu > "$1.cpu"
+	local -a servers=("-s" "$RSOCK")
+	case $2 in cluster*) servers=() ;; esac
+	: > "$1.commandstats"
+	: > "$1.cpu"
+	if [ "${#servers[@]}" -gt 0 ]; then
+		rcli INFO commandstats >> "$1.commandstats"
+		rcli INFO cpu >> "$1.cpu"
+	else
+		for port in "${CPORTS[@]}"; do
+			"$REDIS_CLI" -p "$port" INFO commandstats >> "$1.commandstats"
+			"$REDIS_CLI" -p "$port" INFO cpu >> "$1.cpu"
+		done
+	fi
 	awk -F '[:=,]' '
 		/^cmdstat_(evalsha|eval):/ { calls += $3; usec += $5 }
 		/^used_cpu_(sys|user):/ { cpu += $2 }
@@ -140,6 +203,14 @@ STORE_OF[tcpA]="store { type = \"redis\"; server = \"127.0.0.1:$RPORT\"; nodes =
 STORE_OF[tcpB]=${STORE_OF[tcpA]}
 STORE_OF[unixA]="store { type = \"redis\"; server = \"unix:$RSOCK\"; nodes = 2; timeout = $REDIS_TIMEOUT; }"
 STORE_OF[unixB]=${STORE_OF[unixA]}
+if [ -n "$CLUSTER" ]; then
+	STORE_OF[clusterA]="store { type = \"redis\"; cluster = [\"127.0.0.1:${CPORTS[0]}\", \"127.0.0.1:${CPORTS[1]}\"]; nodes = 2; timeout = $REDIS_TIMEOUT; }"
+	STORE_OF[clusterB]=${STORE_OF[clusterA]}
+fi
+NODES[cluster1]=clusterA
+NODES[cluster2]="clusterA clusterB"
+LABEL[cluster1]="Redis Cluster, 3 masters, 1 node"
+LABEL[cluster2]="Redis Cluster, 3 masters, 2 nodes"
 NODES[memory]=memory
 NODES[tcp1]=tcpA
 NODES[tcp2]="tcpA tcpB"
@@ -159,6 +230,8 @@ sluiced_conf() {
 	[ -z "${STORE_OF[$1]}" ] || echo "${STORE_OF[$1]}"
 	printf 'limit "per-client-ip" { stage = "connect"; key = "client_ip"; rate = ["%s"]; }\n' \
 	    "$CLIENT_RATE"
+	printf 'limit "per-sender-domain" { stage = "mail"; key = "sender_domain"; rate = ["%s"]; }\n' \
+	    "$RCPT_RATE"
 	printf 'limit "per-rcpt-domain" { stage = "rcpt"; key = "rcpt_domain"; count = "recipients"; rate = ["%s"]; }\n' \
 	    "$RCPT_RATE"
 	[ -z "${BENCH_EXTRA_CONF:-}" ] || printf '%s\n' "$BENCH_EXTRA_CONF"
@@ -201,12 +274,12 @@ for run in "${RUNS[@]}" "${PROBES[@]}"; do
 		NEEDED[$node]=1
 	done
 done
-for node in memory tcpA tcpB unixA unixB; do
+for node in memory tcpA tcpB unixA unixB clusterA clusterB; do
 	[ -z "${NEEDED[$node]:-}" ] || start_node "$node"
 done
 # A worker connects to Redis at its first decision: a few sessions on every Redis node
 # make each worker connect and load the scripts before memory is first read.
-for node in tcpA tcpB unixA unixB; do
+for node in tcpA tcpB unixA unixB clusterA clusterB; do
 	[ -z "${NEEDED[$node]:-}" ] && continue
 	"$LOAD" -c 4 -n 40 -w 0 "unix:${SOCK[$node]}" > "$DIR/$node/first.log" 2>&1 ||
 	    { say "$node: the first sessions failed:"; tail -n 5 "$DIR/$node/first.log" >&2; exit 1; }
@@ -237,13 +310,13 @@ measure() {
 		fi
 		before[$node]=$(stat_store "$node" "$DIR/$node/stats-$run-c$conc-r$round.before")
 	done
-	[ "$run" = memory ] || rb=$(redis_snapshot "$RDIR/$run-c$conc-r$round.before")
+	[ "$run" = memory ] || rb=$(redis_snapshot "$RDIR/$run-c$conc-r$round.before" "$run")
 	say "$run: round $round of $ROUNDS, concurrency $conc per node, ${secs}s"
 	t0=$(date +%s.%N)
 	pids=()
 	for node in "${nodes[@]}"; do
 		out=$DIR/$run-c$conc-$node-r$round.json
-		load_run "$node" "$out" milter_load "$LOAD" -c "$conc" -t "$secs" -w "$WARMUP" \
+		load_run "$node" "$out" milter_load "$LOAD" -c "$conc" -r "$RCPTS" -t "$secs" -w "$WARMUP" \
 		    --json --label "$run/$node" --pid "${PID[$node]}" "unix:${SOCK[$node]}" &
 		pids+=($!)
 	done
@@ -271,7 +344,7 @@ measure() {
 		total=$((total + $4 - $1))
 	done
 	if [ "$run" != memory ]; then
-		ra=$(redis_snapshot "$RDIR/$run-c$conc-r$round.after")
+		ra=$(redis_snapshot "$RDIR/$run-c$conc-r$round.after" "$run")
 		# shellcheck disable=SC2086 # two lists of three numbers
 		set -- $rb $ra
 		echo "$run $conc $round $(($4 - $1)) $(($5 - $2)) $(awk -v a="$3" -v b="$6" \
@@ -403,11 +476,12 @@ echo
 echo "$(machine) redis-server $REDIS_VERSION; milter_load at concurrency $CONC per node" \
     "(and 1 for the probe rows), ${DURATION}s per run (probe ${PROBE_DURATION}s) after" \
     "${WARMUP}s warm-up, rounds: $ROUNDS; each session: new unix-socket connection, OPTNEG," \
-    "CONNECT, HELO (skipped), MAIL (skipped), 3 RCPT, end-of-message, QUIT. Two rules:" \
-    "per-client-ip at connect ($CLIENT_RATE), per-rcpt-domain at rcpt (count recipients," \
-    "$RCPT_RATE): 4 decisions per session. All of it -- the sluiced nodes, the milter_load" \
-    "processes and redis-server -- shares these $(nproc) CPUs; the two-node runs put two" \
-    "sluiced, two milter_load and redis-server on them at once. Load average at the" \
+    "CONNECT, HELO, MAIL, $RCPTS RCPT, end-of-message, QUIT. Three rules:" \
+    "per-client-ip at connect ($CLIENT_RATE), per-sender-domain at mail and" \
+    "per-rcpt-domain at rcpt (count recipients) ($RCPT_RATE): $((2 + RCPTS)) decisions per" \
+    "session. All of it -- the sluiced nodes, the milter_load processes and the" \
+    "redis-servers -- shares these $(nproc) CPUs; the two-node runs put two sluiced, two" \
+    "milter_load and Redis on them at once. Load average at the" \
     "start: ${LOADAVG_START:-?}, at the end: ${LOADAVG_END:-?}; CPU time stolen by the" \
     "hypervisor during the run: ${STEAL:-?}."
 echo
@@ -434,23 +508,38 @@ fi
 echo "- decisions/s = sessions/s × decisions per session; the decisions are sluiced's own"
 echo "  count of store calls (\`sluice stats\`), over the sessions of the load phase."
 echo "- p50 / p99: whole milter sessions, connect to the end-of-message reply; each session"
-echo "  waits for 4 decisions in turn. added p50 / p99 = this row's − the memory store's at the"
+echo "  waits for $((2 + RCPTS)) decisions in turn. added p50 / p99 = this row's − the memory store's at the"
 echo "  same concurrency. At concurrency $CONC every run saturates the CPUs, so a session's"
 echo "  latency is about $CONC ÷ sessions/s: the added p99 there follows the lost"
-echo "  throughput. The probe rows (concurrency 1) show what the round trips add: 4 per"
+echo "  throughput. The probe rows (concurrency 1) show what the round trips add: $((2 + RCPTS)) per"
 echo "  session."
 echo "- on_failure / timeouts: decisions that Redis did not answer within $REDIS_TIMEOUT and"
 echo "  that this node's local share decided; they should be 0."
 echo "- Redis µs/call: time inside EVALSHA (INFO commandstats); Redis CPU: redis-server's"
-echo "  user+system time over the run (INFO cpu); one Redis serves every node with one thread."
-for run in tcp1 tcp2 unix1 unix2; do
+echo "  user+system time over the run (INFO cpu), summed over the masters of the cluster;"
+echo "  one Redis server serves every node with one thread. calls/decision below 1: the"
+echo "  decisions of one loop pass went as one script call."
+read -r MEM_RATE _ <<<"$(agg memory "$CONC" memory)"
+verdict() { awk -v a="$1" -v b="$2" -v op="$3" 'BEGIN { ok = op == ">=" ? a >= b : a <= b; print ok ? "met" : "not met" }'; }
+for run in tcp1 unix1 cluster1 tcp2 unix2 cluster2; do
 	[ -n "${SLOWEST_DPS[$run]:-}" ] || continue
-	verdict_d="not met"
-	awk -v d="${SLOWEST_DPS[$run]}" 'BEGIN { exit !(d >= 50000) }' && verdict_d="met"
-	verdict_l="not met"
-	[ -n "${WORST_ADDED[$run]:-}" ] &&
-	    awk -v d="${WORST_ADDED[$run]}" 'BEGIN { exit !(d <= 1) }' && verdict_l="met"
-	echo "- target ${LABEL[$run]}: ≥ 50,000 decisions/s per node: $verdict_d" \
-	    "($(fmt_int "${SLOWEST_DPS[$run]}") on the slowest node); added p99 ≤ 1 ms at" \
-	    "concurrency $CONC: $verdict_l (${WORST_ADDED[$run]:-?} ms)."
+	read -r rate _ <<<"$(agg "$run" "$CONC" "${NODES[$run]%% *}")"
+	read -r _ _ _ rcpu _ <<<"$(ragg "$run" "$CONC")"
+	line="- targets, ${LABEL[$run]}: ≥ 50,000 decisions/s per node:"
+	line="$line $(verdict "${SLOWEST_DPS[$run]}" 50000 ">=") ($(fmt_int "${SLOWEST_DPS[$run]}") on the slowest node)"
+	case $run in *1)
+		[ -n "${MEM_RATE:-}" ] && [ -n "${rate:-}" ] &&
+		    line="$line; ≥ 0.8× the memory store's sessions/s: $(verdict "$(awk -v a="$rate" -v b="$MEM_RATE" 'BEGIN { printf "%.2f", a / b }')" 0.8 ">=") ($(awk -v a="$rate" -v b="$MEM_RATE" 'BEGIN { printf "%.2f", a / b }')×)" ;;
+	esac
+	[ -n "${rcpu:-}" ] && line="$line; ≤ 8 µs of Redis CPU per decision: $(verdict "$rcpu" 8 "<=") ($rcpu µs)"
+	echo "$line."
+done
+for run in "${PROBES[@]}"; do
+	[ "$run" = memory ] && continue
+	[ "$CONC" = 1 ] && continue
+	read -r _ _ _ p99 _ <<<"$(agg "$run" 1 "${NODES[$run]%% *}")"
+	[ -n "${p99:-}" ] && [ -n "${MEM_P99[1]:-}" ] || continue
+	added=$(awk -v a="$p99" -v b="${MEM_P99[1]}" 'BEGIN { printf "%+.3f", a - b }')
+	echo "- target, ${LABEL[$run]}, one session at a time: ≤ 0.5 ms added to a session's" \
+	    "p99 ($((2 + RCPTS)) decisions): $(verdict "$added" 0.5 "<=") ($added ms)."
 done

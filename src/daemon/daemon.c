@@ -1288,7 +1288,8 @@ int daemon_main(int argc, char **argv)
 			 "nodes %u", policy_rule_count(d.cfg->rules),
 			 policy_has_classes(d.cfg->rules) ? "host classes" : "no host classes",
 			 d.cfg->store.server ? d.cfg->store.server :
-			 d.cfg->store.master_name ? d.cfg->store.master_name : "127.0.0.1:6379",
+			 d.cfg->store.master_name ? d.cfg->store.master_name :
+			 d.cfg->store.ncluster ? "cluster" : "127.0.0.1:6379",
 			 (long long)d.cfg->store.timeout_ms,
 			 d.cfg->store.on_failure == STORE_FAIL_LOCAL ? "local" :
 			 d.cfg->store.on_failure == STORE_FAIL_ACCEPT ? "accept" : "tempfail",

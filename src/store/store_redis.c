@@ -907,7 +907,10 @@ static void redis_stats(void *ctx, struct store_stats *ret)
 	ret->shared = true;
 	ret->up = atomic_load(&st->announced) && atomic_load(&st->down) == 0;
 	pthread_mutex_lock(&st->lock);
-	if (st->state[0])
+	if (st->cluster && ret->up)
+		fmt_fixed(ret->state, sizeof(ret->state), "connected to cluster (%u masters, %zu "
+			  "seeds)", atomic_load(&st->masters), st->nseeds);
+	else if (st->state[0])
 		fmt_fixed(ret->state, sizeof(ret->state), "%s", st->state);
 	else
 		fmt_fixed(ret->state, sizeof(ret->state), "not connected yet");

@@ -224,6 +224,18 @@ void redis_links_free(struct rstore *st);
 void redis_set_state(struct rstore *st, bool up, const char *why);
 /* Ask one seed for the cluster's slot map, blocking, at start: 0, or -1 with err. */
 int redis_cluster_probe(struct rstore *st, char *err, size_t errlen);
+/* One range of a cluster's slot map. */
+struct redis_slot_range {
+	uint16_t first, last;
+	struct addr master;
+};
+/* A CLUSTER SLOTS reply (asked of the node at asked) into ret[0..max): how many ranges,
+ * or -EPROTO for a reply of the wrong shape.  Pure: for the fuzzer and map_take(). */
+int redis_slots_parse(const redisReply *rep, const struct addr *asked,
+		      struct redis_slot_range *ret, size_t max);
+/* "MOVED 3999 127.0.0.1:6381" / "ASK 3999 [::1]:6381": the slot and the address; 0, or
+ * -EPROTO with both untouched.  Pure: for the fuzzer and the store. */
+int redis_redirect_parse(const char *text, unsigned *ret_slot, struct addr *ret);
 /* The cluster slot of a key's hash tag (CRC16/XMODEM of tag, mod 16384). */
 uint16_t redis_key_slot(const char *tag, size_t len);
 

@@ -146,8 +146,8 @@ void redis_set_state(struct rstore *st, bool up, const char *why)
 {
 	char msg[320], where[300];
 	if (st->cluster)
-		fmt_fixed(where, sizeof(where), "cluster (%zu seeds, %u masters)", st->nseeds,
-			  atomic_load(&st->masters));
+		fmt_fixed(where, sizeof(where), "cluster (from %zu seed%s)", st->nseeds,
+			  st->nseeds == 1 ? "" : "s");
 	else if (st->nsentinels)
 		fmt_fixed(where, sizeof(where), "master '%s' (through %zu sentinels)",
 			  st->master_name, st->nsentinels);
@@ -703,58 +703,73 @@ static void note_address(struct rstore *st, const struct addr *a)
 	}
 }
 
-/* A master's address from a CLUSTER SLOTS node entry [host, port, ...]; an empty host is
- * the host of the node asked. */
-static int map_node_addr(const redisReply *n, const struct redis_conn *asked, struct addr *ret)
+/* A master's address from a CLUSTER SLOTS node entry [host, port, ...]; an empty host
+ * (or "?") is the host of the node asked. */
+static int slots_node_addr(const redisReply *n, const struct addr *asked, struct addr *ret)
 {
 	if (n->type != REDIS_REPLY_ARRAY || n->elements < 2 ||
 	    n->element[0]->type != REDIS_REPLY_STRING || n->element[1]->type != REDIS_REPLY_INTEGER ||
 	    n->element[1]->integer < 1 || n->element[1]->integer > 65535 ||
-	    n->element[0]->len >= sizeof(ret->host))
+	    n->element[0]->len >= sizeof(ret->host) || memchr(n->element[0]->str, '\0',
+							      n->element[0]->len))
 		return -EPROTO;
 	memset(ret, 0, sizeof(*ret));
 	if (n->element[0]->len == 0 || strcmp(n->element[0]->str, "?") == 0)
-		fmt_fixed(ret->host, sizeof(ret->host), "%s", asked->addr.host);
+		fmt_fixed(ret->host, sizeof(ret->host), "%s", asked->host);
 	else
 		memcpy(ret->host, n->element[0]->str, n->element[0]->len);
 	ret->port = (int)n->element[1]->integer;
 	return 0;
 }
 
-/* A CLUSTER SLOTS reply into the loop's map: 0, or -EPROTO (the map unchanged). */
-static int map_take(struct rloop *l, const redisReply *rep, const struct redis_conn *asked)
+int redis_slots_parse(const redisReply *rep, const struct addr *asked,
+		      struct redis_slot_range *ret, size_t max)
 {
-	if (rep->type != REDIS_REPLY_ARRAY)
+	if (rep->type != REDIS_REPLY_ARRAY || rep->elements > max)
 		return -EPROTO;
-	uint8_t *map = malloc(REDIS_SLOTS);
-	if (!map)
-		return -ENOMEM;
-	memset(map, REDIS_NO_NODE, REDIS_SLOTS);
-	bool used[REDIS_MAX_NODES] = { false };
-	unsigned masters = 0;
 	for (size_t i = 0; i < rep->elements; i++) {
 		const redisReply *e = rep->element[i];
-		struct addr a;
 		if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 ||
 		    e->element[0]->type != REDIS_REPLY_INTEGER ||
 		    e->element[1]->type != REDIS_REPLY_INTEGER || e->element[0]->integer < 0 ||
 		    e->element[1]->integer >= REDIS_SLOTS ||
 		    e->element[0]->integer > e->element[1]->integer ||
-		    map_node_addr(e->element[2], asked, &a) < 0) {
-			free(map);
+		    slots_node_addr(e->element[2], asked, &ret[i].master) < 0)
 			return -EPROTO;
-		}
-		struct redis_conn *c = conn_for(l, &a);
+		ret[i].first = (uint16_t)e->element[0]->integer;
+		ret[i].last = (uint16_t)e->element[1]->integer;
+	}
+	return (int)rep->elements;
+}
+
+/* A CLUSTER SLOTS reply into the loop's map: 0, or <0 (the map unchanged). */
+static int map_take(struct rloop *l, const redisReply *rep, const struct redis_conn *asked)
+{
+	size_t max = rep->type == REDIS_REPLY_ARRAY && rep->elements < REDIS_SLOTS ? rep->elements
+										      : REDIS_SLOTS;
+	struct redis_slot_range *ranges = calloc(max ? max : 1, sizeof(*ranges));
+	uint8_t *map = malloc(REDIS_SLOTS);
+	int n = ranges && map ? redis_slots_parse(rep, &asked->addr, ranges, max) : -ENOMEM;
+	if (n < 0) {
+		free(ranges);
+		free(map);
+		return n;
+	}
+	memset(map, REDIS_NO_NODE, REDIS_SLOTS);
+	bool used[REDIS_MAX_NODES] = { false };
+	unsigned masters = 0;
+	for (int i = 0; i < n; i++) {
+		struct redis_conn *c = conn_for(l, &ranges[i].master);
 		if (!c)
 			continue; /* over REDIS_MAX_NODES: those slots stay unknown (on_failure) */
 		if (!used[c->index]) {
 			used[c->index] = true;
 			masters++;
-			note_address(l->st, &a);
+			note_address(l->st, &ranges[i].master);
 		}
-		memset(map + e->element[0]->integer, c->index,
-		       (size_t)(e->element[1]->integer - e->element[0]->integer + 1));
+		memset(map + ranges[i].first, c->index, (size_t)(ranges[i].last - ranges[i].first + 1));
 	}
+	free(ranges);
 	free(l->map);
 	l->map = map;
 	l->map_known = true;
@@ -809,8 +824,7 @@ static bool reply_means_reconnect(const redisReply *r)
 	       strncmp(r->str, "WRONGPASS", 9) == 0;
 }
 
-/* "MOVED 3999 127.0.0.1:6381" / "ASK ...": the slot and the address; -EPROTO. */
-static int parse_redirect(const char *text, unsigned *ret_slot, struct addr *ret)
+int redis_redirect_parse(const char *text, unsigned *ret_slot, struct addr *ret)
 {
 	const char *sp = strchr(text, ' ');
 	if (!sp)
@@ -947,7 +961,7 @@ static void reqs_error(struct redis_conn *c, struct rsent *s, const redisReply *
 		}
 		return;
 	}
-	if (st->cluster && strncmp(rep->str, "MOVED ", 6) == 0 && parse_redirect(rep->str, &slot, &a) == 0) {
+	if (st->cluster && strncmp(rep->str, "MOVED ", 6) == 0 && redis_redirect_parse(rep->str, &slot, &a) == 0) {
 		atomic_fetch_add(&st->redirects, 1);
 		struct redis_conn *to = conn_for(l, &a);
 		if (to && l->map) {
@@ -962,7 +976,7 @@ static void reqs_error(struct redis_conn *c, struct rsent *s, const redisReply *
 		requeue(s, 0, NULL, -EAGAIN);
 		return;
 	}
-	if (st->cluster && strncmp(rep->str, "ASK ", 4) == 0 && parse_redirect(rep->str, &slot, &a) == 0) {
+	if (st->cluster && strncmp(rep->str, "ASK ", 4) == 0 && redis_redirect_parse(rep->str, &slot, &a) == 0) {
 		atomic_fetch_add(&st->redirects, 1);
 		struct redis_conn *to = conn_for(l, &a);
 		if (to)

@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "store.h"
+#include "store_redis_int.h"
 #include "util.h"
 
 #define SEC 1000000000ULL
@@ -184,6 +185,135 @@ static void test_lanes_have_no_on_failure(void **state)
 	}
 }
 
+/* Redis Cluster's key hash: CRC16/XMODEM mod 16384, as CLUSTER KEYSLOT gives. */
+static void test_cluster_key_slot(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *tag;
+		unsigned slot;
+	} cases[] = {
+		{ "123456789", 0x31c3 }, /* the CRC16/XMODEM check value: 12739 */
+		{ "foo", 12182 }, { "bar", 5061 }, { "", 0 },
+	};
+	for (size_t i = 0; i < ARRAY_SIZE(cases); i++)
+		assert_int_equal(redis_key_slot(cases[i].tag, strlen(cases[i].tag)), cases[i].slot);
+	/* every slot is below 16384 */
+	char key[16];
+	for (unsigned v = 0; v < 100000; v++) {
+		int n = snprintf(key, sizeof(key), "k%u", v);
+		assert_true(redis_key_slot(key, (size_t)n) < REDIS_SLOTS);
+	}
+}
+
+static void test_cluster_redirects(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *text;
+		int rc;
+		unsigned slot;
+		const char *host;
+		int port;
+	} cases[] = {
+		{ "MOVED 3999 127.0.0.1:6381", 0, 3999, "127.0.0.1", 6381 },
+		{ "ASK 12182 [::1]:7002", 0, 12182, "::1", 7002 },
+		{ "ASK 0 ::1:7002", 0, 0, "::1", 7002 },
+		{ "MOVED 16383 10.0.0.5:7000", 0, 16383, "10.0.0.5", 7000 },
+		{ "MOVED 16384 10.0.0.5:7000", -EPROTO, 0, NULL, 0 },
+		{ "MOVED 1 10.0.0.5:0", -EPROTO, 0, NULL, 0 },
+		{ "MOVED 1 10.0.0.5:65536", -EPROTO, 0, NULL, 0 },
+		{ "MOVED 1 :7000", -EPROTO, 0, NULL, 0 },
+		{ "MOVED x 10.0.0.5:7000", -EPROTO, 0, NULL, 0 },
+		{ "MOVED 1", -EPROTO, 0, NULL, 0 },
+		{ "MOVED", -EPROTO, 0, NULL, 0 },
+	};
+	for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
+		unsigned slot = 99999;
+		struct addr a = { .port = -1 };
+		int rc = redis_redirect_parse(cases[i].text, &slot, &a);
+		if (rc != cases[i].rc)
+			fail_msg("%s: %d", cases[i].text, rc);
+		if (rc < 0) {
+			assert_int_equal(slot, 99999);
+			assert_int_equal(a.port, -1);
+			continue;
+		}
+		assert_int_equal(slot, cases[i].slot);
+		assert_string_equal(a.host, cases[i].host);
+		assert_int_equal(a.port, cases[i].port);
+	}
+}
+
+static redisReply *reply_of(const char *wire)
+{
+	redisReader *rd = redisReaderCreate();
+	void *r = NULL;
+	assert_int_equal(redisReaderFeed(rd, wire, strlen(wire)), REDIS_OK);
+	assert_int_equal(redisReaderGetReply(rd, &r), REDIS_OK);
+	assert_non_null(r);
+	redisReaderFree(rd);
+	return r;
+}
+
+static void test_cluster_slots(void **state)
+{
+	(void)state;
+	struct addr asked = { .host = "192.0.2.7", .port = 7000 };
+	struct redis_slot_range r[4];
+	/* three masters, one with a replica; the third announced with an empty host */
+	redisReply *rep = reply_of("*3\r\n"
+		"*3\r\n:0\r\n:5460\r\n*3\r\n$8\r\n10.0.0.5\r\n:7000\r\n$2\r\nid\r\n"
+		"*4\r\n:5461\r\n:10922\r\n*2\r\n$8\r\n10.0.0.6\r\n:7001\r\n"
+		"*2\r\n$8\r\n10.0.0.9\r\n:7004\r\n"
+		"*3\r\n:10923\r\n:16383\r\n*2\r\n$0\r\n\r\n:7002\r\n");
+	assert_int_equal(redis_slots_parse(rep, &asked, r, 4), 3);
+	assert_int_equal(r[0].first, 0);
+	assert_int_equal(r[0].last, 5460);
+	assert_string_equal(r[0].master.host, "10.0.0.5");
+	assert_int_equal(r[1].master.port, 7001); /* the master, not its replica */
+	assert_string_equal(r[2].master.host, "192.0.2.7");
+	assert_int_equal(r[2].last, 16383);
+	assert_int_equal(redis_slots_parse(rep, &asked, r, 2), -EPROTO); /* over max */
+	freeReplyObject(rep);
+	static const char *const bad[] = {
+		"*1\r\n*3\r\n:10\r\n:5\r\n*2\r\n$1\r\nh\r\n:1\r\n",       /* first > last */
+		"*1\r\n*3\r\n:0\r\n:16384\r\n*2\r\n$1\r\nh\r\n:1\r\n",     /* past the slots */
+		"*1\r\n*3\r\n:0\r\n:1\r\n*2\r\n$1\r\nh\r\n:0\r\n",         /* port 0 */
+		"*1\r\n*2\r\n:0\r\n:1\r\n",                                     /* no master */
+		"-ERR This instance has cluster support disabled\r\n",
+		":5\r\n",
+	};
+	for (size_t i = 0; i < ARRAY_SIZE(bad); i++) {
+		rep = reply_of(bad[i]);
+		assert_int_equal(redis_slots_parse(rep, &asked, r, 4), -EPROTO);
+		freeReplyObject(rep);
+	}
+}
+
+static void test_cluster_configuration(void **state)
+{
+	(void)state;
+	const char *const seeds[] = { "127.0.0.1:1" };
+	char err[512] = "";
+	struct store_redis_conf c = { .seeds = seeds, .nseeds = 1, .server = "127.0.0.1:6379" };
+	assert_null(store_redis_new(&c, err, sizeof(err)));
+	assert_non_null(strstr(err, "neither server nor sentinels"));
+	c = (struct store_redis_conf){ .seeds = seeds, .nseeds = 1, .prefix = "s{x}:" };
+	assert_null(store_redis_new(&c, err, sizeof(err)));
+	assert_non_null(strstr(err, "prefix"));
+	/* nothing listens on port 1: the probe says so, naming the seed */
+	c = (struct store_redis_conf){ .seeds = seeds, .nseeds = 1, .probe = true };
+	assert_null(store_redis_new(&c, err, sizeof(err)));
+	assert_non_null(strstr(err, "no cluster seed answered"));
+	assert_non_null(strstr(err, "127.0.0.1:1"));
+	/* without the probe (sluiced -t) the store is made; decisions then use on_failure */
+	c.probe = false;
+	struct store *s = store_redis_new(&c, err, sizeof(err));
+	assert_non_null(s);
+	store_free(s);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -191,6 +321,10 @@ int main(void)
 		cmocka_unit_test(test_on_failure_local_share),
 		cmocka_unit_test(test_on_failure_accept_and_tempfail),
 		cmocka_unit_test(test_lanes_have_no_on_failure),
+		cmocka_unit_test(test_cluster_key_slot),
+		cmocka_unit_test(test_cluster_redirects),
+		cmocka_unit_test(test_cluster_slots),
+		cmocka_unit_test(test_cluster_configuration),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

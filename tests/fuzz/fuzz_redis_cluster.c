@@ -1,0 +1,98 @@
+/*
+ * fuzz_redis_cluster -- libFuzzer target for what the Redis store reads from a cluster:
+ * the slot map (a CLUSTER SLOTS reply, as hiredis's reader decodes it from the wire,
+ * into ranges by redis_slots_parse()) and the redirections (the text of a MOVED or ASK
+ * error, by redis_redirect_parse()); src/store/store_redis_link.c.
+ *
+ * The input's first line (up to a '\n') is parsed as a redirection; all of it is fed to
+ * hiredis's reply reader, one reply after another, and each is parsed as a slot map.
+ * What is accepted must be what the store can use: slots below 16384, first <= last, a
+ * port in 1..65535, a host that is a NUL-terminated string of the address's size.
+ *
+ * XXX hiredis 0.14 allocates an array reply's declared element count before reading the
+ * elements (see fuzz_redis_reply.c): inputs that declare more than 4096 elements are
+ * skipped here.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <hiredis/hiredis.h>
+
+#include "store_redis_int.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define CHECK(x)                                                                          \
+	do {                                                                               \
+		if (!(x)) {                                                                \
+			fprintf(stderr, "fuzz_redis_cluster: %s:%d: check failed: %s\n",   \
+				__FILE__, __LINE__, #x);                                   \
+			abort();                                                           \
+		}                                                                          \
+	} while (0)
+
+static int huge_aggregate(const uint8_t *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (p[i] != '*')
+			continue;
+		unsigned long v = 0;
+		for (size_t k = i + 1; k < n && p[k] >= '0' && p[k] <= '9'; k++)
+			if ((v = v * 10 + (unsigned long)(p[k] - '0')) > 4096)
+				return 1;
+	}
+	return 0;
+}
+
+static void check_addr(const struct addr *a)
+{
+	CHECK(memchr(a->host, '\0', sizeof(a->host)) != NULL);
+	CHECK(a->port >= 1 && a->port <= 65535);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	if (huge_aggregate(data, size))
+		return 0;
+	char line[512];
+	size_t n = 0;
+	while (n < size && n < sizeof(line) - 1 && data[n] != '\n')
+		n++;
+	memcpy(line, data, n);
+	line[n] = '\0';
+	unsigned slot = 77777;
+	struct addr a;
+	memset(&a, 0x5a, sizeof(a));
+	if (redis_redirect_parse(line, &slot, &a) == 0) {
+		CHECK(slot < REDIS_SLOTS);
+		check_addr(&a);
+	} else {
+		CHECK(slot == 77777);
+	}
+
+	struct addr asked = { .host = "192.0.2.7", .port = 7000 };
+	redisReader *rd = redisReaderCreate();
+	CHECK(rd);
+	if (redisReaderFeed(rd, (const char *)data, size) != REDIS_OK) {
+		redisReaderFree(rd);
+		return 0;
+	}
+	for (;;) {
+		void *reply = NULL;
+		if (redisReaderGetReply(rd, &reply) != REDIS_OK || !reply)
+			break;
+		struct redis_slot_range r[64];
+		int got = redis_slots_parse(reply, &asked, r, 64);
+		CHECK(got == -EPROTO || (got >= 0 && got <= 64));
+		for (int i = 0; i < got; i++) {
+			CHECK(r[i].first <= r[i].last && r[i].last < REDIS_SLOTS);
+			check_addr(&r[i].master);
+		}
+		freeReplyObject(reply);
+	}
+	redisReaderFree(rd);
+	return 0;
+}
