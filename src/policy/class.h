@@ -34,7 +34,7 @@ int class_attach(struct policy_class *c);
 /* Take an incoming slot: 1 (*ret set), or 0 when the class is at inbound. */
 int class_enter_inbound(struct policy_class *c, struct class_slot **ret);
 /* Take an outgoing slot: 1 (*ret set), or 0 when the class is at sessions (incoming and
- * outgoing together).  XXX counted on this node only, also with a shared store. */
+ * outgoing together), on this node (a shared store: policy_class_enter_outbound_start()). */
 int class_enter_outbound(struct policy_class *c, struct class_slot **ret);
 /* Take a slot whatever the count (the shared store decides); returns the count with it. */
 unsigned class_reserve(struct policy_class *c, struct class_slot **ret);

@@ -1514,30 +1514,23 @@ static void slot_done(struct store_slot_call *sc, int rc)
 	free(pp);
 }
 
-int policy_class_enter_start(struct policy *p, const struct ipaddr *ip, struct str name,
-			     struct class_slot **ret_slot, const char **ret_class,
-			     policy_slot_done_fn *done, void *arg, struct policy_pending **ret)
+/* Ask the shared store for a slot of c under cap (reserved here first: this node never
+ * holds more than it tells the others).  As policy_class_enter_start() returns. */
+static int class_enter_shared(struct policy *p, struct policy_class *c, unsigned cap,
+			      struct class_slot **ret_slot, policy_slot_done_fn *done, void *arg,
+			      struct policy_pending **ret)
 {
-	*ret = NULL;
-	if (!store_is_shared(p->store))
-		return policy_class_enter(p, ip, name, ret_slot, ret_class);
-	struct policy_class *c = class_find(p, ip, name);
-	*ret_slot = NULL;
-	if (!c)
-		return 1;
-	*ret_class = c->name;
 	struct policy_pending *pp = calloc(1, sizeof(*pp));
 	if (!pp)
-		return policy_class_enter(p, ip, name, ret_slot, ret_class);
+		return -ENOMEM;
 	pp->kind = PENDING_SLOT;
 	pp->p = p;
 	pp->arg = arg;
 	pp->ret_slot = ret_slot;
 	pp->slot_done = done;
-	/* reserve here first: this node never holds more than it tells the others */
 	pp->slot_call.local_used = class_reserve(c, &pp->slot);
 	pp->slot_call.cls = c->name;
-	pp->slot_call.cap = c->inbound;
+	pp->slot_call.cap = cap;
 	pp->slot_call.done = slot_done;
 	pp->slot_call.arg = pp;
 	int rc = store_slot_enter(p->store, &pp->slot_call);
@@ -1553,6 +1546,39 @@ int policy_class_enter_start(struct policy *p, const struct ipaddr *ip, struct s
 	}
 	free(pp);
 	return rc == 1;
+}
+
+int policy_class_enter_start(struct policy *p, const struct ipaddr *ip, struct str name,
+			     struct class_slot **ret_slot, const char **ret_class,
+			     policy_slot_done_fn *done, void *arg, struct policy_pending **ret)
+{
+	*ret = NULL;
+	if (!store_is_shared(p->store))
+		return policy_class_enter(p, ip, name, ret_slot, ret_class);
+	struct policy_class *c = class_find(p, ip, name);
+	*ret_slot = NULL;
+	if (!c)
+		return 1;
+	*ret_class = c->name;
+	int rc = class_enter_shared(p, c, c->inbound, ret_slot, done, arg, ret);
+	return rc == -ENOMEM ? policy_class_enter(p, ip, name, ret_slot, ret_class) : rc;
+}
+
+int policy_class_enter_outbound_start(struct policy *p, const struct ipaddr *ip, struct str name,
+				      struct class_slot **ret_slot, const char **ret_class,
+				      policy_slot_done_fn *done, void *arg,
+				      struct policy_pending **ret)
+{
+	*ret = NULL;
+	if (!store_is_shared(p->store))
+		return policy_class_enter_outbound(p, ip, name, ret_slot, ret_class);
+	struct policy_class *c = class_find(p, ip, name);
+	*ret_slot = NULL;
+	if (!c)
+		return 1;
+	*ret_class = c->name;
+	int rc = class_enter_shared(p, c, c->sessions, ret_slot, done, arg, ret);
+	return rc == -ENOMEM ? policy_class_enter_outbound(p, ip, name, ret_slot, ret_class) : rc;
 }
 
 void policy_class_release(struct policy *p, struct class_slot *s)

@@ -300,6 +300,15 @@ typedef void policy_slot_done_fn(void *arg, int rc);
 int policy_class_enter_start(struct policy *p, const struct ipaddr *ip, struct str name,
 			     struct class_slot **ret_slot, const char **ret_class,
 			     policy_slot_done_fn *done, void *arg, struct policy_pending **ret);
+/*
+ * An outgoing session's slot (as policy_class_enter_outbound()), asking the shared store
+ * when there is one: the class's `sessions` then counts the incoming and outgoing
+ * sessions of every node.  Returns as policy_class_enter_start().
+ */
+int policy_class_enter_outbound_start(struct policy *p, const struct ipaddr *ip, struct str name,
+				      struct class_slot **ret_slot, const char **ret_class,
+				      policy_slot_done_fn *done, void *arg,
+				      struct policy_pending **ret);
 /* Give a slot back, to the shared store too. */
 void policy_class_release(struct policy *p, struct class_slot *s);
 /* Every class this process knows, with the slots it holds (lease renewals). */

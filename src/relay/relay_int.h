@@ -137,6 +137,9 @@ struct lane {
 	struct mx_query *query;
 	bool deciding;                /* a shared budget's answer is awaited */
 	struct store_slide_call *call;
+	struct policy_pending *slot_wait; /* the shared store's answer for a class slot */
+	struct class_slot *slot;      /* granted for the next connection (slot_granted) */
+	bool slot_granted;
 	uint64_t delivered, failed, deferred, suspensions, transactions;
 	char last[200];               /* the last reply or error, for `sluice lanes` */
 	TAILQ_ENTRY(lane) link;

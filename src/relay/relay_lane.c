@@ -98,6 +98,12 @@ struct lane *lane_get(struct relay *r, struct route_rt *rt, const char *domain)
 
 void lane_free(struct lane *l)
 {
+	policy_pending_cancel(l->slot_wait);
+	l->slot_wait = NULL;
+	if (l->slot_granted && l->slot && l->r->rules)
+		policy_class_release(l->r->rules, l->slot);
+	else if (l->slot_granted)
+		class_slot_release(l->slot);
 	sched_wake(&l->r->sched, &l->s, SCHED_NEVER);
 	sched_lane_done(&l->s);
 	lane_budget_done(&l->b);
@@ -184,7 +190,10 @@ static void conn_detach(struct lane_conn *rc)
 		event_free(rc->idle_timer);
 		rc->idle_timer = NULL;
 	}
-	class_slot_release(rc->slot);
+	if (r->rules)
+		policy_class_release(r->rules, rc->slot); /* to the shared store too */
+	else
+		class_slot_release(rc->slot);
 	rc->slot = NULL;
 	if (r->stopping && r->st.active_connections == 0)
 		event_base_loopexit(r->base, NULL);
@@ -370,6 +379,23 @@ static void on_resolved(void *arg, int error, const struct mx_target *t, size_t 
 	lane_kick(l);
 }
 
+static void lane_connect(struct lane *l);
+
+/* The shared store's answer for the class slot of a lane's next connection. */
+static void lane_slot_done(void *arg, int rc)
+{
+	struct lane *l = arg;
+	l->slot_wait = NULL;
+	if (rc == 1) {
+		l->slot_granted = true;
+		lane_connect(l);
+		return;
+	}
+	relay_logf(l->r, LOG_LEVEL_DEBUG, "lane=%s its host class is full on the cluster: the "
+		   "mail waits", l->name);
+	lane_arm(l, UINT64_C(1000000000));
+}
+
 static void lane_connect(struct lane *l)
 {
 	struct relay *r = l->r;
@@ -382,7 +408,13 @@ static void lane_connect(struct lane *l)
 	 * and the mail waits */
 	const struct mx_target *tg = &l->targets[l->next_target % l->ntargets];
 	struct class_slot *slot = NULL;
-	if (r->rules) {
+	if (l->slot_wait)
+		return; /* its answer connects */
+	if (l->slot_granted) {
+		slot = l->slot;
+		l->slot = NULL;
+		l->slot_granted = false;
+	} else if (r->rules) {
 		struct ipaddr ip = { 0 };
 		if (tg->addr.ss_family == AF_INET) {
 			ip.family = 4;
@@ -392,7 +424,13 @@ static void lane_connect(struct lane *l)
 			memcpy(ip.b, &((const struct sockaddr_in6 *)&tg->addr)->sin6_addr, 16);
 		}
 		const char *cls = NULL;
-		if (policy_class_enter_outbound(r->rules, &ip, str_cstr(tg->host), &slot, &cls) == 0) {
+		int in = policy_class_enter_outbound_start(r->rules, &ip, str_cstr(tg->host), &l->slot,
+							   &cls, lane_slot_done, l, &l->slot_wait);
+		if (in == 2)
+			return; /* the shared store answers: lane_slot_done() */
+		slot = l->slot;
+		l->slot = NULL;
+		if (in == 0) {
 			relay_logf(r, LOG_LEVEL_DEBUG, "lane=%s class %s is full: the mail waits", l->name,
 			     cls ? cls : "?");
 			/* XXX polled: a slot freed by an incoming session wakes no one */
@@ -402,7 +440,10 @@ static void lane_connect(struct lane *l)
 	}
 	struct lane_conn *rc = calloc(1, sizeof(*rc));
 	if (!rc) {
-		class_slot_release(slot);
+		if (r->rules)
+			policy_class_release(r->rules, slot);
+		else
+			class_slot_release(slot);
 		return;
 	}
 	rc->slot = slot;

@@ -179,6 +179,36 @@ def test_two_nodes_share_one_lane_budget_through_redis(sluiced, smarthost, redis
     assert keys, r.keys()
 
 
+def test_outgoing_sessions_count_in_their_host_class_on_every_node(sluiced, smarthost,
+                                                                   redis_tcp):
+    """A host class's `sessions` counts the incoming and outgoing sessions of every node
+    sharing a Redis store: while node A holds an incoming session from 127.0.0.1 (the
+    class's one session), node B's relay does not open one to the smarthost on 127.0.0.1;
+    once A's session ends, B delivers."""
+    import milter_wire as mw
+    from test_policy import config
+    require_binary(SLUICE, "SLUICE")
+    r = redis_tcp()
+    sh = smarthost(rate="100/1", mode="none")
+    cls = ('class "loopback" { hosts = ["127.0.0.0/8"]; sessions = 1; inbound = 1; }\n'
+           'class "default" { hosts = ["*"]; sessions = 100; inbound = 100; }')
+    store = f'store {{ type = "redis"; server = "127.0.0.1:{r.port}"; nodes = 2; }}'
+    a = sluiced(config(cls, store))
+    port = free_port()
+    b = sluiced(relay_config(port, sh.port, route='tls = "none";', extra=cls + "\n" + store))
+    held = mw.MilterClient(a.milter_socket)
+    held.negotiate()
+    code, _ = held.connect(address="127.0.0.1")
+    assert code == mw.CONTINUE, code
+    send(port, ["x@example.net"], sender=FROM, subject="waits for the class")
+    b.log.wait_for(r"queued qid=", timeout=10)
+    time.sleep(3)  # the relay asks again every second
+    assert delivered_rcpts(sh) == [], "B opened a session while A held the class's one"
+    held.close()
+    sh.wait_accepted(1, timeout=15)
+    assert delivered_rcpts(sh) == ["x@example.net"]
+
+
 def test_shared_lane_stops_while_redis_is_down(sluiced, smarthost, redis_tcp):
     """The shared budget cannot be asked (redis-server stopped): the lane sends nothing
     and is suspended with a reason naming the shared budget, no recipient fails; once

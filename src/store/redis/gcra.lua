@@ -17,7 +17,7 @@
 -- Reply: per decision { pass, then per item: ok, charged, retry_ns (a decimal string),
 --   used per window }, all decisions one after the other in one flat array.
 --
--- Cost on the server: TIME and one MGET for the whole call, then one SET per item
+-- Cost on the server: TIME and one MGET for the whole call, then one SET per key
 -- charged; a call of many decisions pays the script's own overhead once.
 --
 -- Times.  now and the stored TATs are decimal strings of ns since the epoch ("" for now:
@@ -128,6 +128,7 @@ elseif ni < #KEYS then
 end
 
 local reply, nr = {}, 0
+local dirty, dirty_keys, ndirty = {}, {}, 0  -- keys charged: the longest TAT - now of each
 local k, w = 1, 1
 -- per item of the decision at hand: ok, retry, its windows' TAT - now (flat, reused)
 local iok, iretry, wahead = {}, {}, {}
@@ -216,12 +217,23 @@ for d = 1, D do
 			reply[nr] = (rel > 0 and t > 0) and div_ceil(rel, t) or 0
 		end
 		if write then
-			-- the key lives until its last TAT has passed, and a second more for the
-			-- nodes whose clocks (which give now) run up to a second behind this caller's
-			cur[KEYS[x]] = v
-			redis.call('SET', KEYS[x], v, 'PX', div_ceil(longest, 1e6) + 1000)
+			local key = KEYS[x]
+			cur[key] = v
+			if not dirty[key] then
+				ndirty = ndirty + 1
+				dirty_keys[ndirty] = key
+			end
+			dirty[key] = longest
 		end
 	end
 	k = first_item + n
+end
+-- Each key charged is written once, with what the last decision left in it: a hot key
+-- (a domain) charged by many decisions of the call costs one SET.  It lives until its
+-- last TAT has passed, and a second more for the nodes whose clocks (which give now) run
+-- up to a second behind this caller's.
+for i = 1, ndirty do
+	local key = dirty_keys[i]
+	redis.call('SET', key, cur[key], 'PX', div_ceil(dirty[key], 1e6) + 1000)
 end
 return reply
