@@ -1548,20 +1548,32 @@ static int class_enter_shared(struct policy *p, struct policy_class *c, unsigned
 	return rc == 1;
 }
 
-int policy_class_enter_start(struct policy *p, const struct ipaddr *ip, struct str name,
-			     struct class_slot **ret_slot, const char **ret_class,
-			     policy_slot_done_fn *done, void *arg, struct policy_pending **ret)
+/* A slot through the shared store when there is one: inbound (cap `inbound`) or
+ * outbound (cap `sessions`); without it, this node's counters decide. */
+static int class_enter_any(struct policy *p, const struct ipaddr *ip, struct str name,
+			   bool outbound, struct class_slot **ret_slot, const char **ret_class,
+			   policy_slot_done_fn *done, void *arg, struct policy_pending **ret)
 {
+	int (*local)(struct policy *, const struct ipaddr *, struct str, struct class_slot **,
+		     const char **) = outbound ? policy_class_enter_outbound : policy_class_enter;
 	*ret = NULL;
 	if (!store_is_shared(p->store))
-		return policy_class_enter(p, ip, name, ret_slot, ret_class);
+		return local(p, ip, name, ret_slot, ret_class);
 	struct policy_class *c = class_find(p, ip, name);
 	*ret_slot = NULL;
 	if (!c)
 		return 1;
 	*ret_class = c->name;
-	int rc = class_enter_shared(p, c, c->inbound, ret_slot, done, arg, ret);
-	return rc == -ENOMEM ? policy_class_enter(p, ip, name, ret_slot, ret_class) : rc;
+	int rc = class_enter_shared(p, c, outbound ? c->sessions : c->inbound, ret_slot, done,
+				    arg, ret);
+	return rc == -ENOMEM ? local(p, ip, name, ret_slot, ret_class) : rc;
+}
+
+int policy_class_enter_start(struct policy *p, const struct ipaddr *ip, struct str name,
+			     struct class_slot **ret_slot, const char **ret_class,
+			     policy_slot_done_fn *done, void *arg, struct policy_pending **ret)
+{
+	return class_enter_any(p, ip, name, false, ret_slot, ret_class, done, arg, ret);
 }
 
 int policy_class_enter_outbound_start(struct policy *p, const struct ipaddr *ip, struct str name,
@@ -1569,16 +1581,7 @@ int policy_class_enter_outbound_start(struct policy *p, const struct ipaddr *ip,
 				      policy_slot_done_fn *done, void *arg,
 				      struct policy_pending **ret)
 {
-	*ret = NULL;
-	if (!store_is_shared(p->store))
-		return policy_class_enter_outbound(p, ip, name, ret_slot, ret_class);
-	struct policy_class *c = class_find(p, ip, name);
-	*ret_slot = NULL;
-	if (!c)
-		return 1;
-	*ret_class = c->name;
-	int rc = class_enter_shared(p, c, c->sessions, ret_slot, done, arg, ret);
-	return rc == -ENOMEM ? policy_class_enter_outbound(p, ip, name, ret_slot, ret_class) : rc;
+	return class_enter_any(p, ip, name, true, ret_slot, ret_class, done, arg, ret);
 }
 
 void policy_class_release(struct policy *p, struct class_slot *s)

@@ -10,7 +10,7 @@
  * port in 1..65535, a host that is a NUL-terminated string of the address's size.
  *
  * XXX hiredis 0.14 allocates an array reply's declared element count before reading the
- * elements (see fuzz_redis_reply.c): inputs that declare more than 4096 elements are
+ * elements (resp_bound.h): inputs that declare more than 4096 elements are
  * skipped here.
  */
 #include <errno.h>
@@ -20,6 +20,8 @@
 #include <string.h>
 
 #include <hiredis/hiredis.h>
+
+#include "resp_bound.h"
 
 #include "store_redis_int.h"
 
@@ -34,19 +36,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 		}                                                                          \
 	} while (0)
 
-static int huge_aggregate(const uint8_t *p, size_t n)
-{
-	for (size_t i = 0; i < n; i++) {
-		if (p[i] != '*')
-			continue;
-		unsigned long v = 0;
-		for (size_t k = i + 1; k < n && p[k] >= '0' && p[k] <= '9'; k++)
-			if ((v = v * 10 + (unsigned long)(p[k] - '0')) > 4096)
-				return 1;
-	}
-	return 0;
-}
-
 static void check_addr(const struct addr *a)
 {
 	CHECK(memchr(a->host, '\0', sizeof(a->host)) != NULL);
@@ -55,7 +44,7 @@ static void check_addr(const struct addr *a)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	if (huge_aggregate(data, size))
+	if (resp_huge_aggregate(data, size))
 		return 0;
 	char line[512];
 	size_t n = 0;

@@ -11,7 +11,7 @@
  *
  * XXX hiredis 0.14 allocates an array reply's declared element count before reading the
  * elements ("*999999999" is 8 GB) and has no bound to set: inputs that declare more than
- * 4096 elements are skipped here, and the store relies on its peer being a Redis server.
+ * 4096 elements are skipped here (resp_bound.h).
  */
 #include <errno.h>
 #include <stdint.h>
@@ -20,6 +20,8 @@
 #include <string.h>
 
 #include <hiredis/hiredis.h>
+
+#include "resp_bound.h"
 
 #include "store.h"
 
@@ -34,23 +36,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 		}                                                                          \
 	} while (0)
 
-/* Does the input declare an aggregate of more than 4096 elements anywhere? */
-static int huge_aggregate(const uint8_t *p, size_t n)
-{
-	for (size_t i = 0; i < n; i++) {
-		if (p[i] != '*')
-			continue;
-		unsigned long v = 0;
-		for (size_t k = i + 1; k < n && p[k] >= '0' && p[k] <= '9'; k++)
-			if ((v = v * 10 + (unsigned long)(p[k] - '0')) > 4096)
-				return 1;
-	}
-	return 0;
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	if (size < 1 || huge_aggregate(data + 1, size - 1))
+	if (size < 1 || resp_huge_aggregate(data + 1, size - 1))
 		return 0;
 	size_t n = (size_t)(data[0] & 3) + 1;
 	unsigned nw = ((data[0] >> 2) & 3) + 1;
