@@ -77,6 +77,7 @@ bench: deps-bench build
 	$(BUILD)/bench/store_bench
 	bench/run_rules.sh $(BUILD)
 	bench/run_policy.sh $(BUILD)
+	bench/run_redis_scripts.sh $(BUILD)
 	bench/run_redis.sh $(BUILD)
 	bench/run_intake.py $(BUILD)
 	bench/run_relay.py $(BUILD)
