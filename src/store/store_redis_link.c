@@ -192,6 +192,14 @@ static void conn_mark(struct redis_conn *c, bool healthy, const char *why)
 	bool down = !healthy && conn_counts(c);
 	if (down && !c->counted_down) {
 		c->counted_down = true;
+		char what[420];
+		if (st->cluster) { /* which master: the others still decide their slots */
+			char where[300];
+			redis_addr_format(&c->addr, where, sizeof(where));
+			fmt_fixed(what, sizeof(what), "master %s: %s", where,
+				  why && *why ? why : "connection lost");
+			why = what;
+		}
 		if (atomic_fetch_add(&st->down, 1) == 0)
 			redis_set_state(st, false, why && *why ? why : "connection lost");
 	} else if (!down && c->counted_down) {
@@ -445,8 +453,11 @@ static int conn_send(struct redis_conn *c, struct rsent *s, int argc, const char
 		free(s);
 		return -EIO;
 	}
-	if (c->inflight++ == 0)
+	if (c->inflight++ == 0) {
+		/* the stall check starts with the first request out after a quiet spell */
 		c->busy_since_ms = now_ms();
+		conn_timer_arm(c);
+	}
 	return 0;
 }
 
@@ -1036,8 +1047,8 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 		if (s->r[i])
 			rreq_free_one(s->r[i]);
 	free(s);
-	if (c->ac)
-		conn_timer_arm(c);
+	/* the stall timer is not moved per reply: when it fires it looks at the last reply
+	 * (quiet_since) and sets itself again, or stops when nothing is out */
 }
 
 /* ---- the loop: its queue, its deadlines ---------------------------------------------- */
