@@ -546,8 +546,9 @@ void redis_answer(struct rsent *s, redisReply *rep)
 	struct rstore *st = s->conn->st;
 	if (s->n == 0)
 		return;
-	if (s->r[0]->kind == REQ_DECIDE && s->r[0]->call && s->r[0]->call->mode != STORE_RESET) {
-		/* a batch: each decision's part, in order */
+	if (s->decisions) {
+		/* a batch: each decision's part, in order (one answered meanwhile by its
+		 * deadline still has its part) */
 		size_t total = 0;
 		for (size_t i = 0; i < s->n; i++)
 			total += s->r[i]->reply_len;
@@ -973,11 +974,11 @@ static int redis_slide_start(void *ctx, struct store_slide_call *sl)
 		return -EAGAIN;
 	struct rreq *r = rreq_new(l, REQ_SLIDE, SC_SLIDE);
 	if (!r)
-		return -ENOMEM;
+		return l->nreqs >= REDIS_MAX_REQS ? -EAGAIN : -ENOMEM;
 	size_t key = strlen(st->prefix) + strlen(sl->name) + 24;
 	struct argv_buf *a = &r->cmd;
 	if (argv_init(a, 8 + 3 * (size_t)sl->nwin, (key + 48) * sl->nwin + 256) < 0) {
-		free(r);
+		rreq_free_one(r);
 		return -ENOMEM;
 	}
 	int bad = argv_script_head(a, SC_SLIDE, false, sl->nwin);
@@ -997,8 +998,7 @@ static int redis_slide_start(void *ctx, struct store_slide_call *sl)
 		bad |= argv_add_u64(a, sl->window_ns[i]);
 	}
 	if (bad) {
-		argv_clear(a);
-		free(r);
+		rreq_free_one(r);
 		return -EINVAL;
 	}
 	r->slide = sl;
@@ -1023,7 +1023,8 @@ static int redis_slot_enter(void *ctx, struct store_slot_call *sc)
 	struct rloop *l = rloop_get(st);
 	struct rreq *r = l ? rreq_new(l, REQ_SLOT, SC_SLOT_ENTER) : NULL;
 	if (!r || argv_init(&r->cmd, 16, 1024 + strlen(st->prefix) + strlen(sc->cls)) < 0) {
-		free(r);
+		if (r)
+			rreq_free_one(r);
 		return fallback_slot(st, sc);
 	}
 	argv_script_head(&r->cmd, SC_SLOT_ENTER, false, 1);

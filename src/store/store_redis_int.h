@@ -39,6 +39,7 @@
 #define REDIS_MAX_LOOPS 256         /* event loops: workers + main */
 #define REDIS_MAX_NODES 64          /* cluster masters one loop talks to */
 #define REDIS_MAX_INFLIGHT 100000   /* commands out on one connection */
+#define REDIS_MAX_REQS 100000       /* requests of one loop, queued or out */
 #define REDIS_SLOTS 16384
 #define REDIS_NO_NODE 0xff          /* a slot whose master is not known */
 #define REDIS_MAX_REDIRECTS 5       /* MOVED/ASK/TRYAGAIN followed per request */
@@ -130,6 +131,8 @@ struct rsent {
 	int script;                 /* SENT_SETUP: the script it loads, or -1 */
 	const char *what;
 	bool eval;                  /* sent with the script's text */
+	bool decisions;             /* r[] are decisions of one gcra.lua call (its reply is
+				     * their parts, in order) */
 	size_t n;
 	struct rreq *r[];           /* SENT_REQS: the requests it carries, in reply order */
 };
@@ -167,6 +170,7 @@ struct rloop {
 	bool map_known;
 	bool map_asking;            /* a CLUSTER SLOTS is out */
 	uint64_t map_at_ms;         /* when the map was last asked for */
+	size_t nreqs;               /* requests allocated (REDIS_MAX_REQS at most) */
 	struct rreq *head, *tail;   /* unanswered requests, deadline order */
 	struct rreq *q_head, *q_tail; /* not sent yet */
 	struct event *flush;        /* sends the queue, once per loop pass */
@@ -203,7 +207,8 @@ struct rstore {
 /* This thread's loop, made on first use (its connections start then).  NULL when the
  * thread has no event loop or on allocation failure. */
 struct rloop *rloop_get(struct rstore *st);
-/* A new request of this loop; NULL at the loop's bound or on allocation failure. */
+/* A new request of this loop; NULL at the loop's bound (REDIS_MAX_REQS: the caller
+ * answers by on_failure) or on allocation failure. */
 struct rreq *rreq_new(struct rloop *l, enum req_kind kind, enum script_id sc);
 /* Queue r for sending (this loop pass); with a deadline it waits in the deadline list. */
 void rreq_submit(struct rreq *r);

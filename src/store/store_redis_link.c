@@ -45,7 +45,6 @@
 #define MAP_REFRESH_MS 10000       /* the slot map, asked again */
 #define MAP_RETRY_MS 1000          /* ... while a master is unreachable or the map unknown */
 #define TRYAGAIN_MS 25
-#define MAX_QUEUED 100000          /* requests of one loop not answered yet */
 
 /* ---- addresses ------------------------------------------------------------------------ */
 
@@ -217,9 +216,12 @@ static void loop_timer_arm(struct rloop *l);
 
 struct rreq *rreq_new(struct rloop *l, enum req_kind kind, enum script_id sc)
 {
+	if (l->nreqs >= REDIS_MAX_REQS)
+		return NULL;
 	struct rreq *r = calloc(1, sizeof(*r));
 	if (!r)
 		return NULL;
+	l->nreqs++;
 	r->loop = l;
 	r->kind = kind;
 	r->script = sc;
@@ -253,6 +255,7 @@ void rreq_free_one(struct rreq *r)
 	}
 	if (r->kind != REQ_DECIDE)
 		argv_clear(&r->cmd);
+	r->loop->nreqs--;
 	free(r);
 }
 
@@ -1068,6 +1071,8 @@ int redis_conn_send_reqs(struct redis_conn *c, struct rreq **q, size_t n, bool e
 		return -ENOMEM;
 	s->eval = eval;
 	s->what = what;
+	s->decisions = n > 0 && q[0]->kind == REQ_DECIDE && q[0]->call &&
+		       q[0]->call->mode != STORE_RESET;
 	memcpy(s->r, q, n * sizeof(q[0]));
 	return conn_send(c, s, argc, argv, len);
 }
