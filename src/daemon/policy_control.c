@@ -48,9 +48,11 @@ void policy_control_stats(struct policy *p, struct store *s, bool json, struct b
 		if (ss.shared) {
 			buf_printf(out, ",\"shared\":{\"up\":%s,\"state\":", ss.up ? "true" : "false");
 			buf_append_json_string(out, ss.state);
-			buf_printf(out, ",\"fallbacks\":%llu,\"timeouts\":%llu,\"reconnects\":%llu}",
+			buf_printf(out, ",\"fallbacks\":%llu,\"timeouts\":%llu,\"reconnects\":%llu,"
+				   "\"redirects\":%llu,\"calls\":%llu}",
 				   (unsigned long long)ss.fallbacks, (unsigned long long)ss.timeouts,
-				   (unsigned long long)ss.reconnects);
+				   (unsigned long long)ss.reconnects, (unsigned long long)ss.redirects,
+				   (unsigned long long)ss.calls);
 		}
 		buf_append_byte(out, '}');
 		return;
@@ -61,11 +63,13 @@ void policy_control_stats(struct policy *p, struct store *s, bool json, struct b
 			   cs[i].inbound, cs[i].sessions, (unsigned long long)cs[i].entered,
 			   (unsigned long long)cs[i].refused);
 	if (ss.shared) {
-		buf_printf(out, "store %s: %s; %llu decisions, %llu answered by on_failure, %llu "
-			   "timeouts, %llu reconnections, %llu errors; local share: %llu keys\n",
+		buf_printf(out, "store %s: %s; %llu decisions in %llu script calls, %llu answered "
+			   "by on_failure, %llu timeouts, %llu reconnections, %llu redirections, "
+			   "%llu errors; local share: %llu keys\n",
 			   s->type, ss.state, (unsigned long long)ss.decisions,
-			   (unsigned long long)ss.fallbacks, (unsigned long long)ss.timeouts,
-			   (unsigned long long)ss.reconnects, (unsigned long long)ss.errors,
+			   (unsigned long long)ss.calls, (unsigned long long)ss.fallbacks,
+			   (unsigned long long)ss.timeouts, (unsigned long long)ss.reconnects,
+			   (unsigned long long)ss.redirects, (unsigned long long)ss.errors,
 			   (unsigned long long)ss.keys);
 		return;
 	}

@@ -228,6 +228,9 @@ struct store_stats {
 	uint64_t fallbacks;     /* decisions answered by on_failure */
 	uint64_t timeouts;
 	uint64_t reconnects;
+	uint64_t redirects;     /* cluster: MOVED, ASK and TRYAGAIN followed */
+	uint64_t calls;         /* script calls that carried decisions (below decisions:
+				 * several went as one) */
 	uint64_t keys;          /* (key, window) records held */
 	uint64_t max_keys;
 	uint64_t bytes;         /* memory held by the tables */

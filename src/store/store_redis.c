@@ -392,8 +392,8 @@ int redis_send_decisions(struct redis_conn *c, struct rreq **q, size_t n, bool e
 	int rc = redis_conn_send_reqs(c, q, n, eval, asking, reset ? "reset" : "decision",
 				      (int)a.n, a.argv, a.len);
 	argv_clear(&a);
-	if (rc == 0 && n > 1)
-		atomic_fetch_add(&c->st->batches, 1);
+	if (rc == 0)
+		atomic_fetch_add(&c->st->calls, 1);
 	return rc;
 overflow:
 	argv_clear(&a);
@@ -919,6 +919,8 @@ static void redis_stats(void *ctx, struct store_stats *ret)
 	ret->fallbacks = atomic_load(&st->fallbacks);
 	ret->timeouts = atomic_load(&st->timeouts);
 	ret->reconnects = atomic_load(&st->reconnects);
+	ret->redirects = atomic_load(&st->redirects);
+	ret->calls = atomic_load(&st->calls);
 	ret->decisions = atomic_load(&st->decisions);
 	ret->errors = atomic_load(&st->errors);
 	/* what this process holds: the fallback's keys */

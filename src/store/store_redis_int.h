@@ -192,7 +192,7 @@ struct rstore {
 	_Atomic size_t nloops;
 	_Atomic unsigned down;      /* connections not healthy */
 	_Atomic bool announced;     /* the first connection was logged */
-	_Atomic uint64_t decisions, errors, fallbacks, timeouts, reconnects, redirects, batches;
+	_Atomic uint64_t decisions, errors, fallbacks, timeouts, reconnects, redirects, calls;
 	_Atomic uint64_t slide_seq; /* lane sends taken by this process: member ids */
 	_Atomic unsigned masters;   /* cluster: masters in the last map */
 	char member_base[32];       /* "NODE:RANDOM": see redis_slide_start() */
