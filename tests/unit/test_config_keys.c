@@ -178,6 +178,12 @@ static const char conf_sentinels[] =
 	"  password = \"x\"; }\n"
 	"limit \"l\" { stage = \"connect\"; key = \"client_ip\"; rate = \"10/1m\"; }\n";
 
+/* And a Redis Cluster. */
+static const char conf_cluster[] =
+	"policy { listen = \"inet:127.0.0.1:10031\"; }\n"
+	"store { type = \"redis\"; cluster = [\"127.0.0.1:7000\", \"127.0.0.1:7001\"]; }\n"
+	"limit \"l\" { stage = \"connect\"; key = \"client_ip\"; rate = \"10/1m\"; }\n";
+
 /* Owners and groups of every socket (root exists everywhere). */
 static const char conf_ids[] =
 	"user = \"root\"; group = \"root\";\n"
@@ -261,12 +267,14 @@ static void collect_schema_keys(struct strset *read)
 	load_ok("reply.conf", conf_reply);
 	load_ok("rules.conf", conf_rules);
 	load_ok("sentinels.conf", conf_sentinels);
+	load_ok("cluster.conf", conf_cluster);
 	load_ok("ids.conf", conf_ids);
 	cfg_set_lookup_hook(NULL, NULL);
 
 	assert_int_equal(chdir(cwd), 0);
 	const char *names[] = { "redis.secret", "isp.secret", "ca.pem", "domains.limits",
-				"reply.conf", "rules.conf", "sentinels.conf", "ids.conf" };
+				"reply.conf", "rules.conf", "sentinels.conf", "cluster.conf",
+				"ids.conf" };
 	for (size_t i = 0; i < ARRAY_SIZE(names); i++) {
 		char p[256];
 		snprintf(p, sizeof(p), "%s/%s", dir, names[i]);
