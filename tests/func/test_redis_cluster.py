@@ -808,6 +808,24 @@ def test_one_seed_answering_is_enough(sluiced, cluster):
     assert len(c.keys(PATTERN)) == 1
 
 
+def test_masters_announced_outside_the_seeds_hosts_are_followed_and_logged_once(sluiced,
+                                                                              cluster):
+    """The cluster announces its nodes at 127.0.0.2 (cluster-announce-ip) while the seeds
+    say 127.0.0.1: sluiced follows the map to 127.0.0.2, decides there, and says so once
+    per address, however many decisions and map refreshes follow."""
+    c = cluster(extra=["--bind", "127.0.0.1 127.0.0.2", "--cluster-announce-ip", "127.0.0.2"])
+    node = sluiced(config(per_domain("3/1h"), cluster_store(c, on_failure="tempfail")))
+    out = [decide(node, f"d{i % 6}.example") for i in range(24)]
+    assert kinds(out) == (["admit"] * 6) * 3 + ["limit"] * 6, out
+    assert fallbacks(node) == 0
+    for m in c.masters():
+        announced = f"127.0.0.2:{m.port}"
+        node.log.wait_for(rf"redis store: the cluster sends requests to "
+                          rf"{re.escape(announced)}, a host not among the seeds", timeout=5)
+        found = node.log.findall(rf"sends requests to {re.escape(announced)},")
+        assert len(found) == 1, found
+
+
 def test_bad_cluster_configuration_is_refused_with_file_and_line(sluiced):
     seeds = 'cluster = ["127.0.0.1:7000", "127.0.0.1:7001"];'
     for store, keys, why in [
