@@ -138,6 +138,7 @@ struct lane {
 	bool deciding;                /* a shared budget's answer is awaited */
 	struct store_slide_call *call;
 	struct policy_pending *slot_wait; /* the shared store's answer for a class slot */
+	struct policy *slot_rules;    /* a reference to the rules it was asked under */
 	struct class_slot *slot;      /* granted for the next connection (slot_granted) */
 	bool slot_granted;
 	uint64_t delivered, failed, deferred, suspensions, transactions;

@@ -100,6 +100,8 @@ void lane_free(struct lane *l)
 {
 	policy_pending_cancel(l->slot_wait);
 	l->slot_wait = NULL;
+	policy_unref(l->slot_rules);
+	l->slot_rules = NULL;
 	if (l->slot_granted && l->slot && l->r->rules)
 		policy_class_release(l->r->rules, l->slot);
 	else if (l->slot_granted)
@@ -386,6 +388,10 @@ static void lane_slot_done(void *arg, int rc)
 {
 	struct lane *l = arg;
 	l->slot_wait = NULL;
+	/* XXX a reload meanwhile may leave this the last reference: the old rules are then
+	 * freed on the relay's loop (rare: a reload within one store timeout) */
+	policy_unref(l->slot_rules);
+	l->slot_rules = NULL;
 	if (rc == 1) {
 		l->slot_granted = true;
 		lane_connect(l);
@@ -426,8 +432,12 @@ static void lane_connect(struct lane *l)
 		const char *cls = NULL;
 		int in = policy_class_enter_outbound_start(r->rules, &ip, str_cstr(tg->host), &l->slot,
 							   &cls, lane_slot_done, l, &l->slot_wait);
-		if (in == 2)
+		if (in == 2) {
+			/* the rules stay while the pending call points into them (a reload may
+			 * replace r->rules meanwhile) */
+			l->slot_rules = policy_ref(r->rules);
 			return; /* the shared store answers: lane_slot_done() */
+		}
 		slot = l->slot;
 		l->slot = NULL;
 		if (in == 0) {
