@@ -462,12 +462,14 @@ def test_a_hundred_reloads_under_traffic_leak_nothing(sluiced, smarthost):
     assert done["milter"] > 0 and done["policy"] > 0 and done["intake"] > 0, done
     sh.wait_accepted(done["intake"], timeout=30)
     print(f"RSS KiB after each reload: {rss}; traffic: {done}")
-    # Measured: +200 KiB from the 10th to the 100th reload (malloc settling, flat by the
-    # 50th); a configuration leaked per reload adds about 44 KiB each, 4 MiB in all.
-    # Smaller leaks are LeakSanitizer's to find, at the stop below, under ASan.
+    # Measured: +200 to +460 KiB from the 10th to the 100th reload in most runs, and once
+    # +1,048 KiB, in steps (malloc's arenas growing under the traffic: +572 KiB at one
+    # reload, flat after); a configuration leaked per reload adds about 44 KiB each,
+    # 4 MiB in all, so 2 MiB tells the two apart.  Smaller leaks are LeakSanitizer's to
+    # find, at the stop below, under ASan.
     growth = rss[-1] - rss[9]
     if not sanitized(s.pid):
-        assert growth <= 1024, f"RSS grew {growth} KiB from the 10th to the 100th reload: {rss}"
+        assert growth <= 2048, f"RSS grew {growth} KiB from the 10th to the 100th reload: {rss}"
     # descriptors: back to the baseline once the traffic's sessions have closed
     wait_until(lambda: fd_count(s.pid) <= base_fds, 10,
                f"descriptors back to {base_fds} (now {fd_count(s.pid)})")
