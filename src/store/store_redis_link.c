@@ -321,9 +321,21 @@ static uint64_t quiet_since(const struct redis_conn *c)
 	return c->last_reply_ms > c->busy_since_ms ? c->last_reply_ms : c->busy_since_ms;
 }
 
+/* Arm ev for the monotonic time at (ms), or stop it for UINT64_MAX. */
+static void timer_at(struct event *ev, uint64_t at)
+{
+	if (at == UINT64_MAX) {
+		evtimer_del(ev);
+		return;
+	}
+	uint64_t now = now_ms();
+	struct timeval tv = timeval_from_ms(at > now ? at - now : 0);
+	evtimer_add(ev, &tv);
+}
+
 static void conn_timer_arm(struct redis_conn *c)
 {
-	uint64_t now = now_ms(), at = UINT64_MAX;
+	uint64_t at = UINT64_MAX;
 	if (c->ac && !c->ready)
 		at = c->connect_deadline_ms;
 	if (c->ac && c->ready && c->inflight > 0) {
@@ -331,12 +343,7 @@ static void conn_timer_arm(struct redis_conn *c)
 		if (stall < at)
 			at = stall;
 	}
-	if (at == UINT64_MAX) {
-		evtimer_del(c->timer);
-		return;
-	}
-	struct timeval tv = timeval_from_ms(at > now ? at - now : 0);
-	evtimer_add(c->timer, &tv);
+	timer_at(c->timer, at);
 }
 
 static void on_conn_timer(evutil_socket_t fd, short what, void *arg)
@@ -1176,28 +1183,30 @@ static void on_flush(evutil_socket_t fd, short what, void *arg)
 	loop_timer_arm(l);
 }
 
+/* How long the slot map is used before it is asked again: a second while it is unknown
+ * or a master holding slots is not ready, else MAP_REFRESH_MS. */
+static uint64_t map_interval(const struct rloop *l)
+{
+	bool down = !l->map_known;
+	for (size_t i = 0; i < l->nconns && !down; i++)
+		down = !l->conns[i]->retired && !l->conns[i]->ready;
+	return down ? MAP_RETRY_MS : MAP_REFRESH_MS;
+}
+
 static void loop_timer_arm(struct rloop *l)
 {
-	uint64_t now = now_ms(), at = UINT64_MAX;
+	uint64_t at = UINT64_MAX;
 	if (l->head)
 		at = l->head->deadline_ms;
 	for (struct rreq *r = l->q_head; r; r = r->qnext)
 		if (r->not_before_ms && r->not_before_ms < at)
 			at = r->not_before_ms;
 	if (l->st->cluster) {
-		bool down = !l->map_known;
-		for (size_t i = 0; i < l->nconns && !down; i++)
-			down = !l->conns[i]->retired && !l->conns[i]->ready;
-		uint64_t next = l->map_at_ms + (down ? MAP_RETRY_MS : MAP_REFRESH_MS);
+		uint64_t next = l->map_at_ms + map_interval(l);
 		if (next < at)
 			at = next;
 	}
-	if (at == UINT64_MAX) {
-		evtimer_del(l->timer);
-		return;
-	}
-	struct timeval tv = timeval_from_ms(at > now ? at - now : 0);
-	evtimer_add(l->timer, &tv);
+	timer_at(l->timer, at);
 }
 
 static void on_loop_timer(evutil_socket_t fd, short what, void *arg)
@@ -1213,10 +1222,7 @@ static void on_loop_timer(evutil_socket_t fd, short what, void *arg)
 		rreq_fail(l->head, -ETIMEDOUT);
 	}
 	if (st->cluster && !l->map_asking) {
-		bool down = !l->map_known;
-		for (size_t i = 0; i < l->nconns && !down; i++)
-			down = !l->conns[i]->retired && !l->conns[i]->ready;
-		if (now - l->map_at_ms >= (down ? MAP_RETRY_MS : MAP_REFRESH_MS)) {
+		if (now - l->map_at_ms >= map_interval(l)) {
 			l->map_at_ms = now; /* also when no connection can ask: not before the next */
 			map_ask(l);
 		}
