@@ -1,0 +1,73 @@
+/*
+ * policy_int -- the rooms of the policy module and what they share.
+ *
+ *   policy_rule.c  loading a rule set (limit and class blocks), its accessors, and the
+ *                  overrides files' tables (read by workers, swapped by the main thread)
+ *   policy.c       decisions: a stage's rules into one store batch, the verdict, the
+ *                  message's ledger and refunds, the log lines; host classes' slots
+ *
+ * A struct policy is immutable once loaded (but for the overrides tables, swapped
+ * atomically, and the counters): any thread may read it while it holds a reference.
+ */
+#ifndef SLUICE_POLICY_INT_H
+#define SLUICE_POLICY_INT_H
+
+#include <stdatomic.h>
+#include <sys/stat.h>
+
+#include "class.h"
+#include "policy.h"
+
+#define POLICY_MAX_RULES 256
+#define POLICY_MAX_EXCEPT 32
+#define REPLY_TEMPLATE_MAX 400
+
+struct policy_except {
+	struct selector sel;
+	struct mask_list *masks;
+};
+
+struct policy_rule {
+	char *name;
+	struct str name_str;
+	enum policy_stage stage;
+	char *key_spec;
+	struct selector sel[SELECTOR_MAX];
+	size_t nsel;
+	enum policy_count count;
+	struct rate_limits limits;
+	enum policy_action action;
+	char *reply;             /* template; NULL for actions without a reply */
+	bool count_rejected;
+	struct policy_except ex[POLICY_MAX_EXCEPT];
+	size_t nex;
+	/* overrides: the table in use, swapped by policy_reload_overrides() */
+	char *ov_path;
+	_Atomic(struct rate_overrides *) ov;
+	struct rate_overrides *ov_retired; /* freed at the next swap, see there */
+	struct stat ov_st;
+	struct rule_shard *shards;   /* THREAD_SHARDS of them: the metrics' counters */
+};
+
+/* A rule's decisions (STORE_CHECK only), counted by one thread (mostly), read by the
+ * metrics: [POLICY_ACCEPT] within its limits, else [its action] when over them.  64
+ * bytes used of 128, so that shards never share a cache line however calloc aligns. */
+struct rule_shard {
+	_Atomic uint64_t verdicts[POLICY_ACTION_COUNT];
+	_Atomic uint64_t near_limit; /* within, but a window above 80% of its burst */
+	char pad[128 - (POLICY_ACTION_COUNT + 1) * sizeof(uint64_t)];
+};
+
+struct policy {
+	_Atomic unsigned refs;
+	struct policy_rule *rules;
+	size_t nrules;
+	size_t *stage_rules[POLICY_STAGE_COUNT];
+	size_t stage_n[POLICY_STAGE_COUNT];
+	struct policy_class *classes;
+	size_t nclasses;
+	struct store *store;
+	struct policy_needs needs;
+};
+
+#endif
