@@ -3,6 +3,7 @@
  *
  *   policy_rule.c  loading a rule set (limit and class blocks), its accessors, and the
  *                  overrides files' tables (read by workers, swapped by the main thread)
+ *   policy_overrides.c  the overrides files' tables (read at load, re-read on change)
  *   policy.c       decisions: a stage's rules into one store batch, the verdict, the
  *                  message's ledger and refunds, the log lines; host classes' slots
  *
@@ -69,5 +70,10 @@ struct policy {
 	struct store *store;
 	struct policy_needs needs;
 };
+
+/* policy_overrides.c: read r->ov_path into r->ov at load (0 or -errno with err), and
+ * free the rule's tables. */
+int policy_overrides_load(struct policy_rule *r, char *err, size_t errlen);
+void policy_overrides_clear(struct policy_rule *r);
 
 #endif

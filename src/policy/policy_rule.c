@@ -319,22 +319,6 @@ static int resolve_path(const struct cfg_node *n, const char *path, char **ret)
 	return 0;
 }
 
-static int load_overrides(struct policy_rule *r, char *err, size_t errlen)
-{
-	struct rate_overrides *o;
-	struct selector_set set = { r->sel, r->nsel };
-	/* stat before reading: a change made while the file is read must show as a change
-	 * at the next check (see policy_reload_overrides) */
-	struct stat st;
-	if (stat(r->ov_path, &st) < 0)
-		memset(&st, 0, sizeof(st));
-	int rc = rate_overrides_load(r->ov_path, selector_normalize_key, &set, &o, err, errlen);
-	if (rc < 0)
-		return rc;
-	r->ov_st = st;
-	atomic_store(&r->ov, o);
-	return 0;
-}
 
 static void rule_clear(struct policy_rule *r)
 {
@@ -343,8 +327,7 @@ static void rule_clear(struct policy_rule *r)
 	free(r->key_spec);
 	free(r->reply);
 	free(r->ov_path);
-	rate_overrides_free(atomic_load(&r->ov));
-	rate_overrides_free(r->ov_retired);
+	policy_overrides_clear(r);
 	for (size_t i = 0; i < r->nex; i++)
 		mask_list_free(r->ex[i].masks);
 	memset(r, 0, sizeof(*r));
@@ -473,7 +456,7 @@ static int load_rule(struct cfg_node *n, struct policy_rule *r, char *err, size_
 		if (resolve_path(ov, text, &r->ov_path) < 0)
 			goto nomem;
 		char msg[400];
-		if (load_overrides(r, msg, sizeof(msg)) < 0) {
+		if (policy_overrides_load(r, msg, sizeof(msg)) < 0) {
 			cfg_error(ov, err, errlen, "%s", msg);
 			return -EINVAL;
 		}
@@ -665,48 +648,6 @@ size_t policy_rule_count(const struct policy *p)
 	return p->nrules;
 }
 
-int policy_reload_overrides(struct policy *p, struct buf *err)
-{
-	int reloaded = 0;
-	for (size_t i = 0; i < p->nrules; i++) {
-		struct policy_rule *r = &p->rules[i];
-		struct stat st;
-		if (!r->ov_path)
-			continue;
-		if (stat(r->ov_path, &st) < 0) {
-			memset(&st, 0, sizeof(st));
-			if (r->ov_st.st_ino == 0)
-				continue; /* still missing: reported once, when it went */
-		} else if (st.st_mtim.tv_sec == r->ov_st.st_mtim.tv_sec &&
-			 st.st_mtim.tv_nsec == r->ov_st.st_mtim.tv_nsec &&
-			 st.st_size == r->ov_st.st_size && st.st_ino == r->ov_st.st_ino)
-			continue;
-		struct rate_overrides *o;
-		struct selector_set set = { r->sel, r->nsel };
-		char msg[400];
-		if (rate_overrides_load(r->ov_path, selector_normalize_key, &set, &o, msg,
-					sizeof(msg)) < 0) {
-			/* keep the table in use; report once per change of the file.  The stat
-			 * is the one taken before reading: a file rewritten while it was read
-			 * (truncated, then written) is read again at the next check, instead of
-			 * its new mtime being recorded against the half-written content */
-			r->ov_st = st;
-			buf_printf(err, "limit \"%s\": %s (keeping the previous overrides)\n",
-				   r->name, msg);
-			continue;
-		}
-		r->ov_st = st;
-		/*
-		 * XXX workers read the table without a lock for the microseconds of one lookup
-		 * (limits are copied out at once), so the table replaced here is freed only at
-		 * the next swap, which the caller's check interval puts seconds away.
-		 */
-		rate_overrides_free(r->ov_retired);
-		r->ov_retired = atomic_exchange(&r->ov, o);
-		reloaded++;
-	}
-	return reloaded;
-}
 
 /* ---- accessors ---- */
 
@@ -748,17 +689,6 @@ const struct policy_rule *policy_rule_find(const struct policy *p, const char *n
 	return NULL;
 }
 
-const struct rate_limits *policy_rule_limits(const struct policy_rule *r, struct str key,
-					     bool *ret_overridden)
-{
-	const struct rate_overrides *o = atomic_load_explicit(&r->ov, memory_order_acquire);
-	const struct rate_limits *l = o ? rate_overrides_find(o, key) : NULL;
-	if (ret_overridden)
-		*ret_overridden = l != NULL;
-	if (!l)
-		return &r->limits;
-	return l->n ? l : NULL;
-}
 
 uint64_t policy_rule_key_hash(const struct policy *p, const struct policy_rule *r,
 			      struct str key)
