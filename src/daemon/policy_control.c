@@ -324,12 +324,10 @@ static int limits_show_reset(struct policy *p, struct str key, const char *rule,
 		}
 		job->n++;
 		sl->k = str_make(sl->key, (size_t)len);
-		const struct rate_limits *lim = policy_rule_limits(r, sl->k, &sl->overridden);
-		if (!lim) {
+		if (!policy_rule_limits(r, sl->k, &sl->lim, &sl->overridden)) {
 			sl->unlimited = true;
 			continue;
 		}
-		sl->lim = *lim;
 		sl->it = (struct store_item){ .key_hash = policy_rule_key_hash(p, r, sl->k),
 					      .rule = str_cstr(policy_rule_name(r)), .key = sl->k,
 					      .limits = &sl->lim, .cost = 0 };
@@ -464,6 +462,9 @@ static const char *rule_state_text(enum policy_rule_state s)
 	case POLICY_RULE_EXCEPT: return "does not apply";
 	case POLICY_RULE_UNLIMITED: return "unlimited for this key (overrides file)";
 	case POLICY_RULE_COUNTED: return "message already counted";
+	case POLICY_RULE_OUT_OF_SCOPE: return "does not apply";
+	case POLICY_RULE_NOT_HERE: return "not counted here";
+	case POLICY_RULE_HELD: return "this session holds a slot already";
 	}
 	return "?";
 }
@@ -499,29 +500,64 @@ static void explain_format(const struct explain_slot *sl, struct buf *out,
 			   policy_rule_name(r->rule), policy_rule_key_spec(r->rule),
 			   policy_count_name(policy_rule_count_kind(r->rule)),
 			   policy_action_name(policy_rule_action(r->rule)));
-		if (r->state == POLICY_RULE_NO_VALUE || r->state == POLICY_RULE_EXCEPT) {
+		if (r->state == POLICY_RULE_NO_VALUE || r->state == POLICY_RULE_EXCEPT ||
+		    r->state == POLICY_RULE_OUT_OF_SCOPE) {
 			buf_printf(out, "%s (%s)\n", rule_state_text(r->state), r->why);
+			continue;
+		}
+		if (r->state == POLICY_RULE_NOT_HERE) {
+			buf_printf(out, "%s (sessions are counted through the milter only: the "
+				   "policy service never learns when a session ends)\n",
+				   rule_state_text(r->state));
 			continue;
 		}
 		char key[256];
 		log_quote(key, sizeof(key), str_cstr(r->key), 200);
-		buf_printf(out, "key %s: ", key);
+		buf_printf(out, "key %s", key);
+		if (r->via[0])
+			buf_printf(out, " (from %s, the first of the chain with a value)", r->via);
+		buf_append_cstr(out, ": ");
 		if (r->state == POLICY_RULE_UNLIMITED || r->state == POLICY_RULE_COUNTED) {
 			buf_printf(out, "%s\n", rule_state_text(r->state));
 			continue;
 		}
+		if (policy_rule_count_kind(r->rule) == POLICY_COUNT_SESSIONS) {
+			buf_printf(out, "%s; %u of %u sessions at once held now%s%s\n",
+				   rule_state_text(r->state), r->sessions,
+				   policy_rule_max_sessions(r->rule),
+				   r->state == POLICY_RULE_HELD ? "" :
+				   "; counted through the milter only", r->why[0] ? "; " : "");
+			if (r->why[0])
+				buf_printf(out, "    %s\n", r->why);
+			continue;
+		}
 		buf_printf(out, "%s%s; ", rule_state_text(r->state), r->overridden ? " (override)" : "");
 		format_windows(&r->limits, r->used, out);
-		buf_printf(out, "; this event counts %llu", (unsigned long long)r->cost);
-		if (r->state == POLICY_RULE_OVER)
-			buf_printf(out, "; room again in %llus",
-				   (unsigned long long)(r->retry_ns / 1000000000ULL + (r->retry_ns % 1000000000ULL != 0)));
+		if (policy_rule_count_kind(r->rule) == POLICY_COUNT_DISTINCT)
+			buf_printf(out, "; this value %s", r->known ?
+				   "was counted in every window already: it passes and counts 0" :
+				   "is new in a window: it counts 1");
+		else
+			buf_printf(out, "; this event counts %llu", (unsigned long long)r->cost);
+		unsigned long long retry_s =
+			r->retry_ns / 1000000000ULL + (r->retry_ns % 1000000000ULL != 0);
+		if (r->state == POLICY_RULE_OVER && r->blocked)
+			buf_printf(out, "; BLOCKED (block = %llus after a refusal): it ends in %llus",
+				   (unsigned long long)(policy_rule_block_ns(r->rule) / 1000000000ULL),
+				   retry_s);
+		else if (r->state == POLICY_RULE_OVER)
+			buf_printf(out, "; room again in %llus", retry_s);
+		if (r->state == POLICY_RULE_OVER && policy_rule_block_ns(r->rule) && !r->blocked)
+			buf_printf(out, "; a refusal now blocks the key for %llus",
+				   (unsigned long long)(policy_rule_block_ns(r->rule) / 1000000000ULL));
 		buf_append_byte(out, '\n');
 	}
 	if (d->store_error)
 		buf_printf(out, "  store error: %s\n", strerror(-d->store_error));
 	buf_printf(out, "  verdict: %s%s%s\n", policy_action_name(d->action),
 		   d->reply[0] ? " " : "", d->reply);
+	if (d->delay_ms)
+		buf_printf(out, "  delay: the answer waits %llums\n", (unsigned long long)d->delay_ms);
 	if (d->action > *worst)
 		*worst = d->action;
 }

@@ -13,6 +13,7 @@
 
 #include "log.h"
 #include "policy_int.h"
+#include "sessions.h"
 #include "util.h"
 
 
@@ -20,9 +21,56 @@
 
 void policy_msg_clear(struct policy_msg *m)
 {
+	policy_sessions_end(m);
+	free(m->sessions);
 	free(m->charges);
 	free(m->marks);
 	memset(m, 0, sizeof(*m));
+}
+
+int policy_msg_track_sessions(struct policy_msg *m)
+{
+	if (!m->sessions && !(m->sessions = calloc(1, sizeof(*m->sessions))))
+		return -ENOMEM;
+	return 0;
+}
+
+void policy_sessions_end(struct policy_msg *m)
+{
+	struct policy_sessions *ss = m->sessions;
+	if (!ss)
+		return;
+	for (size_t i = 0; i < ss->n; i++)
+		sessions_give(ss->key_hash[i]);
+	ss->n = 0;
+}
+
+/* The decision in progress is over: its provisional slots are kept, or given back when
+ * the event was refused. */
+static void sessions_settle(struct policy_msg *m, bool refused)
+{
+	struct policy_sessions *ss = m ? m->sessions : NULL;
+	if (!ss)
+		return;
+	size_t k = 0;
+	for (size_t i = 0; i < ss->n; i++) {
+		if (ss->provisional[i] && refused) {
+			sessions_give(ss->key_hash[i]);
+			continue;
+		}
+		ss->key_hash[k] = ss->key_hash[i];
+		ss->rule[k] = ss->rule[i];
+		ss->provisional[k++] = false;
+	}
+	ss->n = k;
+}
+
+static bool sessions_holds(const struct policy_sessions *ss, uint64_t h)
+{
+	for (size_t i = 0; i < ss->n; i++)
+		if (ss->key_hash[i] == h)
+			return true;
+	return false;
 }
 
 static void ledger_add(struct policy_msg *m, const struct store_item *it,
@@ -170,12 +218,28 @@ static bool rule_excepted(const struct policy_rule *r, const struct policy_txn *
 	return false;
 }
 
+/* Does every only entry match (a rule without any applies everywhere)? */
+static bool rule_in_scope(const struct policy_rule *r, const struct policy_txn *t, char *why,
+			  size_t whylen)
+{
+	for (size_t i = 0; i < r->nonly; i++)
+		if (!selector_match(&r->only[i].sel, t, r->only[i].masks)) {
+			char name[100];
+			fmt_fixed(why, whylen, "only %s: no match",
+				  selector_name(&r->only[i].sel, name, sizeof(name)));
+			return false;
+		}
+	return true;
+}
+
 static uint64_t rule_cost(const struct policy_rule *r, const struct policy_txn *t,
 			  enum policy_stage st)
 {
 	switch (r->count) {
 	case POLICY_COUNT_CONNECTIONS:
 	case POLICY_COUNT_MESSAGES:
+	case POLICY_COUNT_SESSIONS:
+	case POLICY_COUNT_DISTINCT:
 		return 1;
 	case POLICY_COUNT_RECIPIENTS:
 		return st == POLICY_RCPT ? 1 : t->rcpt_count;
@@ -223,16 +287,102 @@ static void decision_reset(struct policy_decision *d)
 	d->key[0] = '\0';
 	d->reply[0] = '\0';
 	d->retry_s = 0;
+	d->delay_ms = 0;
 	d->nover = 0;
 	d->nresults = 0;
 	d->store_error = 0;
 }
 
-/* The rules of stage st that apply to t, as store items in w.  Returns how many. */
+/* The decision's verdict becomes rule r's (over its limit, stricter than what it was). */
+static void decide_by(struct policy_decision *d, const struct policy_rule *r, struct str key,
+		      const char *limit, uint64_t retry_s)
+{
+	d->action = r->action;
+	d->rule = r;
+	text_sanitize(d->key, sizeof(d->key), key, 100, TEXT_MARK_CUT);
+	d->retry_s = retry_s;
+	if (r->reply)
+		expand_reply(r, d->key, limit, d->retry_s, d->reply, sizeof(d->reply));
+}
+
+/*
+ * A sessions rule with its key: this session takes a slot (provisional until the event's
+ * fate is known, sessions_settle()) or the rule is over.  Returns 1 within (or not
+ * counted), 0 over.  The registry is this node's (XXX: with a shared store too, for now).
+ */
+static int sessions_rule(struct policy *p, const struct policy_rule *r, struct str key,
+			 struct policy_msg *msg, enum store_mode mode, struct policy_decision *d,
+			 struct policy_rule_result *res)
+{
+	struct policy_sessions *ss = msg ? msg->sessions : NULL; /* NULL: a peek */
+	uint64_t h = store_key_hash(p->store, r->name_str, key);
+	unsigned count = 0;
+	int rc;
+	if (res) {
+		res->cost = 1;
+		res->limits.n = 0;
+	}
+	if (ss && sessions_holds(ss, h)) {
+		if (res) {
+			res->state = POLICY_RULE_HELD;
+			res->sessions = sessions_count(h);
+		}
+		return 1;
+	}
+	if (mode != STORE_CHECK || !ss) {
+		count = sessions_count(h);
+		rc = count < r->max_sessions;
+		mode = STORE_PEEK;
+	} else if (ss->n == POLICY_MAX_HELD) {
+		rc = -ENOSPC; /* not counted: passes */
+	} else {
+		rc = sessions_take(h, r->max_sessions, false, &count);
+	}
+	if (rc == 1 && mode == STORE_CHECK) {
+		ss->key_hash[ss->n] = h;
+		ss->rule[ss->n] = r->name;
+		ss->provisional[ss->n++] = true;
+	}
+	if (mode == STORE_CHECK) {
+		unsigned k = thread_shard();
+		counter_add(&r->shards[k].verdicts[rc == 0 ? r->action : POLICY_ACCEPT], k, 1);
+	}
+	if (res) {
+		res->state = rc == 0 ? POLICY_RULE_OVER : POLICY_RULE_PASS;
+		res->sessions = count;
+		res->charged = rc == 1 && mode == STORE_CHECK;
+		if (rc < 0)
+			fmt_fixed(res->why, sizeof(res->why), "not counted: %s",
+				  rc == -ENOSPC ? "this session holds too many slots"
+						: "too many keys held");
+	}
+	if (rc != 0)
+		return 1;
+	char limit[32];
+	fmt_fixed(limit, sizeof(limit), "%u sessions", r->max_sessions);
+	if (d->nover < POLICY_MAX_OVER) {
+		struct policy_over *o = &d->over[d->nover++];
+		o->rule = r;
+		text_sanitize(o->key, sizeof(o->key), key, POLICY_LOG_KEY - 3, TEXT_MARK_CUT);
+		fmt_fixed(o->limit, sizeof(o->limit), "%u", r->max_sessions);
+		o->count = count;
+		o->retry_s = 0;
+	}
+	if (r->action == POLICY_DELAY && r->delay_ms > d->delay_ms)
+		d->delay_ms = r->delay_ms;
+	if (!d->rule || r->action > d->action)
+		decide_by(d, r, key, limit, 0);
+	return 0;
+}
+
+/* The rules of stage st that apply to t, as store items in w.  Returns how many; a
+ * sessions rule is decided here, and *ret_refused says if one refused the event. */
 static size_t prepare(struct policy *p, const struct policy_txn *t, enum policy_stage st,
-		      struct policy_msg *msg, struct policy_decision *d, const struct work *w)
+		      struct policy_msg *msg, enum store_mode mode, struct policy_decision *d,
+		      const struct work *w, bool *ret_refused)
 {
 	size_t n = 0;
+	*ret_refused = false;
 	for (size_t k = 0; k < p->stage_n[st]; k++) {
 		const struct policy_rule *r = &p->rules[p->stage_rules[st][k]];
 		struct policy_rule_result *res = NULL;
@@ -249,10 +399,26 @@ static size_t prepare(struct policy *p, const struct policy_txn *t, enum policy_
 			}
 			continue;
 		}
+		if (!rule_in_scope(r, t, why, sizeof(why))) {
+			if (res) {
+				res->state = POLICY_RULE_OUT_OF_SCOPE;
+				fmt_fixed(res->why, sizeof(res->why), "%s", why);
+			}
+			continue;
+		}
+		if (r->count == POLICY_COUNT_SESSIONS && !(msg && msg->sessions) &&
+		    mode == STORE_CHECK) {
+			/* only those who see a session end can count sessions */
+			if (res)
+				res->state = POLICY_RULE_NOT_HERE;
+			continue;
+		}
 		struct buf kb;
 		buf_init_fixed(&kb, w->keys[n], sizeof(w->keys[n]));
 		const struct selector *missing = NULL;
-		if (selector_key(r->sel, r->nsel, t, &kb, &missing) != 1) {
+		struct selector_set set = rule_selectors(r);
+		size_t alt = 0;
+		if (selector_chain_key(&set, t, &kb, &alt, &missing) != 1) {
 			if (res) {
 				char name[100];
 				res->state = POLICY_RULE_NO_VALUE;
@@ -261,13 +427,40 @@ static size_t prepare(struct policy *p, const struct policy_txn *t, enum policy_
 			}
 			continue;
 		}
-		if (res)
+		if (res) {
 			fmt_fixed(res->key, sizeof(res->key), "%s", kb.ptr);
+			if (r->nalt > 1)
+				selector_alt_name(&set, alt, res->via, sizeof(res->via));
+		}
+		if (r->count == POLICY_COUNT_SESSIONS) {
+			if (sessions_rule(p, r, buf_str(&kb), msg, mode, d, res) == 0 &&
+			    r->action >= POLICY_DISCARD)
+				*ret_refused = true;
+			continue;
+		}
+		uint64_t value_hash = 0;
+		if (r->count == POLICY_COUNT_DISTINCT) {
+			char vspace[SELECTOR_MAX_VALUE + 8];
+			struct buf vb;
+			buf_init_fixed(&vb, vspace, sizeof(vspace));
+			if (selector_value(&r->of, t, &vb) != 1) {
+				if (res) {
+					char name[100];
+					res->state = POLICY_RULE_NO_VALUE;
+					fmt_fixed(res->why, sizeof(res->why), "no %s (of)",
+						  selector_name(&r->of, name, sizeof(name)));
+				}
+				continue;
+			}
+			value_hash = store_key_hash(p->store, str_make("\x01of", 3), buf_str(&vb));
+			value_hash += value_hash == 0;
+		}
 		bool overridden;
-		const struct rate_limits *lim = policy_rule_limits(r, buf_str(&kb), &overridden);
+		struct rate_limits lim;
+		int limited = policy_rule_limits(r, buf_str(&kb), &lim, &overridden);
 		if (res)
 			res->overridden = overridden;
-		if (!lim) {
+		if (!limited) {
 			if (res)
 				res->state = POLICY_RULE_UNLIMITED;
 			continue;
@@ -285,17 +478,22 @@ static size_t prepare(struct policy *p, const struct policy_txn *t, enum policy_
 		}
 		it->rule = r->name_str;
 		it->key = buf_str(&kb);
-		w->limits[n] = *lim;
+		w->limits[n] = lim;
 		it->limits = &w->limits[n];
 		it->cost = rule_cost(r, t, st);
 		if (r->action >= POLICY_DISCARD)
 			it->flags |= STORE_BLOCKING;
 		if (r->count_rejected)
 			it->flags |= STORE_COUNT_REJECTED;
+		if (value_hash) {
+			it->flags |= STORE_DISTINCT;
+			it->value_hash = value_hash;
+		}
+		it->block_ns = r->block_ns;
 		w->rules[n] = r;
 		w->res[n] = res;
 		if (res) {
-			res->limits = *lim;
+			res->limits = lim;
 			res->cost = it->cost;
 		}
 		n++;
@@ -368,8 +566,14 @@ static void finish(enum policy_stage st, struct policy_msg *msg, enum store_mode
 			memcpy(res->used, it->used, sizeof(res->used));
 			res->retry_ns = it->retry_ns;
 			res->charged = it->charged;
+			res->known = it->known;
+			/* only a block leaves more in use than the burst (charges stop there) */
+			for (unsigned j = 0; j < it->limits->n && j < RATE_MAX_WINDOWS; j++)
+				res->blocked |= it->used[j] > it->limits->w[j].burst;
 		}
-		if (it->charged && msg && st >= POLICY_MAIL && mode == STORE_CHECK)
+		/* a distinct value stays counted (store.h): no refund */
+		if (it->charged && msg && st >= POLICY_MAIL && mode == STORE_CHECK &&
+		    r->count != POLICY_COUNT_DISTINCT)
 			ledger_add(msg, it, r, st);
 		if (it->ok)
 			continue;
@@ -383,6 +587,8 @@ static void finish(enum policy_stage st, struct policy_msg *msg, enum store_mode
 		}
 		if (decider == SIZE_MAX || r->action > w->rules[decider]->action)
 			decider = i;
+		if (r->action == POLICY_DELAY && r->delay_ms > d->delay_ms)
+			d->delay_ms = r->delay_ms;
 		/* a refused event (a recipient refused at RCPT) is no part of the message: it
 		 * must not tag or quarantine what the accepted recipients get */
 		if (mode != STORE_CHECK || !msg || rc == 0)
@@ -413,15 +619,11 @@ static void finish(enum policy_stage st, struct policy_msg *msg, enum store_mode
 		return;
 	struct store_item *it = &w->items[decider];
 	const struct policy_rule *r = w->rules[decider];
-	d->action = r->action;
-	d->rule = r;
-	text_sanitize(d->key, sizeof(d->key), it->key, 100, TEXT_MARK_CUT);
-	d->retry_s = ns_to_s_up(it->retry_ns);
-	if (r->reply) {
-		char limit[32];
-		binding_window(it, limit, sizeof(limit));
-		expand_reply(r, d->key, limit, d->retry_s, d->reply, sizeof(d->reply));
-	}
+	if (d->rule && d->action >= r->action)
+		return; /* a sessions rule decided already */
+	char limit[32];
+	binding_window(it, limit, sizeof(limit));
+	decide_by(d, r, it->key, limit, ns_to_s_up(it->retry_ns));
 }
 
 static struct work scratch_work(struct scratch *s)
@@ -442,10 +644,16 @@ int policy_check(struct policy *p, const struct policy_txn *t, enum policy_stage
 		return 0;
 	}
 	struct work w = scratch_work(s);
-	size_t n = prepare(p, t, st, msg, d, &w);
-	if (n == 0)
-		return 0;
-	finish(st, msg, mode, d, &w, n, store_decide(p->store, s->items, n, mode, now));
+	bool sref;
+	size_t n = prepare(p, t, st, msg, mode, d, &w, &sref);
+	int rc = 1;
+	if (n) {
+		/* refused by a sessions rule: the rates are looked at, and charged nothing */
+		enum store_mode m = sref ? STORE_PEEK : mode;
+		rc = store_decide(p->store, s->items, n, m, now);
+		finish(st, msg, m, d, &w, n, rc);
+	}
+	sessions_settle(msg, sref || rc == 0 || rc == STORE_TEMPFAIL);
 	return 0;
 }
 
@@ -466,6 +674,7 @@ struct policy_pending {
 	struct policy_decision d;
 	struct work w;
 	size_t n;
+	bool sess_refused;   /* a sessions rule refused the event already */
 	/* PENDING_SLOT */
 	struct store_slot_call slot_call;
 	struct class_slot *slot;
@@ -477,6 +686,7 @@ static void check_done(struct store_call *c, int rc)
 {
 	struct policy_pending *pp = c->arg;
 	finish(pp->st, pp->msg, pp->mode, &pp->d, &pp->w, pp->n, rc);
+	sessions_settle(pp->msg, pp->sess_refused || rc == 0 || rc == STORE_TEMPFAIL);
 	pp->done(pp->arg, &pp->d);
 	free(pp);
 }
@@ -496,9 +706,12 @@ int policy_check_start(struct policy *p, const struct policy_txn *t, enum policy
 		return 0;
 	}
 	struct work sw = scratch_work(s);
-	size_t n = prepare(p, t, st, msg, d, &sw);
-	if (n == 0)
+	bool sref;
+	size_t n = prepare(p, t, st, msg, mode, d, &sw, &sref);
+	if (n == 0) {
+		sessions_settle(msg, sref);
 		return 0;
+	}
 	/* one block: the call, then its items, rules, results, limits and keys */
 	size_t keys = 0;
 	for (size_t i = 0; i < n; i++)
@@ -509,6 +722,7 @@ int policy_check_start(struct policy *p, const struct policy_txn *t, enum policy
 	struct policy_pending *pp = malloc(size);
 	if (!pp) {
 		d->store_error = -ENOMEM;
+		sessions_settle(msg, sref);
 		return 0;
 	}
 	/* the call's own decision starts empty but for the caller's results (a decision is
@@ -518,6 +732,17 @@ int policy_check_start(struct policy *p, const struct policy_txn *t, enum policy
 	pp->d.results = d->results;
 	pp->d.max_results = d->max_results;
 	pp->d.nresults = d->nresults;
+	if (d->rule || d->nover) {
+		/* what the sessions rules decided already */
+		pp->d.action = d->action;
+		pp->d.rule = d->rule;
+		pp->d.retry_s = d->retry_s;
+		pp->d.delay_ms = d->delay_ms;
+		memcpy(pp->d.key, d->key, sizeof(d->key));
+		memcpy(pp->d.reply, d->reply, sizeof(d->reply));
+		pp->d.nover = d->nover;
+		memcpy(pp->d.over, d->over, d->nover * sizeof(d->over[0]));
+	}
 	memset(&pp->w, 0, sizeof(*pp) - offsetof(struct policy_pending, w));
 	unsigned char *q = (unsigned char *)(pp + 1);
 	pp->w.items = (struct store_item *)q;
@@ -545,12 +770,13 @@ int policy_check_start(struct policy *p, const struct policy_txn *t, enum policy
 	pp->n = n;
 	pp->st = st;
 	pp->msg = msg;
-	pp->mode = mode;
+	pp->mode = sref ? STORE_PEEK : mode;
+	pp->sess_refused = sref;
 	pp->done = done;
 	pp->arg = arg;
 	pp->call.items = pp->w.items;
 	pp->call.n = n;
-	pp->call.mode = mode;
+	pp->call.mode = pp->mode;
 	pp->call.now = now;
 	pp->call.done = check_done;
 	pp->call.arg = pp;
@@ -561,7 +787,8 @@ int policy_check_start(struct policy *p, const struct policy_txn *t, enum policy
 	}
 	/* answered at once (on_failure): into the caller's decision */
 	d->nresults = pp->d.nresults;
-	finish(st, msg, mode, d, &pp->w, n, rc);
+	finish(st, msg, pp->mode, d, &pp->w, n, rc);
+	sessions_settle(msg, sref || rc == 0 || rc == STORE_TEMPFAIL);
 	free(pp);
 	return 0;
 }
@@ -572,6 +799,7 @@ void policy_pending_cancel(struct policy_pending *pp)
 		return;
 	if (pp->kind == PENDING_CHECK) {
 		store_call_cancel(pp->p->store, &pp->call);
+		sessions_settle(pp->msg, true);
 	} else {
 		store_slot_cancel(pp->p->store, &pp->slot_call);
 		/* the reservation goes back here; if Redis granted it meanwhile, this node's

@@ -44,10 +44,12 @@ enum policy_stage {
 	POLICY_STAGE_COUNT,
 };
 
-/* In increasing strictness: the largest failing one wins. */
+/* In increasing strictness: the largest failing one wins (a delay is also kept apart:
+ * the event waits the longest delay of the rules over their limits unless refused). */
 enum policy_action {
 	POLICY_ACCEPT = 0,
 	POLICY_WARN,
+	POLICY_DELAY,     /* the answer waits the rule's delay, then the event passes */
 	POLICY_TAG,
 	POLICY_QUARANTINE,
 	POLICY_DISCARD,
@@ -61,6 +63,8 @@ enum policy_count {
 	POLICY_COUNT_MESSAGES,
 	POLICY_COUNT_RECIPIENTS,
 	POLICY_COUNT_BYTES,
+	POLICY_COUNT_SESSIONS,  /* SMTP sessions at once per key (the milter only) */
+	POLICY_COUNT_DISTINCT,  /* distinct values of a selector per key in a window */
 };
 
 const char *policy_stage_name(enum policy_stage s);
@@ -128,6 +132,16 @@ struct policy_charge {
 	uint8_t scope;  /* enum policy_stage of the event that charged it */
 };
 
+#define POLICY_MAX_HELD 32 /* slots of sessions rules one SMTP session holds at most */
+
+/* The slots of sessions rules an SMTP session holds (see policy_msg_track_sessions()). */
+struct policy_sessions {
+	size_t n;
+	uint64_t key_hash[POLICY_MAX_HELD];
+	bool provisional[POLICY_MAX_HELD]; /* taken by the decision in progress */
+	const char *rule[POLICY_MAX_HELD]; /* for `sluice test` (lives as long as a rule set) */
+};
+
 /* Per-transaction state, owned by the session (zero it to start; policy_msg_clear()). */
 struct policy_msg {
 	struct policy_charge *charges;
@@ -138,6 +152,9 @@ struct policy_msg {
 	size_t ntags;
 	bool quarantine;
 	struct policy_marks *marks;
+	/* NULL unless the caller tracks sessions (the milter): only then do sessions rules
+	 * apply, as only then is the end of a session known */
+	struct policy_sessions *sessions;
 };
 
 struct policy_marks {
@@ -145,7 +162,14 @@ struct policy_marks {
 	char quarantine_reason[POLICY_TAG_MAX];
 };
 
+/* Frees the ledger and gives back the session's slots (policy_sessions_end()). */
 void policy_msg_clear(struct policy_msg *m);
+/* The caller will tell when the SMTP session ends (policy_sessions_end(), or
+ * policy_msg_clear()): sessions rules apply to it.  0 or -ENOMEM. */
+int policy_msg_track_sessions(struct policy_msg *m);
+/* The SMTP session ended, or a new one begins on the same connection: every slot of a
+ * sessions rule it holds goes back.  Any message state is left as it is. */
+void policy_sessions_end(struct policy_msg *m);
 
 /* One rule's part in a decision, for logs and `sluice test`. */
 enum policy_rule_state {
@@ -155,13 +179,20 @@ enum policy_rule_state {
 	POLICY_RULE_EXCEPT,        /* an except entry matched */
 	POLICY_RULE_UNLIMITED,     /* the key's override is 0 */
 	POLICY_RULE_COUNTED,       /* messages: this message was already counted */
+	POLICY_RULE_OUT_OF_SCOPE,  /* an only entry did not match */
+	POLICY_RULE_NOT_HERE,      /* sessions: the policy service cannot count them */
+	POLICY_RULE_HELD,          /* sessions: this session holds the key's slot already */
 };
 
 struct policy_rule_result {
 	const struct policy_rule *rule;
 	enum policy_rule_state state;
 	char key[SELECTOR_MAX_KEY + 1];
-	char why[128];            /* NO_VALUE / EXCEPT: which selector or entry */
+	char why[128];            /* NO_VALUE / EXCEPT / OUT_OF_SCOPE: which selector or entry */
+	char via[80];             /* a chain of keys: the alternative that gave the key */
+	bool known;               /* distinct: the value was counted in every window already */
+	bool blocked;             /* over because a block is running (retry_ns: its end) */
+	unsigned sessions;        /* sessions: held after the decision (this node's count) */
 	struct rate_limits limits;
 	bool overridden;
 	uint64_t cost;
@@ -189,6 +220,8 @@ struct policy_decision {
 	const struct policy_rule *rule;    /* the rule that set it */
 	char key[SELECTOR_MAX_KEY + 1];
 	uint64_t retry_s;                  /* exact, rounded up to the second */
+	uint64_t delay_ms;                 /* the longest delay of the delay rules over their
+					    * limits (0: none); kept when another rule refuses */
 	char reply[POLICY_REPLY_MAX];      /* tempfail/reject: "451 4.7.1 ..." (expanded) */
 	/* every rule that ran, when the caller asks for them (explain, logs) */
 	struct policy_rule_result *results;
@@ -253,6 +286,8 @@ enum policy_action policy_rule_action(const struct policy_rule *r);
 enum policy_stage policy_rule_stage(const struct policy_rule *r);
 enum policy_count policy_rule_count_kind(const struct policy_rule *r);
 const char *policy_rule_key_spec(const struct policy_rule *r);
+unsigned policy_rule_max_sessions(const struct policy_rule *r);   /* sessions rules */
+uint64_t policy_rule_block_ns(const struct policy_rule *r);       /* 0: no block */
 const struct policy_rule *policy_rule_at(const struct policy *p, size_t i);
 /*
  * The rule's decisions since its rule set was loaded (a reload starts from zero): how
@@ -263,9 +298,11 @@ const struct policy_rule *policy_rule_at(const struct policy *p, size_t i);
 void policy_rule_counters(const struct policy_rule *r, uint64_t ret_verdicts[POLICY_ACTION_COUNT],
 			  uint64_t *ret_near);
 const struct policy_rule *policy_rule_find(const struct policy *p, const char *name);
-/* The limits that apply to a key (override or the rule's); NULL = unlimited. */
-const struct rate_limits *policy_rule_limits(const struct policy_rule *r, struct str key,
-					     bool *ret_overridden);
+/* The limits that apply to a key (its override or the rule's), copied: 1 and *ret, or 0
+ * when the key's override is 0 (unlimited; *ret untouched).  *ret_overridden (if not
+ * NULL) says whether the overrides file names the key.  Any thread. */
+int policy_rule_limits(const struct policy_rule *r, struct str key, struct rate_limits *ret,
+		       bool *ret_overridden);
 uint64_t policy_rule_key_hash(const struct policy *p, const struct policy_rule *r,
 			      struct str key);
 /* Normalize a key written by an operator (`sluice limits show`) for this rule. */

@@ -35,17 +35,25 @@ struct policy_rule {
 	char *key_spec;
 	struct selector sel[SELECTOR_MAX];
 	size_t nsel;
+	size_t alt[SELECTOR_MAX + 1];  /* a chain of keys: alternative i is sel[alt[i]..alt[i+1]) */
+	size_t nalt;
 	enum policy_count count;
+	struct selector of;      /* distinct: the values counted */
+	unsigned max_sessions;   /* sessions: at once per key */
+	uint64_t block_ns;       /* a refused key stays refused this long (0: no block) */
+	uint64_t delay_ms;       /* action delay: how long the answer waits */
 	struct rate_limits limits;
 	enum policy_action action;
 	char *reply;             /* template; NULL for actions without a reply */
 	bool count_rejected;
 	struct policy_except ex[POLICY_MAX_EXCEPT];
 	size_t nex;
-	/* overrides: the table in use, swapped by policy_reload_overrides() */
+	struct policy_except only[POLICY_MAX_EXCEPT]; /* the rule applies where all match */
+	size_t nonly;
+	/* overrides: the table in use, swapped by policy_reload_overrides(), read inside an
+	 * ebr section only (see policy_overrides.c) */
 	char *ov_path;
 	_Atomic(struct rate_overrides *) ov;
-	struct rate_overrides *ov_retired; /* freed at the next swap, see there */
 	struct stat ov_st;
 	struct rule_shard *shards;   /* THREAD_SHARDS of them: the metrics' counters */
 };
@@ -70,6 +78,12 @@ struct policy {
 	struct store *store;
 	struct policy_needs needs;
 };
+
+/* The selectors of a rule's key, with its alternatives. */
+static inline struct selector_set rule_selectors(const struct policy_rule *r)
+{
+	return (struct selector_set){ r->sel, r->nsel, r->alt, r->nalt };
+}
 
 /* policy_overrides.c: read r->ov_path into r->ov at load (0 or -errno with err), and
  * free the rule's tables. */

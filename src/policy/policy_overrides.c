@@ -1,6 +1,15 @@
 /*
  * policy_overrides -- the overrides files' tables: read at load, re-read when a file
  * changes, looked up by workers for every decision (see policy_int.h).
+ *
+ * Invariant: a rule's table (r->ov) is read only inside an ebr_enter() ... ebr_exit()
+ * section, and nothing read from it -- no pointer into it -- outlives the section
+ * (policy_rule_limits() copies the limits out).  A table swapped out by
+ * policy_reload_overrides() is ebr_retire()d, never freed directly, so it is freed only
+ * once no section that could have loaded it is still running, however close together
+ * two swaps come.  The one table freed directly is the current one, by
+ * policy_overrides_clear() when the rule set is freed: its last reference is gone, so no
+ * reader is left; the tables retired before belong to the reclamation list alone.
  */
 #include <errno.h>
 #include <stdatomic.h>
@@ -8,12 +17,19 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "ebr.h"
 #include "policy_int.h"
+
+/* rate_overrides_free() with the type ebr_retire() takes */
+static void overrides_free(void *o)
+{
+	rate_overrides_free(o);
+}
 
 int policy_overrides_load(struct policy_rule *r, char *err, size_t errlen)
 {
 	struct rate_overrides *o;
-	struct selector_set set = { r->sel, r->nsel };
+	struct selector_set set = rule_selectors(r);
 	/* stat before reading: a change made while the file is read must show as a change
 	 * at the next check (see policy_reload_overrides) */
 	struct stat st;
@@ -30,9 +46,7 @@ int policy_overrides_load(struct policy_rule *r, char *err, size_t errlen)
 void policy_overrides_clear(struct policy_rule *r)
 {
 	rate_overrides_free(atomic_load(&r->ov));
-	rate_overrides_free(r->ov_retired);
 	atomic_store(&r->ov, NULL);
-	r->ov_retired = NULL;
 }
 
 int policy_reload_overrides(struct policy *p, struct buf *err)
@@ -52,7 +66,7 @@ int policy_reload_overrides(struct policy *p, struct buf *err)
 			 st.st_size == r->ov_st.st_size && st.st_ino == r->ov_st.st_ino)
 			continue;
 		struct rate_overrides *o;
-		struct selector_set set = { r->sel, r->nsel };
+		struct selector_set set = rule_selectors(r);
 		char msg[400];
 		if (rate_overrides_load(r->ov_path, selector_normalize_key, &set, &o, msg,
 					sizeof(msg)) < 0) {
@@ -66,26 +80,32 @@ int policy_reload_overrides(struct policy *p, struct buf *err)
 			continue;
 		}
 		r->ov_st = st;
-		/*
-		 * XXX workers read the table without a lock for the microseconds of one lookup
-		 * (limits are copied out at once), so the table replaced here is freed only at
-		 * the next swap, which the caller's check interval puts seconds away.
-		 */
-		rate_overrides_free(r->ov_retired);
-		r->ov_retired = atomic_exchange(&r->ov, o);
+		/* workers may be reading the old table right now: it goes when they are out
+		 * (release, by the seq_cst exchange: the new table's contents are seen by a
+		 * worker that loads its pointer) */
+		ebr_retire(atomic_exchange(&r->ov, o), overrides_free);
 		reloaded++;
 	}
+	/* this is the writer's periodic check: free what no reader can see any more (the
+	 * tables retired just now too, if no worker was inside a lookup) */
+	ebr_collect();
 	return reloaded;
 }
 
-const struct rate_limits *policy_rule_limits(const struct policy_rule *r, struct str key,
-					     bool *ret_overridden)
+int policy_rule_limits(const struct policy_rule *r, struct str key, struct rate_limits *ret,
+		       bool *ret_overridden)
 {
+	/* the lookup and the copy inside one section: the table may be retired meanwhile */
+	ebr_enter();
 	const struct rate_overrides *o = atomic_load_explicit(&r->ov, memory_order_acquire);
 	const struct rate_limits *l = o ? rate_overrides_find(o, key) : NULL;
+	bool overridden = l != NULL;
+	struct rate_limits lim = l ? *l : r->limits;
+	ebr_exit();
 	if (ret_overridden)
-		*ret_overridden = l != NULL;
-	if (!l)
-		return &r->limits;
-	return l->n ? l : NULL;
+		*ret_overridden = overridden;
+	if (overridden && lim.n == 0)
+		return 0; /* the key's override is 0: unlimited */
+	*ret = lim;
+	return 1;
 }

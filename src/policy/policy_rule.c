@@ -19,9 +19,10 @@
 
 
 static const char *const stage_names[] = { "connect", "helo", "mail", "rcpt", "data", "eom" };
-static const char *const action_names[] = { "accept",	"warn",	    "tag",   "quarantine",
-					     "discard", "tempfail", "reject" };
-static const char *const count_names[] = { "connections", "messages", "recipients", "bytes" };
+static const char *const action_names[] = { "accept",  "warn",	  "delay",  "tag",
+					     "quarantine", "discard", "tempfail", "reject" };
+static const char *const count_names[] = { "connections", "messages", "recipients", "bytes",
+					    "sessions",	   "distinct" };
 
 const char *policy_stage_name(enum policy_stage s)
 {
@@ -249,20 +250,22 @@ static int check_reply(const char *t, enum policy_action a, const char **why)
 	return 0;
 }
 
-static int load_except(struct policy_rule *r, struct cfg_node *ex, char *err, size_t errlen)
+/* except { ... } or only { ... }: entries into list[*n..]. */
+static int load_except(struct policy_rule *r, struct cfg_node *ex, struct policy_except *list,
+		       size_t *n, char *err, size_t errlen)
 {
 	if (ex->kind != CFG_OBJECT) {
-		cfg_error(ex, err, errlen, "expected except { SELECTOR = [values...]; }");
+		cfg_error(ex, err, errlen, "expected %s { SELECTOR = [values...]; }", ex->key);
 		return -EINVAL;
 	}
 	for (struct cfg_node *c = ex->child; c; c = c->next) {
 		char why[300];
 		c->used = true;
-		if (r->nex == POLICY_MAX_EXCEPT) {
-			cfg_error(c, err, errlen, "more than %d except entries", POLICY_MAX_EXCEPT);
+		if (*n == POLICY_MAX_EXCEPT) {
+			cfg_error(c, err, errlen, "more than %d %s entries", POLICY_MAX_EXCEPT, ex->key);
 			return -EINVAL;
 		}
-		struct policy_except *e = &r->ex[r->nex];
+		struct policy_except *e = &list[*n];
 		if (selector_parse(str_cstr(c->key), &e->sel, why, sizeof(why)) < 0) {
 			cfg_error(c, err, errlen, "%s", why);
 			return -EINVAL;
@@ -282,7 +285,7 @@ static int load_except(struct policy_rule *r, struct cfg_node *ex, char *err, si
 			fmt_fixed(err, errlen, "out of memory");
 			return -ENOMEM;
 		}
-		r->nex++;
+		(*n)++;
 		FOR_EACH_VALUE(v, c) {
 			const char *text;
 			if (cfg_string(v, &text, err, errlen) < 0)
@@ -330,7 +333,103 @@ static void rule_clear(struct policy_rule *r)
 	policy_overrides_clear(r);
 	for (size_t i = 0; i < r->nex; i++)
 		mask_list_free(r->ex[i].masks);
+	for (size_t i = 0; i < r->nonly; i++)
+		mask_list_free(r->only[i].masks);
 	memset(r, 0, sizeof(*r));
+}
+
+/* The keys that depend on what a rule counts: rate (and burst, block), or max, or of. */
+static int load_count_kind(struct policy_rule *r, struct cfg_node *n, char *err, size_t errlen)
+{
+	struct cfg_node *max = cfg_get(n, "max"), *of = cfg_get(n, "of"), *block = cfg_get(n, "block");
+	if (r->count == POLICY_COUNT_SESSIONS) {
+		static const char *const rate_keys[] = { "rate", "burst", "block", "count_rejected" };
+		for (size_t i = 0; i < ARRAY_SIZE(rate_keys); i++) {
+			struct cfg_node *k = cfg_get(n, rate_keys[i]);
+			if (k) {
+				cfg_error(k, err, errlen, "a sessions rule counts sessions at once: it "
+					  "takes max = N, not %s", rate_keys[i]);
+				return -EINVAL;
+			}
+		}
+		int64_t m;
+		if (!max) {
+			cfg_error(n, err, errlen, "missing 'max' (sessions at once per key, e.g. max = 3)");
+			return -EINVAL;
+		}
+		if (cfg_int64(max, 1, 1000000, &m, err, errlen) < 0)
+			return -EINVAL;
+		r->max_sessions = (unsigned)m;
+	} else if (max) {
+		cfg_error(max, err, errlen, "max = N goes with count = \"sessions\" (rates use rate = [...])");
+		return -EINVAL;
+	} else if (load_rates(r, n, err, errlen) < 0) {
+		return -EINVAL;
+	}
+	if (r->count == POLICY_COUNT_DISTINCT) {
+		const char *text;
+		char why[300];
+		if (!of) {
+			cfg_error(n, err, errlen, "missing 'of' (the selector whose distinct values "
+				  "are counted, e.g. of = \"rcpt\")");
+			return -EINVAL;
+		}
+		if (cfg_string(of, &text, err, errlen) < 0)
+			return -EINVAL;
+		if (selector_parse(str_cstr(text), &r->of, why, sizeof(why)) < 0) {
+			cfg_error(of, err, errlen, "%s", why);
+			return -EINVAL;
+		}
+		if (!stage_has(r->stage, &r->of)) {
+			cfg_error(of, err, errlen, "%s has no value at stage %s (it needs stage %s)",
+				  text, policy_stage_name(r->stage), selector_stage_hint(&r->of));
+			return -EINVAL;
+		}
+		for (size_t i = 0; i < r->nsel; i++)
+			if (memcmp(&r->sel[i], &r->of, sizeof(r->of)) == 0) {
+				cfg_error(of, err, errlen, "%s is part of the key: each key would have "
+					  "one value", text);
+				return -EINVAL;
+			}
+	} else if (of) {
+		cfg_error(of, err, errlen, "of = SELECTOR goes with count = \"distinct\"");
+		return -EINVAL;
+	}
+	if (block) {
+		int64_t ms;
+		if (cfg_duration_ms(block, 1000, 30LL * 86400 * 1000, &ms, err, errlen) < 0)
+			return -EINVAL;
+		r->block_ns = (uint64_t)ms * 1000000ULL;
+	}
+	return 0;
+}
+
+/* action = "delay" and its delay = DURATION, which nothing else takes. */
+static int load_delay(struct policy_rule *r, struct cfg_node *n, struct cfg_node *action,
+		      char *err, size_t errlen)
+{
+	struct cfg_node *delay = cfg_get(n, "delay");
+	if (r->action != POLICY_DELAY) {
+		if (delay) {
+			cfg_error(delay, err, errlen, "delay = DURATION goes with action = \"delay\"");
+			return -EINVAL;
+		}
+		return 0;
+	}
+	if (!delay) {
+		cfg_error(action, err, errlen, "action = \"delay\" needs delay = DURATION (e.g. 10s)");
+		return -EINVAL;
+	}
+	int64_t ms;
+	if (cfg_duration_ms(delay, 1, 300000, &ms, err, errlen) < 0)
+		return -EINVAL;
+	r->delay_ms = (uint64_t)ms;
+	if (cfg_get(n, "block")) {
+		cfg_error(cfg_get(n, "block"), err, errlen, "a delay rule refuses nothing, so it "
+			  "blocks nothing: use action = \"tempfail\" with block");
+		return -EINVAL;
+	}
+	return 0;
 }
 
 static int load_rule(struct cfg_node *n, struct policy_rule *r, char *err, size_t errlen)
@@ -363,7 +462,8 @@ static int load_rule(struct cfg_node *n, struct policy_rule *r, char *err, size_
 	}
 	if (cfg_string(key, &text, err, errlen) < 0)
 		return -EINVAL;
-	if (selector_parse_key(text, r->sel, SELECTOR_MAX, &r->nsel, why_buf, sizeof(why_buf)) < 0) {
+	if (selector_parse_key(text, r->sel, SELECTOR_MAX, &r->nsel, r->alt, &r->nalt, why_buf,
+			       sizeof(why_buf)) < 0) {
 		cfg_error(key, err, errlen, "%s", why_buf);
 		return -EINVAL;
 	}
@@ -383,24 +483,28 @@ static int load_rule(struct cfg_node *n, struct policy_rule *r, char *err, size_
 	if (get_word(n, "count", count_names, ARRAY_SIZE(count_names), dflt, &v, err, errlen) < 0)
 		return -EINVAL;
 	r->count = (enum policy_count)v;
-	if ((r->count == POLICY_COUNT_CONNECTIONS) != (r->stage <= POLICY_HELO)) {
+	bool any_stage = r->count == POLICY_COUNT_SESSIONS || r->count == POLICY_COUNT_DISTINCT;
+	if (!any_stage && (r->count == POLICY_COUNT_CONNECTIONS) != (r->stage <= POLICY_HELO)) {
 		cfg_error(count ? count : n, err, errlen,
 			  r->count == POLICY_COUNT_CONNECTIONS ?
 				  "count = connections needs stage = connect or helo" :
-				  "stage %s can only count connections", policy_stage_name(r->stage));
+				  "stage %s can only count connections, sessions or distinct values",
+			  policy_stage_name(r->stage));
 		return -EINVAL;
 	}
 	if (r->count == POLICY_COUNT_RECIPIENTS && r->stage == POLICY_MAIL) {
 		cfg_error(count, err, errlen, "recipients are known from stage rcpt on");
 		return -EINVAL;
 	}
-	if (load_rates(r, n, err, errlen) < 0)
+	if (load_count_kind(r, n, err, errlen) < 0)
 		return -EINVAL;
 	if (get_word(n, "action", action_names + 1, ARRAY_SIZE(action_names) - 1,
 		     POLICY_TEMPFAIL - 1, &v, err, errlen) < 0)
 		return -EINVAL;
 	r->action = (enum policy_action)(v + 1);
 	struct cfg_node *action = cfg_get(n, "action");
+	if (load_delay(r, n, action, err, errlen) < 0)
+		return -EINVAL;
 	if (r->stage <= POLICY_HELO &&
 	    (r->action == POLICY_DISCARD || r->action == POLICY_QUARANTINE ||
 	     r->action == POLICY_TAG)) {
@@ -447,9 +551,16 @@ static int load_rule(struct cfg_node *n, struct policy_rule *r, char *err, size_
 	if (cr && cfg_bool(cr, &r->count_rejected, err, errlen) < 0)
 		return -EINVAL;
 	struct cfg_node *ex = cfg_get(n, "except");
-	if (ex && load_except(r, ex, err, errlen) < 0)
+	if (ex && load_except(r, ex, r->ex, &r->nex, err, errlen) < 0)
+		return -EINVAL;
+	struct cfg_node *only = cfg_get(n, "only");
+	if (only && load_except(r, only, r->only, &r->nonly, err, errlen) < 0)
 		return -EINVAL;
 	struct cfg_node *ov = cfg_get(n, "overrides");
+	if (ov && r->count == POLICY_COUNT_SESSIONS) {
+		cfg_error(ov, err, errlen, "a sessions rule has no rates to override");
+		return -EINVAL;
+	}
 	if (ov) {
 		if (cfg_string(ov, &text, err, errlen) < 0)
 			return -EINVAL;
@@ -676,6 +787,16 @@ const char *policy_rule_key_spec(const struct policy_rule *r)
 	return r->key_spec;
 }
 
+unsigned policy_rule_max_sessions(const struct policy_rule *r)
+{
+	return r->max_sessions;
+}
+
+uint64_t policy_rule_block_ns(const struct policy_rule *r)
+{
+	return r->block_ns;
+}
+
 const struct policy_rule *policy_rule_at(const struct policy *p, size_t i)
 {
 	return i < p->nrules ? &p->rules[i] : NULL;
@@ -698,6 +819,6 @@ uint64_t policy_rule_key_hash(const struct policy *p, const struct policy_rule *
 
 int policy_rule_normalize_key(const struct policy_rule *r, struct str key, char *out)
 {
-	struct selector_set set = { r->sel, r->nsel };
+	struct selector_set set = rule_selectors(r);
 	return selector_normalize_key(key, out, &set);
 }

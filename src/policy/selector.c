@@ -112,36 +112,93 @@ int selector_parse(struct str text, struct selector *ret, char *err, size_t errl
 	return 0;
 }
 
-int selector_parse_key(const char *spec, struct selector *sels, size_t max, size_t *ret_n,
-		       char *err, size_t errlen)
+/* One alternative, "a+b+c", into sels[*n..]. */
+static int parse_alt(const char *spec, const char *p, size_t len, struct selector *sels,
+		     size_t max, size_t *n, char *err, size_t errlen)
 {
-	size_t n = 0;
-	const char *p = spec;
+	size_t first = *n;
+	const char *end = p + len;
 	for (;;) {
-		const char *plus = strchr(p, '+');
-		size_t len = plus ? (size_t)(plus - p) : strlen(p);
-		if (len == 0) {
+		const char *plus = memchr(p, '+', (size_t)(end - p));
+		size_t l = plus ? (size_t)(plus - p) : (size_t)(end - p);
+		if (l == 0) {
 			fmt_fixed(err, errlen, "empty selector in '%.100s'", spec);
 			return -EINVAL;
 		}
-		if (n == max) {
+		if (*n == max) {
 			fmt_fixed(err, errlen, "more than %zu selectors in '%.100s'", max, spec);
 			return -EINVAL;
 		}
-		if (selector_parse(str_make(p, len), &sels[n], err, errlen) < 0)
+		if (selector_parse(str_make(p, l), &sels[*n], err, errlen) < 0)
 			return -EINVAL;
-		for (size_t i = 0; i < n; i++)
-			if (memcmp(&sels[i], &sels[n], sizeof(sels[n])) == 0) {
-				fmt_fixed(err, errlen, "selector '%.*s' given twice", (int)len, p);
+		for (size_t i = first; i < *n; i++)
+			if (memcmp(&sels[i], &sels[*n], sizeof(sels[*n])) == 0) {
+				fmt_fixed(err, errlen, "selector '%.*s' given twice", (int)l, p);
 				return -EINVAL;
 			}
-		n++;
+		(*n)++;
 		if (!plus)
-			break;
+			return 0;
 		p = plus + 1;
 	}
+}
+
+int selector_parse_key(const char *spec, struct selector *sels, size_t max, size_t *ret_n,
+		       size_t *alt, size_t *ret_nalt, char *err, size_t errlen)
+{
+	size_t n = 0, nalt = 0;
+	const char *p = spec;
+	if (!alt && strchr(spec, '|')) {
+		fmt_fixed(err, errlen, "no '|' here: one selector, or several joined with '+'");
+		return -EINVAL;
+	}
+	for (;;) {
+		const char *bar = strchr(p, '|');
+		size_t len = bar ? (size_t)(bar - p) : strlen(p);
+		if (len == 0) {
+			fmt_fixed(err, errlen, "empty alternative in '%.100s'", spec);
+			return -EINVAL;
+		}
+		if (alt)
+			alt[nalt] = n;
+		if (parse_alt(spec, p, len, sels, max, &n, err, errlen) < 0)
+			return -EINVAL;
+		for (size_t a = 0; alt && a < nalt; a++)
+			if (alt[a + 1] - alt[a] == n - alt[nalt] &&
+			    memcmp(&sels[alt[a]], &sels[alt[nalt]],
+				   (n - alt[nalt]) * sizeof(*sels)) == 0) {
+				fmt_fixed(err, errlen, "alternative '%.*s' given twice", (int)len, p);
+				return -EINVAL;
+			}
+		nalt++;
+		if (!bar)
+			break;
+		p = bar + 1;
+	}
+	if (alt)
+		alt[nalt] = n;
 	*ret_n = n;
+	if (ret_nalt)
+		*ret_nalt = nalt;
 	return 0;
+}
+
+const char *selector_alt_name(const struct selector_set *set, size_t i, char *buf, size_t len)
+{
+	size_t from = 0, to = set->n;
+	if (set->alt && set->nalt > 1) {
+		from = set->alt[i];
+		to = set->alt[i + 1];
+	}
+	struct buf b;
+	buf_init_fixed(&b, buf, len);
+	for (size_t k = from; k < to; k++) {
+		char name[100];
+		if (k > from)
+			buf_append_byte(&b, '+');
+		buf_append_cstr(&b, selector_name(&set->sel[k], name, sizeof(name)));
+	}
+	return buf;
 }
 
 const char *selector_name(const struct selector *s, char *buf, size_t len)
@@ -329,14 +386,41 @@ int selector_value(const struct selector *s, const struct policy_txn *t, struct 
 	return 0;
 }
 
-int selector_key(const struct selector *sels, size_t n, const struct policy_txn *t,
-		 struct buf *out, const struct selector **ret_missing)
+/* Append v to out with '%' and '+' escaped (a part of a compound key). */
+static int append_escaped(struct buf *out, struct str v)
 {
-	buf_reset(out);
-	for (size_t i = 0; i < n; i++) {
-		if (i && buf_append_byte(out, '+') < 0)
+	for (size_t i = 0; i < v.len; i++) {
+		int r;
+		if (v.ptr[i] == '%')
+			r = buf_append_cstr(out, "%25");
+		else if (v.ptr[i] == '+')
+			r = buf_append_cstr(out, "%2B");
+		else
+			r = buf_append_byte(out, (unsigned char)v.ptr[i]);
+		if (r < 0)
 			return -ENOBUFS;
-		int r = selector_value(&sels[i], t, out);
+	}
+	return 0;
+}
+
+/* The key of sels[0..n) appended to out: as selector_key() without the reset. */
+static int selector_key_append(const struct selector *sels, size_t n, const struct policy_txn *t,
+			       struct buf *out, const struct selector **ret_missing)
+{
+	char space[SELECTOR_MAX_VALUE + 8];
+	for (size_t i = 0; i < n; i++) {
+		struct buf v;
+		int r;
+		if (n == 1) {
+			r = selector_value(&sels[i], t, out);
+		} else {
+			buf_init_fixed(&v, space, sizeof(space));
+			if (i && buf_append_byte(out, '+') < 0)
+				return -ENOBUFS;
+			r = selector_value(&sels[i], t, &v);
+			if (r == 1 && append_escaped(out, buf_str(&v)) < 0)
+				return -ENOBUFS;
+		}
 		if (r < 0)
 			return r;
 		if (r == 0) {
@@ -346,6 +430,39 @@ int selector_key(const struct selector *sels, size_t n, const struct policy_txn 
 		}
 	}
 	return 1;
+}
+
+int selector_key(const struct selector *sels, size_t n, const struct policy_txn *t,
+		 struct buf *out, const struct selector **ret_missing)
+{
+	buf_reset(out);
+	return selector_key_append(sels, n, t, out, ret_missing);
+}
+
+int selector_chain_key(const struct selector_set *set, const struct policy_txn *t,
+		       struct buf *out, size_t *ret_alt, const struct selector **ret_missing)
+{
+	if (!set->alt || set->nalt <= 1) {
+		if (ret_alt)
+			*ret_alt = 0;
+		return selector_key(set->sel, set->n, t, out, ret_missing);
+	}
+	for (size_t a = 0; a < set->nalt; a++) {
+		char name[SELECTOR_MAX * 80];
+		buf_reset(out);
+		selector_alt_name(set, a, name, sizeof(name));
+		if (buf_append_cstr(out, name) < 0 || buf_append_byte(out, ':') < 0)
+			return -ENOBUFS;
+		int r = selector_key_append(&set->sel[set->alt[a]], set->alt[a + 1] - set->alt[a],
+					    t, out, ret_missing);
+		if (r != 0) {
+			if (r == 1 && ret_alt)
+				*ret_alt = a;
+			return r;
+		}
+	}
+	buf_reset(out);
+	return 0;
 }
 
 bool selector_match(const struct selector *s, const struct policy_txn *t,
@@ -411,6 +528,51 @@ static int normalize_one(const struct selector *s, struct str v, struct buf *out
 	}
 }
 
+/* Undo append_escaped(): "%2B" (or "%2b") is '+', "%25" is '%'; any other '%' stays. */
+static int append_unescaped(struct buf *out, struct str v)
+{
+	for (size_t i = 0; i < v.len; i++) {
+		char c = v.ptr[i];
+		if (c == '%' && i + 2 < v.len && v.ptr[i + 1] == '2' &&
+		    (v.ptr[i + 2] == 'B' || v.ptr[i + 2] == 'b' || v.ptr[i + 2] == '5')) {
+			c = v.ptr[i + 2] == '5' ? '%' : '+';
+			i += 2;
+		}
+		if (buf_append_byte(out, (unsigned char)c) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* One alternative's key text (its parts joined with '+') normalized into b. */
+static int normalize_alt(const struct selector *sel, size_t n, struct str key, struct buf *b)
+{
+	if (n == 1)
+		return normalize_one(&sel[0], key, b);
+	size_t plus = 0;
+	for (size_t i = 0; i < key.len; i++)
+		plus += key.ptr[i] == '+';
+	if (plus != n - 1)
+		return -1; /* a '+' inside a value is written %2B */
+	const char *p = key.ptr, *end = key.ptr + key.len;
+	for (size_t i = 0; i < n; i++) {
+		const char *q = memchr(p, '+', (size_t)(end - p));
+		if (!q)
+			q = end;
+		char raw[RATE_MAX_OVERRIDE_KEY + 1], norm[RATE_MAX_OVERRIDE_KEY + 1];
+		struct buf rb, nb;
+		buf_init_fixed(&rb, raw, sizeof(raw));
+		buf_init_fixed(&nb, norm, sizeof(norm));
+		if ((i && buf_append_byte(b, '+') < 0) ||
+		    append_unescaped(&rb, str_make(p, (size_t)(q - p))) < 0 ||
+		    normalize_one(&sel[i], buf_str(&rb), &nb) < 0 ||
+		    append_escaped(b, buf_str(&nb)) < 0)
+			return -1;
+		p = q + 1;
+	}
+	return 0;
+}
+
 int selector_normalize_key(struct str key, char *out, void *arg)
 {
 	const struct selector_set *set = arg;
@@ -419,26 +581,24 @@ int selector_normalize_key(struct str key, char *out, void *arg)
 	char space[RATE_MAX_OVERRIDE_KEY + 1];
 	struct buf b;
 	buf_init_fixed(&b, space, sizeof(space));
-	size_t plus = 0;
-	for (size_t i = 0; i < key.len; i++)
-		plus += key.ptr[i] == '+';
-	if (set->n == 1) {
-		if (normalize_one(&set->sel[0], key, &b) < 0)
+	if (!set->alt || set->nalt <= 1) {
+		if (normalize_alt(set->sel, set->n, key, &b) < 0)
 			return -1;
-	} else if (plus == set->n - 1) {
-		const char *p = key.ptr, *end = key.ptr + key.len;
-		for (size_t i = 0; i < set->n; i++) {
-			const char *q = memchr(p, '+', (size_t)(end - p));
-			if (!q)
-				q = end;
-			if ((i && buf_append_byte(&b, '+') < 0) ||
-			    normalize_one(&set->sel[i], str_make(p, (size_t)(q - p)), &b) < 0)
-				return -1;
-			p = q + 1;
-		}
 	} else {
-		/* a '+' inside an address: keep the key as written */
-		if (buf_append_str(&b, key) < 0)
+		/* "ALTERNATIVE:key": the alternative as written in the rule */
+		size_t a;
+		char name[SELECTOR_MAX * 80];
+		for (a = 0; a < set->nalt; a++) {
+			size_t l = strlen(selector_alt_name(set, a, name, sizeof(name)));
+			if (key.len > l && key.ptr[l] == ':' && strncasecmp(key.ptr, name, l) == 0)
+				break;
+		}
+		if (a == set->nalt)
+			return -1;
+		size_t l = strlen(name);
+		if (buf_append_cstr(&b, name) < 0 || buf_append_byte(&b, ':') < 0 ||
+		    normalize_alt(&set->sel[set->alt[a]], set->alt[a + 1] - set->alt[a],
+				  str_make(key.ptr + l + 1, key.len - l - 1), &b) < 0)
 			return -1;
 	}
 	memcpy(out, b.ptr, b.len);

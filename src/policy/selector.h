@@ -1,7 +1,9 @@
 /*
  * selector -- what a rate-limit key is made of, and the transaction it is read from.
  *
- * A key spec is one or more selectors joined with '+':
+ * A key spec is one or more alternatives joined with '|' (the first whose selectors all
+ * have a value gives the key: "sasl_user|sender|client_ip"), each one selector or
+ * several joined with '+' (a compound key):
  *   client_ip[/V4[/V6]]  client_name  helo  sasl_user  sender  sender_domain
  *   rcpt  rcpt_domain  header:NAME  macro:NAME
  * The key text is the selectors' values joined with '+', normalized so that equal things
@@ -9,7 +11,11 @@
  * addresses lose their angle brackets and get a lowercased domain (the local part is kept
  * as written, RFC 5321 §2.4), the null sender is "<>" (for sender and sender_domain),
  * client_ip with a prefix gives the network ("192.0.2.0/24").  Each value is cut to
- * SELECTOR_MAX_VALUE bytes.  A selector without a value (no SASL user, no such header, a
+ * SELECTOR_MAX_VALUE bytes.  In a compound key, '%' and '+' inside a value are written
+ * "%25" and "%2B", so that two different pairs of values never give one key
+ * ("a+b@x" + "c" is "a%2Bb@x+c", "a" + "b@x+c" is "a+b@x%2Bc").  In a chain of
+ * alternatives, the key starts with the alternative that gave it and a ':'
+ * ("sasl_user:bob", "client_ip:192.0.2.7"), so that two alternatives never share a key.  A selector without a value (no SASL user, no such header, a
  * client without a verified name) makes the key -- and so the rule -- not apply.
  *
  * struct policy_txn is the protocol-neutral view of an SMTP transaction that the milter
@@ -69,9 +75,13 @@ struct policy_txn {
 	void *arg;
 };
 
-/* Parse "sender_domain+rcpt_domain" into sels[0..*ret_n).  0 or -EINVAL with err. */
+/*
+ * Parse "sasl_user|sender_domain+rcpt_domain" into sels[0..*ret_n): alternative i is
+ * sels[alt[i] .. alt[i + 1]), for i < *ret_nalt (alt holds max + 1 entries).  With alt
+ * NULL, one alternative only ('|' is refused).  0 or -EINVAL with err.
+ */
 int selector_parse_key(const char *spec, struct selector *sels, size_t max, size_t *ret_n,
-		       char *err, size_t errlen);
+		       size_t *alt, size_t *ret_nalt, char *err, size_t errlen);
 /* Parse one selector name (for except lists); prefixes are allowed on client_ip. */
 int selector_parse(struct str text, struct selector *ret, char *err, size_t errlen);
 /* "client_ip/24", "header:Subject" */
@@ -90,15 +100,30 @@ int selector_value(const struct selector *s, const struct policy_txn *t, struct 
  */
 int selector_key(const struct selector *sels, size_t n, const struct policy_txn *t,
 		 struct buf *out, const struct selector **ret_missing);
+/* The selectors of a rule's key (what selector_parse_key() gave). */
+struct selector_set {
+	const struct selector *sel;
+	size_t n;
+	const size_t *alt;  /* NULL (or nalt <= 1): one alternative, sel[0..n) */
+	size_t nalt;
+};
+/*
+ * The key of a chain into out: the first alternative whose selectors all have a value,
+ * prefixed with its name and ':' when there are several.  Returns 1 with *ret_alt (if not
+ * NULL) its index, 0 when no alternative has a value (*ret_missing: the first missing
+ * selector of the last alternative), <0 on error.
+ */
+int selector_chain_key(const struct selector_set *set, const struct policy_txn *t,
+		       struct buf *out, size_t *ret_alt, const struct selector **ret_missing);
+/* "sasl_user", "sender+rcpt_domain": alternative i of the set, as written. */
+const char *selector_alt_name(const struct selector_set *set, size_t i, char *buf, size_t len);
 /* Does the selector's value match the list (false when it has no value)? */
 bool selector_match(const struct selector *s, const struct policy_txn *t,
 		    const struct mask_list *l);
 /* Normalize an override file key for a rule with these selectors (the rate_key_normalize_fn
- * contract: arg is a struct selector_set). */
-struct selector_set {
-	const struct selector *sel;
-	size_t n;
-};
+ * contract: arg is a struct selector_set).  A compound key's parts are split at '+' and
+ * each is unescaped, normalized and escaped again; a chain's key names its alternative
+ * ("sasl_user:bob"). */
 int selector_normalize_key(struct str key, char *out, void *arg);
 
 #endif

@@ -43,6 +43,7 @@
 enum store_item_flags {
 	STORE_BLOCKING = 1u << 0,       /* a refusal by this item refuses the whole event */
 	STORE_COUNT_REJECTED = 1u << 1, /* charge even when the event is refused */
+	STORE_DISTINCT = 1u << 2,       /* count value_hash once per window (see below) */
 };
 
 struct store_item {
@@ -53,7 +54,10 @@ struct store_item {
 	const struct rate_limits *limits; /* n >= 1 windows */
 	uint64_t cost;
 	unsigned flags;     /* enum store_item_flags */
+	uint64_t block_ns;  /* STORE_CHECK, the item over its limits: stays refused this long */
+	uint64_t value_hash; /* STORE_DISTINCT: the value counted (a keyed hash, never 0) */
 	/* out */
+	bool known;         /* STORE_DISTINCT: value_hash was counted in every window */
 	bool ok;            /* every window has room for cost */
 	bool charged;       /* this decision charged cost to every window */
 	uint64_t retry_ns;  /* !ok: wait until it would conform (the largest over windows) */
@@ -76,6 +80,21 @@ enum store_mode {
  *   STORE_CHECK, event refused: only ok items with STORE_COUNT_REJECTED are charged.
  * Returns 1 if the event passes, 0 if it is refused, <0 on a store error (-ENOMEM when
  * the store cannot hold a new key even after evicting).  now is CLOCK_REALTIME ns.
+ *
+ * Blocks (a penalty box): STORE_CHECK, an item with block_ns that is not ok has each
+ * window's TAT raised to at least now + block_ns + (B - 1) * T, so that it refuses until
+ * exactly now + block_ns (its retry says so), then refills as usual.  The attempts a
+ * running block refuses do not extend it (a window holding more than its burst is
+ * blocked: charges never take it there).  Nothing else is
+ * stored: `limits show` sees used > burst while a block runs, `limits reset` ends it.
+ *
+ * Distinct values (STORE_DISTINCT): each window also remembers which values it counted,
+ * one record per (key, value, window) that lasts the window's period after the value was
+ * last seen.  In a window that remembers value_hash the item costs 0 (checked as nothing
+ * at all, not as "is there room"); in the others it costs cost.  An item that is charged
+ * (or known everywhere, when the event passes) refreshes the value's records.  So at most
+ * B + t/T new values per window get through in any interval t, and a value seen within
+ * the window passes again for free.  Distinct charges are not refunded.
  */
 struct store_top_entry;
 struct store_stats;
@@ -380,6 +399,8 @@ struct gcra_result {
 };
 void gcra_check(const struct rate_window *w, uint64_t tat, uint64_t now, uint64_t cost,
 		struct gcra_result *ret);
+/* The TAT that keeps a window refusing for block_ns from now (see "Blocks" above). */
+uint64_t gcra_block_tat(const struct rate_window *w, uint64_t now, uint64_t block_ns);
 /* The emission interval T = ceil(period / count), in ns. */
 uint64_t gcra_interval(const struct rate_window *w);
 /* TAT after giving back cost units. */

@@ -161,6 +161,25 @@ static uint64_t rec_hash(uint64_t key_hash, unsigned index, const struct rate_wi
 	return h ? h : 1;
 }
 
+/* The record that remembers value_hash in window `index` of a distinct (rule, key): as
+ * rec_hash(), in the key's shard, mixed with the value (and a constant of its own, so it
+ * never names a window's TAT). */
+static uint64_t seen_hash(uint64_t key_hash, uint64_t value_hash, unsigned index,
+			  const struct rate_window *w)
+{
+	uint64_t h = mum(rec_hash(key_hash, index, w) ^ 0x2d358dccaa6c78a5ull,
+			 value_hash ^ 0x8bb84b93962eacc9ull);
+	h = (h & ~SHARD_HASH_MASK) | (key_hash & SHARD_HASH_MASK);
+	return h ? h : 1;
+}
+
+/* Records an item reads: one per window, and for a distinct item one more per window
+ * (the value's). */
+static inline unsigned item_recs(const struct store_item *it)
+{
+	return it->limits->n * ((it->flags & STORE_DISTINCT) ? 2u : 1u);
+}
+
 static inline uint64_t xorshift(uint64_t *s)
 {
 	uint64_t x = *s;
@@ -304,7 +323,9 @@ static bool rec_protected(uint64_t h, const struct store_item *items, size_t n)
 		if (shard_of(it->key_hash) != shard_of(h))
 			continue;
 		for (unsigned j = 0; j < it->limits->n; j++)
-			if (rec_hash(it->key_hash, j, &it->limits->w[j]) == h)
+			if (rec_hash(it->key_hash, j, &it->limits->w[j]) == h ||
+			    ((it->flags & STORE_DISTINCT) &&
+			     seen_hash(it->key_hash, it->value_hash, j, &it->limits->w[j]) == h))
 				return true;
 	}
 	return false;
@@ -528,26 +549,75 @@ static inline bool item_charges(const struct store_item *it, bool pass)
 }
 
 /*
- * What phase 1 of a decision learnt about one (item, window); up to SCRATCH_STACK of them
- * live on the stack.
+ * What phase 1 of a decision learnt about one record of an item (a window's TAT, or a
+ * distinct value's record in a window); up to SCRATCH_STACK of them live on the stack.
  */
+enum rec_write {
+	WRITE_NONE = 0,
+	WRITE_CHARGE,   /* a window's TAT: charge cost */
+	WRITE_RAISE,    /* set to at least new_tat: a block, a value's record */
+};
+
 struct scratch {
 	uint64_t hash;
 	uint64_t tat;       /* as read; 0 when the record did not exist */
-	uint64_t new_tat;   /* gcra_check's, if charged */
+	uint64_t new_tat;   /* what the write leaves (gcra_check's if charged) */
 	uint64_t used;      /* gcra_check's: after charging if ok, else now */
+	uint64_t cost;      /* a window's cost in this decision (0: the value is known) */
 	long slot;          /* where phase 1 found it, or -1 */
 	bool ok;
+	uint8_t write;      /* enum rec_write, planned once the event's fate is known */
 };
 
 #define SCRATCH_STACK 16
 
 /*
- * Charge the items the rules of store.h select.  First every record that does not exist
- * yet is paid for (the count against max_keys, eviction, table growth), then the TATs
- * move: a failure can only happen before the first charge.  A record still as phase 1
- * read it takes phase 1's result; one that changed since (the same (key, window) twice in
- * a batch) is charged on top of what it holds now.
+ * What each record of a decided batch gets written (mode STORE_CHECK): the charges the
+ * rules of store.h select, the blocks of the items over their limits, the values' records
+ * of the distinct items that went through.
+ */
+static void plan_writes(struct store_item *items, size_t n, bool pass, uint64_t now,
+			struct scratch *sc)
+{
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++) {
+		struct store_item *it = &items[i];
+		unsigned wn = it->limits->n;
+		bool charges = item_charges(it, pass);
+		bool distinct = it->flags & STORE_DISTINCT;
+		/* a block already running is not extended by the attempts it refuses */
+		bool blocked = false;
+		for (unsigned j = 0; j < wn; j++)
+			blocked |= gcra_used(&it->limits->w[j], sc[k + j].tat, now) >
+				   it->limits->w[j].burst;
+		for (unsigned j = 0; j < wn; j++) {
+			struct scratch *x = &sc[k + j];
+			const struct rate_window *w = &it->limits->w[j];
+			x->write = WRITE_NONE;
+			if (charges && x->cost) {
+				x->write = WRITE_CHARGE;
+			} else if (!it->ok && it->block_ns && !blocked) {
+				x->write = WRITE_RAISE;
+				x->new_tat = gcra_block_tat(w, now, it->block_ns);
+			}
+			if (distinct) {
+				/* the value's record: refreshed whenever the item goes through */
+				struct scratch *v = &sc[k + wn + j];
+				v->write = charges || (it->ok && pass && it->known) ? WRITE_RAISE
+										     : WRITE_NONE;
+				v->new_tat = now + w->period_ns < now ? UINT64_MAX : now + w->period_ns;
+			}
+		}
+		k += item_recs(it);
+	}
+}
+
+/*
+ * Write what plan_writes() planned.  First every record that does not exist yet is paid
+ * for (the count against max_keys, eviction, table growth), then the records change: a
+ * failure can only happen before the first write.  A record still as phase 1 read it
+ * takes phase 1's result; one that changed since (the same record twice in a batch) is
+ * charged on top of what it holds now.
  */
 static int charge(struct store_memory *m, struct store_item *items, size_t n, bool pass,
 		  uint64_t now, uint64_t held, const struct scratch *sc)
@@ -557,15 +627,14 @@ static int charge(struct store_memory *m, struct store_item *items, size_t n, bo
 	size_t k = 0;
 	for (size_t i = 0; i < n; i++) {
 		const struct store_item *it = &items[i];
-		unsigned wn = it->limits->n;
-		if (item_charges(it, pass) && it->cost)
-			for (unsigned j = 0; j < wn; j++)
-				if (sc[k + j].slot < 0) {
-					if (!missing)
-						home = shard_of(it->key_hash);
-					missing++;
-				}
-		k += wn;
+		unsigned rn = item_recs(it);
+		for (unsigned j = 0; j < rn; j++)
+			if (sc[k + j].write && sc[k + j].slot < 0) {
+				if (!missing)
+					home = shard_of(it->key_hash);
+				missing++;
+			}
+		k += rn;
 	}
 	if (missing) {
 		uint64_t old = atomic_fetch_add(&m->total, missing);
@@ -586,12 +655,11 @@ static int charge(struct store_memory *m, struct store_item *items, size_t n, bo
 			k = 0;
 			for (size_t i = 0; i < n; i++) {
 				const struct store_item *it = &items[i];
-				unsigned wn = it->limits->n;
-				if (shard_of(it->key_hash) == si && item_charges(it, pass) &&
-				    it->cost)
-					for (unsigned j = 0; j < wn; j++)
-						need += sc[k + j].slot < 0;
-				k += wn;
+				unsigned rn = item_recs(it);
+				if (shard_of(it->key_hash) == si)
+					for (unsigned j = 0; j < rn; j++)
+						need += sc[k + j].write && sc[k + j].slot < 0;
+				k += rn;
 			}
 			if (need && shard_reserve(&m->shards[si], m->shards[si].count + need) < 0) {
 				atomic_fetch_sub(&m->total, missing);
@@ -603,30 +671,26 @@ static int charge(struct store_memory *m, struct store_item *items, size_t n, bo
 	k = 0;
 	for (size_t i = 0; i < n; i++) {
 		struct store_item *it = &items[i];
-		unsigned wn = it->limits->n;
-		if (!item_charges(it, pass)) {
-			k += wn;
-			continue;
-		}
-		it->charged = true;
-		if (!it->cost) {
-			k += wn;
-			continue;
-		}
+		unsigned wn = it->limits->n, rn = item_recs(it);
+		it->charged = item_charges(it, pass);
 		struct shard *sh = &m->shards[shard_of(it->key_hash)];
-		for (unsigned j = 0; j < wn; j++, k++) {
+		for (unsigned j = 0; j < rn; j++, k++) {
 			const struct scratch *x = &sc[k];
+			if (!x->write)
+				continue;
 			/* where phase 1 found it, unless eviction or growth moved things since */
 			long slot = x->slot;
 			if (slot < 0 || (size_t)slot > sh->mask || sh->slots[slot].hash != x->hash)
 				slot = shard_find(sh, x->hash);
+			uint64_t cur = slot >= 0 ? sh->slots[slot].tat : 0;
 			uint64_t new_tat = x->new_tat, used = x->used;
-			bool same = slot >= 0 ? x->slot >= 0 && sh->slots[slot].tat == x->tat
-					      : x->slot < 0;
-			if (!same) {
+			if (x->write == WRITE_RAISE) {
+				if (cur > new_tat)
+					new_tat = cur;
+			} else if (slot >= 0 ? x->slot < 0 || cur != x->tat : x->slot >= 0) {
 				const struct rate_window *w = &it->limits->w[j];
 				struct gcra_result r;
-				gcra_check(w, slot >= 0 ? sh->slots[slot].tat : 0, now, it->cost, &r);
+				gcra_check(w, cur, now, x->cost, &r);
 				new_tat = r.new_tat;
 				used = gcra_used(w, new_tat, now);
 			}
@@ -636,10 +700,11 @@ static int charge(struct store_memory *m, struct store_item *items, size_t n, bo
 				shard_insert(sh, x->hash, new_tat);
 				inserted++;
 			}
-			it->used[j] = used;
+			if (j < wn && x->write == WRITE_CHARGE)
+				it->used[j] = used;
 		}
 	}
-	/* an (item, window) given twice in one batch was counted twice */
+	/* a record given twice in one batch was counted twice */
 	if (missing > inserted)
 		atomic_fetch_sub(&m->total, missing - inserted);
 	return 0;
@@ -654,7 +719,7 @@ static void note_hot(struct store_memory *m, const struct store_item *items, siz
 		const struct store_item *it = &items[i];
 		unsigned wn = it->limits->n;
 		size_t k0 = k;
-		k += wn;
+		k += item_recs(it);
 		bool hot = !it->ok;
 		for (unsigned j = 0; j < wn && !hot; j++) {
 			uint64_t b = it->limits->w[j].burst;
@@ -687,7 +752,7 @@ static int decide_batch(struct store_memory *m, struct store_item *items, size_t
 		}
 		if (items[i].limits->n) {
 			held |= 1ull << shard_of(items[i].key_hash);
-			windows += items[i].limits->n;
+			windows += item_recs(&items[i]);
 		}
 	}
 	struct scratch sc_stack[SCRATCH_STACK];
@@ -703,10 +768,17 @@ static int decide_batch(struct store_memory *m, struct store_item *items, size_t
 	for (size_t i = 0; i < n; i++) {
 		const struct store_item *it = &items[i];
 		const struct shard *sh = &m->shards[shard_of(it->key_hash)];
-		for (unsigned j = 0; j < it->limits->n; j++, k++) {
+		unsigned wn = it->limits->n;
+		for (unsigned j = 0; j < wn; j++, k++) {
 			sc[k].hash = rec_hash(it->key_hash, j, &it->limits->w[j]);
 			shard_prefetch(sh, sc[k].hash);
 		}
+		if (it->flags & STORE_DISTINCT)
+			for (unsigned j = 0; j < wn; j++, k++) {
+				sc[k].hash = seen_hash(it->key_hash, it->value_hash, j,
+						       &it->limits->w[j]);
+				shard_prefetch(sh, sc[k].hash);
+			}
 	}
 
 	lock_shards(m, held);
@@ -716,16 +788,36 @@ static int decide_batch(struct store_memory *m, struct store_item *items, size_t
 	for (size_t i = 0; i < n; i++) {
 		struct store_item *it = &items[i];
 		struct shard *sh = &m->shards[shard_of(it->key_hash)];
+		unsigned wn = it->limits->n;
+		bool distinct = it->flags & STORE_DISTINCT;
 		it->ok = true;
 		it->charged = false;
+		it->known = distinct && wn;
 		it->retry_ns = 0;
 		memset(it->used, 0, sizeof(it->used));
-		for (unsigned j = 0; j < it->limits->n; j++, k++) {
-			struct scratch *x = &sc[k];
+		for (unsigned j = 0; j < wn; j++) {
+			struct scratch *x = &sc[k + j];
 			x->slot = shard_find(sh, x->hash);
 			x->tat = x->slot >= 0 ? sh->slots[x->slot].tat : 0;
+			x->cost = it->cost;
+			if (distinct) {
+				struct scratch *v = &sc[k + wn + j];
+				v->slot = shard_find(sh, v->hash);
+				v->tat = v->slot >= 0 ? sh->slots[v->slot].tat : 0;
+				v->ok = true;
+				v->cost = 0;
+				if (v->tat > now)
+					x->cost = 0; /* the value is counted in this window */
+				else
+					it->known = false;
+			}
 			struct gcra_result r;
-			gcra_check(&it->limits->w[j], x->tat, now, it->cost, &r);
+			if (distinct && x->cost == 0) {
+				r = (struct gcra_result){ .ok = true, .new_tat = x->tat,
+							  .used = gcra_used(&it->limits->w[j], x->tat, now) };
+			} else {
+				gcra_check(&it->limits->w[j], x->tat, now, x->cost, &r);
+			}
 			x->new_tat = r.new_tat;
 			x->used = r.used;
 			x->ok = r.ok;
@@ -735,27 +827,30 @@ static int decide_batch(struct store_memory *m, struct store_item *items, size_t
 					it->retry_ns = r.retry_ns;
 			}
 		}
+		k += item_recs(it);
 		if (!it->ok && (it->flags & STORE_BLOCKING))
 			pass = false;
 	}
 	int rc = 0;
-	if (mode == STORE_CHECK)
+	if (mode == STORE_CHECK) {
+		plan_writes(items, n, pass, now, sc);
 		rc = charge(m, items, n, pass, now, held, sc);
+	}
 	/* used[] of what was not charged: the state as it is */
 	bool any_hot = false;
 	k = 0;
 	for (size_t i = 0; i < n; i++) {
 		struct store_item *it = &items[i];
 		unsigned wn = it->limits->n;
-		bool as_is = !it->charged || !it->cost;
 		any_hot |= !it->ok;
-		for (unsigned j = 0; j < wn; j++, k++) {
-			const struct scratch *x = &sc[k];
+		for (unsigned j = 0; j < wn; j++) {
+			const struct scratch *x = &sc[k + j];
 			const struct rate_window *w = &it->limits->w[j];
-			if (as_is)
+			if (x->write != WRITE_CHARGE || mode != STORE_CHECK || rc < 0)
 				it->used[j] = x->ok ? gcra_used(w, x->tat, now) : x->used;
 			any_hot |= it->used[j] >= w->burst - w->burst / 2;
 		}
+		k += item_recs(it);
 	}
 	if (mode == STORE_CHECK) {
 		if (rc < 0)
@@ -838,7 +933,8 @@ static int memory_decide(void *ctx, struct store_item *items, size_t n, enum sto
 {
 	struct store_memory *m = ctx;
 	if (n == 1 && items[0].limits && items[0].limits->n &&
-	    items[0].limits->n <= RATE_MAX_WINDOWS)
+	    items[0].limits->n <= RATE_MAX_WINDOWS && !items[0].block_ns &&
+	    !(items[0].flags & STORE_DISTINCT))
 		return decide_one(m, items, mode, now);
 	return decide_batch(m, items, n, mode, now);
 }

@@ -424,7 +424,8 @@ static const struct {
 	  "t.conf:4: limit \"a\".count: count = connections needs stage = connect or helo" },
 	{ "limit \"a\" {\n  stage = connect;\n  key = client_ip;\n  count = messages;\n"
 	  "  rate = 10/1m;\n}\n",
-	  "t.conf:4: limit \"a\".count: stage connect can only count connections" },
+	  "t.conf:4: limit \"a\".count: stage connect can only count connections, sessions or "
+	  "distinct values" },
 	{ "limit \"a\" {\n  stage = mail;\n  key = sender;\n  count = recipients;\n"
 	  "  rate = 10/1m;\n}\n",
 	  "t.conf:4: limit \"a\".count: recipients are known from stage rcpt on" },
@@ -470,8 +471,8 @@ static const struct {
 	  "  action = tag;\n}\n",
 	  "t.conf:5: limit \"a\".action: tag acts on a message: it needs stage mail or later" },
 	{ "limit \"a\" {\n  stage = rcpt;\n  key = rcpt;\n  rate = 10/1m;\n  action = bounce;\n}\n",
-	  "t.conf:5: limit \"a\".action: 'bounce' is not one of: warn, tag, quarantine, discard, "
-	  "tempfail, reject" },
+	  "t.conf:5: limit \"a\".action: 'bounce' is not one of: warn, delay, tag, quarantine, "
+	  "discard, tempfail, reject" },
 	{ "limit \"a\" { stage = rcpt; key = rcpt; rate = 10/1m; }\n"
 	  "limit \"b\" { stage = mail; key = sender; rate = 10/1m; }\n"
 	  "limit \"a\" { stage = mail; key = sender; rate = 10/1m; }\n",
@@ -696,8 +697,11 @@ static void test_strictest_wins(void **state)
 static void test_action_order(void **state)
 {
 	(void)state;
-	static const char *const acts[] = { "warn", "tag", "quarantine", "discard", "tempfail",
-					    "reject" };
+	static const char *const acts[] = { "warn", "delay; delay = 1ms", "tag", "quarantine",
+					    "discard", "tempfail", "reject" };
+	static const enum policy_action codes[] = { POLICY_WARN, POLICY_DELAY, POLICY_TAG,
+						    POLICY_QUARANTINE, POLICY_DISCARD,
+						    POLICY_TEMPFAIL, POLICY_REJECT };
 	for (size_t i = 0; i < ARRAY_SIZE(acts); i++)
 		for (size_t j = 0; j < ARRAY_SIZE(acts); j++) {
 			if (i == j)
@@ -718,7 +722,7 @@ static void test_action_order(void **state)
 			policy_msg_end(e.p, &m, true, T0);
 			struct run r;
 			run(&e, &x, POLICY_MAIL, &m, STORE_CHECK, T0, &r);
-			enum policy_action want = (enum policy_action)((i > j ? i : j) + 1);
+			enum policy_action want = codes[i > j ? i : j];
 			if (r.d.action != want)
 				fail_msg("%s vs %s: got %s", acts[i], acts[j],
 					 policy_action_name(r.d.action));
@@ -974,9 +978,10 @@ static void tmp_remove(struct tmpdir *t)
 static const struct rate_limits *limits_for(struct env *e, const char *rule, const char *key,
 					    bool *ret_ov)
 {
+	static struct rate_limits copy; /* valid until the next call */
 	const struct policy_rule *r = policy_rule_find(e->p, rule);
 	assert_non_null(r);
-	return policy_rule_limits(r, str_cstr(key), ret_ov);
+	return policy_rule_limits(r, str_cstr(key), &copy, ret_ov) ? &copy : NULL;
 }
 
 static void test_overrides(void **state)
@@ -1555,6 +1560,111 @@ static void test_worker_threads(void **state)
 	env_free(&e);
 }
 
+/* Overrides files reloaded back to back while threads decide: each reload retires the
+ * table that workers may be reading, and reloads come microseconds apart, so a table
+ * freed under a reader is a use after free that ASan reports (the sanitizer build); the
+ * limits read must always be those of a whole table (the other build). */
+#define STRESS_DECIDERS 3
+#define STRESS_RELOAD_NS (1200 * 1000000ULL)
+
+struct reload_stress {
+	struct env *e;
+	_Atomic bool stop;
+	_Atomic unsigned long decisions, bad;
+};
+
+static void *reload_stress_decide(void *arg)
+{
+	struct reload_stress *rs = arg;
+	static const char *const rcpts[] = { "<u@k0.example>", "<u@k1.example>",
+					     "<u@k9.example>", "<u@zero.example>",
+					     "<u@other.example>" };
+	unsigned long n = 0;
+	while (!rs->stop) {
+		struct tx x = { .sender = "", .rcpt = rcpts[n % ARRAY_SIZE(rcpts)] };
+		struct policy_rule_result res[1];
+		struct policy_decision d;
+		memset(&d, 0, sizeof(d));
+		d.results = res;
+		d.max_results = 1;
+		struct policy_txn t = txn_of(&x);
+		policy_check(rs->e->p, &t, POLICY_RCPT, NULL, STORE_CHECK, T0, &d);
+		/* every table's windows are "C/1m, C/1h" with C in [100, 196]; else the
+		 * rule's own 1000000/1m */
+		const struct rate_limits *l = &res[0].limits;
+		if (d.nresults != 1)
+			rs->bad++;
+		else if (res[0].state == POLICY_RULE_UNLIMITED)
+			rs->bad += !res[0].overridden;
+		else if (res[0].overridden)
+			rs->bad += l->n != 2 || l->w[0].count < 100 || l->w[0].count > 196 ||
+				   l->w[1].count != l->w[0].count;
+		else
+			rs->bad += l->n != 1 || l->w[0].count != 1000000;
+		n++;
+	}
+	rs->decisions += n;
+	return NULL;
+}
+
+static void test_overrides_reload_stress(void **state)
+{
+	(void)state;
+	struct tmpdir td;
+	tmp_make(&td, "stress.limits");
+	write_file(td.file, "k0.example 100/1m, 100/1h\n", 1700000000);
+	char text[512];
+	snprintf(text, sizeof(text),
+		 "limit \"dom\" { stage = rcpt; key = rcpt_domain; rate = 1000000/1m;\n"
+		 "  overrides = \"%s\"; }\n",
+		 td.file);
+	struct env e;
+	env_load(&e, text);
+	struct reload_stress rs = { .e = &e };
+	pthread_t th[STRESS_DECIDERS];
+	for (size_t i = 0; i < STRESS_DECIDERS; i++)
+		assert_int_equal(pthread_create(&th[i], NULL, reload_stress_decide, &rs), 0);
+
+	struct buf err;
+	buf_init(&err, 4096);
+	unsigned long reloads = 0;
+	struct timespec now;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	uint64_t end = (uint64_t)now.tv_sec * SEC + (uint64_t)now.tv_nsec + STRESS_RELOAD_NS;
+	for (unsigned i = 1;; i++) {
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if ((uint64_t)now.tv_sec * SEC + (uint64_t)now.tv_nsec >= end)
+			break;
+		/* 2 to 41 keys: the size changes at every write (and so does the mtime) */
+		char file[4096];
+		size_t len = 0;
+		unsigned c = 100 + i % 97;
+		for (unsigned k = 0; k < 2 + i % 40; k++)
+			len += (size_t)snprintf(file + len, sizeof(file) - len,
+						"k%u.example %u/1m, %u/1h\n", k, c, c);
+		if (i % 2)
+			snprintf(file + len, sizeof(file) - len, "zero.example 0\n");
+		write_file(td.file, file, 1700000000 + (time_t)i);
+		assert_int_equal(policy_reload_overrides(e.p, &err), 1);
+		assert_int_equal(err.len, 0);
+		reloads++;
+	}
+	rs.stop = true;
+	for (size_t i = 0; i < STRESS_DECIDERS; i++)
+		assert_int_equal(pthread_join(th[i], NULL), 0);
+	/* nothing changed: nothing reloaded, and the last retired tables are freed */
+	assert_int_equal(policy_reload_overrides(e.p, &err), 0);
+	print_message("overrides reload stress: %lu reloads, %lu decisions by %d threads, "
+		      "%lu bad\n", reloads, (unsigned long)rs.decisions, STRESS_DECIDERS,
+		      (unsigned long)rs.bad);
+	assert_int_equal(rs.bad, 0);
+	assert_true(reloads > 0);
+	assert_true(rs.decisions > 0);
+	buf_done(&err);
+	env_free(&e);
+	tmp_remove(&td);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1579,6 +1689,7 @@ int main(void)
 		cmocka_unit_test(test_results_bounded),
 		cmocka_unit_test(test_decision_lines_and_counters),
 		cmocka_unit_test(test_worker_threads),
+		cmocka_unit_test(test_overrides_reload_stress),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
