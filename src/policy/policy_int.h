@@ -1,9 +1,10 @@
 /*
  * policy_int -- the rooms of the policy module and what they share.
  *
- *   policy_rule.c  loading a rule set (limit and class blocks), its accessors, and the
- *                  overrides files' tables (read by workers, swapped by the main thread)
- *   policy_overrides.c  the overrides files' tables (read at load, re-read on change)
+ *   policy_rule.c  loading a rule set (limit and class blocks), its accessors
+ *   policy_overrides.c  the overrides files' tables (read by workers inside an ebr
+ *                  section, swapped and retired by the main thread, see there)
+ *   sessions.c     the counters of sessions rules (one registry, across rule sets)
  *   policy.c       decisions: a stage's rules into one store batch, the verdict, the
  *                  message's ledger and refunds, the log lines; host classes' slots
  *

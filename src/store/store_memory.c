@@ -946,12 +946,15 @@ static void memory_refund(void *ctx, const struct store_item *items, size_t n, u
 	struct store_memory *m = ctx;
 	uint64_t held = 0;
 	for (size_t i = 0; i < n; i++)
-		if (items[i].charged && items[i].cost && limits_valid(items[i].limits))
+		if (items[i].charged && items[i].cost && limits_valid(items[i].limits) &&
+		    !(items[i].flags & STORE_DISTINCT))
 			held |= 1ull << shard_of(items[i].key_hash);
 	lock_shards(m, held);
 	for (size_t i = 0; i < n; i++) {
 		const struct store_item *it = &items[i];
-		if (!it->charged || !it->cost || !limits_valid(it->limits))
+		/* a distinct value stays counted (store.h) */
+		if (!it->charged || !it->cost || !limits_valid(it->limits) ||
+		    (it->flags & STORE_DISTINCT))
 			continue;
 		struct shard *sh = &m->shards[shard_of(it->key_hash)];
 		for (unsigned j = 0; j < it->limits->n; j++) {

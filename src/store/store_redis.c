@@ -327,13 +327,34 @@ void rreq_fail(struct rreq *r, int err)
 /* ---- decisions ------------------------------------------------------------------------ */
 
 /* Elements of a decision's part of gcra.lua's reply: pass, then per item ok, charged,
- * retry, used per window. */
+ * retry, used per window, and known for a distinct item. */
 static size_t decide_reply_len(const struct store_call *call)
 {
 	size_t k = 1;
 	for (size_t i = 0; i < call->n; i++)
-		k += 3 + call->items[i].limits->n;
+		k += 3 + call->items[i].limits->n + !!(call->items[i].flags & STORE_DISTINCT);
 	return k;
+}
+
+size_t redis_call_keys(const struct store_call *call)
+{
+	size_t k = call->n;
+	for (size_t i = 0; i < call->n; i++)
+		k += !!(call->items[i].flags & STORE_DISTINCT);
+	return k;
+}
+
+/* The sorted set of a distinct item's values: its key's name and ":v" (the same hash
+ * tag, so the same slot). */
+static int add_values_key(struct argv_buf *a, const struct rstore *st, const struct store_item *it)
+{
+	if (add_key(a, st, it->rule, it->limits, it->key_hash) < 0 || a->size - a->used < 2)
+		return -ENOBUFS;
+	/* the name just committed grows in place: its NUL is the text's last byte */
+	memcpy(a->text + a->used - 1, ":v", 3);
+	a->len[a->n - 1] += 2;
+	a->used += 2;
+	return 0;
 }
 
 int redis_send_decisions(struct redis_conn *c, struct rreq **q, size_t n, bool eval, bool asking)
@@ -342,10 +363,10 @@ int redis_send_decisions(struct redis_conn *c, struct rreq **q, size_t n, bool e
 	size_t keys = 0, args = 0, text = 256;
 	for (size_t d = 0; d < n; d++) {
 		const struct store_call *call = q[d]->call;
-		keys += call->n;
+		keys += redis_call_keys(call);
 		args += 2;
 		for (size_t i = 0; i < call->n; i++) {
-			args += 3 + 2 * (size_t)call->items[i].limits->n;
+			args += 5 + 3 * (size_t)call->items[i].limits->n;
 			text += call->items[i].rule.len + strlen(st->prefix) + 24 +
 				(size_t)call->items[i].limits->n * 88;
 		}
@@ -360,10 +381,14 @@ int redis_send_decisions(struct redis_conn *c, struct rreq **q, size_t n, bool e
 		argv_script_head(&a, SC_GCRA, eval, keys);
 	for (size_t d = 0; d < n; d++) {
 		const struct store_call *call = q[d]->call;
-		for (size_t i = 0; i < call->n; i++)
+		for (size_t i = 0; i < call->n; i++) {
 			if (add_key(&a, st, call->items[i].rule, call->items[i].limits,
 				    call->items[i].key_hash) < 0)
 				goto overflow;
+			if (!reset && (call->items[i].flags & STORE_DISTINCT) &&
+			    add_values_key(&a, st, &call->items[i]) < 0)
+				goto overflow;
+		}
 	}
 	if (!reset) {
 		argv_add_bytes(&a, "", 0);
@@ -378,12 +403,22 @@ int redis_send_decisions(struct redis_conn *c, struct rreq **q, size_t n, bool e
 			argv_add_u64(&a, call->n);
 			for (size_t i = 0; i < call->n; i++) {
 				const struct store_item *it = &call->items[i];
+				bool distinct = it->flags & STORE_DISTINCT;
+				bool block = it->block_ns && call->mode == STORE_CHECK;
 				argv_add_u64(&a, it->cost);
-				argv_add_u64(&a, it->flags & (STORE_BLOCKING | STORE_COUNT_REJECTED));
+				argv_add_u64(&a, (it->flags & (STORE_BLOCKING | STORE_COUNT_REJECTED)) |
+						 (distinct ? 4u : 0u) | (block ? 8u : 0u));
 				argv_add_u64(&a, it->limits->n);
+				if (distinct)
+					argv_add_u64(&a, it->value_hash);
+				if (block)
+					argv_add_u64(&a, it->block_ns);
 				for (unsigned j = 0; j < it->limits->n; j++) {
 					argv_add_u64(&a, gcra_interval(&it->limits->w[j]));
 					if (argv_add_u64(&a, it->limits->w[j].burst) < 0)
+						goto overflow;
+					if (distinct &&
+					    argv_add_u64(&a, it->limits->w[j].period_ns / 1000000ULL) < 0)
 						goto overflow;
 				}
 			}
@@ -421,7 +456,8 @@ static int parse_decide_part(redisReply *const *el, size_t nel, struct store_ite
 	for (size_t i = 0; i < n; i++) {
 		struct store_item *it = &items[i];
 		unsigned nw = it->limits->n <= RATE_MAX_WINDOWS ? it->limits->n : RATE_MAX_WINDOWS;
-		if (k > nel || nel - k < 3 + (size_t)nw)
+		bool distinct = it->flags & STORE_DISTINCT;
+		if (k > nel || nel - k < 3 + (size_t)nw + distinct)
 			return -EPROTO;
 		it->ok = reply_u64(el[k]) != 0;
 		it->charged = reply_u64(el[k + 1]) != 0;
@@ -429,6 +465,7 @@ static int parse_decide_part(redisReply *const *el, size_t nel, struct store_ite
 		k += 3;
 		for (unsigned j = 0; j < nw; j++)
 			it->used[j] = reply_u64(el[k++]);
+		it->known = distinct && reply_u64(el[k++]) != 0;
 		/* a reply that contradicts itself is not believed */
 		if (it->charged && !it->ok)
 			return -EPROTO;
@@ -658,12 +695,14 @@ static int join_finish(struct djoin *j)
 			struct store_item *it = &j->items[at];
 			if (all != 1 && it->charged &&
 			    (all < 0 || !(it->flags & STORE_COUNT_REJECTED))) {
+				/* XXX a distinct value stays counted (refund_some skips it) */
 				if (nback < 64)
 					back[nback++] = *it;
 				it->charged = false;
 			}
 			struct store_item *dst = &parent->items[j->index[at]];
 			dst->ok = it->ok;
+			dst->known = it->known;
 			dst->charged = it->charged;
 			dst->retry_ns = it->retry_ns;
 			memcpy(dst->used, it->used, sizeof(dst->used));
@@ -820,12 +859,18 @@ static void send_other(struct rstore *st, struct rloop *l, struct argv_buf *a, e
 }
 
 /* refund.lua over items[0..n) that charged (all in one slot on a cluster). */
+/* Is this item's charge given back by a refund?  Not a distinct value's (store.h). */
+static inline bool refundable(const struct store_item *it)
+{
+	return it->charged && it->cost && !(it->flags & STORE_DISTINCT);
+}
+
 static void refund_some(struct rstore *st, struct rloop *l, const struct store_item *items,
 			size_t n)
 {
 	size_t nk = 0, text = 256, args = 8;
 	for (size_t i = 0; i < n; i++)
-		if (items[i].charged && items[i].cost) {
+		if (refundable(&items[i])) {
 			nk++;
 			args += 3 + items[i].limits->n;
 			text += items[i].rule.len + strlen(st->prefix) + 24 +
@@ -839,14 +884,14 @@ static void refund_some(struct rstore *st, struct rloop *l, const struct store_i
 	int bad = argv_script_head(&a, SC_REFUND, false, nk);
 	uint16_t slot = 0;
 	for (size_t i = 0; i < n; i++)
-		if (items[i].charged && items[i].cost) {
+		if (refundable(&items[i])) {
 			bad |= add_key(&a, st, items[i].rule, items[i].limits, items[i].key_hash);
 			slot = item_slot(items[i].key_hash);
 		}
 	bad |= argv_add_bytes(&a, "", 0);
 	bad |= argv_add_u64(&a, nk);
 	for (size_t i = 0; i < n; i++) {
-		if (!items[i].charged || !items[i].cost)
+		if (!refundable(&items[i]))
 			continue;
 		bad |= argv_add_u64(&a, items[i].cost);
 		bad |= argv_add_u64(&a, items[i].limits->n);

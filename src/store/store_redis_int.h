@@ -82,6 +82,9 @@ int argv_add_u64(struct argv_buf *a, uint64_t v);
 int argv_add(struct argv_buf *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int argv_add_bytes(struct argv_buf *a, const char *p, size_t n);
 char *argv_room(struct argv_buf *a, size_t n);
+/* The keys a decision names in gcra.lua (two for a distinct item). */
+struct store_call;
+size_t redis_call_keys(const struct store_call *call);
 int argv_commit(struct argv_buf *a, size_t n);
 /* EVALSHA sha nkeys, or EVAL text nkeys */
 int argv_script_head(struct argv_buf *a, enum script_id sc, bool eval, uint64_t nkeys);

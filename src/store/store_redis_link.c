@@ -1151,7 +1151,7 @@ static void on_flush(evutil_socket_t fd, short what, void *arg)
 				 r->call->mode != STORE_RESET;
 		/* the batch so far goes when r cannot join it */
 		if (nb && (!r || !batchable || c != bc || (l->st->cluster && r->slot != bslot) ||
-			   nb == REDIS_BATCH_DECISIONS || keys + r->call->n > REDIS_BATCH_KEYS)) {
+			   nb == REDIS_BATCH_DECISIONS || keys + redis_call_keys(r->call) > REDIS_BATCH_KEYS)) {
 			if (redis_send_decisions(bc, batch, nb, false, false) < 0)
 				for (size_t i = 0; i < nb; i++) {
 					rreq_fail(batch[i], -EAGAIN);
@@ -1163,7 +1163,7 @@ static void on_flush(evutil_socket_t fd, short what, void *arg)
 			break;
 		if (batchable) {
 			batch[nb++] = r;
-			keys += r->call->n;
+			keys += redis_call_keys(r->call);
 			bc = c;
 			bslot = r->slot;
 			continue;

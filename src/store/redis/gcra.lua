@@ -7,15 +7,21 @@
 -- and the charge of a batch; the decisions of one call are taken in order, each seeing
 -- what the ones before it charged.
 --
--- KEYS: one per item, over every decision of the call in order: the item's (rule, key),
---   which holds the TATs of all its windows, in the windows' order, separated by spaces.
+-- KEYS: per item, over every decision of the call in order: the item's (rule, key), which
+--   holds the TATs of all its windows, in the windows' order, separated by spaces; for a
+--   distinct item (flag 4) then its values' sorted set (member "J:VALUE", score the
+--   expiry in ms of VALUE in window J).
 -- ARGV: now, D (the number of decisions); then per decision: mode ("check" | "peek"),
---   n items; then per item: cost, flags, nwin; then per window: T (the emission interval
---   in ns, ceil(period / count)), burst.
+--   n items; then per item: cost, flags, nwin, [VALUE if flag 4], [block_ns if flag 8];
+--   then per window: T (the emission interval in ns, ceil(period / count)), burst, and
+--   with flag 4 the window's period in ms.
 --   flags: 1 = blocking (its refusal refuses the decision), 2 = count rejected (charged
---   even when the decision is refused).
+--   even when the decision is refused), 4 = distinct (a window that remembers VALUE
+--   costs 0 and is not checked), 8 = block (over its limits in a check: each window
+--   refuses for block_ns, unless a block runs already).
 -- Reply: per decision { pass, then per item: ok, charged, retry_ns (a decimal string),
---   used per window }, all decisions one after the other in one flat array.
+--   used per window, and with flag 4 known (1: VALUE is remembered in every window) },
+--   all decisions one after the other in one flat array.
 --
 -- Cost on the server: TIME and one MGET for the whole call, then one SET per key
 -- charged; a call of many decisions pays the script's own overhead once.
@@ -30,7 +36,9 @@
 --
 -- Invariants: a key holds TATs only while one of them is ahead of now (its PX ends one
 -- second after the last passes, when it says nothing); this script writes a TAT only as
--- max(TAT, now) + cost*T, in a decision that charged (refund.lua only lowers one).
+-- max(TAT, now) + cost*T, in a decision that charged, or raises one to a block's end
+-- (refund.lua only lowers one).  A values' set holds no member past its score for long:
+-- every write first drops the expired ones, and the set expires with its last member.
 
 -- Arguments come from sluiced, which formats them; a decision runs this script for every
 -- SMTP event, so they are checked with tonumber alone (a pattern match per argument cost
@@ -94,9 +102,9 @@ end
 -- half-way keeps what it wrote.
 local D = num(ARGV[2], 'decision count')
 local dmode, dn = {}, {}
-local icost, iflags, inwin = {}, {}, {}
-local wt, wburst = {}, {}
-local a, ni, nw = 3, 0, 0
+local icost, iflags, inwin, ivalue, iblock, ikey = {}, {}, {}, {}, {}, {}
+local wt, wburst, wperiod = {}, {}, {}
+local a, ni, nw, nk = 3, 0, 0, 0
 for d = 1, D do
 	local mode = ARGV[a]
 	if mode ~= 'check' and mode ~= 'peek' then
@@ -107,31 +115,53 @@ for d = 1, D do
 	a = a + 2
 	for i = 1, n do
 		ni = ni + 1
-		icost[ni], iflags[ni] = num(ARGV[a], 'cost'), num(ARGV[a + 1], 'flags')
+		local flags = num(ARGV[a + 1], 'flags')
+		icost[ni], iflags[ni] = num(ARGV[a], 'cost'), flags
 		local nwin = num(ARGV[a + 2], 'window count')
 		inwin[ni] = nwin
 		a = a + 3
+		nk = nk + 1
+		ikey[ni] = nk
+		local distinct = bit.band(flags, 4) ~= 0
+		if distinct then
+			local v = ARGV[a]
+			if not v or v == '' then
+				error('gcra.lua: a distinct item without a value')
+			end
+			ivalue[ni] = v
+			nk = nk + 1
+			a = a + 1
+		end
+		if bit.band(flags, 8) ~= 0 then
+			iblock[ni] = num(ARGV[a], 'block')
+			a = a + 1
+		end
 		for j = 1, nwin do
 			nw = nw + 1
 			wt[nw], wburst[nw] = num(ARGV[a], 'T'), num(ARGV[a + 1], 'burst')
 			a = a + 2
+			if distinct then
+				wperiod[nw] = num(ARGV[a], 'period')
+				a = a + 1
+			end
 		end
 	end
 end
 if ARGV[a] then
 	error('gcra.lua: more arguments than windows')
 end
-if ni > #KEYS then
+if nk > #KEYS then
 	error('gcra.lua: fewer keys than items')
-elseif ni < #KEYS then
+elseif nk < #KEYS then
 	error('gcra.lua: more keys than items')
 end
+local now_ms = now_s * 1000 + math.floor(now_n / 1e6)
 
 local reply, nr = {}, 0
 local dirty, dirty_keys, ndirty = {}, {}, 0  -- keys charged: the longest TAT - now of each
 local k, w = 1, 1
 -- per item of the decision at hand: ok, retry, its windows' TAT - now (flat, reused)
-local iok, iretry, wahead = {}, {}, {}
+local iok, iretry, wahead, wcost, iknown, iblocked = {}, {}, {}, {}, {}, {}
 for d = 1, D do
 	local n, first_item, first_win = dn[d], k, w
 	-- Read and decide every window of the decision before anything is written.
@@ -142,11 +172,26 @@ for d = 1, D do
 		if c == 0 then
 			c = 1 -- cost 0 asks "is there room at all": checked as 1, charges nothing
 		end
-		local v = cur[KEYS[x]]
+		local v = cur[KEYS[ikey[x]]]
 		local pos = 1
 		local ok, worst = true, 0
+		iblocked[x] = false
+		local value = ivalue[x]
+		if value then
+			iknown[x] = true
+		end
 		for j = 1, nwin do
 			local t, burst = wt[w], wburst[w]
+			-- a window that remembers the value costs nothing and is not checked
+			local remembered = false
+			if value then
+				local sc = redis.call('ZSCORE', KEYS[ikey[x] + 1], j .. ':' .. value)
+				remembered = sc and tonumber(sc) > now_ms
+				if not remembered then
+					iknown[x] = false
+				end
+			end
+			wcost[w] = remembered and 0 or cost
 			local ahead = 0
 			if v then
 				local tat
@@ -170,10 +215,15 @@ for d = 1, D do
 			-- conforms iff ahead + c*T <= burst*T; compared as ahead <= (burst - c)*T
 			-- so that no product exceeds the burst's
 			local retry
-			if c <= burst then
+			if remembered then
+				retry = 0
+			elseif c <= burst then
 				retry = ahead - (burst - c) * t
 			else
 				retry = ahead + (c - burst) * t
+			end
+			if ahead > burst * t then
+				iblocked[x] = true -- only a block takes a window past its burst
 			end
 			if retry > 0 then
 				ok = false
@@ -200,24 +250,62 @@ for d = 1, D do
 		reply[nr + 2] = charged and 1 or 0
 		reply[nr + 3] = ok and '0' or u64_string(iretry[x])
 		nr = nr + 3
-		local write = charged and cost > 0
+		-- a block starts when a check finds the item over and no block running
+		local block = mode == 'check' and not ok and iblock[x] and not iblocked[x] and
+			iblock[x] or nil
+		local value = ivalue[x]
+		local remember = value and mode == 'check' and ok and
+			(charged or (pass and iknown[x]))
+		local write = block or (charged and cost > 0)
 		local v, longest = nil, 0
+		local vkey = value and KEYS[ikey[x] + 1]
+		if remember then
+			redis.call('ZREMRANGEBYSCORE', vkey, '-inf', now_ms)
+		end
+		local vlongest = 0
 		for j = 1, inwin[x] do
 			local t, rel = wt[w], wahead[w]
-			w = w + 1
+			local before = rel -- a block shows the state it found, as the memory store
 			if write then
+				local to
+				if block then
+					to = block + (wburst[w] > 0 and wburst[w] - 1 or 0) * t
+					if rel > to then
+						to = rel
+					end
+				else
+					to = rel + wcost[w] * t
+				end
 				local tat
-				tat, rel = tat_string(rel + cost * t)
+				tat, rel = tat_string(to)
 				v = v and (v .. ' ' .. tat) or tat
 				if rel > longest then
 					longest = rel
 				end
 			end
+			if remember then
+				local p = wperiod[w]
+				redis.call('ZADD', vkey, string.format('%.0f', now_ms + p), j .. ':' .. value)
+				if p > vlongest then
+					vlongest = p
+				end
+			end
+			w = w + 1
 			nr = nr + 1
+			if block then
+				rel = before
+			end
 			reply[nr] = (rel > 0 and t > 0) and div_ceil(rel, t) or 0
 		end
+		if value then
+			nr = nr + 1
+			reply[nr] = iknown[x] and 1 or 0
+		end
+		if remember and redis.call('PTTL', vkey) < vlongest + 1000 then
+			redis.call('PEXPIRE', vkey, string.format('%.0f', vlongest + 1000))
+		end
 		if write then
-			local key = KEYS[x]
+			local key = KEYS[ikey[x]]
 			cur[key] = v
 			if not dirty[key] then
 				ndirty = ndirty + 1
