@@ -567,9 +567,7 @@ static void finish(enum policy_stage st, struct policy_msg *msg, enum store_mode
 			res->retry_ns = it->retry_ns;
 			res->charged = it->charged;
 			res->known = it->known;
-			/* only a block leaves more in use than the burst (charges stop there) */
-			for (unsigned j = 0; j < it->limits->n && j < RATE_MAX_WINDOWS; j++)
-				res->blocked |= it->used[j] > it->limits->w[j].burst;
+			res->blocked = it->blocked;
 		}
 		/* a distinct value stays counted (store.h): no refund */
 		if (it->charged && msg && st >= POLICY_MAIL && mode == STORE_CHECK &&

@@ -386,11 +386,18 @@ int selector_value(const struct selector *s, const struct policy_txn *t, struct 
 	return 0;
 }
 
-/* Append v to out with '%' and '+' escaped (a part of a compound key). */
+/* Append v to out with '%' and '+' escaped (a part of a compound key), cut where the
+ * escaped text would pass SELECTOR_MAX_VALUE bytes (never inside an escape): a value
+ * counts as much in a key as it does alone. */
 static int append_escaped(struct buf *out, struct str v)
 {
+	size_t used = 0;
 	for (size_t i = 0; i < v.len; i++) {
 		int r;
+		bool esc = v.ptr[i] == '%' || v.ptr[i] == '+';
+		if (used + (esc ? 3 : 1) > SELECTOR_MAX_VALUE)
+			break;
+		used += esc ? 3 : 1;
 		if (v.ptr[i] == '%')
 			r = buf_append_cstr(out, "%25");
 		else if (v.ptr[i] == '+')

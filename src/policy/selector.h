@@ -35,7 +35,8 @@
 
 #define SELECTOR_MAX 8          /* selectors in one key */
 #define SELECTOR_MAX_VALUE 256  /* bytes of one value in a key */
-#define SELECTOR_MAX_KEY (SELECTOR_MAX * (SELECTOR_MAX_VALUE + 1))
+/* the values and their '+', and a chain's prefix: its alternative's selectors' names */
+#define SELECTOR_MAX_KEY (SELECTOR_MAX * (SELECTOR_MAX_VALUE + 1) + SELECTOR_MAX * 80)
 #define SELECTOR_MAX_NAME 64    /* header and macro names */
 
 enum selector_kind {

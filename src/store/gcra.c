@@ -74,13 +74,6 @@ void gcra_check(const struct rate_window *w, uint64_t tat, uint64_t now, uint64_
 	ret->used = used_at(t, ok ? ret->new_tat : tat, now);
 }
 
-uint64_t gcra_block_tat(const struct rate_window *w, uint64_t now, uint64_t block_ns)
-{
-	uint64_t t = gcra_interval(w);
-	u128 v = (u128)now + block_ns + (u128)(w->burst ? w->burst - 1 : 0) * t;
-	return sat64(v);
-}
-
 uint64_t gcra_refund(const struct rate_window *w, uint64_t tat, uint64_t now, uint64_t cost)
 {
 	if (tat <= now)

@@ -58,6 +58,7 @@ struct store_item {
 	uint64_t value_hash; /* STORE_DISTINCT: the value counted (a keyed hash, never 0) */
 	/* out */
 	bool known;         /* STORE_DISTINCT: value_hash was counted in every window */
+	bool blocked;       /* a block runs: the item is over until it ends (retry_ns) */
 	bool ok;            /* every window has room for cost */
 	bool charged;       /* this decision charged cost to every window */
 	uint64_t retry_ns;  /* !ok: wait until it would conform (the largest over windows) */
@@ -81,12 +82,11 @@ enum store_mode {
  * Returns 1 if the event passes, 0 if it is refused, <0 on a store error (-ENOMEM when
  * the store cannot hold a new key even after evicting).  now is CLOCK_REALTIME ns.
  *
- * Blocks (a penalty box): STORE_CHECK, an item with block_ns that is not ok has each
- * window's TAT raised to at least now + block_ns + (B - 1) * T, so that it refuses until
- * exactly now + block_ns (its retry says so), then refills as usual.  The attempts a
- * running block refuses do not extend it (a window holding more than its burst is
- * blocked: charges never take it there).  Nothing else is
- * stored: `limits show` sees used > burst while a block runs, `limits reset` ends it.
+ * Blocks (a penalty box): an item with block_ns also has a block record per (rule, key),
+ * the time its block ends.  While it is ahead of now the item is over (blocked), its
+ * retry at least the time left, whatever room its windows have.  STORE_CHECK, an item
+ * that is over with no block running starts one: now + block_ns (the attempts a block
+ * refuses do not extend it).  `limits reset` forgets the block with the windows.
  *
  * Distinct values (STORE_DISTINCT): each window also remembers which values it counted,
  * one record per (key, value, window) that lasts the window's period after the value was
@@ -399,8 +399,6 @@ struct gcra_result {
 };
 void gcra_check(const struct rate_window *w, uint64_t tat, uint64_t now, uint64_t cost,
 		struct gcra_result *ret);
-/* The TAT that keeps a window refusing for block_ns from now (see "Blocks" above). */
-uint64_t gcra_block_tat(const struct rate_window *w, uint64_t now, uint64_t block_ns);
 /* The emission interval T = ceil(period / count), in ns. */
 uint64_t gcra_interval(const struct rate_window *w);
 /* TAT after giving back cost units. */

@@ -173,11 +173,19 @@ static uint64_t seen_hash(uint64_t key_hash, uint64_t value_hash, unsigned index
 	return h ? h : 1;
 }
 
-/* Records an item reads: one per window, and for a distinct item one more per window
- * (the value's). */
+/* The record of a (rule, key)'s block: its TAT is when the block ends. */
+static uint64_t block_hash(uint64_t key_hash)
+{
+	uint64_t h = mum(key_hash ^ 0x3c6ef372fe94f82bull, 0xa54ff53a5f1d36f1ull);
+	h = (h & ~SHARD_HASH_MASK) | (key_hash & SHARD_HASH_MASK);
+	return h ? h : 1;
+}
+
+/* Records an item reads: one per window, for a distinct item one more per window (the
+ * value's), and for an item with a block its block's, last. */
 static inline unsigned item_recs(const struct store_item *it)
 {
-	return it->limits->n * ((it->flags & STORE_DISTINCT) ? 2u : 1u);
+	return it->limits->n * ((it->flags & STORE_DISTINCT) ? 2u : 1u) + (it->block_ns ? 1u : 0u);
 }
 
 static inline uint64_t xorshift(uint64_t *s)
@@ -327,6 +335,8 @@ static bool rec_protected(uint64_t h, const struct store_item *items, size_t n)
 			    ((it->flags & STORE_DISTINCT) &&
 			     seen_hash(it->key_hash, it->value_hash, j, &it->limits->w[j]) == h))
 				return true;
+		if (it->block_ns && block_hash(it->key_hash) == h)
+			return true;
 	}
 	return false;
 }
@@ -585,23 +595,20 @@ static void plan_writes(struct store_item *items, size_t n, bool pass, uint64_t 
 		unsigned wn = it->limits->n;
 		bool charges = item_charges(it, pass);
 		bool distinct = it->flags & STORE_DISTINCT;
-		/* a block already running is not extended by the attempts it refuses */
-		bool blocked = false;
-		for (unsigned j = 0; j < wn; j++)
-			blocked |= gcra_used(&it->limits->w[j], sc[k + j].tat, now) >
-				   it->limits->w[j].burst;
+		if (it->block_ns) {
+			/* a block starts at a refusal, unless one runs (it is not extended) */
+			struct scratch *b = &sc[k + item_recs(it) - 1];
+			b->write = !it->ok && !it->blocked ? WRITE_RAISE : WRITE_NONE;
+			b->new_tat = now + it->block_ns < now ? UINT64_MAX : now + it->block_ns;
+		}
 		for (unsigned j = 0; j < wn; j++) {
 			struct scratch *x = &sc[k + j];
-			const struct rate_window *w = &it->limits->w[j];
 			x->write = WRITE_NONE;
-			if (charges && x->cost) {
+			if (charges && x->cost)
 				x->write = WRITE_CHARGE;
-			} else if (!it->ok && it->block_ns && !blocked) {
-				x->write = WRITE_RAISE;
-				x->new_tat = gcra_block_tat(w, now, it->block_ns);
-			}
 			if (distinct) {
 				/* the value's record: refreshed whenever the item goes through */
+				const struct rate_window *w = &it->limits->w[j];
 				struct scratch *v = &sc[k + wn + j];
 				v->write = charges || (it->ok && pass && it->known) ? WRITE_RAISE
 										     : WRITE_NONE;
@@ -779,6 +786,10 @@ static int decide_batch(struct store_memory *m, struct store_item *items, size_t
 						       &it->limits->w[j]);
 				shard_prefetch(sh, sc[k].hash);
 			}
+		if (it->block_ns) {
+			sc[k].hash = block_hash(it->key_hash);
+			shard_prefetch(sh, sc[k++].hash);
+		}
 	}
 
 	lock_shards(m, held);
@@ -792,6 +803,7 @@ static int decide_batch(struct store_memory *m, struct store_item *items, size_t
 		bool distinct = it->flags & STORE_DISTINCT;
 		it->ok = true;
 		it->charged = false;
+		it->blocked = false;
 		it->known = distinct && wn;
 		it->retry_ns = 0;
 		memset(it->used, 0, sizeof(it->used));
@@ -825,6 +837,20 @@ static int decide_batch(struct store_memory *m, struct store_item *items, size_t
 				it->ok = false;
 				if (r.retry_ns > it->retry_ns)
 					it->retry_ns = r.retry_ns;
+			}
+		}
+		if (it->block_ns) {
+			/* a running block refuses, however much room the windows have */
+			struct scratch *b = &sc[k + item_recs(it) - 1];
+			b->slot = shard_find(sh, b->hash);
+			b->tat = b->slot >= 0 ? sh->slots[b->slot].tat : 0;
+			b->ok = true;
+			b->cost = 0;
+			if (b->tat > now) {
+				it->blocked = true;
+				it->ok = false;
+				if (b->tat - now > it->retry_ns)
+					it->retry_ns = b->tat - now;
 			}
 		}
 		k += item_recs(it);
@@ -983,8 +1009,10 @@ static int memory_reset(void *ctx, uint64_t key_hash, const struct rate_limits *
 	struct shard *sh = &m->shards[shard_of(key_hash)];
 	int existed = 0;
 	shard_lock(sh);
-	for (unsigned j = 0; j < limits->n; j++) {
-		long slot = shard_find(sh, rec_hash(key_hash, j, &limits->w[j]));
+	for (unsigned j = 0; j <= limits->n; j++) {
+		/* every window, then the block */
+		uint64_t h = j < limits->n ? rec_hash(key_hash, j, &limits->w[j]) : block_hash(key_hash);
+		long slot = shard_find(sh, h);
 		if (slot < 0)
 			continue;
 		shard_delete(sh, (size_t)slot);

@@ -327,12 +327,13 @@ void rreq_fail(struct rreq *r, int err)
 /* ---- decisions ------------------------------------------------------------------------ */
 
 /* Elements of a decision's part of gcra.lua's reply: pass, then per item ok, charged,
- * retry, used per window, and known for a distinct item. */
+ * retry, used per window, known for a distinct item, blocked for an item with a block. */
 static size_t decide_reply_len(const struct store_call *call)
 {
 	size_t k = 1;
 	for (size_t i = 0; i < call->n; i++)
-		k += 3 + call->items[i].limits->n + !!(call->items[i].flags & STORE_DISTINCT);
+		k += 3 + call->items[i].limits->n + !!(call->items[i].flags & STORE_DISTINCT) +
+		     !!call->items[i].block_ns;
 	return k;
 }
 
@@ -404,7 +405,7 @@ int redis_send_decisions(struct redis_conn *c, struct rreq **q, size_t n, bool e
 			for (size_t i = 0; i < call->n; i++) {
 				const struct store_item *it = &call->items[i];
 				bool distinct = it->flags & STORE_DISTINCT;
-				bool block = it->block_ns && call->mode == STORE_CHECK;
+				bool block = it->block_ns != 0;
 				argv_add_u64(&a, it->cost);
 				argv_add_u64(&a, (it->flags & (STORE_BLOCKING | STORE_COUNT_REJECTED)) |
 						 (distinct ? 4u : 0u) | (block ? 8u : 0u));
@@ -456,8 +457,8 @@ static int parse_decide_part(redisReply *const *el, size_t nel, struct store_ite
 	for (size_t i = 0; i < n; i++) {
 		struct store_item *it = &items[i];
 		unsigned nw = it->limits->n <= RATE_MAX_WINDOWS ? it->limits->n : RATE_MAX_WINDOWS;
-		bool distinct = it->flags & STORE_DISTINCT;
-		if (k > nel || nel - k < 3 + (size_t)nw + distinct)
+		bool distinct = it->flags & STORE_DISTINCT, block = it->block_ns != 0;
+		if (k > nel || nel - k < 3 + (size_t)nw + distinct + block)
 			return -EPROTO;
 		it->ok = reply_u64(el[k]) != 0;
 		it->charged = reply_u64(el[k + 1]) != 0;
@@ -466,6 +467,7 @@ static int parse_decide_part(redisReply *const *el, size_t nel, struct store_ite
 		for (unsigned j = 0; j < nw; j++)
 			it->used[j] = reply_u64(el[k++]);
 		it->known = distinct && reply_u64(el[k++]) != 0;
+		it->blocked = block && reply_u64(el[k++]) != 0;
 		/* a reply that contradicts itself is not believed */
 		if (it->charged && !it->ok)
 			return -EPROTO;
@@ -703,6 +705,7 @@ static int join_finish(struct djoin *j)
 			struct store_item *dst = &parent->items[j->index[at]];
 			dst->ok = it->ok;
 			dst->known = it->known;
+			dst->blocked = it->blocked;
 			dst->charged = it->charged;
 			dst->retry_ns = it->retry_ns;
 			memcpy(dst->used, it->used, sizeof(dst->used));

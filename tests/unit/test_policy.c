@@ -1560,6 +1560,354 @@ static void test_worker_threads(void **state)
 	env_free(&e);
 }
 
+
+/* ---- chains of keys, escaped compound keys, scopes ------------------------------------ */
+
+/* key = "a|b|c": the first alternative with a value gives the key, named by it. */
+static void test_key_chain(void **state)
+{
+	(void)state;
+	struct env e;
+	env_load(&e, "limit \"chain\" { stage = mail; key = \"sasl_user|sender|client_ip/24\";\n"
+		     "  rate = 1/1h; }\n");
+	const struct policy_rule *r = policy_rule_at(e.p, 0);
+	static const struct {
+		struct tx tx;
+		const char *key, *via;
+	} cases[] = {
+		{ { .ip = "192.0.2.7", .sasl = "bob", .sender = "<a@Example.COM>" }, "sasl_user:bob",
+		  "sasl_user" },
+		{ { .ip = "192.0.2.7", .sender = "<a@Example.COM>" }, "sender:a@example.com",
+		  "sender" },
+		{ { .ip = "192.0.2.7", .sender = NULL }, "client_ip/24/64:192.0.2.0/24",
+		  "client_ip/24/64" },
+	};
+	for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
+		struct run x;
+		run(&e, &cases[i].tx, POLICY_MAIL, NULL, STORE_CHECK, T0, &x);
+		assert_int_equal(x.res[0].state, POLICY_RULE_PASS);
+		assert_string_equal(x.res[0].key, cases[i].key);
+		assert_string_equal(x.res[0].via, cases[i].via);
+		/* each alternative is its own key: the second event of each is over */
+		run(&e, &cases[i].tx, POLICY_MAIL, NULL, STORE_CHECK, T0, &x);
+		assert_int_equal(x.res[0].state, POLICY_RULE_OVER);
+	}
+	struct tx none = { .ip = "", .sender = NULL };
+	struct run x;
+	run(&e, &none, POLICY_MAIL, NULL, STORE_CHECK, T0, &x);
+	assert_int_equal(x.res[0].state, POLICY_RULE_NO_VALUE);
+	/* an operator's key names its alternative (any case) and is normalized by it */
+	char out[SELECTOR_MAX_KEY + 1];
+	int n = policy_rule_normalize_key(r, str_cstr("SENDER:a@EXAMPLE.com"), out);
+	assert_int_equal(n, (int)strlen("sender:a@example.com"));
+	assert_memory_equal(out, "sender:a@example.com", (size_t)n);
+	n = policy_rule_normalize_key(r, str_cstr("client_ip/24/64:192.0.2.99"), out);
+	assert_memory_equal(out, "client_ip/24/64:192.0.2.0/24", (size_t)n);
+	assert_int_equal(policy_rule_normalize_key(r, str_cstr("helo:x"), out), -1);
+	assert_int_equal(policy_rule_normalize_key(r, str_cstr("bob"), out), -1);
+	env_free(&e);
+}
+
+/* A '+' or '%' inside a value of a compound key is escaped: no two pairs share a key. */
+static void test_compound_escaped(void **state)
+{
+	(void)state;
+	struct env e;
+	env_load(&e, "limit \"pair\" { stage = mail; key = \"sasl_user+helo\"; rate = 1/1h; }\n");
+	struct tx a = { .sasl = "a+b", .helo = "c", .sender = "" };
+	struct tx b = { .sasl = "a", .helo = "b+c", .sender = "" };
+	struct tx c = { .sasl = "50%", .helo = "x", .sender = "" };
+	struct run x;
+	run(&e, &a, POLICY_MAIL, NULL, STORE_CHECK, T0, &x);
+	assert_string_equal(x.res[0].key, "a%2Bb+c");
+	run(&e, &b, POLICY_MAIL, NULL, STORE_CHECK, T0, &x);
+	assert_string_equal(x.res[0].key, "a+b%2Bc");
+	assert_int_equal(x.res[0].state, POLICY_RULE_PASS); /* not a's key */
+	run(&e, &c, POLICY_MAIL, NULL, STORE_CHECK, T0, &x);
+	assert_string_equal(x.res[0].key, "50%25+x");
+	/* operators write keys escaped; each part is normalized, then escaped again */
+	const struct policy_rule *r = policy_rule_at(e.p, 0);
+	char out[SELECTOR_MAX_KEY + 1];
+	int n = policy_rule_normalize_key(r, str_cstr("a%2bb+C.Example"), out);
+	assert_int_equal(n, (int)strlen("a%2Bb+c.example"));
+	assert_memory_equal(out, "a%2Bb+c.example", (size_t)n);
+	/* an unescaped '+' makes three parts of a two-part key */
+	assert_int_equal(policy_rule_normalize_key(r, str_cstr("a+b+c"), out), -1);
+	/* a value of pluses is cut where its escaped form reaches 256 bytes */
+	char pluses[300];
+	memset(pluses, '+', 299);
+	pluses[299] = '\0';
+	struct tx d = { .sasl = pluses, .helo = "h", .sender = "" };
+	run(&e, &d, POLICY_MAIL, NULL, STORE_CHECK, T0, &x);
+	assert_int_equal(x.res[0].state, POLICY_RULE_PASS);
+	assert_int_equal(strlen(x.res[0].key), 85 * 3 + 2);
+	env_free(&e);
+}
+
+/* only {} applies a rule where every entry matches; except still excepts. */
+static void test_only_scope(void **state)
+{
+	(void)state;
+	struct env e;
+	env_load(&e, "limit \"campus\" { stage = mail; key = sender; rate = 1/1h;\n"
+		     "  only { client_ip = [\"192.0.2.0/24\"]; sender_domain = [\"*.example.edu\"]; }\n"
+		     "  except { sender = [\"boss@cs.example.edu\"]; } }\n");
+	struct tx in = { .ip = "192.0.2.9", .sender = "<u@cs.example.edu>" };
+	struct tx out_ip = { .ip = "198.51.100.1", .sender = "<u@cs.example.edu>" };
+	struct tx out_dom = { .ip = "192.0.2.9", .sender = "<u@example.com>" };
+	struct tx boss = { .ip = "192.0.2.9", .sender = "<boss@cs.example.edu>" };
+	struct run x;
+	assert_int_equal(act(&e, &in, POLICY_MAIL, NULL, T0), POLICY_ACCEPT);
+	assert_int_equal(act(&e, &in, POLICY_MAIL, NULL, T0), POLICY_TEMPFAIL);
+	run(&e, &out_ip, POLICY_MAIL, NULL, STORE_CHECK, T0, &x);
+	assert_int_equal(x.res[0].state, POLICY_RULE_OUT_OF_SCOPE);
+	assert_string_equal(x.res[0].why, "only client_ip: no match");
+	run(&e, &out_dom, POLICY_MAIL, NULL, STORE_CHECK, T0, &x);
+	assert_int_equal(x.res[0].state, POLICY_RULE_OUT_OF_SCOPE);
+	assert_string_equal(x.res[0].why, "only sender_domain: no match");
+	run(&e, &boss, POLICY_MAIL, NULL, STORE_CHECK, T0, &x);
+	assert_int_equal(x.res[0].state, POLICY_RULE_EXCEPT);
+	env_free(&e);
+}
+
+/* ---- blocks, distinct values, sessions, delays ---------------------------------------- */
+
+/* block: a refused key stays refused for the block, then its windows decide again. */
+static void test_block(void **state)
+{
+	(void)state;
+	struct env e;
+	env_load(&e, "limit \"box\" { stage = mail; key = sender; rate = 2/1m; block = 1h;\n"
+		     "  action = reject; }\n");
+	struct tx x = { .sender = "<spam@example.com>" };
+	struct tx other = { .sender = "<ok@example.com>" };
+	assert_int_equal(act(&e, &x, POLICY_MAIL, NULL, T0), POLICY_ACCEPT);
+	assert_int_equal(act(&e, &x, POLICY_MAIL, NULL, T0), POLICY_ACCEPT);
+	struct run r;
+	run(&e, &x, POLICY_MAIL, NULL, STORE_CHECK, T0, &r);
+	assert_int_equal(r.d.action, POLICY_REJECT);
+	assert_false(r.res[0].blocked); /* this refusal starts the block */
+	assert_int_equal(r.d.retry_s, 30); /* the window's own wait, found before */
+	/* two minutes on, the window has room again, but the block holds */
+	run(&e, &x, POLICY_MAIL, NULL, STORE_PEEK, T0 + 120 * SEC, &r);
+	assert_int_equal(r.res[0].state, POLICY_RULE_OVER);
+	assert_true(r.res[0].blocked);
+	assert_int_equal(r.res[0].retry_ns, 3600 * SEC - 120 * SEC);
+	/* attempts during the block do not extend it */
+	assert_int_equal(act(&e, &x, POLICY_MAIL, NULL, T0 + 1800 * SEC), POLICY_REJECT);
+	assert_int_equal(act(&e, &x, POLICY_MAIL, NULL, T0 + 3600 * SEC - 1), POLICY_REJECT);
+	assert_int_equal(act(&e, &x, POLICY_MAIL, NULL, T0 + 3600 * SEC), POLICY_ACCEPT);
+	/* other keys never saw it */
+	assert_int_equal(act(&e, &other, POLICY_MAIL, NULL, T0 + 60 * SEC), POLICY_ACCEPT);
+	/* limits reset ends a block */
+	assert_int_equal(act(&e, &other, POLICY_MAIL, NULL, T0 + 60 * SEC), POLICY_ACCEPT);
+	assert_int_equal(act(&e, &other, POLICY_MAIL, NULL, T0 + 60 * SEC), POLICY_REJECT);
+	const struct policy_rule *rule = policy_rule_at(e.p, 0);
+	struct rate_limits lim;
+	bool ov;
+	assert_int_equal(policy_rule_limits(rule, str_cstr("ok@example.com"), &lim, &ov), 1);
+	uint64_t h = policy_rule_key_hash(e.p, rule, str_cstr("ok@example.com"));
+	assert_int_equal(e.s->ops->reset(e.s->ctx, h, &lim), 1);
+	assert_int_equal(act(&e, &other, POLICY_MAIL, NULL, T0 + 61 * SEC), POLICY_ACCEPT);
+	env_free(&e);
+}
+
+/* count = distinct: at most N new values per key, a known value passes again. */
+static void test_distinct(void **state)
+{
+	(void)state;
+	struct env e;
+	env_load(&e, "limit \"fan-out\" { stage = rcpt; key = sasl_user; count = distinct;\n"
+		     "  of = rcpt; rate = 2/1h; }\n");
+	struct tx a = { .sasl = "alice", .sender = "", .rcpt = "<one@example.net>" };
+	struct tx b = { .sasl = "alice", .sender = "", .rcpt = "<two@example.net>" };
+	struct tx c = { .sasl = "alice", .sender = "", .rcpt = "<three@example.net>" };
+	struct tx a2 = { .sasl = "alice", .sender = "", .rcpt = "<ONE@Example.NET>" };
+	struct policy_msg m;
+	memset(&m, 0, sizeof(m));
+	struct run r;
+	run(&e, &a, POLICY_RCPT, &m, STORE_CHECK, T0, &r);
+	assert_int_equal(r.d.action, POLICY_ACCEPT);
+	assert_false(r.res[0].known);
+	assert_int_equal(act(&e, &b, POLICY_RCPT, &m, T0), POLICY_ACCEPT);
+	run(&e, &c, POLICY_RCPT, &m, STORE_CHECK, T0 + SEC, &r);
+	assert_int_equal(r.d.action, POLICY_TEMPFAIL);
+	assert_false(r.res[0].known);
+	/* a known recipient passes whatever the count, and costs nothing ("ONE" is another
+	 * local part: a new value) */
+	run(&e, &a, POLICY_RCPT, &m, STORE_CHECK, T0 + 2 * SEC, &r);
+	assert_int_equal(r.d.action, POLICY_ACCEPT);
+	assert_true(r.res[0].known);
+	assert_int_equal(r.res[0].used[0], 2);
+	assert_int_equal(act(&e, &a2, POLICY_RCPT, &m, T0 + 2 * SEC), POLICY_TEMPFAIL);
+	/* the message is refused later: distinct values stay counted (no refund) */
+	policy_msg_end(e.p, &m, false, T0 + 3 * SEC);
+	assert_int_equal(used(&e, &c, POLICY_RCPT, "fan-out", T0 + 3 * SEC), 2);
+	/* a value is remembered an hour after it was last seen: "one" at T0+2s */
+	run(&e, &a, POLICY_RCPT, NULL, STORE_PEEK, T0 + 3600 * SEC + SEC, &r);
+	assert_true(r.res[0].known);
+	run(&e, &b, POLICY_RCPT, NULL, STORE_PEEK, T0 + 3600 * SEC + SEC, &r);
+	assert_false(r.res[0].known);
+	policy_msg_clear(&m);
+	env_free(&e);
+}
+
+/* count = sessions: slots per key held until the session ends; the policy service (no
+ * sessions tracked) does not count them. */
+static void test_sessions(void **state)
+{
+	(void)state;
+	struct env e;
+	env_load(&e, "limit \"per-ip\" { stage = connect; key = client_ip; count = sessions;\n"
+		     "  max = 2; }\n"
+		     "limit \"per-user\" { stage = mail; key = sasl_user; count = sessions; max = 1;\n"
+		     "  action = reject; }\n"
+		     "limit \"mail-rate\" { stage = mail; key = sender; rate = 1/1h; }\n");
+	struct tx x = { .ip = "192.0.2.9" };
+	struct tx y = { .ip = "198.51.100.1" };
+	struct policy_msg s[4];
+	memset(s, 0, sizeof(s));
+	for (size_t i = 0; i < 4; i++)
+		assert_int_equal(policy_msg_track_sessions(&s[i]), 0);
+	struct run r;
+	run(&e, &x, POLICY_CONNECT, &s[0], STORE_CHECK, T0, &r);
+	assert_int_equal(r.res[0].state, POLICY_RULE_PASS);
+	assert_int_equal(r.res[0].sessions, 1);
+	assert_int_equal(act(&e, &x, POLICY_CONNECT, &s[1], T0), POLICY_ACCEPT);
+	run(&e, &x, POLICY_CONNECT, &s[2], STORE_CHECK, T0, &r);
+	assert_int_equal(r.d.action, POLICY_TEMPFAIL);
+	assert_int_equal(r.d.nover, 1);
+	assert_string_equal(r.d.over[0].limit, "2");
+	assert_int_equal(act(&e, &y, POLICY_CONNECT, &s[3], T0), POLICY_ACCEPT);
+	/* a session that holds the slot passes again (a second CONNECT stage of it) */
+	run(&e, &x, POLICY_CONNECT, &s[0], STORE_CHECK, T0, &r);
+	assert_int_equal(r.res[0].state, POLICY_RULE_HELD);
+	/* the policy service: not counted there */
+	struct policy_msg ps;
+	memset(&ps, 0, sizeof(ps));
+	run(&e, &x, POLICY_CONNECT, &ps, STORE_CHECK, T0, &r);
+	assert_int_equal(r.res[0].state, POLICY_RULE_NOT_HERE);
+	assert_int_equal(r.d.action, POLICY_ACCEPT);
+	/* a session ends: its slot is free */
+	policy_sessions_end(&s[0]);
+	run(&e, &x, POLICY_CONNECT, &s[2], STORE_CHECK, T0, &r);
+	assert_int_equal(r.d.action, POLICY_ACCEPT);
+	/* at mail: a slot taken by an event another rule refused goes back at once */
+	struct tx m1 = { .ip = "192.0.2.9", .sasl = "carol", .sender = "<c@example.com>" };
+	assert_int_equal(act(&e, &m1, POLICY_MAIL, &s[1], T0), POLICY_ACCEPT);
+	policy_sessions_end(&s[1]); /* carol's session ends */
+	run(&e, &m1, POLICY_MAIL, &s[2], STORE_CHECK, T0, &r);
+	assert_int_equal(r.d.action, POLICY_TEMPFAIL); /* the sender's rate */
+	assert_int_equal(res_of(&r, "per-user")->state, POLICY_RULE_PASS);
+	run(&e, &m1, POLICY_MAIL, NULL, STORE_PEEK, T0, &r);
+	assert_int_equal(res_of(&r, "per-user")->sessions, 0); /* given back */
+	/* refused by the sessions rule: the rate rule is not charged */
+	struct tx m2 = { .ip = "192.0.2.9", .sasl = "dave", .sender = "<d@example.com>" };
+	assert_int_equal(act(&e, &m2, POLICY_MAIL, &s[3], T0), POLICY_ACCEPT);
+	struct tx m3 = { .ip = "192.0.2.9", .sasl = "dave", .sender = "<e@example.com>" };
+	run(&e, &m3, POLICY_MAIL, &s[2], STORE_CHECK, T0, &r);
+	assert_int_equal(r.d.action, POLICY_REJECT);
+	assert_string_equal(policy_rule_name(r.d.rule), "per-user");
+	assert_int_equal(used(&e, &m3, POLICY_MAIL, "mail-rate", T0), 0);
+	for (size_t i = 0; i < 4; i++)
+		policy_msg_clear(&s[i]);
+	policy_msg_clear(&ps);
+	/* every slot went back */
+	run(&e, &x, POLICY_CONNECT, NULL, STORE_PEEK, T0, &r);
+	assert_int_equal(r.res[0].sessions, 0);
+	env_free(&e);
+}
+
+/* action = delay: the event passes, and the decision says how long to wait. */
+static void test_delay(void **state)
+{
+	(void)state;
+	struct env e;
+	env_load(&e, "limit \"slow\" { stage = rcpt; key = client_ip; count = recipients;\n"
+		     "  rate = 1/1h; action = delay; delay = 1500ms; }\n"
+		     "limit \"hard\" { stage = rcpt; key = client_ip; count = recipients;\n"
+		     "  rate = 2/1h; }\n");
+	struct tx x = { .ip = "192.0.2.9", .sender = "", .rcpt = "<a@example.net>" };
+	struct run r;
+	run(&e, &x, POLICY_RCPT, NULL, STORE_CHECK, T0, &r);
+	assert_int_equal(r.d.action, POLICY_ACCEPT);
+	assert_int_equal(r.d.delay_ms, 0);
+	run(&e, &x, POLICY_RCPT, NULL, STORE_CHECK, T0, &r);
+	assert_int_equal(r.d.action, POLICY_DELAY);
+	assert_int_equal(r.d.delay_ms, 1500);
+	run(&e, &x, POLICY_RCPT, NULL, STORE_CHECK, T0, &r);
+	assert_int_equal(r.d.action, POLICY_TEMPFAIL);
+	assert_int_equal(r.d.delay_ms, 1500); /* kept: the caller decides */
+	env_free(&e);
+}
+
+static const struct {
+	const char *text, *err;
+} new_key_errors[] = {
+	{ "limit \"a\" {\n  stage = connect;\n  key = client_ip;\n  count = sessions;\n}\n",
+	  "t.conf:1: limit \"a\": missing 'max' (sessions at once per key, e.g. max = 3)" },
+	{ "limit \"a\" {\n  stage = connect;\n  key = client_ip;\n  count = sessions;\n"
+	  "  max = 3;\n  rate = 1/1m;\n}\n",
+	  "t.conf:6: limit \"a\".rate: a sessions rule counts sessions at once: it takes max = N, "
+	  "not rate" },
+	{ "limit \"a\" {\n  stage = connect;\n  key = client_ip;\n  rate = 1/1m;\n  max = 3;\n}\n",
+	  "t.conf:5: limit \"a\".max: max = N goes with count = \"sessions\" (rates use rate = "
+	  "[...])" },
+	{ "limit \"a\" {\n  stage = rcpt;\n  key = sasl_user;\n  count = distinct;\n"
+	  "  rate = 1/1m;\n}\n",
+	  "t.conf:1: limit \"a\": missing 'of' (the selector whose distinct values are counted, "
+	  "e.g. of = \"rcpt\")" },
+	{ "limit \"a\" {\n  stage = rcpt;\n  key = rcpt;\n  count = distinct;\n  of = rcpt;\n"
+	  "  rate = 1/1m;\n}\n",
+	  "t.conf:5: limit \"a\".of: rcpt is part of the key: each key would have one value" },
+	{ "limit \"a\" {\n  stage = mail;\n  key = sasl_user;\n  count = distinct;\n  of = rcpt;\n"
+	  "  rate = 1/1m;\n}\n",
+	  "t.conf:5: limit \"a\".of: rcpt has no value at stage mail (it needs stage rcpt)" },
+	{ "limit \"a\" {\n  stage = rcpt;\n  key = rcpt;\n  rate = 1/1m;\n  of = helo;\n}\n",
+	  "t.conf:5: limit \"a\".of: of = SELECTOR goes with count = \"distinct\"" },
+	{ "limit \"a\" {\n  stage = rcpt;\n  key = rcpt;\n  rate = 1/1m;\n  action = delay;\n}\n",
+	  "t.conf:5: limit \"a\".action: action = \"delay\" needs delay = DURATION (e.g. 10s)" },
+	{ "limit \"a\" {\n  stage = rcpt;\n  key = rcpt;\n  rate = 1/1m;\n  delay = 1s;\n}\n",
+	  "t.conf:5: limit \"a\".delay: delay = DURATION goes with action = \"delay\"" },
+	{ "limit \"a\" {\n  stage = rcpt;\n  key = rcpt;\n  rate = 1/1m;\n  action = delay;\n"
+	  "  delay = 1s;\n  block = 1h;\n}\n",
+	  "t.conf:7: limit \"a\".block: a delay rule refuses nothing, so it blocks nothing: use "
+	  "action = \"tempfail\" with block" },
+	{ "limit \"a\" {\n  stage = rcpt;\n  key = rcpt;\n  rate = 1/1m;\n  block = 500ms;\n}\n",
+	  "t.conf:5: limit \"a\".block: \"500ms\" is out of range [1s, 30d]" },
+	{ "limit \"a\" {\n  stage = connect;\n  key = client_ip;\n  count = sessions;\n"
+	  "  max = 2;\n  block = 1h;\n}\n",
+	  "t.conf:6: limit \"a\".block: a sessions rule counts sessions at once: it takes max = "
+	  "N, not block" },
+	{ "limit \"a\" {\n  stage = mail;\n  key = \"sasl_user||sender\";\n  rate = 1/1m;\n}\n",
+	  "t.conf:3: limit \"a\".key: empty alternative in 'sasl_user||sender'" },
+	{ "limit \"a\" {\n  stage = mail;\n  key = \"sender|sasl_user|sender\";\n  rate = 1/1m;\n}\n",
+	  "t.conf:3: limit \"a\".key: alternative 'sender' given twice" },
+	{ "limit \"a\" {\n  stage = connect;\n  key = \"client_ip|sender\";\n  rate = 1/1m;\n}\n",
+	  "t.conf:3: limit \"a\".key: sender has no value at stage connect (it needs stage mail "
+	  "or later)" },
+	{ "limit \"a\" {\n  stage = rcpt;\n  key = rcpt;\n  rate = 1/1m;\n  only = yes;\n}\n",
+	  "t.conf:5: limit \"a\".only: expected only { SELECTOR = [values...]; }" },
+	{ "limit \"a\" {\n  stage = connect;\n  key = client_ip;\n  rate = 1/1m;\n"
+	  "  only {\n    rcpt = [\"x@y\"];\n  }\n}\n",
+	  "t.conf:6: limit \"a\".only.rcpt: rcpt has no value at stage connect (it needs stage "
+	  "rcpt)" },
+};
+
+static void test_new_key_errors(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < ARRAY_SIZE(new_key_errors); i++) {
+		char err[1024] = "";
+		struct policy *p = NULL;
+		int rc = load_text(new_key_errors[i].text, &p, err, sizeof(err));
+		if (rc != -EINVAL || strcmp(err, new_key_errors[i].err) != 0)
+			fail_msg("case %zu: rc %d\n got: %s\nwant: %s", i, rc, err,
+				 new_key_errors[i].err);
+		assert_null(p);
+	}
+}
+
 /* Overrides files reloaded back to back while threads decide: each reload retires the
  * table that workers may be reading, and reloads come microseconds apart, so a table
  * freed under a reader is a use after free that ASan reports (the sanitizer build); the
@@ -1690,6 +2038,14 @@ int main(void)
 		cmocka_unit_test(test_decision_lines_and_counters),
 		cmocka_unit_test(test_worker_threads),
 		cmocka_unit_test(test_overrides_reload_stress),
+		cmocka_unit_test(test_key_chain),
+		cmocka_unit_test(test_compound_escaped),
+		cmocka_unit_test(test_only_scope),
+		cmocka_unit_test(test_block),
+		cmocka_unit_test(test_distinct),
+		cmocka_unit_test(test_sessions),
+		cmocka_unit_test(test_delay),
+		cmocka_unit_test(test_new_key_errors),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

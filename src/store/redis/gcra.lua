@@ -17,11 +17,13 @@
 --   with flag 4 the window's period in ms.
 --   flags: 1 = blocking (its refusal refuses the decision), 2 = count rejected (charged
 --   even when the decision is refused), 4 = distinct (a window that remembers VALUE
---   costs 0 and is not checked), 8 = block (over its limits in a check: each window
---   refuses for block_ns, unless a block runs already).
+--   costs 0 and is not checked), 8 = block: the key's value may end with one more time
+--   after its windows' TATs, when its block ends; while that is ahead the item is over;
+--   a check that finds it over with no block running starts one of block_ns.
 -- Reply: per decision { pass, then per item: ok, charged, retry_ns (a decimal string),
---   used per window, and with flag 4 known (1: VALUE is remembered in every window) },
---   all decisions one after the other in one flat array.
+--   used per window, with flag 4 known (1: VALUE is remembered in every window), with
+--   flag 8 blocked (1: a block was running) }, all decisions one after the other in one
+--   flat array.
 --
 -- Cost on the server: TIME and one MGET for the whole call, then one SET per key
 -- charged; a call of many decisions pays the script's own overhead once.
@@ -195,8 +197,8 @@ for d = 1, D do
 			local ahead = 0
 			if v then
 				local tat
-				if nwin == 1 then
-					tat = v
+				if nwin == 1 and not string.find(v, ' ', 1, true) then
+					tat, pos = v, #v + 1
 				else
 					local e = string.find(v, ' ', pos, true)
 					if e then
@@ -222,9 +224,6 @@ for d = 1, D do
 			else
 				retry = ahead + (c - burst) * t
 			end
-			if ahead > burst * t then
-				iblocked[x] = true -- only a block takes a window past its burst
-			end
 			if retry > 0 then
 				ok = false
 				if retry > worst then
@@ -233,6 +232,17 @@ for d = 1, D do
 			end
 			wahead[w] = ahead
 			w = w + 1
+		end
+		-- a block's end follows the windows' TATs: while it is ahead, the item is over
+		if iblock[x] and v and pos <= #v then
+			local left = ahead_of(sub(v, pos))
+			if left > 0 then
+				iblocked[x] = true
+				ok = false
+				if left > worst then
+					worst = left
+				end
+			end
 		end
 		iok[x], iretry[x] = ok, worst
 		if not ok and bit.band(iflags[x], 1) ~= 0 then
@@ -265,19 +275,10 @@ for d = 1, D do
 		local vlongest = 0
 		for j = 1, inwin[x] do
 			local t, rel = wt[w], wahead[w]
-			local before = rel -- a block shows the state it found, as the memory store
 			if write then
-				local to
-				if block then
-					to = block + (wburst[w] > 0 and wburst[w] - 1 or 0) * t
-					if rel > to then
-						to = rel
-					end
-				else
-					to = rel + wcost[w] * t
-				end
+				-- a block leaves the windows as they are (rel: max(TAT, now) - now)
 				local tat
-				tat, rel = tat_string(to)
+				tat, rel = tat_string(block and rel or rel + wcost[w] * t)
 				v = v and (v .. ' ' .. tat) or tat
 				if rel > longest then
 					longest = rel
@@ -292,14 +293,22 @@ for d = 1, D do
 			end
 			w = w + 1
 			nr = nr + 1
-			if block then
-				rel = before
-			end
 			reply[nr] = (rel > 0 and t > 0) and div_ceil(rel, t) or 0
 		end
 		if value then
 			nr = nr + 1
 			reply[nr] = iknown[x] and 1 or 0
+		end
+		if iblock[x] then
+			nr = nr + 1
+			reply[nr] = iblocked[x] and 1 or 0
+		end
+		if block then
+			local tat, rel = tat_string(block)
+			v = v .. ' ' .. tat
+			if rel > longest then
+				longest = rel
+			end
 		end
 		if remember and redis.call('PTTL', vkey) < vlongest + 1000 then
 			redis.call('PEXPIRE', vkey, string.format('%.0f', vlongest + 1000))

@@ -62,6 +62,18 @@ for i = 1, n do
 			longest = rel
 		end
 	end
+	-- a block's end after the windows (gcra.lua) stays while it is ahead
+	local block = next_tat and next_tat()
+	if block then
+		local s, ns = split_ns(digits(block, 'stored block'))
+		local rel = (s - now_s) * 1e9 + (ns - now_n)
+		if rel > 0 then
+			tats[nwin + 1] = block
+			if rel > longest then
+				longest = rel
+			end
+		end
+	end
 	if any then
 		if longest <= 0 then
 			redis.call('DEL', key)
