@@ -33,6 +33,7 @@
 #include "daemon.h"
 #include "engine.h"
 #include "listen.h"
+#include "live_sessions.h"
 #include "metrics.h"
 #include "metrics_render.h"
 #include "milter_session.h"
@@ -47,6 +48,7 @@
 #include "relay.h"
 #include "relay_control.h"
 #include "policy_control.h"
+#include "sessions.h"
 #include "store.h"
 #include "util.h"
 
@@ -438,6 +440,45 @@ static bool store_same(const struct sluice_config *a, const struct sluice_config
 	return same;
 }
 
+/*
+ * The leases of the slots of sessions rules ("s:" and the (rule, key) hash, see
+ * policy.c), in chunks of 256.  XXX every key held is renewed at every beat: a cost in
+ * the number of keys held (sessions at once), not in decisions.
+ */
+#define SESSIONS_RENEW_MAX 1000000u
+
+static void renew_sessions(struct daemon *d)
+{
+	enum { CHUNK = 256 };
+	uint64_t held, lost;
+	sessions_stats(&held, &lost);
+	if (held == 0)
+		return;
+	/* room for those that come while the list is made; later ones wait a beat */
+	size_t max = held + 64 < SESSIONS_RENEW_MAX ? (size_t)held + 64 : SESSIONS_RENEW_MAX;
+	uint64_t *hash = malloc(max * sizeof(*hash));
+	unsigned *count = malloc(max * sizeof(*count));
+	if (!hash || !count) {
+		free(hash);
+		free(count);
+		return;
+	}
+	size_t n = sessions_list(hash, count, max);
+	for (size_t at = 0; at < n; at += CHUNK) {
+		char names[CHUNK][24];
+		const char *ptrs[CHUNK];
+		size_t k = n - at < CHUNK ? n - at : CHUNK;
+		for (size_t i = 0; i < k; i++) {
+			fmt_fixed(names[i], sizeof(names[i]), "s:%016llx",
+				  (unsigned long long)hash[at + i]);
+			ptrs[i] = names[i];
+		}
+		d->store->ops->slots_renew(d->store->ctx, ptrs, count + at, k);
+	}
+	free(hash);
+	free(count);
+}
+
 /* Renew this node's class-slot leases in the shared store, with its own counts. */
 static void on_lease(evutil_socket_t fd, short what, void *arg)
 {
@@ -452,8 +493,10 @@ static void on_lease(evutil_socket_t fd, short what, void *arg)
 		ptrs[i] = names[i];
 	/* also with no class: the main loop's connection is made at start, so a Redis that
 	 * cannot be reached or refuses the password is reported before any mail comes */
-	if (d->store->ops->slots_renew)
+	if (d->store->ops->slots_renew) {
 		d->store->ops->slots_renew(d->store->ctx, ptrs, counts, n);
+		renew_sessions(d);
+	}
 	uint64_t every = (uint64_t)d->cfg->store.lease_ms / 3;
 	arm_timer(d->ev_lease, (int64_t)(every ? every : 1000));
 }
@@ -784,6 +827,9 @@ static int cmd_status(struct daemon *d, size_t argc, const struct str *argv, boo
 		/* the state quotes Redis's error text */
 		buf_append_json_string(out, ss.shared ? ss.state : "memory");
 		buf_append_byte(out, '}');
+		/* SMTP sessions the policy service was asked about while the milter served
+		 * them: one MTA uses both, and counts each event twice */
+		buf_printf(out, ",\"double_use\":%llu", (unsigned long long)live_sessions_doubles());
 		queue_control_status(d->queue, true, out);
 		buf_append_cstr(out, "}\n");
 	} else {
@@ -795,6 +841,11 @@ static int cmd_status(struct daemon *d, size_t argc, const struct str *argv, boo
 			   SLUICE_VERSION, (long)getpid(), up, path, d->reloads,
 			   engine_workers(d->e), engine_sessions(d->e),
 			   (unsigned long long)d->nofile, store, d->stopping ? "\nstopping" : "");
+		uint64_t doubles = live_sessions_doubles();
+		if (doubles)
+			buf_printf(out, "double use: the milter and the policy service see the same "
+				   "SMTP sessions (%llu seen): each event is counted by both\n",
+				   (unsigned long long)doubles);
 		queue_control_status(d->queue, false, out);
 	}
 	pthread_mutex_unlock(&d->cfg_lock);

@@ -213,6 +213,8 @@ struct show_slot {
 	char key[RATE_MAX_OVERRIDE_KEY + 1];
 	struct str k;
 	bool overridden, unlimited, skip;
+	bool sessions;          /* a sessions rule: held is the count, nothing is asked */
+	unsigned held;
 	struct rate_limits lim;
 	struct store_item it;
 	struct store_call call;
@@ -240,6 +242,13 @@ static void show_format(struct show_job *job, struct buf *out)
 				   (int)sl->k.len, sl->k.ptr);
 			continue;
 		}
+		if (sl->sessions) {
+			buf_printf(out, "%s %.*s: %u of %u sessions at once (this node's milter "
+				   "sessions)%s\n", name, (int)sl->k.len, sl->k.ptr, sl->held,
+				   policy_rule_max_sessions(sl->rule),
+				   job->reset ? "; live sessions are not reset" : "");
+			continue;
+		}
 		if (sl->rc < 0) {
 			buf_printf(out, "%s: store error (%s)\n", name, strerror(-sl->rc));
 			continue;
@@ -252,10 +261,14 @@ static void show_format(struct show_job *job, struct buf *out)
 		buf_printf(out, "%s %.*s%s: ", name, (int)sl->k.len, sl->k.ptr,
 			   sl->overridden ? " (override)" : "");
 		format_windows(&sl->lim, sl->it.used, out);
-		if (!sl->it.ok)
-			buf_printf(out, "; full, room again in %llus",
-				   (unsigned long long)(sl->it.retry_ns / 1000000000ULL +
-							(sl->it.retry_ns % 1000000000ULL != 0)));
+		unsigned long long retry_s = sl->it.retry_ns / 1000000000ULL +
+					     (sl->it.retry_ns % 1000000000ULL != 0);
+		if (sl->it.blocked)
+			buf_printf(out, "; BLOCKED (block = %llus), ends in %llus",
+				   (unsigned long long)(policy_rule_block_ns(sl->rule) / 1000000000ULL),
+				   retry_s);
+		else if (!sl->it.ok)
+			buf_printf(out, "; full, room again in %llus", retry_s);
 		buf_append_byte(out, '\n');
 	}
 }
@@ -324,13 +337,19 @@ static int limits_show_reset(struct policy *p, struct str key, const char *rule,
 		}
 		job->n++;
 		sl->k = str_make(sl->key, (size_t)len);
+		if (policy_rule_count_kind(r) == POLICY_COUNT_SESSIONS) {
+			sl->sessions = true;
+			sl->held = policy_rule_sessions_held(p, r, sl->k);
+			continue;
+		}
 		if (!policy_rule_limits(r, sl->k, &sl->lim, &sl->overridden)) {
 			sl->unlimited = true;
 			continue;
 		}
 		sl->it = (struct store_item){ .key_hash = policy_rule_key_hash(p, r, sl->k),
 					      .rule = str_cstr(policy_rule_name(r)), .key = sl->k,
-					      .limits = &sl->lim, .cost = 0 };
+					      .limits = &sl->lim, .cost = 0,
+					      .block_ns = policy_rule_block_ns(r) };
 		sl->call = (struct store_call){ .items = &sl->it, .n = 1,
 						.mode = reset ? STORE_RESET : STORE_PEEK,
 						.now = now, .done = show_done, .arg = sl };

@@ -35,13 +35,30 @@ int policy_msg_track_sessions(struct policy_msg *m)
 	return 0;
 }
 
+unsigned policy_rule_sessions_held(const struct policy *p, const struct policy_rule *r,
+				   struct str key)
+{
+	return sessions_count(store_key_hash(p->store, r->name_str, key));
+}
+
+/* Give back slot i of ss: this node's, and the shared store's if it granted it. */
+static void sessions_drop(struct policy_sessions *ss, size_t i)
+{
+	sessions_give(ss->key_hash[i]);
+	if (ss->shared[i] && ss->store) {
+		char cls[24];
+		fmt_fixed(cls, sizeof(cls), "s:%016llx", (unsigned long long)ss->key_hash[i]);
+		store_slot_release(ss->store, cls);
+	}
+}
+
 void policy_sessions_end(struct policy_msg *m)
 {
 	struct policy_sessions *ss = m->sessions;
 	if (!ss)
 		return;
 	for (size_t i = 0; i < ss->n; i++)
-		sessions_give(ss->key_hash[i]);
+		sessions_drop(ss, i);
 	ss->n = 0;
 }
 
@@ -55,14 +72,43 @@ static void sessions_settle(struct policy_msg *m, bool refused)
 	size_t k = 0;
 	for (size_t i = 0; i < ss->n; i++) {
 		if (ss->provisional[i] && refused) {
-			sessions_give(ss->key_hash[i]);
+			sessions_drop(ss, i);
 			continue;
 		}
 		ss->key_hash[k] = ss->key_hash[i];
-		ss->rule[k] = ss->rule[i];
+		ss->shared[k] = ss->shared[i];
 		ss->provisional[k++] = false;
 	}
 	ss->n = k;
+}
+
+/* The shared store refused (or never answered) a provisional slot: only this node's
+ * reservation goes back (a grant that crossed a cancel is set right by the next lease
+ * renewal, which states this node's own counts). */
+static void sessions_unreserve(struct policy_msg *m, uint64_t h)
+{
+	struct policy_sessions *ss = m ? m->sessions : NULL;
+	for (size_t i = 0; ss && i < ss->n; i++)
+		if (ss->key_hash[i] == h && ss->provisional[i]) {
+			sessions_give(h);
+			ss->n--;
+			ss->key_hash[i] = ss->key_hash[ss->n];
+			ss->shared[i] = ss->shared[ss->n];
+			ss->provisional[i] = ss->provisional[ss->n];
+			return;
+		}
+}
+
+/* The shared store granted a provisional slot. */
+static void sessions_granted(struct policy_msg *m, struct store *s, uint64_t h)
+{
+	struct policy_sessions *ss = m ? m->sessions : NULL;
+	for (size_t i = 0; ss && i < ss->n; i++)
+		if (ss->key_hash[i] == h && ss->provisional[i]) {
+			ss->shared[i] = true;
+			ss->store = s;
+			return;
+		}
 }
 
 static bool sessions_holds(const struct policy_sessions *ss, uint64_t h)
@@ -174,7 +220,26 @@ static void expand_reply(const struct policy_rule *r, const char *key, const cha
 	}
 }
 
+/*
+ * A sessions rule's slot asked of the shared store (Redis): this node's registry holds
+ * it already (so the node never holds more than it tells), and the decision waits for
+ * the store's answer before its rates are decided.  Named "s:" and the (rule, key) hash
+ * in hex: a class of the store's leases of its own.
+ */
+#define POLICY_MAX_ASKS 4
+struct sess_ask {
+	struct store_slot_call call;
+	struct policy_pending *pp;
+	const struct policy_rule *r;
+	struct policy_rule_result *res;
+	uint64_t key_hash;
+	char cls[24];
+	char key[POLICY_LOG_KEY + 1];
+};
+
 struct scratch {
+	struct sess_ask asks[POLICY_MAX_ASKS];
+	size_t nasks;
 	struct store_item items[POLICY_MAX_RULES];
 	const struct policy_rule *rules[POLICY_MAX_RULES];
 	struct policy_rule_result *res[POLICY_MAX_RULES];
@@ -278,6 +343,8 @@ struct work {
 	struct policy_rule_result **res;
 	char (*keys)[SELECTOR_MAX_KEY + 1];
 	struct rate_limits *limits;
+	struct sess_ask *asks;   /* NULL: sessions are decided by this node alone */
+	size_t *nasks;
 };
 
 static void decision_reset(struct policy_decision *d)
@@ -305,6 +372,33 @@ static void decide_by(struct policy_decision *d, const struct policy_rule *r, st
 		expand_reply(r, d->key, limit, d->retry_s, d->reply, sizeof(d->reply));
 }
 
+/* A sessions rule's decision in its counters (STORE_CHECK). */
+static void count_sessions_verdict(const struct policy_rule *r, bool within)
+{
+	unsigned k = thread_shard();
+	counter_add(&r->shards[k].verdicts[within ? POLICY_ACCEPT : r->action], k, 1);
+}
+
+/* A sessions rule over its max: into the decision. */
+static void sessions_over(struct policy_decision *d, const struct policy_rule *r, struct str key,
+			  unsigned count)
+{
+	char limit[32];
+	fmt_fixed(limit, sizeof(limit), "%u sessions", r->max_sessions);
+	if (d->nover < POLICY_MAX_OVER) {
+		struct policy_over *o = &d->over[d->nover++];
+		o->rule = r;
+		text_sanitize(o->key, sizeof(o->key), key, POLICY_LOG_KEY - 3, TEXT_MARK_CUT);
+		fmt_fixed(o->limit, sizeof(o->limit), "%u", r->max_sessions);
+		o->count = count;
+		o->retry_s = 0;
+	}
+	if (r->action == POLICY_DELAY && r->delay_ms > d->delay_ms)
+		d->delay_ms = r->delay_ms;
+	if (!d->rule || r->action > d->action)
+		decide_by(d, r, key, limit, 0);
+}
+
 /*
  * A sessions rule with its key: this session takes a slot (provisional until the event's
  * fate is known, sessions_settle()) or the rule is over.  Returns 1 within (or not
@@ -312,7 +406,7 @@ static void decide_by(struct policy_decision *d, const struct policy_rule *r, st
  */
 static int sessions_rule(struct policy *p, const struct policy_rule *r, struct str key,
 			 struct policy_msg *msg, enum store_mode mode, struct policy_decision *d,
-			 struct policy_rule_result *res)
+			 struct policy_rule_result *res, const struct work *w)
 {
 	struct policy_sessions *ss = msg ? msg->sessions : NULL; /* NULL: a peek */
 	uint64_t h = store_key_hash(p->store, r->name_str, key);
@@ -329,6 +423,7 @@ static int sessions_rule(struct policy *p, const struct policy_rule *r, struct s
 		}
 		return 1;
 	}
+	bool ask = w->asks && *w->nasks < POLICY_MAX_ASKS;
 	if (mode != STORE_CHECK || !ss) {
 		count = sessions_count(h);
 		rc = count < r->max_sessions;
@@ -336,17 +431,33 @@ static int sessions_rule(struct policy *p, const struct policy_rule *r, struct s
 	} else if (ss->n == POLICY_MAX_HELD) {
 		rc = -ENOSPC; /* not counted: passes */
 	} else {
-		rc = sessions_take(h, r->max_sessions, false, &count);
+		/* with a shared store this node reserves first, whatever its own count, and
+		 * the store decides (sess_ask) */
+		rc = sessions_take(h, r->max_sessions, ask, &count);
 	}
 	if (rc == 1 && mode == STORE_CHECK) {
 		ss->key_hash[ss->n] = h;
-		ss->rule[ss->n] = r->name;
+		ss->shared[ss->n] = false;
 		ss->provisional[ss->n++] = true;
+		if (ask) {
+			struct sess_ask *a = &w->asks[(*w->nasks)++];
+			memset(a, 0, sizeof(*a));
+			a->r = r;
+			a->res = res;
+			a->key_hash = h;
+			fmt_fixed(a->cls, sizeof(a->cls), "s:%016llx", (unsigned long long)h);
+			text_sanitize(a->key, sizeof(a->key), key, POLICY_LOG_KEY - 3, TEXT_MARK_CUT);
+			a->call.local_used = count;
+			if (res) {
+				res->state = POLICY_RULE_PASS;
+				res->sessions = count;
+				res->charged = true;
+			}
+			return 1; /* for now: sess_answer() has the last word */
+		}
 	}
-	if (mode == STORE_CHECK) {
-		unsigned k = thread_shard();
-		counter_add(&r->shards[k].verdicts[rc == 0 ? r->action : POLICY_ACCEPT], k, 1);
-	}
+	if (mode == STORE_CHECK)
+		count_sessions_verdict(r, rc != 0);
 	if (res) {
 		res->state = rc == 0 ? POLICY_RULE_OVER : POLICY_RULE_PASS;
 		res->sessions = count;
@@ -358,20 +469,7 @@ static int sessions_rule(struct policy *p, const struct policy_rule *r, struct s
 	}
 	if (rc != 0)
 		return 1;
-	char limit[32];
-	fmt_fixed(limit, sizeof(limit), "%u sessions", r->max_sessions);
-	if (d->nover < POLICY_MAX_OVER) {
-		struct policy_over *o = &d->over[d->nover++];
-		o->rule = r;
-		text_sanitize(o->key, sizeof(o->key), key, POLICY_LOG_KEY - 3, TEXT_MARK_CUT);
-		fmt_fixed(o->limit, sizeof(o->limit), "%u", r->max_sessions);
-		o->count = count;
-		o->retry_s = 0;
-	}
-	if (r->action == POLICY_DELAY && r->delay_ms > d->delay_ms)
-		d->delay_ms = r->delay_ms;
-	if (!d->rule || r->action > d->action)
-		decide_by(d, r, key, limit, 0);
+	sessions_over(d, r, key, count);
 	return 0;
 }
 
@@ -433,7 +531,7 @@ static size_t prepare(struct policy *p, const struct policy_txn *t, enum policy_
 				selector_alt_name(&set, alt, res->via, sizeof(res->via));
 		}
 		if (r->count == POLICY_COUNT_SESSIONS) {
-			if (sessions_rule(p, r, buf_str(&kb), msg, mode, d, res) == 0 &&
+			if (sessions_rule(p, r, buf_str(&kb), msg, mode, d, res, w) == 0 &&
 			    r->action >= POLICY_DISCARD)
 				*ret_refused = true;
 			continue;
@@ -626,7 +724,8 @@ static void finish(enum policy_stage st, struct policy_msg *msg, enum store_mode
 
 static struct work scratch_work(struct scratch *s)
 {
-	return (struct work){ s->items, s->rules, s->res, s->keys, s->limits };
+	s->nasks = 0;
+	return (struct work){ s->items, s->rules, s->res, s->keys, s->limits, NULL, &s->nasks };
 }
 
 int policy_check(struct policy *p, const struct policy_txn *t, enum policy_stage st,
@@ -673,6 +772,9 @@ struct policy_pending {
 	struct work w;
 	size_t n;
 	bool sess_refused;   /* a sessions rule refused the event already */
+	struct sess_ask asks[POLICY_MAX_ASKS];
+	size_t nasks, asks_waiting;
+	bool in_start;       /* policy_check_start() is still asking */
 	/* PENDING_SLOT */
 	struct store_slot_call slot_call;
 	struct class_slot *slot;
@@ -687,6 +789,54 @@ static void check_done(struct store_call *c, int rc)
 	sessions_settle(pp->msg, pp->sess_refused || rc == 0 || rc == STORE_TEMPFAIL);
 	pp->done(pp->arg, &pp->d);
 	free(pp);
+}
+
+/* The shared store's answer to a sessions slot: kept, or the rule is over. */
+static void ask_answer(struct sess_ask *a, int rc)
+{
+	struct policy_pending *pp = a->pp;
+	a->call.req = NULL;
+	count_sessions_verdict(a->r, rc == 1);
+	if (rc == 1) {
+		sessions_granted(pp->msg, pp->p->store, a->key_hash);
+	} else {
+		sessions_unreserve(pp->msg, a->key_hash);
+		if (a->res) {
+			a->res->state = POLICY_RULE_OVER;
+			a->res->charged = false;
+		}
+		sessions_over(&pp->d, a->r, str_cstr(a->key), a->r->max_sessions);
+		if (a->r->action >= POLICY_DISCARD) {
+			/* refused: the rates are looked at, and charged nothing */
+			pp->sess_refused = true;
+			pp->mode = pp->call.mode = STORE_PEEK;
+		}
+	}
+	pp->asks_waiting--;
+}
+
+/* Every slot is answered: the rates, then the caller (from a callback of the store). */
+static void rates_later(struct policy_pending *pp)
+{
+	int rc = 1;
+	if (pp->n) {
+		rc = store_decide_start(pp->p->store, &pp->call);
+		if (rc == STORE_PENDING)
+			return; /* check_done() goes on */
+		finish(pp->st, pp->msg, pp->mode, &pp->d, &pp->w, pp->n, rc);
+	}
+	sessions_settle(pp->msg, pp->sess_refused || rc == 0 || rc == STORE_TEMPFAIL);
+	pp->done(pp->arg, &pp->d);
+	free(pp);
+}
+
+static void ask_done(struct store_slot_call *c, int rc)
+{
+	struct sess_ask *a = c->arg;
+	struct policy_pending *pp = a->pp;
+	ask_answer(a, rc);
+	if (pp->asks_waiting == 0 && !pp->in_start)
+		rates_later(pp);
 }
 
 int policy_check_start(struct policy *p, const struct policy_txn *t, enum policy_stage st,
@@ -704,9 +854,12 @@ int policy_check_start(struct policy *p, const struct policy_txn *t, enum policy
 		return 0;
 	}
 	struct work sw = scratch_work(s);
+	if (store_is_shared(p->store) && mode == STORE_CHECK)
+		sw.asks = s->asks;
 	bool sref;
 	size_t n = prepare(p, t, st, msg, mode, d, &sw, &sref);
-	if (n == 0) {
+	size_t nasks = s->nasks;
+	if (n == 0 && nasks == 0) {
 		sessions_settle(msg, sref);
 		return 0;
 	}
@@ -778,15 +931,40 @@ int policy_check_start(struct policy *p, const struct policy_txn *t, enum policy
 	pp->call.now = now;
 	pp->call.done = check_done;
 	pp->call.arg = pp;
-	int rc = store_decide_start(p->store, &pp->call);
-	if (rc == STORE_PENDING) {
-		*ret = pp;
-		return 1;
+	if (nasks) {
+		/* the shared store's word on each sessions slot comes first */
+		memcpy(pp->asks, s->asks, nasks * sizeof(pp->asks[0]));
+		pp->nasks = pp->asks_waiting = nasks;
+		pp->in_start = true;
+		for (size_t i = 0; i < nasks; i++) {
+			struct sess_ask *a = &pp->asks[i];
+			a->pp = pp;
+			a->call.cls = a->cls;
+			a->call.cap = a->r->max_sessions;
+			a->call.done = ask_done;
+			a->call.arg = a;
+			int rc = store_slot_enter(p->store, &a->call);
+			if (rc != STORE_PENDING)
+				ask_answer(a, rc == 1 ? 1 : 0);
+		}
+		pp->in_start = false;
+		if (pp->asks_waiting) {
+			*ret = pp;
+			return 1;
+		}
 	}
-	/* answered at once (on_failure): into the caller's decision */
-	d->nresults = pp->d.nresults;
-	finish(st, msg, pp->mode, d, &pp->w, n, rc);
-	sessions_settle(msg, sref || rc == 0 || rc == STORE_TEMPFAIL);
+	int rc = 1;
+	if (n) {
+		rc = store_decide_start(p->store, &pp->call);
+		if (rc == STORE_PENDING) {
+			*ret = pp;
+			return 1;
+		}
+		/* answered at once (on_failure) */
+		finish(st, msg, pp->mode, &pp->d, &pp->w, n, rc);
+	}
+	sessions_settle(msg, pp->sess_refused || rc == 0 || rc == STORE_TEMPFAIL);
+	*d = pp->d; /* results and all: d->results is pp->d.results */
 	free(pp);
 	return 0;
 }
@@ -796,6 +974,9 @@ void policy_pending_cancel(struct policy_pending *pp)
 	if (!pp)
 		return;
 	if (pp->kind == PENDING_CHECK) {
+		for (size_t i = 0; i < pp->nasks; i++)
+			if (pp->asks[i].call.req)
+				store_slot_cancel(pp->p->store, &pp->asks[i].call);
 		store_call_cancel(pp->p->store, &pp->call);
 		sessions_settle(pp->msg, true);
 	} else {

@@ -139,7 +139,8 @@ struct policy_sessions {
 	size_t n;
 	uint64_t key_hash[POLICY_MAX_HELD];
 	bool provisional[POLICY_MAX_HELD]; /* taken by the decision in progress */
-	const char *rule[POLICY_MAX_HELD]; /* for `sluice test` (lives as long as a rule set) */
+	bool shared[POLICY_MAX_HELD];      /* granted by the shared store too */
+	struct store *store;               /* where shared slots were granted */
 };
 
 /* Per-transaction state, owned by the session (zero it to start; policy_msg_clear()). */
@@ -288,6 +289,9 @@ enum policy_count policy_rule_count_kind(const struct policy_rule *r);
 const char *policy_rule_key_spec(const struct policy_rule *r);
 unsigned policy_rule_max_sessions(const struct policy_rule *r);   /* sessions rules */
 uint64_t policy_rule_block_ns(const struct policy_rule *r);       /* 0: no block */
+/* A sessions rule's slots held now for a key (this node's). */
+unsigned policy_rule_sessions_held(const struct policy *p, const struct policy_rule *r,
+				   struct str key);
 const struct policy_rule *policy_rule_at(const struct policy *p, size_t i);
 /*
  * The rule's decisions since its rule set was loaded (a reload starts from zero): how
