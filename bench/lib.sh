@@ -112,6 +112,14 @@ rules_conf() {
 	done
 }
 
+# rules7_conf RATE: the two more rules of filter (d): distinct recipients per sender
+# domain at RATE, and sessions at once per client address (a cap no session reaches),
+# both at RCPT so that they cost no round trip the five do not.
+rules7_conf() {
+	printf 'limit "distinct-rcpts" { stage = "rcpt"; key = "sender_domain"; count = "distinct"; of = "rcpt"; rate = ["%s"]; }\n' "$1"
+	printf 'limit "client-sessions" { stage = "rcpt"; key = "client_ip"; count = "sessions"; max = 1000000; }\n'
+}
+
 # load_run NAME OUT WHAT COMMAND...: one run of a load generator (WHAT, for messages),
 # its JSON line to OUT and its stderr to OUT.err.  Returns 0 if it printed its line
 # (protocol errors are shown, not fatal); else shows why, sets LOAD_FAILED to its last

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run_rules.sh -- what limit rules cost: milter_load against (a) sluiced with no rules,
-# (b) sluiced with five limit rules and (c) counter_milter, the libmilter rate limit a
-# mail administrator writes, side by side in one run.
+# (b) sluiced with five limit rules, (d) the same with a distinct-count and a sessions
+# rule more, and (c) counter_milter, the libmilter rate limit a mail administrator
+# writes, side by side in one run.
 #
 # Usage: bench/run_rules.sh [BUILD_DIR]         (default ./build)
 #
@@ -27,7 +28,7 @@
 # Environment: BENCH_DURATION (seconds per run, default 5), BENCH_WARMUP (default 1),
 # BENCH_CONCURRENCY (default 100), BENCH_ROUNDS (default 3), BENCH_RATE (the rate of
 # every rule, default 1000000000/1m), BENCH_FILTERS (the filters to run, default
-# "norules rules counter null"), BENCH_EXTRA_CONF (lines appended to both sluiced
+# "norules rules rules7 counter null"), BENCH_EXTRA_CONF (lines appended to both sluiced
 # configurations), BENCH_KEEP=1 (keep the temporary directory: configurations, logs,
 # one JSON line per run).
 
@@ -50,10 +51,11 @@ SLUICED=$BUILD/src/daemon/sluiced
 
 need_built "$LOAD"
 bench_tmpdir
-read -r -a NAMES <<<"${BENCH_FILTERS:-norules rules counter null}"
+read -r -a NAMES <<<"${BENCH_FILTERS:-norules rules rules7 counter null}"
 declare -A SOCK NOTE LABEL
 LABEL[norules]="(a) sluiced, no rules"
 LABEL[rules]="(b) sluiced, 5 rules"
+LABEL[rules7]="(d) sluiced, 7 rules"
 LABEL[counter]="(c) counter_milter, 1 rule"
 LABEL[null]="null_milter, no rules"
 
@@ -78,10 +80,11 @@ EOF
 	[ "$1" = rules ] || echo "$REPLY_BLOCK"
 	echo "}"
 	[ "$1" = norules ] || rules_conf "$RATE"
+	[ "$1" != rules7 ] || rules7_conf "$RATE"
 	[ -z "${BENCH_EXTRA_CONF:-}" ] || printf '%s\n' "$BENCH_EXTRA_CONF"
 }
 
-start_sluiced() {               # start_sluiced norules|rules
+start_sluiced() {               # start_sluiced norules|rules|rules7
 	local name=$1 d=$DIR/$1
 	mkdir -p "$d"
 	sluiced_conf "$name" > "$d/sluice.conf"
@@ -111,7 +114,7 @@ start_libmilter() {             # start_libmilter NAME PROGRAM [ARGS...]: counte
 
 for n in "${NAMES[@]}"; do
 	case $n in
-	norules|rules)
+	norules|rules|rules7)
 		if [ -x "$SLUICED" ]; then
 			start_sluiced "$n"
 		else
@@ -126,7 +129,7 @@ for n in "${NAMES[@]}"; do
 			NOTE[$n]="not built (libmilter-dev missing when $BUILD was configured)"
 		fi ;;
 	*)
-		die "BENCH_FILTERS: unknown filter $n (norules, rules, counter, null)" ;;
+		die "BENCH_FILTERS: unknown filter $n (norules, rules, rules7, counter, null)" ;;
 	esac
 done
 any=
@@ -230,11 +233,14 @@ ratio_row() {                   # ratio_row TEXT NUM DEN
 	    "$(ratio "${CPU_OF[$2]:-}" "${CPU_OF[$3]:-}") |"
 }
 ratio_row "(b)/(a): what five rules cost sluiced" rules norules
+ratio_row "(d)/(a): what seven rules (with distinct and sessions) cost sluiced" rules7 norules
+ratio_row "(d)/(b): what the distinct and sessions rules add" rules7 rules
 ratio_row "(b)/(c): sluiced with five rules / libmilter with one" rules counter
 ratio_row "(c)/null_milter: what one rule costs libmilter" counter null
 echo
 echo "- (b) has five limit rules at RCPT (rcpt_domain, sender_domain, client_ip, client_ip/24,"
-echo "  sender+rcpt_domain), $RATE each."
+echo "  sender+rcpt_domain), $RATE each; (d) also distinct recipients per sender_domain"
+echo "  ($RATE) and sessions at once per client_ip (max 1000000)."
 echo "- (c) counts recipients per domain in a 60 s window, in one hash table under one mutex"
 echo "  (limit 1000000, so it refuses nothing)."
 echo "- Medians over the rounds; threads and RSS are peaks; refused = messages not accepted,"
