@@ -85,8 +85,8 @@ enum store_mode {
  * Blocks (a penalty box): an item with block_ns also has a block record per (rule, key),
  * the time its block ends.  While it is ahead of now the item is over (blocked), its
  * retry at least the time left, whatever room its windows have.  STORE_CHECK, an item
- * that is over with no block running starts one: now + block_ns (the attempts a block
- * refuses do not extend it).  `limits reset` forgets the block with the windows.
+ * that is over with no block running starts one: now + block_ns, and its retry is then at
+ * least block_ns (the attempts a block refuses do not extend it).  `limits reset` forgets the block with the windows.
  *
  * Distinct values (STORE_DISTINCT): each window also remembers which values it counted,
  * one record per (key, value, window) that lasts the window's period after the value was

@@ -600,6 +600,9 @@ static void plan_writes(struct store_item *items, size_t n, bool pass, uint64_t 
 			struct scratch *b = &sc[k + item_recs(it) - 1];
 			b->write = !it->ok && !it->blocked ? WRITE_RAISE : WRITE_NONE;
 			b->new_tat = now + it->block_ns < now ? UINT64_MAX : now + it->block_ns;
+			/* the refusal that starts a block says how long it lasts */
+			if (b->write && it->block_ns > it->retry_ns)
+				it->retry_ns = it->block_ns;
 		}
 		for (unsigned j = 0; j < wn; j++) {
 			struct scratch *x = &sc[k + j];

@@ -755,3 +755,62 @@ def test_stop_closes_idle_policy_connections_and_answers_a_request_under_way(slu
     finally:
         idle.close()
         busy.close()
+
+
+# ---------------------------------------------------------------------------------------
+# 8: the rules beyond rates, as `sluice test` explains them (no Postfix: the policy
+# service is spoken to directly; about 2 s)
+
+def test_sluice_test_explains_chains_scopes_distinct_blocks_and_sessions(sluiced):
+    s = sluiced(config(
+        'limit "fan-out" { stage = "rcpt"; key = "sasl_user|sender"; count = "distinct";',
+        '  of = "rcpt"; rate = ["2/1h"]; block = 1h; }',
+        'limit "campus" { stage = "mail"; key = "sender"; rate = ["100/1h"];',
+        '  only { client_ip = ["198.51.100.0/24"]; } }',
+        'limit "per-ip" { stage = "connect"; key = "client_ip"; count = "sessions"; max = 2; }',
+        milter=False, policy=True))
+
+    def test(*more):
+        return s.cli("test", "--client-ip", "192.0.2.7", "--from", "a@example.org", *more).stdout
+
+    out = test("--rcpt", "one@example.net")
+    # the chain: no SASL login, so the sender gives the key, and it says so
+    assert re.search(r"limit fan-out \(key sasl_user\|sender, count distinct, action tempfail\): "
+                     r"key sender:a@example\.org \(from sender, the first of the chain with a "
+                     r"value\): within its limits; 2/1h used 0/2; this value is new in a "
+                     r"window: it counts 1", out), out
+    assert re.search(r"limit campus .*: does not apply \(only client_ip: no match\)", out), out
+    assert re.search(r"limit per-ip .*: key 192\.0\.2\.7: within its limits; 0 of 2 sessions "
+                     r"at once held now; counted through the milter only", out), out
+    out = test("--sasl-user", "bob", "--rcpt", "x@example.net")
+    assert "key sasl_user:bob (from sasl_user" in out, out
+
+    # two recipients through the policy service; the second comes again, then a third
+    with socket.socket(socket.AF_UNIX) as c:
+        c.connect(policy_socket(s))
+        for i, rcpt in enumerate(("one@example.net", "two@example.net", "one@example.net")):
+            assert policy_exchange(c, policy_request(
+                "RCPT", f"q.{i}", recipient=rcpt)) == "action=DUNNO\n\n"
+        out = test("--rcpt", "one@example.net")
+        assert re.search(r"2/1h used 2/2; this value was counted in every window already: "
+                         r"it passes and counts 0", out), out
+        assert re.search(r"^result: accept$", out, re.M), out
+        out = test("--rcpt", "three@example.net")
+        assert re.search(r"OVER its limits; 2/1h used 2/2; this value is new in a window: it "
+                         r"counts 1; room again in \d+s; a refusal now blocks the key for "
+                         r"3600s", out), out
+        reply = policy_exchange(c, policy_request("RCPT", "q.9", recipient="three@example.net"))
+        assert reply.startswith("action=451 4.7.1 "), reply
+    out = test("--rcpt", "three@example.net")
+    m = re.search(r"BLOCKED \(block = 3600s after a refusal\): it ends in (\d+)s", out)
+    assert m and 3590 <= int(m.group(1)) <= 3600, out
+    shown = s.cli("limits", "show", "sender:a@example.org", "fan-out").stdout
+    assert re.search(r"BLOCKED \(block = 3600s\), ends in \d+s", shown), shown
+    # even a known recipient waits for the block's end
+    assert re.search(r"^result: tempfail$", test("--rcpt", "one@example.net"), re.M)
+    res = s.cli("limits", "reset", "sender:a@example.org", "fan-out")
+    assert "reset" in res.stdout, res.stdout
+    assert re.search(r"^result: accept$", test("--rcpt", "one@example.net"), re.M)
+    # the policy service does not count sessions
+    shown = s.cli("limits", "show", "192.0.2.7", "per-ip").stdout
+    assert "0 of 2 sessions at once" in shown, shown

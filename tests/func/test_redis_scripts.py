@@ -46,6 +46,8 @@ SEC = 10**9
 U64_MAX = 2**64 - 1
 DEFAULT_EPOCH = 1700000000 * SEC
 BLOCKING, COUNT_REJECTED = 1, 2
+# gcra.lua's own flags (store_redis.c sets them from STORE_DISTINCT and block_ns)
+DISTINCT, BLOCK = 4, 8
 
 
 # ---------------------------------------------------------------------------------------
@@ -86,29 +88,44 @@ def window(text):
 
 
 def parse_item(case, text, want_flags):
+    """KEY:COST:FLAGS[:VALUE] (a decision's item) or KEY:COST[:FLAGS[:VALUE]] (a
+    refund's); flag d (distinct) and a VALUE, a decimal > 0, go together."""
     parts = text.split(":")
-    if len(parts) != (3 if want_flags else 2) or parts[0] not in case["keys"]:
+    if not (3 if want_flags else 2) <= len(parts) <= 4 or parts[0] not in case["keys"]:
         raise TableError(f"bad item {text!r}")
     flags = 0
-    if want_flags and parts[2] != "-":
+    if len(parts) > 2 and parts[2] != "-":
         for f in parts[2]:
-            flags |= {"b": BLOCKING, "c": COUNT_REJECTED}.get(f, 0)
-            if f not in "bc":
+            if f not in "bcd":
                 raise TableError(f"bad flags in {text!r}")
-    return {"key": parts[0], "cost": int(parts[1]), "flags": flags}
+            flags |= {"b": BLOCKING, "c": COUNT_REJECTED, "d": DISTINCT}[f]
+    if bool(flags & DISTINCT) != (len(parts) == 4):
+        raise TableError(f"flag d and a VALUE go together in {text!r}")
+    item = {"key": parts[0], "cost": int(parts[1]), "flags": flags}
+    if flags & DISTINCT:
+        if not parts[3].isdigit() or int(parts[3]) == 0 or int(parts[3]) >= 2**64:
+            raise TableError(f"bad value in {text!r}")
+        item["value"] = str(int(parts[3]))     # the decimal store_redis.c sends
+    return item
 
 
 def parse_result(case, item, text):
     name, _, rest = text.partition("=")
     fields = rest.split(",")
-    if name != item["key"] or len(fields) != 4 or fields[0] not in ("ok", "over") or \
-            fields[1] not in ("charged", "-"):
+    if name != item["key"] or len(fields) < 4 or fields[0] not in ("ok", "over") or \
+            fields[1] not in ("charged", "-") or \
+            fields[4:] not in ([], ["known"], ["blocked"], ["known", "blocked"]):
         raise TableError(f"bad result {text!r} for item {item['key']}")
+    if "known" in fields[4:] and not item["flags"] & DISTINCT:
+        raise TableError(f"only a distinct item (flag d) can be known: {text!r}")
+    if "blocked" in fields[4:] and not case.get("block", {}).get(name):
+        raise TableError(f"only an item of a key with a block can be blocked: {text!r}")
     used = [int(u) for u in fields[3].split("/")]
     if len(used) != len(case["keys"][name]):
         raise TableError(f"used in {text!r} needs one value per window")
     return {"ok": fields[0] == "ok", "charged": fields[1] == "charged",
-            "retry": duration(fields[2]), "used": used}
+            "retry": duration(fields[2]), "used": used, "known": "known" in fields[4:],
+            "blocked": "blocked" in fields[4:]}
 
 
 def load_cases(path):
@@ -132,9 +149,15 @@ def load_cases(path):
                     raise TableError("epoch NS, before the first step")
                 case["epoch"] = int(tok[1])
             elif tok[0] == "key":
+                block = 0
+                if len(tok) > 3 and tok[-1].startswith("block="):
+                    block = duration(tok.pop()[len("block="):])
+                    if block == 0:
+                        raise TableError("block=DURATION, more than 0")
                 if len(tok) < 3 or len(tok) > 6 or tok[1] in case["keys"]:
-                    raise TableError("key NAME WINDOW...")
+                    raise TableError("key NAME WINDOW... [block=DURATION]")
                 case["keys"][tok[1]] = [window(w) for w in tok[2:]]
+                case.setdefault("block", {})[tok[1]] = block
             elif tok[0] == "decide":
                 arrow = tok.index("=>")
                 if tok[1] not in ("check", "peek") or arrow < 4 or \
@@ -277,17 +300,32 @@ def item_key(name, windows):
 
 
 def gcra_batch(redis, case, now, decisions):
-    """Run gcra.lua over several decisions [(mode, items)] in one call; returns, per
-    decision, (pass, [(ok, charged, retry, [used...]) per item])."""
+    """Run gcra.lua over several decisions [(mode, items)] in one call, with the keys and
+    arguments redis_send_decisions() (src/store/store_redis.c) gives it: a distinct item
+    (flag 4) adds its values' set (its key + ":v"), its VALUE and each window's period in
+    ms; a key with a block adds flag 8 and block_ns, in every mode (a peek reads the
+    block).  Returns, per decision, (pass, [(ok, charged, retry, [used...]) per item]);
+    a distinct item's tuple then has known, an item with a block then blocked (1 or 0):
+    the script says them of those items only."""
     keys, args = [], [now, len(decisions)]
     for mode, items in decisions:
         args += [mode, len(items)]
         for it in items:
             windows = case["keys"][it["key"]]
+            block = case.get("block", {}).get(it["key"], 0)
+            flags = it["flags"] | (BLOCK if block else 0)
             keys.append(item_key(it["key"], windows))
-            args += [it["cost"], it["flags"], len(windows)]
+            if flags & DISTINCT:
+                keys.append(item_key(it["key"], windows) + ":v")
+            args += [it["cost"], flags, len(windows)]
+            if flags & DISTINCT:
+                args.append(it["value"])
+            if block:
+                args.append(block)
             for w in windows:
                 args += [w["t"], w["burst"]]
+                if flags & DISTINCT:
+                    args.append(w["period"] // 10**6)
     out = [int(x) for x in redis.eval("gcra.lua", keys, args)]
     at, answers = 0, []
     for mode, items in decisions:
@@ -296,8 +334,16 @@ def gcra_batch(redis, case, now, decisions):
         for it in items:
             nw = len(case["keys"][it["key"]])
             ok, charged, retry = out[at:at + 3]
-            results.append((ok, charged, retry, out[at + 3:at + 3 + nw]))
+            used = out[at + 3:at + 3 + nw]
             at += 3 + nw
+            res = (ok, charged, retry, used)
+            if it["flags"] & DISTINCT:
+                res += (out[at],)
+                at += 1
+            if case.get("block", {}).get(it["key"]):
+                res += (out[at],)
+                at += 1
+            results.append(res)
         answers.append((passed, results))
     assert at == len(out), f"reply longer than expected: {out}"
     return answers
@@ -309,6 +355,11 @@ def gcra(redis, case, mode, now, items):
 
 
 def refund(redis, case, now, items):
+    # as store_redis.c's refund_some(): a distinct value's charge is not given back, so
+    # its item is not sent (store.h)
+    items = [it for it in items if not it.get("flags", 0) & DISTINCT]
+    if not items:
+        return 0
     keys, args = [], [now, len(items)]
     for it in items:
         windows = case["keys"][it["key"]]
@@ -327,6 +378,10 @@ def run_case(redis, case):
             for i, (it, got) in enumerate(zip(st["items"], results)):
                 w = it["want"]
                 want = (int(w["ok"]), int(w["charged"]), w["retry"], w["used"])
+                if it["flags"] & DISTINCT:
+                    want += (int(w["known"]),)
+                if case.get("block", {}).get(it["key"]):
+                    want += (int(w["blocked"]),)
                 assert got == want, f"{where}: item {i} ({it['key']}): got {got}, expected {want}"
         elif st["kind"] == "refund":
             refund(redis, case, st["now"], st["items"])

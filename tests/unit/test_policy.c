@@ -1687,7 +1687,7 @@ static void test_block(void **state)
 	run(&e, &x, POLICY_MAIL, NULL, STORE_CHECK, T0, &r);
 	assert_int_equal(r.d.action, POLICY_REJECT);
 	assert_false(r.res[0].blocked); /* this refusal starts the block */
-	assert_int_equal(r.d.retry_s, 30); /* the window's own wait, found before */
+	assert_int_equal(r.d.retry_s, 3600); /* the refusal that starts a block says so */
 	/* two minutes on, the window has room again, but the block holds */
 	run(&e, &x, POLICY_MAIL, NULL, STORE_PEEK, T0 + 120 * SEC, &r);
 	assert_int_equal(r.res[0].state, POLICY_RULE_OVER);

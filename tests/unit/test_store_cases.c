@@ -47,14 +47,16 @@ static const char *cases_path;
 struct tkey {
 	char name[MAX_NAME];
 	struct rate_limits limits;
+	uint64_t block_ns;      /* block=DURATION: every item of the key carries it */
 };
 
 struct titem {
 	unsigned key;
 	uint64_t cost;
 	unsigned flags;
+	uint64_t value;         /* flag d: the value_hash */
 	/* expected */
-	bool ok, charged;
+	bool ok, charged, known, blocked;
 	uint64_t retry;
 	uint64_t used[RATE_MAX_WINDOWS];
 };
@@ -213,42 +215,56 @@ static int find_key(const struct tcase *c, const char *name, size_t len)
 	return -1;
 }
 
-/* KEY:COST[:FLAGS] (flags only where want_flags) */
+/*
+ * KEY:COST:FLAGS[:VALUE] (a decision's item), or KEY:COST[:FLAGS[:VALUE]] (a refund's).
+ * FLAGS: - or letters b, c, d; d (distinct) requires VALUE, a decimal > 0, and VALUE
+ * requires d.
+ */
 static bool parse_item(struct parser *p, const struct tcase *c, const char *s, bool want_flags,
 		       struct titem *ret)
 {
 	char buf[96];
 	if ((size_t)snprintf(buf, sizeof(buf), "%s", s) >= sizeof(buf))
 		return perr(p, "item too long");
-	char *c1 = strchr(buf, ':');
-	char *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
-	if (!c1 || (want_flags != (c2 != NULL)))
+	char *part[4];
+	int np = 0;
+	part[np++] = buf;
+	for (char *q = buf; *q && np < 4; q++)
+		if (*q == ':') {
+			*q = '\0';
+			part[np++] = q + 1;
+		}
+	if (np < 2 || (want_flags && np < 3) || strchr(part[np - 1], ':'))
 		return perr(p, "bad item \"%s\"", s);
-	*c1 = '\0';
-	if (c2)
-		*c2 = '\0';
-	int k = find_key(c, buf, strlen(buf));
+	int k = find_key(c, part[0], strlen(part[0]));
 	if (k < 0)
-		return perr(p, "unknown key \"%s\"", buf);
+		return perr(p, "unknown key \"%s\"", part[0]);
 	*ret = (struct titem){ .key = (unsigned)k };
-	if (!parse_u64(c1 + 1, &ret->cost))
+	if (!parse_u64(part[1], &ret->cost))
 		return perr(p, "bad cost in \"%s\"", s);
-	if (c2 && strcmp(c2 + 1, "-") != 0) {
-		for (const char *f = c2 + 1; *f; f++) {
+	if (np > 2 && strcmp(part[2], "-") != 0) {
+		for (const char *f = part[2]; *f; f++) {
 			if (*f == 'b')
 				ret->flags |= STORE_BLOCKING;
 			else if (*f == 'c')
 				ret->flags |= STORE_COUNT_REJECTED;
+			else if (*f == 'd')
+				ret->flags |= STORE_DISTINCT;
 			else
 				return perr(p, "bad flags in \"%s\"", s);
 		}
-		if (!c2[1])
+		if (!part[2][0])
 			return perr(p, "empty flags in \"%s\"", s);
 	}
+	bool distinct = ret->flags & STORE_DISTINCT;
+	if (distinct != (np == 4))
+		return perr(p, "flag d and a VALUE go together in \"%s\"", s);
+	if (distinct && (!parse_u64(part[3], &ret->value) || ret->value == 0))
+		return perr(p, "bad value in \"%s\" (a decimal > 0)", s);
 	return true;
 }
 
-/* KEY=OK,CHARGED,RETRY,USED[/USED...] for item it */
+/* KEY=OK,CHARGED,RETRY,USED[/USED...][,known][,blocked] for item it */
 static bool parse_result(struct parser *p, const struct tcase *c, const char *s, struct titem *it)
 {
 	char buf[160];
@@ -260,12 +276,24 @@ static bool parse_result(struct parser *p, const struct tcase *c, const char *s,
 	*eq = '\0';
 	if (strcmp(buf, c->keys[it->key].name) != 0)
 		return perr(p, "result \"%s\" is not for item %s", s, c->keys[it->key].name);
-	char *field[4], *save = NULL, *f = strtok_r(eq + 1, ",", &save);
+	char *field[6], *save = NULL, *f = strtok_r(eq + 1, ",", &save);
 	int nf = 0;
-	for (; f && nf < 4; f = strtok_r(NULL, ",", &save))
+	for (; f && nf < 6; f = strtok_r(NULL, ",", &save))
 		field[nf++] = f;
-	if (nf != 4 || f)
-		return perr(p, "result \"%s\" needs 4 fields", s);
+	if (nf < 4 || f)
+		return perr(p, "result \"%s\" needs 4 fields, then known, blocked", s);
+	for (int i = 4; i < nf; i++) {
+		if (strcmp(field[i], "known") == 0 && i == 4)
+			it->known = true;
+		else if (strcmp(field[i], "blocked") == 0 && !it->blocked)
+			it->blocked = true;
+		else
+			return perr(p, "known then blocked after the 4 fields, not \"%s\"", field[i]);
+	}
+	if (it->known && !(it->flags & STORE_DISTINCT))
+		return perr(p, "only a distinct item (flag d) can be known");
+	if (it->blocked && !c->keys[it->key].block_ns)
+		return perr(p, "only an item of a key with a block can be blocked");
 	if (strcmp(field[0], "ok") != 0 && strcmp(field[0], "over") != 0)
 		return perr(p, "ok or over, not \"%s\"", field[0]);
 	it->ok = strcmp(field[0], "ok") == 0;
@@ -460,14 +488,22 @@ static bool parse_line(struct parser *p, char *line)
 		return true;
 	}
 	if (strcmp(tok[0], "key") == 0) {
+		uint64_t block_ns = 0;
+		if (n > 3 && strncmp(tok[n - 1], "block=", 6) == 0) {
+			if (!parse_duration(tok[n - 1] + 6, &block_ns) || block_ns == 0)
+				return perr(p, "bad block \"%s\"", tok[n - 1]);
+			n--;
+		}
 		if (n < 3 || n - 2 > RATE_MAX_WINDOWS)
-			return perr(p, "key NAME WINDOW... (1 to %d windows)", RATE_MAX_WINDOWS);
+			return perr(p, "key NAME WINDOW... [block=DURATION] (1 to %d windows)",
+				    RATE_MAX_WINDOWS);
 		if (c->nkeys == MAX_KEYS || strlen(tok[1]) >= MAX_NAME ||
 		    find_key(c, tok[1], strlen(tok[1])) >= 0)
 			return perr(p, "key \"%s\": again, too long, or too many keys", tok[1]);
 		struct tkey *k = &c->keys[c->nkeys];
 		memset(k, 0, sizeof(*k));
 		snprintf(k->name, sizeof(k->name), "%s", tok[1]);
+		k->block_ns = block_ns;
 		for (int i = 2; i < n; i++)
 			if (!parse_window(p, tok[i], &k->limits.w[k->limits.n++]))
 				return false;
@@ -526,6 +562,8 @@ static struct store_item to_item(struct store *s, const struct tcase *c, const s
 		.limits = &k->limits,
 		.cost = t->cost,
 		.flags = t->flags,
+		.block_ns = k->block_ns, /* peek too: it reads a running block, starts none */
+		.value_hash = t->value,
 	};
 }
 
@@ -555,16 +593,20 @@ static void run_decide(struct store *s, const struct tcase *c, const struct tste
 		const struct store_item *got = &items[i];
 		unsigned nw = c->keys[want->key].limits.n;
 		if (got->ok == want->ok && got->charged == want->charged &&
+		    got->known == want->known && got->blocked == want->blocked &&
 		    got->retry_ns == want->retry &&
 		    memcmp(got->used, want->used, nw * sizeof(got->used[0])) == 0)
 			continue;
 		char gu[128], wu[128];
 		used_text(gu, sizeof(gu), got->used, nw);
 		used_text(wu, sizeof(wu), want->used, nw);
-		fail_msg("%s:%u: item %zu (%s): got %s,%s,%" PRIu64 ",%s expected %s,%s,%" PRIu64 ",%s",
+		fail_msg("%s:%u: item %zu (%s): got %s,%s,%" PRIu64 ",%s%s%s expected %s,%s,%" PRIu64
+			 ",%s%s%s",
 			 cases_path, st->line, i, c->keys[want->key].name, got->ok ? "ok" : "over",
-			 got->charged ? "charged" : "-", got->retry_ns, gu, want->ok ? "ok" : "over",
-			 want->charged ? "charged" : "-", want->retry, wu);
+			 got->charged ? "charged" : "-", got->retry_ns, gu, got->known ? ",known" : "",
+			 got->blocked ? ",blocked" : "", want->ok ? "ok" : "over",
+			 want->charged ? "charged" : "-", want->retry, wu, want->known ? ",known" : "",
+			 want->blocked ? ",blocked" : "");
 	}
 }
 

@@ -256,13 +256,18 @@ for d = 1, D do
 	for x = first_item, first_item + n - 1 do
 		local ok, cost = iok[x], icost[x]
 		local charged = mode == 'check' and ok and (pass or bit.band(iflags[x], 2) ~= 0)
-		reply[nr + 1] = ok and 1 or 0
-		reply[nr + 2] = charged and 1 or 0
-		reply[nr + 3] = ok and '0' or u64_string(iretry[x])
-		nr = nr + 3
-		-- a block starts when a check finds the item over and no block running
+		-- a block starts when a check finds the item over and no block running; the
+		-- refusal that starts it says how long it lasts
 		local block = mode == 'check' and not ok and iblock[x] and not iblocked[x] and
 			iblock[x] or nil
+		local retry = iretry[x]
+		if block and block > retry then
+			retry = block
+		end
+		reply[nr + 1] = ok and 1 or 0
+		reply[nr + 2] = charged and 1 or 0
+		reply[nr + 3] = ok and '0' or u64_string(retry)
+		nr = nr + 3
 		local value = ivalue[x]
 		local remember = value and mode == 'check' and ok and
 			(charged or (pass and iknown[x]))
