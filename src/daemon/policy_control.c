@@ -541,7 +541,7 @@ static void explain_format(const struct explain_slot *sl, struct buf *out,
 			continue;
 		}
 		if (policy_rule_count_kind(r->rule) == POLICY_COUNT_SESSIONS) {
-			buf_printf(out, "%s; %u of %u sessions at once held now%s%s\n",
+			buf_printf(out, "%s; %u of %u sessions at once held now on this node%s%s\n",
 				   rule_state_text(r->state), r->sessions,
 				   policy_rule_max_sessions(r->rule),
 				   r->state == POLICY_RULE_HELD ? "" :

@@ -781,7 +781,7 @@ def test_sluice_test_explains_chains_scopes_distinct_blocks_and_sessions(sluiced
                      r"window: it counts 1", out), out
     assert re.search(r"limit campus .*: does not apply \(only client_ip: no match\)", out), out
     assert re.search(r"limit per-ip .*: key 192\.0\.2\.7: within its limits; 0 of 2 sessions "
-                     r"at once held now; counted through the milter only", out), out
+                     r"at once held now on this node; counted through the milter only", out), out
     out = test("--sasl-user", "bob", "--rcpt", "x@example.net")
     assert "key sasl_user:bob (from sasl_user" in out, out
 
