@@ -540,6 +540,11 @@ static int load_rule(struct cfg_node *n, struct policy_rule *r, char *err, size_
 			return -EINVAL;
 		}
 		r->reply = strdup(text);
+	} else if (r->action == POLICY_TEMPFAIL && r->count == POLICY_COUNT_SESSIONS) {
+		/* a slot frees when a session ends: there is no wait to tell */
+		r->reply = strdup("451 4.7.1 Too many sessions at once for %{key}, try again later");
+	} else if (r->action == POLICY_REJECT && r->count == POLICY_COUNT_SESSIONS) {
+		r->reply = strdup("550 5.7.1 Too many sessions at once for %{key}");
 	} else if (r->action == POLICY_TEMPFAIL) {
 		r->reply = strdup("451 4.7.1 Rate limit exceeded for %{key}, try again in %{retry}");
 	} else if (r->action == POLICY_REJECT) {
