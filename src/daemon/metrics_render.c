@@ -15,6 +15,7 @@
 
 #include "build_config.h"
 #include "engine.h"
+#include "live_sessions.h"
 #include "metrics.h"
 #include "metrics_render.h"
 #include "policy.h"
@@ -133,6 +134,10 @@ static void render_process(struct page *p, const struct metrics_sources *src)
 	dbl(p, "sluice_start_time_seconds", NULL, 0, (double)src->started_us / 1e6);
 	fam(p, "sluice_reloads_total", "counter", "Configuration reloads that succeeded.");
 	u64(p, "sluice_reloads_total", NULL, 0, src->reloads);
+	fam(p, "sluice_double_use_sessions_total", "counter",
+	    "SMTP sessions that both the milter and the policy service served (one MTA using "
+	    "both counts each event twice).");
+	u64(p, "sluice_double_use_sessions_total", NULL, 0, live_sessions_doubles());
 	uint64_t threads, rss;
 	proc_status(&threads, &rss);
 	fam(p, "sluice_threads", "gauge", "Threads of the process.");

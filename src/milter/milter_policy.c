@@ -7,6 +7,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "live_sessions.h"
 #include "milter_policy.h"
 #include "util.h"
 
@@ -29,6 +30,9 @@ struct mp_session {
 	struct mp_handler *h;
 	struct milter_session *ms;
 	const char *pending_class;
+	/* the SMTP session in the table of live ones (the policy service looks there) */
+	struct live_session_key live;
+	bool live_held;
 	unsigned accepted_rcpts;
 	bool helo_done;           /* the helo rules ran for this SMTP session */
 	uint64_t mail_size;       /* SIZE= given with MAIL */
@@ -53,6 +57,11 @@ static struct mp_session *state(struct milter_session *ms)
 		st = calloc(1, sizeof(*st));
 		if (!st)
 			return NULL;
+		/* the milter sees where an SMTP session ends: sessions rules apply */
+		if (policy_msg_track_sessions(&st->msg) < 0) {
+			free(st);
+			return NULL;
+		}
 		buf_init(&st->header_bytes, MAX_HEADER_BYTES);
 		milter_session_set_handler_data(ms, st);
 	}
@@ -232,6 +241,13 @@ static enum milter_verdict after(struct mp_handler *h, struct milter_session *ms
 	default:
 		break;
 	}
+	/* a tarpit: an event that passes is answered after the longest delay of the delay
+	 * rules over their limits (a refusal is not delayed) */
+	if (d && d->delay_ms && (v == MILTER_CONTINUE || v == MILTER_ACCEPT)) {
+		milter_session_delay(ms, d->delay_ms);
+		session_log(milter_session_session(ms), LOG_LEVEL_INFO, "delay stage=%s wait=%llums",
+			    policy_stage_name(stage), (unsigned long long)d->delay_ms);
+	}
 	return v;
 }
 
@@ -298,13 +314,43 @@ static void on_class_done(void *arg, int rc)
 		milter_session_resume(st->ms, v);
 }
 
+/* The SMTP session of this milter connection ended (a new CONNECT follows, or the
+ * connection closes): its sessions rules' slots and its place among the live sessions go. */
+static void smtp_session_end(struct mp_session *st)
+{
+	policy_sessions_end(&st->msg);
+	if (st->live_held)
+		live_sessions_leave(&st->live, LIVE_MILTER);
+	st->live_held = false;
+}
+
+/* The SMTP session starts: recorded among the live ones, where the policy service finds
+ * it if the same MTA asks it too (or where the milter finds the policy service's). */
+static void note_live(struct milter_session *ms, struct mp_session *st)
+{
+	struct str addr = milter_session_client_addr(ms);
+	unsigned port = milter_session_client_port(ms);
+	if (live_sessions_key(addr, port, &st->live) < 0)
+		return;
+	int r = live_sessions_enter(&st->live, LIVE_MILTER);
+	st->live_held = r >= 0;
+	if (r == 1 && live_sessions_claim_warning()) {
+		char peer[120];
+		log_quote(peer, sizeof(peer), addr, 60);
+		session_log(milter_session_session(ms), LOG_LEVEL_WARNING,
+			    "%s (first seen: client=%s port=%u)", LIVE_SESSIONS_WARNING, peer, port);
+	}
+}
+
 static enum milter_verdict on_connect(void *ctx, struct milter_session *ms)
 {
 	struct mp_handler *h = ctx;
+	struct mp_session *st = state(ms);
+	if (!st)
+		return MILTER_TEMPFAIL;
+	smtp_session_end(st); /* a second CONNECT on one milter connection (after QUIT_NC) */
+	note_live(ms, st);
 	if (policy_has_classes(h->policy)) {
-		struct mp_session *st = state(ms);
-		if (!st)
-			return MILTER_TEMPFAIL;
 		st->helo_done = false;
 		struct ipaddr ip;
 		bool have_ip = ipaddr_parse(milter_session_client_addr(ms), &ip) == 0;
@@ -438,6 +484,7 @@ static void on_close(void *ctx, struct milter_session *ms)
 	policy_pending_cancel(st->pending);
 	st->pending = NULL;
 	policy_msg_end(h->policy, &st->msg, false, realtime_ns());
+	smtp_session_end(st);
 	policy_msg_clear(&st->msg);
 	policy_class_release(h->policy, st->slot);
 	buf_done(&st->header_bytes);

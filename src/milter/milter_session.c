@@ -12,6 +12,7 @@
  */
 #include <errno.h>
 #include <event2/buffer.h>
+#include <event2/event.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -54,6 +55,12 @@ struct milter_session {
 	bool pending;
 	bool reply_needed; /* for the pending step */
 	uint8_t pending_code;
+	/* a tarpit: the step's reply waits delay_ms on the session's own timer (armed when
+	 * the verdict is known; freed with the session) */
+	uint64_t delay_ms;
+	struct event *delay_ev;
+	bool delaying;     /* the timer runs: the pending step's verdict is delayed_v */
+	enum milter_verdict delayed_v;
 	size_t max_packet;
 	struct buf out;
 	/* Macros of all stages in one buffer of records [slot][u32 length][name NUL value
@@ -453,6 +460,67 @@ static void finish_step(struct milter_session *ms, enum milter_verdict v, bool r
 	buf_done(&ms->reply);
 }
 
+static void flush(struct milter_session *ms);
+
+/* The delay is over: the step's reply goes out, and reading resumes (input that came
+ * meanwhile is handled now and may end the session: ms is not used after). */
+static void delay_fire(evutil_socket_t fd, short what, void *arg)
+{
+	struct milter_session *ms = arg;
+	(void)fd;
+	(void)what;
+	ms->delaying = false;
+	ms->pending = false;
+	finish_step(ms, ms->delayed_v, ms->reply_needed);
+	flush(ms);
+	session_resume(ms->s);
+}
+
+/* Hold the verdict v of the current step for the delay the handler asked for.  0, or
+ * -ENOMEM (then the reply goes out at once). */
+static int start_delay(struct milter_session *ms, enum milter_verdict v, bool reply_needed)
+{
+	uint64_t d = ms->delay_ms;
+	ms->delay_ms = 0;
+	if (!ms->delay_ev && !(ms->delay_ev = evtimer_new(session_base(ms->s), delay_fire, ms)))
+		return -ENOMEM;
+	struct timeval tv = { .tv_sec = (time_t)(d / 1000), .tv_usec = (suseconds_t)(d % 1000) * 1000 };
+	if (evtimer_add(ms->delay_ev, &tv) < 0)
+		return -ENOMEM;
+	ms->delaying = true;
+	ms->delayed_v = v;
+	ms->pending = true;
+	ms->reply_needed = reply_needed;
+	session_pause(ms->s);
+	return 0;
+}
+
+/*
+ * A step's verdict: answered now (true), or the reply waits (false, the session paused)
+ * -- for the handler (MILTER_PENDING, then milter_session_resume()) or for the delay it
+ * asked for with milter_session_delay() (a verdict that is not pending, delayed on the
+ * session's timer; only where the MTA waits for the reply, as elsewhere holding it back
+ * would slow nobody).
+ */
+static bool settle(struct milter_session *ms, enum milter_verdict v, bool reply_needed)
+{
+	if (v == MILTER_PENDING) {
+		ms->pending = true;
+		ms->reply_needed = reply_needed;
+		session_pause(ms->s);
+		return false;
+	}
+	if (ms->delay_ms && reply_needed) {
+		if (start_delay(ms, v, reply_needed) == 0)
+			return false;
+		session_log(ms->s, LOG_LEVEL_ERROR, "cannot delay the %s reply: out of memory; "
+			    "answering now", milter_step_name(ms->step));
+	}
+	ms->delay_ms = 0;
+	finish_step(ms, v, reply_needed);
+	return true;
+}
+
 /*
  * Run one step: ask the handler if it wants the step, then reply if the MTA waits.
  * Returns false when the step is pending.
@@ -468,14 +536,7 @@ static bool run_step(struct milter_session *ms, enum milter_step step, const str
 	if ((ms->want_steps & bit || step == MILTER_STEP_EOM) && ms->h->on_step[step] && !skip_handler)
 		v = ms->h->on_step[step](ms->h->ctx, ms);
 	ms->cmd = NULL;
-	if (v == MILTER_PENDING) {
-		ms->pending = true;
-		ms->reply_needed = reply_needed;
-		session_pause(ms->s);
-		return false;
-	}
-	finish_step(ms, v, reply_needed);
-	return true;
+	return settle(ms, v, reply_needed);
 }
 
 static void flush(struct milter_session *ms)
@@ -489,12 +550,19 @@ static void flush(struct milter_session *ms)
 
 void milter_session_resume(struct milter_session *ms, enum milter_verdict v)
 {
-	if (!ms->pending || v == MILTER_PENDING)
+	if (!ms->pending || ms->delaying || v == MILTER_PENDING)
 		return;
 	ms->pending = false;
-	finish_step(ms, v, ms->reply_needed);
+	bool now = settle(ms, v, ms->reply_needed);
 	flush(ms);
-	session_resume(ms->s);
+	if (now)
+		session_resume(ms->s);
+}
+
+void milter_session_delay(struct milter_session *ms, uint64_t delay_ms)
+{
+	if (!ms->delaying)
+		ms->delay_ms = delay_ms;
 }
 
 static int copy_str(struct buf *b, struct str s)
@@ -644,14 +712,7 @@ static int dispatch(struct milter_session *ms, const struct milter_cmd *c, const
 				 * message, and the EOM handler is not called. */
 				if (bv != MILTER_CONTINUE && bv != MILTER_SKIP) {
 					ms->step = MILTER_STEP_EOM;
-					if (bv == MILTER_PENDING) {
-						ms->pending = true;
-						ms->reply_needed = true;
-						session_pause(ms->s);
-						return 1;
-					}
-					finish_step(ms, bv, true);
-					return 0;
+					return settle(ms, bv, true) ? 0 : 1;
 				}
 			}
 		}
@@ -749,6 +810,10 @@ static void milter_close(struct session *s)
 	struct milter_session *ms = session_data(s);
 	if (!ms)
 		return;
+	if (ms->delay_ev)
+		event_free(ms->delay_ev); /* a delayed reply is never sent */
+	ms->delay_ev = NULL;
+	ms->delaying = false;
 	/* EOF without QUIT: ABORT + QUIT. */
 	reset_connection(ms, 0);
 	milter_handler_unref(ms->h);

@@ -120,6 +120,15 @@ int milter_session_quarantine(struct milter_session *ms, struct str reason);
  * whose answer the MTA does not wait for. */
 int milter_session_progress(struct milter_session *ms);
 /*
+ * A tarpit: the reply to the step being handled goes out delay_ms later, on the session's
+ * own timer (no thread waits), and the session reads nothing meanwhile.  Call it from
+ * on_step, or before milter_session_resume() for a pending step; it applies to the
+ * verdict given then.  Ignored where the MTA waits for no reply (nobody would be slowed)
+ * and while a delay already runs.  Closing the session cancels the timer (the reply is
+ * never sent).
+ */
+void milter_session_delay(struct milter_session *ms, uint64_t delay_ms);
+/*
  * Deliver the verdict of a step that returned MILTER_PENDING.  Commands that arrived
  * meanwhile are processed at once, and one of them may end the session: the handler must
  * not use ms after this call returns.

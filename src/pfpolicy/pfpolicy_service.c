@@ -8,6 +8,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "live_sessions.h"
 #include "pfpolicy.h"
 #include "pfpolicy_service.h"
 #include "util.h"
@@ -28,6 +29,9 @@ struct pf_conn {
 	/* the SMTP session under way: client and server address and port */
 	char session[SESSION_MAX + 1];
 	int conn_done;          /* highest of connect, helo whose rules ran; -1 none */
+	/* the SMTP session among the live ones (the milter looks there, and we there) */
+	struct live_session_key live;
+	bool live_held;
 	/* the message under way (Postfix sets instance once MAIL is accepted) */
 	char instance[INSTANCE_MAX + 1];
 	struct policy *policy;  /* the rule set the message started with */
@@ -43,6 +47,7 @@ struct pf_conn {
 	char *held;                   /* the request's bytes, copied when it must wait */
 	int stage, cur, last_once;
 	struct policy_decision best;
+	uint64_t delay_ms;      /* the delays of the request's stages that passed */
 	uint64_t now;
 };
 
@@ -91,6 +96,8 @@ static void pf_close(struct session *s)
 	if (!c)
 		return;
 	policy_pending_cancel(c->pending);
+	if (c->live_held)
+		live_sessions_leave(&c->live, LIVE_POLICY);
 	free(c->held);
 	end_message(c);
 	policy_msg_clear(&c->msg);
@@ -233,6 +240,8 @@ static bool stage_done(struct session *s, struct pf_conn *c, int st, struct poli
 		log_over(s, d, (enum policy_stage)st, &c->req);
 	if (d->action > c->best.action)
 		c->best = *d;
+	/* each stage's event would have waited its own delay: the answer waits them all */
+	c->delay_ms += d->delay_ms;
 	if (c->best.action >= POLICY_DISCARD)
 		return true;
 	if (st <= POLICY_HELO)
@@ -280,6 +289,28 @@ static void conclude(struct session *s, struct pf_conn *c)
 	if (c->best.action >= POLICY_DISCARD && c->stage >= POLICY_DATA)
 		policy_msg_end(c->policy, &c->msg, false, c->now);
 	action_text(&c->best, &c->msg, (enum policy_stage)c->stage, action, sizeof(action));
+	if (c->delay_ms && c->best.action < POLICY_DISCARD) {
+		/*
+		 * A tarpit through Postfix: an action that is no access(5) action is read as a
+		 * list of restrictions (smtpd_check.c, check_table_result() -> generic_checks()),
+		 * and the restriction "sleep N" pauses smtpd for N seconds, then goes on as
+		 * DUNNO (postconf(5); Postfix 2.3 and later).  Whole seconds: rounded up.  One
+		 * answer holds one action: a PREPEND or HOLD of the same decision wins.
+		 */
+		uint64_t ms = c->delay_ms > 300000 ? 300000 : c->delay_ms;
+		if (strcmp(action, "DUNNO") == 0) {
+			fmt_fixed(action, sizeof(action), "sleep %llu",
+				  (unsigned long long)((ms + 999) / 1000));
+			session_log(s, LOG_LEVEL_INFO, "delay stage=%s wait=%llums answer=\"%s\"",
+				    policy_stage_name((enum policy_stage)c->stage),
+				    (unsigned long long)ms, action);
+		} else {
+			session_log(s, LOG_LEVEL_INFO, "delay stage=%s wait=%llums not applied: the "
+				    "answer is \"%.40s\" (one action per answer)",
+				    policy_stage_name((enum policy_stage)c->stage),
+				    (unsigned long long)ms, action);
+		}
+	}
 	answer(s, c, action);
 }
 
@@ -302,6 +333,36 @@ static void on_decided(void *arg, struct policy_decision *d)
 		return;
 	}
 	session_resume(s); /* reads what came meanwhile; may end the session */
+}
+
+/*
+ * A new SMTP session on this connection: it replaces the previous one among the live
+ * sessions.  If the milter serves it too (the same client address and port), one MTA
+ * uses both protocols and every event is decided, and counted, twice: it is counted for
+ * `sluice status`, and logged once.  Only detected, not corrected: the two cannot share
+ * the decisions exactly (Postfix asks the policy service at CONNECT, with
+ * smtpd_delay_reject = no, before it tells the milter, and writes the milter's CONNECT,
+ * HELO and MAIL, when they await no reply, only with its RCPT, after the policy
+ * service's RCPT; and two MTAs may see one client address and port).
+ */
+static void note_live(struct session *s, struct pf_conn *c, const struct pfpolicy_request *r)
+{
+	if (c->live_held)
+		live_sessions_leave(&c->live, LIVE_POLICY);
+	c->live_held = false;
+	bool ok;
+	struct str addr = pfpolicy_get(r, "client_address");
+	uint64_t port = parse_u64(pfpolicy_get(r, "client_port"), &ok);
+	if (!ok || port > 65535 || live_sessions_key(addr, (unsigned)port, &c->live) < 0)
+		return;
+	int e = live_sessions_enter(&c->live, LIVE_POLICY);
+	c->live_held = e >= 0;
+	if (e == 1 && live_sessions_claim_warning()) {
+		char peer[120];
+		log_quote(peer, sizeof(peer), addr, 60);
+		session_log(s, LOG_LEVEL_WARNING, "%s (first seen: client=%s port=%llu)",
+			    LIVE_SESSIONS_WARNING, peer, (unsigned long long)port);
+	}
 }
 
 /* Returns false when the answer waits for the store (the request stays in the input). */
@@ -348,6 +409,7 @@ static bool handle(struct session *s, struct pf_conn *c, const struct pfpolicy_r
 		end_message(c);
 		memcpy(c->session, sess, sizeof(sess));
 		c->conn_done = -1;
+		note_live(s, c, r);
 	}
 	struct str inst = pfpolicy_get(r, "instance");
 	if (inst.len > INSTANCE_MAX)
@@ -368,6 +430,7 @@ static bool handle(struct session *s, struct pf_conn *c, const struct pfpolicy_r
 	c->now = realtime_ns();
 	c->best.action = POLICY_ACCEPT;
 	c->best.rule = NULL;
+	c->delay_ms = 0;
 	c->s = s;
 	if (!run_stages(s, c))
 		return false;

@@ -89,6 +89,7 @@ struct th {
 	enum milter_verdict verdict[MILTER_STEP_COUNT];
 	const char *reply[MILTER_STEP_COUNT];
 	unsigned pending_ms[MILTER_STEP_COUNT]; /* > 0: defer, then resume with verdict[] */
+	unsigned delay_ms[MILTER_STEP_COUNT];   /* > 0: milter_session_delay() at the step */
 	bool progress_before_resume;
 	bool eom_mods;	/* run the modification list at EOM */
 	bool try_mods;	/* run it at every other step too */
@@ -253,6 +254,10 @@ static enum milter_verdict th_step(void *ctx, struct milter_session *ms)
 		th_mods(th, ms, step == MILTER_STEP_EOM);
 	if (th->reply[step] && milter_session_set_reply(ms, str_cstr(th->reply[step])) < 0)
 		th_printf(th, " bad-reply");
+	if (th->delay_ms[step]) {
+		milter_session_delay(ms, th->delay_ms[step]);
+		th_printf(th, " delay");
+	}
 	if (th->pending_ms[step]) {
 		struct pend *p = calloc(1, sizeof(*p));
 		if (p) {
@@ -1475,6 +1480,87 @@ static void test_pending_resume(void **state)
 	expect_log(th, "mail(<d@example.org>) pending;resume(continue);abort;close;resumed;");
 }
 
+/* A tarpit: milter_session_delay() holds the step's reply on the session's own timer. */
+static void test_delay_reply(void **state)
+{
+	struct fixture *f = *state;
+	struct th *th = f->th;
+	th->want.steps = STEP(HELO) | STEP(MAIL) | STEP(RCPT) | STEP(EOM);
+	th->want.replies = STEP(MAIL) | STEP(RCPT) | STEP(EOM);
+	th->delay_ms[MILTER_STEP_RCPT] = 300;
+	th->delay_ms[MILTER_STEP_HELO] = 1000; /* no reply awaited: ignored */
+	int fd = mta_open(f);
+	mta_optneg(fd, 6, PF_ACTS, PF_PROTO);
+
+	/* HELO has no reply and is not held: MAIL is answered at once */
+	uint64_t t0 = now_ms_test();
+	struct wire w = { 0 };
+	wire_str(&w, 'H', "helo.example");
+	wire_str(&w, 'M', "<a@example.org>");
+	wire_send(fd, &w);
+	expect_reply(fd, 'c');
+	assert_true(now_ms_test() - t0 < 250);
+	expect_log(th, "helo(helo.example) delay;mail(<a@example.org>);");
+
+	/* RCPT held 300 ms; the RCPT pipelined behind it is read only after the reply */
+	t0 = now_ms_test();
+	wire_str(&w, 'R', "<b@example.net>");
+	wire_str(&w, 'R', "<c@example.net>");
+	wire_send(fd, &w);
+	expect_silence(fd, 150);
+	assert_int_equal(atomic_load(&th->steps[MILTER_STEP_RCPT]), 1);
+
+	/* meanwhile another session on the same (single) worker is answered at once: the
+	 * delay holds no thread */
+	int fd2 = mta_open(f);
+	mta_optneg(fd2, 6, PF_ACTS, PF_PROTO);
+	mta_str(fd2, 'M', "<other@example.org>");
+	expect_reply(fd2, 'c');
+	uint64_t other = now_ms_test() - t0;
+
+	expect_reply(fd, 'c');
+	uint64_t first = now_ms_test() - t0;
+	assert_true(first >= 295);
+	assert_true(other + 20 < first); /* served while the first reply was held */
+	expect_reply(fd, 'c');
+	assert_true(now_ms_test() - t0 >= first + 295);
+	expect_silence(fd, 50);
+	expect_log(th, "rcpt(<b@example.net> #1) delay;mail(<other@example.org>);"
+		       "rcpt(<c@example.net> #2) delay;");
+
+	/* a pending step's verdict is delayed after the handler's own wait, and its
+	 * verdict is the one sent (accept at EOM) */
+	th->delay_ms[MILTER_STEP_RCPT] = 0;
+	th->pending_ms[MILTER_STEP_EOM] = 100;
+	th->delay_ms[MILTER_STEP_EOM] = 200;
+	th->verdict[MILTER_STEP_EOM] = MILTER_ACCEPT;
+	t0 = now_ms_test();
+	mta_cmd(fd, 'E', NULL, 0);
+	expect_silence(fd, 200);
+	expect_reply(fd, 'a');
+	assert_true(now_ms_test() - t0 >= 295);
+	expect_log(th, "eom(0) delay pending;resume(accept);resumed;");
+
+	/* the MTA hangs up while its reply is held: the session ends (the engine keeps a
+	 * paused session that reads EOF until it resumes, so at the latest when the delay
+	 * is over), and the timer never touches a freed session (ASan/UBSan would say) */
+	th->pending_ms[MILTER_STEP_EOM] = 0;
+	th->delay_ms[MILTER_STEP_RCPT] = 1000;
+	uint64_t ended = stat_sessions_ended(f);
+	mta_str(fd, 'M', "<d@example.org>");
+	expect_reply(fd, 'c');
+	mta_str(fd, 'R', "<e@example.net>");
+	expect_silence(fd, 100);
+	mta_close(f, fd);
+	WAIT_FOR(stat_sessions_ended(f) == ended + 1);
+	expect_log(th, "mail(<d@example.org>);rcpt(<e@example.net> #1) delay;abort;close;");
+
+	/* and a session still held when the engine stops is freed by the teardown */
+	mta_str(fd2, 'R', "<f@example.net>");
+	expect_silence(fd2, 100);
+	expect_log(th, "rcpt(<f@example.net> #1) delay;");
+}
+
 /* ---- body ------------------------------------------------------------------------- */
 
 static void test_skip_body(void **state)
@@ -1894,6 +1980,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_eom_modifications, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_eom_replbody_packets, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_pending_resume, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_delay_reply, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_skip_body, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_bodyeob_data, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_bodyeob_data_verdict, setup, teardown),
