@@ -77,7 +77,7 @@ milter {
   listen = "unix:$d/milter.sock";
   max_sessions = 30000;
 EOF
-	[ "$1" = rules ] || echo "$REPLY_BLOCK"
+	[ "$1" != norules ] || echo "$REPLY_BLOCK"
 	echo "}"
 	[ "$1" = norules ] || rules_conf "$RATE"
 	[ "$1" != rules7 ] || rules7_conf "$RATE"
