@@ -446,6 +446,15 @@ int selector_key(const struct selector *sels, size_t n, const struct policy_txn 
 	return selector_key_append(sels, n, t, out, ret_missing);
 }
 
+/* Does alternative a read the sender (whose null sender is a value of its own)? */
+static bool alt_reads_sender(const struct selector_set *set, size_t a)
+{
+	for (size_t k = set->alt[a]; k < set->alt[a + 1]; k++)
+		if (set->sel[k].kind == SEL_SENDER || set->sel[k].kind == SEL_SENDER_DOMAIN)
+			return true;
+	return false;
+}
+
 int selector_chain_key(const struct selector_set *set, const struct policy_txn *t,
 		       struct buf *out, size_t *ret_alt, const struct selector **ret_missing)
 {
@@ -454,8 +463,13 @@ int selector_chain_key(const struct selector_set *set, const struct policy_txn *
 			*ret_alt = 0;
 		return selector_key(set->sel, set->n, t, out, ret_missing);
 	}
+	bool null_sender = t->have_sender && bare_address(t->sender).len == 0;
 	for (size_t a = 0; a < set->nalt; a++) {
 		char name[SELECTOR_MAX * 80];
+		/* a bounce's null sender is no one to count by: the chain goes on (but for its
+		 * last alternative, which counts bounces together rather than not at all) */
+		if (null_sender && a + 1 < set->nalt && alt_reads_sender(set, a))
+			continue;
 		buf_reset(out);
 		selector_alt_name(set, a, name, sizeof(name));
 		if (buf_append_cstr(out, name) < 0 || buf_append_byte(out, ':') < 0)

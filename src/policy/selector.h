@@ -15,7 +15,9 @@
  * "%25" and "%2B", so that two different pairs of values never give one key
  * ("a+b@x" + "c" is "a%2Bb@x+c", "a" + "b@x+c" is "a+b@x%2Bc").  In a chain of
  * alternatives, the key starts with the alternative that gave it and a ':'
- * ("sasl_user:bob", "client_ip:192.0.2.7"), so that two alternatives never share a key.  A selector without a value (no SASL user, no such header, a
+ * ("sasl_user:bob", "client_ip:192.0.2.7"), so that two alternatives never share a key;
+ * there, an alternative that reads the sender is passed over for a null sender (a bounce
+ * is counted by what follows), unless it is the last.  A selector without a value (no SASL user, no such header, a
  * client without a verified name) makes the key -- and so the rule -- not apply.
  *
  * struct policy_txn is the protocol-neutral view of an SMTP transaction that the milter

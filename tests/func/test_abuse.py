@@ -303,11 +303,11 @@ def test_chain_in_own_networks(sluiced, postfix):
     assert s.cli("limits", "show", "sasl_user:alice", "fan-out-chain").stdout.startswith(
         "fan-out-chain sasl_user:alice: 2/1h used 2/2; full")
 
-    # a bounce (the null sender): the key is sender:<>
+    # a bounce (the null sender): counted by its client, the chain's last alternative
     r = send("192.0.2.22", "<>", ["d1@example.net"])
     assert [c for c, _ in r] == [250], r
-    assert s.cli("limits", "show", "sender:<>", "fan-out-chain").stdout == \
-        "fan-out-chain sender:<>: 2/1h used 1/2\n"
+    assert s.cli("limits", "show", "client_ip:192.0.2.22", "fan-out-chain").stdout == \
+        "fan-out-chain client_ip:192.0.2.22: 2/1h used 1/2\n"
 
     # outside the network (mail from the Internet to example.com): the rule does not
     # apply, though the sender is the blocked one

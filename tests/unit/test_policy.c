@@ -1596,6 +1596,15 @@ static void test_key_chain(void **state)
 	struct run x;
 	run(&e, &none, POLICY_MAIL, NULL, STORE_CHECK, T0, &x);
 	assert_int_equal(x.res[0].state, POLICY_RULE_NO_VALUE);
+	/* a bounce is counted by what follows the sender, not as "sender:<>" */
+	struct tx bounce = { .ip = "192.0.2.7", .sender = "<>" };
+	run(&e, &bounce, POLICY_MAIL, NULL, STORE_PEEK, T0, &x);
+	assert_string_equal(x.res[0].key, "client_ip/24/64:192.0.2.0/24");
+	struct env e2;
+	env_load(&e2, "limit \"last\" { stage = mail; key = \"sasl_user|sender\"; rate = 1/1h; }\n");
+	run(&e2, &bounce, POLICY_MAIL, NULL, STORE_PEEK, T0, &x);
+	assert_string_equal(x.res[0].key, "sender:<>"); /* unless it is the last */
+	env_free(&e2);
 	/* an operator's key names its alternative (any case) and is normalized by it */
 	char out[SELECTOR_MAX_KEY + 1];
 	int n = policy_rule_normalize_key(r, str_cstr("SENDER:a@EXAMPLE.com"), out);
