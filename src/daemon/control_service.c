@@ -245,6 +245,7 @@ static void control_input(struct session *s, struct evbuffer *in)
 		cw->w.ok = &cw->ok;
 		cw->w.done = wait_done;
 		cw->w.svc = cw;
+		cw->w.worker = session_worker(s);
 		r = cs->run(cs->arg, req.argc, req.argv, &cw->body, &cw->ok, &cw->w);
 		if (r == 2) {
 			/* a stream: its first part now, the others from stream_pump() */

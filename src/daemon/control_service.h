@@ -33,6 +33,8 @@ struct control_wait {
 	 * the session ends first. */
 	int (*step)(struct control_wait *w);
 	void *cmd;                              /* the command's state */
+	struct worker *worker;                  /* the session's: where done() must run
+						 * (worker_call() from another thread) */
 	void *svc;                              /* the service's state */
 };
 

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #include "log.h"
 #include "policy_control.h"
@@ -12,6 +13,20 @@
 
 #define TEST_MAX_RCPTS 32
 #define TEST_MAX_HEADERS 32
+
+/* "2026-11-27T10:00:00Z", or "unset" for 0. */
+static const char *fmt_until(uint64_t until_ns, char *buf, size_t len)
+{
+	if (until_ns == 0) {
+		fmt_fixed(buf, len, "unset");
+		return buf;
+	}
+	time_t t = (time_t)(until_ns / 1000000000ULL);
+	struct tm tm;
+	if (!gmtime_r(&t, &tm) || strftime(buf, len, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)
+		fmt_fixed(buf, len, "%llu", (unsigned long long)(until_ns / 1000000000ULL));
+	return buf;
+}
 
 static void format_windows(const struct rate_limits *l, const uint64_t *used, struct buf *out)
 {
@@ -213,6 +228,8 @@ struct show_slot {
 	char key[RATE_MAX_OVERRIDE_KEY + 1];
 	struct str k;
 	bool overridden, unlimited, skip;
+	bool runtime;           /* a run-time limit (sluice limits set) gave lim */
+	uint64_t until;
 	bool sessions;          /* a sessions rule: held is the count, nothing is asked */
 	unsigned held;
 	struct rate_limits lim;
@@ -237,9 +254,15 @@ static void show_format(struct show_job *job, struct buf *out)
 		const char *name = policy_rule_name(sl->rule);
 		if (sl->skip)
 			continue;
+		char rt[80] = "";
+		if (sl->runtime) {
+			char until[40];
+			fmt_fixed(rt, sizeof(rt), " (run-time limit, until %s)",
+				  fmt_until(sl->until, until, sizeof(until)));
+		}
 		if (sl->unlimited) {
-			buf_printf(out, "%s %.*s: unlimited (overrides file)\n", name,
-				   (int)sl->k.len, sl->k.ptr);
+			buf_printf(out, "%s %.*s: unlimited %s\n", name, (int)sl->k.len, sl->k.ptr,
+				   sl->runtime ? rt + 1 : "(overrides file)");
 			continue;
 		}
 		if (sl->sessions) {
@@ -259,7 +282,7 @@ static void show_format(struct show_job *job, struct buf *out)
 			continue;
 		}
 		buf_printf(out, "%s %.*s%s: ", name, (int)sl->k.len, sl->k.ptr,
-			   sl->overridden ? " (override)" : "");
+			   sl->runtime ? rt : sl->overridden ? " (override)" : "");
 		format_windows(&sl->lim, sl->it.used, out);
 		unsigned long long retry_s = sl->it.retry_ns / 1000000000ULL +
 					     (sl->it.retry_ns % 1000000000ULL != 0);
@@ -342,10 +365,16 @@ static int limits_show_reset(struct policy *p, struct str key, const char *rule,
 			sl->held = policy_rule_sessions_held(p, r, sl->k);
 			continue;
 		}
-		if (!policy_rule_limits(r, sl->k, &sl->lim, &sl->overridden)) {
+		/* the same precedence as a decision: run-time, overrides file, the rule */
+		if (store_ov_find(s->ov, policy_rule_key_hash(p, r, sl->k), now, &sl->lim,
+				  &sl->until) == 1) {
+			sl->runtime = true;
+			sl->unlimited = sl->lim.n == 0;
+		} else if (!policy_rule_limits(r, sl->k, &sl->lim, &sl->overridden)) {
 			sl->unlimited = true;
-			continue;
 		}
+		if (sl->unlimited)
+			continue;
 		sl->it = (struct store_item){ .key_hash = policy_rule_key_hash(p, r, sl->k),
 					      .rule = str_cstr(policy_rule_name(r)), .key = sl->k,
 					      .limits = &sl->lim, .cost = 0,
@@ -378,12 +407,377 @@ static int limits_show_reset(struct policy *p, struct str key, const char *rule,
 	return 0;
 }
 
+/* ---- run-time limits: limits set|unset|overrides ---- */
+
+static void format_limits(const struct rate_limits *l, struct buf *out)
+{
+	if (l->n == 0) {
+		buf_append_cstr(out, "unlimited");
+		return;
+	}
+	for (unsigned i = 0; i < l->n; i++) {
+		char t[64];
+		buf_printf(out, "%s%s", i ? ", " : "", rate_window_format(&l->w[i], t, sizeof(t)));
+	}
+}
+
+/* "RULE KEY: 100/1m, 5000/1d until 2026-11-27T10:00:00Z (run-time)" */
+static void runtime_line(struct buf *out, struct str rule, struct str key,
+			 const struct rate_limits *l, uint64_t until_ns)
+{
+	char until[40];
+	buf_printf(out, "%.*s %.*s: ", (int)rule.len, rule.ptr, (int)key.len, key.ptr);
+	format_limits(l, out);
+	if (until_ns)
+		buf_printf(out, " until %s (run-time)\n", fmt_until(until_ns, until, sizeof(until)));
+	else
+		buf_append_cstr(out, " (run-time, until unset)\n");
+}
+
+/* One set or unset, answered now (memory store) or by the store's sync thread (Redis). */
+struct ov_job {
+	struct store_ov_call call;
+	struct policy *p;
+	struct control_wait *w;  /* read on the worker only (the session may be gone) */
+	struct worker *worker;   /* the session's, where ov_back() runs */
+	int rc;
+	bool cancelled;          /* the session went away: the answer is dropped */
+	bool no_rule;            /* unset of a rule not configured (any more) */
+	char rule[STORE_OV_RULE + 1];
+	char key[RATE_MAX_OVERRIDE_KEY + 1];
+};
+
+static void ov_job_free(struct ov_job *job)
+{
+	policy_unref(job->p);
+	free(job);
+}
+
+static void ov_format(struct ov_job *job, struct buf *out, bool *ret_ok)
+{
+	struct store_ov_call *c = &job->call;
+	*ret_ok = job->rc >= 0;
+	if (job->rc == -E2BIG) {
+		buf_printf(out, "limits set: the table of run-time limits is full (%u entries): "
+			   "unset some first\n", STORE_OV_MAX);
+		return;
+	}
+	if (job->rc < 0) {
+		buf_printf(out, "limits %s %s %s: %s%s%s\n", c->unset ? "unset" : "set", job->rule,
+			   job->key, c->err[0] ? c->err : strerror(-job->rc),
+			   job->rc == -EAGAIN && !c->err[0] ? " (Redis unreachable)" : "",
+			   "; nothing changed");
+		return;
+	}
+	if (c->unset && job->no_rule && job->rc == 0) {
+		buf_printf(out, "no rule named \"%s\" (and no run-time limit left of one)\n",
+			   job->rule);
+		*ret_ok = false;
+		return;
+	}
+	if (c->unset) {
+		buf_printf(out, "%s %s: %s\n", job->rule, job->key,
+			   job->rc > 0 ? "run-time limit removed" : "had no run-time limit");
+		return;
+	}
+	runtime_line(out, c->e.rule, c->e.key, &c->e.limits, c->e.until_ns);
+}
+
+/* On the session's worker, after the sync thread answered. */
+static void ov_back(void *arg)
+{
+	struct ov_job *job = arg;
+	if (job->cancelled) {
+		ov_job_free(job);
+		return;
+	}
+	struct control_wait *w = job->w;
+	ov_format(job, w->out, w->ok);
+	w->cancel = NULL;
+	ov_job_free(job);
+	w->done(w);
+}
+
+/* On the store's sync thread. */
+static void ov_done(struct store_ov_call *c, int rc)
+{
+	struct ov_job *job = c->arg;
+	job->rc = rc;
+	/* XXX: if this allocation fails (or the workers are already stopped) the session
+	 * waits for its timeout and the job leaks; the change itself is settled either way */
+	if (worker_call(job->worker, ov_back, job) < 0)
+		return;
+}
+
+static void ov_cancel(struct control_wait *w)
+{
+	/* the sync thread still holds the job: ov_back() frees it */
+	struct ov_job *job = w->cmd;
+	job->cancelled = true;
+}
+
+/* RATE words into *ret: "10/1m" "5/30s:10" (or "10/1m,500/1d"), or "0" alone. */
+static int parse_rates(size_t argc, const struct str *argv, struct rate_limits *ret,
+		       struct buf *out)
+{
+	struct rate_limits l = { 0 };
+	bool zero = false;
+	size_t ntok = 0;
+	for (size_t i = 0; i < argc; i++) {
+		struct str a = argv[i];
+		size_t pos = 0;
+		while (pos <= a.len) {
+			size_t end = pos;
+			while (end < a.len && a.ptr[end] != ',')
+				end++;
+			struct str tok = str_make(a.ptr + pos, end - pos);
+			pos = end + 1;
+			if (tok.len == 0)
+				continue;
+			ntok++;
+			if (str_eq_cstr(tok, "0")) {
+				zero = true;
+				continue;
+			}
+			if (l.n == RATE_MAX_WINDOWS) {
+				buf_printf(out, "limits set: at most %d windows\n", RATE_MAX_WINDOWS);
+				return -EINVAL;
+			}
+			char err[200];
+			if (rate_window_parse(tok, &l.w[l.n], err, sizeof(err)) < 0) {
+				buf_printf(out, "limits set: bad rate \"%.*s\": %s\n", (int)tok.len,
+					   tok.ptr, err);
+				return -EINVAL;
+			}
+			for (unsigned k = 0; k < l.n; k++)
+				if (l.w[k].period_ns == l.w[l.n].period_ns) {
+					buf_printf(out, "limits set: two windows of the same period "
+						   "(\"%.*s\")\n", (int)tok.len, tok.ptr);
+					return -EINVAL;
+				}
+			l.n++;
+		}
+	}
+	if (ntok == 0) {
+		buf_append_cstr(out, "limits set: no rate given (e.g. 100/1m, or 0 for unlimited)\n");
+		return -EINVAL;
+	}
+	if (zero && ntok > 1) {
+		buf_append_cstr(out, "limits set: 0 (unlimited) stands alone\n");
+		return -EINVAL;
+	}
+	*ret = l;
+	return 0;
+}
+
+static void str_copy(char *dst, size_t len, struct str s)
+{
+	size_t n = s.len < len - 1 ? s.len : len - 1;
+	memcpy(dst, s.ptr, n);
+	dst[n] = '\0';
+}
+
+/* limits set RULE KEY RATE... [--for D] | limits unset RULE KEY */
+static int limits_set_unset(struct policy *p, bool unset, size_t argc, const struct str *argv,
+			    struct buf *out, bool *ret_ok, struct control_wait *w)
+{
+	*ret_ok = false;
+	const char *verb = unset ? "unset" : "set";
+	int64_t for_ms = 0;
+	size_t nargs = 0;
+	struct str args[16];
+	for (size_t i = 0; i < argc; i++) {
+		if (str_eq_cstr(argv[i], "--for")) {
+			if (unset || i + 1 >= argc) {
+				buf_printf(out, "limits %s: --for %s\n", verb,
+					   unset ? "is for set only" : "needs a duration (e.g. 1h)");
+				return 0;
+			}
+			char text[64], err[200];
+			str_copy(text, sizeof(text), argv[++i]);
+			struct cfg_node node = { .kind = CFG_SCALAR, .value = text,
+						 .value_len = strlen(text), .file = "argument",
+						 .key = "for" };
+			if (cfg_duration_ms(&node, 1000, INT64_C(366) * 86400 * 1000, &for_ms, err,
+					    sizeof(err)) < 0) {
+				buf_printf(out, "limits set: --for \"%s\": expected a duration from 1s "
+					   "to 366d, such as 30m\n", text);
+				return 0;
+			}
+			continue;
+		}
+		if (nargs == ARRAY_SIZE(args)) {
+			buf_printf(out, "limits %s: too many arguments\n", verb);
+			return 0;
+		}
+		args[nargs++] = argv[i];
+	}
+	if (unset ? nargs != 2 : nargs < 3) {
+		buf_printf(out, "usage: limits %s\n", unset ? "unset RULE KEY" :
+			   "set RULE KEY RATE... [--for DURATION]");
+		return 0;
+	}
+	char rule[STORE_OV_RULE + 1];
+	if (args[0].len > STORE_OV_RULE) {
+		buf_printf(out, "no rule named \"%.*s\"\n", (int)(args[0].len > 100 ? 100 : args[0].len),
+			   args[0].ptr);
+		return 0;
+	}
+	str_copy(rule, sizeof(rule), args[0]);
+	const struct policy_rule *r = policy_rule_find(p, rule);
+	/* unset of a rule no longer configured (renamed or removed at a reload): its
+	 * run-time limits stay listed until unset, with the key as it was written */
+	if (!r && !(unset && args[1].len && args[1].len <= RATE_MAX_OVERRIDE_KEY)) {
+		buf_printf(out, "no rule named \"%s\"\n", rule);
+		return 0;
+	}
+	if (!unset && policy_rule_count_kind(r) == POLICY_COUNT_SESSIONS) {
+		buf_printf(out, "limits set: %s is a sessions rule (count = \"sessions\"): it counts "
+			   "sessions at once, not rates, so it has no run-time limits\n", rule);
+		return 0;
+	}
+	struct ov_job *job = calloc(1, sizeof(*job));
+	if (!job)
+		return -ENOMEM;
+	int len = r ? policy_rule_normalize_key(r, args[1], job->key) : (int)args[1].len;
+	if (!r)
+		memcpy(job->key, args[1].ptr, args[1].len);
+	if (len <= 0) {
+		buf_printf(out, "%s: not a key of this rule (%s)\n", rule, policy_rule_key_spec(r));
+		free(job);
+		return 0;
+	}
+	struct store_ov_call *c = &job->call;
+	if (!unset && parse_rates(nargs - 2, args + 2, &c->e.limits, out) < 0) {
+		free(job);
+		return 0;
+	}
+	memcpy(job->rule, rule, strlen(rule) + 1);
+	job->p = policy_ref(p);
+	job->w = w;
+	job->worker = w ? w->worker : NULL;
+	job->no_rule = !r;
+	c->unset = unset;
+	c->e.rule = str_cstr(job->rule);
+	c->e.key = str_make(job->key, (size_t)len);
+	c->e.key_hash = store_key_hash(policy_store(p), c->e.rule, c->e.key);
+	c->e.until_ns = for_ms ? realtime_ns() + (uint64_t)for_ms * 1000000ULL : 0;
+	c->done = ov_done;
+	c->arg = job;
+	struct store *s = policy_store(p);
+	if (s->ops->ov_change && !job->worker) {
+		buf_printf(out, "limits %s: cannot wait for the store here\n", verb);
+		ov_job_free(job);
+		return 0;
+	}
+	/* not into job->rc: once queued, the sync thread may answer (ov_done) before this
+	 * returns; ov_back() runs on this thread, after */
+	int rc = store_ov_change(s, c);
+	if (rc == STORE_PENDING) {
+		w->cmd = job;
+		w->cancel = ov_cancel;
+		return 1;
+	}
+	job->rc = rc;
+	ov_format(job, out, ret_ok);
+	ov_job_free(job);
+	return 0;
+}
+
+static int ov_entry_cmp(const void *a, const void *b)
+{
+	const struct store_ov_entry *x = a, *y = b;
+	size_t n = x->rule.len < y->rule.len ? x->rule.len : y->rule.len;
+	int c = memcmp(x->rule.ptr, y->rule.ptr, n);
+	if (c || x->rule.len != y->rule.len)
+		return c ? c : (x->rule.len < y->rule.len ? -1 : 1);
+	n = x->key.len < y->key.len ? x->key.len : y->key.len;
+	c = memcmp(x->key.ptr, y->key.ptr, n);
+	return c ? c : (x->key.len < y->key.len ? -1 : x->key.len > y->key.len);
+}
+
+/* limits overrides [RULE] [--json] */
+static int limits_overrides(struct policy *p, const char *rule, bool json, struct buf *out,
+			    bool *ret_ok)
+{
+	*ret_ok = false;
+	if (rule && !policy_rule_find(p, rule)) {
+		buf_printf(out, "no rule named \"%s\"\n", rule);
+		return 0;
+	}
+	struct store *s = policy_store(p);
+	struct store_ov_entry *e = NULL;
+	size_t n = 0;
+	uint64_t now = realtime_ns();
+	if (s->ov && store_ov_list(s->ov, now, &e, &n) < 0)
+		return -ENOMEM;
+	if (n)
+		qsort(e, n, sizeof(*e), ov_entry_cmp);
+	size_t shown = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (rule && !str_eq_cstr(e[i].rule, rule))
+			continue;
+		if (json) {
+			char until[40], rn[STORE_OV_RULE + 1], key[RATE_MAX_OVERRIDE_KEY + 1];
+			str_copy(rn, sizeof(rn), e[i].rule);
+			str_copy(key, sizeof(key), e[i].key);
+			buf_append_cstr(out, "{\"rule\":");
+			buf_append_json_string(out, rn);
+			buf_append_cstr(out, ",\"key\":");
+			buf_append_json_string(out, key);
+			buf_append_cstr(out, ",\"windows\":[");
+			for (unsigned k = 0; k < e[i].limits.n; k++) {
+				char t[64];
+				buf_printf(out, "%s\"%s\"", k ? "," : "",
+					   rate_window_format(&e[i].limits.w[k], t, sizeof(t)));
+			}
+			buf_printf(out, "],\"unlimited\":%s,\"until\":", e[i].limits.n ? "false" : "true");
+			if (e[i].until_ns)
+				buf_printf(out, "\"%s\"", fmt_until(e[i].until_ns, until, sizeof(until)));
+			else
+				buf_append_cstr(out, "null");
+			buf_append_cstr(out, ",\"source\":\"run-time\"}\n");
+		} else {
+			runtime_line(out, e[i].rule, e[i].key, &e[i].limits, e[i].until_ns);
+		}
+		shown++;
+	}
+	free(e);
+	if (!json && shown == 0)
+		buf_append_cstr(out, "no run-time limits\n");
+	for (size_t i = 0; policy_rule_at(p, i); i++) {
+		const struct policy_rule *r = policy_rule_at(p, i);
+		if (rule && strcmp(rule, policy_rule_name(r)) != 0)
+			continue;
+		const char *path;
+		size_t count = policy_rule_overrides_count(r, &path);
+		if (!path)
+			continue;
+		if (json) {
+			buf_append_cstr(out, "{\"rule\":");
+			buf_append_json_string(out, policy_rule_name(r));
+			buf_append_cstr(out, ",\"file\":");
+			buf_append_json_string(out, path);
+			buf_printf(out, ",\"keys\":%zu,\"source\":\"overrides file\"}\n", count);
+		} else {
+			buf_printf(out, "%s: %zu key%s in its overrides file %s (below the "
+				   "run-time limits)\n", policy_rule_name(r), count,
+				   count == 1 ? "" : "s", path);
+		}
+	}
+	*ret_ok = true;
+	return 0;
+}
+
 int policy_control_limits(struct policy *p, size_t argc, const struct str *argv,
 			  struct buf *out, bool *ret_ok, struct control_wait *w)
 {
 	bool json = false;
 	size_t n = 0;
 	char args[4][256];
+	if (argc >= 2 && (str_eq_cstr(argv[1], "set") || str_eq_cstr(argv[1], "unset")))
+		return limits_set_unset(p, str_eq_cstr(argv[1], "unset"), argc - 2, argv + 2, out,
+					ret_ok, w);
 	for (size_t i = 1; i < argc; i++) {
 		if (str_eq_cstr(argv[i], "--json")) {
 			json = true;
@@ -407,11 +801,14 @@ int policy_control_limits(struct policy *p, size_t argc, const struct str *argv,
 		}
 		return limits_top(p, n == 2 ? args[1] : NULL, json, out);
 	}
+	if (n >= 1 && n <= 2 && strcmp(args[0], "overrides") == 0)
+		return limits_overrides(p, n == 2 ? args[1] : NULL, json, out, ret_ok);
 	if (n >= 2 && n <= 3 && (strcmp(args[0], "show") == 0 || strcmp(args[0], "reset") == 0))
 		return limits_show_reset(p, str_cstr(args[1]), n == 3 ? args[2] : NULL,
 					 strcmp(args[0], "reset") == 0, out, ret_ok, w);
 	buf_append_cstr(out, "usage: limits top [RULE] [--json] | limits show KEY [RULE] | "
-			"limits reset KEY [RULE]\n");
+			"limits reset KEY [RULE] | limits set RULE KEY RATE... [--for DURATION] | "
+			"limits unset RULE KEY | limits overrides [RULE] [--json]\n");
 	return 0;
 }
 
@@ -536,6 +933,16 @@ static void explain_format(const struct explain_slot *sl, struct buf *out,
 		if (r->via[0])
 			buf_printf(out, " (from %s, the first of the chain with a value)", r->via);
 		buf_append_cstr(out, ": ");
+		char rt[80] = "";
+		if (r->runtime) {
+			char until[40];
+			fmt_fixed(rt, sizeof(rt), " (run-time limit, until %s)",
+				  fmt_until(r->runtime_until, until, sizeof(until)));
+		}
+		if (r->state == POLICY_RULE_UNLIMITED && r->runtime) {
+			buf_printf(out, "unlimited for this key%s\n", rt);
+			continue;
+		}
 		if (r->state == POLICY_RULE_UNLIMITED || r->state == POLICY_RULE_COUNTED) {
 			buf_printf(out, "%s\n", rule_state_text(r->state));
 			continue;
@@ -550,7 +957,8 @@ static void explain_format(const struct explain_slot *sl, struct buf *out,
 				buf_printf(out, "    %s\n", r->why);
 			continue;
 		}
-		buf_printf(out, "%s%s; ", rule_state_text(r->state), r->overridden ? " (override)" : "");
+		buf_printf(out, "%s%s; ", rule_state_text(r->state),
+			   r->runtime ? rt : r->overridden ? " (override)" : "");
 		format_windows(&r->limits, r->used, out);
 		if (policy_rule_count_kind(r->rule) == POLICY_COUNT_DISTINCT)
 			buf_printf(out, "; this value %s", r->known ?

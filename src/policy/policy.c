@@ -476,8 +476,8 @@ static int sessions_rule(struct policy *p, const struct policy_rule *r, struct s
 /* The rules of stage st that apply to t, as store items in w.  Returns how many; a
  * sessions rule is decided here, and *ret_refused says if one refused the event. */
 static size_t prepare(struct policy *p, const struct policy_txn *t, enum policy_stage st,
-		      struct policy_msg *msg, enum store_mode mode, struct policy_decision *d,
-		      const struct work *w, bool *ret_refused)
+		      struct policy_msg *msg, enum store_mode mode, uint64_t now,
+		      struct policy_decision *d, const struct work *w, bool *ret_refused)
 {
 	size_t n = 0;
 	*ret_refused = false;
@@ -553,11 +553,23 @@ static size_t prepare(struct policy *p, const struct policy_txn *t, enum policy_
 			value_hash = store_key_hash(p->store, str_make("\x01of", 3), buf_str(&vb));
 			value_hash += value_hash == 0;
 		}
-		bool overridden;
+		/* the limits: a run-time limit (the store's table), else the overrides file,
+		 * else the rule's rates (doc/LIMITS.md, "Run-time limits") */
+		uint64_t key_hash = store_key_hash(p->store, r->name_str, buf_str(&kb));
+		bool overridden = false, runtime;
 		struct rate_limits lim;
-		int limited = policy_rule_limits(r, buf_str(&kb), &lim, &overridden);
-		if (res)
+		uint64_t until = 0;
+		int limited;
+		runtime = store_ov_find(p->store->ov, key_hash, now, &lim, &until) == 1;
+		if (runtime)
+			limited = lim.n > 0;
+		else
+			limited = policy_rule_limits(r, buf_str(&kb), &lim, &overridden);
+		if (res) {
 			res->overridden = overridden;
+			res->runtime = runtime;
+			res->runtime_until = until;
+		}
 		if (!limited) {
 			if (res)
 				res->state = POLICY_RULE_UNLIMITED;
@@ -565,7 +577,7 @@ static size_t prepare(struct policy *p, const struct policy_txn *t, enum policy_
 		}
 		struct store_item *it = &w->items[n];
 		memset(it, 0, sizeof(*it));
-		it->key_hash = store_key_hash(p->store, r->name_str, buf_str(&kb));
+		it->key_hash = key_hash;
 		/* messages and bytes counted at RCPT: once per message and key */
 		if ((r->count == POLICY_COUNT_MESSAGES || r->count == POLICY_COUNT_BYTES) &&
 		    st == POLICY_RCPT && msg &&
@@ -742,7 +754,7 @@ int policy_check(struct policy *p, const struct policy_txn *t, enum policy_stage
 	}
 	struct work w = scratch_work(s);
 	bool sref;
-	size_t n = prepare(p, t, st, msg, mode, d, &w, &sref);
+	size_t n = prepare(p, t, st, msg, mode, now, d, &w, &sref);
 	int rc = 1;
 	if (n) {
 		/* refused by a sessions rule: the rates are looked at, and charged nothing */
@@ -857,7 +869,7 @@ int policy_check_start(struct policy *p, const struct policy_txn *t, enum policy
 	if (store_is_shared(p->store) && mode == STORE_CHECK)
 		sw.asks = s->asks;
 	bool sref;
-	size_t n = prepare(p, t, st, msg, mode, d, &sw, &sref);
+	size_t n = prepare(p, t, st, msg, mode, now, d, &sw, &sref);
 	size_t nasks = s->nasks;
 	if (n == 0 && nasks == 0) {
 		sessions_settle(msg, sref);

@@ -8,7 +8,8 @@
  * A decision (policy_check) runs every rule of one stage against a transaction:
  *   - a rule applies unless an `except` entry matches or a selector of its key has no
  *     value;
- *   - its limits are the rule's windows, or the key's line in the overrides file;
+ *   - its limits are the key's run-time limit (sluice limits set, kept in the store), or
+ *     else its line in the overrides file, or else the rule's windows;
  *   - all applying rules are decided in one atomic store batch: the strictest failing
  *     action wins (reject > tempfail > discard > quarantine > tag > warn), and a refused
  *     event is charged by no rule (unless a rule says count_rejected);
@@ -178,7 +179,7 @@ enum policy_rule_state {
 	POLICY_RULE_OVER,          /* applied, over its limits: its action is taken */
 	POLICY_RULE_NO_VALUE,      /* a selector had no value */
 	POLICY_RULE_EXCEPT,        /* an except entry matched */
-	POLICY_RULE_UNLIMITED,     /* the key's override is 0 */
+	POLICY_RULE_UNLIMITED,     /* the key's run-time limit or override is 0 */
 	POLICY_RULE_COUNTED,       /* messages: this message was already counted */
 	POLICY_RULE_OUT_OF_SCOPE,  /* an only entry did not match */
 	POLICY_RULE_NOT_HERE,      /* sessions: the policy service cannot count them */
@@ -196,6 +197,8 @@ struct policy_rule_result {
 	unsigned sessions;        /* sessions: held after the decision (this node's count) */
 	struct rate_limits limits;
 	bool overridden;
+	bool runtime;             /* the limits (or unlimited) are a run-time limit's */
+	uint64_t runtime_until;   /* its end (CLOCK_REALTIME ns), 0: until unset */
 	uint64_t cost;
 	uint64_t used[RATE_MAX_WINDOWS]; /* after the decision */
 	uint64_t retry_ns;
@@ -309,6 +312,8 @@ int policy_rule_limits(const struct policy_rule *r, struct str key, struct rate_
 		       bool *ret_overridden);
 uint64_t policy_rule_key_hash(const struct policy *p, const struct policy_rule *r,
 			      struct str key);
+/* The keys of the rule's overrides file (0 without one), and its path (NULL without one). */
+size_t policy_rule_overrides_count(const struct policy_rule *r, const char **ret_path);
 /* Normalize a key written by an operator (`sluice limits show`) for this rule. */
 int policy_rule_normalize_key(const struct policy_rule *r, struct str key, char *out);
 

@@ -109,3 +109,14 @@ int policy_rule_limits(const struct policy_rule *r, struct str key, struct rate_
 	*ret = lim;
 	return 1;
 }
+
+size_t policy_rule_overrides_count(const struct policy_rule *r, const char **ret_path)
+{
+	if (ret_path)
+		*ret_path = r->ov_path;
+	ebr_enter();
+	const struct rate_overrides *o = atomic_load_explicit(&r->ov, memory_order_acquire);
+	size_t n = o ? rate_overrides_count(o) : 0;
+	ebr_exit();
+	return n;
+}

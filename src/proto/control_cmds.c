@@ -23,6 +23,14 @@ const struct control_cmd control_cmds[] = {
 	{ "limits", "top", "[RULE]", "the keys nearest their limits", 0 },
 	{ "limits", "show", "KEY [RULE]", "a key's state in every rule (or in RULE)", 0 },
 	{ "limits", "reset", "KEY [RULE]", "forget a key's counts", CONTROL_CMD_CHANGES },
+	{ "limits", "set", "RULE KEY RATE... [--for DURATION]",
+	  "a run-time limit for one key of a rule (RATE as in overrides files: 10/1m,\n"
+	  "5/30s:10, or 0 for unlimited); it wins over the overrides file and the rule's\n"
+	  "rates, is kept by the store (every node with Redis), and ends when unset or\n"
+	  "after DURATION (1s to 366d)", CONTROL_CMD_CHANGES },
+	{ "limits", "unset", "RULE KEY", "remove a key's run-time limit", CONTROL_CMD_CHANGES },
+	{ "limits", "overrides", "[RULE]",
+	  "the run-time limits, and the keys of each overrides file (--json: JSON lines)", 0 },
 	{ "test", NULL,
 	  "[--client-ip IP] [--client-name NAME] [--helo NAME] [--sasl-user USER]\n"
 	  "[--from ADDR] [--rcpt ADDR]... [--header 'Name: value']... [--size BYTES]\n"

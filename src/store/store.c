@@ -21,6 +21,11 @@
  */
 uint64_t store_key_hash(const struct store *s, struct str rule, struct str key)
 {
+	return store_key_hash_seed(s->seed, rule, key);
+}
+
+uint64_t store_key_hash_seed(uint64_t seed, struct str rule, struct str key)
+{
 	char tmp[256];
 	if (rule.len + 1 + key.len <= sizeof(tmp)) {
 		if (rule.len)
@@ -28,10 +33,10 @@ uint64_t store_key_hash(const struct store *s, struct str rule, struct str key)
 		tmp[rule.len] = '\0';
 		if (key.len)
 			memcpy(tmp + rule.len + 1, key.ptr, key.len);
-		return XXH3_64bits_withSeed(tmp, rule.len + 1 + key.len, s->seed);
+		return XXH3_64bits_withSeed(tmp, rule.len + 1 + key.len, seed);
 	}
 	XXH3_state_t st;
-	XXH3_64bits_reset_withSeed(&st, s->seed);
+	XXH3_64bits_reset_withSeed(&st, seed);
 	XXH3_64bits_update(&st, rule.ptr, rule.len);
 	XXH3_64bits_update(&st, "", 1);
 	XXH3_64bits_update(&st, key.ptr, key.len);
@@ -44,6 +49,7 @@ struct store *store_free(struct store *s)
 		return NULL;
 	if (s->ops && s->ops->destroy)
 		s->ops->destroy(s->ctx);
+	store_ov_free(s->ov);
 	free(s);
 	return NULL;
 }

@@ -98,6 +98,7 @@ enum store_mode {
  */
 struct store_top_entry;
 struct store_stats;
+struct store_ov_call;
 
 /* A decision refused because the store is unavailable and is configured to say so
  * (redis on_failure = tempfail): the caller answers with a temporary failure. */
@@ -226,6 +227,9 @@ struct store_ops {
 	/* Persist state (memory store: snapshot file).  0 or -errno with err. */
 	int (*save)(void *ctx, char *err, size_t errlen);
 	void (*destroy)(void *ctx);
+	/* Optional: change a run-time limit where the truth lives (Redis); NULL: the local
+	 * table is the truth.  As store_ov_change(). */
+	int (*ov_change)(void *ctx, struct store_ov_call *c);
 };
 
 #define STORE_TOP_RULE 64
@@ -275,11 +279,15 @@ struct store {
 	const struct store_ops *ops;
 	void *ctx;
 	uint64_t seed;          /* hash key of store_key_hash() */
+	struct store_ov *ov;    /* run-time limits (store_ov.c); made by the constructor,
+				 * freed by store_free() */
 	struct store_metrics m[THREAD_SHARDS];
 };
 
 /* The (rule, key) identity: a keyed 64-bit hash (XXH3 with the store's seed). */
 uint64_t store_key_hash(const struct store *s, struct str rule, struct str key);
+/* The same with a given seed (a snapshot's, before it is loaded). */
+uint64_t store_key_hash_seed(uint64_t seed, struct str rule, struct str key);
 
 /* A decision answered now (the backend's decide()), counted in s->m. */
 int store_decide(struct store *s, struct store_item *items, size_t n, enum store_mode mode,
@@ -318,6 +326,74 @@ static inline void store_refund(struct store *s, const struct store_item *items,
  * with malloc.  Does not save: the daemon calls ops->save first at shutdown.  Accepts NULL;
  * returns NULL. */
 struct store *store_free(struct store *s);
+
+/*
+ * ---- run-time per-key limits (store_ov.c) ----
+ *
+ * `sluice limits set RULE KEY RATE... [--for D]`: limits for one (rule, key) that win over
+ * the overrides file and the rule's rates (doc/LIMITS.md, "Run-time limits").  Each store
+ * keeps a table of them, looked up by key_hash by every decision without a lock (one
+ * atomic load when the table is empty).  The memory store writes it into its snapshot;
+ * the Redis store keeps the truth in Redis (PREFIX "{ov}", a hash, and PREFIX "{ov}:v",
+ * its version) and each node a copy, renewed by a thread of its own (store_redis_ov.c)
+ * within a second of a change.
+ */
+#define STORE_OV_MAX 100000     /* entries in a table */
+#define STORE_OV_RULE 63        /* bytes of a rule name */
+
+struct store_ov_entry {
+	uint64_t key_hash;          /* store_key_hash(rule, key) */
+	uint64_t until_ns;          /* CLOCK_REALTIME; 0: until unset */
+	struct rate_limits limits;  /* n = 0: unlimited (the rule does not apply) */
+	struct str rule;            /* 1 .. STORE_OV_RULE bytes, no space, no NUL */
+	struct str key;             /* 1 .. RATE_MAX_OVERRIDE_KEY bytes (normalized) */
+};
+
+struct store_ov;
+struct store_ov *store_ov_new(void);
+/* Frees the current table; tables replaced before go with the ebr list.  Accepts NULL. */
+struct store_ov *store_ov_free(struct store_ov *ov);
+/* The limits of key_hash (1, *ret and *ret_until if not NULL) or 0 when it has none live
+ * at now.  Any thread, no lock; ov may be NULL. */
+int store_ov_find(const struct store_ov *ov, uint64_t key_hash, uint64_t now,
+		  struct rate_limits *ret, uint64_t *ret_until);
+/* Local changes (writers; O(n)).  put: 0, -EINVAL (a bad entry), -E2BIG (STORE_OV_MAX
+ * live entries already), -ENOMEM.  del: 1 removed, 0 there was none, -ENOMEM.  replace:
+ * the whole table becomes e[0..n) but the entries expired at now (0, -EINVAL, -E2BIG,
+ * -ENOMEM; the table is unchanged on error).  Entries expired at now are dropped. */
+int store_ov_put(struct store_ov *ov, const struct store_ov_entry *e, uint64_t now);
+int store_ov_del(struct store_ov *ov, uint64_t key_hash, uint64_t now);
+int store_ov_replace(struct store_ov *ov, const struct store_ov_entry *e, size_t n,
+		     uint64_t now);
+/* A copy of the live entries: *ret (one allocation holding the texts too: free(*ret))
+ * and *ret_n.  0 or -ENOMEM. */
+int store_ov_list(struct store_ov *ov, uint64_t now, struct store_ov_entry **ret,
+		  size_t *ret_n);
+size_t store_ov_count(struct store_ov *ov, uint64_t now);
+bool store_ov_entry_valid(const struct store_ov_entry *e);
+
+/*
+ * A change of a run-time limit (the operator's set or unset).  The caller owns the call
+ * and the texts of e until done() has run.
+ */
+struct store_ov_call {
+	/* in */
+	bool unset;                 /* remove e.key_hash; else set e */
+	struct store_ov_entry e;
+	/* runs on the store's sync thread, only when store_ov_change() said STORE_PENDING */
+	void (*done)(struct store_ov_call *c, int rc);
+	void *arg;
+	/* out: a message when rc < 0 (which server refused, why) */
+	char err[160];
+	struct store_ov_call *next;  /* the backend's, while pending */
+};
+/*
+ * Set (0) or unset (1 removed, 0 there was none) now in the local table, or with Redis
+ * STORE_PENDING: done() runs later on another thread with that result, once Redis took
+ * the change and this node's table has it too.  <0: -EINVAL, -E2BIG (the table is full),
+ * -EAGAIN (Redis unreachable: nothing changed), -ENOMEM, -ENOTSUP (no table).
+ */
+int store_ov_change(struct store *s, struct store_ov_call *c);
 
 /* ---- the memory store ---- */
 struct store_memory_conf {
@@ -387,6 +463,18 @@ struct store *store_redis_new(const struct store_redis_conf *conf, char *err, si
  */
 int store_redis_parse_decide(const void *reply, struct store_item *items, size_t n,
 			     enum store_mode mode);
+/*
+ * The reply of ov_read.lua, the run-time limits in Redis ({VERSION, {FIELD, VALUE, ...}};
+ * store_redis_ov.c).  0 with *ret_version and *ret (malloc'd; free it), *ret_n entries
+ * whose texts point into reply, and *ret_skipped, the pairs that were malformed or past
+ * STORE_OV_MAX; -EPROTO for a reply of the wrong shape; -ENOMEM.  Pure, for the fuzzer.
+ */
+int store_redis_ov_parse(const void *reply, uint64_t *ret_version,
+			 struct store_ov_entry **ret, size_t *ret_n, size_t *ret_skipped);
+/* One field (16 hex digits) and value ("1 UNTIL_NS WINDOWS RULE KEY") into *ret, whose
+ * texts point into value: 0 or -EPROTO. */
+int store_redis_ov_parse_entry(struct str field, struct str value,
+			       struct store_ov_entry *ret);
 /* Does this store keep state apart from this process (a cluster store)? */
 bool store_is_shared(const struct store *s);
 

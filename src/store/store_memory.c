@@ -36,12 +36,20 @@
  * sample makes room.  top() re-reads the live records.
  *
  * Snapshot file (all integers little-endian):
- *   header  "SLUICESNAP1\n" (12 bytes), u32 version = 1, u64 seed, u64 record count
+ *   header  "SLUICESNAP1\n" (12 bytes), u32 version = 2, u64 seed, u64 record count
  *   records count x { u64 hash (never 0), u64 tat }
- *   end     { u64 0, u64 XXH64(header and records, seed 0) }
- * The seed is the store's key-hash seed: restored with the records, it keeps every
- * key_hash the same across a restart.  Written to "<path>.tmp", fsynced, renamed over
- * <path>, and the directory fsynced.  Only records whose TAT is still ahead are written.
+ *   version 2 only, the run-time limits (store_ov.c):
+ *           u64 entry count (<= STORE_OV_MAX), then per entry
+ *           { u64 key_hash, u64 until (0: until unset), u32 nwin (0..4),
+ *             nwin x { u64 count, u64 period_ns, u64 burst } (each > 0),
+ *             u32 rule length (1..63), rule bytes, u32 key length (1..512), key bytes }
+ *   end     { u64 0, u64 XXH64(everything before the end, seed 0) }
+ * Version 1 files (no run-time limits section) still load.  The seed is the store's
+ * key-hash seed: restored with the records, it keeps every key_hash the same across a
+ * restart (an entry's key_hash must be store_key_hash(rule, key) under it, or the file is
+ * refused).  Written to "<path>.tmp", fsynced, renamed over <path>, and the directory
+ * fsynced.  Only records whose TAT is still ahead, and entries not expired, are written;
+ * the whole image is checked before anything is loaded.
  */
 #include <endian.h>
 #include <errno.h>
@@ -78,7 +86,8 @@
 
 #define SNAP_MAGIC "SLUICESNAP1\n"
 #define SNAP_MAGIC_LEN 12
-#define SNAP_VERSION 1
+#define SNAP_VERSION 2
+#define SNAP_OV_MIN 32      /* an entry without windows, 1-byte rule and key */
 #define SNAP_HEADER 32
 #define SNAP_RECORD 16
 
@@ -1198,27 +1207,155 @@ static inline uint64_t get_le64(const unsigned char *p)
 	return le64toh(v);
 }
 
+static inline void put_le32(unsigned char *p, uint32_t v)
+{
+	v = htole32(v);
+	memcpy(p, &v, 4);
+}
+
+static inline uint32_t get_le32(const unsigned char *p)
+{
+	uint32_t v;
+	memcpy(&v, p, 4);
+	return le32toh(v);
+}
+
+/* The bytes of the run-time limits section for e[0..n). */
+static size_t snap_ov_size(const struct store_ov_entry *e, size_t n)
+{
+	size_t len = 8;
+	for (size_t i = 0; i < n; i++)
+		len += 8 + 8 + 4 + 24 * (size_t)e[i].limits.n + 4 + e[i].rule.len + 4 + e[i].key.len;
+	return len;
+}
+
+static size_t snap_ov_write(unsigned char *p, const struct store_ov_entry *e, size_t n)
+{
+	size_t len = 0;
+	put_le64(p, n);
+	len += 8;
+	for (size_t i = 0; i < n; i++) {
+		put_le64(p + len, e[i].key_hash);
+		put_le64(p + len + 8, e[i].until_ns);
+		put_le32(p + len + 16, e[i].limits.n);
+		len += 20;
+		for (unsigned w = 0; w < e[i].limits.n; w++) {
+			put_le64(p + len, e[i].limits.w[w].count);
+			put_le64(p + len + 8, e[i].limits.w[w].period_ns);
+			put_le64(p + len + 16, e[i].limits.w[w].burst);
+			len += 24;
+		}
+		put_le32(p + len, (uint32_t)e[i].rule.len);
+		memcpy(p + len + 4, e[i].rule.ptr, e[i].rule.len);
+		len += 4 + e[i].rule.len;
+		put_le32(p + len, (uint32_t)e[i].key.len);
+		memcpy(p + len + 4, e[i].key.ptr, e[i].key.len);
+		len += 4 + e[i].key.len;
+	}
+	return len;
+}
+
+/*
+ * Decode the run-time limits section p[0..n) (exactly: nothing may follow it), each
+ * key_hash checked against its rule and key under seed.  0 and *ret_n (entries into
+ * ret[] if not NULL, pointing into p), or -EINVAL with *why.
+ */
+static int snap_ov_decode(const unsigned char *p, size_t n, uint64_t seed,
+			  struct store_ov_entry *ret, size_t *ret_n, const char **why)
+{
+	*why = "run-time limits: truncated";
+	if (n < 8)
+		return -EINVAL;
+	uint64_t count = get_le64(p);
+	if (count > STORE_OV_MAX || count > (n - 8) / SNAP_OV_MIN) {
+		*why = "run-time limits: bad count";
+		return -EINVAL;
+	}
+	size_t off = 8;
+	for (uint64_t i = 0; i < count; i++) {
+		struct store_ov_entry e = { 0 };
+		if (n - off < 20)
+			return -EINVAL;
+		e.key_hash = get_le64(p + off);
+		e.until_ns = get_le64(p + off + 8);
+		uint32_t nwin = get_le32(p + off + 16);
+		off += 20;
+		if (nwin > RATE_MAX_WINDOWS) {
+			*why = "run-time limits: too many windows";
+			return -EINVAL;
+		}
+		if ((n - off) / 24 < nwin)
+			return -EINVAL;
+		e.limits.n = nwin;
+		for (unsigned w = 0; w < nwin; w++) {
+			e.limits.w[w].count = get_le64(p + off);
+			e.limits.w[w].period_ns = get_le64(p + off + 8);
+			e.limits.w[w].burst = get_le64(p + off + 16);
+			off += 24;
+		}
+		for (int part = 0; part < 2; part++) {
+			if (n - off < 4)
+				return -EINVAL;
+			uint32_t len = get_le32(p + off);
+			off += 4;
+			if (len == 0 || len > (part ? RATE_MAX_OVERRIDE_KEY : STORE_OV_RULE)) {
+				*why = "run-time limits: bad rule or key length";
+				return -EINVAL;
+			}
+			if (n - off < len)
+				return -EINVAL;
+			*(part ? &e.key : &e.rule) = str_make((const char *)p + off, len);
+			off += len;
+		}
+		if (!store_ov_entry_valid(&e)) {
+			*why = "run-time limits: bad entry";
+			return -EINVAL;
+		}
+		if (store_key_hash_seed(seed, e.rule, e.key) != e.key_hash) {
+			*why = "run-time limits: key hash does not match";
+			return -EINVAL;
+		}
+		if (ret)
+			ret[i] = e;
+	}
+	if (off != n) {
+		*why = "run-time limits: trailing bytes";
+		return -EINVAL;
+	}
+	*ret_n = (size_t)count;
+	return 0;
+}
+
 /* The whole image in memory: 16 bytes per live record for as long as the write takes. */
 static int snapshot_build(struct store_memory *m, uint64_t now, unsigned char **ret,
 			  size_t *ret_len)
 {
-	size_t cap = SNAP_HEADER + SNAP_RECORD * (atomic_load(&m->total) + 64) + SNAP_RECORD;
-	unsigned char *p = malloc(cap);
-	if (!p)
+	struct store_ov_entry *ov = NULL;
+	size_t nov = 0;
+	if (m->store->ov && store_ov_list(m->store->ov, now, &ov, &nov) < 0)
 		return -ENOMEM;
+	size_t ov_len = snap_ov_size(ov, nov);
+	size_t cap = SNAP_HEADER + SNAP_RECORD * (atomic_load(&m->total) + 64) + SNAP_RECORD +
+		     ov_len;
+	unsigned char *p = malloc(cap);
+	if (!p) {
+		free(ov);
+		return -ENOMEM;
+	}
 	size_t len = SNAP_HEADER;
 	uint64_t count = 0;
 	for (unsigned s = 0; s < SHARDS; s++) {
 		struct shard *sh = &m->shards[s];
 		shard_lock(sh);
-		while (len + SNAP_RECORD * (sh->count + 1) > cap) {
+		while (len + SNAP_RECORD * (sh->count + 1) + ov_len > cap) {
 			/* grow without holding the shard: the copy may be large */
-			size_t need = len + SNAP_RECORD * (sh->count + 1);
+			size_t need = len + SNAP_RECORD * (sh->count + 1) + ov_len;
 			shard_unlock(sh);
 			size_t ncap = cap * 2 > need + need / 8 ? cap * 2 : need + need / 8;
 			unsigned char *q = realloc(p, ncap);
 			if (!q) {
 				free(p);
+				free(ov);
 				return -ENOMEM;
 			}
 			p = q;
@@ -1237,10 +1374,11 @@ static int snapshot_build(struct store_memory *m, uint64_t now, unsigned char **
 		shard_unlock(sh);
 	}
 	memcpy(p, SNAP_MAGIC, SNAP_MAGIC_LEN);
-	uint32_t version = htole32(SNAP_VERSION);
-	memcpy(p + SNAP_MAGIC_LEN, &version, 4);
+	put_le32(p + SNAP_MAGIC_LEN, SNAP_VERSION);
 	put_le64(p + 16, m->store->seed);
 	put_le64(p + 24, count);
+	len += snap_ov_write(p + len, ov, nov);
+	free(ov);
 	put_le64(p + len, 0);
 	put_le64(p + len + 8, XXH64(p, len, 0));
 	len += SNAP_RECORD;
@@ -1350,8 +1488,9 @@ static int memory_save(void *ctx, char *err, size_t errlen)
 	return rc;
 }
 
-/* Check a whole image; 0, or -EINVAL with *why. */
-static int snapshot_check(const unsigned char *p, size_t n, const char **why)
+/* Check a whole image; 0 and the end of its records, or -EINVAL with *why. */
+static int snapshot_check(const unsigned char *p, size_t n, size_t *ret_records_end,
+			  const char **why)
 {
 	if (n < SNAP_HEADER + SNAP_RECORD) {
 		*why = "truncated";
@@ -1361,28 +1500,44 @@ static int snapshot_check(const unsigned char *p, size_t n, const char **why)
 		*why = "not a sluice snapshot (bad magic)";
 		return -EINVAL;
 	}
-	uint32_t version;
-	memcpy(&version, p + SNAP_MAGIC_LEN, 4);
-	if (le32toh(version) != SNAP_VERSION) {
+	uint32_t version = get_le32(p + SNAP_MAGIC_LEN);
+	if (version != 1 && version != SNAP_VERSION) {
 		*why = "unknown version";
 		return -EINVAL;
 	}
 	uint64_t count = get_le64(p + 24);
-	if ((n - SNAP_HEADER) % SNAP_RECORD != 0 ||
-	    count != (n - SNAP_HEADER) / SNAP_RECORD - 1) {
-		*why = "truncated, or its record count does not match its size";
-		return -EINVAL;
-	}
 	size_t end = n - SNAP_RECORD;
+	size_t records_end;
+	if (version == 1) {
+		if ((n - SNAP_HEADER) % SNAP_RECORD != 0 ||
+		    count != (n - SNAP_HEADER) / SNAP_RECORD - 1) {
+			*why = "truncated, or its record count does not match its size";
+			return -EINVAL;
+		}
+		records_end = end;
+	} else {
+		if (count > (end - SNAP_HEADER) / SNAP_RECORD) {
+			*why = "truncated, or its record count does not match its size";
+			return -EINVAL;
+		}
+		records_end = SNAP_HEADER + (size_t)count * SNAP_RECORD;
+	}
 	if (get_le64(p + end) != 0 || get_le64(p + end + 8) != XXH64(p, end, 0)) {
 		*why = "checksum mismatch";
 		return -EINVAL;
 	}
-	for (size_t off = SNAP_HEADER; off < end; off += SNAP_RECORD)
+	for (size_t off = SNAP_HEADER; off < records_end; off += SNAP_RECORD)
 		if (get_le64(p + off) == 0) {
 			*why = "record with hash 0";
 			return -EINVAL;
 		}
+	if (version != 1) {
+		size_t nov;
+		if (snap_ov_decode(p + records_end, end - records_end, get_le64(p + 16), NULL,
+				   &nov, why) < 0)
+			return -EINVAL;
+	}
+	*ret_records_end = records_end;
 	return 0;
 }
 
@@ -1391,12 +1546,39 @@ static int load_image(struct store *s, const void *image, size_t n, uint64_t now
 {
 	struct store_memory *m = s->ctx;
 	const unsigned char *p = image;
-	int rc = snapshot_check(p, n, why);
+	size_t records_end;
+	int rc = snapshot_check(p, n, &records_end, why);
 	if (rc < 0)
 		return rc;
+	/* the run-time limits are decoded (checked already) before anything is loaded, so
+	 * that running out of memory leaves the store as it was */
+	struct store_ov_entry *ov = NULL;
+	size_t nov = 0;
+	if (records_end != n - SNAP_RECORD) {
+		uint64_t cnt = get_le64(p + records_end);
+		ov = malloc((cnt ? (size_t)cnt : 1) * sizeof(*ov));
+		if (!ov) {
+			*why = "out of memory";
+			return -ENOMEM;
+		}
+		if (snap_ov_decode(p + records_end, n - SNAP_RECORD - records_end,
+				   get_le64(p + 16), ov, &nov, why) < 0) {
+			free(ov);
+			return -EINVAL;
+		}
+	}
 	s->seed = get_le64(p + 16);
+	if (nov && s->ov) {
+		rc = store_ov_replace(s->ov, ov, nov, now);
+		if (rc < 0) {
+			free(ov);
+			*why = rc == -ENOMEM ? "out of memory" : "run-time limits: too many";
+			return rc == -ENOMEM ? rc : -EINVAL;
+		}
+	}
+	free(ov);
 	uint64_t max = atomic_load(&m->max_keys);
-	for (size_t off = SNAP_HEADER; off < n - SNAP_RECORD; off += SNAP_RECORD) {
+	for (size_t off = SNAP_HEADER; off < records_end; off += SNAP_RECORD) {
 		uint64_t h = get_le64(p + off), tat = get_le64(p + off + 8);
 		if (tat <= now)
 			continue;
@@ -1550,6 +1732,8 @@ struct store *store_memory_new(const struct store_memory_conf *conf, uint64_t no
 	s->type = "memory";
 	s->ops = &memory_ops;
 	s->ctx = m;
+	if (!(s->ov = store_ov_new()))
+		goto fail;
 	s->seed = random_seed();
 	if (m->snapshot)
 		snapshot_load_file(s, m->snapshot, now, warn, warnlen);

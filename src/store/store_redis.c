@@ -60,6 +60,9 @@ const struct redis_script redis_scripts[SC_COUNT] = {
 			      script_slot_release_sha1 },
 	[SC_SLOT_RENEW] = { script_slot_renew, sizeof(script_slot_renew) - 1, script_slot_renew_sha1 },
 	[SC_SLIDE] = { script_slide, sizeof(script_slide) - 1, script_slide_sha1 },
+	[SC_OV_SET] = { script_ov_set, sizeof(script_ov_set) - 1, script_ov_set_sha1 },
+	[SC_OV_DEL] = { script_ov_del, sizeof(script_ov_del) - 1, script_ov_del_sha1 },
+	[SC_OV_READ] = { script_ov_read, sizeof(script_ov_read) - 1, script_ov_read_sha1 },
 };
 
 static const struct store_ops redis_ops;
@@ -944,6 +947,7 @@ static size_t redis_top(void *ctx, struct store_top_entry *ret, size_t max, uint
 static size_t redis_expire(void *ctx, uint64_t now)
 {
 	struct rstore *st = ctx;
+	redis_ov_ensure(st);
 	return st->local->ops->expire(st->local->ctx, now);
 }
 
@@ -1136,6 +1140,7 @@ static void renew_some(struct rstore *st, struct rloop *l, const char *const *cl
 static void redis_slots_renew(void *ctx, const char *const *cls, const unsigned *counts, size_t n)
 {
 	struct rstore *st = ctx;
+	redis_ov_ensure(st);
 	/* also with no class: the heartbeat makes the main loop's connections at start, so
 	 * that a store that cannot be reached is said before the first decision */
 	struct rloop *l = rloop_get(st);
@@ -1155,6 +1160,7 @@ static void rstore_free(struct rstore *st)
 {
 	if (!st)
 		return;
+	redis_ov_stop(atomic_load(&st->ov_sync));
 	redis_links_free(st);
 	store_free(st->local);
 	free(st->user);
@@ -1276,12 +1282,19 @@ struct store *store_redis_new(const struct store_redis_conf *conf, char *err, si
 	s->type = "redis";
 	s->ops = &redis_ops;
 	s->ctx = st;
+	if (!(s->ov = store_ov_new()))
+		goto nomem;
 	s->seed = st->local->seed;
+	/* the run-time limits' thread starts at the first timer call (redis_ov_ensure()):
+	 * after sluiced detached (fork), as its other threads do */
+	st->self = s;
 	return s;
 nomem:
 	fmt_fixed(err, errlen, "out of memory");
 fail:
 	rstore_free(st);
+	if (s)
+		store_ov_free(s->ov);
 	free(s);
 	return NULL;
 }
@@ -1303,4 +1316,5 @@ static const struct store_ops redis_ops = {
 	.stats = redis_stats,
 	.save = redis_save,
 	.destroy = redis_destroy,
+	.ov_change = redis_ov_change,
 };

@@ -6,6 +6,9 @@
  *   store_redis_link.c  where a request goes and how it gets there: addresses, each
  *                       event loop's connections, their setup and backoff, Sentinel,
  *                       the cluster's slot map and its redirections, deadlines.
+ *   store_redis_ov.c    the run-time per-key limits: the {ov} hash in Redis, and the
+ *                       thread of its own (one synchronous connection) that polls it
+ *                       and makes `sluice limits set|unset` changes.
  *
  * Threads: every structure below but struct rstore belongs to one event loop (a worker's
  * or the main loop) and is touched only by the thread that runs it.  struct rstore is
@@ -48,6 +51,7 @@
 
 enum script_id {
 	SC_GCRA = 0, SC_REFUND, SC_SLOT_ENTER, SC_SLOT_RELEASE, SC_SLOT_RENEW, SC_SLIDE,
+	SC_OV_SET, SC_OV_DEL, SC_OV_READ, /* run-time limits: the sync thread's, EVAL'd */
 	SC_COUNT,
 };
 
@@ -203,7 +207,26 @@ struct rstore {
 	uint64_t down_since;        /* realtime ns, under lock */
 	struct addr logged[16];     /* announced addresses outside the seeds' (under lock) */
 	size_t nlogged;
+	struct store *self;         /* the store this is the ctx of */
+	/* the run-time limits' thread (store_redis_ov.c): started by the main thread's first
+	 * timer call (redis_ov_ensure), read by any thread */
+	_Atomic(struct rov *) ov_sync;
+	bool ov_failed;             /* main thread: it could not start (logged once) */
 };
+
+/* ---- store_redis_ov.c: the run-time limits (the {ov} hash) and their sync thread ---- */
+struct rov;
+/* Start the thread that keeps s->ov in step with Redis: NULL with err on failure. */
+struct rov *redis_ov_start(struct rstore *st, struct store *s, char *err, size_t errlen);
+/* Start it unless it runs (or failed): from the main thread's timers (expire, lease
+ * renewals), which run only once sluiced has detached, never before a fork. */
+void redis_ov_ensure(struct rstore *st);
+/* Stop and join it; changes still queued are answered -ECANCELED.  Accepts NULL. */
+void redis_ov_stop(struct rov *o);
+/* ops->ov_change: queue the change for the thread (STORE_PENDING). */
+int redis_ov_change(void *ctx, struct store_ov_call *c);
+/* The hash's value of e: its length, or -ENOSPC. */
+int redis_ov_format(const struct store_ov_entry *e, char *buf, size_t len);
 
 /* ---- store_redis_link.c ---- */
 

@@ -2022,6 +2022,88 @@ static void test_overrides_reload_stress(void **state)
 	tmp_remove(&td);
 }
 
+/* ---- run-time limits (sluice limits set): precedence over the overrides file and the rate */
+
+/* A run-time limit in e's store for (rule, key). */
+static void runtime_set(struct env *e, const char *rule, const char *key, unsigned nwin,
+			uint64_t count, uint64_t until)
+{
+	struct store_ov_entry x = { .until_ns = until, .rule = str_cstr(rule),
+				    .key = str_cstr(key) };
+	x.key_hash = store_key_hash(e->s, x.rule, x.key);
+	x.limits.n = nwin;
+	for (unsigned i = 0; i < nwin; i++)
+		x.limits.w[i] = (struct rate_window){ count, (i + 1) * 3600 * SEC, count };
+	assert_int_equal(store_ov_put(e->s->ov, &x, T0), 0);
+}
+
+static void test_runtime_limits(void **state)
+{
+	(void)state;
+	struct tmpdir td;
+	tmp_make(&td, "rt.limits");
+	write_file(td.file, "file.example 3/1m\nfree.example 0\n", 1700000000);
+	char text[512];
+	snprintf(text, sizeof(text),
+		 "limit \"dom\" { stage = rcpt; key = rcpt_domain; rate = 1/1m;\n"
+		 "  overrides = \"%s\"; }\n", td.file);
+	struct env e;
+	env_load(&e, text);
+	struct run r;
+	struct tx file = { .sender = "", .rcpt = "<u@file.example>" };
+	struct tx free_ = { .sender = "", .rcpt = "<u@free.example>" };
+	struct tx plain = { .sender = "", .rcpt = "<u@plain.example>" };
+
+	/* no run-time limit: the file, then the rate */
+	run(&e, &file, POLICY_RCPT, NULL, STORE_PEEK, T0, &r);
+	assert_true(r.res[0].overridden && !r.res[0].runtime);
+	assert_int_equal(r.res[0].limits.w[0].count, 3);
+
+	/* a run-time limit beats the file's line */
+	runtime_set(&e, "dom", "file.example", 1, 2, 0);
+	for (int i = 0; i < 2; i++) {
+		run(&e, &file, POLICY_RCPT, NULL, STORE_CHECK, T0, &r);
+		assert_int_equal(r.d.action, POLICY_ACCEPT);
+		assert_true(r.res[0].runtime && !r.res[0].overridden);
+		assert_int_equal(r.res[0].runtime_until, 0);
+		assert_int_equal(r.res[0].limits.w[0].count, 2);
+	}
+	assert_int_equal(act(&e, &file, POLICY_RCPT, NULL, T0), POLICY_TEMPFAIL);
+
+	/* ... and beats a 0 in the file; a run-time 0 beats the rate: unlimited */
+	runtime_set(&e, "dom", "free.example", 1, 1, 0);
+	assert_int_equal(act(&e, &free_, POLICY_RCPT, NULL, T0), POLICY_ACCEPT);
+	assert_int_equal(act(&e, &free_, POLICY_RCPT, NULL, T0), POLICY_TEMPFAIL);
+	runtime_set(&e, "dom", "plain.example", 0, 0, T0 + 60 * SEC);
+	for (int i = 0; i < 5; i++) {
+		run(&e, &plain, POLICY_RCPT, NULL, STORE_CHECK, T0, &r);
+		assert_int_equal(r.d.action, POLICY_ACCEPT);
+		assert_int_equal(r.res[0].state, POLICY_RULE_UNLIMITED);
+		assert_true(r.res[0].runtime);
+		assert_true(r.res[0].runtime_until == T0 + 60 * SEC);
+		assert_false(r.res[0].charged);
+	}
+	/* at its until it ends: the rate again (1/1m, nothing charged while unlimited) */
+	run(&e, &plain, POLICY_RCPT, NULL, STORE_CHECK, T0 + 60 * SEC, &r);
+	assert_int_equal(r.d.action, POLICY_ACCEPT);
+	assert_false(r.res[0].runtime);
+	assert_int_equal(r.res[0].limits.w[0].count, 1);
+	assert_int_equal(act(&e, &plain, POLICY_RCPT, NULL, T0 + 60 * SEC), POLICY_TEMPFAIL);
+
+	/* unset: the file applies again */
+	assert_int_equal(store_ov_del(e.s->ov, store_key_hash(e.s, str_cstr("dom"),
+					str_cstr("file.example")), T0), 1);
+	run(&e, &file, POLICY_RCPT, NULL, STORE_PEEK, T0, &r);
+	assert_true(r.res[0].overridden && !r.res[0].runtime);
+	assert_int_equal(r.res[0].limits.w[0].count, 3);
+	/* another rule's run-time limit on the same key text is not this rule's */
+	runtime_set(&e, "other", "plain.example", 1, 100, 0);
+	run(&e, &plain, POLICY_RCPT, NULL, STORE_PEEK, T0 + 61 * SEC, &r);
+	assert_false(r.res[0].runtime);
+	env_free(&e);
+	tmp_remove(&td);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -2055,6 +2137,7 @@ int main(void)
 		cmocka_unit_test(test_sessions),
 		cmocka_unit_test(test_delay),
 		cmocka_unit_test(test_new_key_errors),
+		cmocka_unit_test(test_runtime_limits),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -858,7 +858,7 @@ static void test_snapshot_round_trip(void **state)
 	assert_false(file_exists(tmp));
 	static unsigned char image[1 << 16];
 	size_t n = read_file(path, image, sizeof(image));
-	assert_int_equal(n, 32 + 16 * 600 + 16);
+	assert_int_equal(n, 32 + 16 * 600 + 8 + 16); /* v2: no run-time limits */
 	assert_memory_equal(image, "SLUICESNAP1\n", 12);
 
 	struct store *b = snap_store(path, now, warn, sizeof(warn));
@@ -889,7 +889,7 @@ static void test_snapshot_round_trip(void **state)
 	/* a snapshot of nothing */
 	struct store *e = snap_store(path, now + 2 * HOUR, warn, sizeof(warn));
 	assert_int_equal(e->ops->save(e->ctx, err, sizeof(err)), 0);
-	assert_int_equal(read_file(path, image, sizeof(image)), 48);
+	assert_int_equal(read_file(path, image, sizeof(image)), 56);
 	store_free(e);
 	/* no snapshot configured: save is a no-op */
 	struct store *f = mem_store(0);
@@ -908,7 +908,7 @@ static void test_snapshot_round_trip(void **state)
 	unlink(path);
 }
 
-/* Ways to break a good image (of 2 records: 32 + 32 + 16 bytes). */
+/* Ways to break a good image (of 2 records and no run-time limit: 32 + 32 + 8 + 16 bytes). */
 enum corruption {
 	C_EMPTY = 0,
 	C_SHORT_HEADER,
@@ -939,7 +939,7 @@ static size_t corrupt(unsigned char *p, size_t n, enum corruption c)
 	case C_EXTRA_BYTE: p[n] = 0; return n + 1;
 	case C_EXTRA_RECORD: memset(p + n, 1, 16); return n + 16;
 	case C_MAGIC: p[3] ^= 1; return n;
-	case C_VERSION: p[12] = 2; return n;
+	case C_VERSION: p[12] = 3; return n;
 	case C_COUNT_UP: p[24]++; return n;
 	case C_COUNT_DOWN: p[24]--; return n;
 	case C_COUNT_HUGE: p[31] = 0x80; return n;
@@ -972,7 +972,7 @@ static void test_snapshot_corrupt(void **state)
 	assert_int_equal(a->ops->save(a->ctx, err, sizeof(err)), 0);
 	unsigned char good[256];
 	size_t n = read_file(path, good, sizeof(good));
-	assert_int_equal(n, 80);
+	assert_int_equal(n, 88);
 	store_free(a);
 	for (int c = 0; c < C_COUNT; c++) {
 		unsigned char img[256];
