@@ -814,17 +814,6 @@ int policy_control_limits(struct policy *p, size_t argc, const struct str *argv,
 
 /* ---- test ---- */
 
-static int unhex(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 /* %XX-decode in place into dst (at most len-1 bytes); returns the length or -1. */
 static int decode(struct str s, char *dst, size_t len)
 {
@@ -833,9 +822,9 @@ static int decode(struct str s, char *dst, size_t len)
 		if (n + 1 >= len)
 			return -1;
 		if (s.ptr[i] == '%') {
-			if (i + 2 >= s.len + 0 || unhex(s.ptr[i + 1]) < 0 || unhex(s.ptr[i + 2]) < 0)
+			if (i + 2 >= s.len + 0 || hex_value(s.ptr[i + 1]) < 0 || hex_value(s.ptr[i + 2]) < 0)
 				return -1;
-			dst[n++] = (char)(unhex(s.ptr[i + 1]) * 16 + unhex(s.ptr[i + 2]));
+			dst[n++] = (char)(hex_value(s.ptr[i + 1]) * 16 + hex_value(s.ptr[i + 2]));
 			i += 2;
 		} else {
 			dst[n++] = s.ptr[i];

@@ -148,6 +148,17 @@ unsigned thread_shard(void)
 	return shard_mine - 1;
 }
 
+int hex_value(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
 uint64_t random_u64(void)
 {
 	static _Thread_local uint64_t x;

@@ -54,6 +54,8 @@ void fmt_rfc5322_date(char *out, size_t len, time_t t, long utc_offset);
 /* A random number from a per-thread generator (xorshift64*, seeded from getrandom):
  * for spreading retries, never for secrets. */
 uint64_t random_u64(void);
+/* The value of a hex digit (either case), or -1. */
+int hex_value(char c);
 
 /* v spread at random over [v - below% of v, v + above% of v]: retries of clients
  * refused together, or reconnections after one failure, do not come back at once. */

@@ -112,15 +112,6 @@ static int parse_u64(const char *p, size_t n, uint64_t *ret)
 	return 0;
 }
 
-static int unhex(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	return -1;
-}
-
 int store_redis_ov_parse_entry(struct str field, struct str value,
 			       struct store_ov_entry *ret)
 {
@@ -128,7 +119,7 @@ int store_redis_ov_parse_entry(struct str field, struct str value,
 	if (field.len != 16 || value.len > OV_VALUE_MAX)
 		return -EPROTO;
 	for (size_t i = 0; i < 16; i++) {
-		int d = unhex(field.ptr[i]);
+		int d = hex_value(field.ptr[i]);
 		if (d < 0)
 			return -EPROTO;
 		e.key_hash = e.key_hash << 4 | (uint64_t)d;
