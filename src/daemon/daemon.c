@@ -60,6 +60,8 @@ struct bound {
 };
 
 struct daemon {
+	uint64_t *renewed;       /* sessions rules' keys renewed at the last beat, sorted */
+	size_t nrenewed;
 	struct bound bound[4 * CONFIG_MAX_LISTEN];
 	size_t nbound;
 	struct event_base *base;
@@ -447,36 +449,69 @@ static bool store_same(const struct sluice_config *a, const struct sluice_config
  */
 #define SESSIONS_RENEW_MAX 1000000u
 
+struct renew_pair {
+	uint64_t hash;
+	unsigned count;
+};
+
+static int renew_cmp(const void *a, const void *b)
+{
+	uint64_t x = ((const struct renew_pair *)a)->hash, y = ((const struct renew_pair *)b)->hash;
+	return x < y ? -1 : x > y;
+}
+
 static void renew_sessions(struct daemon *d)
 {
 	enum { CHUNK = 256 };
 	uint64_t held, lost;
 	sessions_stats(&held, &lost);
-	if (held == 0)
+	if (held == 0 && d->nrenewed == 0)
 		return;
-	/* room for those that come while the list is made; later ones wait a beat */
+	/* room for those that come while the list is made (later ones wait a beat), and for
+	 * the keys renewed last time that are gone now: they are renewed with 0, so that a
+	 * renewal that crossed their last release on another connection cannot keep a
+	 * phantom slot for a whole lease */
 	size_t max = held + 64 < SESSIONS_RENEW_MAX ? (size_t)held + 64 : SESSIONS_RENEW_MAX;
 	uint64_t *hash = malloc(max * sizeof(*hash));
 	unsigned *count = malloc(max * sizeof(*count));
-	if (!hash || !count) {
+	struct renew_pair *v = malloc((max + d->nrenewed) * sizeof(*v));
+	if (!hash || !count || !v) {
 		free(hash);
 		free(count);
+		free(v);
 		return;
 	}
-	size_t n = sessions_list(hash, count, max);
+	size_t now_held = sessions_list(hash, count, max), n = now_held;
+	for (size_t i = 0; i < now_held; i++)
+		v[i] = (struct renew_pair){ hash[i], count[i] };
+	free(count);
+	qsort(v, now_held, sizeof(*v), renew_cmp);
+	for (size_t i = 0, k = 0; i < d->nrenewed; i++) {
+		while (k < now_held && v[k].hash < d->renewed[i])
+			k++;
+		if (k == now_held || v[k].hash != d->renewed[i])
+			v[n++] = (struct renew_pair){ d->renewed[i], 0 };
+	}
 	for (size_t at = 0; at < n; at += CHUNK) {
 		char names[CHUNK][24];
 		const char *ptrs[CHUNK];
+		unsigned counts[CHUNK];
 		size_t k = n - at < CHUNK ? n - at : CHUNK;
 		for (size_t i = 0; i < k; i++) {
 			fmt_fixed(names[i], sizeof(names[i]), "s:%016llx",
-				  (unsigned long long)hash[at + i]);
+				  (unsigned long long)v[at + i].hash);
 			ptrs[i] = names[i];
+			counts[i] = v[at + i].count;
 		}
-		d->store->ops->slots_renew(d->store->ctx, ptrs, count + at, k);
+		d->store->ops->slots_renew(d->store->ctx, ptrs, counts, k);
 	}
-	free(hash);
-	free(count);
+	/* the keys renewed with a count, sorted, for the next beat */
+	for (size_t i = 0; i < now_held; i++)
+		hash[i] = v[i].hash;
+	free(v);
+	free(d->renewed);
+	d->renewed = hash;
+	d->nrenewed = now_held;
 }
 
 /* Renew this node's class-slot leases in the shared store, with its own counts. */
@@ -1424,6 +1459,7 @@ int daemon_main(int argc, char **argv)
 	/* the store's connections live on the loops: freed while the loops still exist */
 	save_snapshot(&d);
 	d.store = store_free(d.store);
+	free(d.renewed);
 	d.relay = relay_free(d.relay);
 	d.queue = queue_free(d.queue);
 	engine_free(d.e);

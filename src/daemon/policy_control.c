@@ -466,7 +466,7 @@ static void ov_format(struct ov_job *job, struct buf *out, bool *ret_ok)
 		buf_printf(out, "limits %s %s %s: %s%s%s\n", c->unset ? "unset" : "set", job->rule,
 			   job->key, c->err[0] ? c->err : strerror(-job->rc),
 			   job->rc == -EAGAIN && !c->err[0] ? " (Redis unreachable)" : "",
-			   "; nothing changed");
+			   job->rc == -ETIMEDOUT ? "" : "; nothing changed");
 		return;
 	}
 	if (c->unset && job->no_rule && job->rc == 0) {
@@ -587,6 +587,8 @@ static int limits_set_unset(struct policy *p, bool unset, size_t argc, const str
 	size_t nargs = 0;
 	struct str args[16];
 	for (size_t i = 0; i < argc; i++) {
+		if (str_eq_cstr(argv[i], "--json"))
+			continue; /* the client adds it to any request; the answer is one line */
 		if (str_eq_cstr(argv[i], "--for")) {
 			if (unset || i + 1 >= argc) {
 				buf_printf(out, "limits %s: --for %s\n", verb,

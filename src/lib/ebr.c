@@ -221,15 +221,21 @@ size_t ebr_collect(void)
 		return 0;
 	}
 	uint64_t oldest = oldest_reader();
-	/* tags decrease along the list: what can go is a tail */
-	struct ebr_node **pp = &limbo;
-	while (*pp && (*pp)->tag > oldest)
-		pp = &(*pp)->next;
-	struct ebr_node *dead = *pp;
-	*pp = NULL;
+	/* every node is looked at: two threads that retire at once may join the list out
+	 * of their tags' order (a tag is taken before the lock) */
+	struct ebr_node **pp = &limbo, *dead = NULL;
 	size_t n = 0;
-	for (struct ebr_node *d = dead; d; d = d->next)
+	while (*pp) {
+		struct ebr_node *d = *pp;
+		if (d->tag > oldest) {
+			pp = &d->next;
+			continue;
+		}
+		*pp = d->next;
+		d->next = dead;
+		dead = d;
 		n++;
+	}
 	pending -= n;
 	pthread_mutex_unlock(&lock);
 	return free_list(dead);

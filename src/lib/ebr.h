@@ -25,7 +25,7 @@
 
 #include <stddef.h>
 
-#define EBR_SLOTS 64
+#define EBR_SLOTS 320 /* workers (up to 256) and the helper threads that read */
 
 /* Enter / leave a read section (any thread; nestable).  Every ebr_exit() matches one
  * ebr_enter() on the same thread. */

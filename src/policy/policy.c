@@ -226,7 +226,7 @@ static void expand_reply(const struct policy_rule *r, const char *key, const cha
  * the store's answer before its rates are decided.  Named "s:" and the (rule, key) hash
  * in hex: a class of the store's leases of its own.
  */
-#define POLICY_MAX_ASKS 4
+#define POLICY_MAX_ASKS POLICY_MAX_SESSIONS_RULES
 struct sess_ask {
 	struct store_slot_call call;
 	struct policy_pending *pp;
@@ -808,8 +808,24 @@ static void ask_answer(struct sess_ask *a, int rc)
 {
 	struct policy_pending *pp = a->pp;
 	a->call.req = NULL;
+	if (rc == STORE_TEMPFAIL) {
+		/* no answer, and on_failure = tempfail: the store's refusal, not the rule's */
+		sessions_unreserve(pp->msg, a->key_hash);
+		pp->d.store_error = STORE_TEMPFAIL;
+		if (pp->d.action < POLICY_TEMPFAIL) {
+			pp->d.action = POLICY_TEMPFAIL;
+			pp->d.rule = NULL;
+			fmt_fixed(pp->d.reply, sizeof(pp->d.reply), "%s", TEMPFAIL_REPLY);
+		}
+		pp->sess_refused = true;
+		pp->mode = pp->call.mode = STORE_PEEK;
+		pp->asks_waiting--;
+		return;
+	}
 	count_sessions_verdict(a->r, rc == 1);
-	if (rc == 1) {
+	if (rc == 1 && a->call.fallback) {
+		/* on_failure let it in: this node counts it, Redis holds nothing to release */
+	} else if (rc == 1) {
 		sessions_granted(pp->msg, pp->p->store, a->key_hash);
 	} else {
 		sessions_unreserve(pp->msg, a->key_hash);
@@ -885,6 +901,10 @@ int policy_check_start(struct policy *p, const struct policy_txn *t, enum policy
 	struct policy_pending *pp = malloc(size);
 	if (!pp) {
 		d->store_error = -ENOMEM;
+		/* the slots this node reserved for the store to decide go back: a node never
+		 * holds what the store did not grant */
+		for (size_t i = 0; i < nasks; i++)
+			sessions_unreserve(msg, s->asks[i].key_hash);
 		sessions_settle(msg, sref);
 		return 0;
 	}
@@ -957,7 +977,7 @@ int policy_check_start(struct policy *p, const struct policy_txn *t, enum policy
 			a->call.arg = a;
 			int rc = store_slot_enter(p->store, &a->call);
 			if (rc != STORE_PENDING)
-				ask_answer(a, rc == 1 ? 1 : 0);
+				ask_answer(a, rc == 1 || rc == STORE_TEMPFAIL ? rc : 0);
 		}
 		pp->in_start = false;
 		if (pp->asks_waiting) {

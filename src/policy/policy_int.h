@@ -22,6 +22,7 @@
 
 #define POLICY_MAX_RULES 256
 #define POLICY_MAX_EXCEPT 32
+#define POLICY_MAX_SESSIONS_RULES 4 /* at one stage: one store round trip asks them all */
 #define REPLY_TEMPLATE_MAX 400
 
 struct policy_except {

@@ -671,6 +671,15 @@ int policy_load(struct cfg_node *root, struct policy **ret, char *err, size_t er
 				cfg_error(n, err, errlen, "a second rule named \"%s\"", r->name);
 				goto fail;
 			}
+		size_t same = 0;
+		for (size_t i = 0; i < p->nrules; i++)
+			same += p->rules[i].count == POLICY_COUNT_SESSIONS &&
+				p->rules[i].stage == r->stage;
+		if (r->count == POLICY_COUNT_SESSIONS && same > POLICY_MAX_SESSIONS_RULES) {
+			cfg_error(n, err, errlen, "more than %d sessions rules at stage %s",
+				  POLICY_MAX_SESSIONS_RULES, policy_stage_name(r->stage));
+			goto fail;
+		}
 		struct policy_needs *nd = &p->needs;
 		if (r->action == POLICY_TAG || r->action == POLICY_QUARANTINE)
 			nd->message_actions = true;
@@ -680,6 +689,10 @@ int policy_load(struct cfg_node *root, struct policy **ret, char *err, size_t er
 			nd->mail_size = true;
 		for (size_t i = 0; i < r->nsel + r->nex; i++)
 			note_selector(nd, i < r->nsel ? &r->sel[i] : &r->ex[i - r->nsel].sel);
+		for (size_t i = 0; i < r->nonly; i++)
+			note_selector(nd, &r->only[i].sel);
+		if (r->count == POLICY_COUNT_DISTINCT)
+			note_selector(nd, &r->of);
 	}
 	struct cfg_node *last_class = NULL;
 	for (struct cfg_node *n = cfg_get(root, "class"); n; n = cfg_next_same(n)) {

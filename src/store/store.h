@@ -82,8 +82,9 @@ enum store_mode {
  * Returns 1 if the event passes, 0 if it is refused, <0 on a store error (-ENOMEM when
  * the store cannot hold a new key even after evicting).  now is CLOCK_REALTIME ns.
  *
- * Blocks (a penalty box): an item with block_ns also has a block record per (rule, key),
- * the time its block ends.  While it is ahead of now the item is over (blocked), its
+ * Blocks (a penalty box): an item with block_ns also has a block record per (rule, key)
+ * under its windows (as its TATs: other limits for the key start afresh), the time its
+ * block ends.  While it is ahead of now the item is over (blocked), its
  * retry at least the time left, whatever room its windows have.  STORE_CHECK, an item
  * that is over with no block running starts one: now + block_ns, and its retry is then at
  * least block_ns (the attempts a block refuses do not extend it).  `limits reset` forgets the block with the windows.
@@ -128,12 +129,15 @@ struct store_call {
 /*
  * A concurrency slot of a host class (Sendmail XLA), shared by the nodes of a cluster.
  * local_used is this node's count with this session's slot already reserved (the caller
- * reserves first, so a node never holds more than it says).  Answer: 1 entered, 0 full.
+ * reserves first, so a node never holds more than it says).  Answer: 1 entered, 0 full,
+ * or STORE_TEMPFAIL when Redis did not answer and on_failure = tempfail (no verdict).
  */
 struct store_slot_call {
 	const char *cls;
 	unsigned cap;
 	unsigned local_used;
+	bool fallback;      /* out: on_failure answered (Redis did not): nothing was taken
+			     * there, and with on_failure = tempfail a 0 is no verdict */
 	void (*done)(struct store_slot_call *c, int rc);
 	void *arg;
 	void *req;

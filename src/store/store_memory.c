@@ -96,9 +96,14 @@ static uint64_t seen_hash(uint64_t key_hash, uint64_t value_hash, unsigned index
 }
 
 /* The record of a (rule, key)'s block: its TAT is when the block ends. */
-static uint64_t block_hash(uint64_t key_hash)
+static uint64_t block_hash(uint64_t key_hash, const struct rate_limits *l)
 {
-	uint64_t h = mum(key_hash ^ 0x3c6ef372fe94f82bull, 0xa54ff53a5f1d36f1ull);
+	/* of the key under these windows, as its TATs are (Redis keeps it in their key):
+	 * limits changed for the key (an overrides line, a run-time limit) start afresh */
+	uint64_t h = key_hash ^ 0x3c6ef372fe94f82bull;
+	for (unsigned j = 0; j < l->n && j < RATE_MAX_WINDOWS; j++)
+		h = mum(h ^ rec_hash(key_hash, j, &l->w[j]), 0xa54ff53a5f1d36f1ull);
+	h = mum(h, 0x510e527fade682d1ull);
 	h = (h & ~SHARD_HASH_MASK) | (key_hash & SHARD_HASH_MASK);
 	return h ? h : 1;
 }
@@ -245,7 +250,7 @@ static bool rec_protected(uint64_t h, const struct store_item *items, size_t n)
 			    ((it->flags & STORE_DISTINCT) &&
 			     seen_hash(it->key_hash, it->value_hash, j, &it->limits->w[j]) == h))
 				return true;
-		if (it->block_ns && block_hash(it->key_hash) == h)
+		if (it->block_ns && block_hash(it->key_hash, it->limits) == h)
 			return true;
 	}
 	return false;
@@ -700,7 +705,7 @@ static int decide_batch(struct store_memory *m, struct store_item *items, size_t
 				shard_prefetch(sh, sc[k].hash);
 			}
 		if (it->block_ns) {
-			sc[k].hash = block_hash(it->key_hash);
+			sc[k].hash = block_hash(it->key_hash, it->limits);
 			shard_prefetch(sh, sc[k++].hash);
 		}
 	}
@@ -924,7 +929,7 @@ static int memory_reset(void *ctx, uint64_t key_hash, const struct rate_limits *
 	shard_lock(sh);
 	for (unsigned j = 0; j <= limits->n; j++) {
 		/* every window, then the block */
-		uint64_t h = j < limits->n ? rec_hash(key_hash, j, &limits->w[j]) : block_hash(key_hash);
+		uint64_t h = j < limits->n ? rec_hash(key_hash, j, &limits->w[j]) : block_hash(key_hash, limits);
 		long slot = shard_find(sh, h);
 		if (slot < 0)
 			continue;

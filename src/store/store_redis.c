@@ -286,14 +286,15 @@ static int fallback_decide(struct rstore *st, struct store_call *call)
 	return rc;
 }
 
-static int fallback_slot(struct rstore *st, const struct store_slot_call *c)
+static int fallback_slot(struct rstore *st, struct store_slot_call *c)
 {
 	atomic_fetch_add(&st->fallbacks, 1);
+	c->fallback = true;
 	switch (st->conf.on_failure) {
 	case STORE_FAIL_ACCEPT:
 		return 1;
 	case STORE_FAIL_TEMPFAIL:
-		return 0;
+		return STORE_TEMPFAIL; /* no verdict: a class takes it as full */
 	case STORE_FAIL_LOCAL:
 		break;
 	}
@@ -364,15 +365,20 @@ static int add_values_key(struct argv_buf *a, const struct rstore *st, const str
 int redis_send_decisions(struct redis_conn *c, struct rreq **q, size_t n, bool eval, bool asking)
 {
 	const struct rstore *st = c->st;
-	size_t keys = 0, args = 0, text = 256;
+	/* text: per item its key (and a distinct item's values key, 2 bytes longer): prefix,
+	 * rule, ':', each window's text (at most 47 bytes with its comma), ":{" HASH16 "}",
+	 * ":v", NUL; and its arguments, each a decimal of at most 20 digits and a NUL: cost,
+	 * flags, nwin, value, block, and T, burst, period per window */
+	size_t keys = 0, args = 0, text = 256, lp = strlen(st->prefix);
 	for (size_t d = 0; d < n; d++) {
 		const struct store_call *call = q[d]->call;
 		keys += redis_call_keys(call);
 		args += 2;
+		text += 32;
 		for (size_t i = 0; i < call->n; i++) {
-			args += 5 + 3 * (size_t)call->items[i].limits->n;
-			text += call->items[i].rule.len + strlen(st->prefix) + 24 +
-				(size_t)call->items[i].limits->n * 88;
+			size_t nw = call->items[i].limits->n;
+			args += 5 + 3 * nw;
+			text += 2 * (lp + call->items[i].rule.len + 24 + 48 * nw) + 21 * (5 + 3 * nw);
 		}
 	}
 	struct argv_buf a;
@@ -395,38 +401,40 @@ int redis_send_decisions(struct redis_conn *c, struct rreq **q, size_t n, bool e
 		}
 	}
 	if (!reset) {
-		argv_add_bytes(&a, "", 0);
-		argv_add_u64(&a, n);
+		int bad = argv_add_bytes(&a, "", 0);
+		bad |= argv_add_u64(&a, n);
 		for (size_t d = 0; d < n; d++) {
 			const struct store_call *call = q[d]->call;
 			q[d]->reply_len = decide_reply_len(call);
 			if (call->mode == STORE_PEEK)
-				argv_add_bytes(&a, "peek", 4);
+				bad |= argv_add_bytes(&a, "peek", 4);
 			else
-				argv_add_bytes(&a, "check", 5);
-			argv_add_u64(&a, call->n);
+				bad |= argv_add_bytes(&a, "check", 5);
+			bad |= argv_add_u64(&a, call->n);
 			for (size_t i = 0; i < call->n; i++) {
 				const struct store_item *it = &call->items[i];
 				bool distinct = it->flags & STORE_DISTINCT;
 				bool block = it->block_ns != 0;
-				argv_add_u64(&a, it->cost);
-				argv_add_u64(&a, (it->flags & (STORE_BLOCKING | STORE_COUNT_REJECTED)) |
-						 (distinct ? 4u : 0u) | (block ? 8u : 0u));
-				argv_add_u64(&a, it->limits->n);
+				bad |= argv_add_u64(&a, it->cost);
+				bad |= argv_add_u64(&a, (it->flags & (STORE_BLOCKING |
+								      STORE_COUNT_REJECTED)) |
+						       (distinct ? 4u : 0u) | (block ? 8u : 0u));
+				bad |= argv_add_u64(&a, it->limits->n);
 				if (distinct)
-					argv_add_u64(&a, it->value_hash);
+					bad |= argv_add_u64(&a, it->value_hash);
 				if (block)
-					argv_add_u64(&a, it->block_ns);
+					bad |= argv_add_u64(&a, it->block_ns);
 				for (unsigned j = 0; j < it->limits->n; j++) {
-					argv_add_u64(&a, gcra_interval(&it->limits->w[j]));
-					if (argv_add_u64(&a, it->limits->w[j].burst) < 0)
-						goto overflow;
-					if (distinct &&
-					    argv_add_u64(&a, it->limits->w[j].period_ns / 1000000ULL) < 0)
-						goto overflow;
+					bad |= argv_add_u64(&a, gcra_interval(&it->limits->w[j]));
+					bad |= argv_add_u64(&a, it->limits->w[j].burst);
+					if (distinct)
+						bad |= argv_add_u64(&a, it->limits->w[j].period_ns /
+									1000000ULL);
 				}
 			}
 		}
+		if (bad)
+			goto overflow; /* a call's arguments are all there or none is sent */
 	}
 	int rc = redis_conn_send_reqs(c, q, n, eval, asking, reset ? "reset" : "decision",
 				      (int)a.n, a.argv, a.len);

@@ -57,6 +57,7 @@ struct rov {
 	redisContext *c;
 	struct addr at;                     /* where c goes */
 	bool have_version;
+	bool unknown;                       /* the last command may have gone out unanswered */
 	uint64_t version;
 	bool down_logged;
 	bool skip_logged;
@@ -374,6 +375,8 @@ static redisReply *run_script(struct rov *o, enum script_id sc, size_t nargs,
 		}
 		redisReply *r = redisCommandArgv(o->c, (int)(5 + nargs), argv, len);
 		if (!r) {
+			/* the command may have gone out: its outcome is not known */
+			o->unknown = true;
 			fmt_fixed(err, errlen, "%s", o->c->errstr[0] ? o->c->errstr : "no reply");
 			drop_conn(o);
 			return NULL;
@@ -518,6 +521,7 @@ static int change_once(struct rov *o, struct store_ov_call *c)
 	fmt_fixed(field, sizeof(field), "%016" PRIx64, c->e.key_hash);
 	redisReply *r;
 	c->err[0] = '\0';
+	o->unknown = false;
 	if (c->unset) {
 		const char *args[1] = { field };
 		size_t lens[1] = { 16 };
@@ -532,11 +536,17 @@ static int change_once(struct rov *o, struct store_ov_call *c)
 		r = run_script(o, SC_OV_SET, 3, args, lens, c->err, sizeof(c->err));
 	}
 	if (!r) {
-		char why[200];
-		fmt_fixed(why, sizeof(why), "Redis unreachable (%s)", c->err);
-		fmt_fixed(c->err, sizeof(c->err), "%s", why);
+		char why[200], what[120];
+		fmt_fixed(what, sizeof(what), "%s", c->err);
+		fmt_fixed(why, sizeof(why), "Redis unreachable (%s)", what);
 		note_down(o, why);
-		return -EAGAIN;
+		if (o->unknown)
+			fmt_fixed(c->err, sizeof(c->err), "no answer from Redis (%s): the change "
+				  "may or may not have been made; `sluice limits overrides` shows "
+				  "what holds (within a second)", what);
+		else
+			fmt_fixed(c->err, sizeof(c->err), "%s", why);
+		return o->unknown ? -ETIMEDOUT : -EAGAIN;
 	}
 	int rc;
 	if (r->type == REDIS_REPLY_ERROR) {

@@ -244,3 +244,44 @@ def test_chain_key_through_the_policy_service_is_named_by_its_alternative(sluice
     out = show(b, "sasl_user:bob", "chained")
     assert re.search(r"^chained sasl_user:bob: 10/1h used 1/10$", out, re.M), out
     no_fallbacks(a, b)
+
+
+# ---------------------------------------------------------------------------------------
+# many decisions of distinct and block rules in one script call (about 1 s): a worker's
+# loop sends the decisions of one pass together, and each of these items carries two keys
+# and more arguments than a plain rate
+
+def test_a_batch_of_distinct_and_block_decisions_fits_one_call(sluiced, redis):
+    r = redis()
+    # one window and short names: the key text is short, the arguments are not
+    rule = ('limit "f" { stage = "rcpt"; key = "sender"; count = "distinct"; of = "rcpt"; '
+            'rate = ["1000/1h"]; block = 1h; }')
+    text = config(rule, store(r), milter=False, policy=True).replace("workers = 2;",
+                                                                   "workers = 1;")
+    node = sluiced(text)
+    conns = []
+    for i in range(60):
+        c = socket.socket(socket.AF_UNIX)
+        c.connect(policy_socket(node))
+        conns.append(c)
+    # every request is written before any answer is read: one pass of the loop reads
+    # many of them, and their decisions go to Redis together
+    for i, c in enumerate(conns):
+        c.sendall((f"request=smtpd_access_policy\nprotocol_state=RCPT\n"
+                   f"client_address=192.0.2.{i % 200 + 1}\nclient_port={41000 + i}\n"
+                   f"sender=s{i % 7}@example.org\nrecipient=r{i}@example.net\n"
+                   f"instance=b.{i}\n\n").encode())
+    answers = []
+    for c in conns:
+        c.settimeout(10)
+        data = b""
+        while not data.endswith(b"\n\n"):
+            chunk = c.recv(4096)
+            assert chunk, "connection closed"
+            data += chunk
+        answers.append(data.decode().strip())
+        c.close()
+    assert answers == ["action=DUNNO"] * 60, answers
+    no_fallbacks(node)
+    calls = node.stats()["store"]["shared"]["calls"]
+    assert calls < 60, f"{calls} script calls for 60 decisions: nothing was batched"

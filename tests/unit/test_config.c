@@ -101,6 +101,12 @@ static const struct {
 	  "--system --group no-such-user-xyz)" },
 	{ M "polciy { }\n", "t.conf:2: polciy: unknown key" },
 	{ M "queue { dirr = \"q\"; }\n", "t.conf:2: queue.dirr: unknown key" },
+	{ "milter { listen = \"unix:m.sock\"; command_timeout = 20s; }\n"
+	  "limit \"slow\" { stage = \"rcpt\"; key = \"client_ip\"; count = \"recipients\";\n"
+	  "  rate = \"1/1m\"; action = \"delay\"; delay = 20s; }\n",
+	  "t.conf:3: limit \"slow\".delay: a delay of 20s is not below milter.command_timeout "
+	  "(20s): sluiced would close the session before it answers (and the MTA's own milter "
+	  "timeout, 30s in Postfix, is shorter still)" },
 };
 
 static void test_errors(void **state)

@@ -386,6 +386,16 @@ static void test_negotiation(void **state)
 	assert_int_equal(r.d.nresults, 0);
 	env_free(&e);
 
+	/* what only {} and of read is asked for too */
+	env_load(&e, "limit \"d\" { stage = eom; key = sender; count = distinct;\n"
+		     "  of = \"header:Message-ID\"; rate = 1/1m;\n"
+		     "  only { \"macro:{daemon_name}\" = [\"submission\"]; } }\n");
+	assert_int_equal(policy_needs(e.p)->headers.n, 1);
+	assert_string_equal(policy_needs(e.p)->headers.v[0], "Message-ID");
+	assert_int_equal(policy_needs(e.p)->macros.n, 1);
+	assert_string_equal(policy_needs(e.p)->macros.v[0], "{daemon_name}");
+	env_free(&e);
+
 	env_load(&e, "");
 	assert_int_equal(policy_rule_count(e.p), 0);
 	assert_false(policy_needs(e.p)->headers.n > 0);
@@ -1903,6 +1913,26 @@ static const struct {
 	  "rcpt)" },
 };
 
+/* One store round trip asks every sessions rule of a stage: at most 4 of them. */
+static void test_sessions_rules_per_stage(void **state)
+{
+	(void)state;
+	char text[2048] = "", err[512] = "";
+	for (int i = 0; i < 5; i++) {
+		char one[200];
+		snprintf(one, sizeof(one), "limit \"s%d\" { stage = connect; key = client_ip; "
+			 "count = sessions; max = %d; }\n", i, i + 1);
+		strcat(text, one);
+	}
+	struct policy *p = NULL;
+	assert_int_equal(load_text(text, &p, err, sizeof(err)), -EINVAL);
+	assert_string_equal(err, "t.conf:5: limit \"s4\": more than 4 sessions rules at stage "
+			    "connect");
+	*strstr(text, "limit \"s4\"") = '\0'; /* four */
+	assert_int_equal(load_text(text, &p, err, sizeof(err)), 0);
+	policy_unref(p);
+}
+
 static void test_new_key_errors(void **state)
 {
 	(void)state;
@@ -2137,6 +2167,7 @@ int main(void)
 		cmocka_unit_test(test_sessions),
 		cmocka_unit_test(test_delay),
 		cmocka_unit_test(test_new_key_errors),
+		cmocka_unit_test(test_sessions_rules_per_stage),
 		cmocka_unit_test(test_runtime_limits),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -145,7 +145,10 @@ static void test_on_failure_accept_and_tempfail(void **state)
 	assert_int_equal(decide_now(s, &it), STORE_TEMPFAIL);
 	assert_false(it.charged);
 	sc.local_used = 1;
-	assert_int_equal(store_slot_enter(s, &sc), 0);
+	sc.fallback = false;
+	/* no verdict: a class takes it as full, a sessions rule as the store's tempfail */
+	assert_int_equal(store_slot_enter(s, &sc), STORE_TEMPFAIL);
+	assert_true(sc.fallback);
 	/* a reset cannot reach Redis: nothing is claimed */
 	struct store_call rc = { .items = &it, .n = 1, .mode = STORE_RESET };
 	assert_int_equal(store_decide_start(s, &rc), 0);
