@@ -522,6 +522,14 @@ static int change_once(struct rov *o, struct store_ov_call *c)
 	redisReply *r;
 	c->err[0] = '\0';
 	o->unknown = false;
+	/* a connection that died since the last poll fails at once here, before the change
+	 * goes out: then it is known that nothing was sent */
+	if (o->c) {
+		redisReply *ping = redisCommand(o->c, "PING");
+		if (!ping)
+			drop_conn(o);
+		freeReplyObject(ping);
+	}
 	if (c->unset) {
 		const char *args[1] = { field };
 		size_t lens[1] = { 16 };
