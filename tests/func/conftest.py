@@ -54,6 +54,12 @@ replace_body = "text"; quarantine = "reason"; }"""
 SPEC_CHANGE_FROM = ["<new@example.org>"]
 
 
+
+# A long scenario runs once, in the plain build: under ASan+UBSan (SLUICE_SANITIZE, set
+# by tests/func/meson.build) the shorter tests go through the same code (CI time).
+plain_only = pytest.mark.skipif(os.environ.get("SLUICE_SANITIZE", "none") != "none",
+                                reason="a long scenario: run in the plain build only")
+
 def modify_all():
     """Every modification the `modify` block can ask for (a fresh dict)."""
     return {

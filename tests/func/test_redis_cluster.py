@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-from conftest import SLUICED, free_port, wait_until
+from conftest import SLUICED, free_port, plain_only, wait_until
 import milter_wire as mw
 from redis_cluster import RedisCluster, REDIS_SERVER, key_slot
 from test_policy import config, per_domain
@@ -34,9 +34,8 @@ from test_redis import CLASS_ALL, Redis, open_session, rcpt_decision, two_nodes
 PATTERN = "sluice:per-domain:*"
 
 # The long scenarios (failovers, migrations, lost slot ranges, the relay) run once, in the
-# plain build; under ASan+UBSan the short tests run, which go through the same code.
-plain_only = pytest.mark.skipif(os.environ.get("SLUICE_SANITIZE", "none") != "none",
-                                reason="a long scenario: run in the plain build only")
+# plain build (plain_only); under ASan+UBSan the short tests run, which go through the
+# same code.
 
 
 @pytest.fixture
