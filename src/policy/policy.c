@@ -402,7 +402,9 @@ static void sessions_over(struct policy_decision *d, const struct policy_rule *r
 /*
  * A sessions rule with its key: this session takes a slot (provisional until the event's
  * fate is known, sessions_settle()) or the rule is over.  Returns 1 within (or not
- * counted), 0 over.  The registry is this node's (XXX: with a shared store too, for now).
+ * counted), 0 over.  The registry counts this node's sessions; with a shared store
+ * (w->asks) the slot is only reserved here, and the store's lease decides (struct
+ * sess_ask, ask_answer()).
  */
 static int sessions_rule(struct policy *p, const struct policy_rule *r, struct str key,
 			 struct policy_msg *msg, enum store_mode mode, struct policy_decision *d,
