@@ -16,7 +16,7 @@ import pytest
 from conftest import wait_until
 from test_policy import config
 import milter_wire as mw
-from test_redis import REDIS_SERVER, Redis, rcpt_decision, redis_store
+from test_redis import REDIS_SERVER, Redis, rcpt_decision, redis, redis_store  # noqa: F401  (redis: the fixture)
 
 RULE = ('limit "per-domain" { stage = "rcpt"; key = "rcpt_domain"; count = "messages"; '
         'rate = ["10/1h"]; overrides = "@DIR@/domains.limits"; }')
@@ -40,25 +40,6 @@ def rcpt_line(s, rcpt):
     """The rcpt stage's line of `sluice test` for one recipient."""
     out = s.cli("test", "--client-ip", "192.0.2.1", "--rcpt", rcpt).stdout
     return [l for l in out.splitlines() if "limit per-domain" in l][0]
-
-
-@pytest.fixture
-def redis_factory(workdir):
-    if not os.path.exists(REDIS_SERVER):
-        pytest.skip("redis-server is not installed")
-    servers = []
-
-    def factory():
-        d = workdir / f"redis{len(servers)}"
-        d.mkdir()
-        r = Redis(d)
-        servers.append(r)
-        r.start()
-        return r
-
-    yield factory
-    for r in servers:
-        r.stop()
 
 
 # ---------------------------------------------------------------------------------------
@@ -146,8 +127,8 @@ def test_errors(sluiced, args, message):
 # ---------------------------------------------------------------------------------------
 # the Redis store: one table for every node
 
-def test_set_on_one_node_is_seen_by_the_other(sluiced, redis_factory):
-    r = redis_factory()
+def test_set_on_one_node_is_seen_by_the_other(sluiced, redis):
+    r = redis()
     text = rules_config(redis_store(r))
     a, b = start(sluiced, text), start(sluiced, text)
     out = a.cli("limits", "set", "per-domain", "example.com", "2/1h").stdout
@@ -171,8 +152,8 @@ def test_set_on_one_node_is_seen_by_the_other(sluiced, redis_factory):
     wait_until(lambda: "10/1h used" in rcpt_line(a, "x@example.net"), 5, "it to expire")
 
 
-def test_redis_unreachable_changes_nothing(sluiced, redis_factory):
-    r = redis_factory()
+def test_redis_unreachable_changes_nothing(sluiced, redis):
+    r = redis()
     s = start(sluiced, rules_config(redis_store(r)))
     s.cli("limits", "set", "per-domain", "example.com", "2/1h")
     r.stop()
@@ -183,7 +164,7 @@ def test_redis_unreachable_changes_nothing(sluiced, redis_factory):
     s.log.wait_for(r"run-time limits cannot be read from Redis", timeout=5)
 
 
-def test_behind_sentinel(sluiced, redis_factory, workdir):
+def test_behind_sentinel(sluiced, redis, workdir):
     """sentinels + master_name: the thread asks the sentinels where the master is."""
     import subprocess
     from conftest import free_port

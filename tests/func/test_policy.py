@@ -49,11 +49,11 @@ def _need_tools():
 # ---------------------------------------------------------------------------------------
 # configuration
 
-def config(*blocks, milter=True, policy=False):
+def config(*blocks, milter=True, policy=False, workers=2):
     """A complete sluiced configuration (@DIR@: the instance directory, also state_dir)
     serving the milter and/or the policy service, with the given class/limit blocks."""
     # `listen` on a line of its own: the sluiced fixture waits for what it finds there
-    lines = ["workers = 2;",
+    lines = [f"workers = {workers};",
              "stats_interval = 0;",
              'state_dir = "@DIR@";',
              'log { target = "stderr"; level = "info"; }',

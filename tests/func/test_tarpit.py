@@ -21,22 +21,9 @@ import pytest
 
 import milter_wire as mw
 from conftest import free_port, wait_until
+from test_policy import config
 
 FROM = "sender@sluice.test"
-
-
-def config(*blocks, milter=True, policy=False, workers=1, level="info"):
-    lines = [f"workers = {workers};",
-             "stats_interval = 0;",
-             'state_dir = "@DIR@";',
-             f'log {{ target = "stderr"; level = "{level}"; }}',
-             "control {", '  listen = "unix:@DIR@/control.sock";', "}"]
-    if milter:
-        lines += ["milter {", '  listen = "unix:@DIR@/milter.sock";', '  mode = "0666";', "}"]
-    if policy:
-        lines += ["policy {", '  listen = "unix:@DIR@/policy.sock";', "}"]
-    lines += blocks
-    return "\n".join(lines) + "\n"
 
 
 def passed(reply):
@@ -60,7 +47,7 @@ def need(*tools):
 # the milter
 
 def test_milter_delay_holds_the_reply_and_no_thread(sluiced):
-    s = sluiced(config(delay_rule("300ms")))  # workers = 1
+    s = sluiced(config(delay_rule("300ms"), workers=1))
     a = mw.MilterClient(s.milter_socket)
     b = mw.MilterClient(s.milter_socket)
     try:
@@ -111,7 +98,7 @@ def test_milter_delay_yields_to_a_refusal(sluiced):
     """A stricter rule that refuses is answered at once: a refusal is not delayed."""
     s = sluiced(config(delay_rule("2s"),
                        'limit "cap" { stage = "rcpt"; key = "rcpt_domain"; '
-                       'rate = ["1/1h"]; }'))
+                       'rate = ["1/1h"]; }', workers=1))
     with mw.MilterClient(s.milter_socket) as a:
         a.negotiate()
         a.connect(port=40003)
@@ -128,7 +115,7 @@ def test_milter_delay_yields_to_a_refusal(sluiced):
 
 def test_milter_hangup_during_a_delay(sluiced):
     """The MTA gives up while a reply is held: the session ends, sluiced goes on."""
-    s = sluiced(config(delay_rule("500ms", rate="1/1h")))
+    s = sluiced(config(delay_rule("500ms", rate="1/1h"), workers=1))
     with mw.MilterClient(s.milter_socket) as a:
         a.negotiate()
         a.connect(port=40004)

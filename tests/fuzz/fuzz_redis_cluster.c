@@ -42,6 +42,19 @@ static void check_addr(const struct addr *a)
 	CHECK(a->port >= 1 && a->port <= 65535);
 }
 
+static void check_slot_map(void *reply, void *arg)
+{
+	(void)arg;
+	struct addr asked = { .host = "192.0.2.7", .port = 7000 };
+	struct redis_slot_range r[64];
+	int got = redis_slots_parse(reply, &asked, r, 64);
+	CHECK(got == -EPROTO || (got >= 0 && got <= 64));
+	for (int i = 0; i < got; i++) {
+		CHECK(r[i].first <= r[i].last && r[i].last < REDIS_SLOTS);
+		check_addr(&r[i].master);
+	}
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	if (resp_huge_aggregate(data, size))
@@ -61,27 +74,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	} else {
 		CHECK(slot == 77777);
 	}
-
-	struct addr asked = { .host = "192.0.2.7", .port = 7000 };
-	redisReader *rd = redisReaderCreate();
-	CHECK(rd);
-	if (redisReaderFeed(rd, (const char *)data, size) != REDIS_OK) {
-		redisReaderFree(rd);
-		return 0;
-	}
-	for (;;) {
-		void *reply = NULL;
-		if (redisReaderGetReply(rd, &reply) != REDIS_OK || !reply)
-			break;
-		struct redis_slot_range r[64];
-		int got = redis_slots_parse(reply, &asked, r, 64);
-		CHECK(got == -EPROTO || (got >= 0 && got <= 64));
-		for (int i = 0; i < got; i++) {
-			CHECK(r[i].first <= r[i].last && r[i].last < REDIS_SLOTS);
-			check_addr(&r[i].master);
-		}
-		freeReplyObject(reply);
-	}
-	redisReaderFree(rd);
+	resp_each_reply(data, size, check_slot_map, NULL);
 	return 0;
 }

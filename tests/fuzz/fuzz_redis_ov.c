@@ -36,44 +36,35 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 		}                                                                          \
 	} while (0)
 
+static void check_reply(void *reply, void *arg)
+{
+	(void)arg;
+	uint64_t version;
+	struct store_ov_entry *e = NULL;
+	size_t n = 0, skipped = 0;
+	int rc = store_redis_ov_parse(reply, &version, &e, &n, &skipped);
+	CHECK(rc == 0 || rc == -EPROTO);
+	if (rc != 0)
+		return;
+	const redisReply *r = reply;
+	CHECK(n + skipped == r->element[1]->elements / 2);
+	for (size_t i = 0; i < n; i++)
+		CHECK(store_ov_entry_valid(&e[i]));
+	struct store_ov *ov = store_ov_new();
+	CHECK(ov);
+	CHECK(store_ov_replace(ov, e, n, 1) == 0);
+	CHECK(store_ov_count(ov, 1) <= n);
+	for (size_t i = 0; i < n; i++) {
+		struct rate_limits l;
+		if (e[i].until_ns == 0 || e[i].until_ns > 1)
+			CHECK(store_ov_find(ov, e[i].key_hash, 1, &l, NULL) == 1);
+	}
+	store_ov_free(ov);
+	free(e);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	if (resp_huge_aggregate(data, size))
-		return 0;
-	redisReader *rd = redisReaderCreate();
-	CHECK(rd);
-	if (redisReaderFeed(rd, (const char *)data, size) != REDIS_OK) {
-		redisReaderFree(rd);
-		return 0;
-	}
-	for (;;) {
-		void *reply = NULL;
-		if (redisReaderGetReply(rd, &reply) != REDIS_OK || !reply)
-			break;
-		uint64_t version;
-		struct store_ov_entry *e = NULL;
-		size_t n = 0, skipped = 0;
-		int rc = store_redis_ov_parse(reply, &version, &e, &n, &skipped);
-		CHECK(rc == 0 || rc == -EPROTO);
-		if (rc == 0) {
-			const redisReply *r = reply;
-			CHECK(n + skipped == r->element[1]->elements / 2);
-			for (size_t i = 0; i < n; i++)
-				CHECK(store_ov_entry_valid(&e[i]));
-			struct store_ov *ov = store_ov_new();
-			CHECK(ov);
-			CHECK(store_ov_replace(ov, e, n, 1) == 0);
-			CHECK(store_ov_count(ov, 1) <= n);
-			for (size_t i = 0; i < n; i++) {
-				struct rate_limits l;
-				if (e[i].until_ns == 0 || e[i].until_ns > 1)
-					CHECK(store_ov_find(ov, e[i].key_hash, 1, &l, NULL) == 1);
-			}
-			store_ov_free(ov);
-			free(e);
-		}
-		freeReplyObject(reply);
-	}
-	redisReaderFree(rd);
+	resp_each_reply(data, size, check_reply, NULL);
 	return 0;
 }

@@ -37,46 +37,50 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 		}                                                                          \
 	} while (0)
 
+/* What the first byte of an input chose: how many items, windows, which mode. */
+struct shape {
+	size_t n;
+	enum store_mode mode;
+	unsigned flags;
+	uint64_t block_ns;
+	struct rate_limits lim;
+};
+
+static void check_decide(void *reply, void *arg)
+{
+	struct shape *sh = arg;
+	struct store_item items[4];
+	memset(items, 0, sizeof(items));
+	for (size_t i = 0; i < sh->n; i++) {
+		items[i].limits = &sh->lim;
+		items[i].flags = sh->flags;
+		items[i].value_hash = sh->flags ? 7 : 0;
+		items[i].block_ns = sh->block_ns;
+	}
+	int rc = store_redis_parse_decide(reply, items, sh->n, sh->mode);
+	CHECK(rc == 0 || rc == 1 || rc == -EPROTO);
+	if (rc >= 0 && sh->mode != STORE_RESET)
+		for (size_t i = 0; i < sh->n; i++)
+			CHECK(!items[i].charged || items[i].ok);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	if (size < 1 || resp_huge_aggregate(data + 1, size - 1))
+	if (size < 1)
 		return 0;
-	size_t n = (size_t)(data[0] & 3) + 1;
 	unsigned nw = ((data[0] >> 2) & 3) + 1;
-	enum store_mode mode = (enum store_mode)(((data[0] >> 4) & 3) % 3);
-	/* the replies of distinct items (one more element: known) and of items with a
-	 * block (one more: blocked) */
-	unsigned flags = data[0] & 0x40 ? STORE_DISTINCT : 0;
-	uint64_t block_ns = data[0] & 0x80 ? 60000000000ULL : 0;
-	struct rate_limits lim = { .n = nw };
+	struct shape sh = {
+		.n = (size_t)(data[0] & 3) + 1,
+		.mode = (enum store_mode)(((data[0] >> 4) & 3) % 3),
+		/* the replies of distinct items (one more element: known) and of items
+		 * with a block (one more: blocked) */
+		.flags = data[0] & 0x40 ? STORE_DISTINCT : 0,
+		.block_ns = data[0] & 0x80 ? 60000000000ULL : 0,
+		.lim = { .n = nw },
+	};
 	for (unsigned j = 0; j < nw; j++)
-		lim.w[j] = (struct rate_window){ .count = 10, .period_ns = 60000000000ULL,
-						 .burst = 10 };
-	redisReader *rd = redisReaderCreate();
-	CHECK(rd);
-	if (redisReaderFeed(rd, (const char *)data + 1, size - 1) != REDIS_OK) {
-		redisReaderFree(rd);
-		return 0;
-	}
-	for (;;) {
-		void *reply = NULL;
-		if (redisReaderGetReply(rd, &reply) != REDIS_OK || !reply)
-			break;
-		struct store_item items[4];
-		memset(items, 0, sizeof(items));
-		for (size_t i = 0; i < n; i++) {
-			items[i].limits = &lim;
-			items[i].flags = flags;
-			items[i].value_hash = flags ? 7 : 0;
-			items[i].block_ns = block_ns;
-		}
-		int rc = store_redis_parse_decide(reply, items, n, mode);
-		CHECK(rc == 0 || rc == 1 || rc == -EPROTO);
-		if (rc >= 0 && mode != STORE_RESET)
-			for (size_t i = 0; i < n; i++)
-				CHECK(!items[i].charged || items[i].ok);
-		freeReplyObject(reply);
-	}
-	redisReaderFree(rd);
+		sh.lim.w[j] = (struct rate_window){ .count = 10, .period_ns = 60000000000ULL,
+						    .burst = 10 };
+	resp_each_reply(data + 1, size - 1, check_decide, &sh);
 	return 0;
 }
