@@ -85,7 +85,7 @@ static const struct {
 	  "t.conf:2: relay.hostname: \"a/b\": expected a host name (letters, digits, '.', '-')" },
 	{ "intake { listen = \"unix:i.sock\"; }\n"
 	  "route \"r\" { domains = \"*\"; mx = true; tls = \"maybe\"; }\n",
-	  "t.conf:2: route \"r\".tls: expected none, may, require or verify" },
+	  "t.conf:2: route \"r\".tls: expected none, may, require, verify, dane or dane-only" },
 	{ "intake { listen = \"unix:i.sock\"; }\n"
 	  "route \"r\" { domains = \"*\"; mx = true; signal { action = \"slow\"; } }\n",
 	  "t.conf:2: route \"r\".signal: match is required" },
