@@ -8,8 +8,9 @@ validates it (or, with validate=False, only resolves it).
 
 records: zone file lines relative to the origin ("@ 60 IN MX 10 mx", "mx 60 IN A
 127.0.0.1", "_25._tcp.mx 60 IN TLSA 3 1 1 ABCD...").  bogus: owner names whose RRSIGs are
-spoiled after signing (the data changes, the signature does not), which a validating
-resolver answers with SERVFAIL.  Unbound trusts the zone's own KSK (trust-anchor-file, a
+spoiled after signing (the data of their TLSA, MX or A records changes, the signature
+does not), which a validating resolver answers with SERVFAIL (and caches for 1s only).
+log_queries: Unbound logs every query it gets (unbound.log), for counting lookups.  Unbound trusts the zone's own KSK (trust-anchor-file, a
 DS) and refuses every other name: no network is used.
 """
 
@@ -37,11 +38,12 @@ def _run(args, cwd):
 
 
 class SignedDNS:
-    def __init__(self, directory, origin, records, validate=True, bogus=()):
+    def __init__(self, directory, origin, records, validate=True, bogus=(), log_queries=False):
         self.dir = pathlib.Path(directory) / f"dns-{origin}-{'v' if validate else 'nv'}"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.origin = origin.rstrip(".")
         self.validate = validate
+        self.log_queries = log_queries
         self.nsd_port = free_port()
         self.port = free_port()
         self.serial = int(time.time())
@@ -69,9 +71,14 @@ class SignedDNS:
             out = []
             for line in signed:
                 f = line.split()
-                if f and f[0].rstrip(".") in {f"{b}.{self.origin}" for b in bogus} and \
-                        f[3] == "TLSA":
-                    f[-1] = f[-1][:-2] + ("00" if f[-1][-2:] != "00" else "11")
+                if f and f[0].rstrip(".") in {f"{b}.{self.origin}" for b in bogus}:
+                    # the data changes, its RRSIG does not
+                    if f[3] == "TLSA":
+                        f[-1] = f[-1][:-2] + ("00" if f[-1][-2:] != "00" else "11")
+                    elif f[3] == "MX":
+                        f[4] = str(int(f[4]) + 1)
+                    elif f[3] == "A":
+                        f[4] = f[4].rsplit(".", 1)[0] + ".99"
                     line = "\t".join(f)
                 out.append(line)
             signed = out
@@ -126,6 +133,8 @@ zone:
   local-zone: "." refuse
   local-zone: "{self.origin}." transparent
   val-log-level: 2
+  val-bogus-ttl: 1
+  log-queries: {"yes" if self.log_queries else "no"}
   cache-min-ttl: 0
   prefetch: no
   num-threads: 1
