@@ -999,6 +999,48 @@ static void mx_answer_literal(const struct ipaddr *ip, uint16_t port, mx_done_fn
 	done(arg, 0, &t, 1);
 }
 
+/* A query of name (len bytes, checked), not yet running.  0 and *ret, -EINVAL, -ENOMEM. */
+static int mx_query_new(struct mx_resolver *r, const char *name, size_t len, void *arg,
+			uint16_t port, struct mx_query **ret)
+{
+	struct mx_query *q = calloc(1, sizeof(*q));
+	int rc;
+
+	if (!q)
+		return -ENOMEM;
+	rc = mx_name_check(name, len, q->name);
+	if (rc < 0) {
+		mx_query_free(q);
+		return rc;
+	}
+	q->r = r;
+	q->arg = arg;
+	q->port = port;
+	q->ttl = UINT32_MAX;
+	*ret = q;
+	return 0;
+}
+
+/* q runs, held until its lookups are started (mx_query_started()). */
+static void mx_query_run(struct mx_query *q)
+{
+	q->state = MXQ_RUNNING;
+	q->inflight = 1;
+	mx_list_push(&q->r->running, q);
+}
+
+/* Its lookups are started: the hold is given back, which may finish q (/etc/hosts,
+ * localhost, a failure to send): done() comes later, from the loop. */
+static void mx_query_started(struct mx_query *q, struct mx_query **ret)
+{
+	struct mx_resolver *r = q->r;
+
+	if (ret)
+		*ret = q;
+	mx_query_unref(q);
+	mx_rearm(r);
+}
+
 int mx_lookup(struct mx_resolver *r, const char *name, bool use_mx, uint16_t port,
 	      mx_done_fn *done, void *arg, struct mx_query **ret)
 {
@@ -1026,36 +1068,22 @@ int mx_lookup(struct mx_resolver *r, const char *name, bool use_mx, uint16_t por
 		len -= 2;
 		use_mx = false;
 	}
-	q = calloc(1, sizeof(*q));
-	if (!q)
-		return -ENOMEM;
-	rc = mx_name_check(name, len, q->name);
-	if (rc < 0) {
-		mx_query_free(q);
+	rc = mx_query_new(r, name, len, arg, port, &q);
+	if (rc < 0)
 		return rc;
-	}
-	q->r = r;
 	q->done = done;
-	q->arg = arg;
-	q->port = port;
-	q->ttl = UINT32_MAX;
 	if (!use_mx && mx_query_set_self(q) < 0) {
 		mx_query_free(q);
 		return -ENOMEM;
 	}
-	q->state = MXQ_RUNNING;
-	q->inflight = 1; /* held until the lookups are started */
-	mx_list_push(&r->running, q);
+	mx_query_run(q);
 	if (use_mx) {
 		if (mx_send(q, q->name, MX_DNS_TYPE_MX, mx_on_mx) < 0)
 			q->error = -EAGAIN;
 	} else {
 		mx_query_start_hosts(q);
 	}
-	if (ret)
-		*ret = q;
-	mx_query_unref(q); /* may finish it (/etc/hosts, localhost): delivered later */
-	mx_rearm(r);
+	mx_query_started(q, ret);
 	return 0;
 }
 
@@ -1115,27 +1143,14 @@ int mx_tlsa_lookup(struct mx_resolver *r, const char *host, uint16_t port, mx_tl
 	if (n < 0 || (size_t)n >= sizeof(name))
 		return -EINVAL;
 	len = (size_t)n;
-	q = calloc(1, sizeof(*q));
-	if (!q)
-		return -ENOMEM;
-	if (mx_name_check(name, len, q->name) < 0) {
-		mx_query_free(q);
-		return -EINVAL;
-	}
-	q->r = r;
+	int rc = mx_query_new(r, name, len, arg, port, &q);
+	if (rc < 0)
+		return rc;
 	q->tlsa_done = done;
-	q->arg = arg;
-	q->port = port;
-	q->ttl = UINT32_MAX;
-	q->state = MXQ_RUNNING;
-	q->inflight = 1;
-	mx_list_push(&r->running, q);
+	mx_query_run(q);
 	if (mx_send(q, q->name, DNS_TYPE_TLSA, mx_on_tlsa) < 0)
 		q->error = -EAGAIN;
-	if (ret)
-		*ret = q;
-	mx_query_unref(q);
-	mx_rearm(r);
+	mx_query_started(q, ret);
 	return 0;
 }
 
