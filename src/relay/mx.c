@@ -996,6 +996,7 @@ static void mx_answer_literal(const struct ipaddr *ip, uint16_t port, mx_done_fn
 	if (ipaddr_format(ip, 128, text, sizeof(text)) < 0)
 		text[0] = '\0';
 	mx_target_set(&t, text, 0, ip->family == 4 ? AF_INET : AF_INET6, ip->b, port);
+	t.ttl = UINT32_MAX; /* no DNS: relay.dns_max_ttl */
 	done(arg, 0, &t, 1);
 }
 

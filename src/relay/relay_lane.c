@@ -558,7 +558,9 @@ static void on_ready(void *arg, struct smtp_out *c, const struct smtp_out_result
 		/* RFC 7672 2.2: no delivery to a server that fails DANE; the recipients wait
 		 * (an attack, or a key rollover, passes), never bounced */
 		char why[1300];
-		snprintf(why, sizeof(why), "the server's certificate matches no TLSA record: %s", text);
+		snprintf(why, sizeof(why), "%s: %s", strstr(text, "DANE")
+			 ? "the server's certificate matches no TLSA record"
+			 : "the TLS its TLSA records require failed", text);
 		dane_defer(l, peer, why);
 		return;
 	}
