@@ -223,8 +223,15 @@ void dane_defer(struct lane *l, const char *mta, const char *text)
 	dane_status(l, "%.200s: DEFERRED: %.300s", mta, text);
 	while ((it = lane_pick(l, now, sizeof(idx) / sizeof(idx[0]), idx, &n, &next)) != NULL) {
 		struct rmsg *m = it->m;
-		if (msg_open_file(r, m) < 0)
-			break; /* tx_start() forgets it when it is gone */
+		if (msg_open_file(r, m) < 0) {
+			/* gone (deleted behind the relay's back) or unreadable: forgotten, as
+			 * tx_start() does */
+			if (m->busy == 0)
+				msg_free(r, m);
+			else
+				m->deleted = true;
+			continue;
+		}
 		for (size_t k = 0; k < n; k++) {
 			size_t i = idx[k];
 			m->r[i].attempts++;
@@ -265,8 +272,10 @@ int dane_prepare(struct lane *l, const struct mx_target *tg, enum smtp_out_tls *
 				      ? ((const struct sockaddr_in *)&tg->addr)->sin_port
 				      : ((const struct sockaddr_in6 *)&tg->addr)->sin6_port);
 	struct dane_host *dh = dane_host_get(l, tg->host, port);
-	if (!dh)
-		return 0; /* out of memory, or every entry looking: a kick comes */
+	if (!dh) {
+		lane_arm(l, UINT64_C(1000000000)); /* out of memory, or all hosts being looked up */
+		return 0;
+	}
 	if (dh->state == DH_LOOKING)
 		return 0;
 	uint64_t now = realtime_ns();
