@@ -7,7 +7,8 @@ route delivers to the MX hosts on that next hop's port (route.port), so the TLSA
 are _PORT._tcp.HOST.  What is checked: a matching DANE-EE (3 1 1) or DANE-TA (2 0 0)
 record delivers and says "DANE verified"; a record that does not match, and records
 that do not validate (SERVFAIL), defer the recipient -- never a bounce -- with the reason
-in `sluice lanes`, `sluice queue` and the log; no TLSA delivers with opportunistic TLS,
+in `sluice lanes`, `sluice queue` and the log, and so does a server with TLSA records
+that does not offer STARTTLS (never the mail in clear); no TLSA delivers with opportunistic TLS,
 and dane-only defers it; a resolver that does not validate gives no DANE.  Then TTLs: an
 MX answer is asked again once its TTL is over, not before, and a failed lookup is asked
 again within seconds, not minutes.
@@ -46,7 +47,7 @@ def der_hex(cert_path):
     return cert.public_bytes(serialization.Encoding.DER).hex()
 
 
-def zone_records(port, certs, mx_ttl=60):
+def zone_records(port, certs, mx_ttl=60, plain_port=None):
     ee = spki_sha256(certs.cert)
     wrong = hashlib.sha256(b"another key").hexdigest()
     recs = []
@@ -59,6 +60,9 @@ def zone_records(port, certs, mx_ttl=60):
              f"_{port}._tcp.mxbad 60 IN TLSA 3 1 1 {wrong}",
              f"_{port}._tcp.mxta 60 IN TLSA 2 0 0 {der_hex(certs.ca_cert)}",
              f"_{port}._tcp.mxbogus 60 IN TLSA 3 1 1 {ee}"]
+    if plain_port:
+        recs += ["plain 60 IN MX 10 mxplain", "mxplain 60 IN A 127.0.0.1",
+                 f"_{plain_port}._tcp.mxplain 60 IN TLSA 3 1 1 {ee}"]
     return recs
 
 
@@ -69,19 +73,21 @@ def next_hop(func_tmp):
     certs = make_test_certs(d / "certs", hostnames=tuple(
         f"{h}.{ZONE}" for h in ("mx", "mxbad", "mxnone", "mxta", "mxbogus")), ips=())
     sh = Smarthost(tls_cert=certs.cert, tls_key=certs.key).start()
-    yield sh, certs, d
+    plain = Smarthost().start()  # no STARTTLS
+    yield sh, certs, d, plain
+    plain.stop()
     sh.stop()
 
 
 @pytest.fixture(scope="module")
 def dns(next_hop):
-    sh, certs, d = next_hop
-    with SignedDNS(d, ZONE, zone_records(sh.port, certs),
+    sh, certs, d, plain = next_hop
+    with SignedDNS(d, ZONE, zone_records(sh.port, certs, plain_port=plain.port),
                    bogus=[f"_{sh.port}._tcp.mxbogus"]) as z:
         yield z
 
 
-def config(intake, dns_port, hop_port, extra_relay=""):
+def config(intake, dns_port, hop_port, extra_relay="", plain_port=1):
     return f"""workers = 2;
 stats_interval = 0;
 shutdown_timeout = 5s;
@@ -96,6 +102,7 @@ relay {{
   dns_servers = "127.0.0.1:{dns_port}";
   {extra_relay}
 }}
+route "plain" {{ domains = ["plain.{ZONE}"]; mx = true; port = {plain_port}; tls = "dane"; }}
 route "strict" {{ domains = ["strict.{ZONE}"]; mx = true; port = {hop_port}; tls = "dane-only"; }}
 route "direct" {{ domains = ["*.{ZONE}"]; mx = true; port = {hop_port}; tls = "dane"; }}
 """
@@ -126,7 +133,8 @@ def relay(sluiced, next_hop, dns):
 
     def factory(dns_port=None, extra_relay=""):
         port = free_port()
-        sd = sluiced(config(port, dns_port or dns.port, sh.port, extra_relay))
+        sd = sluiced(config(port, dns_port or dns.port, sh.port, extra_relay,
+                            plain_port=next_hop[3].port))
         return sd, port
 
     return factory
@@ -176,6 +184,19 @@ def test_mismatch_and_bogus_defer_never_bounce(relay, next_hop):
     assert "bounced" not in sd.log.text()
 
 
+def test_tlsa_without_starttls_defers(relay, next_hop):
+    """TLSA records make TLS mandatory: a server that does not offer STARTTLS gets
+    nothing, not the mail in clear, and the recipient is deferred."""
+    plain = next_hop[3]
+    sd, port = relay()
+    send(port, [f"n@plain.{ZONE}"])
+    sd.log.wait_for(r"rcpt=<n@plain\.example\.test> lane=plain:plain\.example\.test .*"
+                    r"status=deferred dsn=4\.7\.5 reply=\"the TLS its TLSA records require "
+                    r"failed: .*STARTTLS is not offered", timeout=20)
+    assert not [m for m in plain.accepted() if f"n@plain.{ZONE}" in m.rcpts]
+    assert lane(sd, f"plain:plain.{ZONE}")["failed"] == 0
+
+
 def test_no_tlsa_is_opportunistic_and_dane_only_defers(relay, next_hop):
     """A host without TLSA records: delivered with opportunistic TLS under dane; under
     dane-only nothing is sent and the recipient is deferred."""
@@ -196,7 +217,7 @@ def test_no_tlsa_is_opportunistic_and_dane_only_defers(relay, next_hop):
 def test_resolver_that_does_not_validate_gives_no_dane(relay, next_hop):
     """The same zone through an Unbound without its validator: no AD bit, so no DANE --
     even the record that would not match is not used -- and dane-only defers."""
-    sh, certs, d = next_hop
+    sh, certs, d, _ = next_hop
     with SignedDNS(d, ZONE, zone_records(sh.port, certs), validate=False) as plain:
         sd, port = relay(dns_port=plain.port)
         send(port, [f"g@bad.{ZONE}", f"h@strict.{ZONE}"])
@@ -218,7 +239,7 @@ def mx_queries(z, name):
 def test_mx_answer_is_used_for_its_ttl(relay, next_hop, func_tmp):
     """An MX answer of TTL 2s is asked again for a message sent after it expired; one of
     TTL 60s is not (dns_min_ttl = 0)."""
-    sh, certs, d = next_hop
+    sh, certs, d, _ = next_hop
     with SignedDNS(func_tmp / "ttl", ZONE, zone_records(sh.port, certs, mx_ttl=2),
                    log_queries=True) as z:
         # no idle connection is reused: each message needs a new one, and a lookup
@@ -239,7 +260,7 @@ def test_mx_answer_is_used_for_its_ttl(relay, next_hop, func_tmp):
 def test_failed_lookup_is_retried_soon(relay, next_hop, func_tmp):
     """An MX RRset that does not validate (SERVFAIL) suspends the lane for
     dns_retry_min (1s), doubling; once the zone is fixed the mail leaves within seconds."""
-    sh, certs, d = next_hop
+    sh, certs, d, _ = next_hop
     recs = zone_records(sh.port, certs)
     with SignedDNS(func_tmp / "retry", ZONE, recs, bogus=["ttl"], log_queries=True) as z:
         sd, port = relay(dns_port=z.port,
