@@ -486,7 +486,8 @@ static void lane_connect(struct lane *l)
 	if (conf->mx && !conf->sni)
 		rc->oc.server_name = rc->host; /* the MX host's name: what its certificate holds */
 	const struct smtp_out_conf *oc = &rc->oc;
-	rc->c = rc->idle_timer && (!dh || dane_attach(rc, dh) == 0) ? smtp_out_new(r->base, oc, (const struct sockaddr *)&t->addr,
+	bool ok = rc->idle_timer && (!dh || dane_attach(rc, dh) == 0); /* its TLSA records */
+	rc->c = ok ? smtp_out_new(r->base, oc, (const struct sockaddr *)&t->addr,
 					      t->addrlen,
 					      conf->source.ss_family ? (const struct sockaddr *)&conf->source : NULL,
 					      conf->sourcelen)
