@@ -52,14 +52,16 @@ def zone_records(port, certs, mx_ttl=60, plain_port=None):
     wrong = hashlib.sha256(b"another key").hexdigest()
     recs = []
     for dom, host in (("ok", "mx"), ("bad", "mxbad"), ("none", "mxnone"), ("ta", "mxta"),
-                      ("bogus", "mxbogus"), ("strict", "mxnone"), ("ttl", "mx")):
+                      ("bogus", "mxbogus"), ("strict", "mxnone"), ("ttl", "mx"),
+                      ("pkix", "mxpkix")):
         recs.append(f"{dom} {mx_ttl if dom == 'ttl' else 60} IN MX 10 {host}")
-    for host in ("mx", "mxbad", "mxnone", "mxta", "mxbogus"):
+    for host in ("mx", "mxbad", "mxnone", "mxta", "mxbogus", "mxpkix"):
         recs.append(f"{host} 60 IN A 127.0.0.1")
     recs += [f"_{port}._tcp.mx 60 IN TLSA 3 1 1 {ee}",
              f"_{port}._tcp.mxbad 60 IN TLSA 3 1 1 {wrong}",
              f"_{port}._tcp.mxta 60 IN TLSA 2 0 0 {der_hex(certs.ca_cert)}",
-             f"_{port}._tcp.mxbogus 60 IN TLSA 3 1 1 {ee}"]
+             f"_{port}._tcp.mxbogus 60 IN TLSA 3 1 1 {ee}",
+             f"_{port}._tcp.mxpkix 60 IN TLSA 1 1 1 {ee}"]  # PKIX-EE: not for SMTP
     if plain_port:
         recs += ["plain 60 IN MX 10 mxplain", "mxplain 60 IN A 127.0.0.1",
                  f"_{plain_port}._tcp.mxplain 60 IN TLSA 3 1 1 {ee}"]
@@ -199,10 +201,15 @@ def test_tlsa_without_starttls_defers(relay, next_hop):
 
 def test_no_tlsa_is_opportunistic_and_dane_only_defers(relay, next_hop):
     """A host without TLSA records: delivered with opportunistic TLS under dane; under
-    dane-only nothing is sent and the recipient is deferred."""
+    dane-only nothing is sent and the recipient is deferred.  A host with only unusable
+    records (PKIX-EE): TLS without verification (RFC 7672 2.2: not in clear)."""
     sh = next_hop[0]
     sd, port = relay()
-    send(port, [f"e@none.{ZONE}", f"f@strict.{ZONE}"])
+    send(port, [f"e@none.{ZONE}", f"f@strict.{ZONE}", f"o@pkix.{ZONE}"])
+    wait_until(lambda: got(sh, f"o@pkix.{ZONE}"), 20, "delivery to pkix.example.test")
+    assert got(sh, f"o@pkix.{ZONE}")[0].tls
+    sd.log.wait_for(r"lane=direct:pkix\.example\.test mta=mxpkix\S* no DANE: TLS not verified "
+                    r"\(mxpkix\.example\.test: TLSA records of mxpkix\.example\.test, none usable")
     wait_until(lambda: got(sh, f"e@none.{ZONE}"), 20, "delivery to none.example.test")
     assert got(sh, f"e@none.{ZONE}")[0].tls
     sd.log.wait_for(r"lane=direct:none\.example\.test mta=mxnone\S* no DANE: TLS not verified "
