@@ -396,6 +396,16 @@ static int load_route(struct cfg_node *n, struct route_conf *rc, const struct sl
 	rc->connections = rc->mx ? 4 : 2;
 	if (r == 0)
 		r = cfg_schema_load(n, route_conf_keys, rc, err, el);
+	if (r == 0 && !rc->mx && (rc->tls == SMTP_TLS_DANE || rc->tls == SMTP_TLS_DANE_ONLY)) {
+		ERR(cfg_get(n, "tls"), err, el, "tls = \"dane\" and \"dane-only\" are for mx = true "
+		    "routes (a smarthost has no MX records to validate)");
+		r = -EINVAL;
+	}
+	if (r == 0 && !rc->mx && cfg_get(n, "port")) {
+		ERR(cfg_get(n, "port"), err, el, "port is for mx = true routes (a smarthost's port "
+		    "is in smarthost = \"[host]:port\")");
+		r = -EINVAL;
+	}
 	struct cfg_node *auth = cfg_get(n, "auth");
 	if (r == 0 && auth) {
 		char *file = NULL;
@@ -483,6 +493,14 @@ static int load_relay(struct cfg_node *root, struct sluice_config *c, char *err,
 		}
 		if (r == 0 && rl->suspend_max_ms < rl->suspend_min_ms) {
 			ERR(cfg_get(n, "suspend"), err, el, "max is below min");
+			r = -EINVAL;
+		}
+		if (r == 0 && rl->dns_max_ttl_ms < rl->dns_min_ttl_ms) {
+			ERR(cfg_get(n, "dns_max_ttl"), err, el, "below dns_min_ttl");
+			r = -EINVAL;
+		}
+		if (r == 0 && rl->dns_retry_max_ms < rl->dns_retry_min_ms) {
+			ERR(cfg_get(n, "dns_retry_max"), err, el, "below dns_retry_min");
 			r = -EINVAL;
 		}
 	}

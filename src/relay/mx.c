@@ -40,6 +40,15 @@
  *   a smarthost name may rely on; "localhost" is the loopback address (RFC 6761), answered
  *   without c-ares (see mx_fam_localhost()), but still through the loop.
  * - One resolver per loop and thread; nothing here is thread-safe.
+ * - The MX and TLSA queries go out with the AD bit set (ares_send() of a query made by
+ *   ares_create_query(): c-ares 1.18 has no flag for it), so that a validating resolver
+ *   says whether it validated the answer (RFC 6840 5.7); the answer's header, TTLs and
+ *   TLSA records are read by proto/dns_answer.c, bounded and fuzzed.  c-ares still checks
+ *   that the answer is the one asked for (id, question), and tries the next server on
+ *   SERVFAIL, REFUSED and NOTIMP (then reports ARES_ESERVFAIL and the like: temporary).
+ * - TTLs: a target carries the least TTL of the answers it came from (MX, A/AAAA); a
+ *   TLSA answer its own, or its denial's (RFC 2308).  mx_ttl_ms() clamps one into the
+ *   configured range, mx_retry_ms() spaces the retries of a failed lookup.
  */
 #include "mx.h"
 
@@ -50,10 +59,12 @@
 #include <event2/event.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
+#include "dns_answer.h"
 #include "ipaddr.h"
 #include "str.h"
 #include "util.h"
@@ -89,6 +100,7 @@ struct mx_fam {
 	struct mx_query *q;
 	int family; /* AF_INET or AF_INET6 */
 	enum mx_fam_state state;
+	uint32_t ttl; /* the least of its addresses'; UINT32_MAX: none known */
 	size_t n;
 	uint8_t addr[MX_MAX_TARGETS][16]; /* IPv4 in the first 4 bytes */
 };
@@ -104,8 +116,13 @@ struct mx_query {
 	struct mx_query *prev, *next; /* in r->running or r->ready, by state */
 	enum mx_query_state state;
 	mx_done_fn *done;
+	mx_tlsa_fn *tlsa_done;    /* a TLSA lookup (mx_tlsa_lookup) instead of done */
 	void *arg;
 	uint16_t port;
+	bool secure;              /* the MX answer had the AD bit */
+	uint32_t ttl;             /* the MX answer's least TTL; UINT32_MAX: none */
+	uint8_t *answer;          /* a TLSA lookup's answer, as received */
+	size_t answer_len;
 	unsigned inflight;        /* c-ares callbacks to come, + 1 while being set up */
 	int error;                /* set by the MX stage; else decided when finishing */
 	struct mx_host *hosts;    /* in the order to try them */
@@ -250,6 +267,7 @@ static struct mx_query *mx_query_free(struct mx_query *q)
 		return NULL;
 	free(q->hosts);
 	free(q->targets);
+	free(q->answer);
 	free(q);
 	return NULL;
 }
@@ -274,6 +292,11 @@ static void mx_query_build(struct mx_query *q)
 		q->error = temp ? -EAGAIN : -ENOENT;
 		return;
 	}
+	uint32_t ttl = q->ttl;
+	for (size_t i = 0; i < q->nhosts; i++)
+		for (size_t f = 0; f < 2; f++)
+			if (q->hosts[i].fam[f].state == MX_FAM_OK && q->hosts[i].fam[f].ttl < ttl)
+				ttl = q->hosts[i].fam[f].ttl;
 	if (total > MX_MAX_TARGETS)
 		total = MX_MAX_TARGETS;
 	q->targets = calloc(total, sizeof(*q->targets));
@@ -290,10 +313,13 @@ static void mx_query_build(struct mx_query *q)
 				for (size_t j = 0; j < q->ntargets && !dup; j++)
 					dup = mx_target_same_addr(&q->targets[j], fam->family,
 								  fam->addr[k]);
-				if (!dup)
-					mx_target_set(&q->targets[q->ntargets++], h->name,
-						      h->preference, fam->family, fam->addr[k],
-						      q->port);
+				if (!dup) {
+					struct mx_target *t = &q->targets[q->ntargets++];
+					mx_target_set(t, h->name, h->preference, fam->family,
+						      fam->addr[k], q->port);
+					t->ttl = ttl;
+					t->secure = q->secure;
+				}
 			}
 		}
 	}
@@ -305,7 +331,7 @@ static void mx_query_finish(struct mx_query *q)
 {
 	struct mx_resolver *r = q->r;
 
-	if (q->error == 0)
+	if (q->error == 0 && !q->tlsa_done)
 		mx_query_build(q);
 	mx_list_remove(&r->running, q);
 	q->state = MXQ_READY;
@@ -366,6 +392,8 @@ static void mx_fam_take(struct mx_fam *fam, int status, const struct ares_addrin
 		/* 0.0.0.0 and :: reach this very host: no MX means that */
 		if (memcmp(a, zero, len) == 0)
 			continue;
+		if (n->ai_ttl >= 0 && (uint32_t)n->ai_ttl < fam->ttl)
+			fam->ttl = (uint32_t)n->ai_ttl;
 		bool dup = false;
 		for (size_t i = 0; i < fam->n && !dup; i++)
 			dup = memcmp(fam->addr[i], a, len) == 0;
@@ -427,6 +455,7 @@ static void mx_query_start_hosts(struct mx_query *q)
 
 			fam->q = q;
 			fam->family = f == 0 ? AF_INET : AF_INET6;
+			fam->ttl = UINT32_MAX;
 			if (mx_fam_localhost(fam, q->hosts[i].name))
 				continue;
 			memset(&hints, 0, sizeof(hints));
@@ -533,11 +562,41 @@ static void mx_query_take_mx(struct mx_query *q, const struct ares_mx_reply *lis
 	mx_query_start_hosts(q);
 }
 
+/*
+ * What ares_query() would have said of an answer to ares_send(): NXDOMAIN is
+ * ARES_ENOTFOUND, NOERROR without an answer ARES_ENODATA, a malformed one ARES_EBADRESP.
+ * The AD bit and the TTL of the answer go into q.
+ */
+static int mx_answer_status(struct mx_query *q, int status, const unsigned char *abuf, int alen,
+			    uint16_t type)
+{
+	struct dns_answer a;
+
+	if (status != ARES_SUCCESS)
+		return status;
+	if (!abuf || alen <= 0 || dns_answer_parse(abuf, (size_t)alen, type, &a) < 0)
+		return ARES_EBADRESP;
+	q->secure = a.ad;
+	if (a.rcode == DNS_RCODE_NXDOMAIN)
+		return ARES_ENOTFOUND;
+	if (a.rcode != DNS_RCODE_NOERROR)
+		return ARES_ESERVFAIL;
+	if (a.n == 0) {
+		if (a.neg_ttl < q->ttl)
+			q->ttl = a.neg_ttl;
+		return ARES_ENODATA;
+	}
+	if (a.ttl < q->ttl)
+		q->ttl = a.ttl;
+	return ARES_SUCCESS;
+}
+
 static void mx_query_on_mx(struct mx_query *q, int status, const unsigned char *abuf, int alen)
 {
 	struct ares_mx_reply *mx = NULL;
 	int rc;
 
+	status = mx_answer_status(q, status, abuf, alen, DNS_TYPE_MX);
 	switch (status) {
 	case ARES_SUCCESS:
 		break;
@@ -572,6 +631,29 @@ static void mx_query_on_mx(struct mx_query *q, int status, const unsigned char *
 	}
 	mx_query_take_mx(q, mx);
 	ares_free_data(mx);
+}
+
+/*
+ * Send one query for name with the AD bit set (RFC 6840 5.7: a validating resolver then
+ * says whether it validated the answer); c-ares sets a random id.  The query holds one
+ * more inflight reference, given back by cb.  0, or -ENOMEM (nothing sent).
+ */
+static int mx_send(struct mx_query *q, const char *name, int type, ares_callback cb)
+{
+	unsigned char *buf = NULL;
+	int buflen = 0;
+
+	if (ares_create_query(name, MX_DNS_CLASS_IN, type, 0, 1, &buf, &buflen, 0) !=
+		    ARES_SUCCESS || buflen < 12) {
+		if (buf)
+			ares_free_string(buf);
+		return -ENOMEM;
+	}
+	buf[3] |= 0x20; /* AD */
+	q->inflight++;
+	ares_send(q->r->channel, buf, buflen, cb, q);
+	ares_free_string(buf);
+	return 0;
 }
 
 static void mx_on_mx(void *arg, int status, int timeouts, unsigned char *abuf, int alen)
@@ -670,6 +752,53 @@ static void mx_resolver_release(struct mx_resolver *r)
 	free(r);
 }
 
+/*
+ * A TLSA lookup's answer, read now: error 0 with the records (secure when the AD bit was
+ * set), -ENOENT for NXDOMAIN or NODATA (secure: a validated denial), -EAGAIN for the rest.
+ */
+static void mx_tlsa_deliver(struct mx_query *q, int error)
+{
+	struct mx_tlsa_answer ans;
+	struct dns_tlsa recs[DNS_ANSWER_RR_MAX];
+	struct dns_answer a;
+
+	memset(&ans, 0, sizeof(ans));
+	ans.ttl = UINT32_MAX;
+	ans.recs = recs;
+	if (error == 0) {
+		if (!q->answer || dns_answer_parse(q->answer, q->answer_len, DNS_TYPE_TLSA, &a) < 0 ||
+		    (a.rcode != DNS_RCODE_NOERROR && a.rcode != DNS_RCODE_NXDOMAIN)) {
+			error = -EAGAIN;
+		} else {
+			ans.secure = a.ad;
+			if (a.rcode == DNS_RCODE_NXDOMAIN || a.n == 0) {
+				error = -ENOENT;
+				ans.ttl = a.neg_ttl;
+			} else {
+				ans.ttl = a.ttl;
+				for (size_t i = 0; i < a.n; i++)
+					if (dns_tlsa_parse(&a.rr[i], &recs[ans.n]) == 0)
+						ans.n++;
+				ans.malformed = a.n - ans.n + a.dropped;
+			}
+		}
+	} else if (error != -ECANCELED) {
+		error = -EAGAIN;
+	}
+	q->tlsa_done(q->arg, error, &ans);
+}
+
+/* done() or tlsa_done() of a finished (or cancelled) query. */
+static void mx_query_call(struct mx_query *q, int error)
+{
+	if (q->tlsa_done)
+		mx_tlsa_deliver(q, error);
+	else if (error == -ECANCELED)
+		q->done(q->arg, error, NULL, 0);
+	else
+		q->done(q->arg, error, q->targets, q->ntargets);
+}
+
 static void mx_on_deliver(evutil_socket_t fd, short what, void *arg)
 {
 	struct mx_resolver *r = arg;
@@ -679,7 +808,7 @@ static void mx_on_deliver(evutil_socket_t fd, short what, void *arg)
 	while (!r->closing && (q = r->ready.first) != NULL) {
 		mx_list_remove(&r->ready, q);
 		q->state = MXQ_DELIVERING;
-		q->done(q->arg, q->error, q->targets, q->ntargets);
+		mx_query_call(q, q->error);
 		q->state = MXQ_DETACHED;
 		if (q->inflight == 0)
 			mx_query_free(q);
@@ -837,7 +966,7 @@ struct mx_resolver *mx_resolver_free(struct mx_resolver *r)
 	while ((q = r->running.first ? r->running.first : r->ready.first) != NULL) {
 		mx_list_remove(q->state == MXQ_RUNNING ? &r->running : &r->ready, q);
 		q->state = MXQ_DELIVERING;
-		q->done(q->arg, -ECANCELED, NULL, 0);
+		mx_query_call(q, -ECANCELED);
 		q->state = MXQ_DETACHED;
 		if (q->inflight == 0)
 			mx_query_free(q);
@@ -867,7 +996,50 @@ static void mx_answer_literal(const struct ipaddr *ip, uint16_t port, mx_done_fn
 	if (ipaddr_format(ip, 128, text, sizeof(text)) < 0)
 		text[0] = '\0';
 	mx_target_set(&t, text, 0, ip->family == 4 ? AF_INET : AF_INET6, ip->b, port);
+	t.ttl = UINT32_MAX; /* no DNS: relay.dns_max_ttl */
 	done(arg, 0, &t, 1);
+}
+
+/* A query of name (len bytes, checked), not yet running.  0 and *ret, -EINVAL, -ENOMEM. */
+static int mx_query_new(struct mx_resolver *r, const char *name, size_t len, void *arg,
+			uint16_t port, struct mx_query **ret)
+{
+	struct mx_query *q = calloc(1, sizeof(*q));
+	int rc;
+
+	if (!q)
+		return -ENOMEM;
+	rc = mx_name_check(name, len, q->name);
+	if (rc < 0) {
+		mx_query_free(q);
+		return rc;
+	}
+	q->r = r;
+	q->arg = arg;
+	q->port = port;
+	q->ttl = UINT32_MAX;
+	*ret = q;
+	return 0;
+}
+
+/* q runs, held until its lookups are started (mx_query_started()). */
+static void mx_query_run(struct mx_query *q)
+{
+	q->state = MXQ_RUNNING;
+	q->inflight = 1;
+	mx_list_push(&q->r->running, q);
+}
+
+/* Its lookups are started: the hold is given back, which may finish q (/etc/hosts,
+ * localhost, a failure to send): done() comes later, from the loop. */
+static void mx_query_started(struct mx_query *q, struct mx_query **ret)
+{
+	struct mx_resolver *r = q->r;
+
+	if (ret)
+		*ret = q;
+	mx_query_unref(q);
+	mx_rearm(r);
 }
 
 int mx_lookup(struct mx_resolver *r, const char *name, bool use_mx, uint16_t port,
@@ -897,35 +1069,22 @@ int mx_lookup(struct mx_resolver *r, const char *name, bool use_mx, uint16_t por
 		len -= 2;
 		use_mx = false;
 	}
-	q = calloc(1, sizeof(*q));
-	if (!q)
-		return -ENOMEM;
-	rc = mx_name_check(name, len, q->name);
-	if (rc < 0) {
-		mx_query_free(q);
+	rc = mx_query_new(r, name, len, arg, port, &q);
+	if (rc < 0)
 		return rc;
-	}
-	q->r = r;
 	q->done = done;
-	q->arg = arg;
-	q->port = port;
 	if (!use_mx && mx_query_set_self(q) < 0) {
 		mx_query_free(q);
 		return -ENOMEM;
 	}
-	q->state = MXQ_RUNNING;
-	q->inflight = 1; /* held until the lookups are started */
-	mx_list_push(&r->running, q);
+	mx_query_run(q);
 	if (use_mx) {
-		q->inflight++;
-		ares_query(r->channel, q->name, MX_DNS_CLASS_IN, MX_DNS_TYPE_MX, mx_on_mx, q);
+		if (mx_send(q, q->name, MX_DNS_TYPE_MX, mx_on_mx) < 0)
+			q->error = -EAGAIN;
 	} else {
 		mx_query_start_hosts(q);
 	}
-	if (ret)
-		*ret = q;
-	mx_query_unref(q); /* may finish it (/etc/hosts, localhost): delivered later */
-	mx_rearm(r);
+	mx_query_started(q, ret);
 	return 0;
 }
 
@@ -948,4 +1107,72 @@ void mx_cancel(struct mx_query *q)
 	case MXQ_DETACHED:
 		break;
 	}
+}
+
+/* ---- TLSA (RFC 6698, RFC 7672) ---- */
+
+static void mx_on_tlsa(void *arg, int status, int timeouts, unsigned char *abuf, int alen)
+{
+	struct mx_query *q = arg;
+
+	if (q->state == MXQ_RUNNING) {
+		if (status != ARES_SUCCESS || !abuf || alen <= 0) {
+			q->error = -EAGAIN; /* SERVFAIL (bogus), REFUSED, timeout, ... */
+		} else if (!(q->answer = malloc((size_t)alen))) {
+			q->error = -EAGAIN;
+		} else {
+			memcpy(q->answer, abuf, (size_t)alen);
+			q->answer_len = (size_t)alen;
+		}
+	}
+	mx_query_unref(q);
+}
+
+int mx_tlsa_lookup(struct mx_resolver *r, const char *host, uint16_t port, mx_tlsa_fn *done,
+		   void *arg, struct mx_query **ret)
+{
+	struct mx_query *q;
+	char name[MX_INPUT_MAX];
+	size_t len;
+	int n;
+
+	if (!r || !host || !done || port == 0)
+		return -EINVAL;
+	if (r->closing)
+		return -ECANCELED;
+	n = snprintf(name, sizeof(name), "_%u._tcp.%s", (unsigned)port, host);
+	if (n < 0 || (size_t)n >= sizeof(name))
+		return -EINVAL;
+	len = (size_t)n;
+	int rc = mx_query_new(r, name, len, arg, port, &q);
+	if (rc < 0)
+		return rc;
+	q->tlsa_done = done;
+	mx_query_run(q);
+	if (mx_send(q, q->name, DNS_TYPE_TLSA, mx_on_tlsa) < 0)
+		q->error = -EAGAIN;
+	mx_query_started(q, ret);
+	return 0;
+}
+
+/* ---- how long an answer is used ---- */
+
+uint64_t mx_ttl_ms(uint32_t ttl_s, uint64_t min_ms, uint64_t max_ms)
+{
+	uint64_t ms = ttl_s == UINT32_MAX ? max_ms : (uint64_t)ttl_s * 1000u;
+
+	if (ms > max_ms)
+		ms = max_ms;
+	if (ms < min_ms)
+		ms = min_ms;
+	return ms;
+}
+
+uint64_t mx_retry_ms(unsigned failures, uint64_t min_ms, uint64_t max_ms)
+{
+	uint64_t ms = min_ms;
+
+	for (unsigned i = 1; i < failures && ms < max_ms; i++)
+		ms *= 2;
+	return ms < max_ms ? ms : max_ms;
 }

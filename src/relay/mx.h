@@ -31,6 +31,11 @@ struct mx_target {
 	unsigned preference;            /* MX preference; 0 for A/AAAA fallback */
 	struct sockaddr_storage addr;   /* with the port set */
 	socklen_t addrlen;
+	uint32_t ttl;                   /* seconds the answer may be used: the least TTL of
+					   the MX and address records it came from;
+					   UINT32_MAX: none (an IP literal, /etc/hosts) */
+	bool secure;                    /* the MX answer (or its NODATA) was validated by the
+					   resolver (AD bit): DANE may apply (RFC 7672 2.2) */
 };
 
 /*
@@ -80,5 +85,36 @@ int mx_lookup(struct mx_resolver *r, const char *name, bool use_mx, uint16_t por
 /* done() will not run.  Accepts NULL, and a query whose done() is running (no-op); after
  * done() returned the query is gone: callers drop their pointer in done(). */
 void mx_cancel(struct mx_query *q);
+
+/*
+ * The TLSA records of _PORT._tcp.HOST (RFC 6698, RFC 7672 2.2.2), asked with the AD bit.
+ * done(arg, error, answer): error 0 with answer->n >= 0 records (answer->malformed more
+ * that were too short); -ENOENT: none (NXDOMAIN or NODATA; answer->secure says whether
+ * the denial was validated); -EAGAIN: the lookup failed (SERVFAIL, which is what a
+ * validating resolver answers for bogus data, REFUSED, a timeout, a malformed answer):
+ * DANE must not fall back to less then; -ECANCELED (mx_resolver_free).  answer->secure:
+ * the AD bit; answer->ttl: the answer's least TTL, or its denial's (UINT32_MAX: none).
+ * answer and its records are valid during the call only.  Same rules as mx_lookup() for
+ * when done() runs and for mx_cancel().  0 and *ret, -EINVAL (a bad name), -ENOMEM,
+ * -ECANCELED.
+ */
+struct dns_tlsa;
+struct mx_tlsa_answer {
+	bool secure;
+	uint32_t ttl;
+	size_t n;
+	size_t malformed;
+	const struct dns_tlsa *recs;
+};
+typedef void mx_tlsa_fn(void *arg, int error, const struct mx_tlsa_answer *answer);
+int mx_tlsa_lookup(struct mx_resolver *r, const char *host, uint16_t port, mx_tlsa_fn *done,
+		   void *arg, struct mx_query **ret);
+
+/* How long an answer with TTL ttl_s (UINT32_MAX: none, then max_ms) is used: its TTL
+ * within [min_ms, max_ms] (the configuration's floor and ceiling; min_ms <= max_ms). */
+uint64_t mx_ttl_ms(uint32_t ttl_s, uint64_t min_ms, uint64_t max_ms);
+/* The wait before retrying a lookup that failed failures (>= 1) times in a row: min_ms,
+ * doubling, at most max_ms. */
+uint64_t mx_retry_ms(unsigned failures, uint64_t min_ms, uint64_t max_ms);
 
 #endif

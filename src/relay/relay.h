@@ -62,6 +62,7 @@ struct route_conf {
 	bool mx;                     /* direct delivery; else smarthost */
 	char *host;                  /* smarthost name or address */
 	uint16_t port;               /* smarthost port (25) */
+	unsigned mx_port;            /* mx: the MX hosts' port (25; `port`) */
 	char *helo;                  /* NULL: the relay's hostname */
 	enum smtp_out_tls tls;
 	char *ca_file;
@@ -106,6 +107,10 @@ struct relay_conf {
 	char *postmaster;            /* DSNs that cannot go back (null sender) go here; NULL: none */
 	char *dns_servers;           /* "ip[:port],..."; NULL: /etc/resolv.conf */
 	int64_t idle_ms;             /* an idle connection is closed after this */
+	int64_t dns_min_ttl_ms;      /* an MX, address or TLSA answer is used for its TTL, */
+	int64_t dns_max_ttl_ms;      /* at least min and at most max */
+	int64_t dns_retry_min_ms;    /* a failed lookup is tried again after min, doubling */
+	int64_t dns_retry_max_ms;    /* up to max */
 	char *state_dir;             /* lanes' send history (relay.lanes) */
 };
 

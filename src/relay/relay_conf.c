@@ -29,7 +29,8 @@ static int check_readable(const struct cfg_node *n, const void *field, char *err
 
 static const struct cfg_enum route_tls[] = {
 	{ "none", SMTP_TLS_NONE }, { "may", SMTP_TLS_MAY }, { "require", SMTP_TLS_REQUIRE },
-	{ "verify", SMTP_TLS_VERIFY }, { NULL, 0 },
+	{ "verify", SMTP_TLS_VERIFY }, { "dane", SMTP_TLS_DANE }, { "dane-only", SMTP_TLS_DANE_ONLY },
+	{ NULL, 0 },
 };
 
 static const struct cfg_enum route_count[] = {
@@ -62,7 +63,8 @@ const struct cfg_key route_conf_keys[] = {
 	{ "helo", &cfg_type_string, ROUTE(helo), NULL,
 	  .help = "the EHLO name (default: relay.hostname)" },
 	{ "tls", &cfg_type_enum, ROUTE(tls), "may", .names = route_tls,
-	  .help = "STARTTLS: none, may (when offered), require, or verify the certificate" },
+	  .help = "STARTTLS: none, may (when offered), require, verify the certificate, or "
+		  "dane / dane-only (mx routes: TLSA records)" },
 	{ "ca_file", &cfg_type_string, ROUTE(ca_file), NULL, .check = check_readable,
 	  .help = "the CAs that verify trusts (default: the system's)" },
 	{ "sni", &cfg_type_string, ROUTE(sni), NULL,
@@ -77,6 +79,8 @@ const struct cfg_key route_conf_keys[] = {
 	  SMTP_OUT_RCPT_MAX, .help = "RCPT TO per transaction" },
 	{ "guard", &cfg_type_duration, ROUTE(guard_ms), "100ms", 0, 60000,
 	  .help = "added to every window, against clock skew with the smarthost" },
+	{ "port", &cfg_type_uint, ROUTE(mx_port), "25", 1, 65535,
+	  .help = "the port of the MX hosts (mx = true only)" },
 	{ "shared", &cfg_type_bool, ROUTE(shared), "false",
 	  .help = "the lane's budget is in the Redis store, shared by the nodes" },
 	{ .name = NULL },
@@ -92,6 +96,10 @@ void relay_conf_init(struct relay_conf *c)
 	c->uncertain = RELAY_UNCERTAIN_RETRY;
 	c->lifetime_ms = INT64_C(5) * 86400 * 1000;
 	c->idle_ms = 10 * 1000;
+	c->dns_min_ttl_ms = 10 * 1000;
+	c->dns_max_ttl_ms = 3600 * 1000;
+	c->dns_retry_min_ms = 5 * 1000;
+	c->dns_retry_max_ms = 5 * 60 * 1000;
 }
 
 void route_conf_clear(struct route_conf *r)

@@ -15,6 +15,8 @@
  *   relay_bounce.c  delivery status notifications of failed and delayed recipients
  *   relay_hist.c    the persisted send history, state_dir/relay.lanes
  *   relay_flush.c   the flusher, a helper thread that fdatasyncs status bytes
+ *   relay_dane.c    DANE for mx lanes: TLSA answers per MX host, the TLS a connection
+ *                   needs, deferrals when DANE fails (the relay's thread)
  *   relay_view.c    `sluice lanes`, the metrics' lanes, stats, suspend/resume (run on the
  *                   relay's thread through call_sync)
  *
@@ -47,7 +49,6 @@
 #define HISTORY_MAX (64u << 20)
 #define MAX_LANES 100000
 #define SWEEP_MS 30000
-#define TARGETS_TTL_NS (UINT64_C(300) * 1000000000u)
 #define DSN_MAX (64u << 20)
 /* The client recorded in the envelope of the DSNs the relay queues: how it knows, after
  * a restart too, that a failed message from <> is its own bounce (never bounced again,
@@ -57,6 +58,8 @@
 struct lane;
 struct rmsg;
 struct lane_conn;
+struct lane_dane;
+struct dane_host;
 
 struct rrcpt {
 	struct lane *lane;            /* NULL: no route (waits for a reload) */
@@ -132,7 +135,8 @@ struct lane {
 	unsigned nconns, nidle, nconnecting;
 	struct mx_target *targets;
 	size_t ntargets;
-	uint64_t targets_at;
+	uint64_t targets_until;       /* their TTL (relay.dns_min_ttl, dns_max_ttl) ends */
+	unsigned dns_failures;        /* lookups failed in a row: the retry's backoff */
 	unsigned next_target;
 	struct mx_query *query;
 	bool deciding;                /* a shared budget's answer is awaited */
@@ -143,6 +147,8 @@ struct lane {
 	bool slot_granted;
 	uint64_t delivered, failed, deferred, suspensions, transactions;
 	char last[200];               /* the last reply or error, for `sluice lanes` */
+	struct lane_dane *dane;       /* tls = "dane": its MX hosts' TLSA answers */
+	char dane_status[400];        /* tls = "dane": the last connection's, for `sluice lanes` */
 	TAILQ_ENTRY(lane) link;
 };
 
@@ -161,6 +167,7 @@ struct lane_conn {
 	struct event *idle_timer;
 	struct tx *tx;
 	unsigned target;
+	struct smtp_out_dane *dane;   /* its TLSA records (oc.dane), owned */
 	TAILQ_ENTRY(lane_conn) link;
 };
 
@@ -313,6 +320,20 @@ void lane_close_idle(struct lane *l);
 void conn_idle(struct lane_conn *rc);
 void lane_signal(struct lane *l, const struct classify_result *cr, const char *text);
 void lane_kick(struct lane *l);
+
+/* ---- relay_dane.c: DANE ---- */
+/* The TLS for a connection of l to tg under tls = "dane" / "dane-only": 1 and *ret_tls
+ * (with *ret_dh, the records for dane_attach(), when it must verify); 0: a TLSA lookup is
+ * under way (the lane is kicked when it ends); -1: the due recipients were deferred. */
+int dane_prepare(struct lane *l, const struct mx_target *tg, enum smtp_out_tls *ret_tls,
+		 const struct dane_host **ret_dh);
+/* Give rc its copy of dh's records (rc->dane, rc->oc).  0 or -ENOMEM. */
+int dane_attach(struct lane_conn *rc, const struct dane_host *dh);
+/* Defer l's due recipients (their retry backoff), saying why. */
+void dane_defer(struct lane *l, const char *mta, const char *text);
+/* A DANE connection is set up: log and show how the server was authenticated. */
+void dane_on_ready(struct lane_conn *rc, struct smtp_out *c);
+void dane_free(struct lane *l);
 
 /* ---- relay_tx.c: transactions ---- */
 struct lane_item *lane_pick(struct lane *l, uint64_t now, size_t max, size_t *idx,

@@ -109,6 +109,7 @@ void lane_free(struct lane *l)
 	sched_wake(&l->r->sched, &l->s, SCHED_NEVER);
 	sched_lane_done(&l->s);
 	lane_budget_done(&l->b);
+	dane_free(l);
 	free(l->targets);
 	free(l->name);
 	free(l->domain);
@@ -172,6 +173,7 @@ static void on_conn_freed(void *arg)
 	struct lane_conn *rc = arg;
 	struct relay *r = rc->r;
 	rc->crt->users--;
+	free(rc->dane);
 	free(rc);
 	relay_retired_sweep(r);
 }
@@ -280,7 +282,7 @@ static void lane_resolve(struct lane *l)
 	if (l->query)
 		return;
 	const char *name = rc->mx ? l->domain : rc->host;
-	uint16_t port = rc->mx ? 25 : rc->port;
+	uint16_t port = rc->mx ? (uint16_t)(rc->mx_port ? rc->mx_port : 25) : rc->port;
 	struct mx_query *q = NULL;
 	l->query = (struct mx_query *)1; /* resolving: done() may run before mx_lookup returns */
 	int e = mx_lookup(l->r->dns, name, rc->mx, port, on_resolved, l, &q);
@@ -360,10 +362,15 @@ static void on_resolved(void *arg, int error, const struct mx_target *t, size_t 
 		lane_kick(l);
 		return;
 	}
+	const struct relay_conf *c = &r->crt->conf;
 	if (error < 0 || n == 0) {
 		char text[300];
 		snprintf(text, sizeof(text), "cannot look up %.200s: temporary DNS failure", name);
-		struct classify_result cr = { .verdict = CLASSIFY_SUSPEND, .for_ms = -1,
+		/* asked again soon, then less often: relay.dns_retry_min doubling */
+		l->dns_failures++;
+		struct classify_result cr = { .verdict = CLASSIFY_SUSPEND,
+					      .for_ms = (int64_t)mx_retry_ms(l->dns_failures,
+						(uint64_t)c->dns_retry_min_ms, (uint64_t)c->dns_retry_max_ms),
 					      .signal = "dns" };
 		lane_signal(l, &cr, text);
 		lane_kick(l);
@@ -376,7 +383,10 @@ static void on_resolved(void *arg, int error, const struct mx_target *t, size_t 
 	free(l->targets);
 	l->targets = copy;
 	l->ntargets = n;
-	l->targets_at = realtime_ns();
+	l->dns_failures = 0;
+	/* used for the answer's TTL, within relay.dns_min_ttl and dns_max_ttl */
+	l->targets_until = realtime_ns() + mx_ttl_ms(t[0].ttl, (uint64_t)c->dns_min_ttl_ms,
+						     (uint64_t)c->dns_max_ttl_ms) * 1000000u;
 	l->next_target = 0;
 	lane_kick(l);
 }
@@ -406,7 +416,7 @@ static void lane_connect(struct lane *l)
 {
 	struct relay *r = l->r;
 	uint64_t now = realtime_ns();
-	if (!l->ntargets || now - l->targets_at > TARGETS_TTL_NS) {
+	if (!l->ntargets || now >= l->targets_until) {
 		lane_resolve(l);
 		return;
 	}
@@ -416,6 +426,10 @@ static void lane_connect(struct lane *l)
 	struct class_slot *slot = NULL;
 	if (l->slot_wait)
 		return; /* its answer connects */
+	enum smtp_out_tls tls = l->rt->oc.tls;
+	const struct dane_host *dh = NULL;
+	if ((tls == SMTP_TLS_DANE || tls == SMTP_TLS_DANE_ONLY) && dane_prepare(l, tg, &tls, &dh) <= 0)
+		return; /* a TLSA lookup's end kicks the lane; or its recipients were deferred */
 	if (l->slot_granted) {
 		slot = l->slot;
 		l->slot = NULL;
@@ -467,11 +481,13 @@ static void lane_connect(struct lane *l)
 	rc->idle_timer = evtimer_new(r->base, on_idle_timeout, rc);
 	/* the connection keeps pointers into its conf_rt, which lives while it is used */
 	rc->oc = l->rt->oc;
+	rc->oc.tls = tls;
 	snprintf(rc->host, sizeof(rc->host), "%s", t->host);
 	if (conf->mx && !conf->sni)
 		rc->oc.server_name = rc->host; /* the MX host's name: what its certificate holds */
 	const struct smtp_out_conf *oc = &rc->oc;
-	rc->c = rc->idle_timer ? smtp_out_new(r->base, oc, (const struct sockaddr *)&t->addr,
+	bool ok = rc->idle_timer && (!dh || dane_attach(rc, dh) == 0); /* its TLSA records */
+	rc->c = ok ? smtp_out_new(r->base, oc, (const struct sockaddr *)&t->addr,
 					      t->addrlen,
 					      conf->source.ss_family ? (const struct sockaddr *)&conf->source : NULL,
 					      conf->sourcelen)
@@ -480,6 +496,7 @@ static void lane_connect(struct lane *l)
 		if (rc->idle_timer)
 			event_free(rc->idle_timer);
 		class_slot_release(rc->slot);
+		free(rc->dane);
 		free(rc);
 		return;
 	}
@@ -504,6 +521,8 @@ static void on_ready(void *arg, struct smtp_out *c, const struct smtp_out_result
 		if (rc->st == RC_CONNECTING)
 			l->nconnecting--;
 		l->next_target = rc->target;
+		if (l->rt && (l->rt->oc.tls == SMTP_TLS_DANE || l->rt->oc.tls == SMTP_TLS_DANE_ONLY))
+			dane_on_ready(rc, c);
 		conn_idle(rc);
 		if (r->stopping) {
 			conn_close(rc, true);
@@ -518,6 +537,8 @@ static void on_ready(void *arg, struct smtp_out *c, const struct smtp_out_result
 	relay_reply_text(failure, failure->reply.code ? &failure->reply : NULL, text, sizeof(text));
 	char peer[300];
 	snprintf(peer, sizeof(peer), "%s", smtp_out_peer(c));
+	bool dane_failed = rc->dane && failure->stage == SMTP_STAGE_STARTTLS &&
+			   failure->error == -EPERM;
 	conn_close(rc, false);
 	if (!setup || r->stopping || !cls) {
 		lane_kick(l);
@@ -525,14 +546,25 @@ static void on_ready(void *arg, struct smtp_out *c, const struct smtp_out_result
 	}
 	relay_logf(r, LOG_LEVEL_NOTICE, "lane=%s mta=%s session failed at %s: \"%s\"", l->name, peer,
 	     smtp_out_stage_name(failure->stage), text);
-	/* a host that cannot be reached: the next address first, before the lane waits */
-	if (failure->error < 0 && failure->stage == SMTP_STAGE_CONNECT && l->ntargets > 1 &&
-	    (l->next_target + 1) % l->ntargets != 0) {
+	/* a host that cannot be reached, or whose certificate matches no TLSA record: the
+	 * next address first, before the lane waits */
+	if (failure->error < 0 && (failure->stage == SMTP_STAGE_CONNECT || dane_failed) &&
+	    l->ntargets > 1 && (l->next_target + 1) % l->ntargets != 0) {
 		l->next_target++;
 		lane_kick(l);
 		return;
 	}
 	l->next_target = 0;
+	if (dane_failed) {
+		/* RFC 7672 2.2: no delivery to a server that fails DANE; the recipients wait
+		 * (an attack, or a key rollover, passes), never bounced */
+		char why[1300];
+		snprintf(why, sizeof(why), "%s: %s", strstr(text, "DANE")
+			 ? "the server's certificate matches no TLSA record"
+			 : "the TLS its TLSA records require failed", text);
+		dane_defer(l, peer, why);
+		return;
+	}
 	struct classify_result cr;
 	classify_reply(cls, failure->stage, failure->error,
 		       failure->reply.code ? &failure->reply : NULL, &cr);

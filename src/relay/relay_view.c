@@ -132,6 +132,10 @@ static int do_lanes(struct relay *r, void *arg)
 			buf_append_json_string(b, susp ? l->b.why : "");
 			buf_append_cstr(b, ", \"last\": ");
 			buf_append_json_string(b, l->last);
+			if (l->dane_status[0]) {
+				buf_append_cstr(b, ", \"dane\": ");
+				buf_append_json_string(b, l->dane_status);
+			}
 			buf_append_cstr(b, "}");
 		} else {
 			buf_printf(b, "%s%s (route %s)\n", first ? "" : "\n", l->name, route);
@@ -167,6 +171,8 @@ static int do_lanes(struct relay *r, void *arg)
 			}
 			if (l->last[0])
 				buf_printf(b, "  last signal  %s\n", l->last);
+			if (l->dane_status[0])
+				buf_printf(b, "  dane         %s\n", l->dane_status);
 		}
 		first = false;
 	}

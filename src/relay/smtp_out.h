@@ -55,6 +55,22 @@ enum smtp_out_tls {
 				on the same connection) */
 	SMTP_TLS_REQUIRE,    /* STARTTLS or nothing is sent; certificate not checked */
 	SMTP_TLS_VERIFY,     /* STARTTLS, certificate chain and name (server_name) checked */
+	SMTP_TLS_DANE,       /* a route's setting (mx routes): the relay turns it into one of
+				the above, with smtp_out_conf.dane when TLSA records apply */
+	SMTP_TLS_DANE_ONLY,  /* the same, and no delivery without a DANE match */
+};
+
+/* The usable TLSA records (RFC 7672 3.1: usages 2 and 3) a connection verifies its
+ * server with, through OpenSSL's DANE support, under tls SMTP_TLS_REQUIRE. */
+struct smtp_out_tlsa {
+	uint8_t usage, selector, mtype;
+	uint16_t len;
+	const uint8_t *data;
+};
+struct smtp_out_dane {
+	const char *base;            /* the TLSA base domain: the MX host's name */
+	const struct smtp_out_tlsa *recs;
+	size_t n;
 };
 
 /* Where a connection or transaction ended. */
@@ -78,6 +94,9 @@ struct smtp_out_conf {
 	const char *helo;            /* our name in EHLO/HELO (required) */
 	const char *server_name;     /* SNI and name checked under SMTP_TLS_VERIFY; NULL: none */
 	enum smtp_out_tls tls;
+	const struct smtp_out_dane *dane; /* not NULL: the certificate must match a TLSA
+					record (a mismatch fails the set-up at stage starttls,
+					error -EPERM, why from OpenSSL); tls must not be NONE */
 	const char *ca_file;         /* SMTP_TLS_VERIFY: PEM bundle; NULL: OpenSSL's default paths */
 	const char *auth_user;       /* NULL: no AUTH */
 	const char *auth_password;
@@ -156,6 +175,10 @@ bool smtp_out_usable(const struct smtp_out *c);
 /* Transactions completed on this connection (reuse counting): those that got a reply
  * after the final dot, 2xx or not. */
 unsigned smtp_out_transactions(const struct smtp_out *c);
+/* How the server was authenticated, once TLS is up: "DANE-EE 3 1 1" (the TLSA record
+ * that matched, RFC 7218 acronym and its three numbers), "verified" (tls verify),
+ * "not verified", or "" without TLS. */
+const char *smtp_out_tls_auth(const struct smtp_out *c);
 /* The peer as "host[addr]:port" for logs and Remote-MTA. */
 const char *smtp_out_peer(const struct smtp_out *c);
 /* Say QUIT and close; the connection frees itself (no callback): c must not be used

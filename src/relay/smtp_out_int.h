@@ -72,6 +72,7 @@ struct smtp_out {
 	struct smtp_ehlo ehlo, seen;  /* in force; being read */
 	bool tls;
 	const char *tls_version;
+	char tls_auth[48];           /* smtp_out_tls_auth() */
 	bool authenticated;
 	char auth_mech[GSASL_MAX_MECHANISM_SIZE + 1];
 	Gsasl_session *sasl;
@@ -138,6 +139,8 @@ void smtp_out_bev_event_cb(struct bufferevent *bev, short what, void *arg);
 
 /* ---- smtp_out_tls.c ---- */
 void smtp_out_start_tls(struct smtp_out *c);
+/* The handshake is done: how the server was authenticated, into c->tls_auth. */
+void smtp_out_tls_done(struct smtp_out *c);
 bool smtp_out_offered(const char *list, struct str mech);
 void smtp_out_start_auth(struct smtp_out *c);
 void smtp_out_on_auth_reply(struct smtp_out *c, const struct smtp_reply *r);

@@ -85,7 +85,17 @@ static const struct {
 	  "t.conf:2: relay.hostname: \"a/b\": expected a host name (letters, digits, '.', '-')" },
 	{ "intake { listen = \"unix:i.sock\"; }\n"
 	  "route \"r\" { domains = \"*\"; mx = true; tls = \"maybe\"; }\n",
-	  "t.conf:2: route \"r\".tls: expected none, may, require or verify" },
+	  "t.conf:2: route \"r\".tls: expected none, may, require, verify, dane or dane-only" },
+	{ "intake { listen = \"unix:i.sock\"; }\n"
+	  "route \"r\" { domains = \"*\"; smarthost = \"[127.0.0.1]:25\";\n tls = \"dane\"; }\n",
+	  "t.conf:3: route \"r\".tls: tls = \"dane\" and \"dane-only\" are for mx = true routes (a "
+	  "smarthost has no MX records to validate)" },
+	{ "intake { listen = \"unix:i.sock\"; }\n"
+	  "route \"r\" { domains = \"*\"; smarthost = \"[127.0.0.1]:25\"; port = 26; }\n",
+	  "t.conf:2: route \"r\".port: port is for mx = true routes (a smarthost's port is in "
+	  "smarthost = \"[host]:port\")" },
+	{ M "relay { dns_min_ttl = 1h; dns_max_ttl = 1m; }\n",
+	  "t.conf:2: relay.dns_max_ttl: below dns_min_ttl" },
 	{ "intake { listen = \"unix:i.sock\"; }\n"
 	  "route \"r\" { domains = \"*\"; mx = true; signal { action = \"slow\"; } }\n",
 	  "t.conf:2: route \"r\".signal: match is required" },

@@ -24,12 +24,13 @@
 #include <cmocka.h>
 #include <event2/event.h>
 
+#include "dns_answer.h"
 #include "mx.h"
 #include "util.h"
 
 /* ---- the DNS server ---- */
 
-enum { DNS_A = 1, DNS_CNAME = 5, DNS_MX = 15, DNS_AAAA = 28 };
+enum { DNS_A = 1, DNS_CNAME = 5, DNS_MX = 15, DNS_AAAA = 28, DNS_TLSA = 52 };
 
 struct rr {
 	const char *owner;
@@ -79,6 +80,12 @@ static const struct rr zone[] = {
 	{ "cname.test", DNS_CNAME, 0, "nomx.test" }, /* any type: the CNAME, then nomx.test's */
 	{ "relay.test", DNS_A, 0, "192.0.2.50" },
 	{ "relay.test", DNS_AAAA, 0, "2001:db8::50" },
+	/* "*.signed.test" answers carry the AD bit when the query did; owners starting with
+	 * "short" have a TTL of 7 s (the others 300 s); TLSA data is 32 bytes of 0xab */
+	{ "signed.test", DNS_MX, 10, "short.signed.test" },
+	{ "short.signed.test", DNS_A, 0, "192.0.2.61" },
+	{ "_25._tcp.short.signed.test", DNS_TLSA, 3, "" },
+	{ "_25._tcp.short.signed.test", DNS_TLSA, 0, "" },
 };
 
 #define MANY 50 /* many.test: MANY MX records m<i>.many.test, preference (i * 37) % MANY */
@@ -94,6 +101,8 @@ static const struct {
 	{ "timeout.test", SP_DROP },
 	{ "garbage.test", SP_GARBAGE }, /* an answer count with no answer */
 	{ "junk.test", SP_JUNK },       /* five bytes: not even a header */
+	{ "_25._tcp.bogus.signed.test", SP_SERVFAIL }, /* how a validator says "bogus" */
+	{ "_25._tcp.timeout.signed.test", SP_DROP },
 };
 
 struct dns_conn {
@@ -195,6 +204,8 @@ static void put_name(struct wbuf *w, const char *name)
 	put(w, "", 1);
 }
 
+static const char *reply_name = ""; /* the question's name, while a reply is built */
+
 /* One answer record owned by owner, or by the question's name (a pointer to offset 12). */
 static void put_rr_owner(struct wbuf *w, const char *owner, uint16_t type, uint16_t pref,
 			 const char *data)
@@ -210,6 +221,11 @@ static void put_rr_owner(struct wbuf *w, const char *owner, uint16_t type, uint1
 		rd.len = 16;
 	} else if (type == DNS_CNAME) {
 		put_name(&rd, data);
+	} else if (type == DNS_TLSA) {
+		uint8_t head[3] = { (uint8_t)pref, 1, 1 }; /* usage (pref), SPKI, SHA2-256 */
+		put(&rd, head, 3);
+		for (int i = 0; i < 32; i++)
+			put(&rd, "\xab", 1);
 	} else {
 		put16(&rd, pref);
 		put_name(&rd, data);
@@ -220,7 +236,7 @@ static void put_rr_owner(struct wbuf *w, const char *owner, uint16_t type, uint1
 		put16(w, 0xc00c);
 	put16(w, type);
 	put16(w, 1);
-	put32(w, 300);
+	put32(w, strncasecmp(owner ? owner : reply_name, "short", 5) == 0 ? 7 : 300);
 	put16(w, (unsigned)rd.len);
 	put(w, rdata, rd.len);
 }
@@ -261,6 +277,7 @@ static int build_reply(struct dns_server *srv, const uint8_t *q, size_t qlen, bo
 	qtype = (unsigned)q[off + 1] << 8 | q[off + 2];
 	off += 5; /* the root label, type, class */
 
+	reply_name = name;
 	srv->queries++;
 	if (tcp)
 		srv->tcp_queries++;
@@ -323,6 +340,9 @@ static int build_reply(struct dns_server *srv, const uint8_t *q, size_t qlen, bo
 	}
 	assert_false(w.overflow);
 	out[3] = (uint8_t)(0x80 | rcode); /* RA */
+	if ((q[3] & 0x20) && rcode != 2 && nl >= 11 &&
+	    strcasecmp(name + nl - 11, "signed.test") == 0)
+		out[3] |= 0x20; /* AD, asked for and "validated" */
 	out[6] = (uint8_t)(ancount >> 8);
 	out[7] = (uint8_t)ancount;
 	memset(out + 8, 0, 4); /* no authority, no additional (a query's OPT is dropped) */
@@ -703,6 +723,99 @@ static void test_mx_shuffle(void **state)
 	}
 	assert_int_equal(total, N);
 	assert_true(b_first > 0 && c_first > 0); /* fails with probability 2^-23 */
+	env_close(&e);
+}
+
+/* The MX answer's AD bit and the least TTL of the records the targets came from. */
+static void test_secure_and_ttl(void **state)
+{
+	struct env e;
+	struct res x;
+
+	env_open(&e);
+	resolve(&e, "signed.test", true, &x);
+	assert_int_equal(x.error, 0);
+	assert_int_equal(x.n, 1);
+	check_target(&x.t[0], "short.signed.test", 10, "192.0.2.61", 25);
+	assert_true(x.t[0].secure);
+	assert_int_equal(x.t[0].ttl, 7); /* the A record's, below the MX's 300 */
+	resolve(&e, "mx.test", true, &x);
+	assert_int_equal(x.error, 0);
+	for (size_t i = 0; i < x.n; i++) {
+		assert_false(x.t[i].secure);
+		assert_int_equal(x.t[i].ttl, 300);
+	}
+	/* an IP literal has no TTL: the configured ceiling applies */
+	memset(&x, 0, sizeof(x));
+	assert_int_equal(lookup(&e, "192.0.2.9", true, 25, &x, NULL), 0);
+	assert_int_equal(x.calls, 1);
+	assert_int_equal(x.t[0].ttl, UINT32_MAX);
+	assert_false(x.t[0].secure);
+	env_close(&e);
+}
+
+struct tlsa_res {
+	int calls, error;
+	bool secure;
+	uint32_t ttl;
+	size_t n;
+	uint8_t usage[4];
+	size_t len[4];
+};
+
+static void on_tlsa(void *arg, int error, const struct mx_tlsa_answer *a)
+{
+	struct tlsa_res *x = arg;
+
+	x->calls++;
+	x->error = error;
+	x->secure = a->secure;
+	x->ttl = a->ttl;
+	x->n = a->n;
+	for (size_t i = 0; i < a->n && i < 4; i++) {
+		x->usage[i] = a->recs[i].usage;
+		x->len[i] = a->recs[i].len;
+	}
+}
+
+static void tlsa(struct env *e, const char *host, struct tlsa_res *x)
+{
+	struct mx_query *q = NULL;
+
+	memset(x, 0, sizeof(*x));
+	assert_int_equal(mx_tlsa_lookup(e->r, host, 25, on_tlsa, x, &q), 0);
+	assert_non_null(q);
+	assert_int_equal(x->calls, 0);
+	run_until(e, &x->calls, 1, 15000);
+	assert_int_equal(x->calls, 1);
+}
+
+static void test_tlsa(void **state)
+{
+	struct env e;
+	struct tlsa_res x;
+
+	env_open(&e);
+	tlsa(&e, "short.signed.test", &x);
+	assert_int_equal(x.error, 0);
+	assert_true(x.secure);
+	assert_int_equal(x.n, 2);
+	assert_int_equal(x.usage[0] + x.usage[1], 3); /* 3 and 0, in either order */
+	assert_int_equal(x.len[0], 32);
+	assert_int_equal(x.ttl, 300);
+	/* no such name, no validation: -ENOENT, not secure */
+	tlsa(&e, "mx-a.mx.test", &x);
+	assert_int_equal(x.error, -ENOENT);
+	assert_false(x.secure);
+	/* SERVFAIL (bogus) and silence: -EAGAIN, never "no records" */
+	tlsa(&e, "bogus.signed.test", &x);
+	assert_int_equal(x.error, -EAGAIN);
+	assert_int_equal(mx_resolver_set_timeout(e.r, 200, 1), 0);
+	tlsa(&e, "timeout.signed.test", &x);
+	assert_int_equal(x.error, -EAGAIN);
+	/* a name DNS cannot hold */
+	assert_int_equal(mx_tlsa_lookup(e.r, "bad*host.test", 25, on_tlsa, &x, NULL), -EINVAL);
+	assert_int_equal(mx_tlsa_lookup(e.r, "a.test", 0, on_tlsa, &x, NULL), -EINVAL);
 	env_close(&e);
 }
 
@@ -1151,6 +1264,8 @@ int main(void)
 		cmocka_unit_test(test_mx_order),
 		cmocka_unit_test(test_mx_shuffle),
 		cmocka_unit_test(test_no_mx_fallback),
+		cmocka_unit_test(test_secure_and_ttl),
+		cmocka_unit_test(test_tlsa),
 		cmocka_unit_test(test_verdicts),
 		cmocka_unit_test(test_partial_hosts),
 		cmocka_unit_test(test_addresses),

@@ -1,0 +1,284 @@
+"""DANE for direct delivery (RFC 7672) and DNS TTLs, against a real validating resolver.
+
+A zone example.test is signed for the test (ldns-signzone), served by NSD, and validated
+by Unbound (dnssec.py); the MX hosts of its domains all point to one STARTTLS next hop on
+loopback (smarthost.py, aiosmtpd) whose certificate the TLSA records match or not.  The
+route delivers to the MX hosts on that next hop's port (route.port), so the TLSA names
+are _PORT._tcp.HOST.  What is checked: a matching DANE-EE (3 1 1) or DANE-TA (2 0 0)
+record delivers and says "DANE verified"; a record that does not match, and records
+that do not validate (SERVFAIL), defer the recipient -- never a bounce -- with the reason
+in `sluice lanes`, `sluice queue` and the log, and so does a server with TLSA records
+that does not offer STARTTLS (never the mail in clear); no TLSA delivers with opportunistic TLS,
+and dane-only defers it; a resolver that does not validate gives no DANE.  Then TTLs: an
+MX answer is asked again once its TTL is over, not before, and a failed lookup is asked
+again within seconds, not minutes.
+"""
+
+import hashlib
+import json
+import re
+import smtplib
+import time
+
+import pytest
+
+from conftest import SLUICE, free_port, require_binary, wait_until
+from dnssec import SignedDNS, available
+from smarthost import Smarthost, make_test_certs
+
+pytestmark = pytest.mark.skipif(not available(), reason="needs nsd, unbound, ldnsutils")
+
+ZONE = "example.test"
+
+
+def spki_sha256(cert_path):
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    spki = cert.public_key().public_bytes(serialization.Encoding.DER,
+                                          serialization.PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(spki).hexdigest()
+
+
+def der_hex(cert_path):
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    return cert.public_bytes(serialization.Encoding.DER).hex()
+
+
+def zone_records(port, certs, mx_ttl=60, plain_port=None):
+    ee = spki_sha256(certs.cert)
+    wrong = hashlib.sha256(b"another key").hexdigest()
+    recs = []
+    for dom, host in (("ok", "mx"), ("bad", "mxbad"), ("none", "mxnone"), ("ta", "mxta"),
+                      ("bogus", "mxbogus"), ("strict", "mxnone"), ("ttl", "mx"),
+                      ("pkix", "mxpkix")):
+        recs.append(f"{dom} {mx_ttl if dom == 'ttl' else 60} IN MX 10 {host}")
+    for host in ("mx", "mxbad", "mxnone", "mxta", "mxbogus", "mxpkix"):
+        recs.append(f"{host} 60 IN A 127.0.0.1")
+    recs += [f"_{port}._tcp.mx 60 IN TLSA 3 1 1 {ee}",
+             f"_{port}._tcp.mxbad 60 IN TLSA 3 1 1 {wrong}",
+             f"_{port}._tcp.mxta 60 IN TLSA 2 0 0 {der_hex(certs.ca_cert)}",
+             f"_{port}._tcp.mxbogus 60 IN TLSA 3 1 1 {ee}",
+             f"_{port}._tcp.mxpkix 60 IN TLSA 1 1 1 {ee}"]  # PKIX-EE: not for SMTP
+    if plain_port:
+        recs += ["plain 60 IN MX 10 mxplain", "mxplain 60 IN A 127.0.0.1",
+                 f"_{plain_port}._tcp.mxplain 60 IN TLSA 3 1 1 {ee}"]
+    return recs
+
+
+@pytest.fixture(scope="module")
+def next_hop(func_tmp):
+    """The STARTTLS server every MX host of the zone points to."""
+    d = func_tmp / "dane"
+    certs = make_test_certs(d / "certs", hostnames=tuple(
+        f"{h}.{ZONE}" for h in ("mx", "mxbad", "mxnone", "mxta", "mxbogus")), ips=())
+    sh = Smarthost(tls_cert=certs.cert, tls_key=certs.key).start()
+    plain = Smarthost().start()  # no STARTTLS
+    yield sh, certs, d, plain
+    plain.stop()
+    sh.stop()
+
+
+@pytest.fixture(scope="module")
+def dns(next_hop):
+    sh, certs, d, plain = next_hop
+    with SignedDNS(d, ZONE, zone_records(sh.port, certs, plain_port=plain.port),
+                   bogus=[f"_{sh.port}._tcp.mxbogus"]) as z:
+        yield z
+
+
+def config(intake, dns_port, hop_port, extra_relay="", plain_port=1):
+    return f"""workers = 2;
+stats_interval = 0;
+shutdown_timeout = 5s;
+state_dir = "@DIR@";
+log {{ target = "stderr"; level = "debug"; }}
+control {{ listen = "unix:@DIR@/control.sock"; }}
+intake {{ listen = "inet:127.0.0.1:{intake}"; hostname = "relay.sluice.test"; }}
+queue {{ dir = "@DIR@/queue"; }}
+relay {{
+  retry {{ min = 30s; max = 1m; }}
+  suspend {{ min = 1s; max = 2s; }}
+  dns_servers = "127.0.0.1:{dns_port}";
+  {extra_relay}
+}}
+route "plain" {{ domains = ["plain.{ZONE}"]; mx = true; port = {plain_port}; tls = "dane"; }}
+route "strict" {{ domains = ["strict.{ZONE}"]; mx = true; port = {hop_port}; tls = "dane-only"; }}
+route "direct" {{ domains = ["*.{ZONE}"]; mx = true; port = {hop_port}; tls = "dane"; }}
+"""
+
+
+def send(port, rcpts, sender="list@example.org"):
+    with smtplib.SMTP("127.0.0.1", port, timeout=30) as s:
+        msg = (f"From: <{sender}>\r\nTo: <list@example.org>\r\nSubject: dane\r\n"
+               f"Message-ID: <{time.time()}@example.org>\r\n\r\nHello.\r\n")
+        assert not s.sendmail(sender, rcpts, msg)
+
+
+def got(sh, rcpt):
+    return [m for m in sh.accepted() if rcpt in m.rcpts]
+
+
+def lane(sd, name):
+    for entry in json.loads(sd.cli("lanes", "--json").stdout):
+        if entry["lane"] == name:
+            return entry
+    return None
+
+
+@pytest.fixture
+def relay(sluiced, next_hop, dns):
+    require_binary(SLUICE, "SLUICE")
+    sh = next_hop[0]
+
+    def factory(dns_port=None, extra_relay=""):
+        port = free_port()
+        sd = sluiced(config(port, dns_port or dns.port, sh.port, extra_relay,
+                            plain_port=next_hop[3].port))
+        return sd, port
+
+    return factory
+
+
+def test_matching_tlsa_delivers_verified(relay, next_hop):
+    """DANE-EE 3 1 1 of the next hop's key, and DANE-TA 2 0 0 of its CA: delivered over
+    TLS, and the log and `sluice lanes` say how the server was authenticated."""
+    sh = next_hop[0]
+    sd, port = relay()
+    send(port, [f"a@ok.{ZONE}", f"b@ta.{ZONE}"])
+    wait_until(lambda: got(sh, f"a@ok.{ZONE}") and got(sh, f"b@ta.{ZONE}"), 20,
+               "delivery to both domains")
+    assert all(m.tls for m in got(sh, f"a@ok.{ZONE}") + got(sh, f"b@ta.{ZONE}"))
+    sd.log.wait_for(r"lane=direct:ok\.example\.test mta=mx\.example\.test\S* DANE verified: "
+                    r"TLSA DANE-EE 3 1 1")
+    sd.log.wait_for(r"lane=direct:ta\.example\.test mta=mxta\.example\.test\S* DANE verified: "
+                    r"TLSA DANE-TA 2 0 0")
+    assert "DANE verified: TLSA DANE-EE 3 1 1" in lane(sd, f"direct:ok.{ZONE}")["dane"]
+    text = sd.cli("lanes").stdout
+    assert re.search(r"dane +mx\.example\.test\S* DANE verified", text), text
+
+
+def test_mismatch_and_bogus_defer_never_bounce(relay, next_hop):
+    """A TLSA record the certificate does not match, and records whose signatures do not
+    validate (Unbound: SERVFAIL): nothing is sent, the recipients are deferred with the
+    reason (lanes, queue, log), nothing fails and no bounce is queued."""
+    sh = next_hop[0]
+    sd, port = relay()
+    send(port, [f"c@bad.{ZONE}", f"d@bogus.{ZONE}"])
+    sd.log.wait_for(r"rcpt=<c@bad\.example\.test> lane=direct:bad\.example\.test .*"
+                    r"status=deferred dsn=4\.7\.5 reply=\"the server's certificate matches no "
+                    r"TLSA record", timeout=20)
+    sd.log.wait_for(r"rcpt=<d@bogus\.example\.test> lane=direct:bogus\.example\.test .*"
+                    r"status=deferred dsn=4\.7\.5 reply=\"the TLSA lookup of _\d+\._tcp\."
+                    r"mxbogus\.example\.test failed", timeout=20)
+    assert not got(sh, f"c@bad.{ZONE}") and not got(sh, f"d@bogus.{ZONE}")
+    bad, bogus = lane(sd, f"direct:bad.{ZONE}"), lane(sd, f"direct:bogus.{ZONE}")
+    assert "DEFERRED" in bad["dane"] and "matches no TLSA record" in bad["dane"], bad
+    assert bad["failed"] == 0 and bad["deferred"] >= 1, bad
+    assert "DEFERRED" in bogus["dane"] and "SERVFAIL" in bogus["dane"], bogus
+    assert bogus["failed"] == 0 and bogus["deferred"] >= 1, bogus
+    listing = sd.cli("queue").stdout
+    assert "matches no TLSA record" in listing and "TLSA lookup" in listing, listing
+    msgs = [json.loads(l) for l in sd.cli("queue", "--json").stdout.splitlines()]
+    assert len(msgs) == 1, msgs  # no bounce was queued
+    assert "bounced" not in sd.log.text()
+
+
+def test_tlsa_without_starttls_defers(relay, next_hop):
+    """TLSA records make TLS mandatory: a server that does not offer STARTTLS gets
+    nothing, not the mail in clear, and the recipient is deferred."""
+    plain = next_hop[3]
+    sd, port = relay()
+    send(port, [f"n@plain.{ZONE}"])
+    sd.log.wait_for(r"rcpt=<n@plain\.example\.test> lane=plain:plain\.example\.test .*"
+                    r"status=deferred dsn=4\.7\.5 reply=\"the TLS its TLSA records require "
+                    r"failed: .*STARTTLS is not offered", timeout=20)
+    assert not [m for m in plain.accepted() if f"n@plain.{ZONE}" in m.rcpts]
+    assert lane(sd, f"plain:plain.{ZONE}")["failed"] == 0
+
+
+def test_no_tlsa_is_opportunistic_and_dane_only_defers(relay, next_hop):
+    """A host without TLSA records: delivered with opportunistic TLS under dane; under
+    dane-only nothing is sent and the recipient is deferred.  A host with only unusable
+    records (PKIX-EE): TLS without verification (RFC 7672 2.2: not in clear)."""
+    sh = next_hop[0]
+    sd, port = relay()
+    send(port, [f"e@none.{ZONE}", f"f@strict.{ZONE}", f"o@pkix.{ZONE}"])
+    wait_until(lambda: got(sh, f"o@pkix.{ZONE}"), 20, "delivery to pkix.example.test")
+    assert got(sh, f"o@pkix.{ZONE}")[0].tls
+    sd.log.wait_for(r"lane=direct:pkix\.example\.test mta=mxpkix\S* no DANE: TLS not verified "
+                    r"\(mxpkix\.example\.test: TLSA records of mxpkix\.example\.test, none usable")
+    wait_until(lambda: got(sh, f"e@none.{ZONE}"), 20, "delivery to none.example.test")
+    assert got(sh, f"e@none.{ZONE}")[0].tls
+    sd.log.wait_for(r"lane=direct:none\.example\.test mta=mxnone\S* no DANE: TLS not verified "
+                    r"\(mxnone\.example\.test: no DANE, no TLSA records")
+    sd.log.wait_for(r"rcpt=<f@strict\.example\.test> lane=strict:strict\.example\.test .*"
+                    r"status=deferred dsn=4\.7\.5 reply=\"no TLSA records for .*dane-only",
+                    timeout=20)
+    assert not got(sh, f"f@strict.{ZONE}")
+    assert "dane-only" in lane(sd, f"strict:strict.{ZONE}")["dane"]
+
+
+def test_resolver_that_does_not_validate_gives_no_dane(relay, next_hop):
+    """The same zone through an Unbound without its validator: no AD bit, so no DANE --
+    even the record that would not match is not used -- and dane-only defers."""
+    sh, certs, d, _ = next_hop
+    with SignedDNS(d, ZONE, zone_records(sh.port, certs), validate=False) as plain:
+        sd, port = relay(dns_port=plain.port)
+        send(port, [f"g@bad.{ZONE}", f"h@strict.{ZONE}"])
+        wait_until(lambda: got(sh, f"g@bad.{ZONE}"), 20, "delivery to bad.example.test")
+        sd.log.wait_for(r"lane=direct:bad\.example\.test mta=mxbad\S* no DANE: TLS not verified "
+                        r"\(mxbad\.example\.test: no DANE, the MX records of bad\.example\.test "
+                        r"are not DNSSEC-validated")
+        sd.log.wait_for(r"rcpt=<h@strict\.example\.test> .*status=deferred dsn=4\.7\.5 "
+                        r"reply=\"the MX records of strict\.example\.test are not "
+                        r"DNSSEC-validated", timeout=20)
+        assert not got(sh, f"h@strict.{ZONE}")
+
+
+def mx_queries(z, name):
+    log = (z.dir / "unbound.log").read_text()
+    return len(re.findall(rf"{re.escape(name)}\. MX IN", log))
+
+
+def test_mx_answer_is_used_for_its_ttl(relay, next_hop, func_tmp):
+    """An MX answer of TTL 2s is asked again for a message sent after it expired; one of
+    TTL 60s is not (dns_min_ttl = 0)."""
+    sh, certs, d, _ = next_hop
+    with SignedDNS(func_tmp / "ttl", ZONE, zone_records(sh.port, certs, mx_ttl=2),
+                   log_queries=True) as z:
+        # no idle connection is reused: each message needs a new one, and a lookup
+        sd, port = relay(dns_port=z.port, extra_relay="dns_min_ttl = 0; idle_timeout = 200ms;")
+        send(port, [f"i@ttl.{ZONE}", f"j@ok.{ZONE}"])
+        wait_until(lambda: got(sh, f"i@ttl.{ZONE}") and got(sh, f"j@ok.{ZONE}"), 20,
+                   "the first delivery")
+        first_ttl, first_ok = mx_queries(z, f"ttl.{ZONE}"), mx_queries(z, f"ok.{ZONE}")
+        assert first_ttl >= 1 and first_ok >= 1
+        time.sleep(3.5)  # past the 2s TTL (Unbound's cache too), well within 60s
+        send(port, [f"k@ttl.{ZONE}", f"l@ok.{ZONE}"])
+        wait_until(lambda: got(sh, f"k@ttl.{ZONE}") and got(sh, f"l@ok.{ZONE}"), 20,
+                   "the second delivery")
+        assert mx_queries(z, f"ttl.{ZONE}") > first_ttl
+        assert mx_queries(z, f"ok.{ZONE}") == first_ok
+
+
+def test_failed_lookup_is_retried_soon(relay, next_hop, func_tmp):
+    """An MX RRset that does not validate (SERVFAIL) suspends the lane for
+    dns_retry_min (1s), doubling; once the zone is fixed the mail leaves within seconds."""
+    sh, certs, d, _ = next_hop
+    recs = zone_records(sh.port, certs)
+    with SignedDNS(func_tmp / "retry", ZONE, recs, bogus=["ttl"], log_queries=True) as z:
+        sd, port = relay(dns_port=z.port,
+                         extra_relay="dns_retry_min = 1s; dns_retry_max = 2s;")
+        send(port, [f"m@ttl.{ZONE}"])
+        sd.log.wait_for(r"lane=direct:ttl\.example\.test suspended for 1s: \"cannot look up "
+                        r"ttl\.example\.test: temporary DNS failure", timeout=20)
+        sd.log.wait_for(r"lane=direct:ttl\.example\.test suspended for 2s", timeout=20)
+        assert not got(sh, f"m@ttl.{ZONE}")
+        z.update(recs)
+        t0 = time.time()
+        wait_until(lambda: got(sh, f"m@ttl.{ZONE}"), 20, "delivery once the zone validates")
+        assert time.time() - t0 < 10
+        assert lane(sd, f"direct:ttl.{ZONE}")["failed"] == 0
