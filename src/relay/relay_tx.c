@@ -288,7 +288,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 				cr = (struct classify_result){ .verdict = CLASSIFY_OK, .for_ms = -1 };
 				relay_reply_text(res, &res->reply, text, sizeof(text));
 			} else {
-				classify_reply(rc->cls, SMTP_STAGE_RCPT, 0, rep, &cr);
+				lane_classify(l, rc->cls, SMTP_STAGE_RCPT, 0, rep, &cr);
 				relay_reply_text(res, rep, text, sizeof(text));
 			}
 			rcpt_outcome(r, t, k, &cr, cr.verdict == CLASSIFY_OK ? &res->reply : rep, text,
@@ -303,7 +303,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 			if (rep->code / 100 != 2) {
 				struct classify_result cr;
 				char rt[1200];
-				classify_reply(rc->cls, SMTP_STAGE_RCPT, 0, rep, &cr);
+				lane_classify(l, rc->cls, SMTP_STAGE_RCPT, 0, rep, &cr);
 				relay_reply_text(res, rep, rt, sizeof(rt));
 				rcpt_outcome(r, t, k, &cr, rep, rt, mta, &sig, sigtext, sizeof(sigtext));
 				continue;
@@ -326,7 +326,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 	} else if (res->error == 0 && res->reply.code && res->stage >= SMTP_STAGE_RCPT) {
 		/* refused at RCPT (every recipient), DATA or the final dot */
 		struct classify_result whole;
-		classify_reply(rc->cls, res->stage, 0, &res->reply, &whole);
+		lane_classify(l, rc->cls, res->stage, 0, &res->reply, &whole);
 		char wtext[1200];
 		relay_reply_text(res, &res->reply, wtext, sizeof(wtext));
 		for (size_t k = 0; k < t->n; k++) {
@@ -341,7 +341,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 				m->r[t->idx[k]].next_try = 0;
 				continue;
 			}
-			classify_reply(rc->cls, SMTP_STAGE_RCPT, 0, rep, &cr);
+			lane_classify(l, rc->cls, SMTP_STAGE_RCPT, 0, rep, &cr);
 			relay_reply_text(res, rep, text, sizeof(text));
 			rcpt_outcome(r, t, k, &cr, rep, text, mta, &sig, sigtext, sizeof(sigtext));
 		}
@@ -365,7 +365,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 			snprintf(text, sizeof(text), "553 5.6.7 the server does not support "
 				 "SMTPUTF8, which the message needs");
 		} else {
-			classify_reply(rc->cls, res->stage, res->error,
+			lane_classify(l, rc->cls, res->stage, res->error,
 				       res->reply.code ? &res->reply : NULL, &cr);
 		}
 		struct smtp_reply synth = { 0 };

@@ -443,14 +443,14 @@ static void test_hand_built(void **state)
 }
 
 static const struct classify_signal_conf signals[] = {
-	{ "^550 5\\.1\\.1 .*disabled by provider", CLASSIFY_SUSPEND, 3600000 },
-	{ "[45]\\.7\\.28", CLASSIFY_FAIL, 5000 },
-	{ "^connect: Connection refused$", CLASSIFY_SLOW, 60000 },
-	{ "^452 4\\.5\\.3", CLASSIFY_SUSPEND, 0 },
-	{ "greylist", CLASSIFY_RETRY, 300000 },
-	{ "quota", CLASSIFY_SLOW, -7 },
-	{ "^250", CLASSIFY_SUSPEND, 0 },
-	{ "relay access denied", CLASSIFY_FAIL, 0 },
+	{ "^550 5\\.1\\.1 .*disabled by provider", CLASSIFY_SUSPEND, 3600000, 0, 0 },
+	{ "[45]\\.7\\.28", CLASSIFY_FAIL, 5000, 0, 0 },
+	{ "^connect: Connection refused$", CLASSIFY_SLOW, 60000, 0, 0 },
+	{ "^452 4\\.5\\.3", CLASSIFY_SUSPEND, 0, 0, 0 },
+	{ "greylist", CLASSIFY_RETRY, 300000, 0, 0 },
+	{ "quota", CLASSIFY_SLOW, -7, 0, 0 },
+	{ "^250", CLASSIFY_SUSPEND, 0, 0, 0 },
+	{ "relay access denied", CLASSIFY_FAIL, 0, 0, 0 },
 };
 
 static const struct ccase signal_cases[] = {
@@ -502,7 +502,7 @@ static void test_signals_copied(void **state)
 	(void)state;
 	char *m = strdup("throttl");
 	assert_non_null(m);
-	struct classify_signal_conf s = { m, CLASSIFY_SUSPEND, 1000 };
+	struct classify_signal_conf s = { m, CLASSIFY_SUSPEND, 1000, 0, 0 };
 	struct classify *c = classify_new(&s, 1, NULL, 0);
 	assert_non_null(c);
 	memset(m, 'x', strlen(m));
@@ -522,8 +522,8 @@ static void test_bad_signals(void **state)
 	(void)state;
 	char err[256];
 	struct classify_signal_conf s[2] = {
-		{ "ok", CLASSIFY_SUSPEND, 0 },
-		{ "rate (limit", CLASSIFY_SLOW, 0 },
+		{ "ok", CLASSIFY_SUSPEND, 0, 0, 0 },
+		{ "rate (limit", CLASSIFY_SLOW, 0, 0, 0 },
 	};
 	errno = 0;
 	assert_null(classify_new(s, 2, err, sizeof(err)));
@@ -542,7 +542,7 @@ static void test_bad_signals(void **state)
 	/* other bad regexes */
 	const char *bad[] = { "[a-", "a{2,1}", "*", "(", "a\\" };
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-		struct classify_signal_conf b = { bad[i], CLASSIFY_SUSPEND, 0 };
+		struct classify_signal_conf b = { bad[i], CLASSIFY_SUSPEND, 0, 0, 0 };
 		struct classify *c = classify_new(&b, 1, err, sizeof(err));
 		if (c) { /* glibc accepts a few of these as literals: then they must work */
 			classify_free(c);
@@ -552,13 +552,13 @@ static void test_bad_signals(void **state)
 	}
 
 	/* no pattern; action ok (it would mark undelivered recipients done); out of range */
-	struct classify_signal_conf none = { NULL, CLASSIFY_SUSPEND, 0 };
+	struct classify_signal_conf none = { NULL, CLASSIFY_SUSPEND, 0, 0, 0 };
 	assert_null(classify_new(&none, 1, err, sizeof(err)));
 	assert_non_null(strstr(err, "signal 1"));
-	struct classify_signal_conf okay = { "x", CLASSIFY_OK, 0 };
+	struct classify_signal_conf okay = { "x", CLASSIFY_OK, 0, 0, 0 };
 	assert_null(classify_new(&okay, 1, err, sizeof(err)));
 	assert_non_null(strstr(err, "action"));
-	struct classify_signal_conf wild = { "x", (enum classify_verdict)77, 0 };
+	struct classify_signal_conf wild = { "x", (enum classify_verdict)77, 0, 0, 0 };
 	assert_null(classify_new(&wild, 1, err, sizeof(err)));
 }
 
