@@ -326,7 +326,12 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 	} else if (res->error == 0 && res->reply.code && res->stage >= SMTP_STAGE_RCPT) {
 		/* refused at RCPT (every recipient), DATA or the final dot */
 		struct classify_result whole;
-		lane_classify(l, rc->cls, res->stage, 0, &res->reply, &whole);
+		/* at RCPT the whole's reply is the last recipient's, classified (and counted
+		 * toward a threshold) with it below */
+		if (res->stage == SMTP_STAGE_RCPT)
+			classify_reply(rc->cls, res->stage, 0, &res->reply, &whole);
+		else
+			lane_classify(l, rc->cls, res->stage, 0, &res->reply, &whole);
 		char wtext[1200];
 		relay_reply_text(res, &res->reply, wtext, sizeof(wtext));
 		for (size_t k = 0; k < t->n; k++) {
