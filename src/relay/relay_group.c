@@ -63,6 +63,14 @@ void lane_unforward(struct lane *l)
 	l->ntargets = 0;
 }
 
+void lane_ungroup(struct lane *l)
+{
+	lane_unforward(l);
+	struct lane *m;
+	while ((m = TAILQ_FIRST(&l->members)))
+		lane_unforward(m);
+}
+
 void lane_reconf(struct lane *l, struct route_rt *rt)
 {
 	lane_unforward(l);

@@ -17,6 +17,9 @@
  *   relay_flush.c   the flusher, a helper thread that fdatasyncs status bytes
  *   relay_view.c    `sluice lanes`, the metrics' lanes, stats, suspend/resume (run on the
  *                   relay's thread through call_sync)
+ *   relay_group.c   provider and MX-set lanes (a domain's lane forwards to its group's),
+ *                   and the signals' thresholds
+ *   threshold.c     the pure count of a signal's after/within
  *
  * Not for use outside src/relay/.
  */
@@ -336,6 +339,8 @@ bool lane_group(struct lane *l);
 void lane_group_lost(struct lane *l, const char *text);
 /* l no longer forwards (and will look its domain up again). */
 void lane_unforward(struct lane *l);
+/* Before l is freed: it forwards no more, and no lane forwards to it. */
+void lane_ungroup(struct lane *l);
 /* The signals' counts toward their thresholds, for `sluice lanes`. */
 void lane_view_group(const struct lane *l, bool json, struct buf *b, uint64_t now);
 /* classify_reply() for a reply in lane l, with the signals' thresholds: a signal with

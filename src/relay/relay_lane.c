@@ -112,7 +112,7 @@ struct lane *lane_make(struct relay *r, struct route_rt *rt, const char *name, c
 
 void lane_free(struct lane *l)
 {
-	lane_unforward(l);
+	lane_ungroup(l);
 	for (size_t i = 0; i < l->nthr; i++)
 		threshold_clear(&l->thr[i]);
 	free(l->thr);
