@@ -71,6 +71,22 @@ def dns():
     server.stop()
 
 
+@pytest.fixture
+def direct(sluiced, smarthost, dns):
+    """Factory: direct(routes) -> (sluiced, intake port, the provider's MX host, the other
+    domain's MX host, the DNS zone): routes and providers over the test's DNS."""
+    require_binary(SLUICE, "SLUICE")
+
+    def factory(routes):
+        dns_port, zone = dns
+        big = smarthost(host=PROVIDER_IP, port=25)
+        other = smarthost(host=OTHER_IP, port=25)
+        port = free_port()
+        return sluiced(provider_config(port, dns_port, extra=routes)), port, big, other, zone
+
+    return factory
+
+
 def provider_config(intake_port, dns_port, extra="", retry="1s"):
     return f"""workers = 2;
 stats_interval = 0;
@@ -89,16 +105,11 @@ relay {{
 """
 
 
-def test_provider_domains_share_one_exact_budget(sluiced, smarthost, dns):
+def test_provider_domains_share_one_exact_budget(direct):
     """9 messages to three domains behind the provider's MX names leave at the
     provider's 3/4s, counted together (each domain alone would have the route's 100/1s);
     a fourth domain, not the provider's, keeps its own lane and sends at once."""
-    require_binary(SLUICE, "SLUICE")
-    dns_port, zone = dns
-    big = smarthost(host=PROVIDER_IP, port=25)
-    other = smarthost(host=OTHER_IP, port=25)
-    port = free_port()
-    sd = sluiced(provider_config(port, dns_port, extra="""
+    sd, port, big, other, zone = direct("""
 route "d" {
   domains = ["*"];
   mx = true;
@@ -112,7 +123,7 @@ provider "bigmail" {
   rate = ["3/4s"];
   connections = 2;
 }
-"""))
+""")
     rcpts = [f"u{i}@{d}" for d in ("a.example", "b.example", "c.example") for i in range(3)]
     t0 = time.time()
     for r in rcpts:
@@ -148,18 +159,13 @@ provider "bigmail" {
                      text), text
 
 
-def test_mx_lanes_group_by_mx_host_set(sluiced, smarthost, dns):
+def test_mx_lanes_group_by_mx_host_set(direct):
     """lanes = "mx": a.example and a2.example have the same MX host and share its lane
     and the route's budget (2/1h: the third message waits); other.example's MX set is
     another lane."""
-    require_binary(SLUICE, "SLUICE")
-    dns_port, _ = dns
-    big = smarthost(host=PROVIDER_IP, port=25)
-    other = smarthost(host=OTHER_IP, port=25)
-    port = free_port()
-    sd = sluiced(provider_config(port, dns_port, extra="""
+    sd, port, big, other, _ = direct("""
 route "d" { domains = ["*"]; mx = true; tls = "none"; lanes = "mx"; rate = ["2/1h"]; }
-"""))
+""")
     for r in ("x@a.example", "y@a2.example", "z@a.example", "w@other.example"):
         send(port, [r])
     big.wait_accepted(2, timeout=15)
