@@ -560,8 +560,8 @@ static void on_ready(void *arg, struct smtp_out *c, const struct smtp_out_result
 	}
 	l->next_target = 0;
 	struct classify_result cr;
-	classify_reply(cls, failure->stage, failure->error,
-		       failure->reply.code ? &failure->reply : NULL, &cr);
+	lane_classify(l, cls, failure->stage, failure->error,
+		      failure->reply.code ? &failure->reply : NULL, &cr);
 	if (cr.verdict != CLASSIFY_SLOW)
 		cr.verdict = CLASSIFY_SUSPEND; /* no recipient was involved */
 	lane_signal(l, &cr, text);

@@ -391,8 +391,12 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 	for (size_t k = 0; k < t->n; k++)
 		m->r[t->idx[k]].busy = false;
 	m->busy--;
-	/* its recipients' new retry times (or none left) place the item again */
-	msg_schedule_lane(r, m, l);
+	/* its recipients' new retry times (or none left) place the item again; in their
+	 * group's lane when l's domain joined one meanwhile (relay_group.c) */
+	if (l->fwd)
+		msg_schedule(r, m);
+	else
+		msg_schedule_lane(r, m, l);
 	flush_post(r, m);
 	if (sig.signal || sig.verdict == CLASSIFY_SUSPEND || sig.verdict == CLASSIFY_SLOW)
 		lane_signal(l, &sig, sigtext);
@@ -417,4 +421,6 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 			msg_check_done(r, m); /* waits for the flush */
 	}
 	lane_kick(l);
+	if (l->fwd)
+		lane_kick(l->fwd);
 }
