@@ -517,6 +517,53 @@ static void test_signals_copied(void **state)
 	classify_free(c);
 }
 
+/* A signal passed over (its threshold not reached): the next signal, the built-in
+ * patterns, then the rules decide; the result names the operator's signal by index. */
+static void test_skip(void **state)
+{
+	(void)state;
+	struct classify_signal_conf s[3] = {
+		{ "^451 .*local problem", CLASSIFY_SUSPEND, 3600000, 3, 60000 },
+		{ "problem", CLASSIFY_SLOW, 0, 0, 0 },
+		{ "^550 .*rate limit", CLASSIFY_RETRY, 0, 2, 1000 },
+	};
+	struct classify *c = classify_new(s, 3, NULL, 0);
+	assert_non_null(c);
+	assert_int_equal(classify_nsignals(c), 3);
+	unsigned after;
+	int64_t within;
+	classify_threshold(c, 0, &after, &within);
+	assert_int_equal(after, 3);
+	assert_int_equal(within, 60000);
+	classify_threshold(c, 7, &after, &within);
+	assert_int_equal(after, 0);
+	static struct smtp_reply r;
+	struct classify_result res;
+	read_reply("451 4.3.0 Temporary local problem", &r);
+	classify_reply(c, SMTP_STAGE_RCPT, 0, &r, &res);
+	assert_int_equal(res.verdict, CLASSIFY_SUSPEND);
+	assert_int_equal(res.index, 0);
+	bool skip[3] = { true, false, false };
+	classify_reply_skip(c, skip, SMTP_STAGE_RCPT, 0, &r, &res);
+	assert_int_equal(res.verdict, CLASSIFY_SLOW);
+	assert_int_equal(res.index, 1);
+	skip[1] = true;
+	classify_reply_skip(c, skip, SMTP_STAGE_RCPT, 0, &r, &res);
+	assert_int_equal(res.verdict, CLASSIFY_RETRY); /* the rule: 4xx at RCPT */
+	assert_int_equal(res.index, -1);
+	/* skipped, a built-in pattern decides */
+	read_reply("550 5.7.1 rate limit exceeded", &r);
+	classify_reply(c, SMTP_STAGE_RCPT, 0, &r, &res);
+	assert_int_equal(res.verdict, CLASSIFY_RETRY);
+	assert_int_equal(res.index, 2);
+	bool skip2[3] = { false, false, true };
+	classify_reply_skip(c, skip2, SMTP_STAGE_RCPT, 0, &r, &res);
+	assert_int_equal(res.verdict, CLASSIFY_SUSPEND);
+	assert_int_equal(res.index, -1);
+	assert_string_equal(res.signal, "rate-5xx");
+	classify_free(c);
+}
+
 static void test_bad_signals(void **state)
 {
 	(void)state;
@@ -697,6 +744,7 @@ int main(void)
 		cmocka_unit_test(test_signals),
 		cmocka_unit_test(test_signals_copied),
 		cmocka_unit_test(test_bad_signals),
+		cmocka_unit_test(test_skip),
 		cmocka_unit_test(test_verdict_names),
 		cmocka_unit_test(test_retry_hint),
 		cmocka_unit_test(test_retry_hint_hostile),
