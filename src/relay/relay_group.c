@@ -97,17 +97,19 @@ static int cmp_host(const void *a, const void *b)
 	return strcasecmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* "ROUTE:mx:a.example,b.example": the distinct MX host names of an answer, sorted; a
- * long set is cut and told apart by a hash of the whole. */
-static void mx_set_name(const struct lane *l, char *out, size_t len)
+/* "ROUTE:mx:a.example,b.example": the distinct MX host names of an answer (those with an
+ * address in it), sorted; a long set is cut and told apart by a hash of the whole. */
+static void mx_set_name(const char *route, const struct mx_target *t, size_t nt, char *out,
+			size_t len)
 {
 	const char *h[MX_MAX_TARGETS];
 	size_t n = 0;
-	for (size_t i = 0; i < l->ntargets && n < MX_MAX_TARGETS; i++)
-		h[n++] = l->targets[i].host;
+	for (size_t i = 0; i < nt && n < MX_MAX_TARGETS; i++)
+		h[n++] = t[i].host;
 	qsort(h, n, sizeof(*h), cmp_host);
 	char set[MX_MAX_TARGETS * 256 + 1];
 	size_t o = 0;
+	set[0] = '\0';
 	for (size_t i = 0; i < n; i++) {
 		if (i && strcasecmp(h[i], h[i - 1]) == 0)
 			continue;
@@ -120,13 +122,37 @@ static void mx_set_name(const struct lane *l, char *out, size_t len)
 		if (*p >= 'A' && *p <= 'Z')
 			*p = (char)(*p - 'A' + 'a');
 	if (o <= 200) {
-		snprintf(out, len, "%s:mx:%.200s", l->rt->conf->name, set);
+		snprintf(out, len, "%s:mx:%.200s", route, set);
 		return;
 	}
 	uint64_t hash = UINT64_C(1469598103934665603);
 	for (const char *p = set; *p; p++)
 		hash = (hash ^ (unsigned char)*p) * UINT64_C(1099511628211);
-	snprintf(out, len, "%s:mx:%.150s~%016" PRIx64, l->rt->conf->name, set, hash);
+	snprintf(out, len, "%s:mx:%.150s~%016" PRIx64, route, set, hash);
+}
+
+/* The provider of an answer: the first that claims one of its hosts, the most preferred
+ * first. */
+static const struct provider_conf *answer_provider(const struct relay *r,
+						   const struct mx_target *t, size_t n)
+{
+	const struct provider_conf *p = NULL;
+	for (size_t i = 0; i < n && !p; i++)
+		p = relay_conf_provider(&r->crt->conf, t[i].host);
+	return p;
+}
+
+bool lane_group_matches(const struct lane *l, const struct mx_target *t, size_t n)
+{
+	if (!l->rt)
+		return false;
+	if (l->provider_name) {
+		const struct provider_conf *p = answer_provider(l->r, t, n);
+		return p && strcmp(p->name, l->provider_name) == 0;
+	}
+	char name[600];
+	mx_set_name(l->rt->conf->name, t, n, name, sizeof(name));
+	return strcmp(name, l->name) == 0;
 }
 
 /* The group lane takes the answer l just got: the hosts it connects to, and the domain
@@ -157,14 +183,12 @@ bool lane_group(struct lane *l)
 	const struct provider_conf *p = NULL;
 	char name[600];
 	if (rc->lanes == ROUTE_LANES_PROVIDER) {
-		/* the most preferred MX host that a provider claims */
-		for (size_t i = 0; i < l->ntargets && !p; i++)
-			p = relay_conf_provider(&r->crt->conf, l->targets[i].host);
+		p = answer_provider(r, l->targets, l->ntargets);
 		if (!p)
 			return false; /* not a provider's: the domain keeps its own lane */
 		snprintf(name, sizeof(name), "%s:provider:%s", rc->name, p->name);
 	} else {
-		mx_set_name(l, name, sizeof(name));
+		mx_set_name(rc->name, l->targets, l->ntargets, name, sizeof(name));
 	}
 	struct lane *g = lane_find(r, name);
 	if (g && !g->group)
@@ -218,7 +242,12 @@ void lane_group_lost(struct lane *l, const char *text)
 	struct relay *r = l->r;
 	/* XXX the mail of the domain that is gone stays in the group: the provider's hosts
 	 * answer for it (a domain's own lane fails it when its lookup says so) */
-	struct lane *m;
+	struct lane *m, *next;
+	for (m = TAILQ_FIRST(&l->members); m; m = next) {
+		next = TAILQ_NEXT(m, member);
+		if (strcasecmp(m->domain, l->domain) == 0)
+			lane_unforward(m); /* its next mail looks it up again */
+	}
 	TAILQ_FOREACH(m, &l->members, member)
 		if (strcasecmp(m->domain, l->domain) != 0) {
 			char *dom = strdup(m->domain);

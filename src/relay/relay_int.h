@@ -334,8 +334,12 @@ struct lane *lane_make(struct relay *r, struct route_rt *rt, const char *name, c
 /* l's MX answer is in: when it matches a group (a provider; a set of MX hosts), l
  * forwards to the group's lane and its mail moves there.  True when it moved. */
 bool lane_group(struct lane *l);
-/* A group lane's own MX lookup failed for good (the domain it used is gone): it takes
- * another member's domain and looks up again, else waits (a suspension). */
+/* Whether an MX answer (of the domain a group lane l looks up) still puts the domain in
+ * l's group. */
+bool lane_group_matches(const struct lane *l, const struct mx_target *t, size_t n);
+/* A group lane's own MX lookup failed for good, or no longer matches (the domain it used
+ * is gone, or moved): that domain is grouped again from its next answer, and the lane
+ * takes another member's domain and looks up again, else waits (a suspension). */
 void lane_group_lost(struct lane *l, const char *text);
 /* l no longer forwards (and will look its domain up again). */
 void lane_unforward(struct lane *l);

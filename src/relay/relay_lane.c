@@ -392,6 +392,12 @@ static void on_resolved(void *arg, int error, const struct mx_target *t, size_t 
 		lane_kick(l);
 		return;
 	}
+	if (l->group && !lane_group_matches(l, t, n)) {
+		char text[400];
+		snprintf(text, sizeof(text), "%.200s is no longer one of its domains", name);
+		lane_group_lost(l, text);
+		return;
+	}
 	struct mx_target *copy = calloc(n, sizeof(*copy));
 	if (!copy)
 		return;
