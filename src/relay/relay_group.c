@@ -344,7 +344,10 @@ void lane_view_group(const struct lane *l, bool json, struct buf *b, uint64_t no
 			buf_append_cstr(b, "]");
 		else
 			buf_printf(b, k < l->nmembers ? " and %zu more\n" : "\n", l->nmembers - k);
-	} else if (l->fwd && !json) {
+	} else if (l->fwd && json) {
+		buf_append_cstr(b, ", \"forwards_to\": ");
+		buf_append_json_string(b, l->fwd->name);
+	} else if (l->fwd) {
 		buf_printf(b, "  forwards to  %s\n", l->fwd->name);
 	}
 	if (json)

@@ -150,6 +150,7 @@ provider "bigmail" {
     assert p["ndomains"] == 3 and p["delivered"] == 9 and p["max_connections"] == 2
     assert [w["configured"] for w in p["windows"]] == [3]
     assert out["d:other.example"]["delivered"] == 5
+    assert out["d:a.example"]["forwards_to"] == "d:provider:bigmail"
     assert "provider" not in out["d:other.example"] or not out["d:other.example"]["provider"]
     # the domains' MX records were asked once each (the match is made per answer)
     mx_queries = [q for q in zone.queries if q[1] == "MX"]
