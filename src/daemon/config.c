@@ -337,6 +337,16 @@ static int load_signal(struct cfg_node *s, struct route_conf *rc, char *err, siz
 	if (r == 0)
 		r = cfg_schema_load(s, route_signal_keys, &sc, err, el);
 	char *match = (char *)sc.match; /* owned here until the route has it */
+	if (r == 0 && sc.after > 1 && !sc.within_ms) {
+		ERR(cfg_get(s, "after"), err, el, "after = %u needs within = DURATION, the window "
+		    "in which the %u matching replies count", sc.after, sc.after);
+		r = -EINVAL;
+	}
+	if (r == 0 && sc.within_ms && sc.after <= 1) {
+		ERR(cfg_get(s, "within"), err, el, "within needs after = N (N > 1): how many "
+		    "matching replies within it act");
+		r = -EINVAL;
+	}
 	if (r == 0) {
 		/* the pattern is checked here, so that a bad one names its line */
 		char e[256];
@@ -476,6 +486,71 @@ static int load_route(struct cfg_node *n, struct route_conf *rc, const struct sl
 		rc->timeout_ms[SMTP_STAGE_DOT] = (uint64_t)t;
 	for (struct cfg_node *sg = cfg_get(n, "signal"); r == 0 && sg; sg = cfg_next_same(sg))
 		r = load_signal(sg, rc, err, el);
+	if (r == 0 && !rc->mx && rc->lanes != ROUTE_LANES_DOMAIN) {
+		ERR(cfg_get(n, "lanes"), err, el, "lanes = \"mx\" or \"provider\" groups the "
+		    "domains of an mx = true route; a smarthost route is one lane already");
+		r = -EINVAL;
+	}
+	return r;
+}
+
+/* provider "name" { mx = [...]; rate = [...]; connections = N; } */
+static int load_provider(struct cfg_node *n, struct provider_conf *p, char *err, size_t el)
+{
+	if (!n->label || !*n->label || strlen(n->label) > 100 || strpbrk(n->label, " \t:\"\\,") ||
+	    n->kind != CFG_OBJECT) {
+		ERR(n, err, el, "expected provider \"name\" { mx = [\"*.mx.example.net\"]; ... } "
+		    "(a name without spaces, ',' or ':')");
+		return -EINVAL;
+	}
+	if (!(p->name = strdup(n->label)))
+		return -ENOMEM;
+	int r = cfg_schema_defaults(provider_conf_keys, p);
+	if (r == 0)
+		r = cfg_schema_load(n, provider_conf_keys, p, err, el);
+	if (r == 0)
+		r = each_string(n, "rate", add_window, &p->rate, err, el);
+	return r;
+}
+
+static int load_providers(struct cfg_node *root, struct relay_conf *rl, char *err, size_t el)
+{
+	size_t count = 0;
+	for (struct cfg_node *x = cfg_get(root, "provider"); x; x = cfg_next_same(x))
+		count++;
+	if (count > 1000) {
+		ERR(cfg_get(root, "provider"), err, el, "more than 1000 providers");
+		return -EINVAL;
+	}
+	if (count && !(rl->providers = calloc(count, sizeof(*rl->providers))))
+		return -ENOMEM;
+	int r = 0;
+	for (struct cfg_node *x = cfg_get(root, "provider"); r == 0 && x; x = cfg_next_same(x)) {
+		struct provider_conf *p = &rl->providers[rl->nproviders++];
+		r = load_provider(x, p, err, el);
+		for (size_t i = 0; r == 0 && i + 1 < rl->nproviders; i++)
+			if (strcmp(rl->providers[i].name, p->name) == 0) {
+				ERR(x, err, el, "a second provider named \"%s\"", p->name);
+				r = -EINVAL;
+			}
+	}
+	bool used = false;
+	struct cfg_node *user = cfg_get(root, "route"); /* the first route that uses them */
+	for (size_t i = 0; i < rl->nroutes && !used; i++) {
+		used = rl->routes[i].lanes == ROUTE_LANES_PROVIDER;
+		if (!used)
+			user = cfg_next_same(user);
+	}
+	if (r == 0 && count && !used) {
+		ERR(cfg_get(root, "provider"), err, el, "provider blocks are used by mx routes with "
+		    "lanes = \"provider\", and no route has it");
+		r = -EINVAL;
+	}
+	if (r == 0 && used && !count) {
+		ERR(cfg_get(user, "lanes"), err, el, "lanes = \"provider\" needs provider \"name\" "
+		    "{ mx = [...]; } blocks");
+		r = -EINVAL;
+	}
 	return r;
 }
 
@@ -522,6 +597,8 @@ static int load_relay(struct cfg_node *root, struct sluice_config *c, char *err,
 				r = -EINVAL;
 			}
 	}
+	if (r == 0)
+		r = load_providers(root, rl, err, el);
 	if (r == 0 && rl->nroutes && !c->intake.enabled && !cfg_get(root, "queue")) {
 		ERR(cfg_get(root, "route"), err, el, "routes deliver from the queue: give an "
 		    "intake { } or a queue { } block");

@@ -218,6 +218,8 @@ struct classify_sig {
 	char *match;                 /* owned copy: the result's signal points here */
 	enum classify_verdict action;
 	int64_t for_ms;
+	unsigned after;              /* <= 1: at once */
+	int64_t within_ms;
 };
 
 struct classify_bi {
@@ -324,6 +326,8 @@ struct classify *classify_new(const struct classify_signal_conf *sig, size_t n, 
 		}
 		s->action = sig[i].action;
 		s->for_ms = sig[i].for_ms > 0 ? sig[i].for_ms : 0;
+		s->after = sig[i].after;
+		s->within_ms = sig[i].within_ms;
 		c->nsig++;
 	}
 	for (size_t i = 0; i < NBUILTINS; i++) {
@@ -420,12 +424,25 @@ static bool rx_match(const regex_t *rx, const char *s)
 }
 
 /* The first operator signal matching s, or NULL. */
-static const struct classify_sig *match_signal(const struct classify *c, const char *s)
+static const struct classify_sig *match_signal(const struct classify *c, const bool *skip,
+					       const char *s)
 {
 	for (size_t i = 0; i < c->nsig; i++)
-		if (rx_match(&c->sig[i].rx, s))
+		if (!(skip && skip[i]) && rx_match(&c->sig[i].rx, s))
 			return &c->sig[i];
 	return NULL;
+}
+
+size_t classify_nsignals(const struct classify *c)
+{
+	return c ? c->nsig : 0;
+}
+
+void classify_threshold(const struct classify *c, size_t i, unsigned *ret_after,
+			int64_t *ret_within_ms)
+{
+	*ret_after = c && i < c->nsig ? c->sig[i].after : 0;
+	*ret_within_ms = c && i < c->nsig ? c->sig[i].within_ms : 0;
 }
 
 /* The first built-in matching s for a reply with this code, or -1. */
@@ -466,8 +483,14 @@ static void rule_reply(enum smtp_out_stage stage, int code, struct classify_resu
 void classify_reply(const struct classify *c, enum smtp_out_stage stage, int error,
 		    const struct smtp_reply *r, struct classify_result *ret)
 {
+	classify_reply_skip(c, NULL, stage, error, r, ret);
+}
+
+void classify_reply_skip(const struct classify *c, const bool *skip, enum smtp_out_stage stage,
+			 int error, const struct smtp_reply *r, struct classify_result *ret)
+{
 	char buf[CLASSIFY_MATCH_MAX];
-	struct classify_result res = { CLASSIFY_SUSPEND, -1, "error" };
+	struct classify_result res = { CLASSIFY_SUSPEND, -1, "error", -1 };
 	const struct classify_sig *sig = NULL;
 
 	if (error != 0) {
@@ -475,10 +498,11 @@ void classify_reply(const struct classify *c, enum smtp_out_stage stage, int err
 		if (error > 0)
 			error = -error;
 		error_match_text(error, buf, sizeof(buf));
-		sig = c ? match_signal(c, buf) : NULL;
+		sig = c ? match_signal(c, skip, buf) : NULL;
 		if (sig) {
 			res.verdict = sig->action;
 			res.signal = sig->match;
+			res.index = sig - c->sig;
 			res.for_ms = sig->for_ms > 0 && sig->action != CLASSIFY_FAIL ? sig->for_ms : -1;
 		} else if (error == -EMSGSIZE || error == -EPROTONOSUPPORT) {
 			/* larger than the server's SIZE; SMTPUTF8 needed and not offered: this
@@ -511,10 +535,11 @@ void classify_reply(const struct classify *c, enum smtp_out_stage stage, int err
 
 	reply_match_text(r, buf, sizeof(buf));
 	long bi = -1;
-	sig = c ? match_signal(c, buf) : NULL;
+	sig = c ? match_signal(c, skip, buf) : NULL;
 	if (sig) {
 		res.verdict = sig->action;
 		res.signal = sig->match;
+		res.index = sig - c->sig;
 	} else if (c && (bi = match_builtin(c, r->code, buf)) >= 0) {
 		res.verdict = builtins[bi].verdict;
 		res.signal = builtins[bi].name;

@@ -50,6 +50,8 @@ struct classify_signal_conf {
 	const char *match;           /* regex */
 	enum classify_verdict action;
 	int64_t for_ms;              /* suspension or slow-down length; 0: the lane's backoff */
+	unsigned after;              /* act on the after-th matching reply within within_ms */
+	int64_t within_ms;           /* (per lane: the relay counts); after <= 1: at once */
 };
 
 struct classify;
@@ -69,6 +71,7 @@ struct classify_result {
 					name ("ses-throttling"), or a rule's name ("error",
 					"421", "stage", "code"): for logs and `sluice lanes`;
 					valid as long as the classifier */
+	long index;                  /* the operator's signal that decided (from 0), or -1 */
 };
 
 /*
@@ -83,6 +86,19 @@ struct classify_result {
  */
 void classify_reply(const struct classify *c, enum smtp_out_stage stage, int error,
 		    const struct smtp_reply *r, struct classify_result *ret);
+
+/*
+ * classify_reply(), with the operator's signals i whose skip[i] is true passed over (skip
+ * NULL: none; else classify_nsignals() entries): what the reply means when a signal with
+ * a threshold has not seen enough matching replies yet.
+ */
+void classify_reply_skip(const struct classify *c, const bool *skip, enum smtp_out_stage stage,
+			 int error, const struct smtp_reply *r, struct classify_result *ret);
+size_t classify_nsignals(const struct classify *c);
+/* Signal i's threshold as configured: act on the after-th matching reply within
+ * within_ms; after <= 1: at once. */
+void classify_threshold(const struct classify *c, size_t i, unsigned *ret_after,
+			int64_t *ret_within_ms);
 
 /*
  * A retry hint in a reply text: "try again in 92 seconds", "retry after 5 minutes",

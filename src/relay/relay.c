@@ -539,9 +539,7 @@ static int apply_conf(struct relay *r, void *arg)
 		bool moved = !l->rt || !rt || (rt->conf->host && l->rt->conf->host &&
 					       strcmp(rt->conf->host, l->rt->conf->host) != 0) ||
 			     (rt->conf->port != l->rt->conf->port);
-		l->rt = rt;
-		if (rt)
-			lane_budget_set_rate(&l->b, &rt->conf->rate, lane_guard_ns(rt->conf));
+		lane_reconf(l, rt);
 		if (moved) {
 			free(l->targets);
 			l->targets = NULL;

@@ -49,6 +49,16 @@ enum route_count {
 	ROUTE_COUNT_RECIPIENTS,
 };
 
+/* What a lane of an mx route is (`lanes`): the destination domain (ROUTE:DOMAIN), the set
+ * of its MX hosts (ROUTE:mx:HOSTS, every domain with the same MX hosts shares it), or
+ * the provider whose patterns match its MX hosts (ROUTE:provider:NAME; the other
+ * domains keep a lane each). */
+enum route_lanes {
+	ROUTE_LANES_DOMAIN = 0,
+	ROUTE_LANES_MX,
+	ROUTE_LANES_PROVIDER,
+};
+
 enum relay_uncertain {
 	RELAY_UNCERTAIN_RETRY = 0, /* U, then sent again at the next retry (a possible duplicate) */
 	RELAY_UNCERTAIN_HOLD,      /* U, and the message is held for the operator */
@@ -80,6 +90,7 @@ struct route_conf {
 	unsigned recipients_per_message;
 	int64_t guard_ms;            /* added to every window */
 	bool shared;                 /* the budget is in the Redis store, shared by nodes */
+	enum route_lanes lanes;      /* mx routes: what one lane holds */
 	struct classify_signal_conf *signals;
 	size_t nsignals;
 	uint64_t timeout_ms[SMTP_STAGE_COUNT];
@@ -92,10 +103,26 @@ extern const struct cfg_key route_conf_keys[];
 /* The keys of route "name" { signal { } } (struct classify_signal_conf). */
 extern const struct cfg_key route_signal_keys[];
 
+/* `provider "name" { mx = [...]; rate = [...]; connections = N; }`: the domains whose MX
+ * hosts match one of mx ("host", "*.suffix") share one lane and this budget in the mx
+ * routes with lanes = "provider". */
+struct provider_conf {
+	char *name;
+	char **mx;                   /* NULL-terminated patterns */
+	struct rate_limits rate;     /* n = 0: unlimited */
+	unsigned connections;
+};
+
+/* The keys of provider "name" { } that are plain values (relay_conf.c); rate is read by
+ * src/daemon/config.c. */
+extern const struct cfg_key provider_conf_keys[];
+
 /* `relay { ... }` and the routes. */
 struct relay_conf {
 	struct route_conf *routes;
 	size_t nroutes;
+	struct provider_conf *providers;
+	size_t nproviders;
 	char *hostname;              /* EHLO default, Reporting-MTA */
 	int64_t retry_min_ms;        /* a recipient's first retry after a 4xx */
 	int64_t retry_max_ms;
@@ -121,6 +148,12 @@ void route_conf_clear(struct route_conf *r);
 int relay_conf_copy(const struct relay_conf *src, struct relay_conf *ret);
 /* The route for a recipient domain (first match), or NULL. */
 const struct route_conf *relay_conf_route(const struct relay_conf *c, const char *domain);
+
+/* The first provider (in file order) with a pattern that matches the MX host name host
+ * ("*.example.net" the names below example.net, else the exact name; ASCII
+ * case-insensitive, a final dot ignored), or NULL. */
+const struct provider_conf *relay_conf_provider(const struct relay_conf *c, const char *host);
+void provider_conf_clear(struct provider_conf *p);
 
 /* Log of deliveries and lane events, for the daemon: called on the relay thread. */
 typedef void relay_log_fn(void *arg, enum log_level level, const char *line);

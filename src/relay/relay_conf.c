@@ -11,11 +11,13 @@
 
 #include "cfg_schema.h"
 #include "relay.h"
+#include "threshold.h"
 
 /* ---- the keys of route "name" { } that are plain values ---- */
 
 _Static_assert(sizeof(enum smtp_out_tls) == sizeof(int), "stored by cfg_type_enum");
 _Static_assert(sizeof(enum route_count) == sizeof(int), "stored by cfg_type_enum");
+_Static_assert(sizeof(enum route_lanes) == sizeof(int), "stored by cfg_type_enum");
 
 static int check_readable(const struct cfg_node *n, const void *field, char *err, size_t el)
 {
@@ -31,6 +33,11 @@ static const struct cfg_enum route_tls[] = {
 	{ "none", SMTP_TLS_NONE }, { "may", SMTP_TLS_MAY }, { "require", SMTP_TLS_REQUIRE },
 	{ "verify", SMTP_TLS_VERIFY }, { "dane", SMTP_TLS_DANE }, { "dane-only", SMTP_TLS_DANE_ONLY },
 	{ NULL, 0 },
+};
+
+static const struct cfg_enum route_lanes[] = {
+	{ "domain", ROUTE_LANES_DOMAIN }, { "mx", ROUTE_LANES_MX },
+	{ "provider", ROUTE_LANES_PROVIDER }, { NULL, 0 },
 };
 
 static const struct cfg_enum route_count[] = {
@@ -54,6 +61,10 @@ const struct cfg_key route_signal_keys[] = {
 	  .help = "what a matching reply does to the lane or the recipient" },
 	{ "for", &cfg_type_duration, SIGNAL(for_ms), NULL, 1000, INT64_C(30) * 86400 * 1000,
 	  .help = "the suspension or slow-down (default: the lane's backoff)" },
+	{ "after", &cfg_type_uint, SIGNAL(after), "1", 1, THRESHOLD_AFTER_MAX,
+	  .help = "act on this many matching replies within `within` (per lane)" },
+	{ "within", &cfg_type_duration, SIGNAL(within_ms), NULL, 1000, INT64_C(30) * 86400 * 1000,
+	  .help = "the window in which `after` matching replies act (required with after)" },
 	{ .name = NULL },
 };
 
@@ -83,8 +94,58 @@ const struct cfg_key route_conf_keys[] = {
 	  .help = "the port of the MX hosts (mx = true only)" },
 	{ "shared", &cfg_type_bool, ROUTE(shared), "false",
 	  .help = "the lane's budget is in the Redis store, shared by the nodes" },
+	{ "lanes", &cfg_type_enum, ROUTE(lanes), "domain", .names = route_lanes,
+	  .help = "mx routes: a lane per domain, per set of MX hosts, or per provider" },
 	{ .name = NULL },
 };
+
+/* ---- provider "name" { } ---- */
+
+/* "host", "*.suffix" or "*": what an MX host name is matched against. */
+static bool mx_pattern_ok(const char *s)
+{
+	if (!*s || strlen(s) > 253 || strpbrk(s, " \t@[]:/"))
+		return false;
+	if (strchr(s, '*'))
+		return strcmp(s, "*") == 0 || (s[0] == '*' && s[1] == '.' && s[2] && !strchr(s + 1, '*'));
+	return true;
+}
+
+static int check_mx_patterns(const struct cfg_node *n, const void *field, char *err, size_t el)
+{
+	char *const *list = *(char **const *)field;
+	if (!list || !list[0]) {
+		cfg_error(n, err, el, "a provider needs at least one MX host pattern, "
+			  "e.g. mx = [\"*.mx.example.net\"]");
+		return -EINVAL;
+	}
+	for (char *const *p = list; *p; p++)
+		if (!mx_pattern_ok(*p)) {
+			cfg_error(n, err, el, "\"%.100s\": expected an MX host name, *.domain or *", *p);
+			return -EINVAL;
+		}
+	return 0;
+}
+
+#define PROVIDER(field) offsetof(struct provider_conf, field)
+
+const struct cfg_key provider_conf_keys[] = {
+	{ "mx", &cfg_type_list, PROVIDER(mx), NULL, .flags = CFG_REQUIRED,
+	  .check = check_mx_patterns,
+	  .help = "the MX host names of the provider: \"host\" or \"*.domain\"" },
+	{ "connections", &cfg_type_uint, PROVIDER(connections), "4", 1, 1000,
+	  .help = "simultaneous connections of the provider's lane" },
+	{ .name = NULL },
+};
+
+void provider_conf_clear(struct provider_conf *p)
+{
+	free(p->name);
+	for (char **m = p->mx; m && *m; m++)
+		free(*m);
+	free(p->mx);
+	memset(p, 0, sizeof(*p));
+}
 
 void relay_conf_init(struct relay_conf *c)
 {
@@ -129,6 +190,9 @@ void relay_conf_clear(struct relay_conf *c)
 	for (size_t i = 0; i < c->nroutes; i++)
 		route_conf_clear(&c->routes[i]);
 	free(c->routes);
+	for (size_t i = 0; i < c->nproviders; i++)
+		provider_conf_clear(&c->providers[i]);
+	free(c->providers);
 	free(c->hostname);
 	free(c->postmaster);
 	free(c->dns_servers);
@@ -185,11 +249,31 @@ static int route_copy(const struct route_conf *s, struct route_conf *d)
 	return r;
 }
 
+static int provider_copy(const struct provider_conf *s, struct provider_conf *d)
+{
+	*d = *s;
+	d->name = NULL;
+	d->mx = NULL;
+	size_t n = 0;
+	while (s->mx && s->mx[n])
+		n++;
+	int r = dup_str(s->name, &d->name);
+	if (r == 0 && !(d->mx = calloc(n + 1, sizeof(*d->mx))))
+		r = -ENOMEM;
+	for (size_t i = 0; r == 0 && i < n; i++)
+		r = dup_str(s->mx[i], &d->mx[i]);
+	if (r < 0)
+		provider_conf_clear(d);
+	return r;
+}
+
 int relay_conf_copy(const struct relay_conf *src, struct relay_conf *ret)
 {
 	struct relay_conf c = *src;
 	c.routes = NULL;
 	c.nroutes = 0;
+	c.providers = NULL;
+	c.nproviders = 0;
 	c.hostname = c.postmaster = c.dns_servers = c.state_dir = NULL;
 	int r = 0;
 	r = r ? r : dup_str(src->hostname, &c.hostname);
@@ -204,6 +288,16 @@ int relay_conf_copy(const struct relay_conf *src, struct relay_conf *ret)
 			r = route_copy(&src->routes[i], &c.routes[i]);
 			if (r == 0)
 				c.nroutes++;
+		}
+	}
+	if (r == 0 && src->nproviders) {
+		c.providers = calloc(src->nproviders, sizeof(*c.providers));
+		if (!c.providers)
+			r = -ENOMEM;
+		for (size_t i = 0; r == 0 && i < src->nproviders; i++) {
+			r = provider_copy(&src->providers[i], &c.providers[i]);
+			if (r == 0)
+				c.nproviders++;
 		}
 	}
 	if (r < 0) {
@@ -233,5 +327,22 @@ const struct route_conf *relay_conf_route(const struct relay_conf *c, const char
 		for (size_t j = 0; j < c->routes[i].ndomains; j++)
 			if (domain_match(c->routes[i].domains[j], domain))
 				return &c->routes[i];
+	return NULL;
+}
+
+const struct provider_conf *relay_conf_provider(const struct relay_conf *c, const char *host)
+{
+	char h[256];
+	size_t n = strlen(host);
+	if (n && host[n - 1] == '.')
+		n--;
+	if (n >= sizeof(h))
+		return NULL;
+	memcpy(h, host, n);
+	h[n] = '\0';
+	for (size_t i = 0; i < c->nproviders; i++)
+		for (char **p = c->providers[i].mx; p && *p; p++)
+			if (domain_match(*p, h))
+				return &c->providers[i];
 	return NULL;
 }

@@ -19,6 +19,9 @@
  *                   needs, deferrals when DANE fails (the relay's thread)
  *   relay_view.c    `sluice lanes`, the metrics' lanes, stats, suspend/resume (run on the
  *                   relay's thread through call_sync)
+ *   relay_group.c   provider and MX-set lanes (a domain's lane forwards to its group's),
+ *                   and the signals' thresholds
+ *   threshold.c     the pure count of a signal's after/within
  *
  * Not for use outside src/relay/.
  */
@@ -44,6 +47,7 @@
 #include "relay_sched.h"
 #include "smtp_out.h"
 #include "store.h"
+#include "threshold.h"
 
 #define HISTORY_FILE "relay.lanes"
 #define HISTORY_MAX (64u << 20)
@@ -125,8 +129,23 @@ struct conf_rt {
 struct lane {
 	struct relay *r;
 	char *name;
-	char *domain;                 /* MX lanes: the destination domain */
+	char *domain;                 /* MX lanes: the destination domain (a group lane: the
+				       * domain whose MX answer it uses) */
 	struct route_rt *rt;          /* NULL: its route is gone (after a reload) */
+	/* lanes = "mx" or "provider" (doc/RELAY.md, Provider lanes): a domain's lane whose
+	 * MX answer matched a group forwards to the group's lane while that answer is used;
+	 * the group lane lists those domain lanes (its members) */
+	bool group;
+	char *provider_name;          /* a provider's lane */
+	const struct provider_conf *provider; /* its configuration, in r->crt */
+	struct lane *fwd;
+	TAILQ_HEAD(, lane) members;
+	TAILQ_ENTRY(lane) member;
+	size_t nmembers;
+	/* the signals' thresholds: a counter per signal of the classifier thr_cls */
+	const struct classify *thr_cls;
+	struct threshold *thr;
+	size_t nthr;
 	struct lane_budget b;
 	TAILQ_HEAD(, lane_item) items;
 	struct sched_lane s;          /* its items by due time and arrival; its wake-up */
@@ -308,6 +327,38 @@ void msg_recheck_later(struct relay *r, struct rmsg *m);
 uint64_t lane_guard_ns(const struct route_conf *rc);
 struct lane *lane_find(struct relay *r, const char *name);
 struct lane *lane_get(struct relay *r, struct route_rt *rt, const char *domain);
+/* After a reload: l's route is rt now (NULL: gone); its forward is dropped (every domain
+ * is grouped again from a new MX answer), its budget takes the new rate. */
+void lane_reconf(struct lane *l, struct route_rt *rt);
+/* Whether the sweep must keep l although it holds no mail: a group with members, a
+ * domain's lane that still forwards. */
+bool lane_keep(const struct lane *l, uint64_t now);
+unsigned lane_max_conns(const struct lane *l);
+struct lane *lane_make(struct relay *r, struct route_rt *rt, const char *name, const char *domain,
+		       const struct provider_conf *p);
+
+/* ---- relay_group.c: provider and MX-set lanes, thresholds ---- */
+/* l's MX answer is in: when it matches a group (a provider; a set of MX hosts), l
+ * forwards to the group's lane and its mail moves there.  True when it moved. */
+bool lane_group(struct lane *l);
+/* Whether an MX answer (of the domain a group lane l looks up) still puts the domain in
+ * l's group. */
+bool lane_group_matches(const struct lane *l, const struct mx_target *t, size_t n);
+/* A group lane's own MX lookup failed for good, or no longer matches (the domain it used
+ * is gone, or moved): that domain is grouped again from its next answer, and the lane
+ * takes another member's domain and looks up again, else waits (a suspension). */
+void lane_group_lost(struct lane *l, const char *text);
+/* l no longer forwards (and will look its domain up again). */
+void lane_unforward(struct lane *l);
+/* Before l is freed: it forwards no more, and no lane forwards to it. */
+void lane_ungroup(struct lane *l);
+/* The signals' counts toward their thresholds, for `sluice lanes`. */
+void lane_view_group(const struct lane *l, bool json, struct buf *b, uint64_t now);
+/* classify_reply() for a reply in lane l, with the signals' thresholds: a signal with
+ * after = N acts on the N-th matching reply within its window; before, the reply is
+ * classified as if that signal did not match. */
+void lane_classify(struct lane *l, const struct classify *cls, enum smtp_out_stage stage,
+		   int error, const struct smtp_reply *rep, struct classify_result *ret);
 void lane_arm(struct lane *l, uint64_t wait_ns);
 /* The relay's one timer: armed for the earliest wake-up of any lane; it kicks every lane
  * whose moment has come. */

@@ -55,24 +55,38 @@ struct lane *lane_get(struct relay *r, struct route_rt *rt, const char *domain)
 	else
 		snprintf(name, sizeof(name), "%s", rt->conf->name);
 	struct lane *l = lane_find(r, name);
-	if (l)
+	if (l && l->fwd && lane_keep(l, realtime_ns()))
+		return l->fwd; /* its MX answer put the domain in a group's lane */
+	if (l) {
+		lane_unforward(l); /* an answer too old: the domain is looked up again */
 		return l;
+	}
+	return lane_make(r, rt, name, rt->conf->mx ? domain : NULL, NULL);
+}
+
+struct lane *lane_make(struct relay *r, struct route_rt *rt, const char *name, const char *domain,
+		       const struct provider_conf *p)
+{
 	if (r->nlanes >= MAX_LANES)
 		return NULL;
-	l = calloc(1, sizeof(*l));
+	struct lane *l = calloc(1, sizeof(*l));
 	if (!l)
 		return NULL;
 	l->r = r;
 	l->rt = rt;
+	l->provider = p;
 	l->name = strdup(name);
-	l->domain = rt->conf->mx ? strdup(domain) : NULL;
+	l->domain = domain ? strdup(domain) : NULL;
+	l->provider_name = p ? strdup(p->name) : NULL;
 	TAILQ_INIT(&l->items);
 	TAILQ_INIT(&l->conns);
+	TAILQ_INIT(&l->members);
 	sched_lane_init(&l->s);
-	if (!l->name || (rt->conf->mx && !l->domain) ||
-	    lane_budget_init(&l->b, &rt->conf->rate, lane_guard_ns(rt->conf)) < 0) {
+	if (!l->name || (domain && !l->domain) || (p && !l->provider_name) ||
+	    lane_budget_init(&l->b, p ? &p->rate : &rt->conf->rate, lane_guard_ns(rt->conf)) < 0) {
 		free(l->name);
 		free(l->domain);
+		free(l->provider_name);
 		free(l);
 		return NULL;
 	}
@@ -98,6 +112,11 @@ struct lane *lane_get(struct relay *r, struct route_rt *rt, const char *domain)
 
 void lane_free(struct lane *l)
 {
+	lane_ungroup(l);
+	for (size_t i = 0; i < l->nthr; i++)
+		threshold_clear(&l->thr[i]);
+	free(l->thr);
+	free(l->provider_name);
 	policy_pending_cancel(l->slot_wait);
 	l->slot_wait = NULL;
 	policy_unref(l->slot_rules);
@@ -350,6 +369,10 @@ static void on_resolved(void *arg, int error, const struct mx_target *t, size_t 
 			snprintf(text, sizeof(text), "%.200s does not accept mail (null MX)", name);
 		else
 			snprintf(text, sizeof(text), "%.200s: no such domain, or no address", name);
+		if (l->group) {
+			lane_group_lost(l, text);
+			return;
+		}
 		if (l->rt->conf->mx) {
 			relay_logf(r, LOG_LEVEL_NOTICE, "lane=%s %s: its recipients fail", l->name, text);
 			lane_fail_all(l, error == -ENODATA ? "5.1.10" : "5.1.2", text);
@@ -376,6 +399,12 @@ static void on_resolved(void *arg, int error, const struct mx_target *t, size_t 
 		lane_kick(l);
 		return;
 	}
+	if (l->group && !lane_group_matches(l, t, n)) {
+		char text[400];
+		snprintf(text, sizeof(text), "%.200s is no longer one of its domains", name);
+		lane_group_lost(l, text);
+		return;
+	}
 	struct mx_target *copy = calloc(n, sizeof(*copy));
 	if (!copy)
 		return;
@@ -388,6 +417,9 @@ static void on_resolved(void *arg, int error, const struct mx_target *t, size_t 
 	l->targets_until = realtime_ns() + mx_ttl_ms(t[0].ttl, (uint64_t)c->dns_min_ttl_ms,
 						     (uint64_t)c->dns_max_ttl_ms) * 1000000u;
 	l->next_target = 0;
+	if (!l->group && l->rt->conf->mx && l->rt->conf->lanes != ROUTE_LANES_DOMAIN &&
+	    lane_group(l))
+		return; /* its mail went to the group's lane, which is kicked */
 	lane_kick(l);
 }
 
@@ -566,8 +598,8 @@ static void on_ready(void *arg, struct smtp_out *c, const struct smtp_out_result
 		return;
 	}
 	struct classify_result cr;
-	classify_reply(cls, failure->stage, failure->error,
-		       failure->reply.code ? &failure->reply : NULL, &cr);
+	lane_classify(l, cls, failure->stage, failure->error,
+		      failure->reply.code ? &failure->reply : NULL, &cr);
 	if (cr.verdict != CLASSIFY_SLOW)
 		cr.verdict = CLASSIFY_SUSPEND; /* no recipient was involved */
 	lane_signal(l, &cr, text);
@@ -601,7 +633,7 @@ void lane_kick(struct lane *l)
 			.idle = l->nidle,
 			.conns = l->nconns,
 			.connecting = l->nconnecting,
-			.max_conns = conf->connections,
+			.max_conns = lane_max_conns(l),
 		};
 		if (!st.suspended_until) {
 			uint64_t next = SCHED_NEVER;

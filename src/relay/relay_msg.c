@@ -651,7 +651,7 @@ void msg_on_sweep(evutil_socket_t fd, short what, void *arg)
 	struct lane *l, *lnext;
 	for (l = TAILQ_FIRST(&r->lanes); l; l = lnext) {
 		lnext = TAILQ_NEXT(l, link);
-		if (!l->domain || !TAILQ_EMPTY(&l->items) || !TAILQ_EMPTY(&l->conns) || l->query ||
+		if (!l->domain || lane_keep(l, now) || !TAILQ_EMPTY(&l->items) || !TAILQ_EMPTY(&l->conns) || l->query ||
 		    l->call || lane_budget_suspended(&l->b, now))
 			continue;
 		bool counts = false;

@@ -288,7 +288,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 				cr = (struct classify_result){ .verdict = CLASSIFY_OK, .for_ms = -1 };
 				relay_reply_text(res, &res->reply, text, sizeof(text));
 			} else {
-				classify_reply(rc->cls, SMTP_STAGE_RCPT, 0, rep, &cr);
+				lane_classify(l, rc->cls, SMTP_STAGE_RCPT, 0, rep, &cr);
 				relay_reply_text(res, rep, text, sizeof(text));
 			}
 			rcpt_outcome(r, t, k, &cr, cr.verdict == CLASSIFY_OK ? &res->reply : rep, text,
@@ -303,7 +303,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 			if (rep->code / 100 != 2) {
 				struct classify_result cr;
 				char rt[1200];
-				classify_reply(rc->cls, SMTP_STAGE_RCPT, 0, rep, &cr);
+				lane_classify(l, rc->cls, SMTP_STAGE_RCPT, 0, rep, &cr);
 				relay_reply_text(res, rep, rt, sizeof(rt));
 				rcpt_outcome(r, t, k, &cr, rep, rt, mta, &sig, sigtext, sizeof(sigtext));
 				continue;
@@ -326,7 +326,12 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 	} else if (res->error == 0 && res->reply.code && res->stage >= SMTP_STAGE_RCPT) {
 		/* refused at RCPT (every recipient), DATA or the final dot */
 		struct classify_result whole;
-		classify_reply(rc->cls, res->stage, 0, &res->reply, &whole);
+		/* at RCPT the whole's reply is the last recipient's, classified (and counted
+		 * toward a threshold) with it below */
+		if (res->stage == SMTP_STAGE_RCPT)
+			classify_reply(rc->cls, res->stage, 0, &res->reply, &whole);
+		else
+			lane_classify(l, rc->cls, res->stage, 0, &res->reply, &whole);
 		char wtext[1200];
 		relay_reply_text(res, &res->reply, wtext, sizeof(wtext));
 		for (size_t k = 0; k < t->n; k++) {
@@ -341,7 +346,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 				m->r[t->idx[k]].next_try = 0;
 				continue;
 			}
-			classify_reply(rc->cls, SMTP_STAGE_RCPT, 0, rep, &cr);
+			lane_classify(l, rc->cls, SMTP_STAGE_RCPT, 0, rep, &cr);
 			relay_reply_text(res, rep, text, sizeof(text));
 			rcpt_outcome(r, t, k, &cr, rep, text, mta, &sig, sigtext, sizeof(sigtext));
 		}
@@ -365,7 +370,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 			snprintf(text, sizeof(text), "553 5.6.7 the server does not support "
 				 "SMTPUTF8, which the message needs");
 		} else {
-			classify_reply(rc->cls, res->stage, res->error,
+			lane_classify(l, rc->cls, res->stage, res->error,
 				       res->reply.code ? &res->reply : NULL, &cr);
 		}
 		struct smtp_reply synth = { 0 };
@@ -386,8 +391,12 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 	for (size_t k = 0; k < t->n; k++)
 		m->r[t->idx[k]].busy = false;
 	m->busy--;
-	/* its recipients' new retry times (or none left) place the item again */
-	msg_schedule_lane(r, m, l);
+	/* its recipients' new retry times (or none left) place the item again; in their
+	 * group's lane when l's domain joined one meanwhile (relay_group.c) */
+	if (l->fwd)
+		msg_schedule(r, m);
+	else
+		msg_schedule_lane(r, m, l);
 	flush_post(r, m);
 	if (sig.signal || sig.verdict == CLASSIFY_SUSPEND || sig.verdict == CLASSIFY_SLOW)
 		lane_signal(l, &sig, sigtext);
@@ -412,4 +421,6 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 			msg_check_done(r, m); /* waits for the flush */
 	}
 	lane_kick(l);
+	if (l->fwd)
+		lane_kick(l->fwd);
 }

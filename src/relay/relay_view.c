@@ -55,7 +55,7 @@ static void lane_brief_line(struct buf *b, const struct lane *l, size_t waiting,
 	char d[32];
 	uint64_t wait = lane_budget_wait(&l->b, now);
 	fmt_duration(d, sizeof(d), ns_to_ms(wait), DURATION_BRIEF);
-	unsigned cap = l->rt ? l->rt->conf->connections : 0;
+	unsigned cap = lane_max_conns(l);
 	buf_printf(b, "  next %s  conns %u/%u  waiting %zu  sent/def/fail %" PRIu64 "/%" PRIu64
 		   "/%" PRIu64 "%s\n", wait ? d : "now", l->nconns, cap, waiting, l->delivered,
 		   l->deferred, l->failed, susp ? "  SUSPENDED" : "");
@@ -103,7 +103,7 @@ static int do_lanes(struct relay *r, void *arg)
 		bool susp = lane_budget_suspended(&l->b, now);
 		uint64_t wait = lane_budget_wait(&l->b, now);
 		const char *route = l->rt ? l->rt->conf->name : "(removed)";
-		unsigned cap = l->rt ? l->rt->conf->connections : 0;
+		unsigned cap = lane_max_conns(l);
 		if (a->json) {
 			buf_append_cstr(b, first ? "\n  {\"lane\": " : ",\n  {\"lane\": ");
 			buf_append_json_string(b, l->name);
@@ -136,6 +136,7 @@ static int do_lanes(struct relay *r, void *arg)
 				buf_append_cstr(b, ", \"dane\": ");
 				buf_append_json_string(b, l->dane_status);
 			}
+			lane_view_group(l, true, b, now);
 			buf_append_cstr(b, "}");
 		} else {
 			buf_printf(b, "%s%s (route %s)\n", first ? "" : "\n", l->name, route);
@@ -173,6 +174,7 @@ static int do_lanes(struct relay *r, void *arg)
 				buf_printf(b, "  last signal  %s\n", l->last);
 			if (l->dane_status[0])
 				buf_printf(b, "  dane         %s\n", l->dane_status);
+			lane_view_group(l, false, b, now);
 		}
 		first = false;
 	}
@@ -285,7 +287,7 @@ static int do_lane_metrics(struct relay *r, void *arg)
 				text_sanitize(m->reason, sizeof(m->reason), str_cstr(l->b.why), SIZE_MAX,
 					      TEXT_NO_QUOTES);
 			m->connections = l->nconns;
-			m->max_connections = l->rt ? l->rt->conf->connections : 0;
+			m->max_connections = lane_max_conns(l);
 		}
 		a->n++;
 	}

@@ -30,11 +30,11 @@ static const int errors[8] = { 0, -ECONNREFUSED, -ETIMEDOUT, -ECONNRESET, -EPROT
 			       -EHOSTUNREACH, -EMSGSIZE, -EPERM };
 
 static const struct classify_signal_conf signals[] = {
-	{ "^4[0-9][0-9] .*try again", CLASSIFY_SLOW, 0 },
-	{ "(user|mailbox) unavailable", CLASSIFY_FAIL, 0 },
-	{ "^connect: Connection (refused|reset)", CLASSIFY_SUSPEND, 120000 },
-	{ "greylist", CLASSIFY_RETRY, 300000 },
-	{ "^5[0-9][0-9] 5\\.7\\.[0-9]+ .*(spam|policy)", CLASSIFY_SUSPEND, -1 },
+	{ "^4[0-9][0-9] .*try again", CLASSIFY_SLOW, 0, 0, 0 },
+	{ "(user|mailbox) unavailable", CLASSIFY_FAIL, 0, 0, 0 },
+	{ "^connect: Connection (refused|reset)", CLASSIFY_SUSPEND, 120000, 0, 0 },
+	{ "greylist", CLASSIFY_RETRY, 300000, 0, 0 },
+	{ "^5[0-9][0-9] 5\\.7\\.[0-9]+ .*(spam|policy)", CLASSIFY_SUSPEND, -1, 0, 0 },
 };
 
 static struct classify *plain, *oper;

@@ -443,14 +443,14 @@ static void test_hand_built(void **state)
 }
 
 static const struct classify_signal_conf signals[] = {
-	{ "^550 5\\.1\\.1 .*disabled by provider", CLASSIFY_SUSPEND, 3600000 },
-	{ "[45]\\.7\\.28", CLASSIFY_FAIL, 5000 },
-	{ "^connect: Connection refused$", CLASSIFY_SLOW, 60000 },
-	{ "^452 4\\.5\\.3", CLASSIFY_SUSPEND, 0 },
-	{ "greylist", CLASSIFY_RETRY, 300000 },
-	{ "quota", CLASSIFY_SLOW, -7 },
-	{ "^250", CLASSIFY_SUSPEND, 0 },
-	{ "relay access denied", CLASSIFY_FAIL, 0 },
+	{ "^550 5\\.1\\.1 .*disabled by provider", CLASSIFY_SUSPEND, 3600000, 0, 0 },
+	{ "[45]\\.7\\.28", CLASSIFY_FAIL, 5000, 0, 0 },
+	{ "^connect: Connection refused$", CLASSIFY_SLOW, 60000, 0, 0 },
+	{ "^452 4\\.5\\.3", CLASSIFY_SUSPEND, 0, 0, 0 },
+	{ "greylist", CLASSIFY_RETRY, 300000, 0, 0 },
+	{ "quota", CLASSIFY_SLOW, -7, 0, 0 },
+	{ "^250", CLASSIFY_SUSPEND, 0, 0, 0 },
+	{ "relay access denied", CLASSIFY_FAIL, 0, 0, 0 },
 };
 
 static const struct ccase signal_cases[] = {
@@ -502,7 +502,7 @@ static void test_signals_copied(void **state)
 	(void)state;
 	char *m = strdup("throttl");
 	assert_non_null(m);
-	struct classify_signal_conf s = { m, CLASSIFY_SUSPEND, 1000 };
+	struct classify_signal_conf s = { m, CLASSIFY_SUSPEND, 1000, 0, 0 };
 	struct classify *c = classify_new(&s, 1, NULL, 0);
 	assert_non_null(c);
 	memset(m, 'x', strlen(m));
@@ -517,13 +517,60 @@ static void test_signals_copied(void **state)
 	classify_free(c);
 }
 
+/* A signal passed over (its threshold not reached): the next signal, the built-in
+ * patterns, then the rules decide; the result names the operator's signal by index. */
+static void test_skip(void **state)
+{
+	(void)state;
+	struct classify_signal_conf s[3] = {
+		{ "^451 .*local problem", CLASSIFY_SUSPEND, 3600000, 3, 60000 },
+		{ "problem", CLASSIFY_SLOW, 0, 0, 0 },
+		{ "^550 .*rate limit", CLASSIFY_RETRY, 0, 2, 1000 },
+	};
+	struct classify *c = classify_new(s, 3, NULL, 0);
+	assert_non_null(c);
+	assert_int_equal(classify_nsignals(c), 3);
+	unsigned after;
+	int64_t within;
+	classify_threshold(c, 0, &after, &within);
+	assert_int_equal(after, 3);
+	assert_int_equal(within, 60000);
+	classify_threshold(c, 7, &after, &within);
+	assert_int_equal(after, 0);
+	static struct smtp_reply r;
+	struct classify_result res;
+	read_reply("451 4.3.0 Temporary local problem", &r);
+	classify_reply(c, SMTP_STAGE_RCPT, 0, &r, &res);
+	assert_int_equal(res.verdict, CLASSIFY_SUSPEND);
+	assert_int_equal(res.index, 0);
+	bool skip[3] = { true, false, false };
+	classify_reply_skip(c, skip, SMTP_STAGE_RCPT, 0, &r, &res);
+	assert_int_equal(res.verdict, CLASSIFY_SLOW);
+	assert_int_equal(res.index, 1);
+	skip[1] = true;
+	classify_reply_skip(c, skip, SMTP_STAGE_RCPT, 0, &r, &res);
+	assert_int_equal(res.verdict, CLASSIFY_RETRY); /* the rule: 4xx at RCPT */
+	assert_int_equal(res.index, -1);
+	/* skipped, a built-in pattern decides */
+	read_reply("550 5.7.1 rate limit exceeded", &r);
+	classify_reply(c, SMTP_STAGE_RCPT, 0, &r, &res);
+	assert_int_equal(res.verdict, CLASSIFY_RETRY);
+	assert_int_equal(res.index, 2);
+	bool skip2[3] = { false, false, true };
+	classify_reply_skip(c, skip2, SMTP_STAGE_RCPT, 0, &r, &res);
+	assert_int_equal(res.verdict, CLASSIFY_SUSPEND);
+	assert_int_equal(res.index, -1);
+	assert_string_equal(res.signal, "rate-5xx");
+	classify_free(c);
+}
+
 static void test_bad_signals(void **state)
 {
 	(void)state;
 	char err[256];
 	struct classify_signal_conf s[2] = {
-		{ "ok", CLASSIFY_SUSPEND, 0 },
-		{ "rate (limit", CLASSIFY_SLOW, 0 },
+		{ "ok", CLASSIFY_SUSPEND, 0, 0, 0 },
+		{ "rate (limit", CLASSIFY_SLOW, 0, 0, 0 },
 	};
 	errno = 0;
 	assert_null(classify_new(s, 2, err, sizeof(err)));
@@ -542,7 +589,7 @@ static void test_bad_signals(void **state)
 	/* other bad regexes */
 	const char *bad[] = { "[a-", "a{2,1}", "*", "(", "a\\" };
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-		struct classify_signal_conf b = { bad[i], CLASSIFY_SUSPEND, 0 };
+		struct classify_signal_conf b = { bad[i], CLASSIFY_SUSPEND, 0, 0, 0 };
 		struct classify *c = classify_new(&b, 1, err, sizeof(err));
 		if (c) { /* glibc accepts a few of these as literals: then they must work */
 			classify_free(c);
@@ -552,13 +599,13 @@ static void test_bad_signals(void **state)
 	}
 
 	/* no pattern; action ok (it would mark undelivered recipients done); out of range */
-	struct classify_signal_conf none = { NULL, CLASSIFY_SUSPEND, 0 };
+	struct classify_signal_conf none = { NULL, CLASSIFY_SUSPEND, 0, 0, 0 };
 	assert_null(classify_new(&none, 1, err, sizeof(err)));
 	assert_non_null(strstr(err, "signal 1"));
-	struct classify_signal_conf okay = { "x", CLASSIFY_OK, 0 };
+	struct classify_signal_conf okay = { "x", CLASSIFY_OK, 0, 0, 0 };
 	assert_null(classify_new(&okay, 1, err, sizeof(err)));
 	assert_non_null(strstr(err, "action"));
-	struct classify_signal_conf wild = { "x", (enum classify_verdict)77, 0 };
+	struct classify_signal_conf wild = { "x", (enum classify_verdict)77, 0, 0, 0 };
 	assert_null(classify_new(&wild, 1, err, sizeof(err)));
 }
 
@@ -697,6 +744,7 @@ int main(void)
 		cmocka_unit_test(test_signals),
 		cmocka_unit_test(test_signals_copied),
 		cmocka_unit_test(test_bad_signals),
+		cmocka_unit_test(test_skip),
 		cmocka_unit_test(test_verdict_names),
 		cmocka_unit_test(test_retry_hint),
 		cmocka_unit_test(test_retry_hint_hostile),

@@ -38,6 +38,9 @@ static int load_text(const char *text, bool client, struct sluice_config **ret, 
 }
 
 #define M "milter { listen = \"unix:m.sock\"; }\n"
+/* an intake, and a route with provider lanes */
+#define I "intake { listen = \"unix:i.sock\"; }\n"
+#define PR "route \"d\" { domains = \"*\"; mx = true; lanes = \"provider\"; }\n"
 
 static const struct {
 	const char *text;
@@ -99,6 +102,42 @@ static const struct {
 	{ "intake { listen = \"unix:i.sock\"; }\n"
 	  "route \"r\" { domains = \"*\"; mx = true; signal { action = \"slow\"; } }\n",
 	  "t.conf:2: route \"r\".signal: match is required" },
+	/* provider lanes and signal thresholds */
+	{ I PR "provider \"p\" { rate = \"3/10s\"; }\n", "t.conf:3: provider \"p\": mx is required" },
+	{ I PR "provider \"p\" { mx = []; }\n",
+	  "t.conf:3: provider \"p\".mx: a provider needs at least one MX host pattern, "
+	  "e.g. mx = [\"*.mx.example.net\"]" },
+	{ I PR "provider \"p\" { mx = [\"a.example\", \"mx*.example\"]; }\n",
+	  "t.conf:3: provider \"p\".mx: \"mx*.example\": expected an MX host name, *.domain or *" },
+	{ I PR "provider \"p\" { mx = \"a.example\"; }\nprovider \"p\" { mx = \"b.example\"; }\n",
+	  "t.conf:4: provider \"p\": a second provider named \"p\"" },
+	{ I PR "provider \"p\" { mx = \"a.example\"; connection = 3; }\n",
+	  "t.conf:3: provider \"p\".connection: unknown key" },
+	{ I PR "provider \"p\" { mx = \"a.example\"; connections = 0; }\n",
+	  "t.conf:3: provider \"p\".connections: \"0\" is out of range [1, 1000]" },
+	{ I PR "provider \"p\" { mx = \"a.example\"; rate = \"3/ever\"; }\n",
+	  "t.conf:3: provider \"p\".rate: bad rate window '3/ever': the period must be [N]s, m, "
+	  "h, d or w" },
+	{ I PR "provider \"a b\" { mx = \"a.example\"; }\n",
+	  "t.conf:3: provider \"a b\": expected provider \"name\" { mx = [\"*.mx.example.net\"]; ... } "
+	  "(a name without spaces, ',' or ':')" },
+	{ I PR, "t.conf:2: route \"d\".lanes: lanes = \"provider\" needs provider \"name\" { mx = [...]; } blocks" },
+	{ I "route \"d\" { domains = \"*\"; mx = true; }\nprovider \"p\" { mx = \"a.example\"; }\n",
+	  "t.conf:3: provider \"p\": provider blocks are used by mx routes with lanes = \"provider\", "
+	  "and no route has it" },
+	{ I "route \"s\" { domains = \"*\"; smarthost = \"[127.0.0.1]:25\"; lanes = \"provider\"; }\n",
+	  "t.conf:2: route \"s\".lanes: lanes = \"mx\" or \"provider\" groups the domains of an mx = "
+	  "true route; a smarthost route is one lane already" },
+	{ I "route \"d\" { domains = \"*\"; mx = true; lanes = \"site\"; }\n",
+	  "t.conf:2: route \"d\".lanes: expected domain, mx or provider" },
+	{ I "route \"d\" { domains = \"*\"; mx = true;\n  signal { match = \"x\"; after = 3; } }\n",
+	  "t.conf:3: route \"d\".signal.after: after = 3 needs within = DURATION, the window in "
+	  "which the 3 matching replies count" },
+	{ I "route \"d\" { domains = \"*\"; mx = true;\n  signal { match = \"x\"; within = 1m; } }\n",
+	  "t.conf:3: route \"d\".signal.within: within needs after = N (N > 1): how many "
+	  "matching replies within it act" },
+	{ I "route \"d\" { domains = \"*\"; mx = true;\n  signal { match = \"x\"; after = 0; within = 1m; } }\n",
+	  "t.conf:3: route \"d\".signal.after: \"0\" is out of range [1, 1000]" },
 	{ M "store { nodes = 2; }\n", "t.conf:2: store.nodes: only with type = \"redis\"" },
 	{ M "user = \"no-such-user-xyz\";\n",
 	  "t.conf:2: user: unknown user \"no-such-user-xyz\" (create it, e.g. adduser --system "
@@ -118,6 +157,61 @@ static const struct {
 	  "(20s): sluiced would close the session before it answers (and the MTA's own milter "
 	  "timeout, 30s in Postfix, is shorter still)" },
 };
+
+/* Providers as loaded, and which one an MX host name belongs to. */
+static void test_providers(void **state)
+{
+	(void)state;
+	struct sluice_config *c = NULL;
+	char err[1024];
+	int r = load_text(I "route \"d\" { domains = \"*\"; mx = true; lanes = \"provider\";\n"
+			  "  signal { match = \"^451 \"; after = 5; within = 10m; } }\n"
+			  "provider \"big\" { mx = [\"*.mx.big.example\", \"mx.big.example\"];\n"
+			  "  rate = [\"3/10s\", \"100/1h\"]; connections = 2; }\n"
+			  "provider \"small\" { mx = \"mx1.small.example\"; }\n", false, &c, err,
+			  sizeof(err));
+	if (r < 0)
+		fail_msg("%s", err);
+	const struct relay_conf *rl = &c->relay;
+	assert_int_equal(rl->nproviders, 2);
+	assert_int_equal(rl->routes[0].lanes, ROUTE_LANES_PROVIDER);
+	assert_int_equal(rl->routes[0].signals[0].after, 5);
+	assert_int_equal(rl->routes[0].signals[0].within_ms, 600000);
+	assert_string_equal(rl->providers[0].name, "big");
+	assert_int_equal(rl->providers[0].rate.n, 2);
+	assert_int_equal(rl->providers[0].connections, 2);
+	assert_int_equal(rl->providers[1].connections, 4); /* the default */
+	static const struct {
+		const char *host;
+		const char *provider;
+	} match[] = {
+		{ "a.mx.big.example", "big" },
+		{ "A.MX.BIG.EXAMPLE.", "big" },
+		{ "x.y.mx.big.example", "big" },
+		{ "mx.big.example", "big" },
+		{ "big.example", NULL },
+		{ "amx.big.example", NULL },
+		{ "mx1.small.example", "small" },
+		{ "mx2.small.example", NULL },
+		{ "mx1.small.example.org", NULL },
+		{ "", NULL },
+	};
+	for (size_t i = 0; i < ARRAY_SIZE(match); i++) {
+		const struct provider_conf *p = relay_conf_provider(rl, match[i].host);
+		if (!p != !match[i].provider || (p && strcmp(p->name, match[i].provider) != 0))
+			fail_msg("%s: got %s, want %s", match[i].host, p ? p->name : "none",
+				 match[i].provider ? match[i].provider : "none");
+	}
+	/* the relay's own copy keeps them */
+	struct relay_conf copy;
+	assert_int_equal(relay_conf_copy(rl, &copy), 0);
+	assert_int_equal(copy.nproviders, 2);
+	assert_string_equal(relay_conf_provider(&copy, "q.mx.big.example")->name, "big");
+	assert_string_equal(copy.providers[1].mx[0], "mx1.small.example");
+	assert_null(copy.providers[1].mx[1]);
+	relay_conf_clear(&copy);
+	config_free(c);
+}
 
 static void test_errors(void **state)
 {
@@ -202,6 +296,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_errors),
+		cmocka_unit_test(test_providers),
 		cmocka_unit_test(test_defaults_and_values),
 		cmocka_unit_test(test_client),
 	};

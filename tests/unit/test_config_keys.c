@@ -169,7 +169,9 @@ static const char conf_rules[] =
 	"  recipients_per_message = 10; guard = 100ms; shared = true; connect_timeout = 30s;\n"
 	"  command_timeout = 5m; data_timeout = 10m;\n"
 	"  signal { match = \"^550 .*quota\"; action = \"suspend\"; for = 1h; } }\n"
-	"route \"mx\" { domains = \"*\"; mx = true; }\n";
+	"route \"mx\" { domains = \"*\"; mx = true; lanes = \"provider\";\n"
+	"  signal { match = \"^451 \"; after = 5; within = 10m; } }\n"
+	"provider \"big\" { mx = [\"*.mx.example.net\"]; rate = [\"600/1m\"]; connections = 10; }\n";
 
 /* The other way to find Redis. */
 static const char conf_sentinels[] =
@@ -592,6 +594,7 @@ static void test_tables(void **state)
 	struct strset route = { 0 };
 	table_keys(route_conf_keys, "route", &route, NULL);
 	table_keys(route_signal_keys, "route.signal", &route, NULL);
+	table_keys(provider_conf_keys, "provider", &route, NULL);
 	for (size_t i = 0; i < route.n; i++)
 		if (!strset_has(&doc, route.v[i])) {
 			print_message("in a table, not in sluice.conf(5): %s\n", route.v[i]);
@@ -602,6 +605,7 @@ static void test_tables(void **state)
 		bad += compare_defaults(b->keys, b->name);
 	bad += compare_defaults(route_conf_keys, "route");
 	bad += compare_defaults(route_signal_keys, "route.signal");
+	bad += compare_defaults(provider_conf_keys, "provider");
 	assert_true(doc_defaults.n > 50);
 	assert_true(defaults_compared > 40); /* the page's "Default *X*" were found */
 	assert_true(all.n > 60);

@@ -1,0 +1,379 @@
+/*
+ * relay_group -- lanes that several recipient domains share (`lanes = "provider"` and
+ * `lanes = "mx"` on an mx route, doc/RELAY.md "Provider lanes"), and the signals'
+ * thresholds (`signal { after = N; within = D; }`).
+ *
+ * A recipient goes first to its domain's lane (ROUTE:DOMAIN), which looks up the MX
+ * hosts.  When the answer comes (once per answer, never per recipient: law 8) it is
+ * matched against the providers' patterns, or made into the set of MX host names; a
+ * match makes the domain's lane forward to the group's lane (ROUTE:provider:NAME or
+ * ROUTE:mx:HOSTS), and the mail it holds is routed again, into the group's lane.  While
+ * the answer is used (its DNS TTL within relay.dns_min_ttl and dns_max_ttl:
+ * targets_until) new mail for the domain goes straight there; then the domain is looked
+ * up again.  The group lane has its own budget, history and
+ * suspensions like any lane: one budget for all its domains, and a provider's throttling
+ * suspends the group's lane and bounces nobody (law 5).
+ *
+ * Invariants: a lane forwards to a group lane only (never a chain); a group lane lists
+ * the lanes that forward to it and is not freed while it has any; a reload drops every
+ * forward (each domain is grouped again under the new configuration).
+ *
+ * Runs on the relay's thread.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/queue.h>
+
+#include "relay_int.h"
+#include "util.h"
+
+/* ---- forwards ---- */
+
+static bool targets_fresh(const struct lane *l, uint64_t now)
+{
+	return l->ntargets && now < l->targets_until;
+}
+
+bool lane_keep(const struct lane *l, uint64_t now)
+{
+	return l->nmembers > 0 || (l->fwd && targets_fresh(l, now));
+}
+
+unsigned lane_max_conns(const struct lane *l)
+{
+	if (l->provider)
+		return l->provider->connections;
+	return l->rt ? l->rt->conf->connections : 0;
+}
+
+void lane_unforward(struct lane *l)
+{
+	struct lane *g = l->fwd;
+	if (!g)
+		return;
+	TAILQ_REMOVE(&g->members, l, member);
+	g->nmembers--;
+	l->fwd = NULL;
+	/* looked up again before it sends: the answer may put it in a group again */
+	free(l->targets);
+	l->targets = NULL;
+	l->ntargets = 0;
+}
+
+void lane_ungroup(struct lane *l)
+{
+	lane_unforward(l);
+	struct lane *m;
+	while ((m = TAILQ_FIRST(&l->members)))
+		lane_unforward(m);
+}
+
+void lane_reconf(struct lane *l, struct route_rt *rt)
+{
+	lane_unforward(l);
+	if (rt && l->group &&
+	    rt->conf->lanes != (l->provider_name ? ROUTE_LANES_PROVIDER : ROUTE_LANES_MX))
+		rt = NULL; /* the route groups otherwise now: this lane's mail goes elsewhere */
+	l->provider = NULL;
+	if (rt && l->provider_name) {
+		const struct relay_conf *c = &l->r->crt->conf;
+		for (size_t i = 0; i < c->nproviders && !l->provider; i++)
+			if (strcmp(c->providers[i].name, l->provider_name) == 0)
+				l->provider = &c->providers[i];
+		if (!l->provider)
+			rt = NULL; /* the provider is gone */
+	}
+	l->rt = rt;
+	if (rt)
+		lane_budget_set_rate(&l->b, l->provider ? &l->provider->rate : &rt->conf->rate,
+				     lane_guard_ns(rt->conf));
+}
+
+static int cmp_host(const void *a, const void *b)
+{
+	return strcasecmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* "ROUTE:mx:a.example,b.example": the distinct MX host names of an answer (those with an
+ * address in it), sorted; a long set is cut and told apart by a hash of the whole. */
+static void mx_set_name(const char *route, const struct mx_target *t, size_t nt, char *out,
+			size_t len)
+{
+	const char *h[MX_MAX_TARGETS];
+	size_t n = 0;
+	for (size_t i = 0; i < nt && n < MX_MAX_TARGETS; i++)
+		h[n++] = t[i].host;
+	qsort(h, n, sizeof(*h), cmp_host);
+	char set[MX_MAX_TARGETS * 256 + 1];
+	size_t o = 0;
+	set[0] = '\0';
+	for (size_t i = 0; i < n; i++) {
+		if (i && strcasecmp(h[i], h[i - 1]) == 0)
+			continue;
+		int w = snprintf(set + o, sizeof(set) - o, "%s%s", o ? "," : "", h[i]);
+		if (w < 0 || (size_t)w >= sizeof(set) - o)
+			break;
+		o += (size_t)w;
+	}
+	for (char *p = set; *p; p++)
+		if (*p >= 'A' && *p <= 'Z')
+			*p = (char)(*p - 'A' + 'a');
+	if (o <= 200) {
+		snprintf(out, len, "%s:mx:%.200s", route, set);
+		return;
+	}
+	uint64_t hash = UINT64_C(1469598103934665603);
+	for (const char *p = set; *p; p++)
+		hash = (hash ^ (unsigned char)*p) * UINT64_C(1099511628211);
+	snprintf(out, len, "%s:mx:%.150s~%016" PRIx64, route, set, hash);
+}
+
+/* The provider of an answer: the first that claims one of its hosts, the most preferred
+ * first. */
+static const struct provider_conf *answer_provider(const struct relay *r,
+						   const struct mx_target *t, size_t n)
+{
+	const struct provider_conf *p = NULL;
+	for (size_t i = 0; i < n && !p; i++)
+		p = relay_conf_provider(&r->crt->conf, t[i].host);
+	return p;
+}
+
+bool lane_group_matches(const struct lane *l, const struct mx_target *t, size_t n)
+{
+	if (!l->rt)
+		return false;
+	if (l->provider_name) {
+		const struct provider_conf *p = answer_provider(l->r, t, n);
+		return p && strcmp(p->name, l->provider_name) == 0;
+	}
+	char name[600];
+	mx_set_name(l->rt->conf->name, t, n, name, sizeof(name));
+	return strcmp(name, l->name) == 0;
+}
+
+/* The group lane takes the answer l just got: the hosts it connects to, and the domain
+ * it looks up when the answer is too old. */
+static void group_take_answer(struct lane *g, const struct lane *l)
+{
+	struct mx_target *copy = calloc(l->ntargets, sizeof(*copy));
+	char *dom = strdup(l->domain);
+	if (!copy || !dom) {
+		free(copy);
+		free(dom);
+		return; /* XXX the group keeps its older answer */
+	}
+	memcpy(copy, l->targets, l->ntargets * sizeof(*copy));
+	free(g->targets);
+	g->targets = copy;
+	g->ntargets = l->ntargets;
+	g->targets_until = l->targets_until;
+	g->next_target = 0;
+	free(g->domain);
+	g->domain = dom;
+}
+
+bool lane_group(struct lane *l)
+{
+	struct relay *r = l->r;
+	const struct route_conf *rc = l->rt->conf;
+	const struct provider_conf *p = NULL;
+	char name[600];
+	if (rc->lanes == ROUTE_LANES_PROVIDER) {
+		p = answer_provider(r, l->targets, l->ntargets);
+		if (!p)
+			return false; /* not a provider's: the domain keeps its own lane */
+		snprintf(name, sizeof(name), "%s:provider:%s", rc->name, p->name);
+	} else {
+		mx_set_name(rc->name, l->targets, l->ntargets, name, sizeof(name));
+	}
+	struct lane *g = lane_find(r, name);
+	if (g && !g->group)
+		return false; /* cannot be: names of groups are not domains' */
+	if (!g) {
+		g = lane_make(r, l->rt, name, l->domain, p);
+		if (!g) {
+			relay_logf(r, LOG_LEVEL_ERROR, "lane=%s cannot join lane %s: out of memory or "
+				   "too many lanes; it keeps its own", l->name, name);
+			return false;
+		}
+		g->group = true;
+	}
+	group_take_answer(g, l);
+	if (l->fwd) {
+		TAILQ_REMOVE(&l->fwd->members, l, member);
+		l->fwd->nmembers--;
+	}
+	l->fwd = g;
+	TAILQ_INSERT_TAIL(&g->members, l, member);
+	g->nmembers++;
+	relay_logf(r, LOG_LEVEL_INFO, "lane=%s joins lane %s (%zu domain(s))", l->name, g->name,
+		   g->nmembers);
+	/* its mail goes to the group: each of its messages is routed again (lane_get now
+	 * answers the group for this domain) */
+	size_t n = 0, k = 0;
+	struct lane_item *it;
+	TAILQ_FOREACH(it, &l->items, link)
+		n++;
+	struct rmsg **ms = n ? calloc(n, sizeof(*ms)) : NULL;
+	if (n && !ms) {
+		/* XXX its mail waits here for the next reload; new mail goes to the group */
+		relay_logf(r, LOG_LEVEL_ERROR, "lane=%s its mail cannot move: out of memory", l->name);
+		lane_kick(g);
+		return true;
+	}
+	TAILQ_FOREACH(it, &l->items, link)
+		ms[k++] = it->m;
+	for (size_t i = 0; i < n; i++)
+		if (msg_route(r, ms[i]) < 0)
+			relay_logf(r, LOG_LEVEL_ERROR, "qid=%s cannot be routed: out of memory",
+				   ms[i]->id);
+	free(ms);
+	lane_close_idle(l);
+	lane_kick(g);
+	return true;
+}
+
+void lane_group_lost(struct lane *l, const char *text)
+{
+	struct relay *r = l->r;
+	/* XXX the mail of the domain that is gone stays in the group: the provider's hosts
+	 * answer for it (a domain's own lane fails it when its lookup says so) */
+	struct lane *m, *next;
+	for (m = TAILQ_FIRST(&l->members); m; m = next) {
+		next = TAILQ_NEXT(m, member);
+		if (strcasecmp(m->domain, l->domain) == 0)
+			lane_unforward(m); /* its next mail looks it up again */
+	}
+	TAILQ_FOREACH(m, &l->members, member)
+		if (strcasecmp(m->domain, l->domain) != 0) {
+			char *dom = strdup(m->domain);
+			if (!dom)
+				break;
+			relay_logf(r, LOG_LEVEL_NOTICE, "lane=%s %s: it looks up %s instead", l->name,
+				   text, dom);
+			free(l->domain);
+			l->domain = dom;
+			free(l->targets);
+			l->targets = NULL;
+			l->ntargets = 0;
+			lane_kick(l);
+			return;
+		}
+	struct classify_result cr = { .verdict = CLASSIFY_SUSPEND, .for_ms = -1, .signal = "dns" };
+	lane_signal(l, &cr, text);
+	lane_kick(l);
+}
+
+/* ---- thresholds ---- */
+
+static struct threshold *lane_threshold(struct lane *l, const struct classify *cls, size_t i)
+{
+	if (l->thr_cls != cls) {
+		/* another classifier (a reload): the counts start over */
+		for (size_t k = 0; k < l->nthr; k++)
+			threshold_clear(&l->thr[k]);
+		free(l->thr);
+		l->nthr = 0;
+		l->thr_cls = cls;
+		size_t n = classify_nsignals(cls);
+		if (!(l->thr = calloc(n ? n : 1, sizeof(*l->thr))))
+			return NULL;
+		l->nthr = n;
+	}
+	return i < l->nthr ? &l->thr[i] : NULL;
+}
+
+void lane_classify(struct lane *l, const struct classify *cls, enum smtp_out_stage stage,
+		   int error, const struct smtp_reply *rep, struct classify_result *ret)
+{
+	classify_reply(cls, stage, error, rep, ret);
+	bool *skip = NULL;
+	uint64_t now = realtime_ns();
+	while (ret->index >= 0) {
+		unsigned after;
+		int64_t within_ms;
+		classify_threshold(cls, (size_t)ret->index, &after, &within_ms);
+		if (after <= 1)
+			break;
+		struct threshold *th = lane_threshold(l, cls, (size_t)ret->index);
+		if (!th || threshold_hit(th, after, (uint64_t)within_ms * 1000000u, now))
+			break; /* the after-th: the signal acts (without memory: at once) */
+		relay_logf(l->r, LOG_LEVEL_INFO, "lane=%s signal \"%.100s\": %u of %u matching "
+			   "replies", l->name, ret->signal,
+			   threshold_count(th, (uint64_t)within_ms * 1000000u, now), after);
+		if (!skip && !(skip = calloc(classify_nsignals(cls), sizeof(*skip))))
+			break;
+		/* not yet: the reply means what it would without this signal */
+		skip[ret->index] = true;
+		classify_reply_skip(cls, skip, stage, error, rep, ret);
+	}
+	free(skip);
+}
+
+/* ---- `sluice lanes` ---- */
+
+void lane_view_group(const struct lane *l, bool json, struct buf *b, uint64_t now)
+{
+	const size_t max = json ? 1000 : 20;
+	if (l->group) {
+		if (json) {
+			buf_append_cstr(b, ", \"provider\": ");
+			buf_append_json_string(b, l->provider_name ? l->provider_name : "");
+			buf_printf(b, ", \"ndomains\": %zu, \"domains\": [", l->nmembers);
+		} else {
+			buf_printf(b, "  carries      %zu domain(s):", l->nmembers);
+		}
+		size_t k = 0;
+		const struct lane *m;
+		TAILQ_FOREACH(m, &l->members, member) {
+			if (k == max)
+				break;
+			if (json) {
+				buf_append_cstr(b, k ? ", " : "");
+				buf_append_json_string(b, m->domain);
+			} else {
+				buf_printf(b, "%s %s", k ? "," : "", m->domain);
+			}
+			k++;
+		}
+		if (json)
+			buf_append_cstr(b, "]");
+		else
+			buf_printf(b, k < l->nmembers ? " and %zu more\n" : "\n", l->nmembers - k);
+	} else if (l->fwd && json) {
+		buf_append_cstr(b, ", \"forwards_to\": ");
+		buf_append_json_string(b, l->fwd->name);
+	} else if (l->fwd) {
+		buf_printf(b, "  forwards to  %s\n", l->fwd->name);
+	}
+	if (json)
+		buf_append_cstr(b, ", \"thresholds\": [");
+	bool first = true;
+	for (size_t i = 0; l->rt && l->thr_cls == l->rt->cls && i < l->nthr; i++) {
+		unsigned after;
+		int64_t within_ms;
+		classify_threshold(l->thr_cls, i, &after, &within_ms);
+		unsigned n = threshold_count(&l->thr[i], (uint64_t)within_ms * 1000000u, now);
+		if (after <= 1 || !n || i >= l->rt->conf->nsignals)
+			continue;
+		const char *match = l->rt->conf->signals[i].match;
+		if (json) {
+			buf_append_cstr(b, first ? "{\"signal\": " : ", {\"signal\": ");
+			buf_append_json_string(b, match);
+			buf_printf(b, ", \"count\": %u, \"after\": %u, \"within_ms\": %" PRId64 "}", n,
+				   after, within_ms);
+		} else {
+			char d[32];
+			fmt_duration(d, sizeof(d), (uint64_t)within_ms, DURATION_BRIEF);
+			buf_printf(b, "  threshold    %u of %u within %s: %.100s\n", n, after, d, match);
+		}
+		first = false;
+	}
+	if (json)
+		buf_append_cstr(b, "]");
+}
