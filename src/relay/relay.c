@@ -619,7 +619,7 @@ struct relay *relay_free(struct relay *r)
 			}
 			conn_close(rc, false);
 		}
-		TAILQ_REMOVE(&r->lanes, l, link);
+		lane_unlink(r, l);
 		free(l->call); /* cancelled when the relay stopped */
 		lane_free(l);
 	}
@@ -652,6 +652,7 @@ struct relay *relay_free(struct relay *r)
 	}
 	free(r->hist);
 	free(r->table);
+	free(r->lane_idx);
 	free(r->recheck);
 	conf_rt_free(r->crt);
 	if (r->rules)

@@ -74,7 +74,8 @@ static bool hist_push(struct relay *r, const char *name, uint64_t us, const char
 		r->hist = h;
 	}
 	struct hist_entry *e = &r->hist[r->nhist];
-	*e = (struct hist_entry){ .name = strdup(name), .us = us, .why = why ? strdup(why) : NULL };
+	*e = (struct hist_entry){ .name = strdup(name), .us = us, .why = why ? strdup(why) : NULL,
+				  .line = r->nhist };
 	if (!e->name || (why && !e->why)) {
 		free(e->name);
 		free(e->why);
@@ -140,7 +141,7 @@ void hist_compact(struct relay *r)
 			}
 		}
 	for (size_t i = 0; i < r->nhist; i++) {
-		if (!r->hist[i].name)
+		if (r->hist[i].taken)
 			continue;
 		bool live = r->hist[i].why ? r->hist[i].us > now_us
 					   : r->hist[i].us + keep > now_us;
@@ -158,6 +159,48 @@ void hist_compact(struct relay *r)
 		close(r->hist_fd);
 	r->hist_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
 	r->hist_lines = lines;
+}
+
+static int hist_cmp(const void *a, const void *b)
+{
+	const struct hist_entry *x = a, *y = b;
+	int c = strcmp(x->name, y->name);
+	return c ? c : (x->line > y->line) - (x->line < y->line);
+}
+
+/* Sort the loaded entries by lane, each lane's in file order, and end every suspension
+ * of a lane but its last line's (a resume or a new suspension is written after). */
+static void hist_sort(struct relay *r)
+{
+	if (r->nhist)
+		qsort(r->hist, r->nhist, sizeof(*r->hist), hist_cmp);
+	bool later = false; /* a suspension of this lane on a later line */
+	for (size_t i = r->nhist; i-- > 0;) {
+		if (i + 1 == r->nhist || strcmp(r->hist[i + 1].name, r->hist[i].name) != 0)
+			later = false;
+		if (r->hist[i].why) {
+			if (later)
+				r->hist[i].us = 0;
+			later = true;
+		}
+	}
+}
+
+size_t hist_find(const struct relay *r, const char *name, size_t *ret_n)
+{
+	size_t lo = 0, hi = r->nhist;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (strcmp(r->hist[mid].name, name) < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	size_t n = 0;
+	while (lo + n < r->nhist && strcmp(r->hist[lo + n].name, name) == 0)
+		n++;
+	*ret_n = n;
+	return lo;
 }
 
 int hist_load(struct relay *r, char *err, size_t errlen)
@@ -191,11 +234,8 @@ int hist_load(struct relay *r, char *err, size_t errlen)
 				continue;
 			*sp1 = *sp2 = '\0';
 			unsigned long long until = strtoull(sp1 + 1, NULL, 10);
-			/* the last line of a lane wins: drop an earlier one */
-			for (size_t i = 0; i < r->nhist; i++)
-				if (r->hist[i].why && strcmp(r->hist[i].name, name) == 0)
-					r->hist[i].us = 0;
-			if (until > now_us && !hist_push(r, name, until, sp2 + 1))
+			/* kept even when over: the last line of a lane wins (hist_sort) */
+			if (!hist_push(r, name, until, sp2 + 1))
 				break;
 			continue;
 		}
@@ -211,6 +251,7 @@ int hist_load(struct relay *r, char *err, size_t errlen)
 			break;
 	}
 	free(text);
+	hist_sort(r);
 	r->hist_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
 	if (r->hist_fd < 0) {
 		snprintf(err, errlen, "%s: %s", path, strerror(errno));

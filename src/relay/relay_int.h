@@ -129,6 +129,7 @@ struct conf_rt {
 struct lane {
 	struct relay *r;
 	char *name;
+	struct lane *hnext;           /* the relay's index of lanes by name (lane_find) */
 	char *domain;                 /* MX lanes: the destination domain (a group lane: the
 				       * domain whose MX answer it uses) */
 	struct route_rt *rt;          /* NULL: its route is gone (after a reload) */
@@ -223,10 +224,14 @@ struct mb_item {
 	bool done;
 };
 
+/* What relay.lanes held at start, sorted by name (then by line) once loaded, so that a
+ * lane made later finds its own entries by binary search (hist_find). */
 struct hist_entry {
 	char *name;
 	uint64_t us;                  /* a send; or, for a suspension, its end (0: resumed) */
 	char *why;                    /* a suspension's reason; NULL for a send */
+	size_t line;                  /* its order in the file */
+	bool taken;                   /* a lane was made for it and has it */
 };
 
 struct relay {
@@ -263,6 +268,9 @@ struct relay {
 	uint64_t msg_seq;             /* messages loaded: their struct rmsg's seq */
 	TAILQ_HEAD(, lane) lanes;
 	unsigned nlanes;
+	struct lane **lane_idx;       /* by name: chained, a power of two of buckets */
+	size_t lane_idx_size;
+	uint64_t lane_seed;           /* the index's hash key: names hold peers' domains */
 	struct sched sched;           /* the lanes' wake-ups */
 	struct event *wake;           /* one timer for all of them, at sched_next_wake() */
 	uint64_t wake_at;             /* when it is armed for (SCHED_NEVER: not armed) */
@@ -326,6 +334,10 @@ void msg_recheck_later(struct relay *r, struct rmsg *m);
 /* ---- relay_lane.c: lanes, connections, lane_kick ---- */
 uint64_t lane_guard_ns(const struct route_conf *rc);
 struct lane *lane_find(struct relay *r, const char *name);
+/* The loaded history entries of a lane: the index of the first, and how many (0: none). */
+size_t hist_find(const struct relay *r, const char *name, size_t *ret_n);
+/* Take a lane out of the relay's list and index (before lane_free). */
+void lane_unlink(struct relay *r, struct lane *l);
 struct lane *lane_get(struct relay *r, struct route_rt *rt, const char *domain);
 /* After a reload: l's route is rt now (NULL: gone); its forward is dropped (every domain
  * is grouped again from a new MX answer), its budget takes the new rate. */

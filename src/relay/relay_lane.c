@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <event2/event.h>
+#include <xxhash.h>
 
 #include "dsn.h"
 #include "relay_int.h"
@@ -38,13 +39,66 @@ uint64_t lane_guard_ns(const struct route_conf *rc)
 	return (uint64_t)rc->guard_ms * 1000000u;
 }
 
+/*
+ * The lanes by name, for routing each recipient (law 8: no walk over the lanes, of
+ * which an mx route has one per domain).  Chained, a power of two of buckets that
+ * doubles with the lanes.  Names hold recipients' domains, which peers choose: the
+ * hash is keyed with a secret of the process, so no one can aim them at one bucket.
+ */
+static size_t lane_bucket(const struct relay *r, const char *name, size_t size)
+{
+	return (size_t)XXH64(name, strlen(name), r->lane_seed) & (size - 1);
+}
+
 struct lane *lane_find(struct relay *r, const char *name)
 {
-	struct lane *l;
-	TAILQ_FOREACH(l, &r->lanes, link)
+	if (!r->lane_idx_size)
+		return NULL;
+	for (struct lane *l = r->lane_idx[lane_bucket(r, name, r->lane_idx_size)]; l;
+	     l = l->hnext)
 		if (strcmp(l->name, name) == 0)
 			return l;
 	return NULL;
+}
+
+static int lane_index_add(struct relay *r, struct lane *l)
+{
+	if (r->nlanes + 1 > r->lane_idx_size) {
+		size_t ns = r->lane_idx_size ? r->lane_idx_size * 2 : 64;
+		struct lane **nt = calloc(ns, sizeof(*nt));
+		if (!nt)
+			return -ENOMEM;
+		if (!r->lane_idx_size)
+			arc4random_buf(&r->lane_seed, sizeof(r->lane_seed));
+		for (size_t i = 0; i < r->lane_idx_size; i++)
+			for (struct lane *e = r->lane_idx[i], *next; e; e = next) {
+				next = e->hnext;
+				size_t b = lane_bucket(r, e->name, ns);
+				e->hnext = nt[b];
+				nt[b] = e;
+			}
+		free(r->lane_idx);
+		r->lane_idx = nt;
+		r->lane_idx_size = ns;
+	}
+	size_t b = lane_bucket(r, l->name, r->lane_idx_size);
+	l->hnext = r->lane_idx[b];
+	r->lane_idx[b] = l;
+	return 0;
+}
+
+void lane_unlink(struct relay *r, struct lane *l)
+{
+	TAILQ_REMOVE(&r->lanes, l, link);
+	r->nlanes--;
+	if (!r->lane_idx_size)
+		return;
+	for (struct lane **pp = &r->lane_idx[lane_bucket(r, l->name, r->lane_idx_size)]; *pp;
+	     pp = &(*pp)->hnext)
+		if (*pp == l) {
+			*pp = l->hnext;
+			return;
+		}
 }
 
 struct lane *lane_get(struct relay *r, struct route_rt *rt, const char *domain)
@@ -91,20 +145,23 @@ struct lane *lane_make(struct relay *r, struct route_rt *rt, const char *name, c
 		return NULL;
 	}
 	uint64_t now = realtime_ns();
-	for (size_t i = 0; i < r->nhist; i++)
-		if (r->hist[i].name && strcmp(r->hist[i].name, name) == 0) {
-			if (!r->hist[i].why) {
-				lane_budget_remember(&l->b, r->hist[i].us * 1000);
-			} else if (r->hist[i].us * 1000 > now) {
-				/* suspended before the restart: still suspended */
-				lane_budget_suspend(&l->b, now, (int64_t)(r->hist[i].us * 1000 - now), 0,
-						    0, r->hist[i].why);
-			}
-			free(r->hist[i].name);
-			free(r->hist[i].why);
-			r->hist[i].name = NULL;
-			r->hist[i].why = NULL;
+	size_t nh, first = hist_find(r, name, &nh);
+	for (size_t i = first; i < first + nh; i++) {
+		struct hist_entry *h = &r->hist[i];
+		if (h->taken)
+			continue;
+		if (!h->why) {
+			lane_budget_remember(&l->b, h->us * 1000);
+		} else if (h->us * 1000 > now) {
+			/* suspended before the restart: still suspended */
+			lane_budget_suspend(&l->b, now, (int64_t)(h->us * 1000 - now), 0, 0, h->why);
 		}
+		h->taken = true; /* the lane has it now (its name stays: the order) */
+	}
+	if (lane_index_add(r, l) < 0) {
+		lane_free(l);
+		return NULL;
+	}
 	TAILQ_INSERT_TAIL(&r->lanes, l, link);
 	r->nlanes++;
 	return l;

@@ -659,8 +659,7 @@ void msg_on_sweep(evutil_socket_t fd, short what, void *arg)
 			counts = lane_budget_used(&l->b, i, now) > 0;
 		if (counts)
 			continue;
-		TAILQ_REMOVE(&r->lanes, l, link);
-		r->nlanes--;
+		lane_unlink(r, l);
 		lane_free(l);
 	}
 	if (r->hist_lines > 100000)
