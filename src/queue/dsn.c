@@ -9,9 +9,9 @@
  *                  Message-ID, Auto-Submitted: auto-replied (RFC 3834), MIME-Version,
  *                  Content-Type: multipart/report; report-type=delivery-status; boundary
  *   part 1         text/plain; charset=us-ascii: what happened, for a person
- *   part 2         message/delivery-status: Reporting-MTA, Arrival-Date, then per
- *                  recipient Final-Recipient, Action, Status, Remote-MTA, Diagnostic-Code,
- *                  Last-Attempt-Date
+ *   part 2         message/delivery-status: Original-Envelope-Id, Reporting-MTA,
+ *                  Arrival-Date, then per recipient Original-Recipient, Final-Recipient,
+ *                  Action, Status, Remote-MTA, Diagnostic-Code, Last-Attempt-Date
  *   part 3         text/rfc822-headers: the original header section, at most
  *                  DSN_MAX_HEADERS bytes, cut at a line boundary
  *
@@ -226,7 +226,13 @@ static struct str rcpt_status(const struct dsn_rcpt *r)
 {
 	if (status_valid(r->status))
 		return r->status;
-	return str_cstr(r->action == DSN_DELAYED ? "4.0.0" : "5.0.0");
+	return str_cstr(r->action == DSN_DELAYED ? "4.0.0" :
+			r->action == DSN_RELAYED ? "2.0.0" : "5.0.0");
+}
+
+static const char *action_name(enum dsn_action a)
+{
+	return a == DSN_DELAYED ? "delayed" : a == DSN_RELAYED ? "relayed" : "failed";
 }
 
 /* A diagnostic that begins with an SMTP reply code is of type "smtp" (RFC 3464 section
@@ -470,7 +476,7 @@ static size_t boundary_lines(const char *p, size_t n, const char *boundary)
 }
 
 static void put_top(struct out *o, const struct dsn_info *info, bool any_failed,
-		    bool eightbit, const char *boundary)
+		    bool any_delayed, bool eightbit, const char *boundary)
 {
 	char date[40];
 	fmt_date_us(date, info->now_us);
@@ -488,7 +494,8 @@ static void put_top(struct out *o, const struct dsn_info *info, bool any_failed,
 		put_cstr(o, ">\r\nTo: undisclosed-recipients:;\r\nSubject: ");
 	}
 	put_cstr(o, any_failed ? "Undelivered Mail Returned to Sender"
-			       : "Delayed Mail (still being retried)");
+			       : any_delayed ? "Delayed Mail (still being retried)"
+					     : "Relayed Mail Report");
 	/* unique: one queue ID is reported at most once per microsecond */
 	put_cstr(o, "\r\nMessage-ID: <");
 	char qid[65];
@@ -539,8 +546,12 @@ static void put_human(struct out *o, struct buf *sc, const struct dsn_info *info
 	if (r == 0)
 		r = buf_append_cstr(sc, any_failed ? " could not be delivered to one or more of "
 						     "its recipients."
-						   : " has not yet been delivered to one or more "
-						     "of its recipients.");
+					: any_delayed ? " has not yet been delivered to one or more "
+							"of its recipients."
+						      : " was relayed to a mail server that does not "
+							"send delivery notifications: this is the "
+							"last notice you will get for the "
+							"recipients below.");
 	if (o->err == 0)
 		o->err = r;
 	put_text(o, 0, 0, buf_str(sc));
@@ -577,8 +588,11 @@ static void put_human(struct out *o, struct buf *sc, const struct dsn_info *info
 		if (r == 0)
 			r = append_sanitized(sc, rc->addr, QUEUE_MAX_ADDR);
 		if (r == 0)
-			r = buf_append_cstr(sc, rc->action == DSN_DELAYED ? ">: delayed ("
-									  : ">: failed (");
+			r = buf_append_cstr(sc, ">: ");
+		if (r == 0)
+			r = buf_append_cstr(sc, action_name(rc->action));
+		if (r == 0)
+			r = buf_append_cstr(sc, " (");
 		if (r == 0)
 			r = buf_append_str(sc, rcpt_status(rc));
 		if (r == 0)
@@ -630,6 +644,11 @@ static void put_status(struct out *o, struct buf *sc, const struct dsn_info *inf
 	char date[40];
 	put_cstr(o, "Content-Type: message/delivery-status\r\n"
 		    "Content-Description: Delivery report\r\n\r\n");
+	buf_reset(sc);
+	if (o->err == 0)
+		o->err = append_sanitized(sc, info->envid, VALUE_MAX);
+	if (sc->len)
+		put_field(o, "Original-Envelope-Id: ", buf_str(sc));
 	put_cstr(o, "Reporting-MTA: dns; ");
 	put(o, info->reporting_mta.ptr, info->reporting_mta.len);
 	put(o, "\r\n", 2);
@@ -642,6 +661,11 @@ static void put_status(struct out *o, struct buf *sc, const struct dsn_info *inf
 	for (size_t i = 0; i < n && o->err == 0; i++) {
 		const struct dsn_rcpt *rc = &rcpt[i];
 		put(o, "\r\n", 2);
+		buf_reset(sc);
+		if (o->err == 0)
+			o->err = append_sanitized(sc, rc->orcpt, VALUE_MAX);
+		if (sc->len)
+			put_field(o, "Original-Recipient: ", buf_str(sc));
 		buf_reset(sc);
 		/* addr_valid() let no control byte through: an ASCII address goes as it is,
 		 * unless it has a space (a quoted local part): a run of them could not be
@@ -656,8 +680,9 @@ static void put_status(struct out *o, struct buf *sc, const struct dsn_info *inf
 			}
 			put_field(o, "Final-Recipient: utf-8; ", buf_str(sc));
 		}
-		put_cstr(o, rc->action == DSN_DELAYED ? "Action: delayed\r\n"
-						      : "Action: failed\r\n");
+		put_cstr(o, "Action: ");
+		put_cstr(o, action_name(rc->action));
+		put(o, "\r\n", 2);
 		put_cstr(o, "Status: ");
 		struct str st = rcpt_status(rc);
 		put(o, st.ptr, st.len);
@@ -700,7 +725,7 @@ int dsn_format(const struct dsn_info *info, const struct dsn_rcpt *rcpt, size_t 
 			return -EINVAL;
 		if (rcpt[i].action == DSN_DELAYED)
 			any_delayed = true;
-		else
+		else if (rcpt[i].action == DSN_FAILED)
 			any_failed = true;
 	}
 
@@ -714,7 +739,7 @@ int dsn_format(const struct dsn_info *info, const struct dsn_rcpt *rcpt, size_t 
 		char boundary[BOUNDARY_LEN + 1];
 		make_boundary(boundary, info, variant);
 		struct out o = { out, 0 };
-		put_top(&o, info, any_failed, eightbit, boundary);
+		put_top(&o, info, any_failed, any_delayed, eightbit, boundary);
 		put_delimiter(&o, boundary, false);
 		put_human(&o, &sc, info, rcpt, n, any_failed, any_delayed);
 		put_delimiter(&o, boundary, false);
@@ -722,7 +747,8 @@ int dsn_format(const struct dsn_info *info, const struct dsn_rcpt *rcpt, size_t 
 		put_delimiter(&o, boundary, false);
 		put_cstr(&o, "Content-Type: text/rfc822-headers\r\n");
 		put_cstr(&o, any_failed ? "Content-Description: Undelivered Message Headers\r\n"
-					: "Content-Description: Delayed Message Headers\r\n");
+			     : any_delayed ? "Content-Description: Delayed Message Headers\r\n"
+					   : "Content-Description: Relayed Message Headers\r\n");
 		if (eightbit)
 			put_cstr(&o, "Content-Transfer-Encoding: 8bit\r\n");
 		put(&o, "\r\n", 2);

@@ -365,6 +365,60 @@ static void test_delayed(void **state)
 	buf_done(&out);
 }
 
+/* RFC 3461: the ENVID and each ORCPT given come back (Original-Envelope-Id,
+ * Original-Recipient), and a NOTIFY=SUCCESS recipient's "relayed" notice. */
+static void test_envid_orcpt_relayed(void **state)
+{
+	(void)state;
+	struct dsn_info info = info_default();
+	info.envid = str_cstr("QQ+314159 x");
+	struct dsn_rcpt r[2] = {
+		{ .addr = str_cstr("new@example.net"), .action = DSN_RELAYED,
+		  .orcpt = str_cstr("rfc822;old@example.net"), .remote_mta = str_cstr("mx.example.net") },
+		{ .addr = str_cstr("plain@example.net"), .action = DSN_RELAYED },
+	};
+	struct buf out;
+	buf_init(&out, OUT_MAX);
+	assert_int_equal(format(&info, r, 2, original, &out), 0);
+	check_lines(buf_str(&out));
+	struct doc d;
+	walk(buf_str(&out), &d);
+	char v[512];
+	assert_true(field(d.head, "Subject", 0, v, sizeof(v)));
+	assert_string_equal(v, "Relayed Mail Report");
+	assert_non_null(find(d.part[0].body, "<new@example.net>: relayed (2.0.0)").ptr);
+	struct str blk[4];
+	assert_int_equal(ds_blocks(d.part[1].body, blk, 4), 3);
+	assert_true(field(blk[0], "Original-Envelope-Id", 0, v, sizeof(v)));
+	assert_string_equal(v, "QQ+314159 x");
+	assert_true(field(blk[1], "Original-Recipient", 0, v, sizeof(v)));
+	assert_string_equal(v, "rfc822;old@example.net");
+	assert_true(field(blk[1], "Action", 0, v, sizeof(v)));
+	assert_string_equal(v, "relayed");
+	assert_true(field(blk[1], "Status", 0, v, sizeof(v)));
+	assert_string_equal(v, "2.0.0");
+	assert_false(field(blk[2], "Original-Recipient", 0, v, sizeof(v)));
+	buf_done(&out);
+
+	/* a failure with its ORCPT: a bounce; no ENVID, no Original-Envelope-Id; a CR LF in
+	 * a value (the queue file is not trusted to hold printable text) starts no field */
+	info.envid = STR_NULL;
+	r[0].action = DSN_FAILED;
+	r[0].orcpt = str_cstr("rfc822;old@example.net\r\nAction: delivered");
+	buf_init(&out, OUT_MAX);
+	assert_int_equal(format(&info, r, 1, original, &out), 0);
+	check_lines(buf_str(&out));
+	walk(buf_str(&out), &d);
+	assert_true(field(d.head, "Subject", 0, v, sizeof(v)));
+	assert_string_equal(v, "Undelivered Mail Returned to Sender");
+	assert_int_equal(ds_blocks(d.part[1].body, blk, 4), 2);
+	assert_false(field(blk[0], "Original-Envelope-Id", 0, v, sizeof(v)));
+	assert_true(field(blk[1], "Action", 0, v, sizeof(v)));
+	assert_string_equal(v, "failed");
+	assert_false(field(blk[1], "Action", 1, v, sizeof(v)));
+	buf_done(&out);
+}
+
 static void test_status(void **state)
 {
 	(void)state;
@@ -867,6 +921,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_structure),
 		cmocka_unit_test(test_delayed),
+		cmocka_unit_test(test_envid_orcpt_relayed),
 		cmocka_unit_test(test_status),
 		cmocka_unit_test(test_headers_limit),
 		cmocka_unit_test(test_headers_chunks),
