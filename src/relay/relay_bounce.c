@@ -140,10 +140,43 @@ static void retry_later(struct relay *r, struct rmsg *m, bool delayed)
 		r->warned_upto = TAILQ_PREV(m, rmsg_list, link);
 }
 
+/*
+ * What recipient i gets in the DSN being made, if anything: a delay notice goes to those
+ * still waiting, a bounce to the failed ones and (not for mail from <>) the relayed
+ * ones, each as its NOTIFY asks (RFC 3461 4.1).
+ */
+static bool rcpt_reported(const struct rmsg *m, size_t i, bool delayed, enum dsn_action *ret)
+{
+	const struct rrcpt *rr = &m->r[i];
+	if (delayed) {
+		*ret = DSN_DELAYED;
+		return (rr->status == QUEUE_TODO || rr->status == QUEUE_UNCERTAIN) &&
+		       rcpt_notify_wants(rr, QUEUE_NOTIFY_DELAY);
+	}
+	if (rr->status == QUEUE_FAILED) {
+		*ret = DSN_FAILED;
+		return rcpt_notify_wants(rr, QUEUE_NOTIFY_FAILURE);
+	}
+	*ret = DSN_RELAYED;
+	return rr->status == QUEUE_DELIVERED && rr->relayed && *m->sender;
+}
+
 void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
 {
 	const struct relay_conf *c = &r->crt->conf;
 	const char *to = m->sender;
+	size_t nf = 0;
+	enum dsn_action act;
+	for (size_t i = 0; i < m->nrcpt; i++)
+		nf += rcpt_reported(m, i, delayed, &act);
+	if (nf == 0) {
+		/* NOTIFY asked for no notice of this kind from any of them */
+		if (delayed)
+			m->warned = true;
+		else
+			bounce_done(r, m);
+		return;
+	}
 	if (!*to && delayed) {
 		/* no delay notice for mail from <>, not even to the postmaster */
 		m->warned = true;
@@ -164,10 +197,6 @@ void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
 		retry_later(r, m, delayed);
 		return;
 	}
-	size_t nf = 0;
-	for (size_t i = 0; i < m->nrcpt; i++)
-		nf += delayed ? m->r[i].status == QUEUE_TODO || m->r[i].status == QUEUE_UNCERTAIN
-			      : m->r[i].status == QUEUE_FAILED;
 	struct fail_info *fi = calloc(m->nrcpt, sizeof(*fi));
 	struct dsn_rcpt *dr = calloc(nf ? nf : 1, sizeof(*dr));
 	struct tx body = { 0 };
@@ -178,14 +207,15 @@ void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
 	if (rc == 0) {
 		read_failures(r, m, fi, delayed ? "deferred" : "failed");
 		size_t k = 0;
-		for (size_t i = 0; i < m->nrcpt; i++) {
-			bool pending = m->r[i].status == QUEUE_TODO ||
-				       m->r[i].status == QUEUE_UNCERTAIN;
-			if (delayed ? !pending : m->r[i].status != QUEUE_FAILED)
+		for (size_t i = 0; i < m->nrcpt && k < nf; i++) {
+			if (!rcpt_reported(m, i, delayed, &act))
 				continue;
+			if (act == DSN_RELAYED)
+				fi[i] = (struct fail_info){ 0 }; /* its failures, if any, are past */
 			dr[k++] = (struct dsn_rcpt){
 				.addr = str_cstr(m->addr[i]),
-				.action = delayed ? DSN_DELAYED : DSN_FAILED,
+				.action = act,
+				.orcpt = m->qm->ix.rcpt[i].orcpt,
 				.status = str_cstr(fi[i].dsn),
 				.remote_mta = str_cstr(fi[i].mta),
 				.diagnostic = str_cstr(fi[i].reply),
@@ -197,6 +227,7 @@ void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
 			.reporting_mta = str_cstr(c->hostname),
 			.sender = str_cstr(to),
 			.queue_id = str_cstr(m->id),
+			.envid = m->qm->ix.env.envid,
 			.arrival_us = m->arrival_us,
 			.now_us = realtime_ns() / 1000,
 			.boundary_seed = str_cstr(m->id),

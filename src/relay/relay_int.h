@@ -65,7 +65,20 @@ struct rrcpt {
 	uint32_t item;                /* its lane's item: m->items[item] (when lane is set) */
 	char status;                  /* T U D F, as on disk */
 	bool busy;                    /* in a transaction */
+	uint8_t notify;               /* its NOTIFY= (enum queue_notify), 0: none */
+	bool relayed;                 /* delivered with NOTIFY=SUCCESS to a server without
+					 DSN: a "relayed" notice is owed (memory only) */
 };
+
+/* Does the recipient's NOTIFY (RFC 3461 4.1) ask for the notice of kind bit
+ * (QUEUE_NOTIFY_FAILURE, _DELAY, _SUCCESS)?  Without NOTIFY: failures and delays, as
+ * before DSN was offered (RFC 3461 leaves DELAY to the MTA then). */
+static inline bool rcpt_notify_wants(const struct rrcpt *rr, unsigned bit)
+{
+	if (rr->notify == 0)
+		return bit != QUEUE_NOTIFY_SUCCESS;
+	return (rr->notify & bit) != 0;
+}
 
 /* One message's recipients in one lane: what the scheduler orders (relay_sched.h). */
 struct lane_item {
@@ -171,6 +184,7 @@ struct tx {
 	size_t n;
 	size_t *idx;
 	struct str *addrs;
+	struct smtp_out_rcpt_dsn *dsn; /* the recipients' DSN parameters */
 	struct str *body;
 	size_t nbody;
 	struct smtp_out_msg msg;      /* what smtp_out sends: valid until done() */
