@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -736,6 +737,16 @@ static size_t on_data(struct isession *is, const char *p, size_t n)
 
 /* ---- the service ---- */
 
+/* Only MAIL and RCPT may pass SMTP_LINE_MAX, up to SMTP_DSN_LINE_MAX (RFC 3461 5). */
+static bool dsn_long_ok(struct str line)
+{
+	size_t i = 0;
+	while (i < line.len && (line.ptr[i] == ' ' || line.ptr[i] == '\t'))
+		i++;
+	return line.len - i > 5 && (strncasecmp(line.ptr + i, "mail ", 5) == 0 ||
+				     strncasecmp(line.ptr + i, "rcpt ", 5) == 0);
+}
+
 static void is_input(struct session *s, struct evbuffer *in)
 {
 	struct isession *is = session_data(s);
@@ -750,13 +761,16 @@ static void is_input(struct session *s, struct evbuffer *in)
 			continue;
 		}
 		size_t avail = evbuffer_get_length(in);
-		size_t take = avail < SMTP_LINE_MAX + 1 ? avail : SMTP_LINE_MAX + 1;
+		/* DSN is advertised: its parameters lengthen MAIL and RCPT (RFC 3461 5) */
+		size_t take = avail < SMTP_DSN_LINE_MAX + 1 ? avail : SMTP_DSN_LINE_MAX + 1;
 		const char *p = (const char *)evbuffer_pullup(in, (ssize_t)take);
 		struct str line;
 		size_t used = 0;
-		enum smtp_line_status st = smtp_line_next(&is->lr, p, take, SMTP_LINE_MAX, &line,
+		enum smtp_line_status st = smtp_line_next(&is->lr, p, take, SMTP_DSN_LINE_MAX, &line,
 							  &used);
-		if (st == SMTP_LINE_OK) {
+		if (st == SMTP_LINE_OK && line.len > SMTP_LINE_MAX - 2 && !dsn_long_ok(line)) {
+			refuse(is, "500 5.5.2 Error: line too long");
+		} else if (st == SMTP_LINE_OK) {
 			on_command(is, line);
 		} else if (st == SMTP_LINE_TOO_LONG) {
 			refuse(is, "500 5.5.2 Error: line too long");

@@ -172,6 +172,10 @@ enum smtp_body {
  * 100 characters (4.4), ORCPT's whole value, addr-type ";" xtext, at most 500 (4.2). */
 #define SMTP_DSN_ENVID_MAX 100
 #define SMTP_DSN_ORCPT_MAX 500
+/* A command line with the DSN parameters (RFC 3461 5: MAIL may be 100 characters longer,
+ * RCPT 500): the limit a service that advertises DSN gives smtp_line_next(); one allowance
+ * of 600 for both, since NOTIFY beside a 500-character ORCPT passes 500. */
+#define SMTP_DSN_LINE_MAX (SMTP_LINE_MAX + 600)
 
 enum smtp_ret {
 	SMTP_RET_NONE = 0, /* no RET= given */
