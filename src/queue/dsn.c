@@ -13,7 +13,10 @@
  *                  Arrival-Date, then per recipient Original-Recipient, Final-Recipient,
  *                  Action, Status, Remote-MTA, Diagnostic-Code, Last-Attempt-Date
  *   part 3         text/rfc822-headers: the original header section, at most
- *                  DSN_MAX_HEADERS bytes, cut at a line boundary
+ *                  DSN_MAX_HEADERS bytes, cut at a line boundary; or, for a bounce of
+ *                  a message sent with RET=FULL (info->full), message/rfc822: the
+ *                  whole message, its lines treated as the headers' are, when it fits
+ *                  in DSN_MAX_RETURNED bytes
  *
  * Invariants of what is appended (the fuzzer checks each):
  *   - every line ends in CRLF, there is no other CR or LF, no NUL, and no line is longer
@@ -357,6 +360,8 @@ struct hdr_reader {
 	bool cr;             /* a CR was read and not yet placed: it ends the line if LF
 				follows, else it is a space */
 	bool done;           /* the empty line, or the limit */
+	bool whole;          /* the whole message: an empty line is kept, not the end */
+	bool cut;            /* the limit was reached: lines were left out */
 };
 
 static void hdr_byte(struct hdr_reader *h, unsigned char c)
@@ -373,18 +378,19 @@ static void hdr_byte(struct hdr_reader *h, unsigned char c)
 /* The line read so far ends.  0, or -ENOMEM. */
 static int hdr_end_line(struct hdr_reader *h)
 {
-	if (!h->seen) {
+	if (!h->seen && !h->whole) {
 		h->done = true; /* the empty line that ends the header section */
 		return 0;
 	}
-	if (h->len) { /* a line of NULs only is dropped rather than ending the section */
+	if (h->len || !h->seen) { /* a line of NULs only is dropped rather than ending the
+				     section; an empty line of the whole message is kept */
 		size_t before = h->out->len;
 		int r = buf_append(h->out, h->line, h->len);
 		if (r == 0)
 			r = buf_append(h->out, "\r\n", 2);
 		if (r == -ENOBUFS) {
 			buf_truncate(h->out, before); /* cut at the last whole line */
-			h->done = true;
+			h->done = h->cut = true;
 			r = 0;
 		}
 		if (r < 0)
@@ -401,12 +407,14 @@ static int hdr_end_line(struct hdr_reader *h)
  * ends at LF, with or without CR before it; any other CR is a space; NUL bytes are
  * dropped; a line over 998 octets is cut.  0 or -ENOMEM.
  */
-static int collect_headers(const struct str *body, size_t nbody, struct buf *out)
+static int collect_lines(const struct str *body, size_t nbody, struct buf *out, bool whole,
+			 bool *ret_cut)
 {
 	struct hdr_reader *h = calloc(1, sizeof(*h));
 	if (!h)
 		return -ENOMEM;
 	h->out = out;
+	h->whole = whole;
 	int r = 0;
 	for (size_t k = 0; k < nbody && !h->done && r == 0; k++) {
 		const unsigned char *p = (const unsigned char *)body[k].ptr;
@@ -429,7 +437,24 @@ static int collect_headers(const struct str *body, size_t nbody, struct buf *out
 	}
 	if (r == 0 && !h->done && (h->seen || h->len))
 		r = hdr_end_line(h); /* the last line had no LF (a final CR is its end) */
+	*ret_cut = h->cut;
 	free(h);
+	return r;
+}
+
+static int collect_headers(const struct str *body, size_t nbody, struct buf *out)
+{
+	bool cut;
+	return collect_lines(body, nbody, out, false, &cut);
+}
+
+/* The whole message into out (max DSN_MAX_RETURNED): 0 and *ret_fits, or -ENOMEM. */
+static int collect_whole(const struct str *body, size_t nbody, struct buf *out,
+			 bool *ret_fits)
+{
+	bool cut = false;
+	int r = collect_lines(body, nbody, out, true, &cut);
+	*ret_fits = r == 0 && !cut;
 	return r;
 }
 
@@ -730,9 +755,20 @@ int dsn_format(const struct dsn_info *info, const struct dsn_rcpt *rcpt, size_t 
 	}
 
 	struct buf hdr, sc;
-	buf_init(&hdr, DSN_MAX_HEADERS);
 	buf_init(&sc, SCRATCH_MAX);
-	int r = collect_headers(body, nbody, &hdr);
+	bool whole = false;
+	int r = 0;
+	if (info->full && any_failed) {
+		buf_init(&hdr, DSN_MAX_RETURNED);
+		r = collect_whole(body, nbody, &hdr, &whole);
+		if (!whole)
+			buf_done(&hdr);
+	}
+	if (!whole) {
+		buf_init(&hdr, DSN_MAX_HEADERS);
+		if (r == 0)
+			r = collect_headers(body, nbody, &hdr);
+	}
 	bool eightbit = !is_ascii(buf_str(&hdr));
 	size_t start = out->len;
 	for (uint32_t variant = 0; r == 0; variant++) {
@@ -745,10 +781,15 @@ int dsn_format(const struct dsn_info *info, const struct dsn_rcpt *rcpt, size_t 
 		put_delimiter(&o, boundary, false);
 		put_status(&o, &sc, info, rcpt, n);
 		put_delimiter(&o, boundary, false);
-		put_cstr(&o, "Content-Type: text/rfc822-headers\r\n");
-		put_cstr(&o, any_failed ? "Content-Description: Undelivered Message Headers\r\n"
-			     : any_delayed ? "Content-Description: Delayed Message Headers\r\n"
-					   : "Content-Description: Relayed Message Headers\r\n");
+		if (whole)
+			put_cstr(&o, "Content-Type: message/rfc822\r\n"
+				     "Content-Description: Undelivered Message\r\n");
+		else
+			put_cstr(&o, "Content-Type: text/rfc822-headers\r\n");
+		if (!whole)
+			put_cstr(&o, any_failed ? "Content-Description: Undelivered Message Headers\r\n"
+				     : any_delayed ? "Content-Description: Delayed Message Headers\r\n"
+						   : "Content-Description: Relayed Message Headers\r\n");
 		if (eightbit)
 			put_cstr(&o, "Content-Transfer-Encoding: 8bit\r\n");
 		put(&o, "\r\n", 2);

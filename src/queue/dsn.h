@@ -8,7 +8,8 @@
  * A codec: it formats a whole message (RFC 5322 headers and a multipart/report body,
  * CRLF lines, not dot-stuffed -- as the queue stores bodies) into a caller's buffer.  The
  * original message's headers are attached as text/rfc822-headers (RFC 6522), cut at
- * DSN_MAX_HEADERS bytes.  No I/O, no clock (now is given).
+ * DSN_MAX_HEADERS bytes (or, with RET=FULL in a bounce, the whole message as
+ * message/rfc822).  No I/O, no clock (now is given).
  */
 #ifndef SLUICE_DSN_H
 #define SLUICE_DSN_H
@@ -22,6 +23,9 @@
 #include "str.h"
 
 #define DSN_MAX_HEADERS (64 * 1024)
+/* RET=FULL: the whole message is returned when it is at most this (as Postfix's
+ * bounce_size_limit, 50000); a larger one gets its headers only. */
+#define DSN_MAX_RETURNED (64 * 1024)
 
 enum dsn_action {
 	DSN_FAILED = 0,     /* Action: failed */
@@ -66,6 +70,10 @@ struct dsn_info {
 				      "the message stayed in the queue for 5 days"; empty: chosen
 				      from the actions */
 	struct str boundary_seed;  /* makes the MIME boundary unique: the queue id is fine */
+	bool full;                 /* RET=FULL (RFC 3461 4.3): a report with a failed
+				      recipient returns the whole message (message/rfc822),
+				      when it is at most DSN_MAX_RETURNED bytes once its lines
+				      are cut as the headers' are */
 };
 
 /*

@@ -228,6 +228,7 @@ void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
 			.sender = str_cstr(to),
 			.queue_id = str_cstr(m->id),
 			.envid = m->qm->ix.env.envid,
+			.full = m->qm->ix.env.ret == QUEUE_RET_FULL,
 			.arrival_us = m->arrival_us,
 			.now_us = realtime_ns() / 1000,
 			.boundary_seed = str_cstr(m->id),

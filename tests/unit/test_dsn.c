@@ -204,7 +204,7 @@ static void walk(struct str s, struct doc *d)
 	assert_true(field(d->part[1].head, "Content-Type", 0, v, sizeof(v)));
 	assert_string_equal(v, "message/delivery-status");
 	assert_true(field(d->part[2].head, "Content-Type", 0, v, sizeof(v)));
-	assert_string_equal(v, "text/rfc822-headers");
+	assert_true(strcmp(v, "text/rfc822-headers") == 0 || strcmp(v, "message/rfc822") == 0);
 	/* parts 1 and 2 are US-ASCII */
 	for (int k = 0; k < 2; k++)
 		for (size_t j = 0; j < d->part[k].body.len; j++)
@@ -416,6 +416,55 @@ static void test_envid_orcpt_relayed(void **state)
 	assert_true(field(blk[1], "Action", 0, v, sizeof(v)));
 	assert_string_equal(v, "failed");
 	assert_false(field(blk[1], "Action", 1, v, sizeof(v)));
+	buf_done(&out);
+}
+
+/* RET=FULL: a bounce returns the whole message (message/rfc822) when it fits, its
+ * headers otherwise; a delay notice always the headers. */
+static void test_ret_full(void **state)
+{
+	(void)state;
+	struct dsn_info info = info_default();
+	info.full = true;
+	struct dsn_rcpt r = { .addr = str_cstr("gone@example.net"), .action = DSN_FAILED };
+	struct buf out;
+	buf_init(&out, OUT_MAX);
+	assert_int_equal(format(&info, &r, 1, original, &out), 0);
+	check_lines(buf_str(&out));
+	struct doc d;
+	walk(buf_str(&out), &d);
+	char v[512];
+	assert_true(field(d.part[2].head, "Content-Type", 0, v, sizeof(v)));
+	assert_string_equal(v, "message/rfc822");
+	assert_non_null(find(d.part[2].body, "Subject: ").ptr);
+	assert_non_null(find(d.part[2].body, "Body text, which must not be attached.").ptr);
+	size_t with_body = d.part[2].body.len;
+	buf_done(&out);
+
+	/* a delay notice: headers only */
+	r.action = DSN_DELAYED;
+	buf_init(&out, OUT_MAX);
+	assert_int_equal(format(&info, &r, 1, original, &out), 0);
+	walk(buf_str(&out), &d);
+	assert_true(field(d.part[2].head, "Content-Type", 0, v, sizeof(v)));
+	assert_string_equal(v, "text/rfc822-headers");
+	assert_true(d.part[2].body.len < with_body);
+	buf_done(&out);
+
+	/* too large to return: headers only */
+	r.action = DSN_FAILED;
+	static char big[DSN_MAX_RETURNED + 100];
+	memcpy(big, "Subject: big\r\n\r\n", 16);
+	for (size_t i = 16; i + 2 <= sizeof(big); i += 2)
+		memcpy(big + i, "x\n", 2);
+	struct str chunk = str_make(big, sizeof(big));
+	buf_init(&out, OUT_MAX);
+	assert_int_equal(dsn_format(&info, &r, 1, &chunk, 1, &out), 0);
+	check_lines(buf_str(&out));
+	walk(buf_str(&out), &d);
+	assert_true(field(d.part[2].head, "Content-Type", 0, v, sizeof(v)));
+	assert_string_equal(v, "text/rfc822-headers");
+	assert_true(d.part[2].body.len < 100);
 	buf_done(&out);
 }
 
@@ -922,6 +971,7 @@ int main(void)
 		cmocka_unit_test(test_structure),
 		cmocka_unit_test(test_delayed),
 		cmocka_unit_test(test_envid_orcpt_relayed),
+		cmocka_unit_test(test_ret_full),
 		cmocka_unit_test(test_status),
 		cmocka_unit_test(test_headers_limit),
 		cmocka_unit_test(test_headers_chunks),
