@@ -152,7 +152,7 @@ def test_notify_never_queues_no_bounce(relay):
 
 def test_bounce_carries_envid_orcpt_and_headers_only(relay):
     """RET=HDRS, ENVID and ORCPT: the bounce names them (Original-Envelope-Id,
-    Original-Recipient) and returns the header section only."""
+    Original-Recipient) and returns the header section only; RET=FULL returns all."""
     sd, sh, port = relay(route='tls = "none";', reject_rcpts=["gone@example.net"])
     smtp_send(port, ["gone@example.net"], mail_options=["RET=HDRS", "ENVID=batch+2F42"],
               rcpt_options=["NOTIFY=FAILURE", "ORCPT=rfc822;Gone+2Bold@example.net"])
@@ -164,6 +164,13 @@ def test_bounce_carries_envid_orcpt_and_headers_only(relay):
     assert "Content-Type: text/rfc822-headers" in text
     assert "Subject: dsn test" in text
     assert "The secret body line." not in text
+    # RET=FULL: the whole message comes back
+    smtp_send(port, ["gone@example.net"], mail_options=["RET=FULL"], n=1)
+    wait_until(lambda: len(notices(sh)) >= 2, 20, "a second bounce")
+    text = notices(sh)[1].content.decode("ascii", "replace")
+    assert "Content-Type: message/rfc822" in text
+    assert "Message-ID: <dsn.1@example.org>" in text and "The secret body line." in text
+    assert status_fields(text, "Original-Envelope-Id") == []
 
 
 def test_delay_notice_follows_notify(relay):
