@@ -23,7 +23,7 @@ import pytest
 import queuefile
 from conftest import SLUICE, free_port, require_binary, tcp_listening, wait_until
 from smarthost import smarthost  # noqa: F401 (fixture)
-from test_relay import relay, relay_config, send  # noqa: F401 (fixture)
+from test_relay import relay, relay_config, start_with_slow_route  # noqa: F401 (fixture)
 
 SMTP_SINK = shutil.which("smtp-sink", path="/usr/sbin:/usr/bin") or "/usr/sbin/smtp-sink"
 MSG = ("From: <me@example.org>\r\nTo: <you@example.net>\r\nSubject: dsn test\r\n"
@@ -176,12 +176,8 @@ def test_bounce_carries_envid_orcpt_and_headers_only(relay):
 def test_delay_notice_follows_notify(relay):
     """relay.delay_warning with NOTIFY: DELAY among them gets the notice, FAILURE alone
     does not; both stay queued."""
-    dead = free_port()
     sd, sh, port = relay(route='tls = "none";', relay="delay_warning = 1s;", start=False)
-    slow = (f'route "slow" {{\n  domains = ["slow.example"];\n'
-            f'  smarthost = "[127.0.0.1]:{dead}";\n  tls = "none";\n}}\nroute "isp" {{')
-    sd.write_config(sd.config_text.replace('route "isp" {', slow, 1))
-    sd.start()
+    start_with_slow_route(sd)
     smtp_send(port, ["a@slow.example"], rcpt_options=["NOTIFY=DELAY,FAILURE"],
               mail_options=["ENVID=D1"])
     smtp_send(port, ["b@slow.example"], rcpt_options=["NOTIFY=FAILURE"], n=1)

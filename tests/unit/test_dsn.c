@@ -232,6 +232,19 @@ static int format(const struct dsn_info *info, const struct dsn_rcpt *r, size_t 
 	return dsn_format(info, r, n, &chunk, body ? 1 : 0, out);
 }
 
+/* Field name of s is want (its idx-th occurrence); want NULL: there is none. */
+static void expect_field(struct str s, const char *name, const char *want)
+{
+	char v[512];
+	bool found = field(s, name, 0, v, sizeof(v));
+	if (!want) {
+		assert_false(found);
+		return;
+	}
+	assert_true(found);
+	assert_string_equal(v, want);
+}
+
 /* ---- cases -------------------------------------------------------------------------- */
 
 static void test_structure(void **state)
@@ -383,21 +396,15 @@ static void test_envid_orcpt_relayed(void **state)
 	check_lines(buf_str(&out));
 	struct doc d;
 	walk(buf_str(&out), &d);
-	char v[512];
-	assert_true(field(d.head, "Subject", 0, v, sizeof(v)));
-	assert_string_equal(v, "Relayed Mail Report");
+	expect_field(d.head, "Subject", "Relayed Mail Report");
 	assert_non_null(find(d.part[0].body, "<new@example.net>: relayed (2.0.0)").ptr);
 	struct str blk[4];
 	assert_int_equal(ds_blocks(d.part[1].body, blk, 4), 3);
-	assert_true(field(blk[0], "Original-Envelope-Id", 0, v, sizeof(v)));
-	assert_string_equal(v, "QQ+314159 x");
-	assert_true(field(blk[1], "Original-Recipient", 0, v, sizeof(v)));
-	assert_string_equal(v, "rfc822;old@example.net");
-	assert_true(field(blk[1], "Action", 0, v, sizeof(v)));
-	assert_string_equal(v, "relayed");
-	assert_true(field(blk[1], "Status", 0, v, sizeof(v)));
-	assert_string_equal(v, "2.0.0");
-	assert_false(field(blk[2], "Original-Recipient", 0, v, sizeof(v)));
+	expect_field(blk[0], "Original-Envelope-Id", "QQ+314159 x");
+	expect_field(blk[1], "Original-Recipient", "rfc822;old@example.net");
+	expect_field(blk[1], "Action", "relayed");
+	expect_field(blk[1], "Status", "2.0.0");
+	expect_field(blk[2], "Original-Recipient", NULL);
 	buf_done(&out);
 
 	/* a failure with its ORCPT: a bounce; no ENVID, no Original-Envelope-Id; a CR LF in
@@ -409,12 +416,11 @@ static void test_envid_orcpt_relayed(void **state)
 	assert_int_equal(format(&info, r, 1, original, &out), 0);
 	check_lines(buf_str(&out));
 	walk(buf_str(&out), &d);
-	assert_true(field(d.head, "Subject", 0, v, sizeof(v)));
-	assert_string_equal(v, "Undelivered Mail Returned to Sender");
+	expect_field(d.head, "Subject", "Undelivered Mail Returned to Sender");
 	assert_int_equal(ds_blocks(d.part[1].body, blk, 4), 2);
-	assert_false(field(blk[0], "Original-Envelope-Id", 0, v, sizeof(v)));
-	assert_true(field(blk[1], "Action", 0, v, sizeof(v)));
-	assert_string_equal(v, "failed");
+	expect_field(blk[0], "Original-Envelope-Id", NULL);
+	expect_field(blk[1], "Action", "failed");
+	char v[512];
 	assert_false(field(blk[1], "Action", 1, v, sizeof(v)));
 	buf_done(&out);
 }
@@ -433,9 +439,7 @@ static void test_ret_full(void **state)
 	check_lines(buf_str(&out));
 	struct doc d;
 	walk(buf_str(&out), &d);
-	char v[512];
-	assert_true(field(d.part[2].head, "Content-Type", 0, v, sizeof(v)));
-	assert_string_equal(v, "message/rfc822");
+	expect_field(d.part[2].head, "Content-Type", "message/rfc822");
 	assert_non_null(find(d.part[2].body, "Subject: ").ptr);
 	assert_non_null(find(d.part[2].body, "Body text, which must not be attached.").ptr);
 	size_t with_body = d.part[2].body.len;
@@ -446,8 +450,7 @@ static void test_ret_full(void **state)
 	buf_init(&out, OUT_MAX);
 	assert_int_equal(format(&info, &r, 1, original, &out), 0);
 	walk(buf_str(&out), &d);
-	assert_true(field(d.part[2].head, "Content-Type", 0, v, sizeof(v)));
-	assert_string_equal(v, "text/rfc822-headers");
+	expect_field(d.part[2].head, "Content-Type", "text/rfc822-headers");
 	assert_true(d.part[2].body.len < with_body);
 	buf_done(&out);
 
@@ -462,8 +465,7 @@ static void test_ret_full(void **state)
 	assert_int_equal(dsn_format(&info, &r, 1, &chunk, 1, &out), 0);
 	check_lines(buf_str(&out));
 	walk(buf_str(&out), &d);
-	assert_true(field(d.part[2].head, "Content-Type", 0, v, sizeof(v)));
-	assert_string_equal(v, "text/rfc822-headers");
+	expect_field(d.part[2].head, "Content-Type", "text/rfc822-headers");
 	assert_true(d.part[2].body.len < 100);
 	buf_done(&out);
 }
