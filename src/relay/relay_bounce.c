@@ -67,12 +67,15 @@ static void log_field(const char *line, const char *key, char *out, size_t len)
 		out[0] = '\0';
 }
 
-/* The last line with status (failed, deferred) of each recipient, from the attempt log. */
+/* The last line with status (failed, deferred), or with status2 (relayed, or NULL), of
+ * each recipient, from the attempt log; relayed marks the recipients of status2 lines
+ * (when not NULL). */
 static void read_failures(struct relay *r, struct rmsg *m, struct fail_info *fi,
-			  const char *status)
+			  const char *status, const char *status2, bool *relayed)
 {
-	char want[32];
+	char want[32], want2[32];
 	snprintf(want, sizeof(want), " status=%s ", status);
+	snprintf(want2, sizeof(want2), " status=%s ", status2 ? status2 : status);
 	struct buf lb;
 	buf_init(&lb, 8u << 20);
 	if (queue_log_read(r->qd, m->id, &lb, 8u << 20) < 0 || lb.len == 0) {
@@ -85,10 +88,15 @@ static void read_failures(struct relay *r, struct rmsg *m, struct fail_info *fi,
 		if (next)
 			*next++ = '\0';
 		char *p = strstr(line, " rcpt=");
-		if (!p || !strstr(line, want))
+		bool second = p && status2 && strstr(line, want2);
+		if (!p || (!second && !strstr(line, want)))
 			continue;
 		size_t i = strtoul(p + 6, NULL, 10);
 		if (i >= m->nrcpt)
+			continue;
+		if (second && relayed)
+			relayed[i] = true;
+		if (!fi)
 			continue;
 		struct fail_info *f = &fi[i];
 		f->ts = strtoull(line + 3, NULL, 10);
@@ -98,6 +106,22 @@ static void read_failures(struct relay *r, struct rmsg *m, struct fail_info *fi,
 		snprintf(f->reply, sizeof(f->reply), "%s", q ? q + 7 : "");
 	}
 	buf_done(&lb);
+}
+
+void bounce_load_relayed(struct relay *r, struct rmsg *m)
+{
+	bool owed = false;
+	for (size_t i = 0; i < m->nrcpt && !owed; i++)
+		owed = m->r[i].status == QUEUE_DELIVERED && (m->r[i].notify & QUEUE_NOTIFY_SUCCESS);
+	if (!owed || m->bounce == 'S' || !*m->sender)
+		return;
+	bool *relayed = calloc(m->nrcpt, sizeof(*relayed));
+	if (!relayed)
+		return; /* XXX the notice is lost with the memory: never a bounce */
+	read_failures(r, m, NULL, "relayed", "relayed", relayed);
+	for (size_t i = 0; i < m->nrcpt; i++)
+		m->r[i].relayed = relayed[i] && m->r[i].status == QUEUE_DELIVERED;
+	free(relayed);
 }
 
 int bounce_collect_body(void *arg, struct str chunk)
@@ -205,13 +229,12 @@ void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
 	buf_init(&out, DSN_MAX);
 	int rc = fi && dr && body.body ? 0 : -ENOMEM;
 	if (rc == 0) {
-		read_failures(r, m, fi, delayed ? "deferred" : "failed");
+		read_failures(r, m, fi, delayed ? "deferred" : "failed", delayed ? NULL : "relayed",
+			      NULL);
 		size_t k = 0;
 		for (size_t i = 0; i < m->nrcpt && k < nf; i++) {
 			if (!rcpt_reported(m, i, delayed, &act))
 				continue;
-			if (act == DSN_RELAYED)
-				fi[i] = (struct fail_info){ 0 }; /* its failures, if any, are past */
 			dr[k++] = (struct dsn_rcpt){
 				.addr = str_cstr(m->addr[i]),
 				.action = act,

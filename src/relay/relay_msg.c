@@ -386,6 +386,7 @@ int msg_load(struct relay *r, const char *id)
 	m->held = ix->control[QUEUE_CTL_HOLD] == 'H';
 	m->bounce = ix->control[QUEUE_CTL_BOUNCE];
 	m->warned = ix->control[QUEUE_CTL_WARNED] == 'W';
+	bounce_load_relayed(r, m);
 	m->is_dsn = ix->env.sender.len == 0 && ix->env.client.len == strlen(DSN_CLIENT) &&
 		    memcmp(ix->env.client.ptr, DSN_CLIENT, ix->env.client.len) == 0;
 	queue_msg_close(&qm);

@@ -209,7 +209,8 @@ static void rcpt_outcome(struct relay *r, struct tx *t, size_t k, const struct c
 	switch (cr->verdict) {
 	case CLASSIFY_OK:
 		msg_set_status(r, m, i, QUEUE_DELIVERED);
-		msg_attempt_log(r, m, i, "sent", l->name, mta, "", text);
+		/* "relayed": a notice is owed (bounce_load_relayed() reads it after a restart) */
+		msg_attempt_log(r, m, i, m->r[i].relayed ? "relayed" : "sent", l->name, mta, "", text);
 		dsn_code(rep, '2', dsn, sizeof(dsn));
 		msg_delivery_log(r, LOG_LEVEL_INFO, m, i, l->name, mta, "sent", dsn, text, NULL);
 		r->st.delivered++;
@@ -301,13 +302,13 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 				classify_reply(rc->cls, SMTP_STAGE_RCPT, 0, rep, &cr);
 				relay_reply_text(res, rep, text, sizeof(text));
 			}
-			rcpt_outcome(r, t, k, &cr, cr.verdict == CLASSIFY_OK ? &res->reply : rep, text,
-				     mta, &sig, sigtext, sizeof(sigtext));
 			/* RFC 3461 6.2.2: NOTIFY=SUCCESS that the next hop cannot carry on is
 			 * answered here, with a "relayed" notice once the message is done */
 			struct rrcpt *rr = &m->r[t->idx[k]];
 			if (cr.verdict == CLASSIFY_OK && !res->dsn && (rr->notify & QUEUE_NOTIFY_SUCCESS))
 				rr->relayed = true;
+			rcpt_outcome(r, t, k, &cr, cr.verdict == CLASSIFY_OK ? &res->reply : rep, text,
+				     mta, &sig, sigtext, sizeof(sigtext));
 		}
 	} else if (res->stage == SMTP_STAGE_DOT && res->error < 0) {
 		/* the uncertain window: the server may have taken the message */

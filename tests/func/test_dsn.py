@@ -10,6 +10,7 @@ value gets 501 5.5.4 and nothing is queued; a message queued in the previous que
 format (version 1) is delivered and bounced as before.
 """
 
+import json
 import os
 import pathlib
 import re
@@ -261,3 +262,28 @@ def test_a_version_1_queue_file_is_delivered_and_bounced(relay):
     assert status_fields(text, "Original-Envelope-Id") == []
     assert status_fields(text, "Original-Recipient") == []
     assert qid in text
+
+
+def test_relayed_notice_owed_survives_a_restart(relay):
+    """The relayed notice owed for a recipient delivered to a hop without DSN is in the
+    attempt log (status=relayed): after a restart, the report made when the message is
+    done (here `sluice queue bounce` of its waiting recipient) still has it."""
+    sd, sh, port = relay(route='tls = "none";', start=False)
+    start_with_slow_route(sd)
+    smtp_send(port, ["s@example.net", "b@slow.example"], mail_options=["ENVID=R1"],
+              rcpt_options=["NOTIFY=SUCCESS,FAILURE"])
+    sh.wait_accepted(1, timeout=20)
+    [qid] = [json.loads(line)["id"] for line in sd.cli("queue", "--json").stdout.splitlines()]
+    log = (sd.dir / "queue" / "log" / qid[7] / qid).read_text()
+    assert re.search(r"rcpt=0 status=relayed ", log), log
+    sd.stop()
+    sd.start()
+    sd.cli("queue", "bounce", qid)
+    wait_until(lambda: len(notices(sh)) >= 1, 20, "the report")
+    text = notices(sh)[0].content.decode("ascii", "replace")
+    assert status_fields(text, "Final-Recipient") == ["rfc822; s@example.net",
+                                                      "rfc822; b@slow.example"]
+    assert status_fields(text, "Action") == ["relayed", "failed"]
+    assert status_fields(text, "Original-Envelope-Id") == ["R1"]
+    time.sleep(1)
+    assert len(notices(sh)) == 1
