@@ -35,6 +35,7 @@
 #include "config.h"
 #include "inject.h"
 #include "inject_msg.h"
+#include "smtp.h"
 #include "smtp_client.h"
 #include "util.h"
 
@@ -183,13 +184,10 @@ static bool has_8bit(struct str s)
 /* xtext (RFC 3461 4): for ENVID. */
 static int put_xtext(struct buf *b, const char *s)
 {
-	int r = 0;
-	for (; r == 0 && *s; s++) {
-		unsigned char c = (unsigned char)*s;
-		r = c >= '!' && c <= '~' && c != '+' && c != '=' ? buf_append_byte(b, c)
-								 : buf_printf(b, "+%02X", c);
-	}
-	return r;
+	char x[3 * SMTP_DSN_ENVID_MAX];
+	size_t n;
+	int r = smtp_xtext_encode(str_cstr(s), x, sizeof(x), &n);
+	return r < 0 ? r : buf_append(b, x, n);
 }
 
 /* Break the lines of msg longer than SMTP allows (inject_msg_fold); it is replaced when
@@ -278,8 +276,8 @@ static bool valid_notify(const char *v, char *out, size_t len)
 				: strcasecmp(w, "failure") == 0 ? "FAILURE"
 				: strcasecmp(w, "delay") == 0	? "DELAY"
 								: NULL;
-		if (!u)
-			return false;
+		if (!u || strstr(out, u))
+			return false; /* the intake refuses a keyword given twice */
 		size_t l = strlen(out);
 		snprintf(out + l, len - l, "%s%s", l ? "," : "", u);
 	}
@@ -357,14 +355,25 @@ static int sendmail_options(struct sendmail *s, int argc, char **argv)
 				return EX_USAGE;
 			}
 			break;
-		case 'V':
-			if (strlen(optarg) > 100) {
-				fprintf(stderr, "%s: -V: an envelope ID has at most 100 characters\n",
-					s->prog);
+		case 'V': {
+			/* what the intake takes (RFC 3461 4.4): printable ASCII, at most 100
+			 * characters once xtext-encoded */
+			char x[3 * SMTP_DSN_ENVID_MAX];
+			size_t xn = 0;
+			bool printable = true;
+			for (const char *p = optarg; *p; p++)
+				printable &= *p >= 0x20 && *p <= 0x7e;
+			if (!*optarg || !printable ||
+			    smtp_xtext_encode(str_cstr(optarg), x, sizeof(x), &xn) < 0 ||
+			    xn > SMTP_DSN_ENVID_MAX) {
+				fprintf(stderr, "%s: -V: an envelope ID is printable ASCII, at most 100 "
+						"characters once xtext-encoded (a \"+\", \"=\" or space "
+						"counts 3)\n", s->prog);
 				return EX_USAGE;
 			}
 			s->envid = optarg;
 			break;
+		}
 		case 'I':
 		case 'q':
 			fprintf(stderr, "%s: -%c is not supported: sluice only submits mail\n",

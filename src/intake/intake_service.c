@@ -9,6 +9,7 @@
  * worker_call(); only then does it answer and read the next command.
  */
 #include <arpa/inet.h>
+#include <assert.h>
 #include <errno.h>
 #include <event2/buffer.h>
 #include <inttypes.h>
@@ -18,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -32,6 +34,15 @@
 #define DATA_OUT 65536          /* decoded bytes gathered before queue_new_body() */
 #define HELO_MAX SMTP_MAX_DOMAIN
 #define CLIENT_MAX 128
+
+/* NOTIFY bits go into the queue as the codec gives them; a decoded value is never
+ * longer than it was sent */
+static_assert((int)SMTP_NOTIFY_NEVER == (int)QUEUE_NOTIFY_NEVER &&
+	      (int)SMTP_NOTIFY_SUCCESS == (int)QUEUE_NOTIFY_SUCCESS &&
+	      (int)SMTP_NOTIFY_FAILURE == (int)QUEUE_NOTIFY_FAILURE &&
+	      (int)SMTP_NOTIFY_DELAY == (int)QUEUE_NOTIFY_DELAY, "NOTIFY bits differ");
+static_assert(SMTP_DSN_ENVID_MAX <= QUEUE_MAX_ENVID && SMTP_DSN_ORCPT_MAX <= QUEUE_MAX_ORCPT,
+	      "DSN limits differ");
 
 /* Settings shared by sessions; replaced whole on reload (sessions keep theirs). */
 struct iconf {
@@ -79,7 +90,11 @@ struct isession {
 	bool in_mail;
 	struct buf sender;
 	struct smtp_mail mail;            /* sender slice not kept: see sender */
-	struct buf rcpts;                 /* each recipient, NUL-terminated */
+	/* each recipient: its address, NUL, its NOTIFY bits (one byte), its ORCPT decoded
+	 * ("type;address", maybe empty), NUL */
+	struct buf rcpts;
+	char envid[QUEUE_MAX_ENVID];      /* the transaction's ENVID, decoded */
+	size_t envid_len;
 	size_t nrcpt;
 	/* DATA */
 	struct smtp_data dd;
@@ -289,6 +304,7 @@ static void cmd_helo(struct isession *is, const struct smtp_command *c, bool ehl
 	reply(is, "250-SIZE %" PRIu64, cf->max_message_size);
 	reply(is, "250-8BITMIME");
 	reply(is, "250-ENHANCEDSTATUSCODES");
+	reply(is, "250-DSN");
 	reply(is, "250 SMTPUTF8");
 }
 
@@ -341,7 +357,8 @@ static void cmd_mail(struct isession *is, const struct smtp_command *c)
 	struct smtp_mail m;
 	const char *why = "bad syntax";
 	int r = smtp_parse_mail(c->arg, is->ehlo, &m, &why);
-	if (r == 0 && !is->ehlo && (m.has_size || m.body != SMTP_BODY_NONE)) {
+	if (r == 0 && !is->ehlo &&
+	    (m.has_size || m.body != SMTP_BODY_NONE || m.ret != SMTP_RET_NONE || m.envid.len)) {
 		r = -ENOTSUP; /* RFC 5321 4.1.1.11: parameters need EHLO */
 		why = "parameters need EHLO";
 	}
@@ -362,8 +379,17 @@ static void cmd_mail(struct isession *is, const struct smtp_command *c)
 		reply(is, "452 4.3.1 Insufficient system resources");
 		return;
 	}
+	/* checked by the codec: decodes to printable ASCII, no longer than it was sent */
+	if (m.envid.len && smtp_xtext_decode(m.envid, is->envid, sizeof(is->envid),
+					     &is->envid_len) < 0) {
+		refuse(is, "501 5.5.4 Bad ENVID value");
+		return;
+	}
+	if (!m.envid.len)
+		is->envid_len = 0;
 	is->mail = m;
 	is->mail.addr = STR_NULL;
+	is->mail.envid = STR_NULL;
 	is->in_mail = true;
 	reply(is, "250 2.1.0 Ok");
 }
@@ -381,6 +407,10 @@ static void cmd_rcpt(struct isession *is, const struct smtp_command *c)
 	struct smtp_rcpt rc;
 	const char *why = "bad syntax";
 	int r = smtp_parse_rcpt(c->arg, is->mail.smtputf8, &rc, &why);
+	if (r == 0 && !is->ehlo && (rc.notify || rc.orcpt_type.len)) {
+		r = -ENOTSUP; /* RFC 5321 4.1.1.11: parameters need EHLO */
+		why = "parameters need EHLO";
+	}
 	if (r < 0) {
 		refuse_path(is, r, why, "501 5.1.3 Bad recipient address syntax");
 		return;
@@ -389,7 +419,25 @@ static void cmd_rcpt(struct isession *is, const struct smtp_command *c)
 		reply(is, "452 4.5.3 Error: too many recipients");
 		return;
 	}
-	if (buf_append_str(&is->rcpts, rc.addr) < 0 || buf_append_byte(&is->rcpts, 0) < 0) {
+	/* ORCPT decoded: its type, ';', the address (never longer than sent) */
+	char orcpt[SMTP_DSN_ORCPT_MAX];
+	size_t olen = 0;
+	if (rc.orcpt_type.len) {
+		memcpy(orcpt, rc.orcpt_type.ptr, rc.orcpt_type.len);
+		orcpt[rc.orcpt_type.len] = ';';
+		olen = rc.orcpt_type.len + 1;
+		size_t al;
+		if (smtp_xtext_decode(rc.orcpt, orcpt + olen, sizeof(orcpt) - olen, &al) < 0) {
+			refuse(is, "501 5.5.4 Bad ORCPT value");
+			return;
+		}
+		olen += al;
+	}
+	size_t mark = is->rcpts.len;
+	if (buf_append_str(&is->rcpts, rc.addr) < 0 || buf_append_byte(&is->rcpts, 0) < 0 ||
+	    buf_append_byte(&is->rcpts, (unsigned char)rc.notify) < 0 ||
+	    buf_append(&is->rcpts, orcpt, olen) < 0 || buf_append_byte(&is->rcpts, 0) < 0) {
+		buf_truncate(&is->rcpts, mark);
 		reply(is, "452 4.3.1 Insufficient system resources");
 		return;
 	}
@@ -462,13 +510,20 @@ static void cmd_data(struct isession *is, const struct smtp_command *c)
 		.flags = (is->mail.body == SMTP_BODY_8BITMIME ? QUEUE_8BITMIME : 0) |
 			 (is->mail.smtputf8 ? QUEUE_SMTPUTF8 : 0),
 		.size = is->mail.has_size ? is->mail.size : 0,
+		/* the codec's values are the queue's (smtp.h, queue_file.h) */
+		.ret = is->mail.ret == SMTP_RET_FULL ? QUEUE_RET_FULL :
+		       is->mail.ret == SMTP_RET_HDRS ? QUEUE_RET_HDRS : QUEUE_RET_NONE,
+		.envid = str_make(is->envid, is->envid_len),
 	};
 	int r = queue_new_begin(is->in->q, &env, &is->qn);
 	const char *p = is->rcpts.ptr;
 	for (size_t i = 0; r == 0 && i < is->nrcpt; i++) {
 		size_t len = strlen(p);
-		r = queue_new_rcpt(is->qn, str_make(p, len));
-		p += len + 1;
+		unsigned notify = (unsigned char)p[len + 1];
+		const char *o = p + len + 2;
+		size_t olen = strlen(o);
+		r = queue_new_rcpt_dsn(is->qn, str_make(p, len), notify, str_make(o, olen));
+		p = o + olen + 1;
 	}
 	if (r == 0)
 		r = write_received(is);
@@ -682,6 +737,16 @@ static size_t on_data(struct isession *is, const char *p, size_t n)
 
 /* ---- the service ---- */
 
+/* Only MAIL and RCPT may pass SMTP_LINE_MAX, up to SMTP_DSN_LINE_MAX (RFC 3461 5). */
+static bool dsn_long_ok(struct str line)
+{
+	size_t i = 0;
+	while (i < line.len && (line.ptr[i] == ' ' || line.ptr[i] == '\t'))
+		i++;
+	return line.len - i > 5 && (strncasecmp(line.ptr + i, "mail ", 5) == 0 ||
+				     strncasecmp(line.ptr + i, "rcpt ", 5) == 0);
+}
+
 static void is_input(struct session *s, struct evbuffer *in)
 {
 	struct isession *is = session_data(s);
@@ -696,13 +761,16 @@ static void is_input(struct session *s, struct evbuffer *in)
 			continue;
 		}
 		size_t avail = evbuffer_get_length(in);
-		size_t take = avail < SMTP_LINE_MAX + 1 ? avail : SMTP_LINE_MAX + 1;
+		/* DSN is advertised: its parameters lengthen MAIL and RCPT (RFC 3461 5) */
+		size_t take = avail < SMTP_DSN_LINE_MAX + 1 ? avail : SMTP_DSN_LINE_MAX + 1;
 		const char *p = (const char *)evbuffer_pullup(in, (ssize_t)take);
 		struct str line;
 		size_t used = 0;
-		enum smtp_line_status st = smtp_line_next(&is->lr, p, take, SMTP_LINE_MAX, &line,
+		enum smtp_line_status st = smtp_line_next(&is->lr, p, take, SMTP_DSN_LINE_MAX, &line,
 							  &used);
-		if (st == SMTP_LINE_OK) {
+		if (st == SMTP_LINE_OK && line.len > SMTP_LINE_MAX - 2 && !dsn_long_ok(line)) {
+			refuse(is, "500 5.5.2 Error: line too long");
+		} else if (st == SMTP_LINE_OK) {
 			on_command(is, line);
 		} else if (st == SMTP_LINE_TOO_LONG) {
 			refuse(is, "500 5.5.2 Error: line too long");
@@ -733,7 +801,8 @@ static int is_open(struct session *s)
 	smtp_line_reader_init(&is->lr);
 	buf_init(&is->reply, REPLY_MAX);
 	buf_init(&is->sender, SMTP_MAX_ADDR + 1);
-	buf_init(&is->rcpts, (size_t)is->conf->max_recipients * (SMTP_MAX_ADDR + 1));
+	buf_init(&is->rcpts, (size_t)is->conf->max_recipients * (SMTP_MAX_ADDR + 3 +
+								  SMTP_DSN_ORCPT_MAX));
 	session_set_data(s, is);
 	if (!peer_allowed(is)) {
 		atomic_fetch_add(&in->refused, 1);

@@ -23,6 +23,10 @@
  * output cannot depend on outcap or on how the input was cut.  Plain text runs are copied
  * in bulk.
  *
+ * DSN parameters (RFC 3461).  The codec checks them and returns them as sent; a value
+ * must decode (xtext) to printable ASCII, so that whoever decodes it later (the intake,
+ * for the queue) can put it in a header or a command line as it is.
+ *
  * No I/O and no logging; the one ASSERT is for a caller that breaks the line reader's
  * resumption contract (fewer bytes than were already scanned).
  */
@@ -533,6 +537,125 @@ static bool size_value(struct str v, uint64_t *ret)
 	return true;
 }
 
+/* ---- DSN parameters (RFC 3461) ----------------------------------------------------------- */
+
+static int hex_value(unsigned char c)
+{
+	if (is_digit(c))
+		return c - '0';
+	c = ascii_lower(c);
+	return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+int smtp_xtext_decode(struct str x, char *out, size_t cap, size_t *ret_len)
+{
+	const unsigned char *s = (const unsigned char *)x.ptr;
+	size_t o = 0;
+	for (size_t i = 0; i < x.len; i++) {
+		unsigned char c = s[i];
+		if (c == '+') {
+			if (x.len - i < 3)
+				return -EINVAL;
+			int hi = hex_value(s[i + 1]);
+			int lo = hex_value(s[i + 2]);
+			if (hi < 0 || lo < 0)
+				return -EINVAL;
+			c = (unsigned char)(hi << 4 | lo);
+			i += 2;
+		} else if (c < 0x21 || c > 0x7e || c == '=') {
+			return -EINVAL; /* xchar: "!".."~" but "+" and "=" */
+		}
+		if (c < 0x20 || c > 0x7e)
+			return -EINVAL;
+		if (o == cap)
+			return -ENOBUFS;
+		out[o++] = (char)c;
+	}
+	*ret_len = o;
+	return 0;
+}
+
+int smtp_xtext_encode(struct str s, char *out, size_t cap, size_t *ret_len)
+{
+	static const char hex[] = "0123456789ABCDEF";
+	size_t o = 0;
+	for (size_t i = 0; i < s.len; i++) {
+		unsigned char c = (unsigned char)s.ptr[i];
+		if (c >= 0x21 && c <= 0x7e && c != '+' && c != '=') {
+			if (o == cap)
+				return -ENOBUFS;
+			out[o++] = (char)c;
+			continue;
+		}
+		if (cap - o < 3)
+			return -ENOBUFS;
+		out[o++] = '+';
+		out[o++] = hex[c >> 4];
+		out[o++] = hex[c & 15];
+	}
+	*ret_len = o;
+	return 0;
+}
+
+/* xtext that decodes to printable ASCII, 1..max characters as sent. */
+static bool xtext_ok(struct str x, size_t max)
+{
+	char tmp[SMTP_DSN_ORCPT_MAX];
+	size_t n;
+	return x.len > 0 && x.len <= max && x.len <= sizeof(tmp) &&
+	       smtp_xtext_decode(x, tmp, sizeof(tmp), &n) == 0;
+}
+
+/* NOTIFY=NEVER / 1#(SUCCESS / FAILURE / DELAY), any case, none twice. */
+static bool notify_value(struct str v, unsigned *ret)
+{
+	static const struct { const char *w; unsigned bit; } words[] = {
+		{ "never", SMTP_NOTIFY_NEVER }, { "success", SMTP_NOTIFY_SUCCESS },
+		{ "failure", SMTP_NOTIFY_FAILURE }, { "delay", SMTP_NOTIFY_DELAY },
+	};
+	unsigned bits = 0;
+	size_t i = 0;
+	if (v.len == 0)
+		return false;
+	while (i <= v.len) {
+		size_t s = i;
+		while (i < v.len && v.ptr[i] != ',')
+			i++;
+		unsigned bit = 0;
+		for (size_t k = 0; k < sizeof(words) / sizeof(words[0]); k++)
+			if (ascii_case_eq(v.ptr + s, i - s, words[k].w))
+				bit = words[k].bit;
+		if (!bit || (bits & bit))
+			return false;
+		bits |= bit;
+		i++; /* past the ',' (or the end) */
+	}
+	if ((bits & SMTP_NOTIFY_NEVER) && bits != SMTP_NOTIFY_NEVER)
+		return false;
+	*ret = bits;
+	return true;
+}
+
+/* ORCPT=addr-type ";" xtext, addr-type = atom (RFC 3461 4.2). */
+static bool orcpt_value(struct str v, struct str *ret_type, struct str *ret_addr)
+{
+	if (v.len > SMTP_DSN_ORCPT_MAX)
+		return false;
+	const char *semi = memchr(v.ptr, ';', v.len);
+	if (!semi || semi == v.ptr)
+		return false;
+	size_t tl = (size_t)(semi - v.ptr);
+	for (size_t i = 0; i < tl; i++)
+		if (!is_atext((unsigned char)v.ptr[i]))
+			return false;
+	struct str addr = str_make(semi + 1, v.len - tl - 1);
+	if (!xtext_ok(addr, SMTP_DSN_ORCPT_MAX))
+		return false;
+	*ret_type = str_make(v.ptr, tl);
+	*ret_addr = addr;
+	return true;
+}
+
 int smtp_parse_mail(struct str arg, bool utf8_allowed, struct smtp_mail *ret,
 		    const char **ret_why)
 {
@@ -574,6 +697,21 @@ int smtp_parse_mail(struct str arg, bool utf8_allowed, struct smtp_mail *ret,
 			if (!utf8_allowed)
 				return fail(ret_why, "SMTPUTF8 not supported", -ENOTSUP);
 			m.smtputf8 = true;
+		} else if (ascii_case_eq(key.ptr, key.len, "ret")) {
+			if (m.ret != SMTP_RET_NONE)
+				return fail(ret_why, "Repeated RET parameter", -EPROTO);
+			if (has_value && ascii_case_eq(value.ptr, value.len, "full"))
+				m.ret = SMTP_RET_FULL;
+			else if (has_value && ascii_case_eq(value.ptr, value.len, "hdrs"))
+				m.ret = SMTP_RET_HDRS;
+			else
+				return fail(ret_why, "Bad RET value", -EPROTO);
+		} else if (ascii_case_eq(key.ptr, key.len, "envid")) {
+			if (m.envid.len)
+				return fail(ret_why, "Repeated ENVID parameter", -EPROTO);
+			if (!has_value || !xtext_ok(value, SMTP_DSN_ENVID_MAX))
+				return fail(ret_why, "Bad ENVID value", -EPROTO);
+			m.envid = value;
 		} else {
 			return fail(ret_why, "Unsupported parameter", -ENOTSUP);
 		}
@@ -590,17 +728,30 @@ int smtp_parse_rcpt(struct str arg, bool utf8, struct smtp_rcpt *ret, const char
 	int r = parse_path(arg, false, true, &pa, ret_why);
 	if (r < 0)
 		return r;
+	struct smtp_rcpt rc = { .addr = pa.addr, .postmaster = pa.postmaster };
 	size_t i = pa.end;
 	struct str key, value;
 	bool has_value;
-	if (next_param(arg, &i, &key, &value, &has_value)) {
+	while (next_param(arg, &i, &key, &value, &has_value)) {
 		if (!keyword_ok(key))
 			return fail(ret_why, "Bad parameter keyword", -EPROTO);
-		return fail(ret_why, "Unsupported parameter", -ENOTSUP);
+		if (ascii_case_eq(key.ptr, key.len, "notify")) {
+			if (rc.notify)
+				return fail(ret_why, "Repeated NOTIFY parameter", -EPROTO);
+			if (!has_value || !notify_value(value, &rc.notify))
+				return fail(ret_why, "Bad NOTIFY value", -EPROTO);
+		} else if (ascii_case_eq(key.ptr, key.len, "orcpt")) {
+			if (rc.orcpt_type.len)
+				return fail(ret_why, "Repeated ORCPT parameter", -EPROTO);
+			if (!has_value || !orcpt_value(value, &rc.orcpt_type, &rc.orcpt))
+				return fail(ret_why, "Bad ORCPT value", -EPROTO);
+		} else {
+			return fail(ret_why, "Unsupported parameter", -ENOTSUP);
+		}
 	}
 	if (pa.has8 && !utf8)
 		return fail(ret_why, "8-bit address without SMTPUTF8", -EILSEQ);
-	*ret = (struct smtp_rcpt){ .addr = pa.addr, .postmaster = pa.postmaster };
+	*ret = rc;
 	return 0;
 }
 

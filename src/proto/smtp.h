@@ -7,7 +7,9 @@
  *                         the caller to hold more than one line's limit of bytes;
  *   smtp_command_parse()  names the command of a line and slices its argument;
  *   smtp_parse_mail(),    read the reverse-path / forward-path and the ESMTP parameters
- *   smtp_parse_rcpt()     of MAIL FROM: and RCPT TO:;
+ *   smtp_parse_rcpt()     of MAIL FROM: and RCPT TO:, the DSN ones (RFC 3461) included;
+ *   smtp_xtext_decode(),  the xtext of ENVID= and ORCPT= (RFC 3461 4), both ways;
+ *   smtp_xtext_encode()
  *   smtp_data_decode()    turns what follows DATA into the message as it is stored,
  *                         finding its end the one safe way (see "DATA" below).
  *
@@ -166,6 +168,29 @@ enum smtp_body {
 	SMTP_BODY_8BITMIME,
 };
 
+/* RFC 3461 (DSN) limits, on the values as sent (xtext, before decoding): ENVID at most
+ * 100 characters (4.4), ORCPT's whole value, addr-type ";" xtext, at most 500 (4.2). */
+#define SMTP_DSN_ENVID_MAX 100
+#define SMTP_DSN_ORCPT_MAX 500
+/* A command line with the DSN parameters (RFC 3461 5: MAIL may be 100 characters longer,
+ * RCPT 500): the limit a service that advertises DSN gives smtp_line_next(); one allowance
+ * of 600 for both, since NOTIFY beside a 500-character ORCPT passes 500. */
+#define SMTP_DSN_LINE_MAX (SMTP_LINE_MAX + 600)
+
+enum smtp_ret {
+	SMTP_RET_NONE = 0, /* no RET= given */
+	SMTP_RET_FULL,
+	SMTP_RET_HDRS,
+};
+
+/* NOTIFY= (RFC 3461 4.1): NEVER alone, or a set of the other three; 0: not given. */
+enum smtp_notify {
+	SMTP_NOTIFY_NEVER = 1u << 0,
+	SMTP_NOTIFY_SUCCESS = 1u << 1,
+	SMTP_NOTIFY_FAILURE = 1u << 2,
+	SMTP_NOTIFY_DELAY = 1u << 3,
+};
+
 struct smtp_mail {
 	struct str addr;     /* the sender without "<>" or source route; len 0: the null
 				sender "<>" */
@@ -174,11 +199,17 @@ struct smtp_mail {
 	enum smtp_body body;
 	bool smtputf8;       /* SMTPUTF8 given: 8-bit addresses are allowed in this
 				transaction, pass it to smtp_parse_rcpt() */
+	enum smtp_ret ret;   /* RET= */
+	struct str envid;    /* ENVID= as sent: checked xtext of 1..SMTP_DSN_ENVID_MAX
+				characters that decodes to printable ASCII; len 0: none */
 };
 
 struct smtp_rcpt {
 	struct str addr;     /* the recipient without "<>" or source route */
 	bool postmaster;     /* the bare "<postmaster>" (any case), which has no domain */
+	unsigned notify;     /* enum smtp_notify bits; 0: no NOTIFY= */
+	struct str orcpt_type; /* ORCPT='s addr-type (an atom, "rfc822"); len 0: no ORCPT= */
+	struct str orcpt;    /* ORCPT='s address as sent: checked xtext (see ENVID) */
 };
 
 /*
@@ -206,8 +237,10 @@ struct smtp_rcpt {
  *
  * Parameters, keywords in any case, each at most once: SIZE=digits (1..20 digits, RFC
  * 1870), BODY=7BIT / 8BITMIME (values in any case; 8BITMIME is taken as advertised, as
- * Postfix does), SMTPUTF8 (no value).  Anything else, AUTH= and the DSN parameters
- * included, is -ENOTSUP.
+ * Postfix does), SMTPUTF8 (no value), RET=FULL / HDRS (any case) and ENVID=xtext (RFC
+ * 3461 4.3, 4.4: 1..SMTP_DSN_ENVID_MAX characters of xtext that decode to printable
+ * ASCII, 0x20..0x7e, as 4.4 requires).  A malformed, overlong or repeated DSN parameter
+ * is -EPROTO (501 5.5.4).  Anything else, AUTH= included, is -ENOTSUP.
  *
  * Returns 0 with *ret filled, or (with *ret_why if ret_why is not NULL):
  *   -EINVAL   the path is not valid (also: 8-bit bytes that are not UTF-8, too long);
@@ -224,12 +257,26 @@ int smtp_parse_mail(struct str arg, bool utf8_allowed, struct smtp_mail *ret,
 /*
  * The argument of RCPT TO:.  Same path grammar as smtp_parse_mail(), except that the null
  * path is refused and the bare "<postmaster>" (any case) is accepted without a domain
- * (RFC 5321 §4.1.1.3).  utf8 is the transaction's smtp_mail.smtputf8.  No parameter is
- * accepted: the service does not advertise DSN, so NOTIFY= and ORCPT= are -ENOTSUP
- * rather than silently dropped.  Returns 0, -EINVAL, -ENOTSUP (any parameter; -EPROTO
- * when its keyword is malformed) or -EILSEQ as smtp_parse_mail() does.
+ * (RFC 5321 §4.1.1.3).  utf8 is the transaction's smtp_mail.smtputf8.  The parameters
+ * are RFC 3461's, each at most once: NOTIFY=NEVER or a comma-separated set of SUCCESS,
+ * FAILURE and DELAY (any case, none twice), and ORCPT=addr-type;xtext (addr-type an atom,
+ * the xtext as ENVID's; the whole value at most SMTP_DSN_ORCPT_MAX characters).  Returns
+ * 0, -EINVAL, -EPROTO (a malformed, overlong or repeated parameter), -ENOTSUP (another
+ * parameter) or -EILSEQ as smtp_parse_mail() does.
  */
 int smtp_parse_rcpt(struct str arg, bool utf8, struct smtp_rcpt *ret, const char **ret_why);
+
+/*
+ * xtext (RFC 3461 4): printable ASCII but "+" and "=" stand for themselves, and "+XX"
+ * (two hex digits; lower case is taken too, as Postfix does) for any byte.
+ * smtp_xtext_decode() decodes x into out[0..cap) (decoding never lengthens: cap = x.len
+ * is enough): 0 and *ret_len, or -EINVAL (not xtext, or a decoded byte outside printable
+ * ASCII 0x20..0x7e, which is all that RFC 3461 lets ENVID and ORCPT carry), -ENOBUFS.
+ * smtp_xtext_encode() encodes s (at most 3 bytes out per byte in): 0 and *ret_len, or
+ * -ENOBUFS.  Neither writes a NUL.
+ */
+int smtp_xtext_decode(struct str x, char *out, size_t cap, size_t *ret_len);
+int smtp_xtext_encode(struct str s, char *out, size_t cap, size_t *ret_len);
 
 /*
  * A HELO/EHLO argument, judged as leniently as Postfix: any 1..SMTP_MAX_DOMAIN bytes of

@@ -9,11 +9,14 @@
  *                  Message-ID, Auto-Submitted: auto-replied (RFC 3834), MIME-Version,
  *                  Content-Type: multipart/report; report-type=delivery-status; boundary
  *   part 1         text/plain; charset=us-ascii: what happened, for a person
- *   part 2         message/delivery-status: Reporting-MTA, Arrival-Date, then per
- *                  recipient Final-Recipient, Action, Status, Remote-MTA, Diagnostic-Code,
- *                  Last-Attempt-Date
+ *   part 2         message/delivery-status: Original-Envelope-Id, Reporting-MTA,
+ *                  Arrival-Date, then per recipient Original-Recipient, Final-Recipient,
+ *                  Action, Status, Remote-MTA, Diagnostic-Code, Last-Attempt-Date
  *   part 3         text/rfc822-headers: the original header section, at most
- *                  DSN_MAX_HEADERS bytes, cut at a line boundary
+ *                  DSN_MAX_HEADERS bytes, cut at a line boundary; or, for a bounce of
+ *                  a message sent with RET=FULL (info->full), message/rfc822: the
+ *                  whole message, its lines treated as the headers' are, when it fits
+ *                  in DSN_MAX_RETURNED bytes
  *
  * Invariants of what is appended (the fuzzer checks each):
  *   - every line ends in CRLF, there is no other CR or LF, no NUL, and no line is longer
@@ -226,7 +229,13 @@ static struct str rcpt_status(const struct dsn_rcpt *r)
 {
 	if (status_valid(r->status))
 		return r->status;
-	return str_cstr(r->action == DSN_DELAYED ? "4.0.0" : "5.0.0");
+	return str_cstr(r->action == DSN_DELAYED ? "4.0.0" :
+			r->action == DSN_RELAYED ? "2.0.0" : "5.0.0");
+}
+
+static const char *action_name(enum dsn_action a)
+{
+	return a == DSN_DELAYED ? "delayed" : a == DSN_RELAYED ? "relayed" : "failed";
 }
 
 /* A diagnostic that begins with an SMTP reply code is of type "smtp" (RFC 3464 section
@@ -351,6 +360,8 @@ struct hdr_reader {
 	bool cr;             /* a CR was read and not yet placed: it ends the line if LF
 				follows, else it is a space */
 	bool done;           /* the empty line, or the limit */
+	bool whole;          /* the whole message: an empty line is kept, not the end */
+	bool cut;            /* the limit was reached: lines were left out */
 };
 
 static void hdr_byte(struct hdr_reader *h, unsigned char c)
@@ -367,18 +378,19 @@ static void hdr_byte(struct hdr_reader *h, unsigned char c)
 /* The line read so far ends.  0, or -ENOMEM. */
 static int hdr_end_line(struct hdr_reader *h)
 {
-	if (!h->seen) {
+	if (!h->seen && !h->whole) {
 		h->done = true; /* the empty line that ends the header section */
 		return 0;
 	}
-	if (h->len) { /* a line of NULs only is dropped rather than ending the section */
+	if (h->len || !h->seen) { /* a line of NULs only is dropped rather than ending the
+				     section; an empty line of the whole message is kept */
 		size_t before = h->out->len;
 		int r = buf_append(h->out, h->line, h->len);
 		if (r == 0)
 			r = buf_append(h->out, "\r\n", 2);
 		if (r == -ENOBUFS) {
 			buf_truncate(h->out, before); /* cut at the last whole line */
-			h->done = true;
+			h->done = h->cut = true;
 			r = 0;
 		}
 		if (r < 0)
@@ -395,12 +407,14 @@ static int hdr_end_line(struct hdr_reader *h)
  * ends at LF, with or without CR before it; any other CR is a space; NUL bytes are
  * dropped; a line over 998 octets is cut.  0 or -ENOMEM.
  */
-static int collect_headers(const struct str *body, size_t nbody, struct buf *out)
+static int collect_lines(const struct str *body, size_t nbody, struct buf *out, bool whole,
+			 bool *ret_cut)
 {
 	struct hdr_reader *h = calloc(1, sizeof(*h));
 	if (!h)
 		return -ENOMEM;
 	h->out = out;
+	h->whole = whole;
 	int r = 0;
 	for (size_t k = 0; k < nbody && !h->done && r == 0; k++) {
 		const unsigned char *p = (const unsigned char *)body[k].ptr;
@@ -423,7 +437,24 @@ static int collect_headers(const struct str *body, size_t nbody, struct buf *out
 	}
 	if (r == 0 && !h->done && (h->seen || h->len))
 		r = hdr_end_line(h); /* the last line had no LF (a final CR is its end) */
+	*ret_cut = h->cut;
 	free(h);
+	return r;
+}
+
+static int collect_headers(const struct str *body, size_t nbody, struct buf *out)
+{
+	bool cut;
+	return collect_lines(body, nbody, out, false, &cut);
+}
+
+/* The whole message into out (max DSN_MAX_RETURNED): 0 and *ret_fits, or -ENOMEM. */
+static int collect_whole(const struct str *body, size_t nbody, struct buf *out,
+			 bool *ret_fits)
+{
+	bool cut = false;
+	int r = collect_lines(body, nbody, out, true, &cut);
+	*ret_fits = r == 0 && !cut;
 	return r;
 }
 
@@ -470,7 +501,7 @@ static size_t boundary_lines(const char *p, size_t n, const char *boundary)
 }
 
 static void put_top(struct out *o, const struct dsn_info *info, bool any_failed,
-		    bool eightbit, const char *boundary)
+		    bool any_delayed, bool eightbit, const char *boundary)
 {
 	char date[40];
 	fmt_date_us(date, info->now_us);
@@ -488,7 +519,8 @@ static void put_top(struct out *o, const struct dsn_info *info, bool any_failed,
 		put_cstr(o, ">\r\nTo: undisclosed-recipients:;\r\nSubject: ");
 	}
 	put_cstr(o, any_failed ? "Undelivered Mail Returned to Sender"
-			       : "Delayed Mail (still being retried)");
+			       : any_delayed ? "Delayed Mail (still being retried)"
+					     : "Relayed Mail Report");
 	/* unique: one queue ID is reported at most once per microsecond */
 	put_cstr(o, "\r\nMessage-ID: <");
 	char qid[65];
@@ -539,8 +571,12 @@ static void put_human(struct out *o, struct buf *sc, const struct dsn_info *info
 	if (r == 0)
 		r = buf_append_cstr(sc, any_failed ? " could not be delivered to one or more of "
 						     "its recipients."
-						   : " has not yet been delivered to one or more "
-						     "of its recipients.");
+					: any_delayed ? " has not yet been delivered to one or more "
+							"of its recipients."
+						      : " was relayed to a mail server that does not "
+							"send delivery notifications: this is the "
+							"last notice you will get for the "
+							"recipients below.");
 	if (o->err == 0)
 		o->err = r;
 	put_text(o, 0, 0, buf_str(sc));
@@ -577,8 +613,11 @@ static void put_human(struct out *o, struct buf *sc, const struct dsn_info *info
 		if (r == 0)
 			r = append_sanitized(sc, rc->addr, QUEUE_MAX_ADDR);
 		if (r == 0)
-			r = buf_append_cstr(sc, rc->action == DSN_DELAYED ? ">: delayed ("
-									  : ">: failed (");
+			r = buf_append_cstr(sc, ">: ");
+		if (r == 0)
+			r = buf_append_cstr(sc, action_name(rc->action));
+		if (r == 0)
+			r = buf_append_cstr(sc, " (");
 		if (r == 0)
 			r = buf_append_str(sc, rcpt_status(rc));
 		if (r == 0)
@@ -630,6 +669,11 @@ static void put_status(struct out *o, struct buf *sc, const struct dsn_info *inf
 	char date[40];
 	put_cstr(o, "Content-Type: message/delivery-status\r\n"
 		    "Content-Description: Delivery report\r\n\r\n");
+	buf_reset(sc);
+	if (o->err == 0)
+		o->err = append_sanitized(sc, info->envid, VALUE_MAX);
+	if (sc->len)
+		put_field(o, "Original-Envelope-Id: ", buf_str(sc));
 	put_cstr(o, "Reporting-MTA: dns; ");
 	put(o, info->reporting_mta.ptr, info->reporting_mta.len);
 	put(o, "\r\n", 2);
@@ -642,6 +686,11 @@ static void put_status(struct out *o, struct buf *sc, const struct dsn_info *inf
 	for (size_t i = 0; i < n && o->err == 0; i++) {
 		const struct dsn_rcpt *rc = &rcpt[i];
 		put(o, "\r\n", 2);
+		buf_reset(sc);
+		if (o->err == 0)
+			o->err = append_sanitized(sc, rc->orcpt, VALUE_MAX);
+		if (sc->len)
+			put_field(o, "Original-Recipient: ", buf_str(sc));
 		buf_reset(sc);
 		/* addr_valid() let no control byte through: an ASCII address goes as it is,
 		 * unless it has a space (a quoted local part): a run of them could not be
@@ -656,8 +705,9 @@ static void put_status(struct out *o, struct buf *sc, const struct dsn_info *inf
 			}
 			put_field(o, "Final-Recipient: utf-8; ", buf_str(sc));
 		}
-		put_cstr(o, rc->action == DSN_DELAYED ? "Action: delayed\r\n"
-						      : "Action: failed\r\n");
+		put_cstr(o, "Action: ");
+		put_cstr(o, action_name(rc->action));
+		put(o, "\r\n", 2);
 		put_cstr(o, "Status: ");
 		struct str st = rcpt_status(rc);
 		put(o, st.ptr, st.len);
@@ -700,29 +750,46 @@ int dsn_format(const struct dsn_info *info, const struct dsn_rcpt *rcpt, size_t 
 			return -EINVAL;
 		if (rcpt[i].action == DSN_DELAYED)
 			any_delayed = true;
-		else
+		else if (rcpt[i].action == DSN_FAILED)
 			any_failed = true;
 	}
 
 	struct buf hdr, sc;
-	buf_init(&hdr, DSN_MAX_HEADERS);
 	buf_init(&sc, SCRATCH_MAX);
-	int r = collect_headers(body, nbody, &hdr);
+	bool whole = false;
+	int r = 0;
+	if (info->full && any_failed) {
+		buf_init(&hdr, DSN_MAX_RETURNED);
+		r = collect_whole(body, nbody, &hdr, &whole);
+		if (!whole)
+			buf_done(&hdr);
+	}
+	if (!whole) {
+		buf_init(&hdr, DSN_MAX_HEADERS);
+		if (r == 0)
+			r = collect_headers(body, nbody, &hdr);
+	}
 	bool eightbit = !is_ascii(buf_str(&hdr));
 	size_t start = out->len;
 	for (uint32_t variant = 0; r == 0; variant++) {
 		char boundary[BOUNDARY_LEN + 1];
 		make_boundary(boundary, info, variant);
 		struct out o = { out, 0 };
-		put_top(&o, info, any_failed, eightbit, boundary);
+		put_top(&o, info, any_failed, any_delayed, eightbit, boundary);
 		put_delimiter(&o, boundary, false);
 		put_human(&o, &sc, info, rcpt, n, any_failed, any_delayed);
 		put_delimiter(&o, boundary, false);
 		put_status(&o, &sc, info, rcpt, n);
 		put_delimiter(&o, boundary, false);
-		put_cstr(&o, "Content-Type: text/rfc822-headers\r\n");
-		put_cstr(&o, any_failed ? "Content-Description: Undelivered Message Headers\r\n"
-					: "Content-Description: Delayed Message Headers\r\n");
+		if (whole)
+			put_cstr(&o, "Content-Type: message/rfc822\r\n"
+				     "Content-Description: Undelivered Message\r\n");
+		else
+			put_cstr(&o, "Content-Type: text/rfc822-headers\r\n");
+		if (!whole)
+			put_cstr(&o, any_failed ? "Content-Description: Undelivered Message Headers\r\n"
+				     : any_delayed ? "Content-Description: Delayed Message Headers\r\n"
+						   : "Content-Description: Relayed Message Headers\r\n");
 		if (eightbit)
 			put_cstr(&o, "Content-Transfer-Encoding: 8bit\r\n");
 		put(&o, "\r\n", 2);

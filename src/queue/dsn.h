@@ -1,12 +1,15 @@
 /*
  * dsn -- delivery status notifications (RFC 3464, RFC 3461 section 6, RFC 6522): the
  * bounce sent to a message's envelope sender when some of its recipients failed for good,
- * or its lifetime in the queue ran out, or (optionally) it has been delayed long.
+ * or its lifetime in the queue ran out, or (optionally) it has been delayed long, and
+ * the "relayed" notice a NOTIFY=SUCCESS recipient gets when the next hop cannot carry
+ * the request on.
  *
  * A codec: it formats a whole message (RFC 5322 headers and a multipart/report body,
  * CRLF lines, not dot-stuffed -- as the queue stores bodies) into a caller's buffer.  The
  * original message's headers are attached as text/rfc822-headers (RFC 6522), cut at
- * DSN_MAX_HEADERS bytes.  No I/O, no clock (now is given).
+ * DSN_MAX_HEADERS bytes (or, with RET=FULL in a bounce, the whole message as
+ * message/rfc822).  No I/O, no clock (now is given).
  */
 #ifndef SLUICE_DSN_H
 #define SLUICE_DSN_H
@@ -20,10 +23,15 @@
 #include "str.h"
 
 #define DSN_MAX_HEADERS (64 * 1024)
+/* RET=FULL: the whole message is returned when it is at most this (as Postfix's
+ * bounce_size_limit, 50000); a larger one gets its headers only. */
+#define DSN_MAX_RETURNED (64 * 1024)
 
 enum dsn_action {
 	DSN_FAILED = 0,     /* Action: failed */
 	DSN_DELAYED,        /* Action: delayed (a warning; the message is still queued) */
+	DSN_RELAYED,        /* Action: relayed (RFC 3461 NOTIFY=SUCCESS, and the next hop
+			       does not offer DSN: delivered, and no further notice comes) */
 };
 
 struct dsn_rcpt {
@@ -32,7 +40,10 @@ struct dsn_rcpt {
 				      7-bit utf-8-addr-xtext, "j\x{F6}rg@example.de") */
 	enum dsn_action action;
 	struct str status;         /* "5.1.1"; empty or not class.subject.detail with class 2,
-				      4 or 5 (RFC 3463): 5.0.0 (failed) or 4.0.0 (delayed) */
+				      4 or 5 (RFC 3463): 5.0.0 (failed), 4.0.0 (delayed) or
+				      2.0.0 (relayed) */
+	struct str orcpt;          /* the ORCPT given for it (RFC 3461), "type;address" with
+				      the xtext decoded: Original-Recipient; empty: none */
 	struct str remote_mta;     /* the host that answered (Remote-MTA: dns; host), or empty */
 	struct str diagnostic;     /* the reply, "550 5.1.1 No such user" (Diagnostic-Code:
 				      smtp; ...), or empty; text that does not begin with a
@@ -49,8 +60,9 @@ struct dsn_info {
 				      null sender, when the caller sends the report to a
 				      postmaster): "To: undisclosed-recipients:;" */
 	struct str queue_id;       /* the message's queue ID: named in the text, and with
-				      now_us makes the Message-ID (Original-Envelope-Id is not
-				      used: ENVID is not accepted) */
+				      now_us makes the Message-ID */
+	struct str envid;          /* the ENVID given with the message (RFC 3461), decoded:
+				      Original-Envelope-Id; empty: none */
 	uint64_t arrival_us;       /* Arrival-Date, 0: none */
 	uint64_t now_us;           /* Date: (times are written in UTC) */
 	struct str reason;         /* one sentence for the human-readable part, e.g. "the
@@ -58,6 +70,10 @@ struct dsn_info {
 				      "the message stayed in the queue for 5 days"; empty: chosen
 				      from the actions */
 	struct str boundary_seed;  /* makes the MIME boundary unique: the queue id is fine */
+	bool full;                 /* RET=FULL (RFC 3461 4.3): a report with a failed
+				      recipient returns the whole message (message/rfc822),
+				      when it is at most DSN_MAX_RETURNED bytes once its lines
+				      are cut as the headers' are */
 };
 
 /*

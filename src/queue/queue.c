@@ -635,11 +635,16 @@ uint64_t queue_new_size(const struct queue_new *n)
 
 int queue_new_rcpt(struct queue_new *n, struct str addr)
 {
+	return queue_new_rcpt_dsn(n, addr, 0, STR_NULL);
+}
+
+int queue_new_rcpt_dsn(struct queue_new *n, struct str addr, unsigned notify, struct str orcpt)
+{
 	if (n->body_started)
 		return -EINVAL;
-	int r = queue_write_rcpt(n->w, addr);
+	int r = queue_write_rcpt_dsn(n->w, addr, notify, orcpt);
 	if (new_full(n, &r))
-		r = queue_write_rcpt(n->w, addr);
+		r = queue_write_rcpt_dsn(n->w, addr, notify, orcpt);
 	if (r == 0 && (r = buf_append_str(&n->names, addr)) == 0 &&
 	    (r = buf_append_byte(&n->names, 0)) == 0)
 		n->nrcpt++;

@@ -95,6 +95,8 @@ const char *queue_new_id(const struct queue_new *n);
 uint64_t queue_new_size(const struct queue_new *n);
 /* Recipients: all of them before the first body chunk. */
 int queue_new_rcpt(struct queue_new *n, struct str addr);
+/* With its DSN parameters (queue_write_rcpt_dsn() in queue_file.h). */
+int queue_new_rcpt_dsn(struct queue_new *n, struct str addr, unsigned notify, struct str orcpt);
 /* Body bytes, any length; written to the file when 64 KiB have gathered. */
 int queue_new_body(struct queue_new *n, struct str data);
 /*

@@ -3,11 +3,13 @@
  * doc/QUEUE.md).
  *
  * Record: type (1 byte) | length (u32 little-endian) | payload.
- *   S  "SLUICEQ1" + version (u32)
+ *   S  "SLUICEQ1" + version (u32): 2 is written, 1 and 2 are read
  *   E  id (16) | arrival_us (u64) | flags (u32) | size (u64) | then three strings, each
- *      length (u16) + bytes: sender, client, helo
+ *      length (u16) + bytes: sender, client, helo; version 2 adds ret (u8) and the
+ *      string envid
  *   C  QUEUE_CONTROL_LEN control bytes
- *   R  status (1) | address
+ *   R  status (1) | address; version 2: status (1) | notify (u8) | orcpt length (u16) |
+ *      orcpt | address
  *   B  body bytes (<= QUEUE_BODY_CHUNK)
  *   Z  XXH64 (u64) of every byte before this record, with each R record's status byte
  *      and the C record's payload counted as zero bytes (they change in place)
@@ -23,7 +25,8 @@
 #include "queue_file.h"
 
 #define MAGIC "SLUICEQ1"
-#define VERSION 1u
+#define VERSION 2u          /* written; VERSION_1 files are still read */
+#define VERSION_1 1u
 #define HDR 5 /* type + length */
 
 static const char b32[] = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"; /* Crockford */
@@ -164,12 +167,14 @@ static int record(struct queue_writer *w, char type, const void *payload, size_t
 int queue_write_head(struct queue_writer *w, const struct queue_envelope *e)
 {
 	if (e->sender.len > QUEUE_MAX_ADDR || e->client.len + e->helo.len > QUEUE_MAX_CLIENT ||
+	    e->envid.len > QUEUE_MAX_ENVID || e->ret > QUEUE_RET_HDRS ||
 	    !queue_id_valid(str_make(e->id, strnlen(e->id, QUEUE_ID_LEN + 1))))
 		return -EINVAL; /* the loader refuses an ID out of the alphabet: never write one */
 	unsigned char s[12];
 	memcpy(s, MAGIC, 8);
 	put_u32(s + 8, VERSION);
-	unsigned char env[QUEUE_ID_LEN + 20 + 6 + QUEUE_MAX_ADDR + QUEUE_MAX_CLIENT];
+	unsigned char env[QUEUE_ID_LEN + 20 + 6 + QUEUE_MAX_ADDR + QUEUE_MAX_CLIENT + 3 +
+			  QUEUE_MAX_ENVID];
 	size_t n = 0;
 	memcpy(env, e->id, QUEUE_ID_LEN);
 	n += QUEUE_ID_LEN;
@@ -184,6 +189,11 @@ int queue_write_head(struct queue_writer *w, const struct queue_envelope *e)
 			memcpy(env + n + 2, f[i]->ptr, f[i]->len);
 		n += 2 + f[i]->len;
 	}
+	env[n++] = e->ret;
+	put_u16(env + n, (uint16_t)e->envid.len);
+	if (e->envid.len)
+		memcpy(env + n + 2, e->envid.ptr, e->envid.len);
+	n += 2 + e->envid.len;
 	char ctl[QUEUE_CONTROL_LEN];
 	memset(ctl, '-', sizeof(ctl));
 	/* all three or none: the checksum state is kept to roll back with the buffer */
@@ -198,14 +208,25 @@ int queue_write_head(struct queue_writer *w, const struct queue_envelope *e)
 	return 0;
 }
 
+int queue_write_rcpt_dsn(struct queue_writer *w, struct str addr, unsigned notify,
+			 struct str orcpt)
+{
+	if (addr.len == 0 || addr.len > QUEUE_MAX_ADDR || orcpt.len > QUEUE_MAX_ORCPT ||
+	    notify > 0xff)
+		return -EINVAL;
+	unsigned char r[4 + QUEUE_MAX_ORCPT + QUEUE_MAX_ADDR];
+	r[0] = QUEUE_TODO;
+	r[1] = (unsigned char)notify;
+	put_u16(r + 2, (uint16_t)orcpt.len);
+	if (orcpt.len)
+		memcpy(r + 4, orcpt.ptr, orcpt.len);
+	memcpy(r + 4 + orcpt.len, addr.ptr, addr.len);
+	return record(w, 'R', r, 4 + orcpt.len + addr.len);
+}
+
 int queue_write_rcpt(struct queue_writer *w, struct str addr)
 {
-	if (addr.len == 0 || addr.len > QUEUE_MAX_ADDR)
-		return -EINVAL;
-	unsigned char r[1 + QUEUE_MAX_ADDR];
-	r[0] = QUEUE_TODO;
-	memcpy(r + 1, addr.ptr, addr.len);
-	return record(w, 'R', r, 1 + addr.len);
+	return queue_write_rcpt_dsn(w, addr, 0, STR_NULL);
 }
 
 int queue_write_body(struct queue_writer *w, struct str chunk)
@@ -243,8 +264,9 @@ static bool status_ok(unsigned char s)
 	return s == QUEUE_TODO || s == QUEUE_UNCERTAIN || s == QUEUE_DELIVERED || s == QUEUE_FAILED;
 }
 
-/* The envelope record's payload into e (slices into p). */
-static int load_envelope(const unsigned char *p, size_t len, struct queue_envelope *e)
+/* The envelope record's payload into e (slices into p), of a file of version v. */
+static int load_envelope(const unsigned char *p, size_t len, uint32_t v,
+			 struct queue_envelope *e)
 {
 	if (len < QUEUE_ID_LEN + 20 + 6)
 		return -EINVAL;
@@ -266,10 +288,44 @@ static int load_envelope(const unsigned char *p, size_t len, struct queue_envelo
 		*f[i] = str_make((const char *)p + off + 2, l);
 		off += 2 + l;
 	}
+	e->ret = QUEUE_RET_NONE;
+	e->envid = STR_NULL;
+	if (v >= 2) {
+		if (len - off < 3 || p[off] > QUEUE_RET_HDRS)
+			return -EINVAL;
+		e->ret = p[off];
+		size_t l = get_u16(p + off + 1);
+		if (len - off - 3 < l || l > QUEUE_MAX_ENVID)
+			return -EINVAL;
+		e->envid = str_make((const char *)p + off + 3, l);
+		off += 3 + l;
+	}
 	if (off != len || e->sender.len > QUEUE_MAX_ADDR ||
 	    e->client.len + e->helo.len > QUEUE_MAX_CLIENT)
 		return -EINVAL;
 	return 0;
+}
+
+/* A recipient record's payload (len >= 1, q[0] its status) past the status byte. */
+static bool load_rcpt(const unsigned char *q, size_t len, uint32_t v, struct queue_rcpt *rc)
+{
+	size_t off = 1;
+	rc->notify = 0;
+	rc->orcpt = STR_NULL;
+	if (v >= 2) {
+		if (len < 4)
+			return false;
+		size_t l = get_u16(q + 2);
+		if (l > QUEUE_MAX_ORCPT || len - 4 < l)
+			return false;
+		rc->notify = q[1];
+		rc->orcpt = str_make((const char *)q + 4, l);
+		off = 4 + l;
+	}
+	if (len - off < 1 || len - off > QUEUE_MAX_ADDR)
+		return false;
+	rc->addr = str_make((const char *)q + off, len - off);
+	return true;
 }
 
 int queue_file_load(const void *image, size_t n, struct queue_index *ret, const char **why)
@@ -301,14 +357,15 @@ int queue_file_load(const void *image, size_t n, struct queue_index *ret, const 
 		switch (type) {
 		case 'S':
 			if (state != 0 || len != 12 || memcmp(q, MAGIC, 8) != 0 ||
-			    get_u32(q + 8) != VERSION) {
-				*why = "not a sluice queue file of this version";
+			    (get_u32(q + 8) != VERSION && get_u32(q + 8) != VERSION_1)) {
+				*why = "not a sluice queue file of a version this build reads";
 				goto bad;
 			}
+			ix.version = get_u32(q + 8);
 			state = 1;
 			break;
 		case 'E':
-			if (state != 1 || load_envelope(q, len, &ix.env) < 0) {
+			if (state != 1 || load_envelope(q, len, ix.version, &ix.env) < 0) {
 				*why = "a bad or misplaced envelope record";
 				goto bad;
 			}
@@ -323,8 +380,10 @@ int queue_file_load(const void *image, size_t n, struct queue_index *ret, const 
 			memcpy(ix.control, q, QUEUE_CONTROL_LEN);
 			state = 3;
 			break;
-		case 'R':
-			if (state != 3 || len < 2 || len - 1 > QUEUE_MAX_ADDR || !status_ok(q[0])) {
+		case 'R': {
+			struct queue_rcpt rc;
+			if (state != 3 || len < 2 || !status_ok(q[0]) ||
+			    !load_rcpt(q, len, ix.version, &rc)) {
 				*why = "a bad or misplaced recipient record";
 				goto bad;
 			}
@@ -343,10 +402,11 @@ int queue_file_load(const void *image, size_t n, struct queue_index *ret, const 
 				ix.rcpt = r;
 				cap = nc;
 			}
-			ix.rcpt[ix.nrcpt++] = (struct queue_rcpt){
-				.status_off = off + HDR, .status = (char)q[0],
-				.addr = str_make((const char *)q + 1, len - 1) };
+			rc.status_off = off + HDR;
+			rc.status = (char)q[0];
+			ix.rcpt[ix.nrcpt++] = rc;
 			break;
+		}
 		case 'B':
 			if ((state != 3 && state != 4) || ix.nrcpt == 0 || len == 0 ||
 			    len > QUEUE_BODY_CHUNK) {

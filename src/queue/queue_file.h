@@ -37,6 +37,8 @@
 #define QUEUE_MAX_RECIPIENTS 1000000
 #define QUEUE_BODY_CHUNK 65536       /* the largest body record */
 #define QUEUE_MAX_CLIENT 512         /* client address and HELO, together */
+#define QUEUE_MAX_ENVID 100          /* bytes of a decoded ENVID (RFC 3461 4.4) */
+#define QUEUE_MAX_ORCPT 500          /* bytes of a decoded ORCPT, "type;address" (4.2) */
 
 enum queue_rcpt_status {
 	QUEUE_TODO = 'T',
@@ -58,6 +60,21 @@ enum queue_esmtp_flags {
 	QUEUE_SMTPUTF8 = 1u << 1,
 };
 
+/* RET= (RFC 3461 4.3), kept in the envelope (version 2). */
+enum queue_ret {
+	QUEUE_RET_NONE = 0,
+	QUEUE_RET_FULL,
+	QUEUE_RET_HDRS,
+};
+
+/* NOTIFY= (RFC 3461 4.1) of a recipient (version 2): 0 when not given. */
+enum queue_notify {
+	QUEUE_NOTIFY_NEVER = 1u << 0,
+	QUEUE_NOTIFY_SUCCESS = 1u << 1,
+	QUEUE_NOTIFY_FAILURE = 1u << 2,
+	QUEUE_NOTIFY_DELAY = 1u << 3,
+};
+
 /*
  * A queue ID: 16 characters of Crockford base32 -- 52 bits of the arrival time in
  * microseconds, then 28 bits of seq -- so that IDs sort by arrival as strings.  out gets
@@ -76,6 +93,8 @@ struct queue_envelope {
 	struct str helo;
 	uint32_t flags;          /* enum queue_esmtp_flags */
 	uint64_t size;           /* declared with MAIL SIZE=, 0 if none */
+	uint8_t ret;             /* enum queue_ret */
+	struct str envid;        /* ENVID=, xtext-decoded (printable ASCII); empty: none */
 };
 
 /* ---- writing ---- */
@@ -92,6 +111,11 @@ struct queue_writer *queue_writer_free(struct queue_writer *w);
  * -ENOBUFS (out is full; nothing of the records was appended). */
 int queue_write_head(struct queue_writer *w, const struct queue_envelope *e);
 int queue_write_rcpt(struct queue_writer *w, struct str addr);
+/* A recipient with its DSN parameters: notify (enum queue_notify bits, 0 if none) and
+ * orcpt, ORCPT= xtext-decoded as "type;address" (empty if none, at most
+ * QUEUE_MAX_ORCPT bytes). */
+int queue_write_rcpt_dsn(struct queue_writer *w, struct str addr, unsigned notify,
+			 struct str orcpt);
 /* A body chunk of 1 to QUEUE_BODY_CHUNK bytes (longer data: several calls). */
 int queue_write_body(struct queue_writer *w, struct str chunk);
 /* The end record. */
@@ -101,10 +125,13 @@ int queue_write_end(struct queue_writer *w);
 struct queue_rcpt {
 	uint64_t status_off;     /* the status byte's offset in the file */
 	char status;             /* enum queue_rcpt_status */
+	uint8_t notify;          /* enum queue_notify bits; 0 (none) in version 1 files */
 	struct str addr;         /* a slice of the image */
+	struct str orcpt;        /* "type;address", a slice of the image; empty: none */
 };
 
 struct queue_index {
+	uint32_t version;                 /* of the file: 1 or 2 (doc/QUEUE.md) */
 	struct queue_envelope env;
 	uint64_t control_off;             /* offset of control byte 0 */
 	char control[QUEUE_CONTROL_LEN];

@@ -67,12 +67,15 @@ static void log_field(const char *line, const char *key, char *out, size_t len)
 		out[0] = '\0';
 }
 
-/* The last line with status (failed, deferred) of each recipient, from the attempt log. */
+/* The last line with status (failed, deferred), or with status2 (relayed, or NULL), of
+ * each recipient, from the attempt log; relayed marks the recipients of status2 lines
+ * (when not NULL). */
 static void read_failures(struct relay *r, struct rmsg *m, struct fail_info *fi,
-			  const char *status)
+			  const char *status, const char *status2, bool *relayed)
 {
-	char want[32];
+	char want[32], want2[32];
 	snprintf(want, sizeof(want), " status=%s ", status);
+	snprintf(want2, sizeof(want2), " status=%s ", status2 ? status2 : status);
 	struct buf lb;
 	buf_init(&lb, 8u << 20);
 	if (queue_log_read(r->qd, m->id, &lb, 8u << 20) < 0 || lb.len == 0) {
@@ -85,10 +88,15 @@ static void read_failures(struct relay *r, struct rmsg *m, struct fail_info *fi,
 		if (next)
 			*next++ = '\0';
 		char *p = strstr(line, " rcpt=");
-		if (!p || !strstr(line, want))
+		bool second = p && status2 && strstr(line, want2);
+		if (!p || (!second && !strstr(line, want)))
 			continue;
 		size_t i = strtoul(p + 6, NULL, 10);
 		if (i >= m->nrcpt)
+			continue;
+		if (second && relayed)
+			relayed[i] = true;
+		if (!fi)
 			continue;
 		struct fail_info *f = &fi[i];
 		f->ts = strtoull(line + 3, NULL, 10);
@@ -98,6 +106,22 @@ static void read_failures(struct relay *r, struct rmsg *m, struct fail_info *fi,
 		snprintf(f->reply, sizeof(f->reply), "%s", q ? q + 7 : "");
 	}
 	buf_done(&lb);
+}
+
+void bounce_load_relayed(struct relay *r, struct rmsg *m)
+{
+	bool owed = false;
+	for (size_t i = 0; i < m->nrcpt && !owed; i++)
+		owed = m->r[i].status == QUEUE_DELIVERED && (m->r[i].notify & QUEUE_NOTIFY_SUCCESS);
+	if (!owed || m->bounce == 'S' || !*m->sender)
+		return;
+	bool *relayed = calloc(m->nrcpt, sizeof(*relayed));
+	if (!relayed)
+		return; /* XXX the notice is lost with the memory: never a bounce */
+	read_failures(r, m, NULL, "relayed", "relayed", relayed);
+	for (size_t i = 0; i < m->nrcpt; i++)
+		m->r[i].relayed = relayed[i] && m->r[i].status == QUEUE_DELIVERED;
+	free(relayed);
 }
 
 int bounce_collect_body(void *arg, struct str chunk)
@@ -140,10 +164,43 @@ static void retry_later(struct relay *r, struct rmsg *m, bool delayed)
 		r->warned_upto = TAILQ_PREV(m, rmsg_list, link);
 }
 
+/*
+ * What recipient i gets in the DSN being made, if anything: a delay notice goes to those
+ * still waiting, a bounce to the failed ones and (not for mail from <>) the relayed
+ * ones, each as its NOTIFY asks (RFC 3461 4.1).
+ */
+static bool rcpt_reported(const struct rmsg *m, size_t i, bool delayed, enum dsn_action *ret)
+{
+	const struct rrcpt *rr = &m->r[i];
+	if (delayed) {
+		*ret = DSN_DELAYED;
+		return (rr->status == QUEUE_TODO || rr->status == QUEUE_UNCERTAIN) &&
+		       rcpt_notify_wants(rr, QUEUE_NOTIFY_DELAY);
+	}
+	if (rr->status == QUEUE_FAILED) {
+		*ret = DSN_FAILED;
+		return rcpt_notify_wants(rr, QUEUE_NOTIFY_FAILURE);
+	}
+	*ret = DSN_RELAYED;
+	return rr->status == QUEUE_DELIVERED && rr->relayed && *m->sender;
+}
+
 void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
 {
 	const struct relay_conf *c = &r->crt->conf;
 	const char *to = m->sender;
+	size_t nf = 0;
+	enum dsn_action act;
+	for (size_t i = 0; i < m->nrcpt; i++)
+		nf += rcpt_reported(m, i, delayed, &act);
+	if (nf == 0) {
+		/* NOTIFY asked for no notice of this kind from any of them */
+		if (delayed)
+			m->warned = true;
+		else
+			bounce_done(r, m);
+		return;
+	}
 	if (!*to && delayed) {
 		/* no delay notice for mail from <>, not even to the postmaster */
 		m->warned = true;
@@ -164,10 +221,6 @@ void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
 		retry_later(r, m, delayed);
 		return;
 	}
-	size_t nf = 0;
-	for (size_t i = 0; i < m->nrcpt; i++)
-		nf += delayed ? m->r[i].status == QUEUE_TODO || m->r[i].status == QUEUE_UNCERTAIN
-			      : m->r[i].status == QUEUE_FAILED;
 	struct fail_info *fi = calloc(m->nrcpt, sizeof(*fi));
 	struct dsn_rcpt *dr = calloc(nf ? nf : 1, sizeof(*dr));
 	struct tx body = { 0 };
@@ -176,16 +229,16 @@ void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
 	buf_init(&out, DSN_MAX);
 	int rc = fi && dr && body.body ? 0 : -ENOMEM;
 	if (rc == 0) {
-		read_failures(r, m, fi, delayed ? "deferred" : "failed");
+		read_failures(r, m, fi, delayed ? "deferred" : "failed", delayed ? NULL : "relayed",
+			      NULL);
 		size_t k = 0;
-		for (size_t i = 0; i < m->nrcpt; i++) {
-			bool pending = m->r[i].status == QUEUE_TODO ||
-				       m->r[i].status == QUEUE_UNCERTAIN;
-			if (delayed ? !pending : m->r[i].status != QUEUE_FAILED)
+		for (size_t i = 0; i < m->nrcpt && k < nf; i++) {
+			if (!rcpt_reported(m, i, delayed, &act))
 				continue;
 			dr[k++] = (struct dsn_rcpt){
 				.addr = str_cstr(m->addr[i]),
-				.action = delayed ? DSN_DELAYED : DSN_FAILED,
+				.action = act,
+				.orcpt = m->qm->ix.rcpt[i].orcpt,
 				.status = str_cstr(fi[i].dsn),
 				.remote_mta = str_cstr(fi[i].mta),
 				.diagnostic = str_cstr(fi[i].reply),
@@ -197,6 +250,8 @@ void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
 			.reporting_mta = str_cstr(c->hostname),
 			.sender = str_cstr(to),
 			.queue_id = str_cstr(m->id),
+			.envid = m->qm->ix.env.envid,
+			.full = m->qm->ix.env.ret == QUEUE_RET_FULL,
 			.arrival_us = m->arrival_us,
 			.now_us = realtime_ns() / 1000,
 			.boundary_seed = str_cstr(m->id),

@@ -72,7 +72,21 @@ struct rrcpt {
 	uint32_t item;                /* its lane's item: m->items[item] (when lane is set) */
 	char status;                  /* T U D F, as on disk */
 	bool busy;                    /* in a transaction */
+	uint8_t notify;               /* its NOTIFY= (enum queue_notify), 0: none */
+	bool relayed;                 /* delivered with NOTIFY=SUCCESS to a server without
+					 DSN: a "relayed" notice is owed (its attempt log
+					 line says status=relayed, read again at load) */
 };
+
+/* Does the recipient's NOTIFY (RFC 3461 4.1) ask for the notice of kind bit
+ * (QUEUE_NOTIFY_FAILURE, _DELAY, _SUCCESS)?  Without NOTIFY: failures and delays, as
+ * before DSN was offered (RFC 3461 leaves DELAY to the MTA then). */
+static inline bool rcpt_notify_wants(const struct rrcpt *rr, unsigned bit)
+{
+	if (rr->notify == 0)
+		return bit != QUEUE_NOTIFY_SUCCESS;
+	return (rr->notify & bit) != 0;
+}
 
 /* One message's recipients in one lane: what the scheduler orders (relay_sched.h). */
 struct lane_item {
@@ -198,6 +212,7 @@ struct tx {
 	size_t n;
 	size_t *idx;
 	struct str *addrs;
+	struct smtp_out_rcpt_dsn *dsn; /* the recipients' DSN parameters */
 	struct str *body;
 	size_t nbody;
 	struct smtp_out_msg msg;      /* what smtp_out sends: valid until done() */
@@ -408,6 +423,9 @@ bool tx_start(struct lane *l, struct lane_conn *rc, uint64_t now, bool budget_ta
 int bounce_collect_body(void *arg, struct str chunk);
 void bounce_done(struct relay *r, struct rmsg *m);
 void bounce_start(struct relay *r, struct rmsg *m, bool delayed);
+/* At load: the relayed notices m still owes, from its attempt log (read only when a
+ * delivered recipient asked NOTIFY=SUCCESS and m's report is not sent yet). */
+void bounce_load_relayed(struct relay *r, struct rmsg *m);
 
 /* ---- relay_hist.c: the send history ---- */
 void hist_append(struct relay *r, const char *lane, uint64_t t_ns);

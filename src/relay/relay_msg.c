@@ -381,10 +381,12 @@ int msg_load(struct relay *r, const char *id)
 		m->addr[i] = p;
 		p += ix->rcpt[i].addr.len + 1;
 		m->r[i].status = ix->rcpt[i].status;
+		m->r[i].notify = ix->rcpt[i].notify;
 	}
 	m->held = ix->control[QUEUE_CTL_HOLD] == 'H';
 	m->bounce = ix->control[QUEUE_CTL_BOUNCE];
 	m->warned = ix->control[QUEUE_CTL_WARNED] == 'W';
+	bounce_load_relayed(r, m);
 	m->is_dsn = ix->env.sender.len == 0 && ix->env.client.len == strlen(DSN_CLIENT) &&
 		    memcmp(ix->env.client.ptr, DSN_CLIENT, ix->env.client.len) == 0;
 	queue_msg_close(&qm);
@@ -675,14 +677,19 @@ void msg_check_done(struct relay *r, struct rmsg *m)
 		msg_free(r, m);
 		return;
 	}
-	bool failed = false;
+	bool failed = false, notice = false;
 	for (size_t i = 0; i < m->nrcpt; i++) {
 		char s = m->r[i].status;
 		if (s == QUEUE_TODO || s == QUEUE_UNCERTAIN)
 			return;
 		failed |= s == QUEUE_FAILED;
+		notice |= (s == QUEUE_FAILED && rcpt_notify_wants(&m->r[i], QUEUE_NOTIFY_FAILURE)) ||
+			  (s == QUEUE_DELIVERED && m->r[i].relayed);
 	}
-	if (failed && m->bounce != 'S') {
+	if (failed && !notice && m->bounce != 'S')
+		relay_logf(r, LOG_LEVEL_INFO, "qid=%s bounce not sent: the failed recipients asked "
+			   "for none (NOTIFY); they are in the attempt log", m->id);
+	if (notice && m->bounce != 'S') {
 		if (m->bounce != 'P' && msg_open_file(r, m) == 0) {
 			/* the bounce is due (doc/QUEUE.md): recovery queues it if we crash */
 			queue_set_control(r->q, m->qm, QUEUE_CTL_BOUNCE, 'P');

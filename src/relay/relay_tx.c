@@ -21,6 +21,7 @@
 
 #include "dsn.h"
 #include "relay_int.h"
+#include "smtp.h"
 #include "util.h"
 
 /* ---- transactions ---- */
@@ -82,6 +83,7 @@ struct tx *tx_free(struct tx *t)
 	if (t) {
 		free(t->idx);
 		free(t->addrs);
+		free(t->dsn);
 		free(t->body);
 		free(t);
 	}
@@ -135,7 +137,8 @@ bool tx_start(struct lane *l, struct lane_conn *rc, uint64_t now, bool budget_ta
 	}
 	t->body = calloc(m->qm->ix.nbody ? m->qm->ix.nbody : 1, sizeof(*t->body));
 	t->addrs = calloc(t->n, sizeof(*t->addrs));
-	if (!t->body || !t->addrs ||
+	t->dsn = calloc(t->n, sizeof(*t->dsn));
+	if (!t->body || !t->addrs || !t->dsn ||
 	    queue_file_body(m->qm->map, m->qm->size, &m->qm->ix, bounce_collect_body, t) < 0) {
 		tx_free(t);
 		msg_close_file(m);
@@ -143,6 +146,9 @@ bool tx_start(struct lane *l, struct lane_conn *rc, uint64_t now, bool budget_ta
 	}
 	for (size_t k = 0; k < t->n; k++) {
 		t->addrs[k] = str_cstr(m->addr[t->idx[k]]);
+		/* the queue's NOTIFY bits are the codec's (intake_service.c checks) */
+		t->dsn[k] = (struct smtp_out_rcpt_dsn){ .notify = m->r[t->idx[k]].notify,
+							.orcpt = m->qm->ix.rcpt[t->idx[k]].orcpt };
 		m->r[t->idx[k]].busy = true;
 		m->r[t->idx[k]].attempts++;
 	}
@@ -161,6 +167,10 @@ bool tx_start(struct lane *l, struct lane_conn *rc, uint64_t now, bool budget_ta
 		.size = m->size,
 		.eightbit = (m->flags & QUEUE_8BITMIME) != 0,
 		.smtputf8 = (m->flags & QUEUE_SMTPUTF8) != 0,
+		.ret = m->qm->ix.env.ret == QUEUE_RET_FULL ? SMTP_RET_FULL :
+		       m->qm->ix.env.ret == QUEUE_RET_HDRS ? SMTP_RET_HDRS : SMTP_RET_NONE,
+		.envid = m->qm->ix.env.envid,
+		.rcpt_dsn = t->dsn,
 	};
 	evtimer_del(rc->idle_timer);
 	rc->st = RC_BUSY;
@@ -199,7 +209,8 @@ static void rcpt_outcome(struct relay *r, struct tx *t, size_t k, const struct c
 	switch (cr->verdict) {
 	case CLASSIFY_OK:
 		msg_set_status(r, m, i, QUEUE_DELIVERED);
-		msg_attempt_log(r, m, i, "sent", l->name, mta, "", text);
+		/* "relayed": a notice is owed (bounce_load_relayed() reads it after a restart) */
+		msg_attempt_log(r, m, i, m->r[i].relayed ? "relayed" : "sent", l->name, mta, "", text);
 		dsn_code(rep, '2', dsn, sizeof(dsn));
 		msg_delivery_log(r, LOG_LEVEL_INFO, m, i, l->name, mta, "sent", dsn, text, NULL);
 		r->st.delivered++;
@@ -291,6 +302,11 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 				lane_classify(l, rc->cls, SMTP_STAGE_RCPT, 0, rep, &cr);
 				relay_reply_text(res, rep, text, sizeof(text));
 			}
+			/* RFC 3461 6.2.2: NOTIFY=SUCCESS that the next hop cannot carry on is
+			 * answered here, with a "relayed" notice once the message is done */
+			struct rrcpt *rr = &m->r[t->idx[k]];
+			if (cr.verdict == CLASSIFY_OK && !res->dsn && (rr->notify & QUEUE_NOTIFY_SUCCESS))
+				rr->relayed = true;
 			rcpt_outcome(r, t, k, &cr, cr.verdict == CLASSIFY_OK ? &res->reply : rep, text,
 				     mta, &sig, sigtext, sizeof(sigtext));
 		}

@@ -262,6 +262,7 @@ static void fill_result(const struct smtp_out *c, struct smtp_out_result *r,
 	r->tls = c->tls;
 	r->tls_version = c->tls && c->tls_version ? c->tls_version : "";
 	r->auth_mech = c->authenticated ? c->auth_mech : "";
+	r->dsn = (c->ehlo.ext & SMTP_EHLO_DSN) != 0;
 }
 
 /* The transaction is over: call done() once.  The caller returns at once afterwards. */

@@ -11,6 +11,8 @@
  * (result error -EMSGSIZE, the server's advertised limit kept in the result).  8BITMIME
  * and SMTPUTF8 parameters are given when the message needs them and the server offers
  * them; a message that needs SMTPUTF8 to a server without it ends with -EPROTONOSUPPORT.
+ * The DSN parameters (RFC 3461: RET, ENVID, NOTIFY, ORCPT) are passed on, xtext-encoded
+ * again, when the server offers DSN, and dropped otherwise (result.dsn says which).
  *
  * Every stage has its own timeout (RFC 5321 4.5.3.2).  No call blocks; all callbacks run
  * on the loop given to smtp_out_new().  Peer input is hostile: replies go through the
@@ -114,6 +116,13 @@ struct smtp_out_conf {
 #define SMTP_OUT_RCPT_MAX 1000
 #define SMTP_OUT_ADDR_MAX 512        /* an address, without <> (RFC 5321 4.5.3.1.3: 256) */
 
+/* A recipient's DSN parameters (RFC 3461), decoded: sent xtext-encoded. */
+struct smtp_out_rcpt_dsn {
+	unsigned notify;             /* SMTP_NOTIFY_* bits of proto/smtp.h; 0: none */
+	struct str orcpt;            /* "type;address"; empty: none (dropped when its encoded
+					value would pass RFC 3461's 500 characters) */
+};
+
 /* One transaction.  Everything it points to stays valid until done() has run. */
 struct smtp_out_msg {
 	struct str sender;           /* empty: the null sender <> */
@@ -124,6 +133,9 @@ struct smtp_out_msg {
 	uint64_t size;               /* total body bytes (for SIZE=) */
 	bool eightbit;               /* BODY=8BITMIME when offered */
 	bool smtputf8;               /* SMTPUTF8 required */
+	unsigned ret;                /* RET=: SMTP_RET_* of proto/smtp.h, 0 none */
+	struct str envid;            /* ENVID=, decoded (printable ASCII); empty: none */
+	const struct smtp_out_rcpt_dsn *rcpt_dsn; /* nrcpt of them, or NULL: none */
 };
 
 /*
@@ -149,6 +161,7 @@ struct smtp_out_result {
 	bool tls;                    /* the session ran over TLS */
 	const char *tls_version;     /* "TLSv1.3" ... or "" */
 	const char *auth_mech;       /* the mechanism that authenticated, or "" */
+	bool dsn;                    /* the server offers DSN: the parameters went with it */
 };
 
 typedef void smtp_out_done_fn(void *arg, struct smtp_out *c, const struct smtp_out_result *r);

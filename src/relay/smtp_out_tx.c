@@ -26,6 +26,7 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
+#include "smtp.h"
 #include "smtp_out_int.h"
 #include "util.h"
 
@@ -52,10 +53,54 @@ static int add_path(struct evbuffer *o, const char *verb, struct str a)
 	return 0;
 }
 
+/* " KEY=" and v xtext-encoded, when that is at most max characters; else nothing. */
+static int add_xtext(struct evbuffer *o, const char *key, struct str prefix, struct str v,
+		     size_t max)
+{
+	char x[3 * SMTP_DSN_ORCPT_MAX];
+	size_t n;
+	if (v.len > SMTP_DSN_ORCPT_MAX || smtp_xtext_encode(v, x, sizeof(x), &n) < 0 ||
+	    prefix.len + n > max)
+		return 0; /* XXX dropped: the next hop would refuse it, and it is only a hint */
+	if (evbuffer_add_printf(o, " %s=%.*s%.*s", key, (int)prefix.len, prefix.ptr, (int)n, x) < 0)
+		return -ENOMEM;
+	return 0;
+}
+
+/* The DSN parameters of RCPT i (RFC 3461 4.1, 4.2), when the server offers DSN. */
+static int add_rcpt_dsn(struct smtp_out *c, struct evbuffer *o, size_t i)
+{
+	const struct smtp_out_rcpt_dsn *d = c->msg->rcpt_dsn ? &c->msg->rcpt_dsn[i] : NULL;
+	if (!d || !(c->ehlo.ext & SMTP_EHLO_DSN))
+		return 0;
+	if (d->notify) {
+		static const struct { unsigned bit; const char *word; } words[] = {
+			{ SMTP_NOTIFY_NEVER, "NEVER" }, { SMTP_NOTIFY_SUCCESS, "SUCCESS" },
+			{ SMTP_NOTIFY_FAILURE, "FAILURE" }, { SMTP_NOTIFY_DELAY, "DELAY" },
+		};
+		char v[40];
+		size_t n = 0;
+		for (size_t k = 0; k < sizeof(words) / sizeof(words[0]); k++)
+			if (d->notify & words[k].bit)
+				n += (size_t)snprintf(v + n, sizeof(v) - n, "%s%s", n ? "," : "",
+						      words[k].word);
+		if (n && evbuffer_add_printf(o, " NOTIFY=%s", v) < 0)
+			return -ENOMEM;
+	}
+	const char *semi = d->orcpt.len ? memchr(d->orcpt.ptr, ';', d->orcpt.len) : NULL;
+	if (semi && semi > d->orcpt.ptr) {
+		size_t tl = (size_t)(semi - d->orcpt.ptr) + 1;
+		return add_xtext(o, "ORCPT", str_make(d->orcpt.ptr, tl),
+				 str_make(semi + 1, d->orcpt.len - tl), SMTP_DSN_ORCPT_MAX);
+	}
+	return 0;
+}
+
 static int send_rcpt(struct smtp_out *c, size_t i)
 {
 	struct evbuffer *o = smtp_out_out_buf(c);
-	if (add_path(o, "RCPT TO:<", c->msg->rcpt[i]) < 0 || evbuffer_add(o, "\r\n", 2) < 0)
+	if (add_path(o, "RCPT TO:<", c->msg->rcpt[i]) < 0 || add_rcpt_dsn(c, o, i) < 0 ||
+	    evbuffer_add(o, "\r\n", 2) < 0)
 		return -ENOMEM;
 	return 0;
 }
@@ -92,6 +137,13 @@ int smtp_out_tx_write_mail(struct smtp_out *c)
 		r = evbuffer_add(o, " BODY=8BITMIME", 14);
 	if (r == 0 && m->smtputf8)
 		r = evbuffer_add(o, " SMTPUTF8", 9);
+	if (r == 0 && (c->ehlo.ext & SMTP_EHLO_DSN)) {
+		if (m->ret == SMTP_RET_FULL || m->ret == SMTP_RET_HDRS)
+			r = evbuffer_add_printf(o, " RET=%s", m->ret == SMTP_RET_FULL ? "FULL" : "HDRS") < 0
+				    ? -ENOMEM : 0;
+		if (r == 0 && m->envid.len)
+			r = add_xtext(o, "ENVID", STR_NULL, m->envid, SMTP_DSN_ENVID_MAX);
+	}
 	if (r == 0)
 		r = evbuffer_add(o, "\r\n", 2);
 	if (r == 0 && (c->ehlo.ext & SMTP_EHLO_PIPELINING))

@@ -6,12 +6,15 @@ what sluiced queued checks the file against the documented format.  A file is a 
 of records ``type (1 byte) | length (u32 LE) | payload``:
 
 ====  =====================================================================================
-S     ``SLUICEQ1`` and the format version (u32)
+S     ``SLUICEQ1`` and the format version (u32): 2, or 1 for files of earlier versions
 E     queue ID (16) | arrival µs (u64) | ESMTP flags (u32) | declared SIZE (u64) | sender,
-      client, HELO: each a u16 length and its bytes
+      client, HELO: each a u16 length and its bytes; version 2 adds RET (u8: 0 none,
+      1 FULL, 2 HDRS) and ENVID (u16 length and its bytes, xtext-decoded)
 C     8 control bytes, changed in place: [0] hold ``-``/``H``, [1] bounce ``-``/``P``/``S``,
       [2] delay notice ``-``/``W``
-R     one per recipient: status byte (``T`` ``U`` ``D`` ``F``) then the address
+R     one per recipient: status byte (``T`` ``U`` ``D`` ``F``) then the address; version 2
+      puts NOTIFY (u8 bits: 1 NEVER, 2 SUCCESS, 4 FAILURE, 8 DELAY; 0 none) and ORCPT
+      (u16 length and ``type;address`` xtext-decoded) between them
 B     body: the message as received (CRLF lines, dot-unstuffed, sluice's Received: first),
       in records of at most 64 KiB
 Z     XXH64 (seed 0) of every byte before it, the recipients' status bytes and the control
@@ -37,7 +40,8 @@ except ImportError:  # the checksum is then not checked (see Message.checksum_ch
     xxhash = None
 
 MAGIC = b"SLUICEQ1"
-VERSION = 1
+VERSION = 2
+VERSIONS = (1, 2)
 ID_LEN = 16
 ID_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"  # Crockford base32
 BODY_CHUNK = 65536
@@ -55,6 +59,8 @@ class Recipient:
     address: str
     status: str           # "T" to do, "U" uncertain, "D" delivered, "F" failed
     status_offset: int    # where the status byte is in the file
+    notify: int = 0       # NOTIFY= bits (version 2), 0 if none
+    orcpt: str = ""       # ORCPT= decoded, "type;address" (version 2)
 
 
 @dataclasses.dataclass
@@ -72,6 +78,9 @@ class Message:
     body: bytes
     body_records: int
     checksum_checked: bool
+    version: int = VERSION
+    ret: int = 0          # RET=: 0 none, 1 FULL, 2 HDRS
+    envid: str = ""       # ENVID= decoded
 
     @property
     def eightbitmime(self):
@@ -117,6 +126,7 @@ def parse(data, path=None):
     body = []
     end_at = None
     checksum = None
+    version = VERSION
     while off < len(data):
         if state == "end":
             raise QueueFileError("bytes after the end record")
@@ -131,13 +141,13 @@ def parse(data, path=None):
             if state != "start" or length != 12 or payload[:8] != MAGIC:
                 raise QueueFileError("not a sluice queue file")
             (version,) = struct.unpack_from("<I", payload, 8)
-            if version != VERSION:
-                raise QueueFileError(f"format version {version}, expected {VERSION}")
+            if version not in VERSIONS:
+                raise QueueFileError(f"format version {version}, expected one of {VERSIONS}")
             state = "envelope"
         elif rtype == "E":
             if state != "envelope":
                 raise QueueFileError("a misplaced envelope record")
-            env = _envelope(payload)
+            env = _envelope(payload, version)
             state = "control"
         elif rtype == "C":
             if state != "control" or length != 8:
@@ -154,7 +164,18 @@ def parse(data, path=None):
             status = chr(payload[0])
             if status not in STATUSES:
                 raise QueueFileError(f"recipient status {status!r}")
-            recipients.append(Recipient(_text(payload[1:]), status, off + 5))
+            notify, orcpt, addr = 0, "", payload[1:]
+            if version >= 2:
+                if length < 4:
+                    raise QueueFileError("a version 2 recipient record too short")
+                notify = payload[1]
+                (n,) = struct.unpack_from("<H", payload, 2)
+                if length - 4 < n:
+                    raise QueueFileError("an ORCPT running past its record")
+                orcpt, addr = _text(payload[4:4 + n]), payload[4 + n:]
+            if not addr:
+                raise QueueFileError("a recipient without an address")
+            recipients.append(Recipient(_text(addr), status, off + 5, notify, orcpt))
             hashed[off + 5] = 0
         elif rtype == "B":
             if state not in ("recipients", "body") or not recipients:
@@ -180,16 +201,17 @@ def parse(data, path=None):
         if want != checksum:
             raise QueueFileError(f"checksum {checksum:016x}, computed {want:016x}")
         checked = True
-    qid, arrival, flags, size, sender, client, helo = env
+    qid, arrival, flags, size, sender, client, helo, ret, envid = env
     if path is not None and pathlib.Path(path).name != qid:
         raise QueueFileError(f"file {path} holds queue ID {qid}")
     return Message(path=pathlib.Path(path) if path else None, id=qid, arrival_us=arrival,
                    flags=flags, size=size, sender=sender, client=client, helo=helo,
                    control=control, recipients=recipients, body=b"".join(body),
-                   body_records=len(body), checksum_checked=checked)
+                   body_records=len(body), checksum_checked=checked, version=version,
+                   ret=ret, envid=envid)
 
 
-def _envelope(p):
+def _envelope(p, version=VERSION):
     if len(p) < ID_LEN + 20 + 6:
         raise QueueFileError("an envelope record too short")
     qid = p[:ID_LEN].decode("ascii", errors="replace")
@@ -206,9 +228,19 @@ def _envelope(p):
             raise QueueFileError("an envelope string running past its record")
         fields.append(_text(p[off + 2:off + 2 + n]))
         off += 2 + n
+    ret, envid = 0, ""
+    if version >= 2:
+        if len(p) - off < 3 or p[off] > 2:
+            raise QueueFileError("a bad RET or ENVID in the envelope")
+        ret = p[off]
+        (n,) = struct.unpack_from("<H", p, off + 1)
+        if len(p) - off - 3 < n:
+            raise QueueFileError("an ENVID running past its record")
+        envid = _text(p[off + 3:off + 3 + n])
+        off += 3 + n
     if off != len(p):
         raise QueueFileError("bytes after the envelope's strings")
-    return (qid, arrival, flags, size, *fields)
+    return (qid, arrival, flags, size, *fields, ret, envid)
 
 
 def load(path):
@@ -223,3 +255,41 @@ def messages(queue_dir):
         return []
     found = [load(p) for p in sorted(root.glob("*/*")) if p.is_file()]
     return sorted(found, key=lambda m: m.id)
+
+
+def make_id(arrival_us, seq=0):
+    """A queue ID as sluiced makes it: 52 bits of the arrival time, 28 of seq."""
+    v = (arrival_us & ((1 << 52) - 1)) << 28 | (seq & ((1 << 28) - 1))
+    return "".join(ID_ALPHABET[(v >> (5 * (ID_LEN - 1 - i))) & 31] for i in range(ID_LEN))
+
+
+def write_v1(queue_dir, sender, recipients, body, arrival_us, client="[127.0.0.1]",
+             helo="localhost", flags=0):
+    """Write a committed message in format version 1 (what sluice wrote before DSN
+    parameters were kept) as queue_dir/msg/H/QID; returns the queue ID.  Needs xxhash."""
+    qid = make_id(arrival_us)
+    recs = [(b"S", MAGIC + struct.pack("<I", 1))]
+    env = qid.encode() + struct.pack("<QIQ", arrival_us, flags, 0)
+    for f in (sender, client, helo):
+        b = f.encode()
+        env += struct.pack("<H", len(b)) + b
+    recs.append((b"E", env))
+    recs.append((b"C", b"-" * 8))
+    for r in recipients:
+        recs.append((b"R", b"T" + r.encode()))
+    for i in range(0, len(body), BODY_CHUNK):
+        recs.append((b"B", body[i:i + BODY_CHUNK]))
+    out, hashed = bytearray(), bytearray()
+    for t, p in recs:
+        rec = t + struct.pack("<I", len(p)) + p
+        out += rec
+        if t == b"C":
+            rec = rec[:5] + bytes(len(p))
+        elif t == b"R":
+            rec = rec[:5] + b"\0" + rec[6:]
+        hashed += rec
+    out += b"Z" + struct.pack("<I", 8) + struct.pack("<Q", xxhash.xxh64_intdigest(bytes(hashed), seed=0))
+    d = pathlib.Path(queue_dir) / "msg" / qid[7]
+    d.mkdir(parents=True, exist_ok=True)
+    (d / qid).write_bytes(bytes(out))
+    return qid

@@ -320,15 +320,21 @@ def test_outgoing_sessions_take_host_class_slots(relay):
     assert sh.max_concurrent == 1
 
 
-def test_delay_warning_is_sent_once(relay):
-    """relay.delay_warning: a message still waiting after it gets one delay notice (Action:
-    delayed) for the recipients that wait, and is still delivered later."""
+def start_with_slow_route(sd):
+    """Start sd (made with start=False) with a route "slow" for slow.example before "isp",
+    to a port nothing listens on: its mail waits."""
     dead = free_port()
-    sd, sh, port = relay(route='tls = "none";', relay="delay_warning = 1s;", start=False)
     slow = (f'route "slow" {{\n  domains = ["slow.example"];\n'
             f'  smarthost = "[127.0.0.1]:{dead}";\n  tls = "none";\n}}\nroute "isp" {{')
     sd.write_config(sd.config_text.replace('route "isp" {', slow, 1))
     sd.start()
+
+
+def test_delay_warning_is_sent_once(relay):
+    """relay.delay_warning: a message still waiting after it gets one delay notice (Action:
+    delayed) for the recipients that wait, and is still delivered later."""
+    sd, sh, port = relay(route='tls = "none";', relay="delay_warning = 1s;", start=False)
+    start_with_slow_route(sd)
     send(port, ["a@slow.example", "b@example.net"], sender="me@example.org")
     wait_until(lambda: any(m.sender == "" for m in sh.accepted()), 30, "a delay notice")
     time.sleep(2)

@@ -2,7 +2,7 @@
  * fuzz_dsn -- the DSN formatter (dsn_format() in src/queue/dsn.c) on hostile peer text.
  *
  * Input: byte 0 holds flags (below), byte 1 the size of the body chunks (0: one chunk),
- * byte 2 picks a status; the rest is split at 0xFF bytes into the diagnostic, the remote
+ * byte 2 picks a status (bits 0-4) and holds more flags (bits 5-7, X_ below); the rest is split at 0xFF bytes into the diagnostic, the remote
  * MTA, a recipient address and the original message body (which may hold 0xFF itself).
  *
  * Every report formatted must be: CRLF lines only, no bare CR or LF, no NUL, no line over
@@ -43,6 +43,12 @@ enum {
 	F_PLANT = 1 << 5,     /* plant the first report's boundary in the headers */
 	F_TIMES = 1 << 6,     /* arrival and last attempt dates */
 	F_SENDER = 1 << 7,    /* the address field is also the sender (empty: the null one) */
+};
+
+enum {
+	X_FULL = 1 << 5,      /* RET=FULL: the whole message may be returned */
+	X_DSN_FIELDS = 1 << 6, /* the remote MTA is also the ENVID, the diagnostic each ORCPT */
+	X_RELAYED = 1 << 7,   /* recipients that are not delayed are relayed after the first */
 };
 
 #define OUT_MAX (4 * 1024 * 1024)
@@ -240,12 +246,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		in.info.arrival_us = in.info.now_us - 86400000000ULL;
 	if (flags & F_SENDER)
 		in.info.sender = field[2];
+	unsigned xflags = data[2];
+	in.info.full = (xflags & X_FULL) != 0;
+	if (xflags & X_DSN_FIELDS)
+		in.info.envid = field[1];
 	for (size_t k = 0; k < in.n; k++) {
+		enum dsn_action a = (flags & F_DELAYED) && (k % 2 == 1 || in.n == 1) ? DSN_DELAYED
+										   : DSN_FAILED;
+		if (a == DSN_FAILED && k > 0 && (xflags & X_RELAYED))
+			a = DSN_RELAYED;
 		in.rcpt[k] = (struct dsn_rcpt){
 			.addr = k == 0 ? addr : str_cstr("other@example.net"),
-			.action = (flags & F_DELAYED) && (k % 2 == 1 || in.n == 1) ? DSN_DELAYED
-										  : DSN_FAILED,
-			.status = str_cstr(statuses[(data[2] + k) % NSTATUS]),
+			.action = a,
+			.orcpt = xflags & X_DSN_FIELDS ? field[0] : STR_NULL,
+			.status = str_cstr(statuses[((xflags & 31) + k) % NSTATUS]),
 			.remote_mta = field[1],
 			.diagnostic = field[0],
 			.last_attempt_us = flags & F_TIMES ? in.info.now_us - k : 0,

@@ -7,7 +7,8 @@
  * and control bytes counted as zero), so the fuzzer gets past the one check a random
  * input cannot pass.  The rest is the image.  An accepted image must index consistently:
  * at least one recipient, every offset inside the image and holding the byte the index
- * says, the body records adding up to body_len.
+ * says, the body records adding up to body_len; in version 2 the DSN fields (ENVID,
+ * each ORCPT) slices of the image within their limits, and none in version 1.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -105,7 +106,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			CHECK(ix.rcpt[i].status_off < n);
 			CHECK(p[ix.rcpt[i].status_off] == (uint8_t)ix.rcpt[i].status);
 			CHECK(ix.rcpt[i].addr.len >= 1 && ix.rcpt[i].addr.len <= QUEUE_MAX_ADDR);
+			CHECK((const uint8_t *)ix.rcpt[i].addr.ptr > p &&
+			      (const uint8_t *)ix.rcpt[i].addr.ptr + ix.rcpt[i].addr.len <= p + n);
+			CHECK(ix.rcpt[i].orcpt.len <= QUEUE_MAX_ORCPT);
+			CHECK(ix.rcpt[i].orcpt.len == 0 ||
+			      ((const uint8_t *)ix.rcpt[i].orcpt.ptr > p &&
+			       (const uint8_t *)ix.rcpt[i].orcpt.ptr + ix.rcpt[i].orcpt.len <= p + n));
+			CHECK(ix.version == 2 || (ix.rcpt[i].notify == 0 && ix.rcpt[i].orcpt.len == 0));
 		}
+		CHECK(ix.version == 1 || ix.version == 2);
+		CHECK(ix.env.envid.len <= QUEUE_MAX_ENVID && ix.env.ret <= QUEUE_RET_HDRS);
+		CHECK(ix.version == 2 || (ix.env.envid.len == 0 && ix.env.ret == 0));
 		struct sum s = { 0, 0 };
 		CHECK(queue_file_body(p, n, &ix, add, &s) == 0);
 		CHECK(s.bytes == ix.body_len && s.chunks == ix.nbody);

@@ -204,7 +204,7 @@ static void walk(struct str s, struct doc *d)
 	assert_true(field(d->part[1].head, "Content-Type", 0, v, sizeof(v)));
 	assert_string_equal(v, "message/delivery-status");
 	assert_true(field(d->part[2].head, "Content-Type", 0, v, sizeof(v)));
-	assert_string_equal(v, "text/rfc822-headers");
+	assert_true(strcmp(v, "text/rfc822-headers") == 0 || strcmp(v, "message/rfc822") == 0);
 	/* parts 1 and 2 are US-ASCII */
 	for (int k = 0; k < 2; k++)
 		for (size_t j = 0; j < d->part[k].body.len; j++)
@@ -230,6 +230,19 @@ static int format(const struct dsn_info *info, const struct dsn_rcpt *r, size_t 
 {
 	struct str chunk = str_cstr(body);
 	return dsn_format(info, r, n, &chunk, body ? 1 : 0, out);
+}
+
+/* Field name of s is want (its idx-th occurrence); want NULL: there is none. */
+static void expect_field(struct str s, const char *name, const char *want)
+{
+	char v[512];
+	bool found = field(s, name, 0, v, sizeof(v));
+	if (!want) {
+		assert_false(found);
+		return;
+	}
+	assert_true(found);
+	assert_string_equal(v, want);
 }
 
 /* ---- cases -------------------------------------------------------------------------- */
@@ -362,6 +375,98 @@ static void test_delayed(void **state)
 	walk(buf_str(&out), &d);
 	assert_true(field(d.head, "Subject", 0, v, sizeof(v)));
 	assert_string_equal(v, "Undelivered Mail Returned to Sender");
+	buf_done(&out);
+}
+
+/* RFC 3461: the ENVID and each ORCPT given come back (Original-Envelope-Id,
+ * Original-Recipient), and a NOTIFY=SUCCESS recipient's "relayed" notice. */
+static void test_envid_orcpt_relayed(void **state)
+{
+	(void)state;
+	struct dsn_info info = info_default();
+	info.envid = str_cstr("QQ+314159 x");
+	struct dsn_rcpt r[2] = {
+		{ .addr = str_cstr("new@example.net"), .action = DSN_RELAYED,
+		  .orcpt = str_cstr("rfc822;old@example.net"), .remote_mta = str_cstr("mx.example.net") },
+		{ .addr = str_cstr("plain@example.net"), .action = DSN_RELAYED },
+	};
+	struct buf out;
+	buf_init(&out, OUT_MAX);
+	assert_int_equal(format(&info, r, 2, original, &out), 0);
+	check_lines(buf_str(&out));
+	struct doc d;
+	walk(buf_str(&out), &d);
+	expect_field(d.head, "Subject", "Relayed Mail Report");
+	assert_non_null(find(d.part[0].body, "<new@example.net>: relayed (2.0.0)").ptr);
+	struct str blk[4];
+	assert_int_equal(ds_blocks(d.part[1].body, blk, 4), 3);
+	expect_field(blk[0], "Original-Envelope-Id", "QQ+314159 x");
+	expect_field(blk[1], "Original-Recipient", "rfc822;old@example.net");
+	expect_field(blk[1], "Action", "relayed");
+	expect_field(blk[1], "Status", "2.0.0");
+	expect_field(blk[2], "Original-Recipient", NULL);
+	buf_done(&out);
+
+	/* a failure with its ORCPT: a bounce; no ENVID, no Original-Envelope-Id; a CR LF in
+	 * a value (the queue file is not trusted to hold printable text) starts no field */
+	info.envid = STR_NULL;
+	r[0].action = DSN_FAILED;
+	r[0].orcpt = str_cstr("rfc822;old@example.net\r\nAction: delivered");
+	buf_init(&out, OUT_MAX);
+	assert_int_equal(format(&info, r, 1, original, &out), 0);
+	check_lines(buf_str(&out));
+	walk(buf_str(&out), &d);
+	expect_field(d.head, "Subject", "Undelivered Mail Returned to Sender");
+	assert_int_equal(ds_blocks(d.part[1].body, blk, 4), 2);
+	expect_field(blk[0], "Original-Envelope-Id", NULL);
+	expect_field(blk[1], "Action", "failed");
+	char v[512];
+	assert_false(field(blk[1], "Action", 1, v, sizeof(v)));
+	buf_done(&out);
+}
+
+/* RET=FULL: a bounce returns the whole message (message/rfc822) when it fits, its
+ * headers otherwise; a delay notice always the headers. */
+static void test_ret_full(void **state)
+{
+	(void)state;
+	struct dsn_info info = info_default();
+	info.full = true;
+	struct dsn_rcpt r = { .addr = str_cstr("gone@example.net"), .action = DSN_FAILED };
+	struct buf out;
+	buf_init(&out, OUT_MAX);
+	assert_int_equal(format(&info, &r, 1, original, &out), 0);
+	check_lines(buf_str(&out));
+	struct doc d;
+	walk(buf_str(&out), &d);
+	expect_field(d.part[2].head, "Content-Type", "message/rfc822");
+	assert_non_null(find(d.part[2].body, "Subject: ").ptr);
+	assert_non_null(find(d.part[2].body, "Body text, which must not be attached.").ptr);
+	size_t with_body = d.part[2].body.len;
+	buf_done(&out);
+
+	/* a delay notice: headers only */
+	r.action = DSN_DELAYED;
+	buf_init(&out, OUT_MAX);
+	assert_int_equal(format(&info, &r, 1, original, &out), 0);
+	walk(buf_str(&out), &d);
+	expect_field(d.part[2].head, "Content-Type", "text/rfc822-headers");
+	assert_true(d.part[2].body.len < with_body);
+	buf_done(&out);
+
+	/* too large to return: headers only */
+	r.action = DSN_FAILED;
+	static char big[DSN_MAX_RETURNED + 100];
+	memcpy(big, "Subject: big\r\n\r\n", 16);
+	for (size_t i = 16; i + 2 <= sizeof(big); i += 2)
+		memcpy(big + i, "x\n", 2);
+	struct str chunk = str_make(big, sizeof(big));
+	buf_init(&out, OUT_MAX);
+	assert_int_equal(dsn_format(&info, &r, 1, &chunk, 1, &out), 0);
+	check_lines(buf_str(&out));
+	walk(buf_str(&out), &d);
+	expect_field(d.part[2].head, "Content-Type", "text/rfc822-headers");
+	assert_true(d.part[2].body.len < 100);
 	buf_done(&out);
 }
 
@@ -867,6 +972,8 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_structure),
 		cmocka_unit_test(test_delayed),
+		cmocka_unit_test(test_envid_orcpt_relayed),
+		cmocka_unit_test(test_ret_full),
 		cmocka_unit_test(test_status),
 		cmocka_unit_test(test_headers_limit),
 		cmocka_unit_test(test_headers_chunks),

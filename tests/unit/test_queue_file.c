@@ -12,6 +12,8 @@
 #include <string.h>
 
 #include <cmocka.h>
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
 
 #include "queue_file.h"
 #include "util.h"
@@ -197,11 +199,134 @@ static void test_writer_limits(void **state)
 	buf_done(&b);
 }
 
+
+/* Version 2 keeps the DSN parameters: RET and ENVID in the envelope, NOTIFY and ORCPT per
+ * recipient; their limits are refused when writing. */
+static void test_dsn_fields(void **state)
+{
+	(void)state;
+	struct buf b;
+	buf_init(&b, 1 << 20);
+	struct queue_envelope e = { .arrival_us = 1795309607134392ULL, .sender = str_cstr("a@b.example"),
+				    .client = str_cstr("[192.0.2.1]"), .helo = str_cstr("h"),
+				    .ret = QUEUE_RET_HDRS, .envid = str_cstr("QQ+314159") };
+	queue_id_make(e.id, e.arrival_us, 1);
+	struct queue_writer *w = queue_writer_new(&b);
+	assert_int_equal(queue_write_head(w, &e), 0);
+	assert_int_equal(queue_write_rcpt_dsn(w, str_cstr("x@c.example"), QUEUE_NOTIFY_NEVER,
+					      str_cstr("rfc822;old@c.example")), 0);
+	assert_int_equal(queue_write_rcpt(w, str_cstr("y@c.example")), 0);
+	assert_int_equal(queue_write_rcpt_dsn(w, str_cstr("z@c.example"),
+					      QUEUE_NOTIFY_SUCCESS | QUEUE_NOTIFY_DELAY, STR_NULL), 0);
+	char big[QUEUE_MAX_ORCPT + 2];
+	memset(big, 'o', sizeof(big));
+	assert_int_equal(queue_write_rcpt_dsn(w, str_cstr("q@c.example"), 0,
+					      str_make(big, QUEUE_MAX_ORCPT + 1)), -EINVAL);
+	assert_int_equal(queue_write_body(w, str_cstr("Subject: x\r\n\r\nbody\r\n")), 0);
+	assert_int_equal(queue_write_end(w), 0);
+	queue_writer_free(w);
+	struct queue_index ix;
+	const char *why;
+	assert_int_equal(queue_file_load(b.ptr, b.len, &ix, &why), 0);
+	assert_int_equal(ix.version, 2);
+	assert_int_equal(ix.env.ret, QUEUE_RET_HDRS);
+	assert_true(str_eq_cstr(ix.env.envid, "QQ+314159"));
+	assert_int_equal(ix.nrcpt, 3);
+	assert_int_equal(ix.rcpt[0].notify, QUEUE_NOTIFY_NEVER);
+	assert_true(str_eq_cstr(ix.rcpt[0].orcpt, "rfc822;old@c.example"));
+	assert_true(str_eq_cstr(ix.rcpt[0].addr, "x@c.example"));
+	assert_int_equal(ix.rcpt[1].notify, 0);
+	assert_int_equal(ix.rcpt[1].orcpt.len, 0);
+	assert_int_equal(ix.rcpt[2].notify, QUEUE_NOTIFY_SUCCESS | QUEUE_NOTIFY_DELAY);
+	for (size_t i = 0; i < ix.nrcpt; i++)
+		assert_int_equal(b.ptr[ix.rcpt[i].status_off], 'T');
+	/* an ORCPT length running past its record is refused */
+	b.ptr[ix.rcpt[1].status_off + 2] = 0x7f;
+	queue_index_clear(&ix);
+	assert_int_equal(queue_file_load(b.ptr, b.len, &ix, &why), -EINVAL);
+	/* an ENVID over its limit is not written */
+	buf_reset(&b);
+	w = queue_writer_new(&b);
+	e.envid = str_make(big, QUEUE_MAX_ENVID + 1);
+	assert_int_equal(queue_write_head(w, &e), -EINVAL);
+	queue_writer_free(w);
+	buf_done(&b);
+}
+
+static void put_rec(struct buf *b, XXH64_state_t *st, char type, const void *p, size_t len,
+		    size_t zero)
+{
+	unsigned char h[5] = { (unsigned char)type, (unsigned char)len, (unsigned char)(len >> 8),
+			       (unsigned char)(len >> 16), (unsigned char)(len >> 24) };
+	assert_int_equal(buf_append(b, h, 5), 0);
+	assert_int_equal(buf_append(b, p, len), 0);
+	static const unsigned char z[8];
+	XXH64_update(st, h, 5);
+	XXH64_update(st, z, zero);
+	XXH64_update(st, (const unsigned char *)p + zero, len - zero);
+}
+
+/* A file of version 1, written as sluice wrote it before version 2, still loads: no DSN
+ * parameters, its recipients' status bytes where they are. */
+static void test_version_1(void **state)
+{
+	(void)state;
+	struct buf b;
+	buf_init(&b, 1 << 20);
+	XXH64_state_t st;
+	XXH64_reset(&st, 0);
+	unsigned char s[12] = "SLUICEQ1\1\0\0\0";
+	put_rec(&b, &st, 'S', s, 12, 0);
+	unsigned char env[QUEUE_ID_LEN + 20 + 6 + 64] = { 0 };
+	char id[QUEUE_ID_LEN + 1];
+	queue_id_make(id, 1795309607134392ULL, 3);
+	memcpy(env, id, QUEUE_ID_LEN);
+	size_t n = QUEUE_ID_LEN + 20;
+	const char *f[3] = { "old@b.example", "[192.0.2.1]", "h" };
+	for (int i = 0; i < 3; i++) {
+		env[n] = (unsigned char)strlen(f[i]);
+		memcpy(env + n + 2, f[i], strlen(f[i]));
+		n += 2 + strlen(f[i]);
+	}
+	put_rec(&b, &st, 'E', env, n, 0);
+	put_rec(&b, &st, 'C', "--------", 8, 8);
+	put_rec(&b, &st, 'R', "Tr1@c.example", 13, 1);
+	put_rec(&b, &st, 'R', "Fr2@c.example", 13, 1);
+	put_rec(&b, &st, 'B', "Subject: x\r\n\r\n", 14, 0);
+	uint64_t d = XXH64_digest(&st);
+	unsigned char z[8];
+	for (int i = 0; i < 8; i++)
+		z[i] = (unsigned char)(d >> (8 * i));
+	unsigned char h[5] = { 'Z', 8, 0, 0, 0 };
+	assert_int_equal(buf_append(&b, h, 5), 0);
+	assert_int_equal(buf_append(&b, z, 8), 0);
+	struct queue_index ix;
+	const char *why = NULL;
+	assert_int_equal(queue_file_load(b.ptr, b.len, &ix, &why), 0);
+	assert_int_equal(ix.version, 1);
+	assert_true(str_eq_cstr(ix.env.sender, "old@b.example"));
+	assert_int_equal(ix.env.ret, QUEUE_RET_NONE);
+	assert_int_equal(ix.env.envid.len, 0);
+	assert_int_equal(ix.nrcpt, 2);
+	assert_true(str_eq_cstr(ix.rcpt[1].addr, "r2@c.example"));
+	assert_int_equal(ix.rcpt[1].status, 'F');
+	assert_int_equal(ix.rcpt[1].notify, 0);
+	assert_int_equal(ix.rcpt[1].orcpt.len, 0);
+	assert_int_equal(b.ptr[ix.rcpt[0].status_off], 'T');
+	queue_index_clear(&ix);
+	/* version 3 is not read */
+	b.ptr[5 + 8] = 3;
+	assert_int_equal(queue_file_load(b.ptr, b.len, &ix, &why), -EINVAL);
+	buf_done(&b);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_ids),
 		cmocka_unit_test(test_round_trip),
+		cmocka_unit_test(test_dsn_fields),
+		cmocka_unit_test(test_version_1),
 		cmocka_unit_test(test_many_recipients),
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_writer_limits),

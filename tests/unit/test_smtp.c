@@ -519,8 +519,6 @@ static const struct {
 	{ "<> FOO=bar", false, -ENOTSUP, NULL, NOSIZE, 0, false },
 	{ "<> FOO", false, -ENOTSUP, NULL, NOSIZE, 0, false },
 	{ "<> AUTH=<>", false, -ENOTSUP, NULL, NOSIZE, 0, false },
-	{ "<> RET=FULL", false, -ENOTSUP, NULL, NOSIZE, 0, false },
-	{ "<> ENVID=abc", false, -ENOTSUP, NULL, NOSIZE, 0, false },
 	{ "<> BODY=BINARYMIME", false, -ENOTSUP, NULL, NOSIZE, 0, false },
 	{ "<> BODY=8BIT", false, -ENOTSUP, NULL, NOSIZE, 0, false },
 	{ "<> SIZE-X=1", false, -ENOTSUP, NULL, NOSIZE, 0, false },
@@ -602,14 +600,16 @@ static const struct {
 	{ "<j\xc3@example.org>", true, -EINVAL, NULL, false },
 	{ "<j\xc3\xb6rg@example.org>", false, -EILSEQ, NULL, false },
 	{ "<b@\xc3\xa9.example>", false, -EILSEQ, NULL, false },
-	{ "<b@example.org> NOTIFY=NEVER", false, -ENOTSUP, NULL, false },
-	{ "<b@example.org> ORCPT=rfc822;b@example.org", false, -ENOTSUP, NULL, false },
+	{ "<b@example.org> NOTIFY=NEVER", false, 0, "b@example.org", false },
+	{ "<b@example.org> ORCPT=rfc822;b@example.org", false, 0, "b@example.org", false },
+	{ "<b@example.org> RET=FULL", false, -ENOTSUP, NULL, false },
 	{ "<b@example.org> SIZE=1", false, -ENOTSUP, NULL, false },
 	{ "<postmaster> X", false, -ENOTSUP, NULL, false },
 	{ "<b@example.org> =y", false, -EPROTO, NULL, false },
 	{ "<b@example.org> _x", false, -EPROTO, NULL, false },
 	/* parameters come before the 8-bit question */
-	{ "<j\xc3\xb6rg@example.org> NOTIFY=NEVER", false, -ENOTSUP, NULL, false },
+	{ "<j\xc3\xb6rg@example.org> NOTIFY=NEVER", false, -EILSEQ, NULL, false },
+	{ "<j\xc3\xb6rg@example.org> NOTIFY=NEVR", false, -EPROTO, NULL, false },
 };
 
 static void test_rcpt(void **state)
@@ -632,6 +632,143 @@ static void test_rcpt(void **state)
 		assert_str(rc.addr, rcpt_cases[ci].addr, strlen(rcpt_cases[ci].addr), "addr", ci);
 		assert_int_equal(rc.postmaster, rcpt_cases[ci].postmaster);
 	}
+}
+
+/* RFC 3461 parameters of MAIL: RET and ENVID, checked, returned as sent. */
+static const struct {
+	const char *arg;
+	int result;
+	enum smtp_ret ret;
+	const char *envid;
+} dsn_mail_cases[] = {
+	{ "<a@b.example> RET=FULL", 0, SMTP_RET_FULL, "" },
+	{ "<a@b.example> ret=hdrs", 0, SMTP_RET_HDRS, "" },
+	{ "<a@b.example> RET=HDRS ENVID=QQ314159", 0, SMTP_RET_HDRS, "QQ314159" },
+	{ "<> ENVID=a+2Bb+3Dc", 0, SMTP_RET_NONE, "a+2Bb+3Dc" },
+	{ "<> ENVID=a+2bb", 0, SMTP_RET_NONE, "a+2bb" },
+	{ "<> ENVID=a+20b", 0, SMTP_RET_NONE, "a+20b" },
+	{ "<> RET=", -EPROTO, 0, NULL },
+	{ "<> RET", -EPROTO, 0, NULL },
+	{ "<> RET=BODY", -EPROTO, 0, NULL },
+	{ "<> RET=FULL RET=FULL", -EPROTO, 0, NULL },
+	{ "<> RET=FULL ret=HDRS", -EPROTO, 0, NULL },
+	{ "<> ENVID=", -EPROTO, 0, NULL },
+	{ "<> ENVID", -EPROTO, 0, NULL },
+	{ "<> ENVID=a ENVID=a", -EPROTO, 0, NULL },
+	{ "<> ENVID=a=b", -EPROTO, 0, NULL },      /* "=" is not xchar */
+	{ "<> ENVID=a+2", -EPROTO, 0, NULL },      /* "+" and one digit */
+	{ "<> ENVID=a+", -EPROTO, 0, NULL },
+	{ "<> ENVID=a+GG", -EPROTO, 0, NULL },
+	{ "<> ENVID=a+0D+0Ab", -EPROTO, 0, NULL }, /* CR LF: not printable */
+	{ "<> ENVID=a+00", -EPROTO, 0, NULL },
+	{ "<> ENVID=a+7F", -EPROTO, 0, NULL },
+	{ "<> ENVID=a+C3+B6", -EPROTO, 0, NULL },  /* 8-bit */
+	{ "<> ENVID=\xc3\xb6", -EPROTO, 0, NULL },
+};
+
+/* RFC 3461 parameters of RCPT: NOTIFY and ORCPT. */
+static const struct {
+	const char *arg;
+	int result;
+	unsigned notify;
+	const char *orcpt_type, *orcpt;
+} dsn_rcpt_cases[] = {
+	{ "<b@c.example> NOTIFY=NEVER", 0, SMTP_NOTIFY_NEVER, "", "" },
+	{ "<b@c.example> notify=Success", 0, SMTP_NOTIFY_SUCCESS, "", "" },
+	{ "<b@c.example> NOTIFY=SUCCESS,FAILURE,DELAY", 0,
+	  SMTP_NOTIFY_SUCCESS | SMTP_NOTIFY_FAILURE | SMTP_NOTIFY_DELAY, "", "" },
+	{ "<b@c.example> NOTIFY=DELAY,FAILURE ORCPT=rfc822;b+2Bx@c.example", 0,
+	  SMTP_NOTIFY_DELAY | SMTP_NOTIFY_FAILURE, "rfc822", "b+2Bx@c.example" },
+	{ "<b@c.example> ORCPT=RFC822;old@c.example NOTIFY=FAILURE", 0, SMTP_NOTIFY_FAILURE,
+	  "RFC822", "old@c.example" },
+	{ "<b@c.example> ORCPT=x-local;a;b", 0, 0, "x-local", "a;b" },
+	{ "<b@c.example> NOTIFY=", -EPROTO, 0, NULL, NULL },
+	{ "<b@c.example> NOTIFY", -EPROTO, 0, NULL, NULL },
+	{ "<b@c.example> NOTIFY=NEVER,SUCCESS", -EPROTO, 0, NULL, NULL },
+	{ "<b@c.example> NOTIFY=FAILURE,NEVER", -EPROTO, 0, NULL, NULL },
+	{ "<b@c.example> NOTIFY=SUCCESS,SUCCESS", -EPROTO, 0, NULL, NULL },
+	{ "<b@c.example> NOTIFY=SUCCESS,", -EPROTO, 0, NULL, NULL },
+	{ "<b@c.example> NOTIFY=,SUCCESS", -EPROTO, 0, NULL, NULL },
+	{ "<b@c.example> NOTIFY=SUCCESS,,DELAY", -EPROTO, 0, NULL, NULL },
+	{ "<b@c.example> NOTIFY=ALWAYS", -EPROTO, 0, NULL, NULL },
+	{ "<b@c.example> NOTIFY=NEVER NOTIFY=NEVER", -EPROTO, 0, NULL, NULL },
+	{ "<b@c.example> ORCPT=rfc822", -EPROTO, 0, NULL, NULL },
+	{ "<b@c.example> ORCPT=rfc822;", -EPROTO, 0, NULL, NULL },
+	{ "<b@c.example> ORCPT=;b@c.example", -EPROTO, 0, NULL, NULL },
+	{ "<b@c.example> ORCPT=rf(c;b@c.example", -EPROTO, 0, NULL, NULL },
+	{ "<b@c.example> ORCPT=rfc822;b+0A@c.example", -EPROTO, 0, NULL, NULL },
+	{ "<b@c.example> ORCPT=rfc822;a ORCPT=rfc822;a", -EPROTO, 0, NULL, NULL },
+	{ "<b@c.example> NOTIFY=NEVER FOO=1", -ENOTSUP, 0, NULL, NULL },
+};
+
+static void test_dsn_params(void **state)
+{
+	(void)state;
+	for (size_t ci = 0; ci < ARRAY_SIZE(dsn_mail_cases); ci++) {
+		struct smtp_mail m;
+		const char *why = NULL;
+		int r = smtp_parse_mail(S(dsn_mail_cases[ci].arg), false, &m, &why);
+		if (r != dsn_mail_cases[ci].result)
+			fail_msg("mail case %zu (%s): returned %d (%s)", ci, dsn_mail_cases[ci].arg, r,
+				 why ? why : "");
+		if (r < 0)
+			continue;
+		assert_int_equal(m.ret, dsn_mail_cases[ci].ret);
+		assert_str(m.envid, dsn_mail_cases[ci].envid, strlen(dsn_mail_cases[ci].envid), "envid",
+			   ci);
+	}
+	for (size_t ci = 0; ci < ARRAY_SIZE(dsn_rcpt_cases); ci++) {
+		struct smtp_rcpt rc;
+		const char *why = NULL;
+		int r = smtp_parse_rcpt(S(dsn_rcpt_cases[ci].arg), false, &rc, &why);
+		if (r != dsn_rcpt_cases[ci].result)
+			fail_msg("rcpt case %zu (%s): returned %d (%s)", ci, dsn_rcpt_cases[ci].arg, r,
+				 why ? why : "");
+		if (r < 0)
+			continue;
+		assert_int_equal(rc.notify, dsn_rcpt_cases[ci].notify);
+		assert_str(rc.orcpt_type, dsn_rcpt_cases[ci].orcpt_type,
+			   strlen(dsn_rcpt_cases[ci].orcpt_type), "orcpt_type", ci);
+		assert_str(rc.orcpt, dsn_rcpt_cases[ci].orcpt, strlen(dsn_rcpt_cases[ci].orcpt), "orcpt",
+			   ci);
+	}
+	/* the lengths of RFC 3461: ENVID 100 characters, ORCPT's value 500 */
+	char arg[700];
+	snprintf(arg, sizeof(arg), "<> ENVID=%0100d", 0);
+	struct smtp_mail m;
+	assert_int_equal(smtp_parse_mail(S(arg), false, &m, NULL), 0);
+	assert_int_equal(m.envid.len, 100);
+	snprintf(arg, sizeof(arg), "<> ENVID=%0101d", 0);
+	assert_int_equal(smtp_parse_mail(S(arg), false, &m, NULL), -EPROTO);
+	struct smtp_rcpt rc;
+	snprintf(arg, sizeof(arg), "<b@c.example> ORCPT=rfc822;%0493d", 0); /* 7 + 493 */
+	assert_int_equal(smtp_parse_rcpt(S(arg), false, &rc, NULL), 0);
+	assert_int_equal(rc.orcpt.len, 493);
+	snprintf(arg, sizeof(arg), "<b@c.example> ORCPT=rfc822;%0494d", 0);
+	assert_int_equal(smtp_parse_rcpt(S(arg), false, &rc, NULL), -EPROTO);
+}
+
+/* xtext both ways (RFC 3461 4). */
+static void test_xtext(void **state)
+{
+	(void)state;
+	char out[64];
+	size_t n = 99;
+	assert_int_equal(smtp_xtext_decode(S("a+2Bb+3dc+20"), out, sizeof(out), &n), 0);
+	assert_int_equal(n, 6);
+	assert_memory_equal(out, "a+b=c ", 6);
+	assert_int_equal(smtp_xtext_decode(S(""), out, sizeof(out), &n), 0);
+	assert_int_equal(n, 0);
+	assert_int_equal(smtp_xtext_decode(S("abc"), out, 2, &n), -ENOBUFS);
+	assert_int_equal(smtp_xtext_decode(S("a b"), out, sizeof(out), &n), -EINVAL);
+	assert_int_equal(smtp_xtext_decode(S("+0D"), out, sizeof(out), &n), -EINVAL);
+	assert_int_equal(smtp_xtext_decode(S("+4"), out, sizeof(out), &n), -EINVAL);
+	assert_int_equal(smtp_xtext_encode(S("a+b=c d\x01\xff"), out, sizeof(out), &n), 0);
+	assert_int_equal(n, 19);
+	assert_memory_equal(out, "a+2Bb+3Dc+20d+01+FF", 19);
+	assert_int_equal(smtp_xtext_encode(S("a+"), out, 3, &n), -ENOBUFS);
+	assert_int_equal(smtp_xtext_encode(S("a+"), out, 4, &n), 0);
+	assert_int_equal(n, 4);
 }
 
 /* The limits: labels of 63 and 64 bytes, domains of 255 and 256, addresses of
@@ -1120,6 +1257,8 @@ int main(void)
 		cmocka_unit_test(test_commands),
 		cmocka_unit_test(test_mail),
 		cmocka_unit_test(test_rcpt),
+		cmocka_unit_test(test_dsn_params),
+		cmocka_unit_test(test_xtext),
 		cmocka_unit_test(test_address_limits),
 		cmocka_unit_test(test_helo),
 		cmocka_unit_test(test_data_table),
