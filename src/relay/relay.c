@@ -538,7 +538,8 @@ static int apply_conf(struct relay *r, void *arg)
 			rt = NULL;
 		bool moved = !l->rt || !rt || (rt->conf->host && l->rt->conf->host &&
 					       strcmp(rt->conf->host, l->rt->conf->host) != 0) ||
-			     (rt->conf->port != l->rt->conf->port);
+			     (rt->conf->port != l->rt->conf->port) ||
+			     (rt->conf->mx_port != l->rt->conf->mx_port);
 		lane_reconf(l, rt);
 		if (moved) {
 			free(l->targets);

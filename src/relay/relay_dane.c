@@ -15,13 +15,20 @@
  * (or one reached over a trusted path), as Postfix does.  "Verified": the handshake must
  * match a usable record (OpenSSL's DANE, DANE-EE without name checks, DANE-TA against the
  * MX host's name); a mismatch fails the connection, and the next MX host is tried.
- * "Deferred": the lane's due recipients wait for their next retry (relay.retry), with the
- * reason in their attempt log (`sluice queue`), the log and `sluice lanes`; never
- * bounced: a DANE failure may be an attack, or a rollover, and passes.
+ * "Deferred": the next MX host is tried (RFC 7672 2.2: as one that cannot be reached);
+ * once every one was, the lane's due recipients wait for their next retry (relay.retry),
+ * with the reason in their attempt log (`sluice queue`), the log and `sluice lanes`;
+ * never bounced: a DANE failure may be an attack, or a rollover, and passes.  At most
+ * DANE_DEFER_BATCH messages per event: the lane is kicked again for the rest.
  *
  * Each lane keeps the TLSA answers of its MX hosts (at most DANE_HOSTS, by name and
- * port) for their TTL, within relay.dns_min_ttl and dns_max_ttl; a failed lookup is
- * asked again after relay.dns_retry_min, doubling up to dns_retry_max.
+ * port, each allocated when first needed) for their TTL, within relay.dns_min_ttl and
+ * dns_max_ttl; a failed lookup is asked again after relay.dns_retry_min, doubling up to
+ * dns_retry_max.  An answer serves the connection attempt that asked for it even when its
+ * TTL is already over (TTL 0 with dns_min_ttl = 0): "fresh".  A connection is reused only
+ * while the answers it was made from hold (dane_reusable()).
+ *
+ * XXX the cache is per lane: domains sharing MX hosts each look up _PORT._tcp.HOST.
  *
  * XXX the MX hosts' address records are not checked for validation (RFC 7672 2.2.2 skips
  * TLSA lookups for a host whose addresses are insecure): a host in an unsigned zone has no
@@ -43,6 +50,7 @@
 
 #define DANE_HOSTS MX_MAX_TARGETS
 #define DANE_DSN "4.7.5"        /* RFC 3463: cryptographic failure */
+#define DANE_DEFER_BATCH 256    /* messages deferred per event (law 8) */
 
 enum dane_state {
 	DH_EMPTY = 0,
@@ -59,6 +67,7 @@ struct dane_host {
 	uint16_t port;
 	enum dane_state state;
 	uint64_t until;               /* ns: the answer's end, or a failure's retry time */
+	bool fresh;                   /* not yet used by the attempt that asked for it */
 	unsigned failures;            /* lookups failed in a row */
 	struct mx_query *q;
 	struct smtp_out_tlsa *recs;   /* DH_RECORDS: the usable ones, data in the same block */
@@ -68,7 +77,7 @@ struct dane_host {
 
 struct lane_dane {
 	struct lane *l;
-	struct dane_host h[DANE_HOSTS];
+	struct dane_host *h[DANE_HOSTS]; /* allocated when used */
 	size_t n;
 };
 
@@ -85,8 +94,9 @@ void dane_free(struct lane *l)
 	if (!ld)
 		return;
 	for (size_t i = 0; i < ld->n; i++) {
-		mx_cancel(ld->h[i].q);
-		dane_host_clear(&ld->h[i]);
+		mx_cancel(ld->h[i]->q);
+		dane_host_clear(ld->h[i]);
+		free(ld->h[i]);
 	}
 	free(ld);
 	l->dane = NULL;
@@ -104,13 +114,19 @@ static struct dane_host *dane_host_get(struct lane *l, const char *host, uint16_
 	struct lane_dane *ld = l->dane;
 	struct dane_host *old = NULL;
 	for (size_t i = 0; i < ld->n; i++) {
-		struct dane_host *dh = &ld->h[i];
+		struct dane_host *dh = ld->h[i];
 		if (dh->port == port && strcasecmp(dh->host, host) == 0)
 			return dh;
 		if (dh->state != DH_LOOKING && (!old || dh->until < old->until))
 			old = dh;
 	}
-	struct dane_host *dh = ld->n < DANE_HOSTS ? &ld->h[ld->n++] : old;
+	struct dane_host *dh = old;
+	if (ld->n < DANE_HOSTS) {
+		dh = calloc(1, sizeof(*dh));
+		if (!dh)
+			return NULL;
+		ld->h[ld->n++] = dh;
+	}
 	if (!dh)
 		return NULL;
 	dane_host_clear(dh);
@@ -130,6 +146,15 @@ static void dane_take(struct dane_host *dh, const struct mx_tlsa_answer *a)
 			n++;
 			bytes += a->recs[i].len;
 		}
+	if (n == 0 && a->malformed) {
+		/* records not kept (past DNS_ANSWER_RR_MAX, or over DNS_TLSA_FULL_MAX) may be
+		 * the usable ones: not "TLS without verification" on a guess */
+		dh->state = DH_FAILED;
+		snprintf(dh->why, sizeof(dh->why), "the TLSA answer of %.200s has %zu record(s) "
+			 "sluice does not read (malformed, too many, or too large), none usable",
+			 dh->host, a->malformed);
+		return;
+	}
 	if (n == 0) {
 		dh->state = DH_UNUSABLE;
 		snprintf(dh->why, sizeof(dh->why), "TLSA records of %.200s, none usable (usages 0 and 1 "
@@ -172,6 +197,7 @@ static void dane_on_tlsa(void *arg, int error, const struct mx_tlsa_answer *a)
 		return;
 	}
 	dane_host_clear(dh);
+	dh->fresh = true;
 	if (error == 0 || error == -ENOENT) {
 		dh->failures = 0;
 		dh->until = now + mx_ttl_ms(a->ttl, (uint64_t)c->dns_min_ttl_ms,
@@ -183,6 +209,12 @@ static void dane_on_tlsa(void *arg, int error, const struct mx_tlsa_answer *a)
 				 dh->host);
 		} else {
 			dane_take(dh, a);
+			if (dh->state == DH_FAILED) {
+				dh->until = now + mx_retry_ms(++dh->failures,
+							      (uint64_t)c->dns_retry_min_ms,
+							      (uint64_t)c->dns_retry_max_ms) * 1000000u;
+				relay_logf(r, LOG_LEVEL_WARNING, "lane=%s dane: %s", l->name, dh->why);
+			}
 		}
 	} else {
 		dh->failures++;
@@ -216,12 +248,14 @@ static void dane_status(struct lane *l, const char *fmt, ...)
 void dane_defer(struct lane *l, const char *mta, const char *text)
 {
 	struct relay *r = l->r;
-	size_t idx[64], n = 0, total = 0;
+	size_t idx[64], n = 0, total = 0, msgs = 0;
 	uint64_t now = realtime_ns(), next = UINT64_MAX;
 	struct lane_item *it;
 
 	dane_status(l, "%.200s: DEFERRED: %.300s", mta, text);
-	while ((it = lane_pick(l, now, sizeof(idx) / sizeof(idx[0]), idx, &n, &next)) != NULL) {
+	l->targets_fresh = false; /* the next attempt looks the MX hosts up again if due */
+	while (msgs++ < DANE_DEFER_BATCH &&
+	       (it = lane_pick(l, now, sizeof(idx) / sizeof(idx[0]), idx, &n, &next)) != NULL) {
 		struct rmsg *m = it->m;
 		if (msg_open_file(r, m) < 0) {
 			/* gone (deleted behind the relay's back) or unreadable: forgotten, as
@@ -246,17 +280,39 @@ void dane_defer(struct lane *l, const char *mta, const char *text)
 	}
 	relay_logf(r, LOG_LEVEL_WARNING, "lane=%s mta=%s DANE: %s: %zu recipient(s) deferred",
 		   l->name, mta, text, total);
-	lane_arm(l, 0);
+	lane_arm(l, 0); /* the rest, if any, on the next round */
+}
+
+/*
+ * RFC 7672 2.2: a host whose TLSA lookup failed, or that has no DANE under dane-only,
+ * is skipped as one that cannot be reached: the next MX host (past tg's other
+ * addresses) is tried; once every one was, the due recipients are deferred.
+ */
+static void dane_skip(struct lane *l, const struct mx_target *tg, const char *text)
+{
+	size_t i = l->next_target % l->ntargets;
+	while (i + 1 < l->ntargets && strcasecmp(l->targets[i + 1].host, tg->host) == 0)
+		i++;
+	if (i + 1 < l->ntargets) {
+		relay_logf(l->r, LOG_LEVEL_NOTICE, "lane=%s mta=%s DANE: %s: the next MX host",
+			   l->name, tg->host, text);
+		l->next_target = (unsigned)(i + 1);
+		lane_arm(l, 0);
+		return;
+	}
+	l->next_target = 0;
+	dane_defer(l, tg->host, text);
 }
 
 int dane_prepare(struct lane *l, const struct mx_target *tg, enum smtp_out_tls *ret_tls,
-		 const struct dane_host **ret_dh)
+		 const struct dane_host **ret_dh, uint64_t *ret_until)
 {
 	struct relay *r = l->r;
 	bool only = l->rt->conf->tls == SMTP_TLS_DANE_ONLY;
 	char text[600];
 
 	*ret_dh = NULL;
+	*ret_until = l->targets_until;
 	if (!tg->secure) {
 		snprintf(text, sizeof(text), "the MX records of %.200s are not DNSSEC-validated",
 			 l->domain ? l->domain : "?");
@@ -279,12 +335,19 @@ int dane_prepare(struct lane *l, const struct mx_target *tg, enum smtp_out_tls *
 	if (dh->state == DH_LOOKING)
 		return 0;
 	uint64_t now = realtime_ns();
-	if (dh->state == DH_EMPTY || now >= dh->until) {
+	if (dh->state == DH_EMPTY || (now >= dh->until && !dh->fresh)) {
 		struct mx_query *q = NULL;
 		dh->state = DH_LOOKING;
 		dh->q = (struct mx_query *)1; /* as lane_resolve(): done() may come first */
 		int e = mx_tlsa_lookup(r->dns, dh->host, port, dane_on_tlsa, dh, &q);
-		if (e < 0) {
+		if (e == -EINVAL) {
+			/* _PORT._tcp.HOST is longer than a name can be: no TLSA record can exist */
+			dh->q = NULL;
+			dh->state = DH_NONE;
+			dh->until = now + (uint64_t)r->crt->conf.dns_max_ttl_ms * 1000000u;
+			snprintf(dh->why, sizeof(dh->why), "no TLSA records can exist for _%u._tcp.%.200s "
+				 "(too long a name)", (unsigned)port, dh->host);
+		} else if (e < 0) {
 			dh->q = NULL;
 			dh->state = DH_FAILED;
 			dh->failures++;
@@ -298,6 +361,9 @@ int dane_prepare(struct lane *l, const struct mx_target *tg, enum smtp_out_tls *
 			return 0;
 		}
 	}
+	dh->fresh = false;
+	if (dh->until < *ret_until)
+		*ret_until = dh->until;
 	switch (dh->state) {
 	case DH_RECORDS:
 		*ret_tls = SMTP_TLS_REQUIRE;
@@ -322,8 +388,14 @@ int dane_prepare(struct lane *l, const struct mx_target *tg, enum smtp_out_tls *
 	}
 	snprintf(text, sizeof(text), "%.400s%s", dh->why,
 		 only && dh->state != DH_FAILED ? " (dane-only: no delivery without DANE)" : "");
-	dane_defer(l, tg->host, text);
+	dane_skip(l, tg, text);
 	return -1;
+}
+
+bool dane_reusable(const struct lane_conn *rc, uint64_t now)
+{
+	/* the first transaction is the one it was made for, even on an answer of TTL 0 */
+	return !rc->until || now < rc->until || !rc->c || smtp_out_transactions(rc->c) == 0;
 }
 
 int dane_attach(struct lane_conn *rc, const struct dane_host *dh)

@@ -156,6 +156,8 @@ struct lane {
 	struct mx_target *targets;
 	size_t ntargets;
 	uint64_t targets_until;       /* their TTL (relay.dns_min_ttl, dns_max_ttl) ends */
+	bool targets_fresh;           /* serve the attempts that asked for them, even past
+				       * targets_until (TTL 0), until one connects or all failed */
 	unsigned dns_failures;        /* lookups failed in a row: the retry's backoff */
 	unsigned next_target;
 	struct mx_query *query;
@@ -188,6 +190,8 @@ struct lane_conn {
 	struct tx *tx;
 	unsigned target;
 	struct smtp_out_dane *dane;   /* its TLSA records (oc.dane), owned */
+	bool dane_tls;                /* TLS made mandatory by TLSA records (tls = "dane") */
+	uint64_t until;               /* not reused from then on (its DNS answers' end), or 0 */
 	TAILQ_ENTRY(lane_conn) link;
 };
 
@@ -387,9 +391,13 @@ void lane_kick(struct lane *l);
 /* ---- relay_dane.c: DANE ---- */
 /* The TLS for a connection of l to tg under tls = "dane" / "dane-only": 1 and *ret_tls
  * (with *ret_dh, the records for dane_attach(), when it must verify); 0: a TLSA lookup is
- * under way (the lane is kicked when it ends); -1: the due recipients were deferred. */
+ * under way (the lane is kicked when it ends); -1: the next MX host is to be tried (the
+ * lane is kicked), or, every one tried, the due recipients were deferred.  *ret_until:
+ * when the answers the decision rests on end (no reuse of the connection after). */
 int dane_prepare(struct lane *l, const struct mx_target *tg, enum smtp_out_tls *ret_tls,
-		 const struct dane_host **ret_dh);
+		 const struct dane_host **ret_dh, uint64_t *ret_until);
+/* Whether rc may carry another transaction: its MX and TLSA answers still hold. */
+bool dane_reusable(const struct lane_conn *rc, uint64_t now);
 /* Give rc its copy of dh's records (rc->dane, rc->oc).  0 or -ENOMEM. */
 int dane_attach(struct lane_conn *rc, const struct dane_host *dh);
 /* Defer l's due recipients (their retry backoff), saying why. */
