@@ -624,6 +624,7 @@ struct relay *relay_free(struct relay *r)
 		free(l->call); /* cancelled when the relay stopped */
 		lane_free(l);
 	}
+	dane_cache_free(r);
 	struct rmsg *m;
 	while ((m = TAILQ_FIRST(&r->msgs))) {
 		m->nitems = 0; /* the lanes are gone */

@@ -62,7 +62,7 @@
 struct lane;
 struct rmsg;
 struct lane_conn;
-struct lane_dane;
+struct dane_cache;
 struct dane_host;
 
 struct rrcpt {
@@ -169,7 +169,7 @@ struct lane {
 	bool slot_granted;
 	uint64_t delivered, failed, deferred, suspensions, transactions;
 	char last[200];               /* the last reply or error, for `sluice lanes` */
-	struct lane_dane *dane;       /* tls = "dane": its MX hosts' TLSA answers */
+	struct dane_host *dane_wait;  /* tls = "dane": the TLSA lookup it waits for */
 	char dane_status[400];        /* tls = "dane": the last connection's, for `sluice lanes` */
 	TAILQ_ENTRY(lane) link;
 };
@@ -275,6 +275,7 @@ struct relay {
 	struct lane **lane_idx;       /* by name: chained, a power of two of buckets */
 	size_t lane_idx_size;
 	uint64_t lane_seed;           /* the index's hash key: names hold peers' domains */
+	struct dane_cache *dane;      /* MX hosts' TLSA answers (relay_dane.c), or NULL */
 	struct sched sched;           /* the lanes' wake-ups */
 	struct event *wake;           /* one timer for all of them, at sched_next_wake() */
 	uint64_t wake_at;             /* when it is armed for (SCHED_NEVER: not armed) */
@@ -405,6 +406,8 @@ void dane_defer(struct lane *l, const char *mta, const char *text);
 /* A DANE connection is set up: log and show how the server was authenticated. */
 void dane_on_ready(struct lane_conn *rc, struct smtp_out *c);
 void dane_free(struct lane *l);
+/* The relay's TLSA answers go (after the resolver: its lookups are cancelled). */
+void dane_cache_free(struct relay *r);
 
 /* ---- relay_tx.c: transactions ---- */
 struct lane_item *lane_pick(struct lane *l, uint64_t now, size_t max, size_t *idx,
