@@ -19,7 +19,11 @@
  * once every one was, the lane's due recipients wait for their next retry (relay.retry),
  * with the reason in their attempt log (`sluice queue`), the log and `sluice lanes`;
  * never bounced: a DANE failure may be an attack, or a rollover, and passes.  At most
- * DANE_DEFER_BATCH messages per event: the lane is kicked again for the rest.
+ * DANE_DEFER_BATCH messages per event: the lane is kicked again for the rest.  (An MX
+ * answer that is not validated is every host's: dane-only defers at once.)  A TLSA
+ * answer with records sluice does not read (past DNS_ANSWER_RR_MAX, too large, or
+ * malformed) and none usable among those it read is a failed lookup, not unverified TLS;
+ * a TLSA name too long to exist (_PORT._tcp. and a 253-character host) is "no records".
  *
  * The relay keeps the TLSA answers of MX hosts by name and port, shared by the lanes
  * (at most DANE_CACHE_MAX; expired ones go when it is full), for their TTL, within
