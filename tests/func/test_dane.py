@@ -30,6 +30,8 @@ from smarthost import Smarthost, make_test_certs
 pytestmark = pytest.mark.skipif(not available(), reason="needs nsd, unbound, ldnsutils")
 
 ZONE = "example.test"
+# an MX host of 245 characters: _PORT._tcp. before it is longer than a name can be
+LONG = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 40])
 
 
 def spki_sha256(cert_path):
@@ -64,6 +66,7 @@ def zone_records(port, certs, mx_ttl=60, plain_port=None):
                       ("two", "mxbogus2")):
         recs.append(f"{dom} {mx_ttl if dom == 'ttl' else 60} IN MX 10 {host}")
     recs += ["two 60 IN MX 20 mx", "zero 0 IN MX 10 mxzero", "mxzero 0 IN A 127.0.0.1",
+             f"long 60 IN MX 10 {LONG}", f"{LONG} 60 IN A 127.0.0.1",
              "mxbogus2 60 IN A 127.0.0.2", f"_{port}._tcp.mxzero 0 IN TLSA 3 1 1 {ee}"]
     for host in ("mx", "mxbad", "mxnone", "mxta", "mxbogus", "mxpkix", "mxtaname",
                  "mxeename"):
@@ -246,10 +249,14 @@ def test_tlsa_without_starttls_defers(relay, next_hop):
 def test_no_tlsa_is_opportunistic_and_dane_only_defers(relay, next_hop):
     """A host without TLSA records: delivered with opportunistic TLS under dane; under
     dane-only nothing is sent and the recipient is deferred.  A host with only unusable
-    records (PKIX-EE): TLS without verification (RFC 7672 2.2: not in clear)."""
+    records (PKIX-EE): TLS without verification (RFC 7672 2.2: not in clear).  An MX
+    host whose TLSA name would be too long has none: opportunistic TLS, not a deferral."""
     sh = next_hop[0]
     sd, port = relay()
-    send(port, [f"e@none.{ZONE}", f"f@strict.{ZONE}", f"o@pkix.{ZONE}"])
+    send(port, [f"e@none.{ZONE}", f"f@strict.{ZONE}", f"o@pkix.{ZONE}", f"w@long.{ZONE}"])
+    wait_until(lambda: got(sh, f"w@long.{ZONE}"), 20, "delivery to long.example.test")
+    sd.log.wait_for(r"lane=direct:long\.example\.test mta=a{63}\S* no DANE: TLS not verified "
+                    r"\(a{63}\S*: no DANE, no TLSA records can exist for")
     wait_until(lambda: got(sh, f"o@pkix.{ZONE}"), 20, "delivery to pkix.example.test")
     assert got(sh, f"o@pkix.{ZONE}")[0].tls
     sd.log.wait_for(r"lane=direct:pkix\.example\.test mta=mxpkix\S* no DANE: TLS not verified "
