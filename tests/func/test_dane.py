@@ -51,8 +51,9 @@ def der_hex(cert_path):
 
 
 def zone_records(port, certs, mx_ttl=60, plain_port=None):
-    """The zone's records.  The certificate names mx, mxbad, mxnone, mxta and mxbogus;
-    not mxtaname (DANE-TA: deferred), mxeename (DANE-EE: no name check) nor mxzero.  The
+    """The zone's records.  The certificate names mx, mxbad, mxnone, mxta and mxbogus,
+    and mxw*: a partial wildcard, which DANE-TA does not accept for mxwild (RFC 7672
+    3.2.3); not mxtaname (DANE-TA: deferred), mxeename (DANE-EE: no name check) nor mxzero.  The
     domain "two" has a first MX host whose TLSA records do not validate (mxbogus2, on an
     address of its own, as mx.c drops duplicate addresses) and a second that delivers;
     "zero" has MX, A and TLSA answers of TTL 0."""
@@ -63,18 +64,19 @@ def zone_records(port, certs, mx_ttl=60, plain_port=None):
     for dom, host in (("ok", "mx"), ("bad", "mxbad"), ("none", "mxnone"), ("ta", "mxta"),
                       ("bogus", "mxbogus"), ("strict", "mxnone"), ("ttl", "mx"),
                       ("pkix", "mxpkix"), ("taname", "mxtaname"), ("eename", "mxeename"),
-                      ("two", "mxbogus2")):
+                      ("two", "mxbogus2"), ("wild", "mxwild")):
         recs.append(f"{dom} {mx_ttl if dom == 'ttl' else 60} IN MX 10 {host}")
     recs += ["two 60 IN MX 20 mx", "zero 0 IN MX 10 mxzero", "mxzero 0 IN A 127.0.0.1",
              f"long 60 IN MX 10 {LONG}", f"{LONG} 60 IN A 127.0.0.1",
              "mxbogus2 60 IN A 127.0.0.2", f"_{port}._tcp.mxzero 0 IN TLSA 3 1 1 {ee}"]
     for host in ("mx", "mxbad", "mxnone", "mxta", "mxbogus", "mxpkix", "mxtaname",
-                 "mxeename"):
+                 "mxeename", "mxwild"):
         recs.append(f"{host} 60 IN A 127.0.0.1")
     recs += [f"_{port}._tcp.mx 60 IN TLSA 3 1 1 {ee}",
              f"_{port}._tcp.mxbad 60 IN TLSA 3 1 1 {wrong}",
              f"_{port}._tcp.mxta 60 IN TLSA 2 0 0 {ta}",
              f"_{port}._tcp.mxtaname 60 IN TLSA 2 0 0 {ta}",
+             f"_{port}._tcp.mxwild 60 IN TLSA 2 0 0 {ta}",
              f"_{port}._tcp.mxeename 60 IN TLSA 3 1 1 {ee}",
              f"_{port}._tcp.mxbogus 60 IN TLSA 3 1 1 {ee}",
              f"_{port}._tcp.mxbogus2 60 IN TLSA 3 1 1 {ee}",
@@ -103,7 +105,7 @@ def next_hop(func_tmp):
     """The STARTTLS server every MX host of the zone points to."""
     d = func_tmp / "dane"
     certs = make_test_certs(d / "certs", hostnames=tuple(
-        f"{h}.{ZONE}" for h in ("mx", "mxbad", "mxnone", "mxta", "mxbogus")), ips=())
+        f"{h}.{ZONE}" for h in ("mx", "mxbad", "mxnone", "mxta", "mxbogus", "mxw*")), ips=())
     sh = SlowHop(tls_cert=certs.cert, tls_key=certs.key).start()
     plain = Smarthost().start()  # no STARTTLS
     yield sh, certs, d, plain
@@ -208,11 +210,13 @@ def test_mismatch_and_bogus_defer_never_bounce(relay, next_hop):
     reason (lanes, queue, log), nothing fails and no bounce is queued."""
     sh = next_hop[0]
     sd, port = relay()
-    send(port, [f"c@bad.{ZONE}", f"d@bogus.{ZONE}", f"t@taname.{ZONE}"])
-    # DANE-TA checks the MX host's name: the certificate does not hold mxtaname
-    sd.log.wait_for(r"rcpt=<t@taname\.example\.test> lane=direct:taname\.example\.test .*"
-                    r"status=deferred dsn=4\.7\.5 reply=\"the server's certificate does not name "
-                    r"the MX host \(DANE-TA\)", timeout=20)
+    send(port, [f"c@bad.{ZONE}", f"d@bogus.{ZONE}", f"t@taname.{ZONE}", f"s@wild.{ZONE}"])
+    # DANE-TA checks the MX host's name: the certificate does not hold mxtaname, and
+    # holds mxwild only through a partial wildcard (mxw*)
+    for user, dom in (("t", "taname"), ("s", "wild")):
+        sd.log.wait_for(rf"rcpt=<{user}@{dom}\.example\.test> lane=direct:{dom}\.example\.test "
+                        r".*status=deferred dsn=4\.7\.5 reply=\"the server's certificate does not "
+                        r"name the MX host \(DANE-TA\)", timeout=20)
     sd.log.wait_for(r"rcpt=<c@bad\.example\.test> lane=direct:bad\.example\.test .*"
                     r"status=deferred dsn=4\.7\.5 reply=\"the server's certificate matches no "
                     r"TLSA record", timeout=20)
@@ -220,7 +224,7 @@ def test_mismatch_and_bogus_defer_never_bounce(relay, next_hop):
                     r"status=deferred dsn=4\.7\.5 reply=\"the TLSA lookup of _\d+\._tcp\."
                     r"mxbogus\.example\.test failed", timeout=20)
     assert not got(sh, f"c@bad.{ZONE}") and not got(sh, f"d@bogus.{ZONE}")
-    assert not got(sh, f"t@taname.{ZONE}")
+    assert not got(sh, f"t@taname.{ZONE}") and not got(sh, f"s@wild.{ZONE}")
     bad, bogus = lane(sd, f"direct:bad.{ZONE}"), lane(sd, f"direct:bogus.{ZONE}")
     assert "DEFERRED" in bad["dane"] and "matches no TLSA record" in bad["dane"], bad
     assert bad["failed"] == 0 and bad["deferred"] >= 1, bad
