@@ -44,8 +44,14 @@
  *   ares_create_query(): c-ares 1.18 has no flag for it), so that a validating resolver
  *   says whether it validated the answer (RFC 6840 5.7); the answer's header, TTLs and
  *   TLSA records are read by proto/dns_answer.c, bounded and fuzzed.  c-ares still checks
- *   that the answer is the one asked for (id, question), and tries the next server on
- *   SERVFAIL, REFUSED and NOTIMP (then reports ARES_ESERVFAIL and the like: temporary).
+ *   that the answer is the one asked for (id, question).  It does not ask the next server
+ *   after a SERVFAIL, REFUSED or NOTIMP (ARES_FLAG_NOCHECKRESP): a validating resolver's
+ *   SERVFAIL is its verdict on records that do not validate (maybe an attack), and asking
+ *   a server that does not validate would turn it into an unsigned answer, opportunistic
+ *   TLS instead of a deferral.  Those answers come back as they are, and a SERVFAIL is a
+ *   temporary failure here (mx_answer_status(), mx_tlsa_deliver()); ares_getaddrinfo()
+ *   maps them itself (ARES_ESERVFAIL ...).  A timeout still moves on to the next server:
+ *   under DANE every configured server must validate (doc/RELAY.md).
  * - TTLs: a target carries the least TTL of the answers it came from (MX, A/AAAA); a
  *   TLSA answer its own, or its denial's (RFC 2308).  mx_ttl_ms() clamps one into the
  *   configured range, mx_retry_ms() spaces the retries of a failed lookup.
@@ -846,7 +852,7 @@ static int mx_channel_new(struct mx_resolver *r, ares_channel *ret, char *err, s
 	int rc;
 
 	memset(&o, 0, sizeof(o));
-	o.flags = ARES_FLAG_NOSEARCH | ARES_FLAG_NOALIASES;
+	o.flags = ARES_FLAG_NOSEARCH | ARES_FLAG_NOALIASES | ARES_FLAG_NOCHECKRESP;
 	o.timeout = (int)r->timeout_ms;
 	o.tries = (int)r->tries;
 	o.sock_state_cb = mx_on_sock_state;

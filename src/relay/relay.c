@@ -538,7 +538,8 @@ static int apply_conf(struct relay *r, void *arg)
 			rt = NULL;
 		bool moved = !l->rt || !rt || (rt->conf->host && l->rt->conf->host &&
 					       strcmp(rt->conf->host, l->rt->conf->host) != 0) ||
-			     (rt->conf->port != l->rt->conf->port);
+			     (rt->conf->port != l->rt->conf->port) ||
+			     (rt->conf->mx_port != l->rt->conf->mx_port);
 		lane_reconf(l, rt);
 		if (moved) {
 			free(l->targets);
@@ -623,6 +624,7 @@ struct relay *relay_free(struct relay *r)
 		free(l->call); /* cancelled when the relay stopped */
 		lane_free(l);
 	}
+	dane_cache_free(r);
 	struct rmsg *m;
 	while ((m = TAILQ_FIRST(&r->msgs))) {
 		m->nitems = 0; /* the lanes are gone */

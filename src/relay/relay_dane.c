@@ -15,13 +15,23 @@
  * (or one reached over a trusted path), as Postfix does.  "Verified": the handshake must
  * match a usable record (OpenSSL's DANE, DANE-EE without name checks, DANE-TA against the
  * MX host's name); a mismatch fails the connection, and the next MX host is tried.
- * "Deferred": the lane's due recipients wait for their next retry (relay.retry), with the
- * reason in their attempt log (`sluice queue`), the log and `sluice lanes`; never
- * bounced: a DANE failure may be an attack, or a rollover, and passes.
+ * "Deferred": the next MX host is tried (RFC 7672 2.2: as one that cannot be reached);
+ * once every one was, the lane's due recipients wait for their next retry (relay.retry),
+ * with the reason in their attempt log (`sluice queue`), the log and `sluice lanes`;
+ * never bounced: a DANE failure may be an attack, or a rollover, and passes.  At most
+ * DANE_DEFER_BATCH messages per event: the lane is kicked again for the rest.  (An MX
+ * answer that is not validated is every host's: dane-only defers at once.)  A TLSA
+ * answer with records sluice does not read (past DNS_ANSWER_RR_MAX, too large, or
+ * malformed) and none usable among those it read is a failed lookup, not unverified TLS;
+ * a TLSA name too long to exist (_PORT._tcp. and a 253-character host) is "no records".
  *
- * Each lane keeps the TLSA answers of its MX hosts (at most DANE_HOSTS, by name and
- * port) for their TTL, within relay.dns_min_ttl and dns_max_ttl; a failed lookup is
- * asked again after relay.dns_retry_min, doubling up to dns_retry_max.
+ * The relay keeps the TLSA answers of MX hosts by name and port, shared by the lanes
+ * (at most DANE_CACHE_MAX; expired ones go when it is full), for their TTL, within
+ * relay.dns_min_ttl and dns_max_ttl; the lanes that wait for a lookup are kicked at its
+ * end; a failed lookup is asked again after relay.dns_retry_min, doubling up to
+ * dns_retry_max.  An answer serves the connection attempt that asked for it even when its
+ * TTL is already over (TTL 0 with dns_min_ttl = 0): "fresh".  A connection is reused only
+ * while the answers it was made from hold (dane_reusable()).
  *
  * XXX the MX hosts' address records are not checked for validation (RFC 7672 2.2.2 skips
  * TLSA lookups for a host whose addresses are insecure): a host in an unsigned zone has no
@@ -37,12 +47,15 @@
 #include <string.h>
 #include <strings.h>
 
+#include <xxhash.h>
+
 #include "dns_answer.h"
 #include "relay_int.h"
 #include "util.h"
 
-#define DANE_HOSTS MX_MAX_TARGETS
+#define DANE_CACHE_MAX 65536    /* hosts in the relay's TLSA cache */
 #define DANE_DSN "4.7.5"        /* RFC 3463: cryptographic failure */
+#define DANE_DEFER_BATCH 256    /* messages deferred per event (law 8) */
 
 enum dane_state {
 	DH_EMPTY = 0,
@@ -53,24 +66,91 @@ enum dane_state {
 	DH_FAILED,    /* the lookup failed: deliveries wait */
 };
 
+enum dane_reason {  /* what why() says of a state */
+	DR_NONE = 0,
+	DR_NO_RECORDS, DR_NOT_VALIDATED, DR_TOO_LONG,          /* DH_NONE */
+	DR_SERVFAIL, DR_CANNOT, DR_NOMEM, DR_UNREAD,           /* DH_FAILED */
+};
+
+/* One host:port's TLSA answer, shared by every lane whose MX hosts include it. */
 struct dane_host {
-	struct lane_dane *ld;
-	char host[256];
+	struct dane_host *hnext;      /* its bucket's chain */
+	struct relay *r;
 	uint16_t port;
-	enum dane_state state;
+	uint8_t state;                /* enum dane_state */
+	uint8_t reason;               /* enum dane_reason */
+	bool fresh;                   /* not yet used by an attempt since it came */
+	int err;                      /* DR_CANNOT: the errno */
 	uint64_t until;               /* ns: the answer's end, or a failure's retry time */
 	unsigned failures;            /* lookups failed in a row */
 	struct mx_query *q;
 	struct smtp_out_tlsa *recs;   /* DH_RECORDS: the usable ones, data in the same block */
-	size_t n;
-	char why[400];
+	size_t n;                     /* DH_RECORDS: usable; DR_UNREAD: records not read */
+	struct lane **waiters;        /* DH_LOOKING: the lanes kicked at its end */
+	size_t nwait, wait_cap;
+	char host[];
 };
 
-struct lane_dane {
-	struct lane *l;
-	struct dane_host h[DANE_HOSTS];
-	size_t n;
+/* The relay's TLSA answers by host and port (a chained hash keyed with a secret: the
+ * names come from peers' MX records). */
+struct dane_cache {
+	struct dane_host **b;
+	size_t size, n;
+	uint64_t seed;
+	uint64_t swept;               /* ns: the last sweep of expired entries */
 };
+
+/* Why dh is in its state, for logs, attempt logs and `sluice lanes`. */
+static const char *dane_why(const struct dane_host *dh, char *buf, size_t size)
+{
+	unsigned port = dh->port;
+	switch ((enum dane_state)dh->state) {
+	case DH_RECORDS:
+		snprintf(buf, size, "%zu usable TLSA record(s) of %.200s", dh->n, dh->host);
+		break;
+	case DH_UNUSABLE:
+		snprintf(buf, size, "TLSA records of %.200s, none usable (usages 0 and 1 are not "
+			 "for SMTP): TLS without verification", dh->host);
+		break;
+	case DH_NONE:
+		if (dh->reason == DR_TOO_LONG)
+			snprintf(buf, size, "no TLSA records can exist for _%u._tcp.%.200s (too long "
+				 "a name)", port, dh->host);
+		else
+			snprintf(buf, size, "%s TLSA records for _%u._tcp.%.200s",
+				 dh->reason == DR_NO_RECORDS ? "no" : "no DNSSEC-validated", port,
+				 dh->host);
+		break;
+	case DH_FAILED:
+		if (dh->reason == DR_CANNOT)
+			snprintf(buf, size, "the TLSA lookup of %.200s cannot be made: %s", dh->host,
+				 strerror(dh->err));
+		else if (dh->reason == DR_NOMEM)
+			snprintf(buf, size, "out of memory for the TLSA records of %.200s", dh->host);
+		else if (dh->reason == DR_UNREAD)
+			snprintf(buf, size, "the TLSA answer of %.200s has %zu record(s) sluice does "
+				 "not read (malformed, too many, or too large), none usable", dh->host,
+				 dh->n);
+		else
+			snprintf(buf, size, "the TLSA lookup of _%u._tcp.%.200s failed (SERVFAIL: "
+				 "records that do not validate, or no answer)", port, dh->host);
+		break;
+	default:
+		snprintf(buf, size, "no TLSA answer yet for %.200s", dh->host);
+		break;
+	}
+	return buf;
+}
+
+static size_t dane_bucket(const struct dane_cache *dc, const char *host, uint16_t port,
+			  size_t size)
+{
+	char key[300];
+	int n = snprintf(key, sizeof(key), "%u:%s", (unsigned)port, host);
+	for (int i = 0; i < n; i++)
+		key[i] = (char)(key[i] >= 'A' && key[i] <= 'Z' ? key[i] + 32 : key[i]);
+	return (size_t)XXH64(key, (size_t)(n < 0 ? 0 : n), dc->seed) & (size - 1);
+}
 
 static void dane_host_clear(struct dane_host *dh)
 {
@@ -79,46 +159,144 @@ static void dane_host_clear(struct dane_host *dh)
 	dh->n = 0;
 }
 
-void dane_free(struct lane *l)
+/* l no longer waits for a lookup's end (it goes, or was kicked). */
+static void dane_unwait(struct lane *l)
 {
-	struct lane_dane *ld = l->dane;
-	if (!ld)
+	struct dane_host *dh = l->dane_wait;
+	if (!dh)
 		return;
-	for (size_t i = 0; i < ld->n; i++) {
-		mx_cancel(ld->h[i].q);
-		dane_host_clear(&ld->h[i]);
-	}
-	free(ld);
-	l->dane = NULL;
+	for (size_t i = 0; i < dh->nwait; i++)
+		if (dh->waiters[i] == l) {
+			dh->waiters[i] = dh->waiters[--dh->nwait];
+			break;
+		}
+	l->dane_wait = NULL;
 }
 
-/* The entry of host:port; a new one (or the oldest answer's, when all are taken). */
-static struct dane_host *dane_host_get(struct lane *l, const char *host, uint16_t port)
+void dane_free(struct lane *l)
 {
-	if (!l->dane) {
-		l->dane = calloc(1, sizeof(*l->dane));
-		if (!l->dane)
+	dane_unwait(l);
+}
+
+static void dane_host_free(struct dane_host *dh)
+{
+	for (size_t i = 0; i < dh->nwait; i++)
+		dh->waiters[i]->dane_wait = NULL;
+	free(dh->waiters);
+	mx_cancel(dh->q);
+	dane_host_clear(dh);
+	free(dh);
+}
+
+void dane_cache_free(struct relay *r)
+{
+	struct dane_cache *dc = r->dane;
+	if (!dc)
+		return;
+	for (size_t i = 0; i < dc->size; i++)
+		for (struct dane_host *dh = dc->b[i], *next; dh; dh = next) {
+			next = dh->hnext;
+			dane_host_free(dh);
+		}
+	free(dc->b);
+	free(dc);
+	r->dane = NULL;
+}
+
+/* Entries whose answer is over and that no one waits for go: at most once a second,
+ * when the cache is full. */
+static void dane_cache_sweep(struct dane_cache *dc, uint64_t now)
+{
+	if (now - dc->swept < UINT64_C(1000000000))
+		return;
+	dc->swept = now;
+	for (size_t i = 0; i < dc->size; i++)
+		for (struct dane_host **pp = &dc->b[i]; *pp;) {
+			struct dane_host *dh = *pp;
+			if (dh->state != DH_LOOKING && now >= dh->until) {
+				*pp = dh->hnext;
+				dane_host_free(dh);
+				dc->n--;
+			} else {
+				pp = &dh->hnext;
+			}
+		}
+}
+
+static int dane_cache_grow(struct dane_cache *dc)
+{
+	size_t ns = dc->size ? dc->size * 2 : 64;
+	struct dane_host **nb = calloc(ns, sizeof(*nb));
+	if (!nb)
+		return -ENOMEM;
+	for (size_t i = 0; i < dc->size; i++)
+		for (struct dane_host *dh = dc->b[i], *next; dh; dh = next) {
+			next = dh->hnext;
+			size_t k = dane_bucket(dc, dh->host, dh->port, ns);
+			dh->hnext = nb[k];
+			nb[k] = dh;
+		}
+	free(dc->b);
+	dc->b = nb;
+	dc->size = ns;
+	return 0;
+}
+
+/* The entry of host:port, a new one if need be; NULL without memory or room. */
+static struct dane_host *dane_host_get(struct relay *r, const char *host, uint16_t port)
+{
+	struct dane_cache *dc = r->dane;
+	if (!dc) {
+		dc = r->dane = calloc(1, sizeof(*dc));
+		if (!dc)
 			return NULL;
-		l->dane->l = l;
+		arc4random_buf(&dc->seed, sizeof(dc->seed));
 	}
-	struct lane_dane *ld = l->dane;
-	struct dane_host *old = NULL;
-	for (size_t i = 0; i < ld->n; i++) {
-		struct dane_host *dh = &ld->h[i];
-		if (dh->port == port && strcasecmp(dh->host, host) == 0)
-			return dh;
-		if (dh->state != DH_LOOKING && (!old || dh->until < old->until))
-			old = dh;
+	if (dc->size) {
+		for (struct dane_host *dh = dc->b[dane_bucket(dc, host, port, dc->size)]; dh;
+		     dh = dh->hnext)
+			if (dh->port == port && strcasecmp(dh->host, host) == 0)
+				return dh;
 	}
-	struct dane_host *dh = ld->n < DANE_HOSTS ? &ld->h[ld->n++] : old;
+	if (dc->n >= DANE_CACHE_MAX) {
+		dane_cache_sweep(dc, realtime_ns());
+		if (dc->n >= DANE_CACHE_MAX)
+			return NULL;
+	}
+	if (dc->n + 1 > dc->size && dane_cache_grow(dc) < 0)
+		return NULL;
+	size_t hl = strlen(host) + 1;
+	struct dane_host *dh = calloc(1, sizeof(*dh) + hl);
 	if (!dh)
 		return NULL;
-	dane_host_clear(dh);
-	memset(dh, 0, sizeof(*dh));
-	dh->ld = ld;
+	dh->r = r;
 	dh->port = port;
-	snprintf(dh->host, sizeof(dh->host), "%s", host);
+	memcpy(dh->host, host, hl);
+	size_t k = dane_bucket(dc, host, port, dc->size);
+	dh->hnext = dc->b[k];
+	dc->b[k] = dh;
+	dc->n++;
 	return dh;
+}
+
+/* l waits for dh's lookup: kicked at its end. */
+static void dane_wait(struct lane *l, struct dane_host *dh)
+{
+	if (l->dane_wait == dh)
+		return;
+	dane_unwait(l);
+	if (dh->nwait == dh->wait_cap) {
+		size_t nc = dh->wait_cap ? dh->wait_cap * 2 : 4;
+		struct lane **nw = realloc(dh->waiters, nc * sizeof(*nw));
+		if (!nw) {
+			lane_arm(l, UINT64_C(1000000000)); /* no memory: polled */
+			return;
+		}
+		dh->waiters = nw;
+		dh->wait_cap = nc;
+	}
+	dh->waiters[dh->nwait++] = l;
+	l->dane_wait = dh;
 }
 
 /* The usable records of a validated answer into dh (DH_RECORDS), or DH_UNUSABLE. */
@@ -130,16 +308,22 @@ static void dane_take(struct dane_host *dh, const struct mx_tlsa_answer *a)
 			n++;
 			bytes += a->recs[i].len;
 		}
+	if (n == 0 && a->malformed) {
+		/* records not kept (past DNS_ANSWER_RR_MAX, or over DNS_TLSA_FULL_MAX) may be
+		 * the usable ones: not "TLS without verification" on a guess */
+		dh->state = DH_FAILED;
+		dh->reason = DR_UNREAD;
+		dh->n = a->malformed;
+		return;
+	}
 	if (n == 0) {
 		dh->state = DH_UNUSABLE;
-		snprintf(dh->why, sizeof(dh->why), "TLSA records of %.200s, none usable (usages 0 and 1 "
-			 "are not for SMTP): TLS without verification", dh->host);
 		return;
 	}
 	struct smtp_out_tlsa *recs = malloc(n * sizeof(*recs) + bytes);
 	if (!recs) {
 		dh->state = DH_FAILED;
-		snprintf(dh->why, sizeof(dh->why), "out of memory for the TLSA records of %.200s", dh->host);
+		dh->reason = DR_NOMEM;
 		return;
 	}
 	uint8_t *data = (uint8_t *)(recs + n);
@@ -155,45 +339,60 @@ static void dane_take(struct dane_host *dh, const struct mx_tlsa_answer *a)
 	dh->recs = recs;
 	dh->n = n;
 	dh->state = DH_RECORDS;
-	snprintf(dh->why, sizeof(dh->why), "%zu usable TLSA record(s) of %.200s", n, dh->host);
 }
 
 static void dane_on_tlsa(void *arg, int error, const struct mx_tlsa_answer *a)
 {
 	struct dane_host *dh = arg;
-	struct lane *l = dh->ld->l;
-	struct relay *r = l->r;
+	struct relay *r = dh->r;
 	const struct relay_conf *c = &r->crt->conf;
 	uint64_t now = realtime_ns();
+	char why[600];
 
 	dh->q = NULL;
 	if (error == -ECANCELED) {
 		dh->state = DH_EMPTY;
+		for (size_t i = 0; i < dh->nwait; i++)
+			dh->waiters[i]->dane_wait = NULL;
+		dh->nwait = 0;
 		return;
 	}
 	dane_host_clear(dh);
+	dh->fresh = true;
+	dh->reason = DR_NONE;
 	if (error == 0 || error == -ENOENT) {
-		dh->failures = 0;
 		dh->until = now + mx_ttl_ms(a->ttl, (uint64_t)c->dns_min_ttl_ms,
 					    (uint64_t)c->dns_max_ttl_ms) * 1000000u;
 		if (error == -ENOENT || !a->secure) {
 			dh->state = DH_NONE;
-			snprintf(dh->why, sizeof(dh->why), "%s TLSA records for _%u._tcp.%.200s",
-				 error == -ENOENT ? "no" : "no DNSSEC-validated", (unsigned)dh->port,
-				 dh->host);
+			dh->reason = error == -ENOENT ? DR_NO_RECORDS : DR_NOT_VALIDATED;
 		} else {
 			dane_take(dh, a);
 		}
 	} else {
-		dh->failures++;
 		dh->state = DH_FAILED;
+		dh->reason = DR_SERVFAIL;
+	}
+	if (dh->state == DH_FAILED) {
+		dh->failures++;
 		dh->until = now + mx_retry_ms(dh->failures, (uint64_t)c->dns_retry_min_ms,
 					      (uint64_t)c->dns_retry_max_ms) * 1000000u;
-		snprintf(dh->why, sizeof(dh->why), "the TLSA lookup of _%u._tcp.%.200s failed (SERVFAIL: "
-			 "records that do not validate, or no answer)", (unsigned)dh->port, dh->host);
+	} else {
+		dh->failures = 0;
 	}
-	relay_logf(r, LOG_LEVEL_DEBUG, "lane=%s dane: %s", l->name, dh->why);
-	lane_kick(l);
+	relay_logf(r, dh->reason == DR_UNREAD ? LOG_LEVEL_WARNING : LOG_LEVEL_DEBUG, "dane: %s",
+		   dane_why(dh, why, sizeof(why)));
+	/* the waiters are kicked (lanes are not freed by a kick: relay_msg.c's sweep is a
+	 * timer); one that looks up again meanwhile waits on a new list */
+	struct lane **w = dh->waiters;
+	size_t nw = dh->nwait;
+	dh->waiters = NULL;
+	dh->nwait = dh->wait_cap = 0;
+	for (size_t i = 0; i < nw; i++)
+		w[i]->dane_wait = NULL;
+	for (size_t i = 0; i < nw; i++)
+		lane_kick(w[i]);
+	free(w);
 }
 
 static void dane_status(struct lane *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -216,12 +415,14 @@ static void dane_status(struct lane *l, const char *fmt, ...)
 void dane_defer(struct lane *l, const char *mta, const char *text)
 {
 	struct relay *r = l->r;
-	size_t idx[64], n = 0, total = 0;
+	size_t idx[64], n = 0, total = 0, msgs = 0;
 	uint64_t now = realtime_ns(), next = UINT64_MAX;
 	struct lane_item *it;
 
 	dane_status(l, "%.200s: DEFERRED: %.300s", mta, text);
-	while ((it = lane_pick(l, now, sizeof(idx) / sizeof(idx[0]), idx, &n, &next)) != NULL) {
+	l->targets_fresh = false; /* the next attempt looks the MX hosts up again if due */
+	while (msgs++ < DANE_DEFER_BATCH &&
+	       (it = lane_pick(l, now, sizeof(idx) / sizeof(idx[0]), idx, &n, &next)) != NULL) {
 		struct rmsg *m = it->m;
 		if (msg_open_file(r, m) < 0) {
 			/* gone (deleted behind the relay's back) or unreadable: forgotten, as
@@ -246,17 +447,39 @@ void dane_defer(struct lane *l, const char *mta, const char *text)
 	}
 	relay_logf(r, LOG_LEVEL_WARNING, "lane=%s mta=%s DANE: %s: %zu recipient(s) deferred",
 		   l->name, mta, text, total);
-	lane_arm(l, 0);
+	lane_arm(l, 0); /* the rest, if any, on the next round */
+}
+
+/*
+ * RFC 7672 2.2: a host whose TLSA lookup failed, or that has no DANE under dane-only,
+ * is skipped as one that cannot be reached: the next MX host (past tg's other
+ * addresses) is tried; once every one was, the due recipients are deferred.
+ */
+static void dane_skip(struct lane *l, const struct mx_target *tg, const char *text)
+{
+	size_t i = l->next_target % l->ntargets;
+	while (i + 1 < l->ntargets && strcasecmp(l->targets[i + 1].host, tg->host) == 0)
+		i++;
+	if (i + 1 < l->ntargets) {
+		relay_logf(l->r, LOG_LEVEL_NOTICE, "lane=%s mta=%s DANE: %s: the next MX host",
+			   l->name, tg->host, text);
+		l->next_target = (unsigned)(i + 1);
+		lane_arm(l, 0);
+		return;
+	}
+	l->next_target = 0;
+	dane_defer(l, tg->host, text);
 }
 
 int dane_prepare(struct lane *l, const struct mx_target *tg, enum smtp_out_tls *ret_tls,
-		 const struct dane_host **ret_dh)
+		 const struct dane_host **ret_dh, uint64_t *ret_until)
 {
 	struct relay *r = l->r;
 	bool only = l->rt->conf->tls == SMTP_TLS_DANE_ONLY;
 	char text[600];
 
 	*ret_dh = NULL;
+	*ret_until = l->targets_until;
 	if (!tg->secure) {
 		snprintf(text, sizeof(text), "the MX records of %.200s are not DNSSEC-validated",
 			 l->domain ? l->domain : "?");
@@ -271,33 +494,47 @@ int dane_prepare(struct lane *l, const struct mx_target *tg, enum smtp_out_tls *
 	uint16_t port = ntohs(tg->addr.ss_family == AF_INET
 				      ? ((const struct sockaddr_in *)&tg->addr)->sin_port
 				      : ((const struct sockaddr_in6 *)&tg->addr)->sin6_port);
-	struct dane_host *dh = dane_host_get(l, tg->host, port);
+	struct dane_host *dh = dane_host_get(r, tg->host, port);
 	if (!dh) {
-		lane_arm(l, UINT64_C(1000000000)); /* out of memory, or all hosts being looked up */
+		lane_arm(l, UINT64_C(1000000000)); /* out of memory, or the cache is full */
 		return 0;
 	}
-	if (dh->state == DH_LOOKING)
+	if (dh->state == DH_LOOKING) {
+		dane_wait(l, dh);
 		return 0;
+	}
 	uint64_t now = realtime_ns();
-	if (dh->state == DH_EMPTY || now >= dh->until) {
+	if (dh->state == DH_EMPTY || (now >= dh->until && !dh->fresh)) {
 		struct mx_query *q = NULL;
 		dh->state = DH_LOOKING;
 		dh->q = (struct mx_query *)1; /* as lane_resolve(): done() may come first */
 		int e = mx_tlsa_lookup(r->dns, dh->host, port, dane_on_tlsa, dh, &q);
-		if (e < 0) {
+		if (e == -EINVAL) {
+			/* _PORT._tcp.HOST is longer than a name can be: no TLSA record can exist */
+			dh->q = NULL;
+			dh->state = DH_NONE;
+			dh->reason = DR_TOO_LONG;
+			dh->until = now + (uint64_t)r->crt->conf.dns_max_ttl_ms * 1000000u;
+		} else if (e < 0) {
 			dh->q = NULL;
 			dh->state = DH_FAILED;
 			dh->failures++;
 			dh->until = now + mx_retry_ms(dh->failures, (uint64_t)r->crt->conf.dns_retry_min_ms,
 						      (uint64_t)r->crt->conf.dns_retry_max_ms) * 1000000u;
-			snprintf(dh->why, sizeof(dh->why), "the TLSA lookup of %.200s cannot be made: %s",
-				 dh->host, strerror(-e));
+			dh->reason = DR_CANNOT;
+			dh->err = -e;
 		} else {
 			if (dh->q)
 				dh->q = q;
+			dane_wait(l, dh);
 			return 0;
 		}
 	}
+	dh->fresh = false;
+	if (dh->until < *ret_until)
+		*ret_until = dh->until;
+	char why[500];
+	dane_why(dh, why, sizeof(why));
 	switch (dh->state) {
 	case DH_RECORDS:
 		*ret_tls = SMTP_TLS_REQUIRE;
@@ -305,14 +542,14 @@ int dane_prepare(struct lane *l, const struct mx_target *tg, enum smtp_out_tls *
 		return 1;
 	case DH_UNUSABLE:
 		if (!only) {
-			dane_status(l, "%.200s: %.300s", tg->host, dh->why);
+			dane_status(l, "%.200s: %.300s", tg->host, why);
 			*ret_tls = SMTP_TLS_REQUIRE; /* RFC 7672 2.2: "encrypt", no cleartext */
 			return 1;
 		}
 		break;
 	case DH_NONE:
 		if (!only) {
-			dane_status(l, "%.200s: no DANE, %.300s: opportunistic TLS", tg->host, dh->why);
+			dane_status(l, "%.200s: no DANE, %.300s: opportunistic TLS", tg->host, why);
 			*ret_tls = SMTP_TLS_MAY;
 			return 1;
 		}
@@ -320,10 +557,16 @@ int dane_prepare(struct lane *l, const struct mx_target *tg, enum smtp_out_tls *
 	default:
 		break;
 	}
-	snprintf(text, sizeof(text), "%.400s%s", dh->why,
+	snprintf(text, sizeof(text), "%.400s%s", why,
 		 only && dh->state != DH_FAILED ? " (dane-only: no delivery without DANE)" : "");
-	dane_defer(l, tg->host, text);
+	dane_skip(l, tg, text);
 	return -1;
+}
+
+bool dane_reusable(const struct lane_conn *rc, uint64_t now)
+{
+	/* the first transaction is the one it was made for, even on an answer of TTL 0 */
+	return !rc->until || now < rc->until || !rc->c || smtp_out_transactions(rc->c) == 0;
 }
 
 int dane_attach(struct lane_conn *rc, const struct dane_host *dh)

@@ -62,7 +62,7 @@
 struct lane;
 struct rmsg;
 struct lane_conn;
-struct lane_dane;
+struct dane_cache;
 struct dane_host;
 
 struct rrcpt {
@@ -170,6 +170,8 @@ struct lane {
 	struct mx_target *targets;
 	size_t ntargets;
 	uint64_t targets_until;       /* their TTL (relay.dns_min_ttl, dns_max_ttl) ends */
+	bool targets_fresh;           /* serve the attempts that asked for them, even past
+				       * targets_until (TTL 0), until one connects or all failed */
 	unsigned dns_failures;        /* lookups failed in a row: the retry's backoff */
 	unsigned next_target;
 	struct mx_query *query;
@@ -181,7 +183,7 @@ struct lane {
 	bool slot_granted;
 	uint64_t delivered, failed, deferred, suspensions, transactions;
 	char last[200];               /* the last reply or error, for `sluice lanes` */
-	struct lane_dane *dane;       /* tls = "dane": its MX hosts' TLSA answers */
+	struct dane_host *dane_wait;  /* tls = "dane": the TLSA lookup it waits for */
 	char dane_status[400];        /* tls = "dane": the last connection's, for `sluice lanes` */
 	TAILQ_ENTRY(lane) link;
 };
@@ -202,6 +204,8 @@ struct lane_conn {
 	struct tx *tx;
 	unsigned target;
 	struct smtp_out_dane *dane;   /* its TLSA records (oc.dane), owned */
+	bool dane_tls;                /* TLS made mandatory by TLSA records (tls = "dane") */
+	uint64_t until;               /* not reused from then on (its DNS answers' end), or 0 */
 	TAILQ_ENTRY(lane_conn) link;
 };
 
@@ -286,6 +290,7 @@ struct relay {
 	struct lane **lane_idx;       /* by name: chained, a power of two of buckets */
 	size_t lane_idx_size;
 	uint64_t lane_seed;           /* the index's hash key: names hold peers' domains */
+	struct dane_cache *dane;      /* MX hosts' TLSA answers (relay_dane.c), or NULL */
 	struct sched sched;           /* the lanes' wake-ups */
 	struct event *wake;           /* one timer for all of them, at sched_next_wake() */
 	uint64_t wake_at;             /* when it is armed for (SCHED_NEVER: not armed) */
@@ -402,9 +407,13 @@ void lane_kick(struct lane *l);
 /* ---- relay_dane.c: DANE ---- */
 /* The TLS for a connection of l to tg under tls = "dane" / "dane-only": 1 and *ret_tls
  * (with *ret_dh, the records for dane_attach(), when it must verify); 0: a TLSA lookup is
- * under way (the lane is kicked when it ends); -1: the due recipients were deferred. */
+ * under way (the lane is kicked when it ends); -1: the next MX host is to be tried (the
+ * lane is kicked), or, every one tried, the due recipients were deferred.  *ret_until:
+ * when the answers the decision rests on end (no reuse of the connection after). */
 int dane_prepare(struct lane *l, const struct mx_target *tg, enum smtp_out_tls *ret_tls,
-		 const struct dane_host **ret_dh);
+		 const struct dane_host **ret_dh, uint64_t *ret_until);
+/* Whether rc may carry another transaction: its MX and TLSA answers still hold. */
+bool dane_reusable(const struct lane_conn *rc, uint64_t now);
 /* Give rc its copy of dh's records (rc->dane, rc->oc).  0 or -ENOMEM. */
 int dane_attach(struct lane_conn *rc, const struct dane_host *dh);
 /* Defer l's due recipients (their retry backoff), saying why. */
@@ -412,6 +421,8 @@ void dane_defer(struct lane *l, const char *mta, const char *text);
 /* A DANE connection is set up: log and show how the server was authenticated. */
 void dane_on_ready(struct lane_conn *rc, struct smtp_out *c);
 void dane_free(struct lane *l);
+/* The relay's TLSA answers go (after the resolver: its lookups are cancelled). */
+void dane_cache_free(struct relay *r);
 
 /* ---- relay_tx.c: transactions ---- */
 struct lane_item *lane_pick(struct lane *l, uint64_t now, size_t max, size_t *idx,

@@ -474,6 +474,7 @@ static void on_resolved(void *arg, int error, const struct mx_target *t, size_t 
 	l->targets_until = realtime_ns() + mx_ttl_ms(t[0].ttl, (uint64_t)c->dns_min_ttl_ms,
 						     (uint64_t)c->dns_max_ttl_ms) * 1000000u;
 	l->next_target = 0;
+	l->targets_fresh = true;
 	if (!l->group && l->rt->conf->mx && l->rt->conf->lanes != ROUTE_LANES_DOMAIN &&
 	    lane_group(l))
 		return; /* its mail went to the group's lane, which is kicked */
@@ -505,7 +506,7 @@ static void lane_connect(struct lane *l)
 {
 	struct relay *r = l->r;
 	uint64_t now = realtime_ns();
-	if (!l->ntargets || now >= l->targets_until) {
+	if (!l->ntargets || (now >= l->targets_until && !l->targets_fresh)) {
 		lane_resolve(l);
 		return;
 	}
@@ -517,8 +518,11 @@ static void lane_connect(struct lane *l)
 		return; /* its answer connects */
 	enum smtp_out_tls tls = l->rt->oc.tls;
 	const struct dane_host *dh = NULL;
-	if ((tls == SMTP_TLS_DANE || tls == SMTP_TLS_DANE_ONLY) && dane_prepare(l, tg, &tls, &dh) <= 0)
-		return; /* a TLSA lookup's end kicks the lane; or its recipients were deferred */
+	bool dane = tls == SMTP_TLS_DANE || tls == SMTP_TLS_DANE_ONLY;
+	uint64_t until = 0;
+	if (dane && dane_prepare(l, tg, &tls, &dh, &until) <= 0)
+		return; /* a TLSA lookup's end kicks the lane; or the next host is tried, or its
+			 * recipients were deferred */
 	if (l->slot_granted) {
 		slot = l->slot;
 		l->slot = NULL;
@@ -571,9 +575,13 @@ static void lane_connect(struct lane *l)
 	/* the connection keeps pointers into its conf_rt, which lives while it is used */
 	rc->oc = l->rt->oc;
 	rc->oc.tls = tls;
+	rc->dane_tls = dane && tls == SMTP_TLS_REQUIRE;
+	rc->until = until;
 	snprintf(rc->host, sizeof(rc->host), "%s", t->host);
-	if (conf->mx && !conf->sni)
-		rc->oc.server_name = rc->host; /* the MX host's name: what its certificate holds */
+	/* the MX host's name: what its certificate holds; under DANE the TLSA base domain,
+	 * whatever the route's sni (RFC 7672 8.1) */
+	if (conf->mx && (!conf->sni || dane))
+		rc->oc.server_name = rc->host;
 	const struct smtp_out_conf *oc = &rc->oc;
 	bool ok = rc->idle_timer && (!dh || dane_attach(rc, dh) == 0); /* its TLSA records */
 	rc->c = ok ? smtp_out_new(r->base, oc, (const struct sockaddr *)&t->addr,
@@ -606,10 +614,17 @@ static void on_ready(void *arg, struct smtp_out *c, const struct smtp_out_result
 	struct lane_conn *rc = arg;
 	struct lane *l = rc->lane;
 	struct relay *r = rc->r;
+	if (!failure && rc->crt != r->crt) {
+		/* made under the settings before a reload: not used */
+		conn_close(rc, true);
+		lane_kick(l);
+		return;
+	}
 	if (!failure) {
 		if (rc->st == RC_CONNECTING)
 			l->nconnecting--;
 		l->next_target = rc->target;
+		l->targets_fresh = false;
 		if (l->rt && (l->rt->oc.tls == SMTP_TLS_DANE || l->rt->oc.tls == SMTP_TLS_DANE_ONLY))
 			dane_on_ready(rc, c);
 		conn_idle(rc);
@@ -626,8 +641,9 @@ static void on_ready(void *arg, struct smtp_out *c, const struct smtp_out_result
 	relay_reply_text(failure, failure->reply.code ? &failure->reply : NULL, text, sizeof(text));
 	char peer[300];
 	snprintf(peer, sizeof(peer), "%s", smtp_out_peer(c));
-	bool dane_failed = rc->dane && failure->stage == SMTP_STAGE_STARTTLS &&
+	bool dane_failed = rc->dane_tls && failure->stage == SMTP_STAGE_STARTTLS &&
 			   failure->error == -EPERM;
+	enum smtp_out_dane_fail dfail = smtp_out_dane_failure(c);
 	conn_close(rc, false);
 	if (!setup || r->stopping || !cls) {
 		lane_kick(l);
@@ -644,12 +660,16 @@ static void on_ready(void *arg, struct smtp_out *c, const struct smtp_out_result
 		return;
 	}
 	l->next_target = 0;
+	l->targets_fresh = false;
 	if (dane_failed) {
 		/* RFC 7672 2.2: no delivery to a server that fails DANE; the recipients wait
 		 * (an attack, or a key rollover, passes), never bounced */
 		char why[1300];
-		snprintf(why, sizeof(why), "%s: %s", strstr(text, "DANE")
+		snprintf(why, sizeof(why), "%s: %s",
+			 dfail == SMTP_DANE_FAIL_NO_MATCH
 			 ? "the server's certificate matches no TLSA record"
+			 : dfail == SMTP_DANE_FAIL_NAME
+			 ? "the server's certificate does not name the MX host (DANE-TA)"
 			 : "the TLS its TLSA records require failed", text);
 		dane_defer(l, peer, why);
 		return;
@@ -664,6 +684,17 @@ static void on_ready(void *arg, struct smtp_out *c, const struct smtp_out_result
 }
 
 /* ---- the scheduler ---- */
+
+/* Idle connections whose DNS answers are over (DANE: dane_reusable()) go. */
+static void lane_close_stale(struct lane *l, uint64_t now)
+{
+	struct lane_conn *rc, *next;
+	for (rc = TAILQ_FIRST(&l->conns); rc; rc = next) {
+		next = TAILQ_NEXT(rc, link);
+		if (rc->st == RC_IDLE && !dane_reusable(rc, now))
+			conn_close(rc, true);
+	}
+}
 
 static struct lane_conn *lane_idle_conn(struct lane *l)
 {
@@ -684,6 +715,8 @@ void lane_kick(struct lane *l)
 	for (;;) {
 		uint64_t now = realtime_ns();
 		const struct route_conf *conf = l->rt->conf;
+		if (l->nidle && (l->rt->oc.tls == SMTP_TLS_DANE || l->rt->oc.tls == SMTP_TLS_DANE_ONLY))
+			lane_close_stale(l, now);
 		struct sched_lane_state st = {
 			.suspended_until = lane_budget_suspended(&l->b, now) ? l->b.suspended_until : 0,
 			.budget_shared = conf->shared,

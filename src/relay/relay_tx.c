@@ -420,10 +420,12 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 		lane_budget_success(&l->b);
 
 	rc->tx = NULL;
-	bool keep = c && smtp_out_usable(c) && !r->stopping &&
+	/* not reused: one made under the settings before a reload, or one whose MX or TLSA
+	 * answers (DANE) are over */
+	bool keep = c && smtp_out_usable(c) && !r->stopping && rc->crt == r->crt &&
 		    (!l->rt || !l->rt->conf->messages_per_connection ||
 		     smtp_out_transactions(c) < l->rt->conf->messages_per_connection) &&
-		    !lane_budget_suspended(&l->b, realtime_ns());
+		    !lane_budget_suspended(&l->b, realtime_ns()) && dane_reusable(rc, realtime_ns());
 	if (keep)
 		conn_idle(rc);
 	else

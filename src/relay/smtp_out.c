@@ -493,6 +493,7 @@ void smtp_out_bev_event_cb(struct bufferevent *bev, short what, void *arg)
 	} else if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT)) {
 		if (c->phase == PH_HANDSHAKE) {
 			long v = c->ssl ? SSL_get_verify_result(c->ssl) : X509_V_OK;
+			c->tls_verify = v;
 			if ((c->conf->tls == SMTP_TLS_VERIFY || c->conf->dane) && v != X509_V_OK)
 				smtp_out_fail(c, SMTP_STAGE_STARTTLS, -EPERM, X509_verify_cert_error_string(v),
 				     NULL, true);

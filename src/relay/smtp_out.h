@@ -192,6 +192,10 @@ unsigned smtp_out_transactions(const struct smtp_out *c);
  * that matched, RFC 7218 acronym and its three numbers), "verified" (tls verify),
  * "not verified", or "" without TLS. */
 const char *smtp_out_tls_auth(const struct smtp_out *c);
+/* Why a DANE handshake failed (the verify result, not OpenSSL's text): no TLSA record
+ * matched, the certificate (DANE-TA) does not name the host, or something else. */
+enum smtp_out_dane_fail { SMTP_DANE_FAIL_OTHER = 0, SMTP_DANE_FAIL_NO_MATCH, SMTP_DANE_FAIL_NAME };
+enum smtp_out_dane_fail smtp_out_dane_failure(const struct smtp_out *c);
 /* The peer as "host[addr]:port" for logs and Remote-MTA. */
 const char *smtp_out_peer(const struct smtp_out *c);
 /* Say QUIT and close; the connection frees itself (no callback): c must not be used

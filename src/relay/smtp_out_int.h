@@ -73,6 +73,7 @@ struct smtp_out {
 	bool tls;
 	const char *tls_version;
 	char tls_auth[48];           /* smtp_out_tls_auth() */
+	long tls_verify;             /* the failed handshake's verify result (X509_V_...) */
 	bool authenticated;
 	char auth_mech[GSASL_MAX_MECHANISM_SIZE + 1];
 	Gsasl_session *sasl;

@@ -143,6 +143,8 @@ static int smtp_out_dane_setup(SSL *ssl, const struct smtp_out_dane *d)
 		return -ENOMEM;
 	}
 	SSL_dane_set_flags(ssl, DANE_FLAG_NO_DANE_EE_NAMECHECKS);
+	/* RFC 7672 3.2.3: a wildcard only as the whole left-most label */
+	SSL_set_hostflags(ssl, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
 	for (size_t i = 0; i < d->n; i++) {
 		const struct smtp_out_tlsa *t = &d->recs[i];
 		int r = SSL_dane_tlsa_add(ssl, t->usage, t->selector, t->mtype, t->data, t->len);
@@ -187,6 +189,20 @@ void smtp_out_tls_done(struct smtp_out *c)
 const char *smtp_out_tls_auth(const struct smtp_out *c)
 {
 	return c->tls_auth;
+}
+
+enum smtp_out_dane_fail smtp_out_dane_failure(const struct smtp_out *c)
+{
+	if (!c->conf->dane)
+		return SMTP_DANE_FAIL_OTHER;
+	switch (c->tls_verify) {
+	case X509_V_ERR_DANE_NO_MATCH:
+		return SMTP_DANE_FAIL_NO_MATCH;
+	case X509_V_ERR_HOSTNAME_MISMATCH:
+		return SMTP_DANE_FAIL_NAME;
+	default:
+		return SMTP_DANE_FAIL_OTHER;
+	}
 }
 
 void smtp_out_start_tls(struct smtp_out *c)
