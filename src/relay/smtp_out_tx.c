@@ -90,6 +90,11 @@ static int add_rcpt_dsn(struct smtp_out *c, struct evbuffer *o, size_t i)
 	const char *semi = d->orcpt.len ? memchr(d->orcpt.ptr, ';', d->orcpt.len) : NULL;
 	if (semi && semi > d->orcpt.ptr) {
 		size_t tl = (size_t)(semi - d->orcpt.ptr) + 1;
+		/* the addr-type goes as it is (the loader checked it an atom): never a byte
+		 * that would end or split the command */
+		for (size_t k = 0; k + 1 < tl; k++)
+			if (d->orcpt.ptr[k] <= ' ' || d->orcpt.ptr[k] > '~' || d->orcpt.ptr[k] == '=')
+				return 0;
 		return add_xtext(o, "ORCPT", str_make(d->orcpt.ptr, tl),
 				 str_make(semi + 1, d->orcpt.len - tl), SMTP_DSN_ORCPT_MAX);
 	}

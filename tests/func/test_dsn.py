@@ -15,6 +15,7 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import smtplib
 import subprocess
 import time
@@ -268,9 +269,10 @@ def test_a_version_1_queue_file_is_delivered_and_bounced(relay):
 
 
 def test_relayed_notice_owed_survives_a_restart(relay):
-    """The relayed notice owed for a recipient delivered to a hop without DSN is in the
-    attempt log (status=relayed): after a restart, the report made when the message is
-    done (here `sluice queue bounce` of its waiting recipient) still has it."""
+    """The relayed notice owed for a recipient delivered to a hop without DSN is its status
+    byte N (and its attempt log says status=relayed): after a restart, the report made
+    when the message is done (here `sluice queue bounce` of its waiting recipient) still
+    has it."""
     sd, sh, port = relay(route='tls = "none";', start=False)
     start_with_slow_route(sd)
     smtp_send(port, ["s@example.net", "b@slow.example"], mail_options=["ENVID=R1"],
@@ -289,4 +291,34 @@ def test_relayed_notice_owed_survives_a_restart(relay):
     assert status_fields(text, "Action") == ["relayed", "failed"]
     assert status_fields(text, "Original-Envelope-Id") == ["R1"]
     time.sleep(1)
+    assert len(notices(sh)) == 1
+
+
+def test_relayed_notice_owed_survives_sigkill_without_its_log(relay):
+    """The debt of a relayed notice is the recipient's status byte N (doc/QUEUE.md), not
+    the attempt log, which is never flushed: SIGKILL right after the delivery, with the
+    log lost as a power cut may lose it, and the notice still goes after the restart,
+    once the message's other recipient is delivered."""
+    sd, sh, port = relay(route='tls = "none";', start=False)
+    plain = sd.config_text
+    start_with_slow_route(sd)
+    smtp_send(port, ["s@example.net", "b@slow.example"], mail_options=["ENVID=K1"],
+              rcpt_options=["NOTIFY=SUCCESS"])
+    sh.wait_accepted(1, timeout=20)
+    wait_until(lambda: "delivered, relayed notice owed" in sd.cli("queue").stdout, 10,
+               "the listing to show the notice owed")
+    sd.signal(signal.SIGKILL)
+    assert sd.wait(10) == -signal.SIGKILL
+    [m] = queuefile.messages(sd.dir / "queue")
+    assert [r.status for r in m.recipients] == ["N", "T"]
+    (sd.dir / "queue" / "log" / m.id[7] / m.id).unlink()
+    sd.write_config(plain)  # slow.example now goes to the smarthost too
+    sd.start()
+    wait_until(lambda: len(notices(sh)) >= 1, 20, "the relayed notice")
+    text = notices(sh)[0].content.decode("ascii", "replace")
+    assert status_fields(text, "Final-Recipient") == ["rfc822; s@example.net",
+                                                      "rfc822; b@slow.example"]
+    assert status_fields(text, "Action") == ["relayed", "relayed"]
+    assert status_fields(text, "Original-Envelope-Id") == ["K1"]
+    wait_until(lambda: "the queue is empty" in sd.cli("queue").stdout, 15, "an empty queue")
     assert len(notices(sh)) == 1
