@@ -515,8 +515,16 @@ static void cmd_data(struct isession *is, const struct smtp_command *c)
 		       is->mail.ret == SMTP_RET_HDRS ? QUEUE_RET_HDRS : QUEUE_RET_NONE,
 		.envid = str_make(is->envid, is->envid_len),
 	};
-	int r = queue_new_begin(is->in->q, &env, &is->qn);
+	/* a file without DSN parameters is written in version 1 (doc/QUEUE.md: a downgrade
+	 * still reads it): does any recipient have NOTIFY or ORCPT? */
 	const char *p = is->rcpts.ptr;
+	for (size_t i = 0; i < is->nrcpt && !env.rcpt_dsn; i++) {
+		size_t len = strlen(p);
+		env.rcpt_dsn = p[len + 1] || p[len + 2];
+		p += len + 2 + strlen(p + len + 2) + 1;
+	}
+	int r = queue_new_begin(is->in->q, &env, &is->qn);
+	p = is->rcpts.ptr;
 	for (size_t i = 0; r == 0 && i < is->nrcpt; i++) {
 		size_t len = strlen(p);
 		unsigned notify = (unsigned char)p[len + 1];

@@ -3,7 +3,8 @@
  * doc/QUEUE.md).
  *
  * Record: type (1 byte) | length (u32 little-endian) | payload.
- *   S  "SLUICEQ1" + version (u32): 2 is written, 1 and 2 are read
+ *   S  "SLUICEQ1" + version (u32): 2 is written when there are DSN parameters, else 1;
+ *      both are read
  *   E  id (16) | arrival_us (u64) | flags (u32) | size (u64) | then three strings, each
  *      length (u16) + bytes: sender, client, helo; version 2 adds ret (u8) and the
  *      string envid
@@ -25,7 +26,7 @@
 #include "queue_file.h"
 
 #define MAGIC "SLUICEQ1"
-#define VERSION 2u          /* written; VERSION_1 files are still read */
+#define VERSION 2u          /* written with DSN parameters, else VERSION_1; both read */
 #define VERSION_1 1u
 #define HDR 5 /* type + length */
 
@@ -147,6 +148,7 @@ static uint64_t get_u64(const unsigned char *p)
 struct queue_writer {
 	struct buf *out;
 	XXH64_state_t st;
+	uint32_t version;       /* of the file, set by queue_write_head() */
 };
 
 struct queue_writer *queue_writer_new(struct buf *out)
@@ -155,6 +157,7 @@ struct queue_writer *queue_writer_new(struct buf *out)
 	if (w) {
 		w->out = out;
 		XXH64_reset(&w->st, 0);
+		w->version = 0; /* queue_write_head() sets it */
 	}
 	return w;
 }
@@ -207,9 +210,10 @@ int queue_write_head(struct queue_writer *w, const struct queue_envelope *e)
 	    !queue_id_valid(str_make(e->id, strnlen(e->id, QUEUE_ID_LEN + 1))))
 		return -EINVAL; /* never write what the loader refuses (an ID out of the alphabet,
 				 * an ENVID with a control byte) */
+	uint32_t v = e->ret || e->envid.len || e->rcpt_dsn ? VERSION : VERSION_1;
 	unsigned char s[12];
 	memcpy(s, MAGIC, 8);
-	put_u32(s + 8, VERSION);
+	put_u32(s + 8, v);
 	unsigned char env[QUEUE_ID_LEN + 20 + 6 + QUEUE_MAX_ADDR + QUEUE_MAX_CLIENT + 3 +
 			  QUEUE_MAX_ENVID];
 	size_t n = 0;
@@ -226,11 +230,13 @@ int queue_write_head(struct queue_writer *w, const struct queue_envelope *e)
 			memcpy(env + n + 2, f[i]->ptr, f[i]->len);
 		n += 2 + f[i]->len;
 	}
-	env[n++] = e->ret;
-	put_u16(env + n, (uint16_t)e->envid.len);
-	if (e->envid.len)
-		memcpy(env + n + 2, e->envid.ptr, e->envid.len);
-	n += 2 + e->envid.len;
+	if (v >= 2) {
+		env[n++] = e->ret;
+		put_u16(env + n, (uint16_t)e->envid.len);
+		if (e->envid.len)
+			memcpy(env + n + 2, e->envid.ptr, e->envid.len);
+		n += 2 + e->envid.len;
+	}
 	char ctl[QUEUE_CONTROL_LEN];
 	memset(ctl, '-', sizeof(ctl));
 	/* all three or none: the checksum state is kept to roll back with the buffer */
@@ -242,6 +248,7 @@ int queue_write_head(struct queue_writer *w, const struct queue_envelope *e)
 		w->st = saved;
 		return -ENOBUFS;
 	}
+	w->version = v;
 	return 0;
 }
 
@@ -249,10 +256,15 @@ int queue_write_rcpt_dsn(struct queue_writer *w, struct str addr, unsigned notif
 			 struct str orcpt)
 {
 	if (addr.len == 0 || addr.len > QUEUE_MAX_ADDR || orcpt.len > QUEUE_MAX_ORCPT ||
-	    !notify_ok(notify) || !orcpt_ok(orcpt))
+	    !notify_ok(notify) || !orcpt_ok(orcpt) ||
+	    (w->version < 2 && (notify || orcpt.len)))
 		return -EINVAL;
 	unsigned char r[4 + QUEUE_MAX_ORCPT + QUEUE_MAX_ADDR];
 	r[0] = QUEUE_TODO;
+	if (w->version < 2) {
+		memcpy(r + 1, addr.ptr, addr.len);
+		return record(w, 'R', r, 1 + addr.len);
+	}
 	r[1] = (unsigned char)notify;
 	put_u16(r + 2, (uint16_t)orcpt.len);
 	if (orcpt.len)

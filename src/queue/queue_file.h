@@ -99,6 +99,7 @@ struct queue_envelope {
 	uint8_t ret;             /* enum queue_ret */
 	struct str envid;        /* ENVID=, xtext-decoded (printable ASCII 0x20-0x7e, checked
 				    by the writer and the loader); empty: none */
+	bool rcpt_dsn;           /* writing: some recipient will have NOTIFY or ORCPT */
 };
 
 /* ---- writing ---- */
@@ -111,11 +112,15 @@ struct queue_envelope {
 struct queue_writer;
 struct queue_writer *queue_writer_new(struct buf *out);
 struct queue_writer *queue_writer_free(struct queue_writer *w);
-/* Start, envelope, control bytes ('-' each).  0, -EINVAL (a field over its limit) or
- * -ENOBUFS (out is full; nothing of the records was appended). */
+/* Start, envelope, control bytes ('-' each).  The file is written in version 2 only when
+ * it carries a DSN parameter (RET, ENVID, or e->rcpt_dsn), in version 1 otherwise, so that
+ * a downgrade to a build before version 2 still reads the mail that has none
+ * (doc/QUEUE.md).  0, -EINVAL (a field over its limit) or -ENOBUFS (out is full; nothing
+ * of the records was appended). */
 int queue_write_head(struct queue_writer *w, const struct queue_envelope *e);
 int queue_write_rcpt(struct queue_writer *w, struct str addr);
-/* A recipient with its DSN parameters: notify (enum queue_notify bits, 0 if none; NEVER
+/* A recipient with its DSN parameters (-EINVAL in a version 1 file: see
+ * queue_write_head): notify (enum queue_notify bits, 0 if none; NEVER
  * only alone) and orcpt, ORCPT= xtext-decoded as "type;address" (empty if none, at most
  * QUEUE_MAX_ORCPT bytes: an atom, ';', and at least one printable ASCII character). The
  * loader refuses a file whose fields break these rules, so -EINVAL here. */

@@ -186,6 +186,7 @@ def test_delay_notice_follows_notify(relay):
     smtp_send(port, ["a@slow.example"], rcpt_options=["NOTIFY=DELAY,FAILURE"],
               mail_options=["ENVID=D1"])
     smtp_send(port, ["b@slow.example"], rcpt_options=["NOTIFY=FAILURE"], n=1)
+    smtp_send(port, ["c@slow.example"], sender="", n=2)  # no notice for <>, no parameter
     wait_until(lambda: len(notices(sh)) >= 1, 30, "a delay notice")
     time.sleep(3)
     assert len(notices(sh)) == 1
@@ -195,10 +196,11 @@ def test_delay_notice_follows_notify(relay):
     assert status_fields(text, "Original-Envelope-Id") == ["D1"]
     queued = sd.cli("queue").stdout
     assert "a@slow.example" in queued and "b@slow.example" in queued
-    # the queue files (version 2) keep the parameters, as doc/QUEUE.md says
+    # the queue files keep the parameters (version 2), as doc/QUEUE.md says; one without
+    # any is written in version 1, which a downgrade still reads
     files = queuefile.messages(sd.dir / "queue")
-    assert [(m.version, m.envid) for m in files] == [(2, "D1"), (2, "")]
-    assert [r.notify for m in files for r in m.recipients] == [4 | 8, 4]
+    assert [(m.version, m.envid) for m in files] == [(2, "D1"), (2, ""), (1, "")]
+    assert [r.notify for m in files for r in m.recipients] == [4 | 8, 4, 0]
 
 
 BAD = [

@@ -113,7 +113,7 @@ static void build(struct buf *b, const char *env_id, size_t nrcpt, bool end)
 	struct queue_envelope e = { .arrival_us = queue_id_time_us(env_id),
 				    .sender = str_cstr("list@example.org"),
 				    .client = str_cstr("mx [192.0.2.1]"),
-				    .helo = str_cstr("mx.example") };
+				    .helo = str_cstr("mx.example"), .rcpt_dsn = true };
 	memcpy(e.id, env_id, QUEUE_ID_LEN + 1);
 	buf_init(b, 1 << 26);
 	struct queue_writer *w = queue_writer_new(b);

@@ -43,6 +43,52 @@ static void test_ids(void **state)
 		assert_false(queue_id_valid(str_cstr(bad[i])));
 }
 
+/* Without a DSN parameter a file is written in version 1, which a build before version 2
+ * reads (a downgrade strands nothing); RET, ENVID or a recipient's NOTIFY/ORCPT make it
+ * version 2, and a version 1 writer refuses a recipient's DSN parameters. */
+static void test_version_written(void **state)
+{
+	(void)state;
+	struct buf b;
+	buf_init(&b, 1 << 16);
+	struct queue_envelope e = { .arrival_us = 1795309607134392ULL, .sender = str_cstr("a@b.example"),
+				    .client = str_cstr("[192.0.2.1]"), .helo = str_cstr("h") };
+	queue_id_make(e.id, e.arrival_us, 1);
+	static const struct { uint8_t ret; const char *envid; bool rcpt_dsn; uint32_t v; } cases[] = {
+		{ QUEUE_RET_NONE, "", false, 1 }, { QUEUE_RET_FULL, "", false, 2 },
+		{ QUEUE_RET_NONE, "x", false, 2 }, { QUEUE_RET_NONE, "", true, 2 },
+	};
+	for (size_t k = 0; k < ARRAY_SIZE(cases); k++) {
+		buf_reset(&b);
+		e.ret = cases[k].ret;
+		e.envid = str_cstr(cases[k].envid);
+		e.rcpt_dsn = cases[k].rcpt_dsn;
+		struct queue_writer *w = queue_writer_new(&b);
+		assert_int_equal(queue_write_head(w, &e), 0);
+		assert_int_equal(queue_write_rcpt_dsn(w, str_cstr("x@c.example"), QUEUE_NOTIFY_NEVER,
+						      STR_NULL), cases[k].v == 1 ? -EINVAL : 0);
+		assert_int_equal(queue_write_rcpt_dsn(w, str_cstr("y@c.example"), 0,
+						      str_cstr("rfc822;o@c.example")),
+				 cases[k].v == 1 ? -EINVAL : 0);
+		assert_int_equal(queue_write_rcpt(w, str_cstr("z@c.example")), 0);
+		assert_int_equal(queue_write_end(w), 0);
+		queue_writer_free(w);
+		struct queue_index ix;
+		const char *why;
+		assert_int_equal(queue_file_load(b.ptr, b.len, &ix, &why), 0);
+		assert_int_equal(ix.version, cases[k].v);
+		assert_int_equal(ix.env.ret, cases[k].ret);
+		assert_true(str_eq_cstr(ix.env.envid, cases[k].envid));
+		assert_int_equal(ix.nrcpt, cases[k].v == 1 ? 1 : 3);
+		assert_true(str_eq_cstr(ix.rcpt[ix.nrcpt - 1].addr, "z@c.example"));
+		/* a version 1 file is byte for byte the old layout: S says 1, R is status+address */
+		if (cases[k].v == 1)
+			assert_int_equal(b.ptr[ix.rcpt[0].status_off + 1], 'z');
+		queue_index_clear(&ix);
+	}
+	buf_done(&b);
+}
+
 /* A whole file: head, n recipients, body split into chunks, end. */
 static void build(struct buf *b, size_t nrcpt, const char *body)
 {
@@ -451,6 +497,7 @@ int main(void)
 		cmocka_unit_test(test_round_trip),
 		cmocka_unit_test(test_dsn_fields),
 		cmocka_unit_test(test_version_1),
+		cmocka_unit_test(test_version_written),
 		cmocka_unit_test(test_dsn_field_contents),
 		cmocka_unit_test(test_many_recipients),
 		cmocka_unit_test(test_refusals),
