@@ -157,14 +157,15 @@ def test_notify_never_queues_no_bounce(relay):
 
 def test_bounce_carries_envid_orcpt_and_headers_only(relay):
     """RET=HDRS, ENVID and ORCPT: the bounce names them (Original-Envelope-Id,
-    Original-Recipient) and returns the header section only; RET=FULL returns all."""
+    Original-Recipient), as given (a double space kept), and returns the header section
+    only; RET=FULL returns all."""
     sd, sh, port = relay(route='tls = "none";', reject_rcpts=["gone@example.net"])
-    smtp_send(port, ["gone@example.net"], mail_options=["RET=HDRS", "ENVID=batch+2F42"],
+    smtp_send(port, ["gone@example.net"], mail_options=["RET=HDRS", "ENVID=batch+2F42+20+20x"],
               rcpt_options=["NOTIFY=FAILURE", "ORCPT=rfc822;Gone+2Bold@example.net"])
     wait_until(lambda: len(notices(sh)) >= 1, 20, "a bounce")
     text = notices(sh)[0].content.decode("ascii", "replace")
     assert status_fields(text, "Action") == ["failed"]
-    assert status_fields(text, "Original-Envelope-Id") == ["batch/42"]
+    assert status_fields(text, "Original-Envelope-Id") == ["batch/42  x"]  # as given
     assert status_fields(text, "Original-Recipient") == ["rfc822;Gone+old@example.net"]
     assert "Content-Type: text/rfc822-headers" in text
     assert "Subject: dsn test" in text
