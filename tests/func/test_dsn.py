@@ -247,6 +247,25 @@ def test_bad_values_get_501_and_nothing_is_queued(relay):
     assert list((sd.dir / "queue" / "msg").glob("*/*")) == []
 
 
+def test_line_limits_of_mail_and_rcpt(relay):
+    """RFC 3461 5: a MAIL line may be 100 characters longer than 512, a RCPT line 600
+    (500, and NOTIFY beside a whole ORCPT): one octet more is 500 5.5.2, and a line of
+    the limit is read and parsed (here refused for its overlong value)."""
+    sd, sh, port = relay(route='tls = "none";')
+    with smtplib.SMTP("127.0.0.1", port, timeout=30) as s:
+        s.ehlo("client.example")
+        for verb, head, limit in (("MAIL", "MAIL FROM:<me@example.org> ENVID=", 612),
+                                  ("RCPT", "RCPT TO:<r@example.net> ORCPT=rfc822;", 1112)):
+            for extra, want in ((0, (501, b"5.5.4")), (1, (500, b"5.5.2"))):
+                s.rset()
+                if verb == "RCPT":
+                    assert s.mail("me@example.org")[0] == 250
+                line = head + "x" * (limit - 2 - len(head) + extra)
+                code, text = s.docmd(line)
+                assert (code, text[:5]) == want, (verb, len(line) + 2, code, text)
+        assert s.noop()[0] == 250  # the session goes on
+
+
 def test_a_version_1_queue_file_is_delivered_and_bounced(relay):
     """A message written in queue file format version 1 (before DSN parameters were kept)
     is delivered to its good recipient and bounced, as before, for the refused one."""
