@@ -139,7 +139,10 @@ def test_success_past_a_hop_without_dsn_gets_a_relayed_notice(relay):
 
 def test_notify_never_queues_no_bounce(relay):
     """A recipient with NOTIFY=NEVER that the next hop refuses with 550 fails without a
-    bounce; a recipient with NOTIFY=DELAY only gets none either."""
+    bounce; a recipient with NOTIFY=DELAY only gets none either.  The next hop, which
+    does not offer DSN, gets a transaction whose recipients all asked NEVER from the null
+    reverse-path (RFC 3461 6.2: it cannot be told NEVER, so it must not bounce to the
+    sender either); one that mixes NEVER with others keeps the sender."""
     sd, sh, port = relay(route='tls = "none";',
                          reject_rcpts=["gone@example.net", "gone2@example.net"])
     smtp_send(port, ["gone@example.net", "ok@example.net"],
@@ -150,9 +153,19 @@ def test_notify_never_queues_no_bounce(relay):
     time.sleep(1)
     st = sd.stats()["relay"]
     assert st["failed"] == 2 and st["dsn_sent"] == 0
-    assert notices(sh) == []
-    # and the next hop got no NOTIFY=NEVER it did not offer: the message went plain
-    assert [r for m in sh.accepted() for r in m.rcpts] == ["ok@example.net"]
+    # no notice made here: the one message from <> is the NEVER one, passed on
+    assert [(m.sender, m.rcpts) for m in sh.accepted()] == [("", ("ok@example.net",))]
+    assert b"Message-ID: <dsn.0@example.org>" in sh.accepted()[0].content
+    # mixed: NEVER beside a recipient without NOTIFY keeps the sender
+    with smtplib.SMTP("127.0.0.1", port, timeout=30) as s:
+        s.ehlo("client.example")
+        assert s.mail("me@example.org")[0] == 250
+        assert s.rcpt("never@example.net", ["NOTIFY=NEVER"])[0] == 250
+        assert s.rcpt("plain@example.net")[0] == 250
+        assert s.data(MSG.format(n=2))[0] == 250
+    sh.wait_accepted(2, timeout=20)
+    assert sh.accepted()[1].sender == "me@example.org"
+    assert sorted(sh.accepted()[1].rcpts) == ["never@example.net", "plain@example.net"]
 
 
 def test_bounce_carries_envid_orcpt_and_headers_only(relay):
