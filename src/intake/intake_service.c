@@ -515,8 +515,16 @@ static void cmd_data(struct isession *is, const struct smtp_command *c)
 		       is->mail.ret == SMTP_RET_HDRS ? QUEUE_RET_HDRS : QUEUE_RET_NONE,
 		.envid = str_make(is->envid, is->envid_len),
 	};
-	int r = queue_new_begin(is->in->q, &env, &is->qn);
+	/* a file without DSN parameters is written in version 1 (doc/QUEUE.md: a downgrade
+	 * still reads it): does any recipient have NOTIFY or ORCPT? */
 	const char *p = is->rcpts.ptr;
+	for (size_t i = 0; i < is->nrcpt && !env.rcpt_dsn; i++) {
+		size_t len = strlen(p);
+		env.rcpt_dsn = p[len + 1] || p[len + 2];
+		p += len + 2 + strlen(p + len + 2) + 1;
+	}
+	int r = queue_new_begin(is->in->q, &env, &is->qn);
+	p = is->rcpts.ptr;
 	for (size_t i = 0; r == 0 && i < is->nrcpt; i++) {
 		size_t len = strlen(p);
 		unsigned notify = (unsigned char)p[len + 1];
@@ -737,14 +745,19 @@ static size_t on_data(struct isession *is, const char *p, size_t n)
 
 /* ---- the service ---- */
 
-/* Only MAIL and RCPT may pass SMTP_LINE_MAX, up to SMTP_DSN_LINE_MAX (RFC 3461 5). */
-static bool dsn_long_ok(struct str line)
+/* The longest line (CRLF included) a command may be: MAIL up to SMTP_DSN_MAIL_LINE_MAX,
+ * RCPT up to SMTP_DSN_LINE_MAX (RFC 3461 5: 100 and 500 characters more, and NOTIFY
+ * beside a whole ORCPT), the rest SMTP_LINE_MAX. */
+static size_t dsn_line_max(struct str line)
 {
 	size_t i = 0;
 	while (i < line.len && (line.ptr[i] == ' ' || line.ptr[i] == '\t'))
 		i++;
-	return line.len - i > 5 && (strncasecmp(line.ptr + i, "mail ", 5) == 0 ||
-				     strncasecmp(line.ptr + i, "rcpt ", 5) == 0);
+	if (line.len - i > 5 && strncasecmp(line.ptr + i, "mail ", 5) == 0)
+		return SMTP_DSN_MAIL_LINE_MAX;
+	if (line.len - i > 5 && strncasecmp(line.ptr + i, "rcpt ", 5) == 0)
+		return SMTP_DSN_LINE_MAX;
+	return SMTP_LINE_MAX;
 }
 
 static void is_input(struct session *s, struct evbuffer *in)
@@ -768,7 +781,8 @@ static void is_input(struct session *s, struct evbuffer *in)
 		size_t used = 0;
 		enum smtp_line_status st = smtp_line_next(&is->lr, p, take, SMTP_DSN_LINE_MAX, &line,
 							  &used);
-		if (st == SMTP_LINE_OK && line.len > SMTP_LINE_MAX - 2 && !dsn_long_ok(line)) {
+		if (st == SMTP_LINE_OK && line.len > SMTP_LINE_MAX - 2 &&
+		    line.len > dsn_line_max(line) - 2) {
 			refuse(is, "500 5.5.2 Error: line too long");
 		} else if (st == SMTP_LINE_OK) {
 			on_command(is, line);

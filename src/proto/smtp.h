@@ -176,6 +176,8 @@ enum smtp_body {
  * RCPT 500): the limit a service that advertises DSN gives smtp_line_next(); one allowance
  * of 600 for both, since NOTIFY beside a 500-character ORCPT passes 500. */
 #define SMTP_DSN_LINE_MAX (SMTP_LINE_MAX + 600)
+/* MAIL's own: RFC 3461 5 gives it 100 characters more (RET and ENVID), not 600. */
+#define SMTP_DSN_MAIL_LINE_MAX (SMTP_LINE_MAX + 100)
 
 enum smtp_ret {
 	SMTP_RET_NONE = 0, /* no RET= given */

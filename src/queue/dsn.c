@@ -273,8 +273,9 @@ static void fmt_date_us(char out[40], uint64_t us)
  * folded (RFC 5322 section 2.2.3) so that no line passes 998 octets: before a space
  * within FOLD_WIDTH when there is one, else before the first space that fits, else (998
  * octets without a space) by inserting CRLF SP, which adds a space where the field is
- * unfolded.  v must hold no CR, LF or NUL, and no run of spaces (then no line is white
- * space only).  Ends the field with CRLF.
+ * unfolded.  v must hold no CR, LF or NUL; it is folded only at a single space (so no
+ * line is white space only), and a v of up to 998 octets less the prefix without one is
+ * never cut: a run of spaces in it stays as it is.  Ends the field with CRLF.
  */
 static void put_field(struct out *o, const char *prefix, struct str v)
 {
@@ -314,6 +315,28 @@ static void put_field(struct out *o, const char *prefix, struct str v)
 		}
 	}
 	put(o, "\r\n", 2);
+}
+
+/*
+ * A value the sender's software matches by (ENVID, ORCPT): as it was given, spaces and
+ * all (RFC 3464 2.2.1: the envelope-id keeps its case and spelling), when it is
+ * printable ASCII -- the queue's loader lets nothing else through; otherwise sanitized.
+ */
+static void put_given(struct out *o, struct buf *sc, const char *prefix, struct str v)
+{
+	size_t i = 0;
+	while (i < v.len && v.ptr[i] >= 0x20 && v.ptr[i] <= 0x7e)
+		i++;
+	if (i == v.len) {
+		if (v.len)
+			put_field(o, prefix, v);
+		return;
+	}
+	buf_reset(sc);
+	if (o->err == 0)
+		o->err = append_sanitized(sc, v, VALUE_MAX);
+	if (sc->len)
+		put_field(o, prefix, buf_str(sc));
 }
 
 /*
@@ -669,11 +692,7 @@ static void put_status(struct out *o, struct buf *sc, const struct dsn_info *inf
 	char date[40];
 	put_cstr(o, "Content-Type: message/delivery-status\r\n"
 		    "Content-Description: Delivery report\r\n\r\n");
-	buf_reset(sc);
-	if (o->err == 0)
-		o->err = append_sanitized(sc, info->envid, VALUE_MAX);
-	if (sc->len)
-		put_field(o, "Original-Envelope-Id: ", buf_str(sc));
+	put_given(o, sc, "Original-Envelope-Id: ", info->envid);
 	put_cstr(o, "Reporting-MTA: dns; ");
 	put(o, info->reporting_mta.ptr, info->reporting_mta.len);
 	put(o, "\r\n", 2);
@@ -686,11 +705,7 @@ static void put_status(struct out *o, struct buf *sc, const struct dsn_info *inf
 	for (size_t i = 0; i < n && o->err == 0; i++) {
 		const struct dsn_rcpt *rc = &rcpt[i];
 		put(o, "\r\n", 2);
-		buf_reset(sc);
-		if (o->err == 0)
-			o->err = append_sanitized(sc, rc->orcpt, VALUE_MAX);
-		if (sc->len)
-			put_field(o, "Original-Recipient: ", buf_str(sc));
+		put_given(o, sc, "Original-Recipient: ", rc->orcpt);
 		buf_reset(sc);
 		/* addr_valid() let no control byte through: an ASCII address goes as it is,
 		 * unless it has a space (a quoted local part): a run of them could not be

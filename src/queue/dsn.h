@@ -23,8 +23,9 @@
 #include "str.h"
 
 #define DSN_MAX_HEADERS (64 * 1024)
-/* RET=FULL: the whole message is returned when it is at most this (as Postfix's
- * bounce_size_limit, 50000); a larger one gets its headers only. */
+/* RET=FULL: the whole message is returned when it is at most this; a larger one gets its
+ * headers only (Postfix's bounce_size_limit works the same way, with 50,000 bytes by
+ * default). */
 #define DSN_MAX_RETURNED (64 * 1024)
 
 enum dsn_action {

@@ -783,8 +783,10 @@ void queue_last_replies(struct str log, size_t nrcpt, struct str *ret)
 void queue_rcpt_state(char status, uint64_t next_us, uint32_t attempts, uint64_t now_us,
 		       char *out, size_t len)
 {
-	if (status == QUEUE_DELIVERED || status == QUEUE_FAILED) {
-		snprintf(out, len, "%s", status == QUEUE_DELIVERED ? "delivered" : "failed");
+	if (status == QUEUE_DELIVERED || status == QUEUE_FAILED || status == QUEUE_RELAYED) {
+		snprintf(out, len, "%s", status == QUEUE_DELIVERED ? "delivered"
+					 : status == QUEUE_FAILED  ? "failed"
+								   : "delivered, relayed notice owed");
 		return;
 	}
 	char when[32] = "now";

@@ -375,9 +375,10 @@ fail:
 
 /* ---- a committed message ---- */
 
-static bool status_ok(char s)
+static bool status_ok(const struct queue_msg *m, char s)
 {
-	return s == QUEUE_TODO || s == QUEUE_UNCERTAIN || s == QUEUE_DELIVERED || s == QUEUE_FAILED;
+	return s == QUEUE_TODO || s == QUEUE_UNCERTAIN || s == QUEUE_DELIVERED || s == QUEUE_FAILED ||
+	       (s == QUEUE_RELAYED && m->ix.version >= 2); /* the loader's rule */
 }
 
 static size_t *count_of(struct queue_msg *m, char s)
@@ -389,6 +390,8 @@ static size_t *count_of(struct queue_msg *m, char s)
 		return &m->uncertain;
 	case QUEUE_DELIVERED:
 		return &m->delivered;
+	case QUEUE_RELAYED:
+		return &m->relayed;
 	default:
 		return &m->failed;
 	}
@@ -513,7 +516,7 @@ void queue_msg_close(struct queue_msg *m)
 	m->map = NULL;
 	m->size = 0;
 	close_fd(&m->fd);
-	m->todo = m->uncertain = m->delivered = m->failed = 0;
+	m->todo = m->uncertain = m->delivered = m->failed = m->relayed = 0;
 }
 
 static int write_byte(int fd, char c, uint64_t off)
@@ -530,7 +533,7 @@ static int write_byte(int fd, char c, uint64_t off)
 
 int queue_msg_set_status(struct queue_msg *m, size_t rcpt_index, char status)
 {
-	if (rcpt_index >= m->ix.nrcpt || !status_ok(status))
+	if (rcpt_index >= m->ix.nrcpt || !status_ok(m, status))
 		return -EINVAL;
 	struct queue_rcpt *r = &m->ix.rcpt[rcpt_index];
 	int rc = write_byte(m->fd, status, r->status_off);
@@ -576,7 +579,8 @@ enum queue_msg_state queue_msg_state(const struct queue_msg *m)
 {
 	if (m->todo || m->uncertain)
 		return QUEUE_MSG_ACTIVE;
-	if (m->failed && m->ix.control[QUEUE_CTL_BOUNCE] != 'S')
+	/* N: delivered, a relayed notice owed (made with the bounce) */
+	if ((m->failed || m->relayed) && m->ix.control[QUEUE_CTL_BOUNCE] != 'S')
 		return QUEUE_MSG_BOUNCE_DUE;
 	return QUEUE_MSG_FINISHED;
 }
@@ -802,9 +806,9 @@ static int recover_loaded(struct queue_recovery *r, int h, struct queue_msg *m)
 	for (size_t i = 0; rc == 0 && uncertain && i < m->ix.nrcpt; i++)
 		if (m->ix.rcpt[i].status == QUEUE_UNCERTAIN)
 			rc = queue_msg_set_status(m, i, QUEUE_TODO);
-	if (rc == 0 && !m->todo && !m->uncertain && m->failed &&
+	if (rc == 0 && !m->todo && !m->uncertain && (m->failed || m->relayed) &&
 	    m->ix.control[QUEUE_CTL_BOUNCE] == '-') {
-		/* the relay set the last F and crashed before writing 'P' */
+		/* the relay set the last F (or N) and crashed before writing 'P' */
 		mark = true;
 		rc = queue_msg_set_control(m, QUEUE_CTL_BOUNCE, 'P');
 	}
@@ -849,7 +853,7 @@ static int recover_loaded(struct queue_recovery *r, int h, struct queue_msg *m)
 	}
 	r->st.messages++;
 	r->st.rcpt_todo += m->todo;
-	r->st.rcpt_delivered += m->delivered;
+	r->st.rcpt_delivered += m->delivered + m->relayed;
 	r->st.rcpt_failed += m->failed;
 	if (m->ix.control[QUEUE_CTL_HOLD] == 'H')
 		r->st.held++;

@@ -140,8 +140,8 @@ struct queue_msg {
 	const unsigned char *map;  /* the file, mapped read-only (MAP_PRIVATE) */
 	size_t size;
 	struct queue_index ix;     /* kept current by queue_msg_set_status/_control */
-	/* recipients by status, kept current by queue_msg_set_status() */
-	size_t todo, uncertain, delivered, failed;
+	/* recipients by status, kept current by queue_msg_set_status(); relayed: N */
+	size_t todo, uncertain, delivered, failed, relayed;
 };
 
 /*
@@ -164,7 +164,8 @@ int queue_msg_open(struct queue_dir *qd, const char *id, struct queue_msg *ret,
 void queue_msg_close(struct queue_msg *m);
 
 /*
- * Recipient rcpt_index's status byte becomes status (T, U, D or F): one pwrite() of one
+ * Recipient rcpt_index's status byte becomes status (T, U, D, F, or N in a version 2
+ * file): one pwrite() of one
  * byte at its indexed offset; the index and the counts follow.  -EINVAL for a bad status
  * or index, -EIO for a short write, or the errno of pwrite().  Not flushed: see
  * queue_msg_sync().  O(1).
@@ -182,8 +183,8 @@ int queue_msg_sync(struct queue_msg *m);
 /* The state of a message (doc/QUEUE.md, "States of a message"), from its counts. */
 enum queue_msg_state {
 	QUEUE_MSG_ACTIVE = 0,      /* some T or U */
-	QUEUE_MSG_BOUNCE_DUE,      /* no T/U, some F, control[1] is not 'S' */
-	QUEUE_MSG_FINISHED,        /* no T/U, and no F or control[1] = 'S' */
+	QUEUE_MSG_BOUNCE_DUE,      /* no T/U, some F or N, control[1] is not 'S' */
+	QUEUE_MSG_FINISHED,        /* no T/U, and no F/N or control[1] = 'S' */
 };
 enum queue_msg_state queue_msg_state(const struct queue_msg *m);
 
@@ -225,7 +226,7 @@ enum queue_recover_what {
 	QUEUE_RECOVER_TMP_REMOVED = 0, /* name: a file of tmp/ was unlinked */
 	QUEUE_RECOVER_CORRUPT,         /* name moved to corrupt/dest: reason */
 	QUEUE_RECOVER_UNCERTAIN,       /* name: count recipients U set back to T */
-	QUEUE_RECOVER_BOUNCE_MARKED,   /* name: no T/U, an F, control[1] '-': set to 'P' */
+	QUEUE_RECOVER_BOUNCE_MARKED,   /* name: no T/U, an F or N, control[1] '-': set to 'P' */
 	QUEUE_RECOVER_FINISHED,        /* name: finished, unlinked with its log */
 	QUEUE_RECOVER_ORPHAN_LOG,      /* name: log/H/name without its message, unlinked */
 	QUEUE_RECOVER_STRAY,           /* name (a path under the queue): not sluice's, left */
@@ -253,7 +254,7 @@ struct queue_recover_event {
 struct queue_recover_ops {
 	/* every event worth a log line */
 	void (*report)(void *arg, const struct queue_recover_event *ev);
-	/* A message whose bounce is due (no T/U, some F, control[1] 'P').  The caller may
+	/* A message whose bounce is due (no T/U, some F or N, control[1] 'P').  The caller may
 	 * commit the DSN, then queue_msg_set_control(m, QUEUE_CTL_BOUNCE, 'S') and
 	 * queue_msg_sync(m): the message is then finished and removed.  Otherwise it stays,
 	 * and message() is called for it next. */
@@ -266,7 +267,7 @@ struct queue_recover_ops {
 struct queue_recover_stats {
 	size_t messages;           /* live messages handed to message() */
 	size_t rcpt_todo;          /* their recipients by status (U were set to T) */
-	size_t rcpt_delivered;
+	size_t rcpt_delivered;     /* D and N */
 	size_t rcpt_failed;
 	size_t held;               /* live messages with control[0] 'H' */
 	size_t bounce_due;         /* live messages whose bounce is due */

@@ -3,7 +3,8 @@
  * doc/QUEUE.md).
  *
  * Record: type (1 byte) | length (u32 little-endian) | payload.
- *   S  "SLUICEQ1" + version (u32): 2 is written, 1 and 2 are read
+ *   S  "SLUICEQ1" + version (u32): 2 is written when there are DSN parameters, else 1;
+ *      both are read
  *   E  id (16) | arrival_us (u64) | flags (u32) | size (u64) | then three strings, each
  *      length (u16) + bytes: sender, client, helo; version 2 adds ret (u8) and the
  *      string envid
@@ -25,7 +26,7 @@
 #include "queue_file.h"
 
 #define MAGIC "SLUICEQ1"
-#define VERSION 2u          /* written; VERSION_1 files are still read */
+#define VERSION 2u          /* written with DSN parameters, else VERSION_1; both read */
 #define VERSION_1 1u
 #define HDR 5 /* type + length */
 
@@ -70,6 +71,42 @@ uint64_t queue_id_time_us(const char id[QUEUE_ID_LEN])
 	return v << 2 | (uint64_t)b32_value(id[10]) >> 3;
 }
 
+/* ---- what the DSN fields may hold (the writer and the loader both check) ---- */
+
+/* ENVID and ORCPT, xtext-decoded: printable ASCII, as RFC 3461 lets them carry and as
+ * the intake accepts; never a CR or LF that would reach a command to the next hop. */
+static bool printable(struct str s)
+{
+	for (size_t i = 0; i < s.len; i++)
+		if ((unsigned char)s.ptr[i] < 0x20 || (unsigned char)s.ptr[i] > 0x7e)
+			return false;
+	return true;
+}
+
+/* NOTIFY: none (0), NEVER alone, or a set of SUCCESS, FAILURE and DELAY (RFC 3461 4.1). */
+static bool notify_ok(unsigned n)
+{
+	return n == QUEUE_NOTIFY_NEVER ||
+	       (n & ~(unsigned)(QUEUE_NOTIFY_SUCCESS | QUEUE_NOTIFY_FAILURE | QUEUE_NOTIFY_DELAY)) == 0;
+}
+
+/* ORCPT: empty (none), or addr-type ";" address: an atom (RFC 5322 atext), then at least
+ * one printable character (RFC 3461 4.2). */
+static bool orcpt_ok(struct str o)
+{
+	static const char specials[] = "!#$%&'*+-/=?^_`{|}~";
+	if (o.len == 0)
+		return true;
+	const char *semi = memchr(o.ptr, ';', o.len);
+	if (!semi || semi == o.ptr || semi == o.ptr + o.len - 1 || !printable(o))
+		return false;
+	for (const char *p = o.ptr; p < semi; p++)
+		if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+		      (*p >= '0' && *p <= '9') || strchr(specials, *p)))
+			return false;
+	return true;
+}
+
 /* ---- writing ---- */
 
 static void put_u16(unsigned char *p, uint16_t v)
@@ -111,6 +148,7 @@ static uint64_t get_u64(const unsigned char *p)
 struct queue_writer {
 	struct buf *out;
 	XXH64_state_t st;
+	uint32_t version;       /* of the file, set by queue_write_head() */
 };
 
 struct queue_writer *queue_writer_new(struct buf *out)
@@ -119,6 +157,7 @@ struct queue_writer *queue_writer_new(struct buf *out)
 	if (w) {
 		w->out = out;
 		XXH64_reset(&w->st, 0);
+		w->version = 0; /* queue_write_head() sets it */
 	}
 	return w;
 }
@@ -167,12 +206,14 @@ static int record(struct queue_writer *w, char type, const void *payload, size_t
 int queue_write_head(struct queue_writer *w, const struct queue_envelope *e)
 {
 	if (e->sender.len > QUEUE_MAX_ADDR || e->client.len + e->helo.len > QUEUE_MAX_CLIENT ||
-	    e->envid.len > QUEUE_MAX_ENVID || e->ret > QUEUE_RET_HDRS ||
+	    e->envid.len > QUEUE_MAX_ENVID || !printable(e->envid) || e->ret > QUEUE_RET_HDRS ||
 	    !queue_id_valid(str_make(e->id, strnlen(e->id, QUEUE_ID_LEN + 1))))
-		return -EINVAL; /* the loader refuses an ID out of the alphabet: never write one */
+		return -EINVAL; /* never write what the loader refuses (an ID out of the alphabet,
+				 * an ENVID with a control byte) */
+	uint32_t v = e->ret || e->envid.len || e->rcpt_dsn ? VERSION : VERSION_1;
 	unsigned char s[12];
 	memcpy(s, MAGIC, 8);
-	put_u32(s + 8, VERSION);
+	put_u32(s + 8, v);
 	unsigned char env[QUEUE_ID_LEN + 20 + 6 + QUEUE_MAX_ADDR + QUEUE_MAX_CLIENT + 3 +
 			  QUEUE_MAX_ENVID];
 	size_t n = 0;
@@ -189,11 +230,13 @@ int queue_write_head(struct queue_writer *w, const struct queue_envelope *e)
 			memcpy(env + n + 2, f[i]->ptr, f[i]->len);
 		n += 2 + f[i]->len;
 	}
-	env[n++] = e->ret;
-	put_u16(env + n, (uint16_t)e->envid.len);
-	if (e->envid.len)
-		memcpy(env + n + 2, e->envid.ptr, e->envid.len);
-	n += 2 + e->envid.len;
+	if (v >= 2) {
+		env[n++] = e->ret;
+		put_u16(env + n, (uint16_t)e->envid.len);
+		if (e->envid.len)
+			memcpy(env + n + 2, e->envid.ptr, e->envid.len);
+		n += 2 + e->envid.len;
+	}
 	char ctl[QUEUE_CONTROL_LEN];
 	memset(ctl, '-', sizeof(ctl));
 	/* all three or none: the checksum state is kept to roll back with the buffer */
@@ -205,6 +248,7 @@ int queue_write_head(struct queue_writer *w, const struct queue_envelope *e)
 		w->st = saved;
 		return -ENOBUFS;
 	}
+	w->version = v;
 	return 0;
 }
 
@@ -212,10 +256,15 @@ int queue_write_rcpt_dsn(struct queue_writer *w, struct str addr, unsigned notif
 			 struct str orcpt)
 {
 	if (addr.len == 0 || addr.len > QUEUE_MAX_ADDR || orcpt.len > QUEUE_MAX_ORCPT ||
-	    notify > 0xff)
+	    !notify_ok(notify) || !orcpt_ok(orcpt) ||
+	    (w->version < 2 && (notify || orcpt.len)))
 		return -EINVAL;
 	unsigned char r[4 + QUEUE_MAX_ORCPT + QUEUE_MAX_ADDR];
 	r[0] = QUEUE_TODO;
+	if (w->version < 2) {
+		memcpy(r + 1, addr.ptr, addr.len);
+		return record(w, 'R', r, 1 + addr.len);
+	}
 	r[1] = (unsigned char)notify;
 	put_u16(r + 2, (uint16_t)orcpt.len);
 	if (orcpt.len)
@@ -259,9 +308,10 @@ static bool control_ok(const unsigned char *c)
 	       (c[QUEUE_CTL_WARNED] == '-' || c[QUEUE_CTL_WARNED] == 'W');
 }
 
-static bool status_ok(unsigned char s)
+static bool status_ok(unsigned char s, uint32_t v)
 {
-	return s == QUEUE_TODO || s == QUEUE_UNCERTAIN || s == QUEUE_DELIVERED || s == QUEUE_FAILED;
+	return s == QUEUE_TODO || s == QUEUE_UNCERTAIN || s == QUEUE_DELIVERED || s == QUEUE_FAILED ||
+	       (s == QUEUE_RELAYED && v >= 2);
 }
 
 /* The envelope record's payload into e (slices into p), of a file of version v. */
@@ -298,6 +348,8 @@ static int load_envelope(const unsigned char *p, size_t len, uint32_t v,
 		if (len - off - 3 < l || l > QUEUE_MAX_ENVID)
 			return -EINVAL;
 		e->envid = str_make((const char *)p + off + 3, l);
+		if (!printable(e->envid))
+			return -EINVAL;
 		off += 3 + l;
 	}
 	if (off != len || e->sender.len > QUEUE_MAX_ADDR ||
@@ -316,10 +368,12 @@ static bool load_rcpt(const unsigned char *q, size_t len, uint32_t v, struct que
 		if (len < 4)
 			return false;
 		size_t l = get_u16(q + 2);
-		if (l > QUEUE_MAX_ORCPT || len - 4 < l)
+		if (l > QUEUE_MAX_ORCPT || len - 4 < l || !notify_ok(q[1]))
 			return false;
 		rc->notify = q[1];
 		rc->orcpt = str_make((const char *)q + 4, l);
+		if (!orcpt_ok(rc->orcpt))
+			return false; /* its addr-type goes raw into RCPT to the next hop */
 		off = 4 + l;
 	}
 	if (len - off < 1 || len - off > QUEUE_MAX_ADDR)
@@ -382,7 +436,7 @@ int queue_file_load(const void *image, size_t n, struct queue_index *ret, const 
 			break;
 		case 'R': {
 			struct queue_rcpt rc;
-			if (state != 3 || len < 2 || !status_ok(q[0]) ||
+			if (state != 3 || len < 2 || !status_ok(q[0], ix.version) ||
 			    !load_rcpt(q, len, ix.version, &rc)) {
 				*why = "a bad or misplaced recipient record";
 				goto bad;

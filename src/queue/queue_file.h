@@ -45,6 +45,9 @@ enum queue_rcpt_status {
 	QUEUE_UNCERTAIN = 'U',
 	QUEUE_DELIVERED = 'D',
 	QUEUE_FAILED = 'F',
+	/* delivered, and a "relayed" notice (RFC 3461 6.2.2) is owed to the sender: treated
+	 * as D everywhere but by the bounce, which reports it; version 2 files only */
+	QUEUE_RELAYED = 'N',
 };
 
 /* The control bytes (one record of QUEUE_CONTROL_LEN bytes, each changed in place). */
@@ -94,7 +97,9 @@ struct queue_envelope {
 	uint32_t flags;          /* enum queue_esmtp_flags */
 	uint64_t size;           /* declared with MAIL SIZE=, 0 if none */
 	uint8_t ret;             /* enum queue_ret */
-	struct str envid;        /* ENVID=, xtext-decoded (printable ASCII); empty: none */
+	struct str envid;        /* ENVID=, xtext-decoded (printable ASCII 0x20-0x7e, checked
+				    by the writer and the loader); empty: none */
+	bool rcpt_dsn;           /* writing: some recipient will have NOTIFY or ORCPT */
 };
 
 /* ---- writing ---- */
@@ -107,13 +112,18 @@ struct queue_envelope {
 struct queue_writer;
 struct queue_writer *queue_writer_new(struct buf *out);
 struct queue_writer *queue_writer_free(struct queue_writer *w);
-/* Start, envelope, control bytes ('-' each).  0, -EINVAL (a field over its limit) or
- * -ENOBUFS (out is full; nothing of the records was appended). */
+/* Start, envelope, control bytes ('-' each).  The file is written in version 2 only when
+ * it carries a DSN parameter (RET, ENVID, or e->rcpt_dsn), in version 1 otherwise, so that
+ * a downgrade to a build before version 2 still reads the mail that has none
+ * (doc/QUEUE.md).  0, -EINVAL (a field over its limit) or -ENOBUFS (out is full; nothing
+ * of the records was appended). */
 int queue_write_head(struct queue_writer *w, const struct queue_envelope *e);
 int queue_write_rcpt(struct queue_writer *w, struct str addr);
-/* A recipient with its DSN parameters: notify (enum queue_notify bits, 0 if none) and
- * orcpt, ORCPT= xtext-decoded as "type;address" (empty if none, at most
- * QUEUE_MAX_ORCPT bytes). */
+/* A recipient with its DSN parameters (-EINVAL in a version 1 file: see
+ * queue_write_head): notify (enum queue_notify bits, 0 if none; NEVER
+ * only alone) and orcpt, ORCPT= xtext-decoded as "type;address" (empty if none, at most
+ * QUEUE_MAX_ORCPT bytes: an atom, ';', and at least one printable ASCII character). The
+ * loader refuses a file whose fields break these rules, so -EINVAL here. */
 int queue_write_rcpt_dsn(struct queue_writer *w, struct str addr, unsigned notify,
 			 struct str orcpt);
 /* A body chunk of 1 to QUEUE_BODY_CHUNK bytes (longer data: several calls). */
@@ -124,7 +134,7 @@ int queue_write_end(struct queue_writer *w);
 /* ---- loading ---- */
 struct queue_rcpt {
 	uint64_t status_off;     /* the status byte's offset in the file */
-	char status;             /* enum queue_rcpt_status */
+	char status;             /* enum queue_rcpt_status (N only in version 2) */
 	uint8_t notify;          /* enum queue_notify bits; 0 (none) in version 1 files */
 	struct str addr;         /* a slice of the image */
 	struct str orcpt;        /* "type;address", a slice of the image; empty: none */

@@ -121,7 +121,7 @@ static void count(struct queue_table *t, const struct qentry *e, int sign)
 		switch (st[i]) {
 		case QUEUE_TODO: t->rcpt_todo += d; break;
 		case QUEUE_UNCERTAIN: t->rcpt_uncertain += d; break;
-		case QUEUE_DELIVERED: t->rcpt_delivered += d; break;
+		case QUEUE_DELIVERED: case QUEUE_RELAYED: t->rcpt_delivered += d; break;
 		case QUEUE_FAILED: t->rcpt_failed += d; break;
 		}
 		if (r[i].next_us || r[i].attempts)
@@ -207,10 +207,13 @@ void queue_table_set_status(struct queue_table *t, struct qentry *e, size_t i, c
 	uint64_t *c[] = { &t->rcpt_todo, &t->rcpt_uncertain, &t->rcpt_delivered,
 			  &t->rcpt_failed };
 	const char k[] = { QUEUE_TODO, QUEUE_UNCERTAIN, QUEUE_DELIVERED, QUEUE_FAILED };
+	/* N is counted as delivered */
+	char was = st[i] == QUEUE_RELAYED ? QUEUE_DELIVERED : st[i];
+	char now = status == QUEUE_RELAYED ? QUEUE_DELIVERED : status;
 	for (size_t j = 0; j < 4; j++) {
-		if (st[i] == k[j])
+		if (was == k[j])
 			(*c[j])--;
-		if (status == k[j])
+		if (now == k[j])
 			(*c[j])++;
 	}
 	st[i] = status;

@@ -68,10 +68,10 @@ static void log_field(const char *line, const char *key, char *out, size_t len)
 }
 
 /* The last line with status (failed, deferred), or with status2 (relayed, or NULL), of
- * each recipient, from the attempt log; relayed marks the recipients of status2 lines
- * (when not NULL). */
+ * each recipient, from the attempt log: the details of the report (a recipient without
+ * one is still reported, from its status byte). */
 static void read_failures(struct relay *r, struct rmsg *m, struct fail_info *fi,
-			  const char *status, const char *status2, bool *relayed)
+			  const char *status, const char *status2)
 {
 	char want[32], want2[32];
 	snprintf(want, sizeof(want), " status=%s ", status);
@@ -94,10 +94,6 @@ static void read_failures(struct relay *r, struct rmsg *m, struct fail_info *fi,
 		size_t i = strtoul(p + 6, NULL, 10);
 		if (i >= m->nrcpt)
 			continue;
-		if (second && relayed)
-			relayed[i] = true;
-		if (!fi)
-			continue;
 		struct fail_info *f = &fi[i];
 		f->ts = strtoull(line + 3, NULL, 10);
 		log_field(line, " mta=", f->mta, sizeof(f->mta));
@@ -106,22 +102,6 @@ static void read_failures(struct relay *r, struct rmsg *m, struct fail_info *fi,
 		snprintf(f->reply, sizeof(f->reply), "%s", q ? q + 7 : "");
 	}
 	buf_done(&lb);
-}
-
-void bounce_load_relayed(struct relay *r, struct rmsg *m)
-{
-	bool owed = false;
-	for (size_t i = 0; i < m->nrcpt && !owed; i++)
-		owed = m->r[i].status == QUEUE_DELIVERED && (m->r[i].notify & QUEUE_NOTIFY_SUCCESS);
-	if (!owed || m->bounce == 'S' || !*m->sender)
-		return;
-	bool *relayed = calloc(m->nrcpt, sizeof(*relayed));
-	if (!relayed)
-		return; /* XXX the notice is lost with the memory: never a bounce */
-	read_failures(r, m, NULL, "relayed", "relayed", relayed);
-	for (size_t i = 0; i < m->nrcpt; i++)
-		m->r[i].relayed = relayed[i] && m->r[i].status == QUEUE_DELIVERED;
-	free(relayed);
 }
 
 int bounce_collect_body(void *arg, struct str chunk)
@@ -182,7 +162,7 @@ static bool rcpt_reported(const struct rmsg *m, size_t i, bool delayed, enum dsn
 		return rcpt_notify_wants(rr, QUEUE_NOTIFY_FAILURE);
 	}
 	*ret = DSN_RELAYED;
-	return rr->status == QUEUE_DELIVERED && rr->relayed && *m->sender;
+	return rr->status == QUEUE_RELAYED && *m->sender;
 }
 
 void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
@@ -229,8 +209,7 @@ void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
 	buf_init(&out, DSN_MAX);
 	int rc = fi && dr && body.body ? 0 : -ENOMEM;
 	if (rc == 0) {
-		read_failures(r, m, fi, delayed ? "deferred" : "failed", delayed ? NULL : "relayed",
-			      NULL);
+		read_failures(r, m, fi, delayed ? "deferred" : "failed", delayed ? NULL : "relayed");
 		size_t k = 0;
 		for (size_t i = 0; i < m->nrcpt && k < nf; i++) {
 			if (!rcpt_reported(m, i, delayed, &act))

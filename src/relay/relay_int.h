@@ -70,12 +70,12 @@ struct rrcpt {
 	uint64_t next_try;            /* CLOCK_REALTIME ns; 0: at once */
 	uint32_t attempts;
 	uint32_t item;                /* its lane's item: m->items[item] (when lane is set) */
-	char status;                  /* T U D F, as on disk */
+	char status;                  /* T U D F N, as on disk */
 	bool busy;                    /* in a transaction */
 	uint8_t notify;               /* its NOTIFY= (enum queue_notify), 0: none */
-	bool relayed;                 /* delivered with NOTIFY=SUCCESS to a server without
-					 DSN: a "relayed" notice is owed (its attempt log
-					 line says status=relayed, read again at load) */
+	bool relayed;                 /* this delivery (NOTIFY=SUCCESS to a server without
+					 DSN) owes a "relayed" notice: it is written N, not
+					 D, and the N is what the bounce reads */
 };
 
 /* Does the recipient's NOTIFY (RFC 3461 4.1) ask for the notice of kind bit
@@ -434,9 +434,6 @@ bool tx_start(struct lane *l, struct lane_conn *rc, uint64_t now, bool budget_ta
 int bounce_collect_body(void *arg, struct str chunk);
 void bounce_done(struct relay *r, struct rmsg *m);
 void bounce_start(struct relay *r, struct rmsg *m, bool delayed);
-/* At load: the relayed notices m still owes, from its attempt log (read only when a
- * delivered recipient asked NOTIFY=SUCCESS and m's report is not sent yet). */
-void bounce_load_relayed(struct relay *r, struct rmsg *m);
 
 /* ---- relay_hist.c: the send history ---- */
 void hist_append(struct relay *r, const char *lane, uint64_t t_ns);

@@ -386,7 +386,6 @@ int msg_load(struct relay *r, const char *id)
 	m->held = ix->control[QUEUE_CTL_HOLD] == 'H';
 	m->bounce = ix->control[QUEUE_CTL_BOUNCE];
 	m->warned = ix->control[QUEUE_CTL_WARNED] == 'W';
-	bounce_load_relayed(r, m);
 	m->is_dsn = ix->env.sender.len == 0 && ix->env.client.len == strlen(DSN_CLIENT) &&
 		    memcmp(ix->env.client.ptr, DSN_CLIENT, ix->env.client.len) == 0;
 	queue_msg_close(&qm);
@@ -684,7 +683,7 @@ void msg_check_done(struct relay *r, struct rmsg *m)
 			return;
 		failed |= s == QUEUE_FAILED;
 		notice |= (s == QUEUE_FAILED && rcpt_notify_wants(&m->r[i], QUEUE_NOTIFY_FAILURE)) ||
-			  (s == QUEUE_DELIVERED && m->r[i].relayed);
+			  (s == QUEUE_RELAYED && *m->sender);
 	}
 	if (failed && !notice && m->bounce != 'S')
 		relay_logf(r, LOG_LEVEL_INFO, "qid=%s bounce not sent: the failed recipients asked "

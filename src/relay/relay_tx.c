@@ -208,8 +208,8 @@ static void rcpt_outcome(struct relay *r, struct tx *t, size_t k, const struct c
 	char dsn[16];
 	switch (cr->verdict) {
 	case CLASSIFY_OK:
-		msg_set_status(r, m, i, QUEUE_DELIVERED);
-		/* "relayed": a notice is owed (bounce_load_relayed() reads it after a restart) */
+		/* N: delivered, a relayed notice owed (the byte keeps the debt across a crash) */
+		msg_set_status(r, m, i, m->r[i].relayed ? QUEUE_RELAYED : QUEUE_DELIVERED);
 		msg_attempt_log(r, m, i, m->r[i].relayed ? "relayed" : "sent", l->name, mta, "", text);
 		dsn_code(rep, '2', dsn, sizeof(dsn));
 		msg_delivery_log(r, LOG_LEVEL_INFO, m, i, l->name, mta, "sent", dsn, text, NULL);
@@ -305,8 +305,8 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 			/* RFC 3461 6.2.2: NOTIFY=SUCCESS that the next hop cannot carry on is
 			 * answered here, with a "relayed" notice once the message is done */
 			struct rrcpt *rr = &m->r[t->idx[k]];
-			if (cr.verdict == CLASSIFY_OK && !res->dsn && (rr->notify & QUEUE_NOTIFY_SUCCESS))
-				rr->relayed = true;
+			rr->relayed = cr.verdict == CLASSIFY_OK && !res->dsn &&
+				      (rr->notify & QUEUE_NOTIFY_SUCCESS) && *m->sender;
 			rcpt_outcome(r, t, k, &cr, cr.verdict == CLASSIFY_OK ? &res->reply : rep, text,
 				     mta, &sig, sigtext, sizeof(sigtext));
 		}

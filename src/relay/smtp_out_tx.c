@@ -90,6 +90,11 @@ static int add_rcpt_dsn(struct smtp_out *c, struct evbuffer *o, size_t i)
 	const char *semi = d->orcpt.len ? memchr(d->orcpt.ptr, ';', d->orcpt.len) : NULL;
 	if (semi && semi > d->orcpt.ptr) {
 		size_t tl = (size_t)(semi - d->orcpt.ptr) + 1;
+		/* the addr-type goes as it is (the loader checked it an atom): never a byte
+		 * that would end or split the command */
+		for (size_t k = 0; k + 1 < tl; k++)
+			if (d->orcpt.ptr[k] <= ' ' || d->orcpt.ptr[k] > '~' || d->orcpt.ptr[k] == '=')
+				return 0;
 		return add_xtext(o, "ORCPT", str_make(d->orcpt.ptr, tl),
 				 str_make(semi + 1, d->orcpt.len - tl), SMTP_DSN_ORCPT_MAX);
 	}
@@ -119,6 +124,22 @@ int smtp_out_tx_check(const struct smtp_out *c, const struct smtp_out_msg *m, co
 	return 0;
 }
 
+/*
+ * The reverse-path to give: the null one when the server does not offer DSN and every
+ * recipient of the transaction asked NOTIFY=NEVER (RFC 3461 6.2, as sendmail does): the
+ * server cannot be told NEVER, and a bounce it made would reach the sender who asked for
+ * none.  A transaction that mixes NEVER with other recipients keeps the sender.
+ */
+static struct str reverse_path(const struct smtp_out *c, const struct smtp_out_msg *m)
+{
+	if ((c->ehlo.ext & SMTP_EHLO_DSN) || !m->rcpt_dsn || m->nrcpt == 0)
+		return m->sender;
+	for (size_t i = 0; i < m->nrcpt; i++)
+		if (m->rcpt_dsn[i].notify != SMTP_NOTIFY_NEVER)
+			return m->sender;
+	return STR_NULL;
+}
+
 /* MAIL, and every RCPT with PIPELINING, into the output; the phase becomes MAIL.  0 or
  * -ENOMEM (part of a command may be in the output then: the connection is lost). */
 int smtp_out_tx_write_mail(struct smtp_out *c)
@@ -128,7 +149,7 @@ int smtp_out_tx_write_mail(struct smtp_out *c)
 	c->rcpt_got = c->rcpt_ok = 0;
 	c->mail_failed = false;
 	struct evbuffer *o = smtp_out_out_buf(c);
-	int r = add_path(o, "MAIL FROM:<", m->sender);
+	int r = add_path(o, "MAIL FROM:<", reverse_path(c, m));
 	if (r == 0 && (c->ehlo.ext & SMTP_EHLO_SIZE))
 		r = evbuffer_add_printf(o, " SIZE=%llu", (unsigned long long)m->size) < 0 ? -ENOMEM : 0;
 	/* XXX an 8-bit message to a server without 8BITMIME goes as it is (no conversion to

@@ -12,7 +12,8 @@ E     queue ID (16) | arrival µs (u64) | ESMTP flags (u32) | declared SIZE (u64
       1 FULL, 2 HDRS) and ENVID (u16 length and its bytes, xtext-decoded)
 C     8 control bytes, changed in place: [0] hold ``-``/``H``, [1] bounce ``-``/``P``/``S``,
       [2] delay notice ``-``/``W``
-R     one per recipient: status byte (``T`` ``U`` ``D`` ``F``) then the address; version 2
+R     one per recipient: status byte (``T`` ``U`` ``D`` ``F``; version 2 also ``N``,
+      delivered with a relayed notice owed) then the address; version 2
       puts NOTIFY (u8 bits: 1 NEVER, 2 SUCCESS, 4 FAILURE, 8 DELAY; 0 none) and ORCPT
       (u16 length and ``type;address`` xtext-decoded) between them
 B     body: the message as received (CRLF lines, dot-unstuffed, sluice's Received: first),
@@ -48,6 +49,7 @@ BODY_CHUNK = 65536
 FLAG_8BITMIME = 1 << 0
 FLAG_SMTPUTF8 = 1 << 1
 STATUSES = "TUDF"
+STATUSES_V2 = "TUDFN"  # N: delivered, a relayed notice owed (version 2 only)
 
 
 class QueueFileError(ValueError):
@@ -57,7 +59,8 @@ class QueueFileError(ValueError):
 @dataclasses.dataclass
 class Recipient:
     address: str
-    status: str           # "T" to do, "U" uncertain, "D" delivered, "F" failed
+    status: str           # "T" to do, "U" uncertain, "D" delivered, "F" failed,
+                          # "N" delivered with a relayed notice owed (version 2)
     status_offset: int    # where the status byte is in the file
     notify: int = 0       # NOTIFY= bits (version 2), 0 if none
     orcpt: str = ""       # ORCPT= decoded, "type;address" (version 2)
@@ -162,7 +165,7 @@ def parse(data, path=None):
             if state != "recipients" or length < 2:
                 raise QueueFileError("a bad or misplaced recipient record")
             status = chr(payload[0])
-            if status not in STATUSES:
+            if status not in (STATUSES_V2 if version >= 2 else STATUSES):
                 raise QueueFileError(f"recipient status {status!r}")
             notify, orcpt, addr = 0, "", payload[1:]
             if version >= 2:

@@ -15,6 +15,7 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import smtplib
 import subprocess
 import time
@@ -138,7 +139,10 @@ def test_success_past_a_hop_without_dsn_gets_a_relayed_notice(relay):
 
 def test_notify_never_queues_no_bounce(relay):
     """A recipient with NOTIFY=NEVER that the next hop refuses with 550 fails without a
-    bounce; a recipient with NOTIFY=DELAY only gets none either."""
+    bounce; a recipient with NOTIFY=DELAY only gets none either.  The next hop, which
+    does not offer DSN, gets a transaction whose recipients all asked NEVER from the null
+    reverse-path (RFC 3461 6.2: it cannot be told NEVER, so it must not bounce to the
+    sender either); one that mixes NEVER with others keeps the sender."""
     sd, sh, port = relay(route='tls = "none";',
                          reject_rcpts=["gone@example.net", "gone2@example.net"])
     smtp_send(port, ["gone@example.net", "ok@example.net"],
@@ -149,21 +153,32 @@ def test_notify_never_queues_no_bounce(relay):
     time.sleep(1)
     st = sd.stats()["relay"]
     assert st["failed"] == 2 and st["dsn_sent"] == 0
-    assert notices(sh) == []
-    # and the next hop got no NOTIFY=NEVER it did not offer: the message went plain
-    assert [r for m in sh.accepted() for r in m.rcpts] == ["ok@example.net"]
+    # no notice made here: the one message from <> is the NEVER one, passed on
+    assert [(m.sender, m.rcpts) for m in sh.accepted()] == [("", ("ok@example.net",))]
+    assert b"Message-ID: <dsn.0@example.org>" in sh.accepted()[0].content
+    # mixed: NEVER beside a recipient without NOTIFY keeps the sender
+    with smtplib.SMTP("127.0.0.1", port, timeout=30) as s:
+        s.ehlo("client.example")
+        assert s.mail("me@example.org")[0] == 250
+        assert s.rcpt("never@example.net", ["NOTIFY=NEVER"])[0] == 250
+        assert s.rcpt("plain@example.net")[0] == 250
+        assert s.data(MSG.format(n=2))[0] == 250
+    sh.wait_accepted(2, timeout=20)
+    assert sh.accepted()[1].sender == "me@example.org"
+    assert sorted(sh.accepted()[1].rcpts) == ["never@example.net", "plain@example.net"]
 
 
 def test_bounce_carries_envid_orcpt_and_headers_only(relay):
     """RET=HDRS, ENVID and ORCPT: the bounce names them (Original-Envelope-Id,
-    Original-Recipient) and returns the header section only; RET=FULL returns all."""
+    Original-Recipient), as given (a double space kept), and returns the header section
+    only; RET=FULL returns all."""
     sd, sh, port = relay(route='tls = "none";', reject_rcpts=["gone@example.net"])
-    smtp_send(port, ["gone@example.net"], mail_options=["RET=HDRS", "ENVID=batch+2F42"],
+    smtp_send(port, ["gone@example.net"], mail_options=["RET=HDRS", "ENVID=batch+2F42+20+20x"],
               rcpt_options=["NOTIFY=FAILURE", "ORCPT=rfc822;Gone+2Bold@example.net"])
     wait_until(lambda: len(notices(sh)) >= 1, 20, "a bounce")
     text = notices(sh)[0].content.decode("ascii", "replace")
     assert status_fields(text, "Action") == ["failed"]
-    assert status_fields(text, "Original-Envelope-Id") == ["batch/42"]
+    assert status_fields(text, "Original-Envelope-Id") == ["batch/42  x"]  # as given
     assert status_fields(text, "Original-Recipient") == ["rfc822;Gone+old@example.net"]
     assert "Content-Type: text/rfc822-headers" in text
     assert "Subject: dsn test" in text
@@ -185,6 +200,7 @@ def test_delay_notice_follows_notify(relay):
     smtp_send(port, ["a@slow.example"], rcpt_options=["NOTIFY=DELAY,FAILURE"],
               mail_options=["ENVID=D1"])
     smtp_send(port, ["b@slow.example"], rcpt_options=["NOTIFY=FAILURE"], n=1)
+    smtp_send(port, ["c@slow.example"], sender="", n=2)  # no notice for <>, no parameter
     wait_until(lambda: len(notices(sh)) >= 1, 30, "a delay notice")
     time.sleep(3)
     assert len(notices(sh)) == 1
@@ -194,10 +210,11 @@ def test_delay_notice_follows_notify(relay):
     assert status_fields(text, "Original-Envelope-Id") == ["D1"]
     queued = sd.cli("queue").stdout
     assert "a@slow.example" in queued and "b@slow.example" in queued
-    # the queue files (version 2) keep the parameters, as doc/QUEUE.md says
+    # the queue files keep the parameters (version 2), as doc/QUEUE.md says; one without
+    # any is written in version 1, which a downgrade still reads
     files = queuefile.messages(sd.dir / "queue")
-    assert [(m.version, m.envid) for m in files] == [(2, "D1"), (2, "")]
-    assert [r.notify for m in files for r in m.recipients] == [4 | 8, 4]
+    assert [(m.version, m.envid) for m in files] == [(2, "D1"), (2, ""), (1, "")]
+    assert [r.notify for m in files for r in m.recipients] == [4 | 8, 4, 0]
 
 
 BAD = [
@@ -243,6 +260,25 @@ def test_bad_values_get_501_and_nothing_is_queued(relay):
     assert list((sd.dir / "queue" / "msg").glob("*/*")) == []
 
 
+def test_line_limits_of_mail_and_rcpt(relay):
+    """RFC 3461 5: a MAIL line may be 100 characters longer than 512, a RCPT line 600
+    (500, and NOTIFY beside a whole ORCPT): one octet more is 500 5.5.2, and a line of
+    the limit is read and parsed (here refused for its overlong value)."""
+    sd, sh, port = relay(route='tls = "none";')
+    with smtplib.SMTP("127.0.0.1", port, timeout=30) as s:
+        s.ehlo("client.example")
+        for verb, head, limit in (("MAIL", "MAIL FROM:<me@example.org> ENVID=", 612),
+                                  ("RCPT", "RCPT TO:<r@example.net> ORCPT=rfc822;", 1112)):
+            for extra, want in ((0, (501, b"5.5.4")), (1, (500, b"5.5.2"))):
+                s.rset()
+                if verb == "RCPT":
+                    assert s.mail("me@example.org")[0] == 250
+                line = head + "x" * (limit - 2 - len(head) + extra)
+                code, text = s.docmd(line)
+                assert (code, text[:5]) == want, (verb, len(line) + 2, code, text)
+        assert s.noop()[0] == 250  # the session goes on
+
+
 def test_a_version_1_queue_file_is_delivered_and_bounced(relay):
     """A message written in queue file format version 1 (before DSN parameters were kept)
     is delivered to its good recipient and bounced, as before, for the refused one."""
@@ -268,9 +304,10 @@ def test_a_version_1_queue_file_is_delivered_and_bounced(relay):
 
 
 def test_relayed_notice_owed_survives_a_restart(relay):
-    """The relayed notice owed for a recipient delivered to a hop without DSN is in the
-    attempt log (status=relayed): after a restart, the report made when the message is
-    done (here `sluice queue bounce` of its waiting recipient) still has it."""
+    """The relayed notice owed for a recipient delivered to a hop without DSN is its status
+    byte N (and its attempt log says status=relayed): after a restart, the report made
+    when the message is done (here `sluice queue bounce` of its waiting recipient) still
+    has it."""
     sd, sh, port = relay(route='tls = "none";', start=False)
     start_with_slow_route(sd)
     smtp_send(port, ["s@example.net", "b@slow.example"], mail_options=["ENVID=R1"],
@@ -289,4 +326,34 @@ def test_relayed_notice_owed_survives_a_restart(relay):
     assert status_fields(text, "Action") == ["relayed", "failed"]
     assert status_fields(text, "Original-Envelope-Id") == ["R1"]
     time.sleep(1)
+    assert len(notices(sh)) == 1
+
+
+def test_relayed_notice_owed_survives_sigkill_without_its_log(relay):
+    """The debt of a relayed notice is the recipient's status byte N (doc/QUEUE.md), not
+    the attempt log, which is never flushed: SIGKILL right after the delivery, with the
+    log lost as a power cut may lose it, and the notice still goes after the restart,
+    once the message's other recipient is delivered."""
+    sd, sh, port = relay(route='tls = "none";', start=False)
+    plain = sd.config_text
+    start_with_slow_route(sd)
+    smtp_send(port, ["s@example.net", "b@slow.example"], mail_options=["ENVID=K1"],
+              rcpt_options=["NOTIFY=SUCCESS"])
+    sh.wait_accepted(1, timeout=20)
+    wait_until(lambda: "delivered, relayed notice owed" in sd.cli("queue").stdout, 10,
+               "the listing to show the notice owed")
+    sd.signal(signal.SIGKILL)
+    assert sd.wait(10) == -signal.SIGKILL
+    [m] = queuefile.messages(sd.dir / "queue")
+    assert [r.status for r in m.recipients] == ["N", "T"]
+    (sd.dir / "queue" / "log" / m.id[7] / m.id).unlink()
+    sd.write_config(plain)  # slow.example now goes to the smarthost too
+    sd.start()
+    wait_until(lambda: len(notices(sh)) >= 1, 20, "the relayed notice")
+    text = notices(sh)[0].content.decode("ascii", "replace")
+    assert status_fields(text, "Final-Recipient") == ["rfc822; s@example.net",
+                                                      "rfc822; b@slow.example"]
+    assert status_fields(text, "Action") == ["relayed", "relayed"]
+    assert status_fields(text, "Original-Envelope-Id") == ["K1"]
+    wait_until(lambda: "the queue is empty" in sd.cli("queue").stdout, 15, "an empty queue")
     assert len(notices(sh)) == 1

@@ -8,9 +8,14 @@
  * input cannot pass.  The rest is the image.  An accepted image must index consistently:
  * at least one recipient, every offset inside the image and holding the byte the index
  * says, the body records adding up to body_len; in version 2 the DSN fields (ENVID,
- * each ORCPT) slices of the image within their limits, and none in version 1.
+ * each ORCPT) slices of the image within their limits, and none in version 1; and what
+ * they hold as RFC 3461 allows (NOTIFY: NEVER alone or a set of the other three; ENVID
+ * and ORCPT printable ASCII, ORCPT an atom, ';' and an address), so that no file with a
+ * right checksum can put a CR, an LF or a bad NOTIFY into a command to the next hop; the
+ * status byte N (delivered, relayed notice owed) only in version 2.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,6 +74,33 @@ static void repair(uint8_t *p, size_t n)
 	}
 }
 
+static bool printable(struct str s)
+{
+	for (size_t i = 0; i < s.len; i++)
+		if (s.ptr[i] < 0x20 || s.ptr[i] > 0x7e)
+			return false;
+	return true;
+}
+
+static bool atom_char(char c)
+{
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+	       (c && strchr("!#$%&'*+-/=?^_`{|}~", c));
+}
+
+/* "" or atom ";" 1*printable */
+static bool orcpt_form(struct str o)
+{
+	if (o.len == 0)
+		return true;
+	if (!printable(o))
+		return false;
+	size_t k = 0;
+	while (k < o.len && atom_char(o.ptr[k]))
+		k++;
+	return k > 0 && k + 1 < o.len && o.ptr[k] == ';';
+}
+
 struct sum {
 	uint64_t bytes;
 	size_t chunks;
@@ -113,10 +145,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			      ((const uint8_t *)ix.rcpt[i].orcpt.ptr > p &&
 			       (const uint8_t *)ix.rcpt[i].orcpt.ptr + ix.rcpt[i].orcpt.len <= p + n));
 			CHECK(ix.version == 2 || (ix.rcpt[i].notify == 0 && ix.rcpt[i].orcpt.len == 0));
+			uint8_t nt = ix.rcpt[i].notify;
+			CHECK(nt == QUEUE_NOTIFY_NEVER ||
+			      (nt & ~(QUEUE_NOTIFY_SUCCESS | QUEUE_NOTIFY_FAILURE | QUEUE_NOTIFY_DELAY)) == 0);
+			CHECK(orcpt_form(ix.rcpt[i].orcpt));
+			CHECK(ix.rcpt[i].status != 0);
+			CHECK(strchr("TUDF", ix.rcpt[i].status) ||
+			      (ix.rcpt[i].status == QUEUE_RELAYED && ix.version == 2));
 		}
 		CHECK(ix.version == 1 || ix.version == 2);
 		CHECK(ix.env.envid.len <= QUEUE_MAX_ENVID && ix.env.ret <= QUEUE_RET_HDRS);
 		CHECK(ix.version == 2 || (ix.env.envid.len == 0 && ix.env.ret == 0));
+		CHECK(printable(ix.env.envid));
 		struct sum s = { 0, 0 };
 		CHECK(queue_file_body(p, n, &ix, add, &s) == 0);
 		CHECK(s.bytes == ix.body_len && s.chunks == ix.nbody);

@@ -380,6 +380,37 @@ static void test_delayed(void **state)
 
 /* RFC 3461: the ENVID and each ORCPT given come back (Original-Envelope-Id,
  * Original-Recipient), and a NOTIFY=SUCCESS recipient's "relayed" notice. */
+/* The ENVID and ORCPT come back exactly as given, spaces and all (the sender's software
+ * matches by them): a double space, a trailing one, and a long ORCPT folded at single
+ * spaces that unfolds to what was given. */
+static void test_envid_orcpt_as_given(void **state)
+{
+	(void)state;
+	struct dsn_info info = info_default();
+	info.envid = str_cstr("QQ  314159 x ");
+	char orcpt[QUEUE_MAX_ORCPT + 1];
+	int n = snprintf(orcpt, sizeof(orcpt), "rfc822;\"a  b\"@example.net");
+	while (n + 12 < QUEUE_MAX_ORCPT)
+		n += snprintf(orcpt + n, sizeof(orcpt) - (size_t)n, " word%04d", n);
+	struct dsn_rcpt r[1] = {
+		{ .addr = str_cstr("new@example.net"), .action = DSN_FAILED, .orcpt = str_cstr(orcpt) },
+	};
+	struct buf out;
+	buf_init(&out, OUT_MAX);
+	assert_int_equal(format(&info, r, 1, original, &out), 0);
+	check_lines(buf_str(&out));
+	struct doc d;
+	walk(buf_str(&out), &d);
+	struct str blk[4];
+	assert_int_equal(ds_blocks(d.part[1].body, blk, 4), 2);
+	expect_field(blk[0], "Original-Envelope-Id", "QQ  314159 x ");
+	char v[QUEUE_MAX_ORCPT + 64];
+	assert_true(field(blk[1], "Original-Recipient", 0, v, sizeof(v)));
+	assert_string_equal(v, orcpt);
+	assert_true(count_lines_starting(blk[1], " word") > 0); /* it was folded */
+	buf_done(&out);
+}
+
 static void test_envid_orcpt_relayed(void **state)
 {
 	(void)state;
@@ -973,6 +1004,7 @@ int main(void)
 		cmocka_unit_test(test_structure),
 		cmocka_unit_test(test_delayed),
 		cmocka_unit_test(test_envid_orcpt_relayed),
+		cmocka_unit_test(test_envid_orcpt_as_given),
 		cmocka_unit_test(test_ret_full),
 		cmocka_unit_test(test_status),
 		cmocka_unit_test(test_headers_limit),

@@ -43,6 +43,52 @@ static void test_ids(void **state)
 		assert_false(queue_id_valid(str_cstr(bad[i])));
 }
 
+/* Without a DSN parameter a file is written in version 1, which a build before version 2
+ * reads (a downgrade strands nothing); RET, ENVID or a recipient's NOTIFY/ORCPT make it
+ * version 2, and a version 1 writer refuses a recipient's DSN parameters. */
+static void test_version_written(void **state)
+{
+	(void)state;
+	struct buf b;
+	buf_init(&b, 1 << 16);
+	struct queue_envelope e = { .arrival_us = 1795309607134392ULL, .sender = str_cstr("a@b.example"),
+				    .client = str_cstr("[192.0.2.1]"), .helo = str_cstr("h") };
+	queue_id_make(e.id, e.arrival_us, 1);
+	static const struct { uint8_t ret; const char *envid; bool rcpt_dsn; uint32_t v; } cases[] = {
+		{ QUEUE_RET_NONE, "", false, 1 }, { QUEUE_RET_FULL, "", false, 2 },
+		{ QUEUE_RET_NONE, "x", false, 2 }, { QUEUE_RET_NONE, "", true, 2 },
+	};
+	for (size_t k = 0; k < ARRAY_SIZE(cases); k++) {
+		buf_reset(&b);
+		e.ret = cases[k].ret;
+		e.envid = str_cstr(cases[k].envid);
+		e.rcpt_dsn = cases[k].rcpt_dsn;
+		struct queue_writer *w = queue_writer_new(&b);
+		assert_int_equal(queue_write_head(w, &e), 0);
+		assert_int_equal(queue_write_rcpt_dsn(w, str_cstr("x@c.example"), QUEUE_NOTIFY_NEVER,
+						      STR_NULL), cases[k].v == 1 ? -EINVAL : 0);
+		assert_int_equal(queue_write_rcpt_dsn(w, str_cstr("y@c.example"), 0,
+						      str_cstr("rfc822;o@c.example")),
+				 cases[k].v == 1 ? -EINVAL : 0);
+		assert_int_equal(queue_write_rcpt(w, str_cstr("z@c.example")), 0);
+		assert_int_equal(queue_write_end(w), 0);
+		queue_writer_free(w);
+		struct queue_index ix;
+		const char *why;
+		assert_int_equal(queue_file_load(b.ptr, b.len, &ix, &why), 0);
+		assert_int_equal(ix.version, cases[k].v);
+		assert_int_equal(ix.env.ret, cases[k].ret);
+		assert_true(str_eq_cstr(ix.env.envid, cases[k].envid));
+		assert_int_equal(ix.nrcpt, cases[k].v == 1 ? 1 : 3);
+		assert_true(str_eq_cstr(ix.rcpt[ix.nrcpt - 1].addr, "z@c.example"));
+		/* a version 1 file is byte for byte the old layout: S says 1, R is status+address */
+		if (cases[k].v == 1)
+			assert_int_equal(b.ptr[ix.rcpt[0].status_off + 1], 'z');
+		queue_index_clear(&ix);
+	}
+	buf_done(&b);
+}
+
 /* A whole file: head, n recipients, body split into chunks, end. */
 static void build(struct buf *b, size_t nrcpt, const char *body)
 {
@@ -240,10 +286,12 @@ static void test_dsn_fields(void **state)
 	assert_int_equal(ix.rcpt[2].notify, QUEUE_NOTIFY_SUCCESS | QUEUE_NOTIFY_DELAY);
 	for (size_t i = 0; i < ix.nrcpt; i++)
 		assert_int_equal(b.ptr[ix.rcpt[i].status_off], 'T');
-	/* an ORCPT length running past its record is refused */
+	/* an ORCPT length running past its record is refused by the record's check, before
+	 * the checksum is looked at */
 	b.ptr[ix.rcpt[1].status_off + 2] = 0x7f;
 	queue_index_clear(&ix);
 	assert_int_equal(queue_file_load(b.ptr, b.len, &ix, &why), -EINVAL);
+	assert_string_equal(why, "a bad or misplaced recipient record");
 	/* an ENVID over its limit is not written */
 	buf_reset(&b);
 	w = queue_writer_new(&b);
@@ -266,20 +314,18 @@ static void put_rec(struct buf *b, XXH64_state_t *st, char type, const void *p, 
 	XXH64_update(st, (const unsigned char *)p + zero, len - zero);
 }
 
-/* A file of version 1, written as sluice wrote it before version 2, still loads: no DSN
- * parameters, its recipients' status bytes where they are. */
-static void test_version_1(void **state)
+/* Start, envelope and control records of a file of version v, written by hand; tail
+ * ends the envelope (version 2: RET and ENVID). */
+static void put_head(struct buf *b, XXH64_state_t *st, unsigned v, uint32_t seq,
+		     const void *tail, size_t ntail)
 {
-	(void)state;
-	struct buf b;
-	buf_init(&b, 1 << 20);
-	XXH64_state_t st;
-	XXH64_reset(&st, 0);
-	unsigned char s[12] = "SLUICEQ1\1\0\0\0";
-	put_rec(&b, &st, 'S', s, 12, 0);
-	unsigned char env[QUEUE_ID_LEN + 20 + 6 + 64] = { 0 };
+	XXH64_reset(st, 0);
+	unsigned char s[12] = "SLUICEQ1";
+	s[8] = (unsigned char)v;
+	put_rec(b, st, 'S', s, 12, 0);
+	unsigned char env[QUEUE_ID_LEN + 20 + 6 + 64 + 3 + QUEUE_MAX_ENVID] = { 0 };
 	char id[QUEUE_ID_LEN + 1];
-	queue_id_make(id, 1795309607134392ULL, 3);
+	queue_id_make(id, 1795309607134392ULL, seq);
 	memcpy(env, id, QUEUE_ID_LEN);
 	size_t n = QUEUE_ID_LEN + 20;
 	const char *f[3] = { "old@b.example", "[192.0.2.1]", "h" };
@@ -288,18 +334,35 @@ static void test_version_1(void **state)
 		memcpy(env + n + 2, f[i], strlen(f[i]));
 		n += 2 + strlen(f[i]);
 	}
-	put_rec(&b, &st, 'E', env, n, 0);
-	put_rec(&b, &st, 'C', "--------", 8, 8);
+	if (ntail)
+		memcpy(env + n, tail, ntail);
+	put_rec(b, st, 'E', env, n + ntail, 0);
+	put_rec(b, st, 'C', "--------", 8, 8);
+}
+
+/* A body record and the end record with the checksum of everything before it. */
+static void put_end(struct buf *b, XXH64_state_t *st)
+{
+	put_rec(b, st, 'B', "Subject: x\r\n\r\n", 14, 0);
+	uint64_t d = XXH64_digest(st);
+	unsigned char z[13] = { 'Z', 8, 0, 0, 0 };
+	for (int i = 0; i < 8; i++)
+		z[5 + i] = (unsigned char)(d >> (8 * i));
+	assert_int_equal(buf_append(b, z, 13), 0);
+}
+
+/* A file of version 1, written as sluice wrote it before version 2, still loads: no DSN
+ * parameters, its recipients' status bytes where they are. */
+static void test_version_1(void **state)
+{
+	(void)state;
+	struct buf b;
+	buf_init(&b, 1 << 20);
+	XXH64_state_t st;
+	put_head(&b, &st, 1, 3, "", 0);
 	put_rec(&b, &st, 'R', "Tr1@c.example", 13, 1);
 	put_rec(&b, &st, 'R', "Fr2@c.example", 13, 1);
-	put_rec(&b, &st, 'B', "Subject: x\r\n\r\n", 14, 0);
-	uint64_t d = XXH64_digest(&st);
-	unsigned char z[8];
-	for (int i = 0; i < 8; i++)
-		z[i] = (unsigned char)(d >> (8 * i));
-	unsigned char h[5] = { 'Z', 8, 0, 0, 0 };
-	assert_int_equal(buf_append(&b, h, 5), 0);
-	assert_int_equal(buf_append(&b, z, 8), 0);
+	put_end(&b, &st);
 	struct queue_index ix;
 	const char *why = NULL;
 	assert_int_equal(queue_file_load(b.ptr, b.len, &ix, &why), 0);
@@ -313,10 +376,110 @@ static void test_version_1(void **state)
 	assert_int_equal(ix.rcpt[1].notify, 0);
 	assert_int_equal(ix.rcpt[1].orcpt.len, 0);
 	assert_int_equal(b.ptr[ix.rcpt[0].status_off], 'T');
+	uint64_t off0 = ix.rcpt[0].status_off;
 	queue_index_clear(&ix);
-	/* version 3 is not read */
+	/* a status N (delivered, relayed notice owed) is refused in version 1: the byte is
+	 * outside the checksum, so the refusal is the status check's */
+	b.ptr[off0] = 'N';
+	assert_int_equal(queue_file_load(b.ptr, b.len, &ix, &why), -EINVAL);
+	assert_string_equal(why, "a bad or misplaced recipient record");
+	b.ptr[off0] = 'T';
+	assert_int_equal(queue_file_load(b.ptr, b.len, &ix, &why), 0);
+	queue_index_clear(&ix);
+	/* version 3 is not read: refused by the start record's check, not the checksum */
 	b.ptr[5 + 8] = 3;
 	assert_int_equal(queue_file_load(b.ptr, b.len, &ix, &why), -EINVAL);
+	assert_string_equal(why, "not a sluice queue file of a version this build reads");
+	buf_done(&b);
+}
+
+/* A version 2 file with one recipient of the given status, NOTIFY and ORCPT, and the given
+ * ENVID, written record by record (not by the writer, which refuses bad values) with a
+ * right checksum: what the loader says of it. */
+static int load_v2(char status, unsigned notify, struct str orcpt, struct str envid,
+		   const char **why)
+{
+	struct buf b;
+	buf_init(&b, 1 << 20);
+	XXH64_state_t st;
+	unsigned char tail[3 + QUEUE_MAX_ENVID] = { QUEUE_RET_HDRS, (unsigned char)envid.len, 0 };
+	if (envid.len)
+		memcpy(tail + 3, envid.ptr, envid.len);
+	put_head(&b, &st, 2, 4, tail, 3 + envid.len);
+	unsigned char r[4 + QUEUE_MAX_ORCPT + 16] = { (unsigned char)status, (unsigned char)notify,
+						      (unsigned char)orcpt.len, 0 };
+	if (orcpt.len)
+		memcpy(r + 4, orcpt.ptr, orcpt.len);
+	memcpy(r + 4 + orcpt.len, "r@c.example", 11);
+	put_rec(&b, &st, 'R', r, 4 + orcpt.len + 11, 1);
+	put_end(&b, &st);
+	struct queue_index ix;
+	*why = NULL;
+	int rc = queue_file_load(b.ptr, b.len, &ix, why);
+	if (rc == 0) {
+		assert_int_equal(ix.rcpt[0].status, status);
+		queue_index_clear(&ix);
+	}
+	buf_done(&b);
+	return rc;
+}
+
+/* What the DSN fields and the status byte may hold, checked by the loader on a file whose
+ * checksum is right (a crafted or damaged file: an ORCPT's addr-type goes raw into RCPT
+ * to the next hop), and by the writer, which never writes what the loader refuses. */
+static void test_dsn_field_contents(void **state)
+{
+	(void)state;
+	const char *why;
+	const struct str rfc = str_cstr("rfc822;old@c.example"), none = STR_NULL;
+	/* good: N, the NOTIFY sets, an ORCPT with a space, an ENVID with spaces */
+	assert_int_equal(load_v2('N', QUEUE_NOTIFY_SUCCESS, rfc, str_cstr("a  b "), &why), 0);
+	assert_int_equal(load_v2('D', QUEUE_NOTIFY_NEVER, none, none, &why), 0);
+	assert_int_equal(load_v2('T', 0, str_cstr("x-t;a b"), none, &why), 0);
+	assert_int_equal(load_v2('F', QUEUE_NOTIFY_SUCCESS | QUEUE_NOTIFY_FAILURE |
+				      QUEUE_NOTIFY_DELAY, rfc, str_cstr("~"), &why), 0);
+	/* bad recipients */
+	static const struct { char status; unsigned notify; const char *orcpt; } bad_rcpt[] = {
+		{ 'X', 0, "" },
+		{ 'T', QUEUE_NOTIFY_NEVER | QUEUE_NOTIFY_SUCCESS, "" },
+		{ 'T', 0x10, "" },
+		{ 'T', 0x80 | QUEUE_NOTIFY_FAILURE, "" },
+		{ 'T', 0, "rfc822" },              /* no ';' */
+		{ 'T', 0, ";a@b" },                /* no addr-type */
+		{ 'T', 0, "rfc822;" },             /* no address */
+		{ 'T', 0, "rfc 822;a@b" },         /* a space in the addr-type */
+		{ 'T', 0, "rfc822\r\nDATA;a@b" },  /* command injection */
+		{ 'T', 0, "rfc822;a@b\r\nQUIT" },
+		{ 'T', 0, "rfc822;a\x80@b" },
+		{ 'T', 0, "rfc<822>;a@b" },
+	};
+	for (size_t i = 0; i < ARRAY_SIZE(bad_rcpt); i++) {
+		assert_int_equal(load_v2(bad_rcpt[i].status, bad_rcpt[i].notify,
+					 str_cstr(bad_rcpt[i].orcpt), none, &why), -EINVAL);
+		assert_string_equal(why, "a bad or misplaced recipient record");
+	}
+	static const char *const bad_envid[] = { "a\r\nb", "\t", "x\x7f", "\xc3\xa9" };
+	for (size_t i = 0; i < ARRAY_SIZE(bad_envid); i++) {
+		assert_int_equal(load_v2('T', 0, none, str_cstr(bad_envid[i]), &why), -EINVAL);
+		assert_string_equal(why, "a bad or misplaced envelope record");
+	}
+	/* the writer refuses the same */
+	struct buf b;
+	buf_init(&b, 1 << 16);
+	struct queue_envelope e = { .arrival_us = 1795309607134392ULL, .sender = str_cstr("a@b.example"),
+				    .envid = str_cstr("a\r\nb") };
+	queue_id_make(e.id, e.arrival_us, 1);
+	struct queue_writer *w = queue_writer_new(&b);
+	assert_int_equal(queue_write_head(w, &e), -EINVAL);
+	e.envid = str_cstr("a  b");
+	assert_int_equal(queue_write_head(w, &e), 0);
+	for (size_t i = 0; i < ARRAY_SIZE(bad_rcpt); i++)
+		if (bad_rcpt[i].status == 'T')
+			assert_int_equal(queue_write_rcpt_dsn(w, str_cstr("r@c.example"),
+							      bad_rcpt[i].notify,
+							      str_cstr(bad_rcpt[i].orcpt)), -EINVAL);
+	assert_int_equal(queue_write_rcpt_dsn(w, str_cstr("r@c.example"), QUEUE_NOTIFY_DELAY, rfc), 0);
+	queue_writer_free(w);
 	buf_done(&b);
 }
 
@@ -327,6 +490,8 @@ int main(void)
 		cmocka_unit_test(test_round_trip),
 		cmocka_unit_test(test_dsn_fields),
 		cmocka_unit_test(test_version_1),
+		cmocka_unit_test(test_version_written),
+		cmocka_unit_test(test_dsn_field_contents),
 		cmocka_unit_test(test_many_recipients),
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_writer_limits),
