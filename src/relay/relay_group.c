@@ -271,6 +271,13 @@ void lane_group_lost(struct lane *l, const char *text)
 
 /* ---- thresholds ---- */
 
+void thr_once_clear(struct thr_once *o)
+{
+	free(o->seen);
+	o->seen = NULL;
+	o->n = 0;
+}
+
 static struct threshold *lane_threshold(struct lane *l, const struct classify *cls, size_t i)
 {
 	if (l->thr_cls != cls) {
@@ -289,7 +296,8 @@ static struct threshold *lane_threshold(struct lane *l, const struct classify *c
 }
 
 void lane_classify(struct lane *l, const struct classify *cls, enum smtp_out_stage stage,
-		   int error, const struct smtp_reply *rep, struct classify_result *ret)
+		   int error, const struct smtp_reply *rep, struct thr_once *once,
+		   struct classify_result *ret)
 {
 	classify_reply(cls, stage, error, rep, ret);
 	bool *skip = NULL;
@@ -297,19 +305,46 @@ void lane_classify(struct lane *l, const struct classify *cls, enum smtp_out_sta
 	while (ret->index >= 0) {
 		unsigned after;
 		int64_t within_ms;
-		classify_threshold(cls, (size_t)ret->index, &after, &within_ms);
+		size_t i = (size_t)ret->index;
+		classify_threshold(cls, i, &after, &within_ms);
 		if (after <= 1)
 			break;
-		struct threshold *th = lane_threshold(l, cls, (size_t)ret->index);
-		if (!th || threshold_hit(th, after, (uint64_t)within_ms * 1000000u, now))
+		/* one count per signal and transaction: the transaction's other replies that
+		 * match it share the first one's outcome */
+		unsigned char seen = once && i < once->n ? once->seen[i] : 0;
+		bool reached;
+		if (seen) {
+			reached = seen == 2;
+		} else {
+			struct threshold *th = lane_threshold(l, cls, i);
+			reached = !th || threshold_hit(th, after, (uint64_t)within_ms * 1000000u, now);
+			if (once && !once->seen && (once->seen = calloc(classify_nsignals(cls), 1)))
+				once->n = classify_nsignals(cls);
+			if (once && i < once->n)
+				once->seen[i] = reached ? 2 : 1;
+			if (!reached)
+				relay_logf(l->r, LOG_LEVEL_INFO, "lane=%s signal \"%.100s\": %u of %u "
+					   "matching replies", l->name, ret->signal,
+					   threshold_count(th, (uint64_t)within_ms * 1000000u, now),
+					   after);
+		}
+		if (reached)
 			break; /* the after-th: the signal acts (without memory: at once) */
-		relay_logf(l->r, LOG_LEVEL_INFO, "lane=%s signal \"%.100s\": %u of %u matching "
-			   "replies", l->name, ret->signal,
-			   threshold_count(th, (uint64_t)within_ms * 1000000u, now), after);
+		if (ret->verdict != CLASSIFY_FAIL) {
+			/* not yet, and the operator said the reply is not a bounce (law 5): the
+			 * recipient waits for its next try, and the lane goes on */
+			ret->verdict = CLASSIFY_RETRY;
+			ret->index = -1;
+			ret->for_ms = rep ? classify_retry_hint(str_make(
+				rep->text, rep->text_len < SMTP_REPLY_TEXT_MAX ? rep->text_len
+										 : SMTP_REPLY_TEXT_MAX))
+					  : -1;
+			break;
+		}
 		if (!skip && !(skip = calloc(classify_nsignals(cls), sizeof(*skip))))
 			break;
-		/* not yet: the reply means what it would without this signal */
-		skip[ret->index] = true;
+		/* a fail signal not yet: the reply means what it would without this signal */
+		skip[i] = true;
 		classify_reply_skip(cls, skip, stage, error, rep, ret);
 	}
 	free(skip);

@@ -381,11 +381,21 @@ void lane_unforward(struct lane *l);
 void lane_ungroup(struct lane *l);
 /* The signals' counts toward their thresholds, for `sluice lanes`. */
 void lane_view_group(const struct lane *l, bool json, struct buf *b, uint64_t now);
+/* What one transaction's replies did to the signals' counts (zeroed before its first
+ * reply; lane_classify fills it, thr_once_clear frees it). */
+struct thr_once {
+	unsigned char *seen;          /* per signal: 0 not matched, 1 counted, 2 acted */
+	size_t n;
+};
+void thr_once_clear(struct thr_once *o);
 /* classify_reply() for a reply in lane l, with the signals' thresholds: a signal with
- * after = N acts on the N-th matching reply within its window; before, the reply is
+ * after = N acts on the N-th matching reply within its window, a transaction counting
+ * once (once: NULL for a reply outside one).  Before the N-th, a suspend, slow or retry
+ * signal's reply is a RETRY of the recipient (never a bounce: law 5); a fail signal's is
  * classified as if that signal did not match. */
 void lane_classify(struct lane *l, const struct classify *cls, enum smtp_out_stage stage,
-		   int error, const struct smtp_reply *rep, struct classify_result *ret);
+		   int error, const struct smtp_reply *rep, struct thr_once *once,
+		   struct classify_result *ret);
 void lane_arm(struct lane *l, uint64_t wait_ns);
 /* The relay's one timer: armed for the earliest wake-up of any lane; it kicks every lane
  * whose moment has come. */

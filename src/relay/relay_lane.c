@@ -656,7 +656,7 @@ static void on_ready(void *arg, struct smtp_out *c, const struct smtp_out_result
 	}
 	struct classify_result cr;
 	lane_classify(l, cls, failure->stage, failure->error,
-		      failure->reply.code ? &failure->reply : NULL, &cr);
+		      failure->reply.code ? &failure->reply : NULL, NULL, &cr);
 	if (cr.verdict != CLASSIFY_SLOW)
 		cr.verdict = CLASSIFY_SUSPEND; /* no recipient was involved */
 	lane_signal(l, &cr, text);

@@ -237,3 +237,39 @@ route "isp" {{
     time.sleep(3)
     assert n451() == 3
     assert "1 recipient" in sd.cli("queue").stdout or "t@example.net" in sd.cli("queue").stdout
+
+
+def test_threshold_5xx_signal_defers_below_n_once_per_transaction(sluiced, smarthost):
+    """A suspend signal on a 5xx with after = 3: below the third matching transaction the
+    refused recipients are deferred, never bounced (law 5), and one transaction with three
+    refused recipients counts once; the third transaction suspends the lane."""
+    require_binary(SLUICE, "SLUICE")
+    sh = smarthost(reject_rcpt_regex=r"^<?bad")
+    port = free_port()
+    sd = sluiced(provider_config(port, 53, extra=f"""
+route "isp" {{
+  domains = ["*"];
+  smarthost = "[127.0.0.1]:{sh.port}";
+  tls = "none";
+  signal {{ match = "^550 5\\\\.1\\\\.1 .*user unknown"; action = "suspend"; for = 1h;
+           after = 3; within = 1m; }}
+}}
+""", retry="2s"))
+    send(port, ["bad1@example.net", "bad2@example.net", "bad3@example.net"])
+    wait_until(lambda: sh.rejections.get(550, 0) >= 3, 15, "the first transaction")
+    wait_until(lambda: lanes(sd)[0]["thresholds"], 2, "the count")
+    lane = lanes(sd)[0]
+    assert lane["thresholds"][0]["count"] == 1, lane
+    assert lane["failed"] == 0 and not lane["suspended"], lane
+    wait_until(lambda: lanes(sd)[0]["suspended"], 15, "the suspension")
+    lane = lanes(sd)[0]
+    # (the retries may split the three into transactions of their own: two more at least)
+    n550 = sh.rejections.get(550, 0)
+    assert 5 <= n550 <= 9, sh.rejections
+    assert lane["failed"] == 0 and "User unknown" in lane["reason"], lane
+    time.sleep(2.5)
+    assert sh.rejections.get(550, 0) == n550
+    # nobody was bounced: no notice went out, the three still wait
+    assert sh.accepted() == []
+    q = sd.cli("queue").stdout
+    assert all(f"bad{i}@example.net" in q for i in (1, 2, 3)), q
