@@ -273,3 +273,25 @@ route "isp" {{
     assert sh.accepted() == []
     q = sd.cli("queue").stdout
     assert all(f"bad{i}@example.net" in q for i in (1, 2, 3)), q
+
+
+def test_provider_budget_survives_a_restart(direct):
+    """A provider's window longer than any of its route's (the route has none): a restart
+    keeps the provider lane's sends, and the third message still waits."""
+    sd, port, big, other, _ = direct("""
+route "d" { domains = ["*"]; mx = true; tls = "none"; lanes = "provider"; }
+provider "bigmail" { mx = ["*.mx.bigmail.test"]; rate = ["2/1h"]; }
+""")
+    for r in ("x@a.example", "y@b.example", "z@c.example"):
+        send(port, [r])
+    big.wait_accepted(2, timeout=15)
+    wait_until(lambda: {l["lane"]: l for l in lanes(sd)}.get("d:provider:bigmail", {})
+               .get("waiting") == 1, 10, "the third message waiting")
+    sd.stop()
+    sd.start()
+    wait_until(lambda: "d:provider:bigmail" in {l["lane"] for l in lanes(sd)}, 10,
+               "the provider lane after the restart")
+    time.sleep(1.0)
+    p = {l["lane"]: l for l in lanes(sd)}["d:provider:bigmail"]
+    assert p["windows"][0]["used"] == 2 and p["waiting"] == 1, p
+    assert len(big.accepted()) == 2
