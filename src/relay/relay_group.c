@@ -213,8 +213,8 @@ bool lane_group(struct lane *l)
 	g->nmembers++;
 	relay_logf(r, LOG_LEVEL_INFO, "lane=%s joins lane %s (%zu domain(s))", l->name, g->name,
 		   g->nmembers);
-	/* its mail goes to the group: each of its messages is routed again (lane_get now
-	 * answers the group for this domain) */
+	/* its mail goes to the group: each of its messages' items in l moves (only that item:
+	 * a message's other lanes stay as they are, law 8) */
 	size_t n = 0, k = 0;
 	struct lane_item *it;
 	TAILQ_FOREACH(it, &l->items, link)
@@ -229,9 +229,7 @@ bool lane_group(struct lane *l)
 	TAILQ_FOREACH(it, &l->items, link)
 		ms[k++] = it->m;
 	for (size_t i = 0; i < n; i++)
-		if (msg_route(r, ms[i]) < 0)
-			relay_logf(r, LOG_LEVEL_ERROR, "qid=%s cannot be routed: out of memory",
-				   ms[i]->id);
+		msg_move_lane(r, ms[i], l, g);
 	free(ms);
 	lane_close_idle(l);
 	lane_kick(g);
@@ -241,32 +239,41 @@ bool lane_group(struct lane *l)
 void lane_group_lost(struct lane *l, const char *text)
 {
 	struct relay *r = l->r;
-	/* XXX the mail of the domain that is gone stays in the group: the provider's hosts
-	 * answer for it (a domain's own lane fails it when its lookup says so) */
-	struct lane *m, *next;
-	for (m = TAILQ_FIRST(&l->members); m; m = next) {
-		next = TAILQ_NEXT(m, member);
-		if (strcasecmp(m->domain, l->domain) == 0)
-			lane_unforward(m); /* its next mail looks it up again */
+	/* the group's answer is gone (the domain it used left, or no longer exists): every
+	 * domain is looked up again, its mail with it, and each goes where its own answer
+	 * says (back here if it still matches).  Once per lost answer, not per answer. */
+	relay_logf(r, LOG_LEVEL_NOTICE, "lane=%s %s: its %zu domain(s) are looked up again",
+		   l->name, text, l->nmembers);
+	struct lane *m;
+	while ((m = TAILQ_FIRST(&l->members)))
+		lane_unforward(m);
+	free(l->targets);
+	l->targets = NULL;
+	l->ntargets = 0;
+	size_t n = 0, k = 0;
+	struct lane_item *it;
+	TAILQ_FOREACH(it, &l->items, link)
+		n++;
+	struct rmsg **ms = n ? calloc(n, sizeof(*ms)) : NULL;
+	if (n && !ms) {
+		/* XXX its mail waits for the next reload (the group looks its domain up again) */
+		relay_logf(r, LOG_LEVEL_ERROR, "lane=%s its mail cannot move: out of memory", l->name);
+		struct classify_result cr = { .verdict = CLASSIFY_SUSPEND, .for_ms = -1,
+					      .signal = "dns" };
+		lane_signal(l, &cr, text);
+		lane_kick(l);
+		return;
 	}
-	TAILQ_FOREACH(m, &l->members, member)
-		if (strcasecmp(m->domain, l->domain) != 0) {
-			char *dom = strdup(m->domain);
-			if (!dom)
-				break;
-			relay_logf(r, LOG_LEVEL_NOTICE, "lane=%s %s: it looks up %s instead", l->name,
-				   text, dom);
-			free(l->domain);
-			l->domain = dom;
-			free(l->targets);
-			l->targets = NULL;
-			l->ntargets = 0;
-			lane_kick(l);
-			return;
-		}
-	struct classify_result cr = { .verdict = CLASSIFY_SUSPEND, .for_ms = -1, .signal = "dns" };
-	lane_signal(l, &cr, text);
-	lane_kick(l);
+	TAILQ_FOREACH(it, &l->items, link)
+		ms[k++] = it->m;
+	for (size_t i = 0; i < n; i++) {
+		if (msg_route(r, ms[i]) < 0)
+			relay_logf(r, LOG_LEVEL_ERROR, "qid=%s cannot be routed: out of memory",
+				   ms[i]->id);
+		msg_kick_lanes(ms[i]);
+	}
+	free(ms);
+	lane_close_idle(l);
 }
 
 /* ---- thresholds ---- */

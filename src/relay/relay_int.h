@@ -321,6 +321,9 @@ void msg_close_file(struct rmsg *m);
 void msg_free(struct relay *r, struct rmsg *m);
 struct rmsg *msg_find(struct relay *r, const char *id);
 int msg_route(struct relay *r, struct rmsg *m);
+/* m's recipients in lane from go to lane to (a domain joined a group's lane): only the
+ * item of from changes, in O(items + recipients), the others stay as they are. */
+void msg_move_lane(struct relay *r, struct rmsg *m, struct lane *from, struct lane *to);
 void msg_kick_lanes(struct rmsg *m);
 /* Put m's items where the scheduler wants them (after a change of its recipients' retry
  * times, busy flags, or of held, deleted and bouncing). */

@@ -77,17 +77,18 @@ def direct(sluiced, smarthost, dns):
     domain's MX host, the DNS zone): routes and providers over the test's DNS."""
     require_binary(SLUICE, "SLUICE")
 
-    def factory(routes):
+    def factory(routes, relay_extra=""):
         dns_port, zone = dns
         big = smarthost(host=PROVIDER_IP, port=25)
         other = smarthost(host=OTHER_IP, port=25)
         port = free_port()
-        return sluiced(provider_config(port, dns_port, extra=routes)), port, big, other, zone
+        return (sluiced(provider_config(port, dns_port, extra=routes, relay_extra=relay_extra)),
+                port, big, other, zone)
 
     return factory
 
 
-def provider_config(intake_port, dns_port, extra="", retry="1s"):
+def provider_config(intake_port, dns_port, extra="", retry="1s", relay_extra=""):
     return f"""workers = 2;
 stats_interval = 0;
 shutdown_timeout = 5s;
@@ -100,6 +101,7 @@ relay {{
   retry {{ min = {retry}; max = {retry}; }}
   suspend {{ min = 1s; max = 2s; }}
   dns_servers = "127.0.0.1:{dns_port}";
+  {relay_extra}
 }}
 {extra}
 """
@@ -295,3 +297,50 @@ provider "bigmail" { mx = ["*.mx.bigmail.test"]; rate = ["2/1h"]; }
     p = {l["lane"]: l for l in lanes(sd)}["d:provider:bigmail"]
     assert p["windows"][0]["used"] == 2 and p["waiting"] == 1, p
     assert len(big.accepted()) == 2
+
+
+def test_a_domain_leaving_the_provider_takes_its_queued_mail(direct):
+    """b.example's mail waits in the provider's lane (the provider refuses MAIL); then
+    b.example's MX moves to another host: when the group's answer (b.example's, 1 s)
+    is found gone, the domain is looked up again and its queued mail goes to the new
+    host, instead of waiting in a group with no answer."""
+    sd, port, big, other, _ = direct("""
+route "d" { domains = ["*"]; mx = true; tls = "none"; lanes = "provider"; }
+provider "bigmail" { mx = ["*.mx.bigmail.test"]; }
+""", relay_extra="dns_min_ttl = 0s; dns_max_ttl = 1s;")
+    big.suspend()
+    saved = ZONE_MX["b.example"]
+    try:
+        send(port, ["x@b.example"])
+        wait_until(lambda: {l["lane"]: l for l in lanes(sd)}.get("d:provider:bigmail", {})
+                   .get("suspended"), 10, "the provider lane suspended")
+        ZONE_MX["b.example"] = [(10, "mx.other.test")]
+        other.wait_accepted(1, timeout=15)
+    finally:
+        ZONE_MX["b.example"] = saved
+    assert [r for m in other.accepted() for r in m.rcpts] == ["x@b.example"]
+    assert big.accepted() == []
+    out = {l["lane"]: l for l in lanes(sd)}
+    assert out["d:b.example"]["delivered"] == 1, out
+
+
+def test_one_message_to_several_domains_of_a_provider(direct):
+    """One message to three of the provider's domains and another: each domain's
+    recipients move into the provider's item as its answer comes (the message's other
+    lanes stay), and every recipient is delivered once."""
+    sd, port, big, other, _ = direct("""
+route "d" { domains = ["*"]; mx = true; tls = "none"; lanes = "provider"; }
+provider "bigmail" { mx = ["*.mx.bigmail.test"]; }
+""")
+    send(port, ["x@a.example", "y@other.example", "z@b.example", "w@c.example",
+                "v@a.example"])
+    other.wait_accepted(1, timeout=15)
+    wait_until(lambda: sum(len(m.rcpts) for m in big.accepted()) >= 4, 15, "4 recipients")
+    time.sleep(0.5)
+    got = sorted(r for m in big.accepted() for r in m.rcpts)
+    assert got == ["v@a.example", "w@c.example", "x@a.example", "z@b.example"], got
+    out = {l["lane"]: l for l in lanes(sd)}
+    p = out["d:provider:bigmail"]
+    assert p["delivered"] == 4 and p["waiting"] == 0 and p["ndomains"] == 3, p
+    assert sd.cli("queue").stdout.strip() in ("", "the queue is empty", "0 messages"), \
+        sd.cli("queue").stdout
