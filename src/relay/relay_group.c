@@ -143,17 +143,52 @@ static const struct provider_conf *answer_provider(const struct relay *r,
 	return p;
 }
 
+/* Under tls = "dane" or "dane-only" a DNSSEC-validated answer and an unvalidated one
+ * make different groups (ROUTE:provider:NAME:dnssec): the group lane connects with its
+ * latest member's answer, and its secure flag decides whether DANE applies (RFC 7672
+ * 2.2), so a signed domain's mail never goes under an unsigned domain's answer, nor the
+ * other way round. */
+static bool answer_dnssec(const struct route_conf *rc, const struct mx_target *t, size_t n)
+{
+	if (rc->tls != SMTP_TLS_DANE && rc->tls != SMTP_TLS_DANE_ONLY)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (!t[i].secure)
+			return false;
+	return n > 0;
+}
+
+/* The name of the group lane an answer puts a domain of route rc in, and its provider
+ * (NULL for lanes = "mx"); false when it is no provider's (lanes = "provider"). */
+static bool group_name(const struct relay *r, const struct route_conf *rc,
+		       const struct mx_target *t, size_t n, char *name, size_t len,
+		       const struct provider_conf **ret_p)
+{
+	*ret_p = NULL;
+	if (rc->lanes == ROUTE_LANES_PROVIDER) {
+		const struct provider_conf *p = answer_provider(r, t, n);
+		if (!p)
+			return false;
+		snprintf(name, len, "%s:provider:%s", rc->name, p->name);
+		*ret_p = p;
+	} else {
+		mx_set_name(rc->name, t, n, name, len);
+	}
+	if (answer_dnssec(rc, t, n)) {
+		size_t o = strlen(name);
+		snprintf(name + o, len - o, ":dnssec");
+	}
+	return true;
+}
+
 bool lane_group_matches(const struct lane *l, const struct mx_target *t, size_t n)
 {
 	if (!l->rt)
 		return false;
-	if (l->provider_name) {
-		const struct provider_conf *p = answer_provider(l->r, t, n);
-		return p && strcmp(p->name, l->provider_name) == 0;
-	}
-	char name[600];
-	mx_set_name(l->rt->conf->name, t, n, name, sizeof(name));
-	return strcmp(name, l->name) == 0;
+	char name[620];
+	const struct provider_conf *p;
+	return group_name(l->r, l->rt->conf, t, n, name, sizeof(name), &p) &&
+	       strcmp(name, l->name) == 0;
 }
 
 /* The group lane takes the answer l just got: the hosts it connects to, and the domain
@@ -181,16 +216,10 @@ bool lane_group(struct lane *l)
 {
 	struct relay *r = l->r;
 	const struct route_conf *rc = l->rt->conf;
-	const struct provider_conf *p = NULL;
-	char name[600];
-	if (rc->lanes == ROUTE_LANES_PROVIDER) {
-		p = answer_provider(r, l->targets, l->ntargets);
-		if (!p)
-			return false; /* not a provider's: the domain keeps its own lane */
-		snprintf(name, sizeof(name), "%s:provider:%s", rc->name, p->name);
-	} else {
-		mx_set_name(rc->name, l->targets, l->ntargets, name, sizeof(name));
-	}
+	const struct provider_conf *p;
+	char name[620];
+	if (!group_name(r, rc, l->targets, l->ntargets, name, sizeof(name), &p))
+		return false; /* not a provider's: the domain keeps its own lane */
 	struct lane *g = lane_find(r, name);
 	if (g && !g->group)
 		return false; /* cannot be: names of groups are not domains' */
@@ -287,17 +316,37 @@ void thr_once_clear(struct thr_once *o)
 
 static struct threshold *lane_threshold(struct lane *l, const struct classify *cls, size_t i)
 {
-	if (l->thr_cls != cls) {
-		/* another classifier (a reload): the counts start over */
+	uint64_t serial = classify_serial(cls);
+	if (l->thr_serial != serial) {
+		/* another classifier (a reload, or a connection made before one): a signal
+		 * whose pattern, after and within are the same keeps its count, the others
+		 * start over */
+		size_t n = classify_nsignals(cls);
+		struct threshold *nt = calloc(n ? n : 1, sizeof(*nt));
+		uint64_t *nk = calloc(n ? n : 1, sizeof(*nk));
+		if (!nt || !nk) {
+			free(nt);
+			free(nk);
+			return NULL;
+		}
+		for (size_t k = 0; k < n; k++) {
+			nk[k] = classify_threshold_key(cls, k);
+			for (size_t j = 0; j < l->nthr; j++)
+				if (l->thr_key[j] == nk[k]) {
+					nt[k] = l->thr[j];
+					l->thr[j] = (struct threshold){ 0 };
+					l->thr_key[j] = 0;
+					break;
+				}
+		}
 		for (size_t k = 0; k < l->nthr; k++)
 			threshold_clear(&l->thr[k]);
 		free(l->thr);
-		l->nthr = 0;
-		l->thr_cls = cls;
-		size_t n = classify_nsignals(cls);
-		if (!(l->thr = calloc(n ? n : 1, sizeof(*l->thr))))
-			return NULL;
+		free(l->thr_key);
+		l->thr = nt;
+		l->thr_key = nk;
 		l->nthr = n;
+		l->thr_serial = serial;
 	}
 	return i < l->nthr ? &l->thr[i] : NULL;
 }
@@ -396,12 +445,19 @@ void lane_view_group(const struct lane *l, bool json, struct buf *b, uint64_t no
 	if (json)
 		buf_append_cstr(b, ", \"thresholds\": [");
 	bool first = true;
-	for (size_t i = 0; l->rt && l->thr_cls == l->rt->cls && i < l->nthr; i++) {
+	/* the counts of the route's signals now (kept under their keys over a reload) */
+	for (size_t i = 0; l->rt && i < classify_nsignals(l->rt->cls); i++) {
 		unsigned after;
 		int64_t within_ms;
-		classify_threshold(l->thr_cls, i, &after, &within_ms);
-		unsigned n = threshold_count(&l->thr[i], (uint64_t)within_ms * 1000000u, now);
-		if (after <= 1 || !n || i >= l->rt->conf->nsignals)
+		classify_threshold(l->rt->cls, i, &after, &within_ms);
+		uint64_t key = classify_threshold_key(l->rt->cls, i);
+		size_t j = i < l->nthr && l->thr_key[i] == key ? i : 0;
+		while (j < l->nthr && l->thr_key[j] != key)
+			j++;
+		if (after <= 1 || j >= l->nthr || i >= l->rt->conf->nsignals)
+			continue;
+		unsigned n = threshold_count(&l->thr[j], (uint64_t)within_ms * 1000000u, now);
+		if (!n)
 			continue;
 		const char *match = l->rt->conf->signals[i].match;
 		if (json) {

@@ -157,9 +157,10 @@ struct lane {
 	TAILQ_HEAD(, lane) members;
 	TAILQ_ENTRY(lane) member;
 	size_t nmembers;
-	/* the signals' thresholds: a counter per signal of the classifier thr_cls */
-	const struct classify *thr_cls;
+	/* the signals' thresholds: a counter per signal of the classifier thr_serial */
+	uint64_t thr_serial;          /* classify_serial() of the classifier counted for */
 	struct threshold *thr;
+	uint64_t *thr_key;            /* classify_threshold_key() of each */
 	size_t nthr;
 	struct lane_budget b;
 	TAILQ_HEAD(, lane_item) items;

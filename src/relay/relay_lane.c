@@ -173,6 +173,7 @@ void lane_free(struct lane *l)
 	for (size_t i = 0; i < l->nthr; i++)
 		threshold_clear(&l->thr[i]);
 	free(l->thr);
+	free(l->thr_key);
 	free(l->provider_name);
 	policy_pending_cancel(l->slot_wait);
 	l->slot_wait = NULL;

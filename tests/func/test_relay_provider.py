@@ -263,6 +263,11 @@ route "isp" {{
     lane = lanes(sd)[0]
     assert lane["thresholds"][0]["count"] == 1, lane
     assert lane["failed"] == 0 and not lane["suspended"], lane
+    # a reload that keeps the signal keeps its count
+    sd.cli("reload")
+    time.sleep(0.3)
+    lane = lanes(sd)[0]
+    assert lane["thresholds"] and lane["thresholds"][0]["count"] == 1, lane
     wait_until(lambda: lanes(sd)[0]["suspended"], 15, "the suspension")
     lane = lanes(sd)[0]
     # (the retries may split the three into transactions of their own: two more at least)
