@@ -7,12 +7,17 @@
  * hosts.  When the answer comes (once per answer, never per recipient: law 8) it is
  * matched against the providers' patterns, or made into the set of MX host names; a
  * match makes the domain's lane forward to the group's lane (ROUTE:provider:NAME or
- * ROUTE:mx:HOSTS), and the mail it holds is routed again, into the group's lane.  While
+ * ROUTE:mx:HOSTS), and the mail it holds moves into the group's lane.  While
  * the answer is used (its DNS TTL within relay.dns_min_ttl and dns_max_ttl:
  * targets_until) new mail for the domain goes straight there; then the domain is looked
  * up again.  The group lane has its own budget, history and
  * suspensions like any lane: one budget for all its domains, and a provider's throttling
  * suspends the group's lane and bounces nobody (law 5).
+ *
+ * A group lane that loses its own answer (its domain is gone, or left the group) sends
+ * every member back to its domain's lane with its mail, to be looked up and grouped
+ * again.  Under DANE, validated and unvalidated answers make different groups
+ * (ROUTE:provider:NAME:dnssec), since the group connects with one member's answer.
  *
  * Invariants: a lane forwards to a group lane only (never a chain); a group lane lists
  * the lanes that forward to it and is not freed while it has any; a reload drops every

@@ -144,6 +144,11 @@ struct lane *lane_make(struct relay *r, struct route_rt *rt, const char *name, c
 		free(l);
 		return NULL;
 	}
+	/* indexed first: a failure there leaves the loaded history to a later lane */
+	if (lane_index_add(r, l) < 0) {
+		lane_free(l);
+		return NULL;
+	}
 	uint64_t now = realtime_ns();
 	size_t nh, first = hist_find(r, name, &nh);
 	for (size_t i = first; i < first + nh; i++) {
@@ -157,10 +162,6 @@ struct lane *lane_make(struct relay *r, struct route_rt *rt, const char *name, c
 			lane_budget_suspend(&l->b, now, (int64_t)(h->us * 1000 - now), 0, 0, h->why);
 		}
 		h->taken = true; /* the lane has it now (its name stays: the order) */
-	}
-	if (lane_index_add(r, l) < 0) {
-		lane_free(l);
-		return NULL;
 	}
 	TAILQ_INSERT_TAIL(&r->lanes, l, link);
 	r->nlanes++;
