@@ -217,6 +217,26 @@ static void group_take_answer(struct lane *g, const struct lane *l)
 	g->domain = dom;
 }
 
+/* The messages with an item in l (NULL with *ret_n > 0: out of memory, logged): a
+ * copy, as moving them changes l's list. */
+static struct rmsg **lane_msgs(struct lane *l, size_t *ret_n)
+{
+	size_t n = 0, k = 0;
+	struct lane_item *it;
+	TAILQ_FOREACH(it, &l->items, link)
+		n++;
+	*ret_n = n;
+	struct rmsg **ms = n ? calloc(n, sizeof(*ms)) : NULL;
+	if (n && !ms) {
+		relay_logf(l->r, LOG_LEVEL_ERROR, "lane=%s its mail cannot move: out of memory",
+			   l->name);
+		return NULL;
+	}
+	TAILQ_FOREACH(it, &l->items, link)
+		ms[k++] = it->m;
+	return ms;
+}
+
 bool lane_group(struct lane *l)
 {
 	struct relay *r = l->r;
@@ -249,19 +269,13 @@ bool lane_group(struct lane *l)
 		   g->nmembers);
 	/* its mail goes to the group: each of its messages' items in l moves (only that item:
 	 * a message's other lanes stay as they are, law 8) */
-	size_t n = 0, k = 0;
-	struct lane_item *it;
-	TAILQ_FOREACH(it, &l->items, link)
-		n++;
-	struct rmsg **ms = n ? calloc(n, sizeof(*ms)) : NULL;
+	size_t n;
+	struct rmsg **ms = lane_msgs(l, &n);
 	if (n && !ms) {
 		/* XXX its mail waits here for the next reload; new mail goes to the group */
-		relay_logf(r, LOG_LEVEL_ERROR, "lane=%s its mail cannot move: out of memory", l->name);
 		lane_kick(g);
 		return true;
 	}
-	TAILQ_FOREACH(it, &l->items, link)
-		ms[k++] = it->m;
 	for (size_t i = 0; i < n; i++)
 		msg_move_lane(r, ms[i], l, g);
 	free(ms);
@@ -284,22 +298,16 @@ void lane_group_lost(struct lane *l, const char *text)
 	free(l->targets);
 	l->targets = NULL;
 	l->ntargets = 0;
-	size_t n = 0, k = 0;
-	struct lane_item *it;
-	TAILQ_FOREACH(it, &l->items, link)
-		n++;
-	struct rmsg **ms = n ? calloc(n, sizeof(*ms)) : NULL;
+	size_t n;
+	struct rmsg **ms = lane_msgs(l, &n);
 	if (n && !ms) {
 		/* XXX its mail waits for the next reload (the group looks its domain up again) */
-		relay_logf(r, LOG_LEVEL_ERROR, "lane=%s its mail cannot move: out of memory", l->name);
 		struct classify_result cr = { .verdict = CLASSIFY_SUSPEND, .for_ms = -1,
 					      .signal = "dns" };
 		lane_signal(l, &cr, text);
 		lane_kick(l);
 		return;
 	}
-	TAILQ_FOREACH(it, &l->items, link)
-		ms[k++] = it->m;
 	for (size_t i = 0; i < n; i++) {
 		if (msg_route(r, ms[i]) < 0)
 			relay_logf(r, LOG_LEVEL_ERROR, "qid=%s cannot be routed: out of memory",

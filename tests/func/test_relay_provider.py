@@ -162,6 +162,19 @@ provider "bigmail" {
                      text), text
 
 
+def restart_keeps(sd, big, lane, used):
+    """Restart sd: the group lane keeps its `used` sends, one message still waits and
+    the provider's host got no more."""
+    sd.stop()
+    sd.start()
+    wait_until(lambda: lane in {l["lane"] for l in lanes(sd)}, 10,
+               "the group lane after the restart")
+    time.sleep(1.0)
+    a = {l["lane"]: l for l in lanes(sd)}[lane]
+    assert a["windows"][0]["used"] == used and a["waiting"] == 1, a
+    assert len(big.accepted()) == used
+
+
 def test_mx_lanes_group_by_mx_host_set(direct):
     """lanes = "mx": a.example and a2.example have the same MX host and share its lane
     and the route's budget (2/1h: the third message waits); other.example's MX set is
@@ -195,14 +208,19 @@ route "d" { domains = ["*"]; mx = true; tls = "none"; lanes = "mx"; rate = ["2/1
     # answer came first: only the domains with mail since the reload are in again)
     assert "a.example" in a["domains"] and set(a["domains"]) <= {"a.example", "a2.example"}
     # a restart keeps the group lane's sends (relay.lanes, under its name)
-    sd.stop()
-    sd.start()
-    wait_until(lambda: "d:mx:mx1.mx.bigmail.test" in {l["lane"] for l in lanes(sd)}, 10,
-               "the group lane after the restart")
-    time.sleep(1.0)
-    a = {l["lane"]: l for l in lanes(sd)}["d:mx:mx1.mx.bigmail.test"]
-    assert a["windows"][0]["used"] == 3 and a["waiting"] == 1, a
-    assert len(big.accepted()) == 3
+    restart_keeps(sd, big, "d:mx:mx1.mx.bigmail.test", 3)
+
+
+def threshold_config(port, sh_port, match, retry):
+    """A smarthost route with a suspend signal on match, after = 3 within = 1m."""
+    return provider_config(port, 53, retry=retry, extra=f"""
+route "isp" {{
+  domains = ["*"];
+  smarthost = "[127.0.0.1]:{sh_port}";
+  tls = "none";
+  signal {{ match = "{match}"; action = "suspend"; for = 1h; after = 3; within = 1m; }}
+}}
+""")
 
 
 def test_threshold_signal_acts_on_the_nth_reply(sluiced, smarthost):
@@ -211,15 +229,8 @@ def test_threshold_signal_acts_on_the_nth_reply(sluiced, smarthost):
     require_binary(SLUICE, "SLUICE")
     sh = smarthost(rcpt_tempfail_p=1.0)
     port = free_port()
-    sd = sluiced(provider_config(port, 53, extra=f"""
-route "isp" {{
-  domains = ["*"];
-  smarthost = "[127.0.0.1]:{sh.port}";
-  tls = "none";
-  signal {{ match = "^451 4\\\\.3\\\\.0 temporary local problem"; action = "suspend"; for = 1h;
-           after = 3; within = 1m; }}
-}}
-""", retry="3s"))
+    sd = sluiced(threshold_config(port, sh.port, r"^451 4\\.3\\.0 temporary local problem",
+                                  "3s"))
     send(port, ["t@example.net"])
 
     def n451():
@@ -248,15 +259,7 @@ def test_threshold_5xx_signal_defers_below_n_once_per_transaction(sluiced, smart
     require_binary(SLUICE, "SLUICE")
     sh = smarthost(reject_rcpt_regex=r"^<?bad")
     port = free_port()
-    sd = sluiced(provider_config(port, 53, extra=f"""
-route "isp" {{
-  domains = ["*"];
-  smarthost = "[127.0.0.1]:{sh.port}";
-  tls = "none";
-  signal {{ match = "^550 5\\\\.1\\\\.1 .*user unknown"; action = "suspend"; for = 1h;
-           after = 3; within = 1m; }}
-}}
-""", retry="2s"))
+    sd = sluiced(threshold_config(port, sh.port, r"^550 5\\.1\\.1 .*user unknown", "2s"))
     send(port, ["bad1@example.net", "bad2@example.net", "bad3@example.net"])
     wait_until(lambda: sh.rejections.get(550, 0) >= 3, 15, "the first transaction")
     wait_until(lambda: lanes(sd)[0]["thresholds"], 2, "the count")
@@ -294,14 +297,7 @@ provider "bigmail" { mx = ["*.mx.bigmail.test"]; rate = ["2/1h"]; }
     big.wait_accepted(2, timeout=15)
     wait_until(lambda: {l["lane"]: l for l in lanes(sd)}.get("d:provider:bigmail", {})
                .get("waiting") == 1, 10, "the third message waiting")
-    sd.stop()
-    sd.start()
-    wait_until(lambda: "d:provider:bigmail" in {l["lane"] for l in lanes(sd)}, 10,
-               "the provider lane after the restart")
-    time.sleep(1.0)
-    p = {l["lane"]: l for l in lanes(sd)}["d:provider:bigmail"]
-    assert p["windows"][0]["used"] == 2 and p["waiting"] == 1, p
-    assert len(big.accepted()) == 2
+    restart_keeps(sd, big, "d:provider:bigmail", 2)
 
 
 def test_a_domain_leaving_the_provider_takes_its_queued_mail(direct):
