@@ -414,13 +414,16 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 	 * reload moved them out of l's group: relay_group.c); only the lanes of this
 	 * transaction's recipients, not every lane of the message (law 8) */
 	msg_schedule_lane(r, m, l);
-	const struct lane *done = l;
+	struct lane **moved = NULL; /* those lanes, kicked at the end (rare: a reload) */
+	size_t nmoved = 0;
 	for (size_t k = 0; k < t->n; k++) {
 		struct lane *to = m->r[t->idx[k]].lane;
-		if (to && to != done) {
-			msg_schedule_lane(r, m, to);
-			done = to;
-		}
+		if (!to || to == l || (nmoved && moved[nmoved - 1] == to))
+			continue;
+		msg_schedule_lane(r, m, to);
+		if (!moved && !(moved = calloc(t->n, sizeof(*moved))))
+			continue; /* XXX it waits for its message's next change */
+		moved[nmoved++] = to;
 	}
 	flush_post(r, m);
 	if (sig.signal || sig.verdict == CLASSIFY_SUSPEND || sig.verdict == CLASSIFY_SLOW)
@@ -448,4 +451,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 	lane_kick(l);
 	if (l->fwd)
 		lane_kick(l->fwd);
+	for (size_t k = 0; k < nmoved; k++)
+		lane_kick(moved[k]);
+	free(moved);
 }

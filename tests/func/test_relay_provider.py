@@ -77,9 +77,9 @@ def direct(sluiced, smarthost, dns):
     domain's MX host, the DNS zone): routes and providers over the test's DNS."""
     require_binary(SLUICE, "SLUICE")
 
-    def factory(routes, relay_extra=""):
+    def factory(routes, relay_extra="", **big_opts):
         dns_port, zone = dns
-        big = smarthost(host=PROVIDER_IP, port=25)
+        big = smarthost(host=PROVIDER_IP, port=25, **big_opts)
         other = smarthost(host=OTHER_IP, port=25)
         port = free_port()
         return (sluiced(provider_config(port, dns_port, extra=routes, relay_extra=relay_extra)),
@@ -345,3 +345,22 @@ provider "bigmail" { mx = ["*.mx.bigmail.test"]; }
     assert p["delivered"] == 4 and p["waiting"] == 0 and p["ndomains"] == 3, p
     assert sd.cli("queue").stdout.strip() in ("", "the queue is empty", "0 messages"), \
         sd.cli("queue").stdout
+
+
+def test_reload_moves_a_recipient_in_flight_out_of_the_group(direct):
+    """A transaction in the provider's lane waits for its final reply when a reload
+    drops provider lanes: the recipient is routed to its domain's lane meanwhile, and
+    when the transaction ends (the reply never comes: uncertain) it is sent again from
+    there, not left unscheduled."""
+    sd, port, big, other, _ = direct("""
+route "d" { domains = ["*"]; mx = true; tls = "none"; lanes = "provider"; data_timeout = 3s; }
+provider "bigmail" { mx = ["*.mx.bigmail.test"]; }
+""", drop_after_dot_first=1, drop_how="hang")
+    send(port, ["x@a.example"])
+    wait_until(lambda: len(big.dropped()) == 1, 10, "the transaction in flight")
+    sd.write_config(sd.config_text.replace('lanes = "provider"; ', "").replace(
+        'provider "bigmail" { mx = ["*.mx.bigmail.test"]; }', ""))
+    sd.cli("reload")
+    big.wait_accepted(1, timeout=15)
+    out = {l["lane"]: l for l in lanes(sd)}
+    assert out["d:a.example"]["delivered"] == 1, out
