@@ -6,7 +6,9 @@ MX hosts are test smarthosts listening on port 25 of their own loopback addresse
 (127.19.3.x).  Three domains whose MX hosts are one provider's names share the
 provider's one budget, measured from the next hop's arrival times; a domain outside the
 provider keeps its own lane and budget.  A signal with after = 3 suspends its lane on
-the third matching reply, and not before.
+the third matching reply, and not before; below it a 5xx it matches bounces nobody, and
+a transaction counts once.  A provider's window outlives a restart; a domain that moves
+away takes its queued mail; a reload during a transaction leaves nothing unscheduled.
 """
 import re
 import threading
