@@ -500,7 +500,7 @@ static int load_provider(struct cfg_node *n, struct provider_conf *p, char *err,
 	if (!n->label || !*n->label || strlen(n->label) > 100 || strpbrk(n->label, " \t:\"\\,") ||
 	    n->kind != CFG_OBJECT) {
 		ERR(n, err, el, "expected provider \"name\" { mx = [\"*.mx.example.net\"]; ... } "
-		    "(a name without spaces, ',' or ':')");
+		    "(a name without spaces, tabs, ',', ':', '\"' or '\\')");
 		return -EINVAL;
 	}
 	if (!(p->name = strdup(n->label)))
@@ -546,6 +546,16 @@ static int load_providers(struct cfg_node *root, struct relay_conf *rl, char *er
 		    "lanes = \"provider\", and no route has it");
 		r = -EINVAL;
 	}
+	/* one lane and one budget per provider: a second route would make a second lane of
+	 * it (with its own connections, TLS and source), each with the provider's whole rate */
+	size_t nusers = 0;
+	struct cfg_node *rn = cfg_get(root, "route");
+	for (size_t i = 0; r == 0 && i < rl->nroutes; i++, rn = rn ? cfg_next_same(rn) : NULL)
+		if (rl->routes[i].lanes == ROUTE_LANES_PROVIDER && ++nusers == 2) {
+			ERR(rn ? cfg_get(rn, "lanes") : NULL, err, el, "lanes = \"provider\" on a "
+			    "second route: a provider's budget is one lane's, and one route's");
+			r = -EINVAL;
+		}
 	if (r == 0 && used && !count) {
 		ERR(cfg_get(user, "lanes"), err, el, "lanes = \"provider\" needs provider \"name\" "
 		    "{ mx = [...]; } blocks");

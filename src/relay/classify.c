@@ -229,6 +229,7 @@ struct classify_bi {
 };
 
 struct classify {
+	uint64_t serial;             /* told apart from every other classifier made */
 	struct classify_sig *sig;
 	size_t nsig;                 /* compiled, freed by classify_free */
 	struct classify_bi bi[NBUILTINS];
@@ -294,6 +295,8 @@ struct classify *classify_new(const struct classify_signal_conf *sig, size_t n, 
 	struct classify *c = calloc(1, sizeof(*c));
 	if (!c)
 		goto nomem;
+	static uint64_t serials;
+	c->serial = __atomic_add_fetch(&serials, 1, __ATOMIC_RELAXED);
 	if (n) {
 		c->sig = calloc(n, sizeof(*c->sig));
 		if (!c->sig)
@@ -443,6 +446,24 @@ void classify_threshold(const struct classify *c, size_t i, unsigned *ret_after,
 {
 	*ret_after = c && i < c->nsig ? c->sig[i].after : 0;
 	*ret_within_ms = c && i < c->nsig ? c->sig[i].within_ms : 0;
+}
+
+uint64_t classify_serial(const struct classify *c)
+{
+	return c ? c->serial : 0;
+}
+
+uint64_t classify_threshold_key(const struct classify *c, size_t i)
+{
+	if (!c || i >= c->nsig)
+		return 0;
+	const struct classify_sig *g = &c->sig[i];
+	uint64_t h = UINT64_C(1469598103934665603);
+	for (const char *p = g->match; *p; p++)
+		h = (h ^ (unsigned char)*p) * UINT64_C(1099511628211);
+	h = (h ^ g->after) * UINT64_C(1099511628211);
+	h = (h ^ (uint64_t)g->within_ms) * UINT64_C(1099511628211);
+	return h ? h : 1;
 }
 
 /* The first built-in matching s for a reply with this code, or -1. */

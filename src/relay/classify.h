@@ -95,6 +95,11 @@ void classify_reply(const struct classify *c, enum smtp_out_stage stage, int err
 void classify_reply_skip(const struct classify *c, const bool *skip, enum smtp_out_stage stage,
 			 int error, const struct smtp_reply *r, struct classify_result *ret);
 size_t classify_nsignals(const struct classify *c);
+/* Never the same for two classifiers made (0: none), as their addresses may be. */
+uint64_t classify_serial(const struct classify *c);
+/* Signal i's pattern, after and within as one number (0: no such signal): a reload that
+ * keeps them keeps the signal's count. */
+uint64_t classify_threshold_key(const struct classify *c, size_t i);
 /* Signal i's threshold as configured: act on the after-th matching reply within
  * within_ms; after <= 1: at once. */
 void classify_threshold(const struct classify *c, size_t i, unsigned *ret_after,

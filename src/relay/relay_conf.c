@@ -106,6 +106,9 @@ static bool mx_pattern_ok(const char *s)
 {
 	if (!*s || strlen(s) > 253 || strpbrk(s, " \t@[]:/"))
 		return false;
+	/* "mx.example.net." would never match: the hosts are compared without their dot */
+	if (s[strlen(s) - 1] == '.' || s[0] == '.' || strstr(s, ".."))
+		return false;
 	if (strchr(s, '*'))
 		return strcmp(s, "*") == 0 || (s[0] == '*' && s[1] == '.' && s[2] && !strchr(s + 1, '*'));
 	return true;

@@ -7,12 +7,17 @@
  * hosts.  When the answer comes (once per answer, never per recipient: law 8) it is
  * matched against the providers' patterns, or made into the set of MX host names; a
  * match makes the domain's lane forward to the group's lane (ROUTE:provider:NAME or
- * ROUTE:mx:HOSTS), and the mail it holds is routed again, into the group's lane.  While
+ * ROUTE:mx:HOSTS), and the mail it holds moves into the group's lane.  While
  * the answer is used (its DNS TTL within relay.dns_min_ttl and dns_max_ttl:
  * targets_until) new mail for the domain goes straight there; then the domain is looked
  * up again.  The group lane has its own budget, history and
  * suspensions like any lane: one budget for all its domains, and a provider's throttling
  * suspends the group's lane and bounces nobody (law 5).
+ *
+ * A group lane that loses its own answer (its domain is gone, or left the group) sends
+ * every member back to its domain's lane with its mail, to be looked up and grouped
+ * again.  Under DANE, validated and unvalidated answers make different groups
+ * (ROUTE:provider:NAME:dnssec), since the group connects with one member's answer.
  *
  * Invariants: a lane forwards to a group lane only (never a chain); a group lane lists
  * the lanes that forward to it and is not freed while it has any; a reload drops every
@@ -143,17 +148,52 @@ static const struct provider_conf *answer_provider(const struct relay *r,
 	return p;
 }
 
+/* Under tls = "dane" or "dane-only" a DNSSEC-validated answer and an unvalidated one
+ * make different groups (ROUTE:provider:NAME:dnssec): the group lane connects with its
+ * latest member's answer, and its secure flag decides whether DANE applies (RFC 7672
+ * 2.2), so a signed domain's mail never goes under an unsigned domain's answer, nor the
+ * other way round. */
+static bool answer_dnssec(const struct route_conf *rc, const struct mx_target *t, size_t n)
+{
+	if (rc->tls != SMTP_TLS_DANE && rc->tls != SMTP_TLS_DANE_ONLY)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (!t[i].secure)
+			return false;
+	return n > 0;
+}
+
+/* The name of the group lane an answer puts a domain of route rc in, and its provider
+ * (NULL for lanes = "mx"); false when it is no provider's (lanes = "provider"). */
+static bool group_name(const struct relay *r, const struct route_conf *rc,
+		       const struct mx_target *t, size_t n, char *name, size_t len,
+		       const struct provider_conf **ret_p)
+{
+	*ret_p = NULL;
+	if (rc->lanes == ROUTE_LANES_PROVIDER) {
+		const struct provider_conf *p = answer_provider(r, t, n);
+		if (!p)
+			return false;
+		snprintf(name, len, "%s:provider:%s", rc->name, p->name);
+		*ret_p = p;
+	} else {
+		mx_set_name(rc->name, t, n, name, len);
+	}
+	if (answer_dnssec(rc, t, n)) {
+		size_t o = strlen(name);
+		snprintf(name + o, len - o, ":dnssec");
+	}
+	return true;
+}
+
 bool lane_group_matches(const struct lane *l, const struct mx_target *t, size_t n)
 {
 	if (!l->rt)
 		return false;
-	if (l->provider_name) {
-		const struct provider_conf *p = answer_provider(l->r, t, n);
-		return p && strcmp(p->name, l->provider_name) == 0;
-	}
-	char name[600];
-	mx_set_name(l->rt->conf->name, t, n, name, sizeof(name));
-	return strcmp(name, l->name) == 0;
+	char name[620];
+	const struct provider_conf *p;
+	return group_name(l->r, l->rt->conf, t, n, name, sizeof(name), &p) &&
+	       strcmp(name, l->name) == 0;
 }
 
 /* The group lane takes the answer l just got: the hosts it connects to, and the domain
@@ -177,20 +217,34 @@ static void group_take_answer(struct lane *g, const struct lane *l)
 	g->domain = dom;
 }
 
+/* The messages with an item in l (NULL with *ret_n > 0: out of memory, logged): a
+ * copy, as moving them changes l's list. */
+static struct rmsg **lane_msgs(struct lane *l, size_t *ret_n)
+{
+	size_t n = 0, k = 0;
+	struct lane_item *it;
+	TAILQ_FOREACH(it, &l->items, link)
+		n++;
+	*ret_n = n;
+	struct rmsg **ms = n ? calloc(n, sizeof(*ms)) : NULL;
+	if (n && !ms) {
+		relay_logf(l->r, LOG_LEVEL_ERROR, "lane=%s its mail cannot move: out of memory",
+			   l->name);
+		return NULL;
+	}
+	TAILQ_FOREACH(it, &l->items, link)
+		ms[k++] = it->m;
+	return ms;
+}
+
 bool lane_group(struct lane *l)
 {
 	struct relay *r = l->r;
 	const struct route_conf *rc = l->rt->conf;
-	const struct provider_conf *p = NULL;
-	char name[600];
-	if (rc->lanes == ROUTE_LANES_PROVIDER) {
-		p = answer_provider(r, l->targets, l->ntargets);
-		if (!p)
-			return false; /* not a provider's: the domain keeps its own lane */
-		snprintf(name, sizeof(name), "%s:provider:%s", rc->name, p->name);
-	} else {
-		mx_set_name(rc->name, l->targets, l->ntargets, name, sizeof(name));
-	}
+	const struct provider_conf *p;
+	char name[620];
+	if (!group_name(r, rc, l->targets, l->ntargets, name, sizeof(name), &p))
+		return false; /* not a provider's: the domain keeps its own lane */
 	struct lane *g = lane_find(r, name);
 	if (g && !g->group)
 		return false; /* cannot be: names of groups are not domains' */
@@ -213,25 +267,17 @@ bool lane_group(struct lane *l)
 	g->nmembers++;
 	relay_logf(r, LOG_LEVEL_INFO, "lane=%s joins lane %s (%zu domain(s))", l->name, g->name,
 		   g->nmembers);
-	/* its mail goes to the group: each of its messages is routed again (lane_get now
-	 * answers the group for this domain) */
-	size_t n = 0, k = 0;
-	struct lane_item *it;
-	TAILQ_FOREACH(it, &l->items, link)
-		n++;
-	struct rmsg **ms = n ? calloc(n, sizeof(*ms)) : NULL;
+	/* its mail goes to the group: each of its messages' items in l moves (only that item:
+	 * a message's other lanes stay as they are, law 8) */
+	size_t n;
+	struct rmsg **ms = lane_msgs(l, &n);
 	if (n && !ms) {
 		/* XXX its mail waits here for the next reload; new mail goes to the group */
-		relay_logf(r, LOG_LEVEL_ERROR, "lane=%s its mail cannot move: out of memory", l->name);
 		lane_kick(g);
 		return true;
 	}
-	TAILQ_FOREACH(it, &l->items, link)
-		ms[k++] = it->m;
 	for (size_t i = 0; i < n; i++)
-		if (msg_route(r, ms[i]) < 0)
-			relay_logf(r, LOG_LEVEL_ERROR, "qid=%s cannot be routed: out of memory",
-				   ms[i]->id);
+		msg_move_lane(r, ms[i], l, g);
 	free(ms);
 	lane_close_idle(l);
 	lane_kick(g);
@@ -241,55 +287,86 @@ bool lane_group(struct lane *l)
 void lane_group_lost(struct lane *l, const char *text)
 {
 	struct relay *r = l->r;
-	/* XXX the mail of the domain that is gone stays in the group: the provider's hosts
-	 * answer for it (a domain's own lane fails it when its lookup says so) */
-	struct lane *m, *next;
-	for (m = TAILQ_FIRST(&l->members); m; m = next) {
-		next = TAILQ_NEXT(m, member);
-		if (strcasecmp(m->domain, l->domain) == 0)
-			lane_unforward(m); /* its next mail looks it up again */
+	/* the group's answer is gone (the domain it used left, or no longer exists): every
+	 * domain is looked up again, its mail with it, and each goes where its own answer
+	 * says (back here if it still matches).  Once per lost answer, not per answer. */
+	relay_logf(r, LOG_LEVEL_NOTICE, "lane=%s %s: its %zu domain(s) are looked up again",
+		   l->name, text, l->nmembers);
+	struct lane *m;
+	while ((m = TAILQ_FIRST(&l->members)))
+		lane_unforward(m);
+	free(l->targets);
+	l->targets = NULL;
+	l->ntargets = 0;
+	size_t n;
+	struct rmsg **ms = lane_msgs(l, &n);
+	if (n && !ms) {
+		/* XXX its mail waits for the next reload (the group looks its domain up again) */
+		struct classify_result cr = { .verdict = CLASSIFY_SUSPEND, .for_ms = -1,
+					      .signal = "dns" };
+		lane_signal(l, &cr, text);
+		lane_kick(l);
+		return;
 	}
-	TAILQ_FOREACH(m, &l->members, member)
-		if (strcasecmp(m->domain, l->domain) != 0) {
-			char *dom = strdup(m->domain);
-			if (!dom)
-				break;
-			relay_logf(r, LOG_LEVEL_NOTICE, "lane=%s %s: it looks up %s instead", l->name,
-				   text, dom);
-			free(l->domain);
-			l->domain = dom;
-			free(l->targets);
-			l->targets = NULL;
-			l->ntargets = 0;
-			lane_kick(l);
-			return;
-		}
-	struct classify_result cr = { .verdict = CLASSIFY_SUSPEND, .for_ms = -1, .signal = "dns" };
-	lane_signal(l, &cr, text);
-	lane_kick(l);
+	for (size_t i = 0; i < n; i++) {
+		if (msg_route(r, ms[i]) < 0)
+			relay_logf(r, LOG_LEVEL_ERROR, "qid=%s cannot be routed: out of memory",
+				   ms[i]->id);
+		msg_kick_lanes(ms[i]);
+	}
+	free(ms);
+	lane_close_idle(l);
 }
 
 /* ---- thresholds ---- */
 
+void thr_once_clear(struct thr_once *o)
+{
+	free(o->seen);
+	o->seen = NULL;
+	o->n = 0;
+}
+
 static struct threshold *lane_threshold(struct lane *l, const struct classify *cls, size_t i)
 {
-	if (l->thr_cls != cls) {
-		/* another classifier (a reload): the counts start over */
+	uint64_t serial = classify_serial(cls);
+	if (l->thr_serial != serial) {
+		/* another classifier (a reload, or a connection made before one): a signal
+		 * whose pattern, after and within are the same keeps its count, the others
+		 * start over */
+		size_t n = classify_nsignals(cls);
+		struct threshold *nt = calloc(n ? n : 1, sizeof(*nt));
+		uint64_t *nk = calloc(n ? n : 1, sizeof(*nk));
+		if (!nt || !nk) {
+			free(nt);
+			free(nk);
+			return NULL;
+		}
+		for (size_t k = 0; k < n; k++) {
+			nk[k] = classify_threshold_key(cls, k);
+			for (size_t j = 0; j < l->nthr; j++)
+				if (l->thr_key[j] == nk[k]) {
+					nt[k] = l->thr[j];
+					l->thr[j] = (struct threshold){ 0 };
+					l->thr_key[j] = 0;
+					break;
+				}
+		}
 		for (size_t k = 0; k < l->nthr; k++)
 			threshold_clear(&l->thr[k]);
 		free(l->thr);
-		l->nthr = 0;
-		l->thr_cls = cls;
-		size_t n = classify_nsignals(cls);
-		if (!(l->thr = calloc(n ? n : 1, sizeof(*l->thr))))
-			return NULL;
+		free(l->thr_key);
+		l->thr = nt;
+		l->thr_key = nk;
 		l->nthr = n;
+		l->thr_serial = serial;
 	}
 	return i < l->nthr ? &l->thr[i] : NULL;
 }
 
 void lane_classify(struct lane *l, const struct classify *cls, enum smtp_out_stage stage,
-		   int error, const struct smtp_reply *rep, struct classify_result *ret)
+		   int error, const struct smtp_reply *rep, struct thr_once *once,
+		   struct classify_result *ret)
 {
 	classify_reply(cls, stage, error, rep, ret);
 	bool *skip = NULL;
@@ -297,19 +374,46 @@ void lane_classify(struct lane *l, const struct classify *cls, enum smtp_out_sta
 	while (ret->index >= 0) {
 		unsigned after;
 		int64_t within_ms;
-		classify_threshold(cls, (size_t)ret->index, &after, &within_ms);
+		size_t i = (size_t)ret->index;
+		classify_threshold(cls, i, &after, &within_ms);
 		if (after <= 1)
 			break;
-		struct threshold *th = lane_threshold(l, cls, (size_t)ret->index);
-		if (!th || threshold_hit(th, after, (uint64_t)within_ms * 1000000u, now))
+		/* one count per signal and transaction: the transaction's other replies that
+		 * match it share the first one's outcome */
+		unsigned char seen = once && i < once->n ? once->seen[i] : 0;
+		bool reached;
+		if (seen) {
+			reached = seen == 2;
+		} else {
+			struct threshold *th = lane_threshold(l, cls, i);
+			reached = !th || threshold_hit(th, after, (uint64_t)within_ms * 1000000u, now);
+			if (once && !once->seen && (once->seen = calloc(classify_nsignals(cls), 1)))
+				once->n = classify_nsignals(cls);
+			if (once && i < once->n)
+				once->seen[i] = reached ? 2 : 1;
+			if (!reached)
+				relay_logf(l->r, LOG_LEVEL_INFO, "lane=%s signal \"%.100s\": %u of %u "
+					   "matching replies", l->name, ret->signal,
+					   threshold_count(th, (uint64_t)within_ms * 1000000u, now),
+					   after);
+		}
+		if (reached)
 			break; /* the after-th: the signal acts (without memory: at once) */
-		relay_logf(l->r, LOG_LEVEL_INFO, "lane=%s signal \"%.100s\": %u of %u matching "
-			   "replies", l->name, ret->signal,
-			   threshold_count(th, (uint64_t)within_ms * 1000000u, now), after);
+		if (ret->verdict != CLASSIFY_FAIL) {
+			/* not yet, and the operator said the reply is not a bounce (law 5): the
+			 * recipient waits for its next try, and the lane goes on */
+			ret->verdict = CLASSIFY_RETRY;
+			ret->index = -1;
+			ret->for_ms = rep ? classify_retry_hint(str_make(
+				rep->text, rep->text_len < SMTP_REPLY_TEXT_MAX ? rep->text_len
+										 : SMTP_REPLY_TEXT_MAX))
+					  : -1;
+			break;
+		}
 		if (!skip && !(skip = calloc(classify_nsignals(cls), sizeof(*skip))))
 			break;
-		/* not yet: the reply means what it would without this signal */
-		skip[ret->index] = true;
+		/* a fail signal not yet: the reply means what it would without this signal */
+		skip[i] = true;
 		classify_reply_skip(cls, skip, stage, error, rep, ret);
 	}
 	free(skip);
@@ -354,12 +458,19 @@ void lane_view_group(const struct lane *l, bool json, struct buf *b, uint64_t no
 	if (json)
 		buf_append_cstr(b, ", \"thresholds\": [");
 	bool first = true;
-	for (size_t i = 0; l->rt && l->thr_cls == l->rt->cls && i < l->nthr; i++) {
+	/* the counts of the route's signals now (kept under their keys over a reload) */
+	for (size_t i = 0; l->rt && i < classify_nsignals(l->rt->cls); i++) {
 		unsigned after;
 		int64_t within_ms;
-		classify_threshold(l->thr_cls, i, &after, &within_ms);
-		unsigned n = threshold_count(&l->thr[i], (uint64_t)within_ms * 1000000u, now);
-		if (after <= 1 || !n || i >= l->rt->conf->nsignals)
+		classify_threshold(l->rt->cls, i, &after, &within_ms);
+		uint64_t key = classify_threshold_key(l->rt->cls, i);
+		size_t j = i < l->nthr && l->thr_key[i] == key ? i : 0;
+		while (j < l->nthr && l->thr_key[j] != key)
+			j++;
+		if (after <= 1 || j >= l->nthr || i >= l->rt->conf->nsignals)
+			continue;
+		unsigned n = threshold_count(&l->thr[j], (uint64_t)within_ms * 1000000u, now);
+		if (!n)
 			continue;
 		const char *match = l->rt->conf->signals[i].match;
 		if (json) {

@@ -95,6 +95,16 @@ static uint64_t max_window_ns(const struct relay_conf *c)
 			if (w > m)
 				m = w;
 		}
+	/* a provider's lane keeps its own windows, under the guard of the route it came from:
+	 * the longest route guard bounds it */
+	uint64_t guard = 0;
+	for (size_t i = 0; i < c->nroutes; i++)
+		if ((uint64_t)c->routes[i].guard_ms * 1000000u > guard)
+			guard = (uint64_t)c->routes[i].guard_ms * 1000000u;
+	for (size_t i = 0; i < c->nproviders; i++)
+		for (unsigned j = 0; j < c->providers[i].rate.n; j++)
+			if (c->providers[i].rate.w[j].period_ns + guard > m)
+				m = c->providers[i].rate.w[j].period_ns + guard;
 	return m;
 }
 

@@ -157,9 +157,10 @@ struct lane {
 	TAILQ_HEAD(, lane) members;
 	TAILQ_ENTRY(lane) member;
 	size_t nmembers;
-	/* the signals' thresholds: a counter per signal of the classifier thr_cls */
-	const struct classify *thr_cls;
+	/* the signals' thresholds: a counter per signal of the classifier thr_serial */
+	uint64_t thr_serial;          /* classify_serial() of the classifier counted for */
 	struct threshold *thr;
+	uint64_t *thr_key;            /* classify_threshold_key() of each */
 	size_t nthr;
 	struct lane_budget b;
 	TAILQ_HEAD(, lane_item) items;
@@ -326,6 +327,9 @@ void msg_close_file(struct rmsg *m);
 void msg_free(struct relay *r, struct rmsg *m);
 struct rmsg *msg_find(struct relay *r, const char *id);
 int msg_route(struct relay *r, struct rmsg *m);
+/* m's recipients in lane from go to lane to (a domain joined a group's lane): only the
+ * item of from changes, in O(items + recipients), the others stay as they are. */
+void msg_move_lane(struct relay *r, struct rmsg *m, struct lane *from, struct lane *to);
 void msg_kick_lanes(struct rmsg *m);
 /* Put m's items where the scheduler wants them (after a change of its recipients' retry
  * times, busy flags, or of held, deleted and bouncing). */
@@ -386,11 +390,21 @@ void lane_unforward(struct lane *l);
 void lane_ungroup(struct lane *l);
 /* The signals' counts toward their thresholds, for `sluice lanes`. */
 void lane_view_group(const struct lane *l, bool json, struct buf *b, uint64_t now);
+/* What one transaction's replies did to the signals' counts (zeroed before its first
+ * reply; lane_classify fills it, thr_once_clear frees it). */
+struct thr_once {
+	unsigned char *seen;          /* per signal: 0 not matched, 1 counted, 2 acted */
+	size_t n;
+};
+void thr_once_clear(struct thr_once *o);
 /* classify_reply() for a reply in lane l, with the signals' thresholds: a signal with
- * after = N acts on the N-th matching reply within its window; before, the reply is
+ * after = N acts on the N-th matching reply within its window, a transaction counting
+ * once (once: NULL for a reply outside one).  Before the N-th, a suspend, slow or retry
+ * signal's reply is a RETRY of the recipient (never a bounce: law 5); a fail signal's is
  * classified as if that signal did not match. */
 void lane_classify(struct lane *l, const struct classify *cls, enum smtp_out_stage stage,
-		   int error, const struct smtp_reply *rep, struct classify_result *ret);
+		   int error, const struct smtp_reply *rep, struct thr_once *once,
+		   struct classify_result *ret);
 void lane_arm(struct lane *l, uint64_t wait_ns);
 /* The relay's one timer: armed for the earliest wake-up of any lane; it kicks every lane
  * whose moment has come. */

@@ -144,6 +144,11 @@ struct lane *lane_make(struct relay *r, struct route_rt *rt, const char *name, c
 		free(l);
 		return NULL;
 	}
+	/* indexed first: a failure there leaves the loaded history to a later lane */
+	if (lane_index_add(r, l) < 0) {
+		lane_free(l);
+		return NULL;
+	}
 	uint64_t now = realtime_ns();
 	size_t nh, first = hist_find(r, name, &nh);
 	for (size_t i = first; i < first + nh; i++) {
@@ -158,10 +163,6 @@ struct lane *lane_make(struct relay *r, struct route_rt *rt, const char *name, c
 		}
 		h->taken = true; /* the lane has it now (its name stays: the order) */
 	}
-	if (lane_index_add(r, l) < 0) {
-		lane_free(l);
-		return NULL;
-	}
 	TAILQ_INSERT_TAIL(&r->lanes, l, link);
 	r->nlanes++;
 	return l;
@@ -173,6 +174,7 @@ void lane_free(struct lane *l)
 	for (size_t i = 0; i < l->nthr; i++)
 		threshold_clear(&l->thr[i]);
 	free(l->thr);
+	free(l->thr_key);
 	free(l->provider_name);
 	policy_pending_cancel(l->slot_wait);
 	l->slot_wait = NULL;
@@ -676,7 +678,7 @@ static void on_ready(void *arg, struct smtp_out *c, const struct smtp_out_result
 	}
 	struct classify_result cr;
 	lane_classify(l, cls, failure->stage, failure->error,
-		      failure->reply.code ? &failure->reply : NULL, &cr);
+		      failure->reply.code ? &failure->reply : NULL, NULL, &cr);
 	if (cr.verdict != CLASSIFY_SLOW)
 		cr.verdict = CLASSIFY_SUSPEND; /* no recipient was involved */
 	lane_signal(l, &cr, text);

@@ -131,6 +131,13 @@ static const char *addr_domain(const char *a)
 	return at ? at + 1 : "";
 }
 
+static void item_unlink(struct lane_item *it)
+{
+	TAILQ_REMOVE(&it->lane->items, it, link);
+	sched_item_remove(&it->lane->s, &it->s);
+	it->lane->waiting -= it->pending;
+}
+
 static struct lane_item *msg_item(struct rmsg *m, struct lane *l)
 {
 	for (size_t i = 0; i < m->nitems; i++)
@@ -145,11 +152,8 @@ static struct lane_item *msg_item(struct rmsg *m, struct lane *l)
 int msg_route(struct relay *r, struct rmsg *m)
 {
 	for (size_t i = 0; i < m->nitems; i++)
-		if (m->items[i].lane) {
-			TAILQ_REMOVE(&m->items[i].lane->items, &m->items[i], link);
-			sched_item_remove(&m->items[i].lane->s, &m->items[i].s);
-			m->items[i].lane->waiting -= m->items[i].pending;
-		}
+		if (m->items[i].lane)
+			item_unlink(&m->items[i]);
 	free(m->items);
 	m->items = NULL;
 	m->nitems = 0;
@@ -204,6 +208,52 @@ int msg_route(struct relay *r, struct rmsg *m)
 		TAILQ_INSERT_TAIL(&m->items[i].lane->items, &m->items[i], link);
 	msg_schedule(r, m);
 	return 0;
+}
+
+void msg_move_lane(struct relay *r, struct rmsg *m, struct lane *from, struct lane *to)
+{
+	struct lane_item *src = msg_item(m, from), *dst = msg_item(m, to);
+	if (!src || from == to)
+		return;
+	item_unlink(src);
+	to->waiting += src->pending;
+	if (!dst) {
+		/* the item itself moves */
+		for (size_t i = 0; i < m->nrcpt; i++)
+			if (m->r[i].lane == from)
+				m->r[i].lane = to;
+		src->lane = to;
+		src->scan = 0;
+		TAILQ_INSERT_TAIL(&to->items, src, link);
+		msg_schedule_lane(r, m, to);
+		return;
+	}
+	size_t si = (size_t)(src - m->items), di = (size_t)(dst - m->items), last = m->nitems - 1;
+	for (size_t i = 0; i < m->nrcpt; i++)
+		if (m->r[i].lane == from) {
+			m->r[i].lane = to;
+			m->r[i].item = (uint32_t)di;
+		}
+	dst->pending += src->pending;
+	dst->scan = 0;
+	/* the emptied item leaves the array: the last one takes its place (items are linked
+	 * by address: the moved one is linked again) */
+	if (si != last) {
+		struct lane_item *lt = &m->items[last];
+		struct lane *ll = lt->lane;
+		TAILQ_REMOVE(&ll->items, lt, link);
+		sched_item_remove(&ll->s, &lt->s);
+		m->items[si] = *lt;
+		TAILQ_INSERT_TAIL(&ll->items, &m->items[si], link);
+		for (size_t i = 0; i < m->nrcpt; i++)
+			if (m->r[i].lane && m->r[i].item == last)
+				m->r[i].item = (uint32_t)si;
+		m->nitems--;
+		msg_schedule_lane(r, m, ll);
+	} else {
+		m->nitems--;
+	}
+	msg_schedule_lane(r, m, to);
 }
 
 /*
@@ -482,7 +532,8 @@ void msg_set_status(struct relay *r, struct rmsg *m, size_t i, char st)
 	rr->status = st;
 	bool pending = st == QUEUE_TODO || st == QUEUE_UNCERTAIN;
 	if (was_pending && !pending && rr->lane) {
-		struct lane_item *it = msg_item(m, rr->lane);
+		struct lane_item *it = rr->item < m->nitems && m->items[rr->item].lane == rr->lane
+				       ? &m->items[rr->item] : msg_item(m, rr->lane);
 		if (it && it->pending) {
 			it->pending--;
 			rr->lane->waiting--;

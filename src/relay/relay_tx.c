@@ -288,6 +288,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 	char sigtext[1200] = "";
 	bool success = false;
 	unsigned prior = c ? smtp_out_transactions(c) : 0;
+	struct thr_once once = { 0 };
 
 	if (res->error == 0 && res->stage == SMTP_STAGE_DOT && res->reply.code / 100 == 2) {
 		/* the message went: each recipient the server took is delivered */
@@ -299,7 +300,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 				cr = (struct classify_result){ .verdict = CLASSIFY_OK, .for_ms = -1 };
 				relay_reply_text(res, &res->reply, text, sizeof(text));
 			} else {
-				lane_classify(l, rc->cls, SMTP_STAGE_RCPT, 0, rep, &cr);
+				lane_classify(l, rc->cls, SMTP_STAGE_RCPT, 0, rep, &once, &cr);
 				relay_reply_text(res, rep, text, sizeof(text));
 			}
 			/* RFC 3461 6.2.2: NOTIFY=SUCCESS that the next hop cannot carry on is
@@ -319,7 +320,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 			if (rep->code / 100 != 2) {
 				struct classify_result cr;
 				char rt[1200];
-				lane_classify(l, rc->cls, SMTP_STAGE_RCPT, 0, rep, &cr);
+				lane_classify(l, rc->cls, SMTP_STAGE_RCPT, 0, rep, &once, &cr);
 				relay_reply_text(res, rep, rt, sizeof(rt));
 				rcpt_outcome(r, t, k, &cr, rep, rt, mta, &sig, sigtext, sizeof(sigtext));
 				continue;
@@ -347,7 +348,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 		if (res->stage == SMTP_STAGE_RCPT)
 			classify_reply(rc->cls, res->stage, 0, &res->reply, &whole);
 		else
-			lane_classify(l, rc->cls, res->stage, 0, &res->reply, &whole);
+			lane_classify(l, rc->cls, res->stage, 0, &res->reply, &once, &whole);
 		char wtext[1200];
 		relay_reply_text(res, &res->reply, wtext, sizeof(wtext));
 		for (size_t k = 0; k < t->n; k++) {
@@ -362,7 +363,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 				m->r[t->idx[k]].next_try = 0;
 				continue;
 			}
-			lane_classify(l, rc->cls, SMTP_STAGE_RCPT, 0, rep, &cr);
+			lane_classify(l, rc->cls, SMTP_STAGE_RCPT, 0, rep, &once, &cr);
 			relay_reply_text(res, rep, text, sizeof(text));
 			rcpt_outcome(r, t, k, &cr, rep, text, mta, &sig, sigtext, sizeof(sigtext));
 		}
@@ -387,7 +388,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 				 "SMTPUTF8, which the message needs");
 		} else {
 			lane_classify(l, rc->cls, res->stage, res->error,
-				       res->reply.code ? &res->reply : NULL, &cr);
+				       res->reply.code ? &res->reply : NULL, &once, &cr);
 		}
 		struct smtp_reply synth = { 0 };
 		const struct smtp_reply *rep = res->reply.code ? &res->reply : &synth;
@@ -404,15 +405,26 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 		}
 	}
 
+	thr_once_clear(&once);
 	for (size_t k = 0; k < t->n; k++)
 		m->r[t->idx[k]].busy = false;
 	m->busy--;
-	/* its recipients' new retry times (or none left) place the item again; in their
-	 * group's lane when l's domain joined one meanwhile (relay_group.c) */
-	if (l->fwd)
-		msg_schedule(r, m);
-	else
-		msg_schedule_lane(r, m, l);
+	/* its recipients' new retry times (or none left) place the items again: in every
+	 * lane they are routed to now (l's domain may have joined a group meanwhile, or a
+	 * reload moved them out of l's group: relay_group.c); only the lanes of this
+	 * transaction's recipients, not every lane of the message (law 8) */
+	msg_schedule_lane(r, m, l);
+	struct lane **moved = NULL; /* those lanes, kicked at the end (rare: a reload) */
+	size_t nmoved = 0;
+	for (size_t k = 0; k < t->n; k++) {
+		struct lane *to = m->r[t->idx[k]].lane;
+		if (!to || to == l || (nmoved && moved[nmoved - 1] == to))
+			continue;
+		msg_schedule_lane(r, m, to);
+		if (!moved && !(moved = calloc(t->n, sizeof(*moved))))
+			continue; /* XXX it waits for its message's next change */
+		moved[nmoved++] = to;
+	}
 	flush_post(r, m);
 	if (sig.signal || sig.verdict == CLASSIFY_SUSPEND || sig.verdict == CLASSIFY_SLOW)
 		lane_signal(l, &sig, sigtext);
@@ -441,4 +453,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 	lane_kick(l);
 	if (l->fwd)
 		lane_kick(l->fwd);
+	for (size_t k = 0; k < nmoved; k++)
+		lane_kick(moved[k]);
+	free(moved);
 }

@@ -4,7 +4,8 @@
  *
  * A pure module: no I/O, no clock (the caller passes now).  A counter keeps the times of
  * at most after - 1 hits, so its memory is bounded by the configuration (after <= 1000),
- * whatever the peer answers.
+ * whatever the peer answers, and grows with the hits that count (not to after - 1 at the
+ * first: many lanes with one hit each stay small).
  */
 #ifndef SLUICE_THRESHOLD_H
 #define SLUICE_THRESHOLD_H
@@ -17,6 +18,7 @@
 struct threshold {
 	uint64_t *t;                  /* the hits that still count, oldest first (a ring) */
 	unsigned cap, n, head;
+	unsigned after;               /* the threshold counted for (0: none yet) */
 };
 
 /*

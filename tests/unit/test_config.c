@@ -109,6 +109,9 @@ static const struct {
 	  "e.g. mx = [\"*.mx.example.net\"]" },
 	{ I PR "provider \"p\" { mx = [\"a.example\", \"mx*.example\"]; }\n",
 	  "t.conf:3: provider \"p\".mx: \"mx*.example\": expected an MX host name, *.domain or *" },
+	{ I PR "provider \"p\" { mx = [\"*.mx.example.net.\"]; }\n",
+	  "t.conf:3: provider \"p\".mx: \"*.mx.example.net.\": expected an MX host name, "
+	  "*.domain or *" },
 	{ I PR "provider \"p\" { mx = \"a.example\"; }\nprovider \"p\" { mx = \"b.example\"; }\n",
 	  "t.conf:4: provider \"p\": a second provider named \"p\"" },
 	{ I PR "provider \"p\" { mx = \"a.example\"; connection = 3; }\n",
@@ -120,7 +123,12 @@ static const struct {
 	  "h, d or w" },
 	{ I PR "provider \"a b\" { mx = \"a.example\"; }\n",
 	  "t.conf:3: provider \"a b\": expected provider \"name\" { mx = [\"*.mx.example.net\"]; ... } "
-	  "(a name without spaces, ',' or ':')" },
+	  "(a name without spaces, tabs, ',', ':', '\"' or '\\')" },
+	{ I PR "route \"e\" { domains = \"x.example\"; mx = true; }\n"
+	  "route \"f\" { domains = \"y.example\"; mx = true; lanes = \"provider\"; }\n"
+	  "provider \"p\" { mx = \"a.example\"; }\n",
+	  "t.conf:4: route \"f\".lanes: lanes = \"provider\" on a second route: a provider's "
+	  "budget is one lane's, and one route's" },
 	{ I PR, "t.conf:2: route \"d\".lanes: lanes = \"provider\" needs provider \"name\" { mx = [...]; } blocks" },
 	{ I "route \"d\" { domains = \"*\"; mx = true; }\nprovider \"p\" { mx = \"a.example\"; }\n",
 	  "t.conf:3: provider \"p\": provider blocks are used by mx routes with lanes = \"provider\", "

@@ -110,9 +110,36 @@ static void test_new_threshold_starts_over(void **state)
 	assert_false(threshold_hit(&th, 3, 10 * S, T0 + 1));
 	assert_false(threshold_hit(&th, 4, 10 * S, T0 + 2));
 	assert_int_equal(threshold_count(&th, 10 * S, T0 + 2), 1);
-	/* beyond the maximum: capped, memory bounded */
+	/* beyond the maximum: capped, memory bounded, and no bigger than the hits need */
 	assert_false(threshold_hit(&th, 100000, 10 * S, T0 + 3));
+	assert_true(th.cap <= 4);
+	for (unsigned i = 1; i < THRESHOLD_AFTER_MAX - 1; i++)
+		assert_false(threshold_hit(&th, 100000, 10 * S, T0 + 4 + i));
 	assert_int_equal(th.cap, THRESHOLD_AFTER_MAX - 1);
+	assert_int_equal(threshold_count(&th, 10 * S, T0 + 4 + THRESHOLD_AFTER_MAX),
+			 THRESHOLD_AFTER_MAX - 1);
+	assert_true(threshold_hit(&th, 100000, 10 * S, T0 + 5 + THRESHOLD_AFTER_MAX));
+	threshold_clear(&th);
+}
+
+/* One hit costs a few entries, not after's worth (a lane per domain and one reply each:
+ * the memory follows the replies, not the configuration); the ring keeps its order as
+ * it grows while its head has moved. */
+static void test_ring_grows_with_the_hits(void **state)
+{
+	(void)state;
+	struct threshold th = { 0 };
+	assert_false(threshold_hit(&th, 1000, 10 * S, T0));
+	assert_true(th.cap > 0 && th.cap <= 4);
+	/* move the head: hits that leave the window, then more than the ring holds */
+	for (unsigned i = 1; i <= 3; i++)
+		assert_false(threshold_hit(&th, 1000, 10 * S, T0 + i * S));
+	for (unsigned i = 0; i < 20; i++)
+		assert_false(threshold_hit(&th, 1000, 10 * S, T0 + 14 * S + i));
+	/* the hits at 0..3 s left; those at 14 s stay */
+	assert_int_equal(threshold_count(&th, 10 * S, T0 + 14 * S + 20), 20);
+	assert_true(th.cap >= 20 && th.cap < 64);
+	assert_int_equal(threshold_count(&th, 10 * S, T0 + 25 * S), 0);
 	threshold_clear(&th);
 }
 
@@ -122,6 +149,7 @@ int main(void)
 		cmocka_unit_test(test_acts_on_the_nth),
 		cmocka_unit_test(test_random_against_model),
 		cmocka_unit_test(test_new_threshold_starts_over),
+		cmocka_unit_test(test_ring_grows_with_the_hits),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
