@@ -12,7 +12,8 @@
  *                   suspension, shared budgets (the relay's thread)
  *   relay_sched.c   the pure scheduler that lane_kick asks (no I/O)
  *   relay_tx.c      one transaction: what it takes, and each recipient's outcome
- *   relay_bounce.c  delivery status notifications of failed and delayed recipients
+ *   relay_bounce.c  delivery status notifications of failed, delayed and relayed
+ *                   recipients
  *   relay_hist.c    the persisted send history, state_dir/relay.lanes
  *   relay_flush.c   the flusher, a helper thread that fdatasyncs status bytes
  *   relay_dane.c    DANE for mx lanes: TLSA answers per MX host, the TLS a connection
