@@ -286,17 +286,21 @@ int queue_show(struct queue *q, const char *id, bool json, struct buf *out)
 		if (r == 0)
 			r = buf_append_cstr(out, "}\n");
 	} else if (r == 0) {
+		char owed[64] = "";
+		if (m.relayed)
+			(void)fmt_fixed(owed, sizeof(owed), " (%zu owed a relayed notice)", m.relayed);
 		r = buf_printf(out, "id:        %s%s\narrival:   %s\nsize:      %" PRIu64
 			       " bytes\nsender:    <%s>\nclient:    %s\nhelo:      %s\n"
 			       "flags:     %s%s\ncontrol:   %.8s (hold %c, bounce %c)\n"
-			       "recipients (%zu: %zu to do, %zu uncertain, %zu delivered, %zu "
+			       "recipients (%zu: %zu to do, %zu uncertain, %zu delivered%s, %zu "
 			       "failed):\n",
 			       env->id, m.ix.control[QUEUE_CTL_HOLD] == 'H' ? " (held)" : "", when,
 			       m.ix.body_len, sender, client, helo,
 			       env->flags & QUEUE_8BITMIME ? "8BITMIME " : "",
 			       env->flags & QUEUE_SMTPUTF8 ? "SMTPUTF8" : "", m.ix.control,
 			       m.ix.control[QUEUE_CTL_HOLD], m.ix.control[QUEUE_CTL_BOUNCE],
-			       m.ix.nrcpt, m.todo, m.uncertain, m.delivered, m.failed);
+			       m.ix.nrcpt, m.todo, m.uncertain, m.delivered + m.relayed, owed,
+			       m.failed);
 		for (size_t i = 0; r == 0 && i < m.ix.nrcpt; i++) {
 			char st[96];
 			queue_rcpt_state(m.ix.rcpt[i].status, next[i], attempts[i], now_us, st,

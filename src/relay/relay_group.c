@@ -16,8 +16,8 @@
  *
  * A group lane that loses its own answer (its domain is gone, or left the group) sends
  * every member back to its domain's lane with its mail, to be looked up and grouped
- * again.  Under DANE, validated and unvalidated answers make different groups
- * (ROUTE:provider:NAME:dnssec), since the group connects with one member's answer.
+ * again.  Under DANE, a group one of whose members had a validated MX answer uses DANE
+ * for all its mail (group_take_answer).
  *
  * Invariants: a lane forwards to a group lane only (never a chain); a group lane lists
  * the lanes that forward to it and is not freed while it has any; a reload drops every
@@ -148,11 +148,7 @@ static const struct provider_conf *answer_provider(const struct relay *r,
 	return p;
 }
 
-/* Under tls = "dane" or "dane-only" a DNSSEC-validated answer and an unvalidated one
- * make different groups (ROUTE:provider:NAME:dnssec): the group lane connects with its
- * latest member's answer, and its secure flag decides whether DANE applies (RFC 7672
- * 2.2), so a signed domain's mail never goes under an unsigned domain's answer, nor the
- * other way round. */
+/* Was the answer DNSSEC-validated, where DANE needs it (tls = "dane" or "dane-only")? */
 static bool answer_dnssec(const struct route_conf *rc, const struct mx_target *t, size_t n)
 {
 	if (rc->tls != SMTP_TLS_DANE && rc->tls != SMTP_TLS_DANE_ONLY)
@@ -179,10 +175,6 @@ static bool group_name(const struct relay *r, const struct route_conf *rc,
 	} else {
 		mx_set_name(rc->name, t, n, name, len);
 	}
-	if (answer_dnssec(rc, t, n)) {
-		size_t o = strlen(name);
-		snprintf(name + o, len - o, ":dnssec");
-	}
 	return true;
 }
 
@@ -208,6 +200,18 @@ static void group_take_answer(struct lane *g, const struct lane *l)
 		return; /* XXX the group keeps its older answer */
 	}
 	memcpy(copy, l->targets, l->ntargets * sizeof(*copy));
+	/* Under DANE, once one member's answer was validated the group's hosts are DANE's
+	 * for all its mail (dnssec_seen): the hosts of a group are the same names (lanes =
+	 * "mx") or names the operator's provider patterns vouch for, as a smarthost's name
+	 * is, so a validated TLSA of theirs binds whatever member's answer the group uses
+	 * now -- a signed domain's mail never goes with less than DANE because an unsigned
+	 * domain's answer came last, and the group keeps one budget (RFC 7672 2.2 asks a
+	 * validated MX answer to trust the names in it). */
+	if (answer_dnssec(l->rt->conf, l->targets, l->ntargets))
+		g->dnssec_seen = true;
+	if (g->dnssec_seen)
+		for (size_t i = 0; i < l->ntargets; i++)
+			copy[i].secure = true;
 	free(g->targets);
 	g->targets = copy;
 	g->ntargets = l->ntargets;
@@ -295,6 +299,7 @@ void lane_group_lost(struct lane *l, const char *text)
 	struct lane *m;
 	while ((m = TAILQ_FIRST(&l->members)))
 		lane_unforward(m);
+	l->dnssec_seen = false;
 	free(l->targets);
 	l->targets = NULL;
 	l->ntargets = 0;

@@ -152,6 +152,7 @@ struct lane {
 	 * MX answer matched a group forwards to the group's lane while that answer is used;
 	 * the group lane lists those domain lanes (its members) */
 	bool group;
+	bool dnssec_seen;             /* a group: a member's MX answer was validated (DANE) */
 	char *provider_name;          /* a provider's lane */
 	const struct provider_conf *provider; /* its configuration, in r->crt */
 	struct lane *fwd;

@@ -148,9 +148,12 @@ static struct lane_item *msg_item(struct rmsg *m, struct lane *l)
 
 /* Route every unfinished recipient to its lane and link m into those lanes (in arrival
  * order: messages are routed in arrival order, and a reload routes them again in the
- * same order). */
+ * same order).  -ENOMEM when a recipient found no lane (out of memory, or MAX_LANES
+ * lanes): it is left without one, and the others are routed and linked all the same,
+ * so that m stays whole (every item linked) for whoever frees or routes it next. */
 int msg_route(struct relay *r, struct rmsg *m)
 {
+	int err = 0;
 	for (size_t i = 0; i < m->nitems; i++)
 		if (m->items[i].lane)
 			item_unlink(&m->items[i]);
@@ -173,23 +176,28 @@ int msg_route(struct relay *r, struct rmsg *m)
 			continue;
 		struct route_rt *rt = &r->crt->routes[rc - r->crt->conf.routes];
 		struct lane *l = lane_get(r, rt, dom);
-		if (!l)
-			return -ENOMEM;
-		rr->lane = l;
+		if (!l) {
+			err = -ENOMEM;
+			continue;
+		}
 		struct lane_item *have = msg_item(m, l);
 		if (have) {
+			rr->lane = l;
 			rr->item = (uint32_t)(have - m->items);
 			continue;
 		}
 		if (m->nitems == cap) {
 			size_t nc = cap ? cap * 2 : 2;
 			struct lane_item *it = realloc(m->items, nc * sizeof(*it));
-			if (!it)
-				return -ENOMEM;
+			if (!it) {
+				err = -ENOMEM;
+				continue;
+			}
 			/* items are linked into lanes by address: relink after a move */
 			m->items = it;
 			cap = nc;
 		}
+		rr->lane = l;
 		rr->item = (uint32_t)m->nitems;
 		m->items[m->nitems++] = (struct lane_item){
 			.s = { .arrival = m->arrival_us, .seq = m->seq },
@@ -207,7 +215,7 @@ int msg_route(struct relay *r, struct rmsg *m)
 	for (size_t i = 0; i < m->nitems; i++)
 		TAILQ_INSERT_TAIL(&m->items[i].lane->items, &m->items[i], link);
 	msg_schedule(r, m);
-	return 0;
+	return err;
 }
 
 void msg_move_lane(struct relay *r, struct rmsg *m, struct lane *from, struct lane *to)
@@ -443,11 +451,16 @@ int msg_load(struct relay *r, const char *id)
 	load_retry(r, m);
 	msg_insert(r, m);
 	rc = table_add(r, m);
-	if (rc == 0)
-		rc = msg_route(r, m);
 	if (rc < 0) {
 		msg_free(r, m);
 		return rc;
+	}
+	if (msg_route(r, m) < 0) {
+		/* XXX its recipients without a lane wait for the next reload, which routes every
+		 * message again */
+		relay_logf(r, LOG_LEVEL_ERROR, "qid=%s some recipients cannot be routed: out of "
+			   "memory or %u lanes; they wait for the next reload", m->id, MAX_LANES);
+		return 0;
 	}
 	for (size_t i = 0; i < m->nrcpt; i++)
 		if ((m->r[i].status == QUEUE_TODO || m->r[i].status == QUEUE_UNCERTAIN) &&
