@@ -239,7 +239,8 @@ class RedisCluster:
             assert r.returncode == 0, f"redis-cli --cluster create: {r.stdout}{r.stderr}"
             self.wait_ok(timeout)
             # every replica in sync with its master, so that a failover loses nothing
-            self.wait_replicas_in_sync(timeout)
+            replicas = len(self.nodes) // (1 + self.replicas) * self.replicas
+            self.wait_replicas_in_sync(timeout, expect=replicas)
         except BaseException:
             self.stop()
             raise
@@ -384,9 +385,15 @@ class RedisCluster:
         wait_until(ok, timeout, "cluster_state:ok and one slot map on every node",
                    interval=0.1)
 
-    def wait_replicas_in_sync(self, timeout=30):
+    def wait_replicas_in_sync(self, timeout=30, expect=0):
+        """Every live replica in sync with its master, and at least `expect` replicas in
+        the view (just after creation the gossip may not show them all yet: with none
+        shown there would be nothing to wait for)."""
         def synced():
-            for r in self.cluster_nodes():
+            rows = self.cluster_nodes()
+            if sum(1 for r in rows if r["master"] is not None) < expect:
+                return False
+            for r in rows:
                 if r["master"] is None:
                     continue
                 rep = self.by_id(r["id"])
