@@ -391,10 +391,7 @@ void inject_rcpts_clear(struct inject_rcpts *r)
 
 static size_t hash_addr(const char *s)
 {
-	size_t h = 14695981039346656037u; /* FNV-1a */
-	for (; *s; s++)
-		h = (h ^ (unsigned char)*s) * 1099511628211u;
-	return h;
+	return (size_t)fnv1a64_str(FNV1A64_INIT, s);
 }
 
 /* The slot of addr: the one holding it, or the free one where it would go. */

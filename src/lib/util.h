@@ -54,6 +54,21 @@ void fmt_rfc5322_date(char *out, size_t len, time_t t, long utc_offset);
 /* A random number from a per-thread generator (xorshift64*, seeded from getrandom):
  * for spreading retries, never for secrets. */
 uint64_t random_u64(void);
+/* FNV-1a (64 bits), for hash tables and names whose keys are not chosen by peers (a table
+ * keyed by peer input uses a keyed hash): fnv1a64_str(FNV1A64_INIT, s), chained by passing
+ * the previous value; fnv1a64_u64 folds a number in as one step. */
+#define FNV1A64_INIT UINT64_C(14695981039346656037)
+#define FNV1A64_PRIME UINT64_C(1099511628211)
+static inline uint64_t fnv1a64_str(uint64_t h, const char *s)
+{
+	for (; *s; s++)
+		h = (h ^ (unsigned char)*s) * FNV1A64_PRIME;
+	return h;
+}
+static inline uint64_t fnv1a64_u64(uint64_t h, uint64_t v)
+{
+	return (h ^ v) * FNV1A64_PRIME;
+}
 /* The value of a hex digit (either case), or -1. */
 int hex_value(char c);
 

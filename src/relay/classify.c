@@ -135,6 +135,7 @@
 #include <string.h>
 
 #include "classify.h"
+#include "util.h"
 
 /* A pattern sees "CODE ENH text": 3 digits (or whatever a hostile caller put in code),
  * an enhanced code of at most 11 bytes, the kept text of a reply. */
@@ -458,11 +459,9 @@ uint64_t classify_threshold_key(const struct classify *c, size_t i)
 	if (!c || i >= c->nsig)
 		return 0;
 	const struct classify_sig *g = &c->sig[i];
-	uint64_t h = UINT64_C(1469598103934665603);
-	for (const char *p = g->match; *p; p++)
-		h = (h ^ (unsigned char)*p) * UINT64_C(1099511628211);
-	h = (h ^ g->after) * UINT64_C(1099511628211);
-	h = (h ^ (uint64_t)g->within_ms) * UINT64_C(1099511628211);
+	uint64_t h = fnv1a64_str(FNV1A64_INIT, g->match);
+	h = fnv1a64_u64(h, g->after);
+	h = fnv1a64_u64(h, (uint64_t)g->within_ms);
 	return h ? h : 1;
 }
 

@@ -131,9 +131,7 @@ static void mx_set_name(const char *route, const struct mx_target *t, size_t nt,
 		snprintf(out, len, "%s:mx:%.200s", route, set);
 		return;
 	}
-	uint64_t hash = UINT64_C(1469598103934665603);
-	for (const char *p = set; *p; p++)
-		hash = (hash ^ (unsigned char)*p) * UINT64_C(1099511628211);
+	uint64_t hash = fnv1a64_str(FNV1A64_INIT, set);
 	snprintf(out, len, "%s:mx:%.150s~%016" PRIx64, route, set, hash);
 }
 

@@ -71,9 +71,7 @@ void msg_free(struct relay *r, struct rmsg *m)
 /* FNV-1a of a queue id: ids are not chosen by peers (the queue makes them). */
 static size_t id_hash(const char *id)
 {
-	uint64_t h = UINT64_C(1469598103934665603);
-	for (; *id; id++)
-		h = (h ^ (unsigned char)*id) * UINT64_C(1099511628211);
+	uint64_t h = fnv1a64_str(FNV1A64_INIT, id);
 	return (size_t)(h ^ (h >> 32));
 }
 
