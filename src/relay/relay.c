@@ -653,8 +653,8 @@ struct relay *relay_free(struct relay *r)
 		free(r->hist[i].why);
 	}
 	free(r->hist);
-	free(r->table);
-	free(r->lane_idx);
+	htab_clear(&r->msg_idx);
+	htab_clear(&r->lane_idx);
 	free(r->recheck);
 	conf_rt_free(r->crt);
 	if (r->rules)

@@ -47,7 +47,6 @@
 #include <string.h>
 #include <strings.h>
 
-#include <xxhash.h>
 
 #include "dns_answer.h"
 #include "relay_int.h"
@@ -74,7 +73,7 @@ enum dane_reason {  /* what why() says of a state */
 
 /* One host:port's TLSA answer, shared by every lane whose MX hosts include it. */
 struct dane_host {
-	struct dane_host *hnext;      /* its bucket's chain */
+	struct htab_node hnode;       /* in the relay's cache */
 	struct relay *r;
 	uint16_t port;
 	uint8_t state;                /* enum dane_state */
@@ -94,9 +93,7 @@ struct dane_host {
 /* The relay's TLSA answers by host and port (a chained hash keyed with a secret: the
  * names come from peers' MX records). */
 struct dane_cache {
-	struct dane_host **b;
-	size_t size, n;
-	uint64_t seed;
+	struct htab t;
 	uint64_t swept;               /* ns: the last sweep of expired entries */
 };
 
@@ -142,14 +139,14 @@ static const char *dane_why(const struct dane_host *dh, char *buf, size_t size)
 	return buf;
 }
 
-static size_t dane_bucket(const struct dane_cache *dc, const char *host, uint16_t port,
-			  size_t size)
+/* The hash of host:port, the host's case aside. */
+static uint64_t dane_key_hash(struct dane_cache *dc, const char *host, uint16_t port)
 {
 	char key[300];
 	int n = snprintf(key, sizeof(key), "%u:%s", (unsigned)port, host);
 	for (int i = 0; i < n; i++)
 		key[i] = (char)(key[i] >= 'A' && key[i] <= 'Z' ? key[i] + 32 : key[i]);
-	return (size_t)XXH64(key, (size_t)(n < 0 ? 0 : n), dc->seed) & (size - 1);
+	return htab_hash(&dc->t, key, (size_t)(n < 0 ? 0 : n));
 }
 
 static void dane_host_clear(struct dane_host *dh)
@@ -188,58 +185,41 @@ static void dane_host_free(struct dane_host *dh)
 	free(dh);
 }
 
+static bool drop_any(struct htab_node *n, void *arg)
+{
+	(void)arg;
+	dane_host_free(HTAB_ENTRY(n, struct dane_host, hnode));
+	return true;
+}
+
 void dane_cache_free(struct relay *r)
 {
 	struct dane_cache *dc = r->dane;
 	if (!dc)
 		return;
-	for (size_t i = 0; i < dc->size; i++)
-		for (struct dane_host *dh = dc->b[i], *next; dh; dh = next) {
-			next = dh->hnext;
-			dane_host_free(dh);
-		}
-	free(dc->b);
+	htab_drop_if(&dc->t, drop_any, NULL);
+	htab_clear(&dc->t);
 	free(dc);
 	r->dane = NULL;
 }
 
-/* Entries whose answer is over and that no one waits for go: at most once a second,
- * when the cache is full. */
+/* An entry whose answer is over and that no one waits for. */
+static bool drop_expired(struct htab_node *n, void *arg)
+{
+	struct dane_host *dh = HTAB_ENTRY(n, struct dane_host, hnode);
+	if (dh->state == DH_LOOKING || *(const uint64_t *)arg < dh->until)
+		return false;
+	dane_host_free(dh);
+	return true;
+}
+
+/* Expired entries go: at most once a second, when the cache is full. */
 static void dane_cache_sweep(struct dane_cache *dc, uint64_t now)
 {
 	if (now - dc->swept < UINT64_C(1000000000))
 		return;
 	dc->swept = now;
-	for (size_t i = 0; i < dc->size; i++)
-		for (struct dane_host **pp = &dc->b[i]; *pp;) {
-			struct dane_host *dh = *pp;
-			if (dh->state != DH_LOOKING && now >= dh->until) {
-				*pp = dh->hnext;
-				dane_host_free(dh);
-				dc->n--;
-			} else {
-				pp = &dh->hnext;
-			}
-		}
-}
-
-static int dane_cache_grow(struct dane_cache *dc)
-{
-	size_t ns = dc->size ? dc->size * 2 : 64;
-	struct dane_host **nb = calloc(ns, sizeof(*nb));
-	if (!nb)
-		return -ENOMEM;
-	for (size_t i = 0; i < dc->size; i++)
-		for (struct dane_host *dh = dc->b[i], *next; dh; dh = next) {
-			next = dh->hnext;
-			size_t k = dane_bucket(dc, dh->host, dh->port, ns);
-			dh->hnext = nb[k];
-			nb[k] = dh;
-		}
-	free(dc->b);
-	dc->b = nb;
-	dc->size = ns;
-	return 0;
+	htab_drop_if(&dc->t, drop_expired, &now);
 }
 
 /* The entry of host:port, a new one if need be; NULL without memory or room. */
@@ -250,21 +230,18 @@ static struct dane_host *dane_host_get(struct relay *r, const char *host, uint16
 		dc = r->dane = calloc(1, sizeof(*dc));
 		if (!dc)
 			return NULL;
-		arc4random_buf(&dc->seed, sizeof(dc->seed));
 	}
-	if (dc->size) {
-		for (struct dane_host *dh = dc->b[dane_bucket(dc, host, port, dc->size)]; dh;
-		     dh = dh->hnext)
-			if (dh->port == port && strcasecmp(dh->host, host) == 0)
-				return dh;
+	uint64_t h = dane_key_hash(dc, host, port);
+	for (struct htab_node *n = htab_chain(&dc->t, h); n; n = n->next) {
+		struct dane_host *dh = HTAB_ENTRY(n, struct dane_host, hnode);
+		if (n->hash == h && dh->port == port && strcasecmp(dh->host, host) == 0)
+			return dh;
 	}
-	if (dc->n >= DANE_CACHE_MAX) {
+	if (dc->t.n >= DANE_CACHE_MAX) {
 		dane_cache_sweep(dc, realtime_ns());
-		if (dc->n >= DANE_CACHE_MAX)
+		if (dc->t.n >= DANE_CACHE_MAX)
 			return NULL;
 	}
-	if (dc->n + 1 > dc->size && dane_cache_grow(dc) < 0)
-		return NULL;
 	size_t hl = strlen(host) + 1;
 	struct dane_host *dh = calloc(1, sizeof(*dh) + hl);
 	if (!dh)
@@ -272,10 +249,10 @@ static struct dane_host *dane_host_get(struct relay *r, const char *host, uint16
 	dh->r = r;
 	dh->port = port;
 	memcpy(dh->host, host, hl);
-	size_t k = dane_bucket(dc, host, port, dc->size);
-	dh->hnext = dc->b[k];
-	dc->b[k] = dh;
-	dc->n++;
+	if (htab_add(&dc->t, &dh->hnode, h) < 0) {
+		free(dh);
+		return NULL;
+	}
 	return dh;
 }
 

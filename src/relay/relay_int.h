@@ -38,6 +38,7 @@
 #include <event2/event.h>
 
 #include "classify.h"
+#include "htab.h"
 #include "lane.h"
 #include "log.h"
 #include "mailbox.h"
@@ -123,7 +124,7 @@ struct rmsg {
 	unsigned flushing;            /* status flushes handed to the flusher, not yet done */
 	struct queue_msg *qm;         /* while open */
 	TAILQ_ENTRY(rmsg) link;
-	struct rmsg *hnext;           /* in the relay's table by id */
+	struct htab_node hnode;       /* in the relay's table by id */
 };
 
 /* A route as the relay runs it: the configuration and what is built from it. */
@@ -144,7 +145,7 @@ struct conf_rt {
 struct lane {
 	struct relay *r;
 	char *name;
-	struct lane *hnext;           /* the relay's index of lanes by name (lane_find) */
+	struct htab_node hnode;       /* the relay's index of lanes by name (lane_find) */
 	char *domain;                 /* MX lanes: the destination domain (a group lane: the
 				       * domain whose MX answer it uses) */
 	struct route_rt *rt;          /* NULL: its route is gone (after a reload) */
@@ -285,14 +286,11 @@ struct relay {
 	char (*recheck)[QUEUE_ID_LEN + 1]; /* messages whose end could not be settled: the
 				       * sweep asks msg_check_done() again */
 	size_t nrecheck, recheck_cap;
-	struct rmsg **table;          /* by id: chained, a power of two of buckets */
-	size_t table_size, nmsgs;
+	struct htab msg_idx;          /* the messages by id */
 	uint64_t msg_seq;             /* messages loaded: their struct rmsg's seq */
 	TAILQ_HEAD(, lane) lanes;
 	unsigned nlanes;
-	struct lane **lane_idx;       /* by name: chained, a power of two of buckets */
-	size_t lane_idx_size;
-	uint64_t lane_seed;           /* the index's hash key: names hold peers' domains */
+	struct htab lane_idx;         /* the lanes by name: names hold peers' domains */
 	struct dane_cache *dane;      /* MX hosts' TLSA answers (relay_dane.c), or NULL */
 	struct sched sched;           /* the lanes' wake-ups */
 	struct event *wake;           /* one timer for all of them, at sched_next_wake() */

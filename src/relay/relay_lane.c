@@ -25,7 +25,6 @@
 #include <unistd.h>
 
 #include <event2/event.h>
-#include <xxhash.h>
 
 #include "dsn.h"
 #include "relay_int.h"
@@ -41,64 +40,30 @@ uint64_t lane_guard_ns(const struct route_conf *rc)
 
 /*
  * The lanes by name, for routing each recipient (law 8: no walk over the lanes, of
- * which an mx route has one per domain).  Chained, a power of two of buckets that
- * doubles with the lanes.  Names hold recipients' domains, which peers choose: the
- * hash is keyed with a secret of the process, so no one can aim them at one bucket.
+ * which an mx route has one per domain).  Names hold recipients' domains, which peers
+ * choose: htab's hash is keyed with a secret of the process.
  */
-static size_t lane_bucket(const struct relay *r, const char *name, size_t size)
-{
-	return (size_t)XXH64(name, strlen(name), r->lane_seed) & (size - 1);
-}
-
 struct lane *lane_find(struct relay *r, const char *name)
 {
-	if (!r->lane_idx_size)
-		return NULL;
-	for (struct lane *l = r->lane_idx[lane_bucket(r, name, r->lane_idx_size)]; l;
-	     l = l->hnext)
-		if (strcmp(l->name, name) == 0)
+	uint64_t h = htab_hash(&r->lane_idx, name, strlen(name));
+	for (struct htab_node *n = htab_chain(&r->lane_idx, h); n; n = n->next) {
+		struct lane *l = HTAB_ENTRY(n, struct lane, hnode);
+		if (n->hash == h && strcmp(l->name, name) == 0)
 			return l;
+	}
 	return NULL;
 }
 
 static int lane_index_add(struct relay *r, struct lane *l)
 {
-	if (r->nlanes + 1 > r->lane_idx_size) {
-		size_t ns = r->lane_idx_size ? r->lane_idx_size * 2 : 64;
-		struct lane **nt = calloc(ns, sizeof(*nt));
-		if (!nt)
-			return -ENOMEM;
-		if (!r->lane_idx_size)
-			arc4random_buf(&r->lane_seed, sizeof(r->lane_seed));
-		for (size_t i = 0; i < r->lane_idx_size; i++)
-			for (struct lane *e = r->lane_idx[i], *next; e; e = next) {
-				next = e->hnext;
-				size_t b = lane_bucket(r, e->name, ns);
-				e->hnext = nt[b];
-				nt[b] = e;
-			}
-		free(r->lane_idx);
-		r->lane_idx = nt;
-		r->lane_idx_size = ns;
-	}
-	size_t b = lane_bucket(r, l->name, r->lane_idx_size);
-	l->hnext = r->lane_idx[b];
-	r->lane_idx[b] = l;
-	return 0;
+	return htab_add(&r->lane_idx, &l->hnode, htab_hash(&r->lane_idx, l->name, strlen(l->name)));
 }
 
 void lane_unlink(struct relay *r, struct lane *l)
 {
 	TAILQ_REMOVE(&r->lanes, l, link);
 	r->nlanes--;
-	if (!r->lane_idx_size)
-		return;
-	for (struct lane **pp = &r->lane_idx[lane_bucket(r, l->name, r->lane_idx_size)]; *pp;
-	     pp = &(*pp)->hnext)
-		if (*pp == l) {
-			*pp = l->hnext;
-			return;
-		}
+	htab_remove(&r->lane_idx, &l->hnode);
 }
 
 struct lane *lane_get(struct relay *r, struct route_rt *rt, const char *domain)

@@ -68,59 +68,30 @@ void msg_free(struct relay *r, struct rmsg *m)
 	free(m);
 }
 
-/* FNV-1a of a queue id: ids are not chosen by peers (the queue makes them). */
-static size_t id_hash(const char *id)
+static uint64_t id_hash(struct relay *r, const char *id)
 {
-	uint64_t h = fnv1a64_str(FNV1A64_INIT, id);
-	return (size_t)(h ^ (h >> 32));
+	return htab_hash(&r->msg_idx, id, strlen(id));
 }
 
 struct rmsg *msg_find(struct relay *r, const char *id)
 {
-	if (!r->table_size)
-		return NULL;
-	for (struct rmsg *m = r->table[id_hash(id) & (r->table_size - 1)]; m; m = m->hnext)
-		if (strcmp(m->id, id) == 0)
+	uint64_t h = id_hash(r, id);
+	for (struct htab_node *n = htab_chain(&r->msg_idx, h); n; n = n->next) {
+		struct rmsg *m = HTAB_ENTRY(n, struct rmsg, hnode);
+		if (n->hash == h && strcmp(m->id, id) == 0)
 			return m;
+	}
 	return NULL;
 }
 
 static int table_add(struct relay *r, struct rmsg *m)
 {
-	if (r->nmsgs + 1 > r->table_size) {
-		size_t ns = r->table_size ? r->table_size * 2 : 1024;
-		struct rmsg **nt = calloc(ns, sizeof(*nt));
-		if (!nt)
-			return -ENOMEM;
-		for (size_t i = 0; i < r->table_size; i++)
-			for (struct rmsg *e = r->table[i], *next; e; e = next) {
-				next = e->hnext;
-				size_t b = id_hash(e->id) & (ns - 1);
-				e->hnext = nt[b];
-				nt[b] = e;
-			}
-		free(r->table);
-		r->table = nt;
-		r->table_size = ns;
-	}
-	size_t b = id_hash(m->id) & (r->table_size - 1);
-	m->hnext = r->table[b];
-	r->table[b] = m;
-	r->nmsgs++;
-	return 0;
+	return htab_add(&r->msg_idx, &m->hnode, id_hash(r, m->id));
 }
 
 static void table_remove(struct relay *r, struct rmsg *m)
 {
-	if (!r->table_size)
-		return;
-	for (struct rmsg **pp = &r->table[id_hash(m->id) & (r->table_size - 1)]; *pp;
-	     pp = &(*pp)->hnext)
-		if (*pp == m) {
-			*pp = m->hnext;
-			r->nmsgs--;
-			return;
-		}
+	htab_remove(&r->msg_idx, &m->hnode);
 }
 
 static const char *addr_domain(const char *a)
