@@ -52,6 +52,10 @@
  *   temporary failure here (mx_answer_status(), mx_tlsa_deliver()); ares_getaddrinfo()
  *   maps them itself (ARES_ESERVFAIL ...).  A timeout still moves on to the next server:
  *   under DANE every configured server must validate (doc/RELAY.md).
+ * - At most MX_MAX_ACTIVE queries have requests out in c-ares (r->active); the others
+ *   wait in r->waiting, first come first started, from the deliver event (never inside
+ *   a c-ares callback).  A waiting query is cancelled or cancelled by the resolver's free
+ *   as a running one is.
  * - TTLs: a target carries the least TTL of the answers it came from (MX, A/AAAA); a
  *   TLSA answer its own, or its denial's (RFC 2308).  mx_ttl_ms() clamps one into the
  *   configured range, mx_retry_ms() spaces the retries of a failed lookup.
@@ -94,12 +98,19 @@ enum mx_fam_state {
 
 enum mx_query_state {
 	MXQ_RUNNING = 0, /* in r->running, c-ares callbacks outstanding */
+	MXQ_WAITING,     /* in r->waiting: not yet handed to c-ares (MX_MAX_ACTIVE) */
 	MXQ_READY,       /* in r->ready: finished, done() not yet called */
 	MXQ_DELIVERING,  /* in no list: done() is running */
 	MXQ_DETACHED,    /* in no list: delivered or cancelled; freed when inflight is 0 */
 };
 
 struct mx_host;
+
+enum mx_kind {
+	MXK_MX = 0,  /* the domain's MX records, then their hosts' addresses */
+	MXK_SELF,    /* the name's own addresses (a smarthost, or use_mx off) */
+	MXK_TLSA,    /* TLSA records */
+};
 
 /* One A or AAAA lookup of one host; the argument of its c-ares callback. */
 struct mx_fam {
@@ -119,8 +130,9 @@ struct mx_host {
 
 struct mx_query {
 	struct mx_resolver *r;
-	struct mx_query *prev, *next; /* in r->running or r->ready, by state */
+	struct mx_query *prev, *next; /* in r->running, r->waiting or r->ready, by state */
 	enum mx_query_state state;
+	enum mx_kind kind;        /* what it asks, once it starts */
 	mx_done_fn *done;
 	mx_tlsa_fn *tlsa_done;    /* a TLSA lookup (mx_tlsa_lookup) instead of done */
 	void *arg;
@@ -157,6 +169,9 @@ struct mx_resolver {
 	struct event *deliver; /* made active when r->ready is not empty */
 	struct mx_sock *socks;
 	struct mx_list running, ready;
+	struct mx_list waiting; /* queries beyond MX_MAX_ACTIVE, started in order */
+	unsigned active;        /* queries with c-ares requests out (their inflight > 0,
+				   from mx_query_run() on) */
 	char *servers;         /* NULL: /etc/resolv.conf */
 	unsigned timeout_ms, tries;
 	unsigned depth;        /* mx_on_deliver() and mx_resolver_free() frames with done() */
@@ -348,9 +363,15 @@ static void mx_query_finish(struct mx_query *q)
 /* One c-ares callback (or the set-up hold) is back. */
 static void mx_query_unref(struct mx_query *q)
 {
+	struct mx_resolver *r = q->r;
+
 	assert(q->inflight > 0);
 	if (--q->inflight > 0)
 		return;
+	assert(r->active > 0);
+	r->active--;
+	if (r->waiting.first && !r->closing)
+		event_active(r->deliver, EV_TIMEOUT, 1); /* a waiting query may start */
 	if (q->state == MXQ_RUNNING)
 		mx_query_finish(q);
 	else if (q->state == MXQ_DETACHED)
@@ -805,6 +826,8 @@ static void mx_query_call(struct mx_query *q, int error)
 		q->done(q->arg, error, q->targets, q->ntargets);
 }
 
+static void mx_query_launch(struct mx_query *q);
+
 static void mx_on_deliver(evutil_socket_t fd, short what, void *arg)
 {
 	struct mx_resolver *r = arg;
@@ -818,6 +841,12 @@ static void mx_on_deliver(evutil_socket_t fd, short what, void *arg)
 		q->state = MXQ_DETACHED;
 		if (q->inflight == 0)
 			mx_query_free(q);
+	}
+	/* room left by the queries whose requests are all back */
+	while (!r->closing && r->waiting.first && r->active < MX_MAX_ACTIVE) {
+		q = r->waiting.first;
+		mx_list_remove(&r->waiting, q);
+		mx_query_launch(q);
 	}
 	if (--r->depth == 0 && r->closing)
 		mx_resolver_release(r); /* done() freed the resolver */
@@ -969,8 +998,10 @@ struct mx_resolver *mx_resolver_free(struct mx_resolver *r)
 		return NULL; /* a done() freeing again during the cancellations below */
 	r->closing = true;
 	r->depth++;
-	while ((q = r->running.first ? r->running.first : r->ready.first) != NULL) {
-		mx_list_remove(q->state == MXQ_RUNNING ? &r->running : &r->ready, q);
+	while ((q = r->running.first ? r->running.first
+				     : r->ready.first ? r->ready.first : r->waiting.first) != NULL) {
+		mx_list_remove(q->state == MXQ_RUNNING ? &r->running
+			       : q->state == MXQ_READY ? &r->ready : &r->waiting, q);
 		q->state = MXQ_DELIVERING;
 		mx_query_call(q, -ECANCELED);
 		q->state = MXQ_DETACHED;
@@ -1033,19 +1064,55 @@ static void mx_query_run(struct mx_query *q)
 {
 	q->state = MXQ_RUNNING;
 	q->inflight = 1;
+	q->r->active++;
 	mx_list_push(&q->r->running, q);
 }
 
 /* Its lookups are started: the hold is given back, which may finish q (/etc/hosts,
  * localhost, a failure to send): done() comes later, from the loop. */
-static void mx_query_started(struct mx_query *q, struct mx_query **ret)
+static void mx_query_started(struct mx_query *q)
+{
+	struct mx_resolver *r = q->r;
+
+	mx_query_unref(q);
+	mx_rearm(r);
+}
+
+static void mx_on_tlsa(void *arg, int status, int timeouts, unsigned char *abuf, int alen);
+
+/* Hand q's first requests to c-ares. */
+static void mx_query_launch(struct mx_query *q)
+{
+	mx_query_run(q);
+	switch (q->kind) {
+	case MXK_MX:
+		if (mx_send(q, q->name, MX_DNS_TYPE_MX, mx_on_mx) < 0)
+			q->error = -EAGAIN;
+		break;
+	case MXK_SELF:
+		mx_query_start_hosts(q);
+		break;
+	case MXK_TLSA:
+		if (mx_send(q, q->name, DNS_TYPE_TLSA, mx_on_tlsa) < 0)
+			q->error = -EAGAIN;
+		break;
+	}
+	mx_query_started(q);
+}
+
+/* q starts now, or waits its turn behind MX_MAX_ACTIVE others. */
+static void mx_query_begin(struct mx_query *q, struct mx_query **ret)
 {
 	struct mx_resolver *r = q->r;
 
 	if (ret)
 		*ret = q;
-	mx_query_unref(q);
-	mx_rearm(r);
+	if (r->active >= MX_MAX_ACTIVE || r->waiting.first) {
+		q->state = MXQ_WAITING;
+		mx_list_push(&r->waiting, q);
+		return;
+	}
+	mx_query_launch(q);
 }
 
 int mx_lookup(struct mx_resolver *r, const char *name, bool use_mx, uint16_t port,
@@ -1083,14 +1150,8 @@ int mx_lookup(struct mx_resolver *r, const char *name, bool use_mx, uint16_t por
 		mx_query_free(q);
 		return -ENOMEM;
 	}
-	mx_query_run(q);
-	if (use_mx) {
-		if (mx_send(q, q->name, MX_DNS_TYPE_MX, mx_on_mx) < 0)
-			q->error = -EAGAIN;
-	} else {
-		mx_query_start_hosts(q);
-	}
-	mx_query_started(q, ret);
+	q->kind = use_mx ? MXK_MX : MXK_SELF;
+	mx_query_begin(q, ret);
 	return 0;
 }
 
@@ -1105,7 +1166,8 @@ void mx_cancel(struct mx_query *q)
 		q->done = NULL; /* its callbacks still to come free it */
 		break;
 	case MXQ_READY:
-		mx_list_remove(&q->r->ready, q);
+	case MXQ_WAITING: /* no request out: nothing to wait for */
+		mx_list_remove(q->state == MXQ_READY ? &q->r->ready : &q->r->waiting, q);
 		q->state = MXQ_DETACHED;
 		mx_query_free(q);
 		break;
@@ -1154,10 +1216,8 @@ int mx_tlsa_lookup(struct mx_resolver *r, const char *host, uint16_t port, mx_tl
 	if (rc < 0)
 		return rc;
 	q->tlsa_done = done;
-	mx_query_run(q);
-	if (mx_send(q, q->name, DNS_TYPE_TLSA, mx_on_tlsa) < 0)
-		q->error = -EAGAIN;
-	mx_query_started(q, ret);
+	q->kind = MXK_TLSA;
+	mx_query_begin(q, ret);
 	return 0;
 }
 

@@ -1233,6 +1233,50 @@ static void test_lookup_in_done(void **state)
 	env_close(&e);
 }
 
+/* Past MX_MAX_ACTIVE lookups the others wait their turn, and are all answered; a waiting
+ * one can be cancelled, and freeing the resolver ends the waiting ones with -ECANCELED. */
+static void test_active_cap(void **state)
+{
+	enum { N = MX_MAX_ACTIVE + 40 };
+	static struct res x[N];
+	struct mx_query *q[N];
+	struct env e;
+
+	env_open(&e);
+	assert_int_equal(mx_resolver_set_timeout(e.r, 100, 1), 0);
+	memset(x, 0, sizeof(x));
+	for (size_t i = 0; i < N; i++)
+		assert_int_equal(lookup(&e, "timeout.test", true, 25, &x[i], &q[i]), 0);
+	mx_cancel(q[N - 1]); /* waiting: never asked, never answered */
+	run_for(&e, 50);
+	assert_int_equal(e.dns.mx_queries, MX_MAX_ACTIVE);
+	int done = 0;
+	for (int k = 0; k < 100 && done < N - 1; k++) {
+		run_for(&e, 20);
+		done = 0;
+		for (size_t i = 0; i < N - 1; i++)
+			done += x[i].calls;
+	}
+	assert_int_equal(done, N - 1);
+	for (size_t i = 0; i < N - 1; i++) {
+		assert_int_equal(x[i].calls, 1);
+		assert_int_equal(x[i].error, -EAGAIN);
+	}
+	assert_int_equal(x[N - 1].calls, 0);
+	assert_int_equal(e.dns.mx_queries, N - 1);
+
+	/* the resolver freed with lookups waiting */
+	memset(x, 0, sizeof(x));
+	for (size_t i = 0; i < N; i++)
+		assert_int_equal(lookup(&e, "timeout.test", true, 25, &x[i], NULL), 0);
+	e.r = mx_resolver_free(e.r);
+	for (size_t i = 0; i < N; i++) {
+		assert_int_equal(x[i].calls, 1);
+		assert_int_equal(x[i].error, -ECANCELED);
+	}
+	env_close(&e);
+}
+
 static void test_resolver_new(void **state)
 {
 	struct event_base *base = event_base_new();
@@ -1280,6 +1324,7 @@ int main(void)
 		cmocka_unit_test(test_free_in_done),
 		cmocka_unit_test(test_free_in_cancel),
 		cmocka_unit_test(test_lookup_in_done),
+		cmocka_unit_test(test_active_cap),
 		cmocka_unit_test(test_resolver_new),
 	};
 
