@@ -307,7 +307,7 @@ static void on_mailbox(void *items, size_t n, void *arg)
 				if (msg_open_file(r, m) == 0) {
 					queue_set_control(r->q, m->qm, QUEUE_CTL_WARNED, 'W');
 					queue_msg_sync(m->qm);
-					msg_close_file(m);
+					msg_close_file(r, m);
 				}
 				msg_schedule(r, m);
 				msg_kick_lanes(m);
@@ -432,6 +432,7 @@ struct relay *relay_new(const struct relay_conf *conf, struct queue *q, struct s
 	sched_init(&r->sched);
 	r->wake_at = SCHED_NEVER;
 	TAILQ_INIT(&r->msgs);
+	TAILQ_INIT(&r->open_idle);
 	TAILQ_INIT(&r->lanes);
 	mailbox_init(&r->mb, sizeof(struct mb_item *));
 	pthread_mutex_init(&r->call_lock, NULL);

@@ -126,7 +126,7 @@ void bounce_done(struct relay *r, struct rmsg *m)
 		relay_logf(r, LOG_LEVEL_INFO, "qid=%s removed: finished", m->id);
 		msg_free(r, m);
 	} else {
-		msg_close_file(m);
+		msg_close_file(r, m);
 	}
 }
 
@@ -295,6 +295,6 @@ void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
 	free(body.body);
 	free(dr);
 	free(fi);
-	msg_close_file(m);
+	msg_close_file(r, m);
 }
 

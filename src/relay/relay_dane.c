@@ -419,8 +419,8 @@ void dane_defer(struct lane *l, const char *mta, const char *text)
 					 text, "(DANE)");
 		}
 		total += n;
-		msg_schedule_lane(r, m, l);
-		msg_close_file(m);
+		item_schedule(r, it);
+		msg_close_file(r, m);
 	}
 	relay_logf(r, LOG_LEVEL_WARNING, "lane=%s mta=%s DANE: %s: %zu recipient(s) deferred",
 		   l->name, mta, text, total);

@@ -96,9 +96,24 @@ struct lane_item {
 	struct rmsg *m;
 	struct lane *lane;
 	size_t pending;               /* recipients of m in this lane that are T or U */
-	size_t scan;                  /* recipients before this are done or elsewhere */
+	uint32_t scan;                /* its recipients before this one are done */
+	uint32_t nri, ri_cap;         /* its recipients (indexes into m->r, routing order);
+					 ri_cap 0: the one there is is in ri_one */
+	union {
+		uint32_t *ri_many;
+		uint32_t ri_one;
+	};
 	TAILQ_ENTRY(lane_item) link;
 };
+
+/* Message files kept open between their transactions (relay.open_idle). */
+#define MSG_OPEN_IDLE_MAX 64
+
+/* The indexes of it's recipients: it->nri of them. */
+static inline uint32_t *item_rcpts(struct lane_item *it)
+{
+	return it->ri_cap ? it->ri_many : &it->ri_one;
+}
 
 struct rmsg {
 	char id[QUEUE_ID_LEN + 1];
@@ -121,9 +136,12 @@ struct rmsg {
 	bool bounce_asked;            /* `sluice queue bounce` while it was busy */
 	char bounce;                  /* control byte QUEUE_CTL_BOUNCE */
 	bool open;
+	bool open_idle;               /* open and in relay.open_idle */
+	size_t npending;              /* recipients that are T or U */
 	unsigned flushing;            /* status flushes handed to the flusher, not yet done */
 	struct queue_msg *qm;         /* while open */
 	TAILQ_ENTRY(rmsg) link;
+	TAILQ_ENTRY(rmsg) idle_link;  /* in relay.open_idle */
 	struct htab_node hnode;       /* in the relay's table by id */
 };
 
@@ -167,6 +185,8 @@ struct lane {
 	size_t nthr;
 	struct lane_budget b;
 	TAILQ_HEAD(, lane_item) items;
+	uint64_t route_gen;           /* route_item is m's item in this lane while msg_route()'s */
+	uint32_t route_item;          /* run relay.route_gen routes m */
 	struct sched_lane s;          /* its items by due time and arrival; its wake-up */
 	size_t waiting;               /* the items' pending recipients, summed */
 	TAILQ_HEAD(, lane_conn) conns;
@@ -287,6 +307,12 @@ struct relay {
 				       * sweep asks msg_check_done() again */
 	size_t nrecheck, recheck_cap;
 	struct htab msg_idx;          /* the messages by id */
+	/* Messages whose file stays open though no transaction uses it, least recently used
+	 * first: a post to many lanes is read and checked once, not once per transaction
+	 * (at most MSG_OPEN_IDLE_MAX). */
+	TAILQ_HEAD(, rmsg) open_idle;
+	unsigned nopen_idle;
+	uint64_t route_gen;           /* msg_route()'s runs: lane.route_gen */
 	uint64_t msg_seq;             /* messages loaded: their struct rmsg's seq */
 	TAILQ_HEAD(, lane) lanes;
 	unsigned nlanes;
@@ -323,7 +349,7 @@ int relay_call_sync(struct relay *r, int (*fn)(struct relay *r, void *arg), void
 void relay_retired_sweep(struct relay *r);
 
 /* ---- relay_msg.c: messages, statuses, the sweep ---- */
-void msg_close_file(struct rmsg *m);
+void msg_close_file(struct relay *r, struct rmsg *m);
 void msg_free(struct relay *r, struct rmsg *m);
 struct rmsg *msg_find(struct relay *r, const char *id);
 int msg_route(struct relay *r, struct rmsg *m);
@@ -336,6 +362,10 @@ void msg_kick_lanes(struct rmsg *m);
 void msg_schedule(struct relay *r, struct rmsg *m);
 /* The same for m's item in lane l alone. */
 void msg_schedule_lane(struct relay *r, struct rmsg *m, struct lane *l);
+/* When it is due again, from its own recipients (those from it->scan on). */
+void item_schedule(struct relay *r, struct lane_item *it);
+/* The item of recipient i of m (routed), or NULL. */
+struct lane_item *rcpt_item(struct rmsg *m, size_t i);
 int msg_load(struct relay *r, const char *id);
 int msg_open_file(struct relay *r, struct rmsg *m);
 void msg_attempt_log(struct relay *r, struct rmsg *m, size_t i, const char *status,

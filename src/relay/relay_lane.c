@@ -359,7 +359,9 @@ static void lane_fail_all(struct lane *l, const char *dsn, const char *text)
 		struct rmsg *m = it->m;
 		if (m->held || m->deleted || m->bouncing || msg_open_file(r, m) < 0)
 			continue;
-		for (size_t i = 0; i < m->nrcpt; i++) {
+		const uint32_t *ri = item_rcpts(it);
+		for (size_t k = it->scan; k < it->nri; k++) {
+			size_t i = ri[k];
 			struct rrcpt *rr = &m->r[i];
 			if (rr->lane != l || rr->busy ||
 			    (rr->status != QUEUE_TODO && rr->status != QUEUE_UNCERTAIN))

@@ -31,14 +31,71 @@ static void table_remove(struct relay *r, struct rmsg *m);
 
 /* ---- messages ---- */
 
-void msg_close_file(struct rmsg *m)
+static void msg_really_close(struct relay *r, struct rmsg *m)
 {
-	if (m->open && m->busy == 0) {
+	if (m->open_idle) {
+		TAILQ_REMOVE(&r->open_idle, m, idle_link);
+		r->nopen_idle--;
+		m->open_idle = false;
+	}
+	if (m->open) {
 		queue_msg_close(m->qm);
 		free(m->qm);
 		m->qm = NULL;
 		m->open = false;
 	}
+}
+
+/* m's file is not needed until its next transaction: it stays open among the
+ * MSG_OPEN_IDLE_MAX most recently used (a post to many domains is read and checked once,
+ * not once per domain), and the least recently used beyond them is closed. */
+void msg_close_file(struct relay *r, struct rmsg *m)
+{
+	if (!m->open || m->busy != 0 || m->open_idle)
+		return;
+	TAILQ_INSERT_TAIL(&r->open_idle, m, idle_link);
+	m->open_idle = true;
+	if (++r->nopen_idle > MSG_OPEN_IDLE_MAX)
+		msg_really_close(r, TAILQ_FIRST(&r->open_idle));
+}
+
+static void item_free_rcpts(struct lane_item *it)
+{
+	if (it->ri_cap)
+		free(it->ri_many);
+	it->ri_cap = it->nri = 0;
+	it->scan = 0;
+}
+
+/* Room for want recipients in it's list.  0 or -ENOMEM (it unchanged). */
+static int item_reserve(struct lane_item *it, size_t want)
+{
+	if (want > UINT32_MAX)
+		return -ENOMEM;
+	if (want <= 1 && !it->ri_cap)
+		return 0;
+	if (want <= it->ri_cap)
+		return 0;
+	size_t nc = it->ri_cap ? it->ri_cap : 4;
+	while (nc < want)
+		nc *= 2;
+	uint32_t *n = realloc(it->ri_cap ? it->ri_many : NULL, nc * sizeof(*n));
+	if (!n)
+		return -ENOMEM;
+	if (!it->ri_cap && it->nri)
+		n[0] = it->ri_one;
+	it->ri_many = n;
+	it->ri_cap = (uint32_t)nc;
+	return 0;
+}
+
+/* Recipient i joins it's list.  0 or -ENOMEM (it unchanged). */
+static int item_push(struct lane_item *it, size_t i)
+{
+	if (item_reserve(it, (size_t)it->nri + 1) < 0)
+		return -ENOMEM;
+	item_rcpts(it)[it->nri++] = (uint32_t)i;
+	return 0;
 }
 
 void msg_free(struct relay *r, struct rmsg *m)
@@ -51,10 +108,9 @@ void msg_free(struct relay *r, struct rmsg *m)
 			it->lane->waiting -= it->pending;
 		}
 	}
-	if (m->open) {
-		queue_msg_close(m->qm);
-		free(m->qm);
-	}
+	for (size_t i = 0; i < m->nitems; i++)
+		item_free_rcpts(&m->items[i]);
+	msg_really_close(r, m);
 	table_remove(r, m);
 	if (r->insert_hint == m)
 		r->insert_hint = NULL;
@@ -107,12 +163,23 @@ static void item_unlink(struct lane_item *it)
 	it->lane->waiting -= it->pending;
 }
 
+/* m's item in l, or NULL: O(m's items), for the rare moves between lanes. */
 static struct lane_item *msg_item(struct rmsg *m, struct lane *l)
 {
 	for (size_t i = 0; i < m->nitems; i++)
 		if (m->items[i].lane == l)
 			return &m->items[i];
 	return NULL;
+}
+
+struct lane_item *rcpt_item(struct rmsg *m, size_t i)
+{
+	const struct rrcpt *rr = &m->r[i];
+	if (!rr->lane)
+		return NULL;
+	if (rr->item < m->nitems && m->items[rr->item].lane == rr->lane)
+		return &m->items[rr->item];
+	return msg_item(m, rr->lane);
 }
 
 /* Route every unfinished recipient to its lane and link m into those lanes (in arrival
@@ -123,13 +190,16 @@ static struct lane_item *msg_item(struct rmsg *m, struct lane *l)
 int msg_route(struct relay *r, struct rmsg *m)
 {
 	int err = 0;
-	for (size_t i = 0; i < m->nitems; i++)
+	for (size_t i = 0; i < m->nitems; i++) {
 		if (m->items[i].lane)
 			item_unlink(&m->items[i]);
+		item_free_rcpts(&m->items[i]);
+	}
 	free(m->items);
 	m->items = NULL;
 	m->nitems = 0;
 	size_t cap = 0;
+	uint64_t gen = ++r->route_gen; /* l->route_item is m's item in l: no walk per recipient */
 	for (size_t i = 0; i < m->nrcpt; i++) {
 		struct rrcpt *rr = &m->r[i];
 		rr->lane = NULL;
@@ -149,10 +219,13 @@ int msg_route(struct relay *r, struct rmsg *m)
 			err = -ENOMEM;
 			continue;
 		}
-		struct lane_item *have = msg_item(m, l);
-		if (have) {
+		if (l->route_gen == gen) {
+			if (item_push(&m->items[l->route_item], i) < 0) {
+				err = -ENOMEM;
+				continue;
+			}
 			rr->lane = l;
-			rr->item = (uint32_t)(have - m->items);
+			rr->item = l->route_item;
 			continue;
 		}
 		if (m->nitems == cap) {
@@ -168,10 +241,14 @@ int msg_route(struct relay *r, struct rmsg *m)
 		}
 		rr->lane = l;
 		rr->item = (uint32_t)m->nitems;
+		l->route_gen = gen;
+		l->route_item = rr->item;
 		m->items[m->nitems++] = (struct lane_item){
 			.s = { .arrival = m->arrival_us, .seq = m->seq },
 			.m = m,
 			.lane = l,
+			.nri = 1,
+			.ri_one = (uint32_t)i,
 		};
 	}
 	for (size_t i = 0; i < m->nrcpt; i++)
@@ -192,27 +269,37 @@ void msg_move_lane(struct relay *r, struct rmsg *m, struct lane *from, struct la
 	struct lane_item *src = msg_item(m, from), *dst = msg_item(m, to);
 	if (!src || from == to)
 		return;
+	if (dst && item_reserve(dst, (size_t)dst->nri + src->nri) < 0) {
+		/* XXX they stay where they are until the next reload routes them again */
+		relay_logf(r, LOG_LEVEL_ERROR, "qid=%s cannot move from lane %s to %s: out of "
+			   "memory", m->id, from->name, to->name);
+		return;
+	}
 	item_unlink(src);
 	to->waiting += src->pending;
+	uint32_t *sr = item_rcpts(src);
 	if (!dst) {
 		/* the item itself moves */
-		for (size_t i = 0; i < m->nrcpt; i++)
-			if (m->r[i].lane == from)
-				m->r[i].lane = to;
+		for (size_t k = 0; k < src->nri; k++)
+			if (m->r[sr[k]].lane == from)
+				m->r[sr[k]].lane = to;
 		src->lane = to;
-		src->scan = 0;
 		TAILQ_INSERT_TAIL(&to->items, src, link);
-		msg_schedule_lane(r, m, to);
+		item_schedule(r, src);
 		return;
 	}
 	size_t si = (size_t)(src - m->items), di = (size_t)(dst - m->items), last = m->nitems - 1;
-	for (size_t i = 0; i < m->nrcpt; i++)
-		if (m->r[i].lane == from) {
-			m->r[i].lane = to;
-			m->r[i].item = (uint32_t)di;
-		}
+	/* appended after dst's scan: those before it stay done */
+	for (size_t k = 0; k < src->nri; k++) {
+		struct rrcpt *rr = &m->r[sr[k]];
+		if (rr->lane != from)
+			continue;
+		rr->lane = to;
+		rr->item = (uint32_t)di;
+		item_rcpts(dst)[dst->nri++] = sr[k];
+	}
 	dst->pending += src->pending;
-	dst->scan = 0;
+	item_free_rcpts(src);
 	/* the emptied item leaves the array: the last one takes its place (items are linked
 	 * by address: the moved one is linked again) */
 	if (si != last) {
@@ -221,16 +308,21 @@ void msg_move_lane(struct relay *r, struct rmsg *m, struct lane *from, struct la
 		TAILQ_REMOVE(&ll->items, lt, link);
 		sched_item_remove(&ll->s, &lt->s);
 		m->items[si] = *lt;
-		TAILQ_INSERT_TAIL(&ll->items, &m->items[si], link);
-		for (size_t i = 0; i < m->nrcpt; i++)
-			if (m->r[i].lane && m->r[i].item == last)
-				m->r[i].item = (uint32_t)si;
+		struct lane_item *moved = &m->items[si];
+		TAILQ_INSERT_TAIL(&ll->items, moved, link);
+		uint32_t *mr = item_rcpts(moved);
+		for (size_t k = 0; k < moved->nri; k++)
+			if (m->r[mr[k]].lane && m->r[mr[k]].item == last)
+				m->r[mr[k]].item = (uint32_t)si;
 		m->nitems--;
-		msg_schedule_lane(r, m, ll);
+		if (di == last)
+			dst = moved;
+		else
+			item_schedule(r, moved);
 	} else {
 		m->nitems--;
 	}
-	msg_schedule_lane(r, m, to);
+	item_schedule(r, dst);
 }
 
 /*
@@ -285,18 +377,25 @@ void msg_schedule(struct relay *r, struct rmsg *m)
 		free(due);
 }
 
+void item_schedule(struct relay *r, struct lane_item *it)
+{
+	struct rmsg *m = it->m;
+	uint64_t due = SCHED_NEVER, now = realtime_ns();
+	const uint32_t *ri = item_rcpts(it);
+	/* one due now is as early as it gets: most of a fresh post stops at its first */
+	for (size_t k = it->scan; k < it->nri && !msg_parked(m) && due > now; k++) {
+		const struct rrcpt *rr = &m->r[ri[k]];
+		if (rr->lane == it->lane && rcpt_waits(rr) && rr->next_try < due)
+			due = rr->next_try;
+	}
+	item_place(r, it, due, now);
+}
+
 void msg_schedule_lane(struct relay *r, struct rmsg *m, struct lane *l)
 {
 	struct lane_item *it = msg_item(m, l);
-	if (!it)
-		return;
-	uint64_t due = SCHED_NEVER;
-	for (size_t i = 0; i < m->nrcpt && !msg_parked(m); i++) {
-		const struct rrcpt *rr = &m->r[i];
-		if (rr->lane == l && rcpt_waits(rr) && rr->next_try < due)
-			due = rr->next_try;
-	}
-	item_place(r, it, due, realtime_ns());
+	if (it)
+		item_schedule(r, it);
 }
 
 void msg_kick_lanes(struct rmsg *m)
@@ -408,6 +507,7 @@ int msg_load(struct relay *r, const char *id)
 		m->addr[i] = p;
 		p += ix->rcpt[i].addr.len + 1;
 		m->r[i].status = ix->rcpt[i].status;
+		m->npending += m->r[i].status == QUEUE_TODO || m->r[i].status == QUEUE_UNCERTAIN;
 		m->r[i].notify = ix->rcpt[i].notify;
 	}
 	m->held = ix->control[QUEUE_CTL_HOLD] == 'H';
@@ -513,9 +613,12 @@ void msg_set_status(struct relay *r, struct rmsg *m, size_t i, char st)
 	}
 	rr->status = st;
 	bool pending = st == QUEUE_TODO || st == QUEUE_UNCERTAIN;
+	if (pending && !was_pending)
+		m->npending++;
+	else if (was_pending && !pending)
+		m->npending--;
 	if (was_pending && !pending && rr->lane) {
-		struct lane_item *it = rr->item < m->nitems && m->items[rr->item].lane == rr->lane
-				       ? &m->items[rr->item] : msg_item(m, rr->lane);
+		struct lane_item *it = rcpt_item(m, i);
 		if (it && it->pending) {
 			it->pending--;
 			rr->lane->waiting--;
@@ -580,7 +683,7 @@ int msg_fail_pending(struct relay *r, struct rmsg *m, const char *dsn, const cha
 		enum queue_msg_state st;
 		queue_settle(r->q, m->qm, &st);
 	}
-	msg_close_file(m);
+	msg_close_file(r, m);
 	msg_check_done(r, m);
 	return 0;
 }
@@ -709,11 +812,11 @@ void msg_check_done(struct relay *r, struct rmsg *m)
 		msg_free(r, m);
 		return;
 	}
+	if (m->npending)
+		return; /* not one walk over the recipients per transaction */
 	bool failed = false, notice = false;
 	for (size_t i = 0; i < m->nrcpt; i++) {
 		char s = m->r[i].status;
-		if (s == QUEUE_TODO || s == QUEUE_UNCERTAIN)
-			return;
 		failed |= s == QUEUE_FAILED;
 		notice |= (s == QUEUE_FAILED && rcpt_notify_wants(&m->r[i], QUEUE_NOTIFY_FAILURE)) ||
 			  (s == QUEUE_RELAYED && *m->sender);
@@ -727,7 +830,7 @@ void msg_check_done(struct relay *r, struct rmsg *m)
 			queue_set_control(r->q, m->qm, QUEUE_CTL_BOUNCE, 'P');
 			queue_msg_sync(m->qm);
 			m->bounce = 'P';
-			msg_close_file(m);
+			msg_close_file(r, m);
 		}
 		bounce_start(r, m, false);
 		return;

@@ -57,20 +57,20 @@ struct lane_item *lane_pick(struct lane *l, uint64_t now, size_t max, size_t *id
 		struct rmsg *m = it->m;
 		size_t n = 0;
 		if (it->pending && !m->held && !m->deleted && !m->bouncing) {
-			while (it->scan < m->nrcpt &&
-			       (m->r[it->scan].lane != l ||
-				(m->r[it->scan].status != QUEUE_TODO &&
-				 m->r[it->scan].status != QUEUE_UNCERTAIN)))
+			const uint32_t *ri = item_rcpts(it);
+			while (it->scan < it->nri &&
+			       m->r[ri[it->scan]].status != QUEUE_TODO &&
+			       m->r[ri[it->scan]].status != QUEUE_UNCERTAIN)
 				it->scan++;
-			for (size_t i = it->scan; i < m->nrcpt && n < max; i++)
-				if (rcpt_due(m, i, l, now, next))
-					idx[n++] = i;
+			for (size_t k = it->scan; k < it->nri && n < max; k++)
+				if (rcpt_due(m, ri[k], l, now, next))
+					idx[n++] = ri[k];
 		}
 		if (n) {
 			*ret_n = n;
 			return it;
 		}
-		msg_schedule_lane(l->r, m, l);
+		item_schedule(l->r, it);
 	}
 	*next = sched_lane_next_due(&l->s);
 	return NULL;
@@ -141,7 +141,7 @@ bool tx_start(struct lane *l, struct lane_conn *rc, uint64_t now, bool budget_ta
 	if (!t->body || !t->addrs || !t->dsn ||
 	    queue_file_body(m->qm->map, m->qm->size, &m->qm->ix, bounce_collect_body, t) < 0) {
 		tx_free(t);
-		msg_close_file(m);
+		msg_close_file(r, m);
 		return false;
 	}
 	for (size_t k = 0; k < t->n; k++) {
@@ -153,7 +153,7 @@ bool tx_start(struct lane *l, struct lane_conn *rc, uint64_t now, bool budget_ta
 		m->r[t->idx[k]].attempts++;
 	}
 	/* the rest of the message in this lane: still due, waiting, or nothing */
-	msg_schedule_lane(r, m, l);
+	item_schedule(r, it);
 	m->busy++;
 	t->m = m;
 	t->lane = l;
@@ -413,14 +413,18 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 	 * lane they are routed to now (l's domain may have joined a group meanwhile, or a
 	 * reload moved them out of l's group: relay_group.c); only the lanes of this
 	 * transaction's recipients, not every lane of the message (law 8) */
-	msg_schedule_lane(r, m, l);
 	struct lane **moved = NULL; /* those lanes, kicked at the end (rare: a reload) */
 	size_t nmoved = 0;
+	struct lane_item *placed = NULL;
 	for (size_t k = 0; k < t->n; k++) {
-		struct lane *to = m->r[t->idx[k]].lane;
-		if (!to || to == l || (nmoved && moved[nmoved - 1] == to))
+		struct lane_item *it = rcpt_item(m, t->idx[k]);
+		if (!it || it == placed)
 			continue;
-		msg_schedule_lane(r, m, to);
+		item_schedule(r, it);
+		placed = it;
+		struct lane *to = it->lane;
+		if (to == l || (nmoved && moved[nmoved - 1] == to))
+			continue;
 		if (!moved && !(moved = calloc(t->n, sizeof(*moved))))
 			continue; /* XXX it waits for its message's next change */
 		moved[nmoved++] = to;
@@ -444,7 +448,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 		conn_close(rc, true);
 	tx_free(t);
 	if (m->busy == 0) {
-		msg_close_file(m);
+		msg_close_file(r, m);
 		if (m->bounce_asked)
 			msg_bounce_by_operator(r, m);
 		else
