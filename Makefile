@@ -6,6 +6,7 @@
 #   make soak    a million milter sessions beside 10,000 held connections: memory, fds, threads
 #   make bench-queue  the relay at deferred backlogs of 10,000 to 1,000,000, beside Postfix
 #   make fuzz    run every fuzzer for FUZZ_TIME seconds each (clang, libFuzzer)
+#   make deb     the Debian package, built from a copy of the tree: build/deb/sluice_*.deb
 # Missing Debian packages are installed first when running as root (Debian 12).
 
 BUILD ?= build
@@ -18,8 +19,14 @@ BUILD_PKGS = meson ninja-build pkg-config gcc libevent-dev libcmocka-dev scdoc l
 TEST_PKGS = postfix miltertest swaks python3-pytest redis-server clang libclang-rt-14-dev faketime python3-xxhash bsd-mailx python3-aiosmtpd python3-cryptography openssl sendmail-cf m4 libwrap0 libdb5.3 libldap-2.5-0 liblockfile1 libnsl2 libsasl2-2 unbound nsd ldnsutils python3-dnslib
 BENCH_PKGS = libmilter-dev redis-server postfix python3-pytest strace
 FUZZ_PKGS = clang libclang-rt-14-dev
+DEB_PKGS = debhelper dpkg-dev fakeroot lintian
+# the slow test tests/func/test_deb.py builds the package
+TEST_PKGS += $(DEB_PKGS)
+# where `make deb` leaves sluice_VERSION_ARCH.deb (and its .changes and .buildinfo)
+DEB_DIR ?= $(BUILD)/deb
+VERSION := $(shell sed -n "s/^ *version *: *'\([^']*\)'.*/\1/p" meson.build)
 
-.PHONY: all build run check test asan-check bench bench-queue soak fuzz clean deps-build deps-test deps-bench
+.PHONY: all build run check test asan-check bench bench-queue soak fuzz clean deps-build deps-test deps-bench deb deps-deb
 
 all: build
 
@@ -44,6 +51,9 @@ deps-test: deps-build
 
 deps-bench: deps-build
 	$(call install_missing,$(BENCH_PKGS))
+
+deps-deb: deps-build
+	$(call install_missing,$(DEB_PKGS))
 
 $(BUILD)/build.ninja:
 	meson setup $(BUILD)
@@ -106,6 +116,24 @@ fuzz: deps-build $(FUZZ_BUILD)/build.ninja
 	  $$f -max_total_time=$(FUZZ_TIME) -print_final_stats=1 $(FUZZ_BUILD)/corpus/$$name tests/fuzz/corpus/$$name || failed="$$failed $$name"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "fuzzers that found a crash:$$failed (see the crash-* files)"; exit 1; fi
+
+# The package (debian/, doc/OPERATIONS.md "Debian package"): dpkg-buildpackage writes
+# into the parent of the tree it builds, so it builds a copy of the tree (without the
+# build directories and .git) in $(DEB_DIR)/sluice-$(VERSION); nothing is written
+# outside $(DEB_DIR).  Then lintian, which must find no error and no warning that
+# debian/sluice.lintian-overrides does not explain.
+deb: deps-deb
+	@v=$$(dpkg-parsechangelog -l debian/changelog -S Version); [ "$$v" = "$(VERSION)" ] || \
+	  { echo "debian/changelog is at $$v, meson.build at $(VERSION): add a changelog entry (dch -v $(VERSION))"; exit 1; }
+	rm -rf $(DEB_DIR)/sluice-$(VERSION) $(DEB_DIR)/sluice_$(VERSION)_* $(DEB_DIR)/sluice-dbgsym_$(VERSION)_*
+	mkdir -p $(DEB_DIR)/sluice-$(VERSION)
+	tar -cf - --exclude-vcs --exclude='./build*' --exclude='./$(BUILD)' --exclude='./$(DEB_DIR)' \
+	  --exclude=__pycache__ --exclude='*.pyc' --exclude=.pytest_cache . | \
+	  tar -xf - -C $(DEB_DIR)/sluice-$(VERSION)
+	cd $(DEB_DIR)/sluice-$(VERSION) && dpkg-buildpackage -b -us -uc -jauto
+	rm -rf $(DEB_DIR)/sluice-$(VERSION)
+	lintian --fail-on error,warning $(DEB_DIR)/sluice_$(VERSION)_*.changes
+	@ls $(DEB_DIR)/sluice_$(VERSION)_*.deb
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
