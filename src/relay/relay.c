@@ -628,7 +628,7 @@ struct relay *relay_free(struct relay *r)
 	dane_cache_free(r);
 	struct rmsg *m;
 	while ((m = TAILQ_FIRST(&r->msgs))) {
-		m->nitems = 0; /* the lanes are gone */
+		msg_forget_lanes(m); /* the lanes are gone */
 		msg_free(r, m);
 	}
 	if (r->sweep)

@@ -350,6 +350,8 @@ void relay_retired_sweep(struct relay *r);
 
 /* ---- relay_msg.c: messages, statuses, the sweep ---- */
 void msg_close_file(struct relay *r, struct rmsg *m);
+/* m's items go without touching their lanes (the relay is stopping: the lanes are gone). */
+void msg_forget_lanes(struct rmsg *m);
 void msg_free(struct relay *r, struct rmsg *m);
 struct rmsg *msg_find(struct relay *r, const char *id);
 int msg_route(struct relay *r, struct rmsg *m);

@@ -67,6 +67,13 @@ static void item_free_rcpts(struct lane_item *it)
 	it->scan = 0;
 }
 
+void msg_forget_lanes(struct rmsg *m)
+{
+	for (size_t i = 0; i < m->nitems; i++)
+		item_free_rcpts(&m->items[i]);
+	m->nitems = 0;
+}
+
 /* Room for want recipients in it's list.  0 or -ENOMEM (it unchanged). */
 static int item_reserve(struct lane_item *it, size_t want)
 {
