@@ -18,6 +18,7 @@
 #include "config_schema.h"
 #include "ipaddr.h"
 #include "log.h"
+#include "sockspec.h"
 #include "util.h"
 
 #define OFF(field) offsetof(struct sluice_config, field)
@@ -32,7 +33,8 @@ _Static_assert(MILTER_LEN_CAP_DEFAULT == 1052672, "milter.max_packet's default b
 
 /* ---- types of sluiced's own ------------------------------------------------------- */
 
-/* listen = "a"; listen = ["a", "b"]; or listen repeated: unix:, inet: or inet6: addresses. */
+/* listen = "a"; listen = ["a", "b"]; or listen repeated: socket strings (sockspec.h),
+ * checked here so that sluiced -t names the line of a malformed one. */
 static int listen_parse(const struct cfg_node *n, const struct cfg_key *k, void *field,
 			char *err, size_t el)
 {
@@ -52,10 +54,10 @@ static int listen_parse(const struct cfg_node *n, const struct cfg_key *k, void 
 				cfg_error(it, err, el, "more than %d addresses", CONFIG_MAX_LISTEN);
 				return -EINVAL;
 			}
-			if (strncmp(s, "unix:", 5) != 0 && strncmp(s, "inet:", 5) != 0 &&
-			    strncmp(s, "inet6:", 6) != 0) {
-				cfg_error(it, err, el, "\"%.100s\": expected unix:/path, inet:host:port "
-					  "or inet6:[addr]:port", s);
+			struct sockspec spec;
+			char why[300];
+			if (sockspec_parse(s, &spec, why, sizeof(why)) < 0) {
+				cfg_error(it, err, el, "%s", why);
 				return -EINVAL;
 			}
 			if (!(lc->addr[lc->n++] = strdup(s)))

@@ -48,8 +48,20 @@ static const struct {
 } bad[] = {
 	{ "milter { }\n", "t.conf:1: milter: listen is required" },
 	{ "milter { listen = \"tcp:1\"; }\n",
-	  "t.conf:1: milter.listen: \"tcp:1\": expected unix:/path, inet:host:port or "
-	  "inet6:[addr]:port" },
+	  "t.conf:1: milter.listen: \"tcp:1\": unknown socket type \"tcp\"; expected "
+	  "unix:/path, local:/path, inet:host:port, inet:port@host, inet6:[addr]:port or "
+	  "inet6:port@[addr]" },
+	/* libmilter's forms are checked as closely as sluice's own (sockspec.c) */
+	{ "milter {\n listen = [\"inet:8891@127.0.0.1\",\n \"inet:0@127.0.0.1\"]; }\n",
+	  "t.conf:3: milter.listen[1]: \"inet:0@127.0.0.1\": port 0 is out of range 1-65535" },
+	{ "policy { listen = \"inet:70000\"; }\n",
+	  "t.conf:1: policy.listen: \"inet:70000\": port 70000 is out of range 1-65535" },
+	{ "milter { listen = \"inet:8891@\"; }\n",
+	  "t.conf:1: milter.listen: \"inet:8891@\": empty host" },
+	{ "milter { listen = \"inet:@localhost\"; }\n",
+	  "t.conf:1: milter.listen: \"inet:@localhost\": missing port" },
+	{ "milter { listen = \"local:\"; }\n",
+	  "t.conf:1: milter.listen: \"local:\": empty unix socket path" },
 	{ M "workers = 300;\n", "t.conf:2: workers: \"300\" is out of range [0, 256]" },
 	{ M "workers = 1;\nworkers = 2;\n", "t.conf:3: workers: given twice" },
 	{ M "log { target = \"file\"; }\n", "t.conf:2: log.target: expected stderr or syslog" },

@@ -1,0 +1,157 @@
+"""The conventions of the field, checked from outside against the real daemon: libmilter's
+and Sendmail's socket strings (src/lib/sockspec.c) with a real Postfix and miltertest
+(a libmilter-style client), and refused with FILE:LINE: KEY by `sluiced -t`.
+
+Postfix's smtpd_milters takes inet:HOST:PORT and unix:PATH only: Postfix 3.7 stops its
+smtpd with "fatal: PORT@HOST: garbage after numerical service" on inet:PORT@HOST (shown
+below), so the Postfix test points Postfix at the socket in Postfix's spelling and sluiced
+at the same socket in libmilter's; miltertest connects with libmilter's spelling itself.
+"""
+
+import re
+import shutil
+import socket
+import subprocess
+
+import pytest
+
+from conftest import SLUICED, free_port, milter_config, wait_until
+import milter_wire
+
+FROM = "sender@sluice.test"
+LUA = __import__("pathlib").Path(__file__).resolve().parent / "lua"
+MILTERTEST = shutil.which("miltertest") or "/usr/bin/miltertest"
+
+# one rule whose decisions show that the mail went through sluiced: the second message to
+# the same recipient within the hour is refused (451 from the milter)
+ONE_PER_HOUR = """limit "one-per-rcpt" {
+  stage = "rcpt"; key = "rcpt"; count = "messages"; rate = ["1/1h"];
+  action = "tempfail"; reply = "451 4.7.1 one per hour for %{key}";
+}
+"""
+
+
+def check_config(path):
+    return subprocess.run([SLUICED, "-t", "-c", str(path)], capture_output=True, text=True,
+                          timeout=30)
+
+
+# connect with miltertest's own parser of socket strings and negotiate
+CONNECT_LUA = """dofile(luadir .. "/common.lua")
+run(function()
+  local conn = open_and_negotiate()
+  mt.disconnect(conn)
+end)
+"""
+
+
+def miltertest_negotiates(socket_string, daemon):
+    """miltertest (OpenDKIM's libmilter-style client: it parses socket strings as libmilter
+    does) connects to socket_string and negotiates with sluiced."""
+    if not shutil.which(MILTERTEST):
+        pytest.skip("miltertest is not installed")
+    script = daemon.dir / "connect.lua"
+    script.write_text(CONNECT_LUA)
+    cmd = [MILTERTEST, "-s", str(script), "-D", f"socket={socket_string}",
+           "-D", f"luadir={LUA}"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and f"connected to {socket_string}" in res.stdout, \
+        f"$ {' '.join(cmd)}\n{res.stdout}{res.stderr}\n--- sluiced ---\n{daemon.log.tail(20)}"
+
+
+# ---------------------------------------------------------------------------------------
+# socket strings
+
+def test_postfix_reaches_sluiced_listening_on_libmilters_inet_port_at_host(sluiced, postfix):
+    port = free_port()
+    spec = f"inet:{port}@127.0.0.1"
+    s = sluiced(milter_config(listen=spec, extra=ONE_PER_HOUR))
+    assert f'listen = "{spec}"' in s.config_text
+    # the same socket, in Postfix's spelling
+    pf = postfix(milter=f"inet:127.0.0.1:{port}")
+    rcpt = "one@example.net"
+    first = pf.swaks("--from", FROM, "--to", rcpt)
+    assert first.returncode == 0, first.stdout + first.stderr + pf.maillog.tail()
+    second = pf.swaks("--from", FROM, "--to", rcpt)
+    assert "451 4.7.1 one per hour for one@example.net" in second.stdout, \
+        second.stdout + pf.maillog.tail()
+    pf.maillog.wait_for(r"milter-reject: RCPT from .*451 4\.7\.1 one per hour")
+    assert not pf.maillog.search(r"warning: .*milter", flags=re.I), pf.maillog.tail()
+    milter = s.milter_stats()
+    assert milter["connections"] >= 2, milter
+    # and miltertest, speaking libmilter's spelling, reaches the very same listener
+    miltertest_negotiates(spec, s)
+
+
+def test_postfix_itself_refuses_inet_port_at_host(sluiced, postfix):
+    """What the docs say of Postfix: smtpd_milters does not take libmilter's form."""
+    port = free_port()
+    sluiced(milter_config(listen=f"inet:{port}@127.0.0.1"))
+    pf = postfix(milter=f"inet:{port}@127.0.0.1")
+    pf.swaks("--from", FROM, "--to", "x@example.net", "--timeout", "10", timeout=60)
+    pf.maillog.wait_for(rf"fatal: {port}@127\.0\.0\.1: garbage after numerical service",
+                        timeout=30)
+
+
+@pytest.mark.parametrize("form", ["local:@DIR@/m.sock", "inet6:PORT@[::1]", "inet6:PORT@::1",
+                                  "inet:PORT", "INET:PORT@localhost"])
+def test_libmilter_forms_listen(sluiced, form):
+    port = free_port()
+    spec = form.replace("PORT", str(port))
+    s = sluiced(milter_config(listen=spec, mode="0666" if "local:" in spec else None))
+    spec = spec.replace("@DIR@", str(s.dir))
+    if spec.startswith("local:"):
+        path = spec[len("local:"):]
+        wait_until(lambda: __import__("os").path.exists(path), 10, path)
+        with socket.socket(socket.AF_UNIX) as c:
+            c.connect(path)
+    elif "::1" in spec:
+        # IPv6 only: nothing on 127.0.0.1 for that port
+        with socket.socket() as c:
+            assert c.connect_ex(("127.0.0.1", port)) != 0
+        # miltertest (OpenDKIM's, as packaged) has no IPv6: the test's own milter client
+        with milter_wire.MilterClient(f"inet:::1:{port}") as m:
+            assert m.negotiate()[0] == 6
+        return
+    miltertest_negotiates(spec.replace("INET:", "inet:"), s)
+
+
+@pytest.mark.parametrize("value, message", [
+    ("inet:0@127.0.0.1", r"port 0 is out of range 1-65535"),
+    ("inet:65536@127.0.0.1", r"port 65536 is out of range 1-65535"),
+    ("inet:8891@", r"empty host"),
+    ("inet:@127.0.0.1", r"missing port"),
+    ("inet:smtp@127.0.0.1", r'port "smtp" is not a number'),
+    ("inet6:8891@127.0.0.1", r"127\.0\.0\.1 is an IPv4 address; write inet:"),
+    ("inet:8891@[mx.example]", r"\[mx\.example\] is not a numeric address"),
+    ("local:", r"empty unix socket path"),
+    ("unix:/" + "p" * 107, r"unix socket path longer than 107 bytes"),
+    ("tcp:8891@127.0.0.1", r'unknown socket type "tcp"'),
+    ("inet:8891@bad_host!", r"neither an address nor a host name"),
+])
+def test_malformed_socket_strings_are_refused_with_file_line_and_key(workdir, value,
+                                                                     message):
+    conf = workdir / "bad.conf"
+    conf.write_text(f'user = "root";\nstate_dir = "{workdir}";\n'
+                    f'milter {{\n  mode = "0660";\n  listen = "{value}";\n}}\n')
+    res = check_config(conf)
+    assert res.returncode != 0, res.stdout + res.stderr
+    out = res.stdout + res.stderr
+    shown = value if len(value) <= 100 else value[:100] + "..."
+    assert re.search(rf'{re.escape(str(conf))}:5: milter\.listen: "{re.escape(shown)}": '
+                     rf'.*{message}', out), out
+
+
+def test_sluice_connects_to_a_control_socket_in_libmilters_form(sluiced, sluice_cli):
+    port = free_port()
+    spec = f"inet:{port}@127.0.0.1"
+    s = sluiced(milter_config().replace('listen = "unix:@DIR@/control.sock"',
+                                        f'listen = "{spec}"'))
+    assert f'listen = "{spec}"' in s.config_text
+    res = s.cli("status", socket_path=spec)
+    assert res.returncode == 0 and res.stdout, res
+    for bad, why in (("inet:0@127.0.0.1", "port 0 is out of range 1-65535"),
+                     ("local:/" + "p" * 200, "longer than 107 bytes"),
+                     ("inet:x", 'port "x" is not a number')):
+        res = s.cli("status", socket_path=bad, check=False)
+        assert res.returncode != 0 and why in res.stderr, res
