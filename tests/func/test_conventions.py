@@ -8,14 +8,17 @@ below), so the Postfix test points Postfix at the socket in Postfix's spelling a
 at the same socket in libmilter's; miltertest connects with libmilter's spelling itself.
 """
 
+import json
 import re
 import shutil
 import socket
 import subprocess
+import threading
 
 import pytest
 
-from conftest import SLUICED, free_port, milter_config, wait_until
+from conftest import SLUICE, SLUICED, free_port, milter_config, wait_until
+from test_intake import Client, intake_config, qid_of
 import milter_wire
 
 FROM = "sender@sluice.test"
@@ -155,3 +158,78 @@ def test_sluice_connects_to_a_control_socket_in_libmilters_form(sluiced, sluice_
                      ("inet:x", 'port "x" is not a number')):
         res = s.cli("status", socket_path=bad, check=False)
         assert res.returncode != 0 and why in res.stderr, res
+
+
+# ---------------------------------------------------------------------------------------
+# JSON: UTF-8 passes through, ill-formed bytes become U+FFFD
+
+UTF8_FROM = "\u00fc@ex\u00e4mple.org"
+UTF8_RCPT = "j\u00f6rg@b\u00fccher.example"
+def cli_json(s, *args):
+    """`sluice ARGS --json`: its raw output must be valid UTF-8 (decoded strictly), and
+    strict JSON (json.loads refuses a raw control character): one document, or one a line.
+    No byte of the UTF-8 text may come out as a \\u00XX escape (the old mojibake)."""
+    res = subprocess.run([SLUICE, "-s", s.control_socket, *args, "--json"],
+                         capture_output=True, timeout=30)
+    assert res.returncode == 0, res
+    text = res.stdout.decode("utf-8")
+    assert not re.search(r"\\u00[89a-f][0-9a-f]", text), text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def test_smtputf8_addresses_come_out_of_queue_json_as_sent(sluiced):
+    port = free_port()
+    dead = free_port()      # the relay cannot deliver: the message stays queued
+    config = intake_config(port) + (
+        'relay {\n  retry { min = 1h; max = 2h; }\n}\n'
+        f'route "isp" {{\n  domains = ["*"];\n  smarthost = "[127.0.0.1]:{dead}";\n'
+        '  tls = "none";\n}\n')
+    s = sluiced(config)
+    with Client(("127.0.0.1", port)) as c:
+        assert c.reply().code == 220
+        c.expect("EHLO client.sluice.test", "250")
+        c.expect(f"MAIL FROM:<{UTF8_FROM}> SMTPUTF8", "250")
+        c.expect(f"RCPT TO:<{UTF8_RCPT}>", "250")
+        c.expect("DATA", "354")
+        c.send("Subject: caf\u00e9\r\n\r\nna\u00efve\r\n.\r\n".encode())
+        qid = qid_of(c.reply())
+
+    listed = cli_json(s, "queue")
+    listed = {m["id"]: m for m in (listed if isinstance(listed, list) else [listed])}
+    assert listed[qid]["sender"] == UTF8_FROM, listed[qid]
+    assert [r["address"] for r in listed[qid]["recipients"]] == [UTF8_RCPT], listed[qid]
+    shown = cli_json(s, "queue", "show", qid)
+    shown = shown[0] if isinstance(shown, list) else shown
+    assert shown["sender"] == UTF8_FROM and shown["smtputf8"] is True, shown
+    assert shown["recipients"][0]["address"] == UTF8_RCPT, shown
+    assert shown["recipients"][0]["status"] == "T", shown
+    # the lanes, and the rest that --json prints, parse as strictly
+    wait_until(lambda: cli_json(s, "lanes"), 10, "a lane in `sluice lanes --json`")
+    cli_json(s, "status")
+    cli_json(s, "stats")
+
+
+def test_ill_formed_bytes_from_a_milter_peer_become_u_fffd(sluiced):
+    """A milter peer's bytes are not checked as UTF-8 (Postfix passes what its client
+    sent): a key made of them comes out of --json as valid UTF-8, each bad byte U+FFFD."""
+    s = sluiced(milter_config(extra=(
+        'limit "per-rcpt" { stage = "rcpt"; key = "rcpt"; count = "messages"; '
+        'rate = ["1/1h"]; action = "tempfail"; }\n')))
+    rcpts = {b"<b\xe9d@example.org>": "b\ufffdd@example.org",             # Latin-1
+             b"<s\xed\xa0\x80r@example.org>": "s\ufffd\ufffd\ufffdr@example.org",  # surrogate
+             "<\u00fc\u2028@ex\u00e4mple.org>".encode(): "\u00fc\u2028@ex\u00e4mple.org"}
+    with milter_wire.MilterClient(f"unix:{s.milter_socket}") as m:
+        m.negotiate()
+        m.connect()
+        m.helo()
+        out = m.message("<sender@example.net>", list(rcpts))
+        assert all(r[0] == milter_wire.CONTINUE for r in out["rcpt"]), out
+    res = subprocess.run([SLUICE, "-s", s.control_socket, "limits", "top", "--json"],
+                         capture_output=True, timeout=30)
+    assert b"\\u2028" in res.stdout and b"\\ufffd" in res.stdout, res.stdout
+    keys = {e["key"] for e in cli_json(s, "limits", "top")}
+    for want in rcpts.values():
+        assert any(want.lower() in k.lower() for k in keys), (want, keys)
