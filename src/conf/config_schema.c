@@ -337,7 +337,7 @@ const struct cfg_key config_intake_keys[] = {
 	  .help = "waiting for the next command" },
 	{ "command_timeout", &cfg_type_duration, OFF(intake.command_timeout_ms), "5m", 1000, DAY,
 	  .help = "a command line or a DATA block under way" },
-	{ "max_message_size", &cfg_type_size, OFF(intake.max_message_size), "50mb", 1024,
+	{ "max_message_size", &cfg_type_size, OFF(intake.max_message_size), "50MiB", 1024,
 	  INT64_C(1) << 40, .help = "552 5.3.4 past it; advertised in EHLO SIZE" },
 	{ "max_recipients", &cfg_type_uint, OFF(intake.max_recipients), "1000", 1, 1000000,
 	  .help = "452 4.5.3 past it" },
@@ -356,7 +356,7 @@ const struct cfg_key config_queue_keys[] = {
 	  .help = "messages flushed together at most" },
 	{ "lifetime", &cfg_type_duration, OFF(queue.lifetime_ms), "5d", 1000, 365 * DAY,
 	  .help = "a message's time in the queue before it bounces" },
-	{ "min_free", &cfg_type_size, OFF(queue.min_free), "10mb", 0, INT64_C(1) << 40,
+	{ "min_free", &cfg_type_size, OFF(queue.min_free), "10MiB", 0, INT64_C(1) << 40,
 	  .help = "bytes kept free: MAIL is refused with 452 4.3.1 below it" },
 	END,
 };
