@@ -1,6 +1,11 @@
-"""The conventions of the field, checked from outside against the real daemon: libmilter's
-and Sendmail's socket strings (src/lib/sockspec.c) with a real Postfix and miltertest
-(a libmilter-style client), and refused with FILE:LINE: KEY by `sluiced -t`.
+"""The conventions of the field, checked from outside against the real daemon:
+
+* libmilter's and Sendmail's socket strings (src/lib/sockspec.c) with a real Postfix and
+  miltertest (a libmilter-style client), and refused with FILE:LINE: KEY by `sluiced -t`;
+* JSON (src/lib/buf.c): an SMTPUTF8 message through the intake read back from
+  `sluice queue --json` by a strict parser, a milter peer's ill-formed bytes as U+FFFD;
+* units (sluice.conf(5) UNITS): a size's bare k/M/G refused naming both spellings, and
+  what `sluiced -D` prints read back to the same values.
 
 Postfix's smtpd_milters takes inet:HOST:PORT and unix:PATH only: Postfix 3.7 stops its
 smtpd with "fatal: PORT@HOST: garbage after numerical service" on inet:PORT@HOST (shown
@@ -9,11 +14,11 @@ at the same socket in libmilter's; miltertest connects with libmilter's spelling
 """
 
 import json
+import pathlib
 import re
 import shutil
 import socket
 import subprocess
-import threading
 
 import pytest
 
@@ -22,7 +27,7 @@ from test_intake import Client, intake_config, qid_of
 import milter_wire
 
 FROM = "sender@sluice.test"
-LUA = __import__("pathlib").Path(__file__).resolve().parent / "lua"
+LUA = pathlib.Path(__file__).resolve().parent / "lua"
 MILTERTEST = shutil.which("miltertest") or "/usr/bin/miltertest"
 
 # one rule whose decisions show that the mail went through sluiced: the second message to
@@ -60,6 +65,11 @@ def miltertest_negotiates(socket_string, daemon):
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and f"connected to {socket_string}" in res.stdout, \
         f"$ {' '.join(cmd)}\n{res.stdout}{res.stderr}\n--- sluiced ---\n{daemon.log.tail(20)}"
+
+
+def connects(family, address):
+    with socket.socket(family) as c:
+        return c.connect_ex(address) == 0
 
 
 # ---------------------------------------------------------------------------------------
@@ -105,13 +115,11 @@ def test_libmilter_forms_listen(sluiced, form):
     spec = spec.replace("@DIR@", str(s.dir))
     if spec.startswith("local:"):
         path = spec[len("local:"):]
-        wait_until(lambda: __import__("os").path.exists(path), 10, path)
-        with socket.socket(socket.AF_UNIX) as c:
-            c.connect(path)
+        wait_until(lambda: connects(socket.AF_UNIX, path), 10, path)
     elif "::1" in spec:
+        wait_until(lambda: connects(socket.AF_INET6, ("::1", port)), 10, f"[::1]:{port}")
         # IPv6 only: nothing on 127.0.0.1 for that port
-        with socket.socket() as c:
-            assert c.connect_ex(("127.0.0.1", port)) != 0
+        assert not connects(socket.AF_INET, ("127.0.0.1", port))
         # miltertest (OpenDKIM's, as packaged) has no IPv6: the test's own milter client
         with milter_wire.MilterClient(f"inet:::1:{port}") as m:
             assert m.negotiate()[0] == 6
