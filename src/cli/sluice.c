@@ -15,16 +15,13 @@
  * file the daemon reads, default /etc/sluice/sluice.conf).  Exit status: 0 success, 1 the
  * daemon answered with an error, 2 usage, 69 the daemon cannot be reached.
  */
-#include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <sysexits.h>
 #include <unistd.h>
 
