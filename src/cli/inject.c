@@ -37,6 +37,7 @@
 #include "inject_msg.h"
 #include "smtp.h"
 #include "smtp_client.h"
+#include "sockspec.h"
 #include "util.h"
 
 #define INJECT_HARD_MAX (UINT64_C(1) << 30) /* bytes of a message, with no configuration */
@@ -93,7 +94,7 @@ static int target_find(struct target *t, const char *direct, const char *config,
 		/* unix: first: no TCP, no allow list, and the file mode says who may */
 		for (int pass = 0; pass < 2; pass++)
 			for (size_t i = 0; i < l->n; i++)
-				if ((strncmp(l->addr[i], "unix:", 5) == 0 || l->addr[i][0] == '/') ==
+				if (sockspec_is_unix(l->addr[i]) ==
 				    (pass == 0))
 					t->addr[t->naddr++] = l->addr[i];
 	}

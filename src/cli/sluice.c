@@ -15,16 +15,13 @@
  * file the daemon reads, default /etc/sluice/sluice.conf).  Exit status: 0 success, 1 the
  * daemon answered with an error, 2 usage, 69 the daemon cannot be reached.
  */
-#include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <sysexits.h>
 #include <unistd.h>
 
@@ -34,6 +31,7 @@
 #include "control_call.h"
 #include "control_cmds.h"
 #include "inject.h"
+#include "sockspec.h"
 #include "top.h"
 
 static void usage(FILE *f)
@@ -48,7 +46,7 @@ static void usage(FILE *f)
 		"commands:\n%.*s"
 		"options:\n"
 		"  -c FILE   configuration file to find the control socket in (default %s)\n"
-		"  -s SOCK   control socket: unix:/path, /path, inet:host:port\n"
+		"  -s SOCK   control socket: unix:/path, /path, inet:host:port, inet:port@host\n"
 		"  --json    machine-readable output (status, stats, decisions, limits, queue,\n"
 		"            lanes)\n",
 		(int)cmds.len, cmds.ptr ? cmds.ptr : "", CONFIG_DEFAULT_PATH);
@@ -57,76 +55,24 @@ static void usage(FILE *f)
 
 static int connect_to(const char *spec)
 {
-	if (spec[0] == '/' || strncmp(spec, "unix:", 5) == 0) {
-		const char *path = spec[0] == '/' ? spec : spec + 5;
-		struct sockaddr_un sun = { .sun_family = AF_UNIX };
-		if (strlen(path) >= sizeof(sun.sun_path)) {
-			fprintf(stderr, "sluice: %s: path too long\n", path);
-			return -1;
-		}
-		memcpy(sun.sun_path, path, strlen(path) + 1);
-		int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-		if (fd < 0 || connect(fd, (struct sockaddr *)&sun, sizeof(sun)) < 0) {
-			fprintf(stderr, "sluice: cannot connect to %s: %s (is sluiced running?)\n",
-				path, strerror(errno));
-			if (fd >= 0)
-				close(fd);
-			return -1;
-		}
-		return fd;
+	struct sockspec s;
+	struct sockaddr_storage ss;
+	socklen_t sl;
+	char err[400];
+	if (sockspec_parse(spec, &s, err, sizeof(err)) < 0 ||
+	    sockspec_resolve(&s, &ss, &sl, err, sizeof(err)) < 0) {
+		fprintf(stderr, "sluice: control socket %s\n", err);
+		return -1;
 	}
-	if (strncmp(spec, "inet:", 5) == 0 || strncmp(spec, "inet6:", 6) == 0) {
-		bool v6 = spec[4] == '6';
-		char host[256];
-		const char *rest = spec + (v6 ? 6 : 5);
-		const char *colon = strrchr(rest, ':');
-		if (!colon || (size_t)(colon - rest) >= sizeof(host)) {
-			fprintf(stderr, "sluice: %s: expected inet:host:port\n", spec);
-			return -1;
-		}
-		memcpy(host, rest, (size_t)(colon - rest));
-		host[colon - rest] = '\0';
-		char *h = host;
-		if (h[0] == '[') {
-			h++;
-			char *e = strchr(h, ']');
-			if (e)
-				*e = '\0';
-			v6 = true;
-		}
-		struct sockaddr_storage ss = { 0 };
-		socklen_t sl;
-		int port = atoi(colon + 1);
-		if (v6) {
-			struct sockaddr_in6 *s6 = (void *)&ss;
-			s6->sin6_family = AF_INET6;
-			s6->sin6_port = htons((uint16_t)port);
-			if (inet_pton(AF_INET6, h, &s6->sin6_addr) != 1)
-				goto bad;
-			sl = sizeof(*s6);
-		} else {
-			struct sockaddr_in *s4 = (void *)&ss;
-			s4->sin_family = AF_INET;
-			s4->sin_port = htons((uint16_t)port);
-			if (strcmp(h, "localhost") == 0)
-				h = "127.0.0.1";
-			if (inet_pton(AF_INET, h, &s4->sin_addr) != 1)
-				goto bad;
-			sl = sizeof(*s4);
-		}
-		int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-		if (fd < 0 || connect(fd, (struct sockaddr *)&ss, sl) < 0) {
-			fprintf(stderr, "sluice: cannot connect to %s: %s (is sluiced running?)\n",
-				spec, strerror(errno));
-			if (fd >= 0)
-				close(fd);
-			return -1;
-		}
-		return fd;
+	int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&ss, sl) < 0) {
+		fprintf(stderr, "sluice: cannot connect to %s: %s (is sluiced running?)\n",
+			s.family == AF_UNIX ? s.path : spec, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return -1;
 	}
-bad:
-	fprintf(stderr, "sluice: %s: not a control socket address\n", spec);
-	return -1;
+	return fd;
 }
 
 /* Append " name=VALUE" with VALUE %XX-encoded (spaces, controls, '%', 8-bit). */

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "smtp_client.h"
+#include "sockspec.h"
 #include "util.h"
 
 static void trace_line(struct smtp_client *c, const char *dir, const char *p, size_t n)
@@ -67,37 +68,25 @@ int smtp_client_connect(struct smtp_client *c, const char *addr, int timeout_ms,
 		return -ENOMEM;
 	}
 	int fd;
-	if (addr[0] == '/' || strncmp(addr, "unix:", 5) == 0) {
-		const char *path = addr[0] == '/' ? addr : addr + 5;
-		struct sockaddr_un sun = { .sun_family = AF_UNIX };
-		if (strlen(path) >= sizeof(sun.sun_path)) {
-			snprintf(err, errlen, "%s: path too long", addr);
-			return -ENAMETOOLONG;
-		}
-		memcpy(sun.sun_path, path, strlen(path) + 1);
-		fd = connect_fd(AF_UNIX, (struct sockaddr *)&sun, sizeof(sun), timeout_ms);
-	} else if (strncmp(addr, "inet:", 5) == 0 || strncmp(addr, "inet6:", 6) == 0) {
-		bool v6 = addr[4] == '6';
-		const char *rest = addr + (v6 ? 6 : 5);
-		const char *colon = strrchr(rest, ':');
-		char host[256];
-		if (!colon || colon == rest || (size_t)(colon - rest) >= sizeof(host) || !colon[1]) {
-			snprintf(err, errlen, "%s: expected inet:host:port", addr);
+	struct sockspec s;
+	if (sockspec_parse(addr, &s, err, errlen) < 0)
+		return -EINVAL;
+	if (s.family == AF_UNIX || s.numeric) {
+		struct sockaddr_storage ss;
+		socklen_t sl;
+		if (sockspec_resolve(&s, &ss, &sl, err, errlen) < 0)
 			return -EINVAL;
-		}
-		memcpy(host, rest, (size_t)(colon - rest));
-		host[colon - rest] = '\0';
-		char *h = host;
-		if (h[0] == '[') {
-			char *e = strchr(++h, ']');
-			if (e)
-				*e = '\0';
-		}
-		struct addrinfo hints = { .ai_family = v6 ? AF_INET6 : AF_UNSPEC,
+		fd = connect_fd(ss.ss_family, (struct sockaddr *)&ss, sl, timeout_ms);
+	} else {
+		/* a name: every address it has, in the resolver's order (a name under inet:
+		 * may answer with IPv6 too, as before) */
+		char port[8];
+		snprintf(port, sizeof(port), "%u", (unsigned)s.port);
+		struct addrinfo hints = { .ai_family = s.family == AF_INET6 ? AF_INET6 : AF_UNSPEC,
 					  .ai_socktype = SOCK_STREAM,
 					  .ai_flags = AI_NUMERICSERV };
 		struct addrinfo *res;
-		int g = getaddrinfo(h, colon + 1, &hints, &res);
+		int g = getaddrinfo(s.host, port, &hints, &res);
 		if (g != 0) {
 			snprintf(err, errlen, "%s: %s", addr, gai_strerror(g));
 			return -EHOSTUNREACH;
@@ -106,10 +95,6 @@ int smtp_client_connect(struct smtp_client *c, const char *addr, int timeout_ms,
 		for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next)
 			fd = connect_fd(ai->ai_family, ai->ai_addr, ai->ai_addrlen, timeout_ms);
 		freeaddrinfo(res);
-	} else {
-		snprintf(err, errlen, "%s: not an intake address (unix:/path or inet:host:port)",
-			 addr);
-		return -EINVAL;
 	}
 	if (fd < 0) {
 		snprintf(err, errlen, "%s: %s", addr, strerror(-fd));

@@ -40,8 +40,8 @@ struct smtp_client {
 };
 
 /*
- * Connect to addr: "unix:/path", "/path", "inet:host:port", "inet6:[addr]:port" (a host
- * name is resolved with getaddrinfo).  0, or a negative errno with err filled ("...: reason").
+ * Connect to addr, a socket string of sockspec.h ("unix:/path", "/path", "inet:host:port",
+ * "inet:port@host", "inet6:[addr]:port", ...; a host name is resolved with getaddrinfo).  0, or a negative errno with err filled ("...: reason").
  */
 int smtp_client_connect(struct smtp_client *c, const char *addr, int timeout_ms, char *err,
 			size_t errlen);

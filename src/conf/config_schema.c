@@ -18,6 +18,7 @@
 #include "config_schema.h"
 #include "ipaddr.h"
 #include "log.h"
+#include "sockspec.h"
 #include "util.h"
 
 #define OFF(field) offsetof(struct sluice_config, field)
@@ -32,7 +33,8 @@ _Static_assert(MILTER_LEN_CAP_DEFAULT == 1052672, "milter.max_packet's default b
 
 /* ---- types of sluiced's own ------------------------------------------------------- */
 
-/* listen = "a"; listen = ["a", "b"]; or listen repeated: unix:, inet: or inet6: addresses. */
+/* listen = "a"; listen = ["a", "b"]; or listen repeated: socket strings (sockspec.h),
+ * checked here so that sluiced -t names the line of a malformed one. */
 static int listen_parse(const struct cfg_node *n, const struct cfg_key *k, void *field,
 			char *err, size_t el)
 {
@@ -52,10 +54,10 @@ static int listen_parse(const struct cfg_node *n, const struct cfg_key *k, void 
 				cfg_error(it, err, el, "more than %d addresses", CONFIG_MAX_LISTEN);
 				return -EINVAL;
 			}
-			if (strncmp(s, "unix:", 5) != 0 && strncmp(s, "inet:", 5) != 0 &&
-			    strncmp(s, "inet6:", 6) != 0) {
-				cfg_error(it, err, el, "\"%.100s\": expected unix:/path, inet:host:port "
-					  "or inet6:[addr]:port", s);
+			struct sockspec spec;
+			char why[300];
+			if (sockspec_parse(s, &spec, why, sizeof(why)) < 0) {
+				cfg_error(it, err, el, "%s", why);
 				return -EINVAL;
 			}
 			if (!(lc->addr[lc->n++] = strdup(s)))
@@ -335,7 +337,7 @@ const struct cfg_key config_intake_keys[] = {
 	  .help = "waiting for the next command" },
 	{ "command_timeout", &cfg_type_duration, OFF(intake.command_timeout_ms), "5m", 1000, DAY,
 	  .help = "a command line or a DATA block under way" },
-	{ "max_message_size", &cfg_type_size, OFF(intake.max_message_size), "50mb", 1024,
+	{ "max_message_size", &cfg_type_size, OFF(intake.max_message_size), "50MiB", 1024,
 	  INT64_C(1) << 40, .help = "552 5.3.4 past it; advertised in EHLO SIZE" },
 	{ "max_recipients", &cfg_type_uint, OFF(intake.max_recipients), "1000", 1, 1000000,
 	  .help = "452 4.5.3 past it" },
@@ -354,7 +356,7 @@ const struct cfg_key config_queue_keys[] = {
 	  .help = "messages flushed together at most" },
 	{ "lifetime", &cfg_type_duration, OFF(queue.lifetime_ms), "5d", 1000, 365 * DAY,
 	  .help = "a message's time in the queue before it bounces" },
-	{ "min_free", &cfg_type_size, OFF(queue.min_free), "10mb", 0, INT64_C(1) << 40,
+	{ "min_free", &cfg_type_size, OFF(queue.min_free), "10MiB", 0, INT64_C(1) << 40,
 	  .help = "bytes kept free: MAIL is refused with 452 4.3.1 below it" },
 	END,
 };

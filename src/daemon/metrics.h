@@ -32,8 +32,8 @@ struct metrics;
 typedef int metrics_render_fn(void *arg, struct buf *out);
 
 /*
- * Bind address ("inet:host:port", "inet6:[addr]:port" or "unix:/path"); nothing is
- * served until metrics_start().  0 and *ret, or -errno with err.
+ * Bind address (a socket string of sockspec.h: "inet:host:port", "inet:port@host", ...);
+ * nothing is served until metrics_start().  0 and *ret, or -errno with err.
  */
 int metrics_new(const char *address, unsigned max_connections, metrics_render_fn *render,
 		void *arg, struct metrics **ret, char *err, size_t errlen);

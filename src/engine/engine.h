@@ -84,7 +84,8 @@ void *service_arg(const struct service *svc);
 /* May be called at any time from the main thread (reload); applies to new events. */
 void service_set_limits(struct service *svc, const struct service_limits *lim);
 /*
- * Bind and listen on "unix:/path", "inet:host:port" or "inet6:[addr]:port".  mode (e.g.
+ * Bind and listen on a socket string of sockspec.h ("unix:/path", "inet:host:port",
+ * "inet:port@host", ...).  mode (e.g.
  * 0660) applies to unix sockets; a stale unix socket (nobody accepting) is removed, a live
  * one or a non-socket file at that path is an error.  Returns 0 or -errno with err set.
  */

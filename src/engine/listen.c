@@ -13,104 +13,22 @@
 #include <unistd.h>
 
 #include "listen.h"
-
-static int parse_port(const char *s, unsigned *ret)
-{
-	char *end;
-	if (!*s)
-		return -EINVAL;
-	errno = 0;
-	unsigned long v = strtoul(s, &end, 10);
-	if (errno || *end || v == 0 || v > 65535)
-		return -EINVAL;
-	*ret = (unsigned)v;
-	return 0;
-}
+#include "sockspec.h"
 
 int listen_addr_parse(const char *spec, struct listen_addr *ret, char *err, size_t errlen)
 {
 	struct listen_addr a;
 	memset(&a, 0, sizeof(a));
-	if (strlen(spec) >= sizeof(a.text)) {
-		snprintf(err, errlen, "address too long");
-		return -EINVAL;
-	}
-	strcpy(a.text, spec); /* length checked above */
-	if (strncmp(spec, "unix:", 5) == 0) {
-		const char *path = spec + 5;
-		struct sockaddr_un *sun = (struct sockaddr_un *)&a.ss;
-		if (!*path || strlen(path) >= sizeof(sun->sun_path) || strlen(path) >= sizeof(a.path)) {
-			snprintf(err, errlen, "%s: unix socket path empty or longer than %zu bytes",
-				 spec, sizeof(sun->sun_path) - 1);
-			return -EINVAL;
-		}
-		sun->sun_family = AF_UNIX;
-		memcpy(sun->sun_path, path, strlen(path) + 1);
-		memcpy(a.path, path, strlen(path) + 1);
-		a.sslen = sizeof(*sun);
-		*ret = a;
-		return 0;
-	}
-	bool v6 = strncmp(spec, "inet6:", 6) == 0;
-	if (!v6 && strncmp(spec, "inet:", 5) != 0) {
-		snprintf(err, errlen, "%s: expected unix:/path, inet:host:port or inet6:[addr]:port",
-			 spec);
-		return -EINVAL;
-	}
-	char host[256];
-	const char *rest = spec + (v6 ? 6 : 5);
-	const char *colon;
-	if (rest[0] == '[') {
-		const char *close = strchr(rest, ']');
-		if (!close || close[1] != ':') {
-			snprintf(err, errlen, "%s: expected [addr]:port", spec);
-			return -EINVAL;
-		}
-		memcpy(host, rest + 1, (size_t)(close - rest - 1));
-		host[close - rest - 1] = '\0';
-		colon = close + 1;
-		v6 = true;
-	} else {
-		colon = strrchr(rest, ':');
-		if (!colon || colon == rest) {
-			snprintf(err, errlen, "%s: expected host:port", spec);
-			return -EINVAL;
-		}
-		memcpy(host, rest, (size_t)(colon - rest));
-		host[colon - rest] = '\0';
-	}
-	unsigned port;
-	if (parse_port(colon + 1, &port) < 0) {
-		snprintf(err, errlen, "%s: bad port", spec);
-		return -EINVAL;
-	}
-	if (!v6) {
-		struct sockaddr_in *sin = (struct sockaddr_in *)&a.ss;
-		sin->sin_family = AF_INET;
-		sin->sin_port = htons((uint16_t)port);
-		if (strcmp(host, "*") == 0 || strcmp(host, "0.0.0.0") == 0)
-			sin->sin_addr.s_addr = htonl(INADDR_ANY);
-		else if (strcmp(host, "localhost") == 0)
-			sin->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-		else if (inet_pton(AF_INET, host, &sin->sin_addr) != 1) {
-			snprintf(err, errlen, "%s: '%s' is not an IPv4 address", spec, host);
-			return -EINVAL;
-		}
-		a.sslen = sizeof(*sin);
-	} else {
-		struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&a.ss;
-		sin6->sin6_family = AF_INET6;
-		sin6->sin6_port = htons((uint16_t)port);
-		if (strcmp(host, "*") == 0 || strcmp(host, "::") == 0)
-			sin6->sin6_addr = in6addr_any;
-		else if (strcmp(host, "localhost") == 0)
-			sin6->sin6_addr = in6addr_loopback;
-		else if (inet_pton(AF_INET6, host, &sin6->sin6_addr) != 1) {
-			snprintf(err, errlen, "%s: '%s' is not an IPv6 address", spec, host);
-			return -EINVAL;
-		}
-		a.sslen = sizeof(*sin6);
-	}
+	struct sockspec s;
+	int r = sockspec_parse(spec, &s, err, errlen);
+	if (r == 0)
+		r = sockspec_resolve(&s, &a.ss, &a.sslen, err, errlen);
+	if (r < 0)
+		return r;
+	_Static_assert(sizeof(a.text) > SOCKSPEC_TEXT_MAX, "listen_addr.text holds a spec");
+	_Static_assert(sizeof(a.path) == sizeof(s.path), "listen_addr.path holds a path");
+	memcpy(a.text, spec, strlen(spec) + 1);
+	memcpy(a.path, s.path, sizeof(a.path));
 	*ret = a;
 	return 0;
 }

@@ -1,5 +1,6 @@
 /*
- * listen -- listening socket addresses: "unix:/path", "inet:host:port", "inet6:[addr]:port".
+ * listen -- listening sockets, at the addresses sockspec.h parses (unix:/path,
+ * inet:host:port, inet:port@host, ...).
  */
 #ifndef SLUICE_LISTEN_H
 #define SLUICE_LISTEN_H
@@ -15,8 +16,8 @@ struct listen_addr {
 	char path[108]; /* unix sockets */
 };
 
-/* Parse an address; host names are not resolved (numeric addresses and "localhost",
- * "*" for any).  Returns 0 or -EINVAL with err. */
+/* Parse a socket string (sockspec_parse()) and resolve a host name in it (blocking: at
+ * startup and in configuration checks).  Returns 0, or -EINVAL / -EHOSTUNREACH with err. */
 int listen_addr_parse(const char *spec, struct listen_addr *ret, char *err, size_t errlen);
 
 /*

@@ -59,8 +59,13 @@ int buf_append_byte(struct buf *b, unsigned char c);
 int buf_append_u32be(struct buf *b, unsigned long v);
 int buf_printf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int buf_vprintf(struct buf *b, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
-/* s as a JSON string, quotes included: '"' and '\\' escaped, bytes outside printable
- * ASCII as \u00XX (peer text stays valid JSON).  0 or the first append's error. */
+/*
+ * s as a JSON string (RFC 8259), quotes included, valid UTF-8 whatever s holds: well-formed
+ * UTF-8 passes through; '"' and '\\' are escaped, controls and DEL as \u00XX, U+2028 and
+ * U+2029 as \u2028 and \u2029 (JavaScript); each byte that is not part of a well-formed
+ * sequence (overlong, surrogate, beyond U+10FFFF, truncated, stray) becomes \ufffd.
+ * 0 or the first append's error (the buffer may then hold part of the string).
+ */
 int buf_append_json_string(struct buf *b, const char *s);
 static inline struct str buf_str(const struct buf *b)
 {

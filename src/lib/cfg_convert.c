@@ -103,7 +103,45 @@ static size_t read_digits(const char *s, size_t len, size_t *i, uint64_t *ret, b
 	return *i - start;
 }
 
-/* Returns 0, -EINVAL (syntax), -EDOM (leading zero) or -ERANGE. */
+/*
+ * Units (sluice.conf(5) UNITS): k, M, G are 10^3, 10^6, 10^9 everywhere; Ki, Mi, Gi (and
+ * KiB, MiB, GiB) are 2^10, 2^20, 2^30.  In an integer k, m, g may be written in either
+ * case (as always); in a size a bare K/M/G and the spellings kb, Mb, KB... that once meant
+ * 2^10 are refused as ambiguous, so that no file silently changes meaning.
+ */
+struct unit {
+	const char *name;
+	uint64_t mult;
+};
+
+static const struct unit binary_units[] = {
+	{ "Ki", 1ull << 10 }, { "Mi", 1ull << 20 }, { "Gi", 1ull << 30 },
+	{ "KiB", 1ull << 10 }, { "MiB", 1ull << 20 }, { "GiB", 1ull << 30 },
+};
+static const struct unit size_units[] = {
+	{ "B", 1 }, { "kB", 1000 }, { "MB", 1000000 }, { "GB", 1000000000 },
+};
+
+/* The multiplier of the unit s[0..len) in table t, or 0. */
+static uint64_t unit_find(const struct unit *t, size_t n, const char *s, size_t len)
+{
+	for (size_t i = 0; i < n; i++)
+		if (strlen(t[i].name) == len && memcmp(t[i].name, s, len) == 0)
+			return t[i].mult;
+	return 0;
+}
+
+/* k, m, g (either case) followed by nothing or by b or B: the power of ten it names
+ * (3, 6, 9), or 0. */
+static int unit_letter_power(const char *s, size_t len)
+{
+	if (len < 1 || len > 2 || (len == 2 && lower(s[1]) != 'b'))
+		return 0;
+	int c = lower(s[0]);
+	return c == 'k' ? 3 : c == 'm' ? 6 : c == 'g' ? 9 : 0;
+}
+
+/* Returns 0, -EINVAL (syntax), -EDOM (leading zero), -ERANGE or -EILSEQ (ambiguous). */
 static int parse_int64(const char *s, size_t len, int64_t *ret)
 {
 	size_t i = 0, start;
@@ -117,17 +155,13 @@ static int parse_int64(const char *s, size_t len, int64_t *ret)
 	if (digits == 0)
 		return -EINVAL;
 	if (len - i > 0) {
-		int c = lower(s[i]);
-		bool binary = len - i == 2 && lower(s[i + 1]) == 'b';
-		if (len - i > 2 || (len - i == 2 && !binary))
-			return -EINVAL;
-		if (c == 'k')
-			mult = binary ? 1024u : 1000u;
-		else if (c == 'm')
-			mult = binary ? 1024u * 1024 : 1000u * 1000;
-		else if (c == 'g')
-			mult = binary ? 1024u * 1024 * 1024 : 1000u * 1000 * 1000;
-		else
+		int power = unit_letter_power(s + i, len - i);
+		mult = unit_find(binary_units, ARRAY_SIZE(binary_units), s + i, len - i);
+		if (power && len - i == 2)
+			return -EILSEQ; /* "4kb": 4096 until the units were made one rule */
+		if (power)
+			mult = power == 3 ? 1000u : power == 6 ? 1000000u : 1000000000u;
+		else if (!mult)
 			return -EINVAL;
 	}
 	if (digits > 1 && s[start] == '0')
@@ -218,7 +252,7 @@ static const char *duration_shown(int64_t ms, char *buf, size_t size)
 	return buf;
 }
 
-/* Returns 0, -EINVAL (syntax) or -ERANGE. */
+/* Returns 0, -EINVAL (syntax), -ERANGE or -EILSEQ (a bare k/M/G: ambiguous). */
 static int parse_size(const char *s, size_t len, uint64_t *ret)
 {
 	size_t i = 0;
@@ -228,24 +262,47 @@ static int parse_size(const char *s, size_t len, uint64_t *ret)
 	if (read_digits(s, len, &i, &v, &over) == 0)
 		return -EINVAL;
 	if (i < len) {
-		int c = lower(s[i]);
-		if (c == 'k')
-			mult = 1024u;
-		else if (c == 'm')
-			mult = 1024u * 1024;
-		else if (c == 'g')
-			mult = 1024u * 1024 * 1024;
-		if (mult > 1)
-			i++;
+		mult = unit_find(binary_units, ARRAY_SIZE(binary_units), s + i, len - i);
+		if (!mult)
+			mult = unit_find(size_units, ARRAY_SIZE(size_units), s + i, len - i);
+		if (!mult && lower(s[i]) == 'b' && len - i == 1)
+			mult = 1; /* "512b" as before */
+		if (!mult)
+			return unit_letter_power(s + i, len - i) ? -EILSEQ : -EINVAL;
 	}
-	if (i < len && lower(s[i]) == 'b')
-		i++;
-	if (i != len)
-		return -EINVAL;
 	if (over || v > UINT64_MAX / mult)
 		return -ERANGE;
 	*ret = v * mult;
 	return 0;
+}
+
+/*
+ * The message for an ambiguous value (-EILSEQ): both spellings with what they mean, e.g.
+ * "\"10M\" is ambiguous: write 10MiB (10485760 bytes) or 10MB (10000000 bytes)".
+ */
+static void ambiguous(const struct cfg_node *n, bool size, char *err, size_t errlen)
+{
+	const char *s = n->value;
+	size_t len = n->value_len, i = 0;
+	uint64_t v;
+	bool over = false;
+	if (len && (s[0] == '+' || s[0] == '-'))
+		i++;
+	read_digits(s, len, &i, &v, &over);
+	int power = unit_letter_power(s + i, len - i);
+	static const char *const bin[] = { "Ki", "Mi", "Gi" }, *const dec[] = { "k", "M", "G" };
+	unsigned u = (unsigned)power / 3 - 1;
+	uint64_t b = 1ull << (10 * (u + 1)), d = power == 3 ? 1000 : power == 6 ? 1000000
+									 : 1000000000;
+	const char *unit = size ? " bytes" : "";
+	char shown[80], nb[48] = "too large", nd[48] = "too large";
+	if (!over && v <= UINT64_MAX / b)
+		snprintf(nb, sizeof(nb), "%" PRIu64 "%s", v * b, unit);
+	if (!over && v <= UINT64_MAX / d)
+		snprintf(nd, sizeof(nd), "%" PRIu64 "%s", v * d, unit);
+	cfg_error(n, err, errlen, "%s is ambiguous: write %.*s%s%s (%s) or %.*s%s%s (%s)",
+		  cfg_show_text(s, len, shown, sizeof(shown)), (int)i, s, bin[u], size ? "B" : "",
+		  nb, (int)i, s, dec[u], size ? "B" : "", nd);
 }
 
 /* ---- the numeric converters: one pattern, three kinds ---- */
@@ -298,7 +355,8 @@ static const char *num_fmt_size(union num v, char *buf, size_t size)
 
 static const struct num_kind num_int = {
 	"an integer", false, num_parse_int, num_fmt_int, "",
-	"an integer (with an optional k, m, g or kb, mb, gb suffix)",
+	"an integer (with an optional unit: k, M, G for 10^3, 10^6, 10^9; Ki, Mi, Gi for "
+	"2^10, 2^20, 2^30)",
 };
 static const struct num_kind num_duration = {
 	"a duration", false, num_parse_duration, num_fmt_duration, "",
@@ -306,7 +364,8 @@ static const struct num_kind num_duration = {
 };
 static const struct num_kind num_size = {
 	"a size", true, num_parse_size, num_fmt_size, " bytes",
-	"a size such as 512, 64k, 10mb or 1g",
+	"a size such as 512, 64KiB, 10MB or 1GiB (kB, MB, GB: 10^3, 10^6, 10^9 bytes; "
+	"KiB, MiB, GiB: 2^10, 2^20, 2^30)",
 };
 
 /* Converts n by kind k and checks it against [min, max]; the errors name n. */
@@ -321,7 +380,9 @@ static int num_convert(const struct cfg_node *n, const struct num_kind *k, union
 	r = k->parse(n->value, n->value_len, &v);
 	if (r == 0 && (k->is_unsigned ? v.u < min.u || v.u > max.u : v.i < min.i || v.i > max.i))
 		r = -ERANGE;
-	if (r == -EDOM)
+	if (r == -EILSEQ)
+		ambiguous(n, k == &num_size, err, errlen);
+	else if (r == -EDOM)
 		cfg_error(n, err, errlen, "%s: leading zeros are not allowed (octal is not "
 			  "supported)", show(n, shown, sizeof(shown)));
 	else if (r == -ERANGE)

@@ -170,7 +170,8 @@ static int size_parse(const struct cfg_node *n, const struct cfg_key *k, void *f
 static bool size_format(const struct cfg_key *k, const void *field, char *buf, size_t size)
 {
 	(void)k;
-	static const char *const units[] = { "", "kb", "mb", "gb" };
+	/* exact, in the largest binary unit that divides it: what the parser reads back */
+	static const char *const units[] = { "", "KiB", "MiB", "GiB" };
 	uint64_t v = *(const uint64_t *)field;
 	size_t u = 0;
 	while (u + 1 < ARRAY_SIZE(units) && v && v % 1024 == 0) {

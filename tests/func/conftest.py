@@ -163,9 +163,12 @@ def listen_addresses(config_text):
 
 
 def wait_listening(address, timeout, alive=lambda: True):
-    if address.startswith("unix:"):
-        path = address[len("unix:"):]
+    if address.startswith(("unix:", "local:")):
+        path = address.partition(":")[2]
         check = lambda: unix_listening(path)
+    elif address.startswith("inet:") and "@" in address:    # libmilter's inet:PORT@HOST
+        port, _, host = address[len("inet:"):].partition("@")
+        check = lambda: tcp_listening(host.strip("[]"), int(port))
     elif address.startswith("inet:"):
         host, _, port = address[len("inet:"):].rpartition(":")
         check = lambda: tcp_listening(host or "127.0.0.1", int(port))

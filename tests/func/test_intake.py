@@ -504,7 +504,7 @@ def test_postfix_relays_into_the_queue(intake, postfix):
 # ESMTP
 
 def test_ehlo_advertises_the_extensions(intake):
-    it = intake(intake=["max_message_size = 2M;"])
+    it = intake(intake=["max_message_size = 2MiB;"])
     with it.connect() as c:
         r = c.expect("EHLO client.sluice.test", "250")
         assert r.lines[0] == f"250-{HOSTNAME}", r
@@ -597,7 +597,7 @@ def test_helo_refuses_esmtp_parameters(intake):
 # limits
 
 def test_message_over_max_message_size(intake):
-    it = intake(intake=["max_message_size = 10K;"])
+    it = intake(intake=["max_message_size = 10KiB;"])
     with it.connect() as c:
         c.expect("EHLO client.sluice.test", "250")
         r = c.cmd(f"MAIL FROM:<{FROM}> SIZE={10 * 1024 + 1}")
@@ -607,7 +607,7 @@ def test_message_over_max_message_size(intake):
         c.expect("DATA", "354")
         c.send(b"Subject: big\r\n\r\n" + (b"x" * 70 + b"\r\n") * 200 + b".\r\n")
         r = c.reply()
-        assert r.starts("552 5.3.4"), f"expected 552 5.3.4 for 14 KB over 10K, got {r}"
+        assert r.starts("552 5.3.4"), f"expected 552 5.3.4 for 14 KB over 10KiB, got {r}"
         it.assert_nothing_queued()
         # the session goes on
         qid = qid_of(c.message(FROM, [TO], b"Subject: small\r\n\r\nx\r\n", ehlo=None))

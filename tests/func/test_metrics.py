@@ -410,7 +410,8 @@ def test_reload_resets_rule_counters(setup):
      r':\d+: metrics\.listen: "inet:0\.0\.0\.0:9187" can be reached from other hosts.*'
      r'allow_remote = true'),
     ('metrics { listen = "inet6:[::]:9187"; }', r':\d+: metrics\.listen: .*other hosts'),
-    ('metrics { listen = "inet:127.0.0.1:99999"; }', r':\d+: metrics\.listen: .*bad port'),
+    ('metrics { listen = "inet:127.0.0.1:99999"; }',
+     r':\d+: metrics\.listen: .*port 99999 is out of range'),
     ('metrics { listen = "http://127.0.0.1:9187"; }', r':\d+: metrics\.listen: .*expected'),
     ('metrics { max_connections = 0; }', r':\d+: metrics\.max_connections: .*out of range'),
     ('metrics { allow_remote = "perhaps"; }', r':\d+: metrics\.allow_remote: '),

@@ -321,7 +321,7 @@ def test_a_full_disk_answers_452_and_loses_nothing(sluiced, smarthost, small_dis
                     r"\(\d+\): answering MAIL with 452 4\.3\.1", after=mark)
 
     # with a reserve (queue.min_free, applied at reload) any MAIL is refused at once
-    sd.write_config(sd.config_text.replace("min_free = 0;", "min_free = 1m;"))
+    sd.write_config(sd.config_text.replace("min_free = 0;", "min_free = 1MiB;"))
     m2 = sd.log.mark()
     sd.cli("reload")
     sd.log.wait_for(r"configuration reloaded", after=m2)

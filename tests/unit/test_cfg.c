@@ -570,14 +570,30 @@ static const struct {
 	{ LIT("\"42\""), IMIN, IMAX, 42, NULL },
 	{ LIT("10k"), IMIN, IMAX, 10000, NULL },
 	{ LIT("10K"), IMIN, IMAX, 10000, NULL },
-	{ LIT("10kb"), IMIN, IMAX, 10240, NULL },
 	{ LIT("1M"), IMIN, IMAX, 1000000, NULL },
-	{ LIT("1mb"), IMIN, IMAX, 1048576, NULL },
+	{ LIT("1m"), IMIN, IMAX, 1000000, NULL },
 	{ LIT("-2g"), IMIN, IMAX, -2000000000, NULL },
-	{ LIT("2GB"), IMIN, IMAX, 2147483648, NULL },
+	{ LIT("2G"), IMIN, IMAX, 2000000000, NULL },
+	/* binary units (sluice.conf(5) UNITS) */
+	{ LIT("10Ki"), IMIN, IMAX, 10240, NULL },
+	{ LIT("1Mi"), IMIN, IMAX, 1048576, NULL },
+	{ LIT("2Gi"), IMIN, IMAX, 2147483648, NULL },
+	{ LIT("4KiB"), IMIN, IMAX, 4096, NULL },
+	{ LIT("1MiB"), IMIN, IMAX, 1048576, NULL },
+	{ LIT("1GiB"), IMIN, IMAX, 1073741824, NULL },
+	{ LIT("-1Ki"), IMIN, IMAX, -1024, NULL },
 	{ LIT("9223372036854775807"), IMIN, IMAX, IMAX, NULL },
 	{ LIT("-9223372036854775808"), IMIN, IMAX, IMIN, NULL },
-	{ LIT("8589934591gb"), IMIN, IMAX, 8589934591 * 1073741824, NULL },
+	{ LIT("8589934591Gi"), IMIN, IMAX, 8589934591 * 1073741824, NULL },
+	/* kb, mb, gb meant 2^10.. here: refused, naming both spellings */
+	{ LIT("10kb"), IMIN, IMAX, 0,
+	  "t.conf:1: v: \"10kb\" is ambiguous: write 10Ki (10240) or 10k (10000)" },
+	{ LIT("1mb"), IMIN, IMAX, 0,
+	  "t.conf:1: v: \"1mb\" is ambiguous: write 1Mi (1048576) or 1M (1000000)" },
+	{ LIT("2GB"), IMIN, IMAX, 0,
+	  "t.conf:1: v: \"2GB\" is ambiguous: write 2Gi (2147483648) or 2G (2000000000)" },
+	{ LIT("-3kB"), IMIN, IMAX, 0,
+	  "t.conf:1: v: \"-3kB\" is ambiguous: write -3Ki (3072) or -3k (3000)" },
 	{ LIT("10"), 10, 20, 10, NULL },
 	{ LIT("20"), 10, 20, 20, NULL },
 	{ LIT("9"), 10, 20, 0,
@@ -594,33 +610,44 @@ static const struct {
 	  "t.conf:1: v: \"99999999999999999999999\" is out of range [0, 100]" },
 	{ LIT("9223372036854775807k"), 0, 100, 0,
 	  "t.conf:1: v: \"9223372036854775807k\" is out of range [0, 100]" },
-	{ LIT("8589934592gb"), 0, 100, 0,
-	  "t.conf:1: v: \"8589934592gb\" is out of range [0, 100]" },
+	{ LIT("8589934592Gi"), 0, 100, 0,
+	  "t.conf:1: v: \"8589934592Gi\" is out of range [0, 100]" },
+	{ LIT("10ki"), 0, 100, 0,
+	  "t.conf:1: v: expected an integer (with an optional unit: k, M, G for 10^3, 10^6, "
+	  "10^9; Ki, Mi, Gi for 2^10, 2^20, 2^30), got \"10ki\"" },
 	{ LIT("0660"), 0, 100, 0,
 	  "t.conf:1: v: \"0660\": leading zeros are not allowed (octal is not supported)" },
 	{ LIT("1.5"), 0, 100, 0,
-	  "t.conf:1: v: expected an integer (with an optional k, m, g or kb, mb, gb suffix), "
+	  "t.conf:1: v: expected an integer (with an optional unit: k, M, G for 10^3, 10^6, "
+	  "10^9; Ki, Mi, Gi for 2^10, 2^20, 2^30), "
 	  "got \"1.5\"" },
 	{ LIT("\"\""), 0, 100, 0,
-	  "t.conf:1: v: expected an integer (with an optional k, m, g or kb, mb, gb suffix), "
+	  "t.conf:1: v: expected an integer (with an optional unit: k, M, G for 10^3, 10^6, "
+	  "10^9; Ki, Mi, Gi for 2^10, 2^20, 2^30), "
 	  "got \"\"" },
 	{ LIT("k"), 0, 100, 0,
-	  "t.conf:1: v: expected an integer (with an optional k, m, g or kb, mb, gb suffix), "
+	  "t.conf:1: v: expected an integer (with an optional unit: k, M, G for 10^3, 10^6, "
+	  "10^9; Ki, Mi, Gi for 2^10, 2^20, 2^30), "
 	  "got \"k\"" },
 	{ LIT("10kib"), 0, 100, 0,
-	  "t.conf:1: v: expected an integer (with an optional k, m, g or kb, mb, gb suffix), "
+	  "t.conf:1: v: expected an integer (with an optional unit: k, M, G for 10^3, 10^6, "
+	  "10^9; Ki, Mi, Gi for 2^10, 2^20, 2^30), "
 	  "got \"10kib\"" },
 	{ LIT("10kx"), 0, 100, 0,
-	  "t.conf:1: v: expected an integer (with an optional k, m, g or kb, mb, gb suffix), "
+	  "t.conf:1: v: expected an integer (with an optional unit: k, M, G for 10^3, 10^6, "
+	  "10^9; Ki, Mi, Gi for 2^10, 2^20, 2^30), "
 	  "got \"10kx\"" },
 	{ LIT("--1"), 0, 100, 0,
-	  "t.conf:1: v: expected an integer (with an optional k, m, g or kb, mb, gb suffix), "
+	  "t.conf:1: v: expected an integer (with an optional unit: k, M, G for 10^3, 10^6, "
+	  "10^9; Ki, Mi, Gi for 2^10, 2^20, 2^30), "
 	  "got \"--1\"" },
 	{ LIT("\" 1\""), 0, 100, 0,
-	  "t.conf:1: v: expected an integer (with an optional k, m, g or kb, mb, gb suffix), "
+	  "t.conf:1: v: expected an integer (with an optional unit: k, M, G for 10^3, 10^6, "
+	  "10^9; Ki, Mi, Gi for 2^10, 2^20, 2^30), "
 	  "got \" 1\"" },
 	{ LIT("\"1\\u0000\""), 0, 100, 0,
-	  "t.conf:1: v: expected an integer (with an optional k, m, g or kb, mb, gb suffix), "
+	  "t.conf:1: v: expected an integer (with an optional unit: k, M, G for 10^3, 10^6, "
+	  "10^9; Ki, Mi, Gi for 2^10, 2^20, 2^30), "
 	  "got \"1\\x00\"" },
 	{ LIT("{ }"), 0, 100, 0, "t.conf:1: v: expected an integer, not an object" },
 	{ LIT("[1]"), 0, 100, 0, "t.conf:1: v: expected an integer, not a list" },
@@ -753,35 +780,84 @@ static const struct {
 	{ LIT("512"), 0, UMAX, 512, NULL },
 	{ LIT("0"), 0, UMAX, 0, NULL },
 	{ LIT("512b"), 0, UMAX, 512, NULL },
-	{ LIT("10k"), 0, UMAX, 10240, NULL },
-	{ LIT("10kb"), 0, UMAX, 10240, NULL },
-	{ LIT("\"10KB\""), 0, UMAX, 10240, NULL },
-	{ LIT("1m"), 0, UMAX, 1048576, NULL },
-	{ LIT("1Mb"), 0, UMAX, 1048576, NULL },
-	{ LIT("1g"), 0, UMAX, 1073741824, NULL },
-	{ LIT("1GB"), 0, UMAX, 1073741824, NULL },
-	{ LIT("17179869183g"), 0, UMAX, 17179869183ull << 30, NULL },
+	{ LIT("512B"), 0, UMAX, 512, NULL },
+	/* binary: KiB, MiB, GiB and Ki, Mi, Gi */
+	{ LIT("10KiB"), 0, UMAX, 10240, NULL },
+	{ LIT("10Ki"), 0, UMAX, 10240, NULL },
+	{ LIT("\"10KiB\""), 0, UMAX, 10240, NULL },
+	{ LIT("1MiB"), 0, UMAX, 1048576, NULL },
+	{ LIT("1Mi"), 0, UMAX, 1048576, NULL },
+	{ LIT("1GiB"), 0, UMAX, 1073741824, NULL },
+	{ LIT("1Gi"), 0, UMAX, 1073741824, NULL },
+	{ LIT("17179869183GiB"), 0, UMAX, 17179869183ull << 30, NULL },
+	/* decimal: kB, MB, GB */
+	{ LIT("10kB"), 0, UMAX, 10000, NULL },
+	{ LIT("1MB"), 0, UMAX, 1000000, NULL },
+	{ LIT("1GB"), 0, UMAX, 1000000000, NULL },
+	{ LIT("18446744073GB"), 0, UMAX, 18446744073000000000ull, NULL },
 	{ LIT("18446744073709551615"), 0, UMAX, UMAX, NULL },
 	{ LIT("18446744073709551616"), 0, UMAX, 0,
 	  "t.conf:1: v: \"18446744073709551616\" is out of range [0, 18446744073709551615] bytes" },
-	{ LIT("17179869184g"), 0, UMAX, 0,
-	  "t.conf:1: v: \"17179869184g\" is out of range [0, 18446744073709551615] bytes" },
-	{ LIT("2k"), 1, 1024, 0, "t.conf:1: v: \"2k\" is out of range [1, 1024] bytes" },
+	{ LIT("17179869184GiB"), 0, UMAX, 0,
+	  "t.conf:1: v: \"17179869184GiB\" is out of range [0, 18446744073709551615] bytes" },
+	{ LIT("18446744074GB"), 0, UMAX, 0,
+	  "t.conf:1: v: \"18446744074GB\" is out of range [0, 18446744073709551615] bytes" },
+	{ LIT("2KiB"), 1, 1024, 0, "t.conf:1: v: \"2KiB\" is out of range [1, 1024] bytes" },
 	{ LIT("0"), 1, 1024, 0, "t.conf:1: v: \"0\" is out of range [1, 1024] bytes" },
+	/* a bare k, M, G and every spelling that meant 2^10.. before: ambiguous */
+	{ LIT("10M"), 0, UMAX, 0,
+	  "t.conf:1: v: \"10M\" is ambiguous: write 10MiB (10485760 bytes) or 10MB (10000000 bytes)" },
+	{ LIT("64k"), 0, UMAX, 0,
+	  "t.conf:1: v: \"64k\" is ambiguous: write 64KiB (65536 bytes) or 64kB (64000 bytes)" },
+	{ LIT("10K"), 0, UMAX, 0,
+	  "t.conf:1: v: \"10K\" is ambiguous: write 10KiB (10240 bytes) or 10kB (10000 bytes)" },
+	{ LIT("25m"), 0, UMAX, 0,
+	  "t.conf:1: v: \"25m\" is ambiguous: write 25MiB (26214400 bytes) or 25MB (25000000 bytes)" },
+	{ LIT("1g"), 0, UMAX, 0,
+	  "t.conf:1: v: \"1g\" is ambiguous: write 1GiB (1073741824 bytes) or 1GB (1000000000 bytes)" },
+	{ LIT("10kb"), 0, UMAX, 0,
+	  "t.conf:1: v: \"10kb\" is ambiguous: write 10KiB (10240 bytes) or 10kB (10000 bytes)" },
+	{ LIT("10KB"), 0, UMAX, 0,
+	  "t.conf:1: v: \"10KB\" is ambiguous: write 10KiB (10240 bytes) or 10kB (10000 bytes)" },
+	{ LIT("1mb"), 0, UMAX, 0,
+	  "t.conf:1: v: \"1mb\" is ambiguous: write 1MiB (1048576 bytes) or 1MB (1000000 bytes)" },
+	{ LIT("1Mb"), 0, UMAX, 0,
+	  "t.conf:1: v: \"1Mb\" is ambiguous: write 1MiB (1048576 bytes) or 1MB (1000000 bytes)" },
+	{ LIT("2gb"), 0, UMAX, 0,
+	  "t.conf:1: v: \"2gb\" is ambiguous: write 2GiB (2147483648 bytes) or 2GB (2000000000 bytes)" },
+	{ LIT("99999999999999999999G"), 0, UMAX, 0,
+	  "t.conf:1: v: \"99999999999999999999G\" is ambiguous: write 99999999999999999999GiB "
+	  "(too large) or 99999999999999999999GB (too large)" },
 	{ LIT("10x"), 0, UMAX, 0,
-	  "t.conf:1: v: expected a size such as 512, 64k, 10mb or 1g, got \"10x\"" },
+	  "t.conf:1: v: expected a size such as 512, 64KiB, 10MB or 1GiB (kB, MB, GB: 10^3, "
+	  "10^6, 10^9 bytes; KiB, MiB, GiB: 2^10, 2^20, 2^30), got \"10x\"" },
 	{ LIT("k"), 0, UMAX, 0,
-	  "t.conf:1: v: expected a size such as 512, 64k, 10mb or 1g, got \"k\"" },
+	  "t.conf:1: v: expected a size such as 512, 64KiB, 10MB or 1GiB (kB, MB, GB: 10^3, "
+	  "10^6, 10^9 bytes; KiB, MiB, GiB: 2^10, 2^20, 2^30), got \"k\"" },
 	{ LIT("10kk"), 0, UMAX, 0,
-	  "t.conf:1: v: expected a size such as 512, 64k, 10mb or 1g, got \"10kk\"" },
+	  "t.conf:1: v: expected a size such as 512, 64KiB, 10MB or 1GiB (kB, MB, GB: 10^3, "
+	  "10^6, 10^9 bytes; KiB, MiB, GiB: 2^10, 2^20, 2^30), got \"10kk\"" },
 	{ LIT("10bb"), 0, UMAX, 0,
-	  "t.conf:1: v: expected a size such as 512, 64k, 10mb or 1g, got \"10bb\"" },
+	  "t.conf:1: v: expected a size such as 512, 64KiB, 10MB or 1GiB (kB, MB, GB: 10^3, "
+	  "10^6, 10^9 bytes; KiB, MiB, GiB: 2^10, 2^20, 2^30), got \"10bb\"" },
 	{ LIT("-1"), 0, UMAX, 0,
-	  "t.conf:1: v: expected a size such as 512, 64k, 10mb or 1g, got \"-1\"" },
-	{ LIT("\"10 k\""), 0, UMAX, 0,
-	  "t.conf:1: v: expected a size such as 512, 64k, 10mb or 1g, got \"10 k\"" },
+	  "t.conf:1: v: expected a size such as 512, 64KiB, 10MB or 1GiB (kB, MB, GB: 10^3, "
+	  "10^6, 10^9 bytes; KiB, MiB, GiB: 2^10, 2^20, 2^30), got \"-1\"" },
+	{ LIT("10kib"), 0, UMAX, 0,
+	  "t.conf:1: v: expected a size such as 512, 64KiB, 10MB or 1GiB (kB, MB, GB: 10^3, "
+	  "10^6, 10^9 bytes; KiB, MiB, GiB: 2^10, 2^20, 2^30), got \"10kib\"" },
+	{ LIT("10KIB"), 0, UMAX, 0,
+	  "t.conf:1: v: expected a size such as 512, 64KiB, 10MB or 1GiB (kB, MB, GB: 10^3, "
+	  "10^6, 10^9 bytes; KiB, MiB, GiB: 2^10, 2^20, 2^30), got \"10KIB\"" },
+	{ LIT("10Kib"), 0, UMAX, 0,
+	  "t.conf:1: v: expected a size such as 512, 64KiB, 10MB or 1GiB (kB, MB, GB: 10^3, "
+	  "10^6, 10^9 bytes; KiB, MiB, GiB: 2^10, 2^20, 2^30), got \"10Kib\"" },
+	{ LIT("\"10 KiB\""), 0, UMAX, 0,
+	  "t.conf:1: v: expected a size such as 512, 64KiB, 10MB or 1GiB (kB, MB, GB: 10^3, "
+	  "10^6, 10^9 bytes; KiB, MiB, GiB: 2^10, 2^20, 2^30), got \"10 KiB\"" },
 	{ LIT("\"\""), 0, UMAX, 0,
-	  "t.conf:1: v: expected a size such as 512, 64k, 10mb or 1g, got \"\"" },
+	  "t.conf:1: v: expected a size such as 512, 64KiB, 10MB or 1GiB (kB, MB, GB: 10^3, "
+	  "10^6, 10^9 bytes; KiB, MiB, GiB: 2^10, 2^20, 2^30), got \"\"" },
 	{ LIT("{a=1}"), 0, UMAX, 0, "t.conf:1: v: expected a size, not an object" },
 };
 

@@ -51,7 +51,7 @@ static const struct cfg_key demo_keys[] = {
 	{ "n", &cfg_type_uint, D(n), "5", 1, 10, .help = "an integer" },
 	{ "big", &cfg_type_uint64, D(big), "1000000", 0, INT64_C(1) << 40, .help = "a big one" },
 	{ "ms", &cfg_type_duration, D(ms), "30s", 1000, 3600000, .help = "a duration" },
-	{ "bytes", &cfg_type_size, D(bytes), "64k", 1024, 1 << 30, .help = "a size" },
+	{ "bytes", &cfg_type_size, D(bytes), "64KiB", 1024, 1 << 30, .help = "a size" },
 	{ "color", &cfg_type_enum, D(color), "red", .names = colors, .help = "an enum" },
 	{ "mode", &cfg_type_mode, D(mode), "0640", .help = "a mode" },
 	{ "list", &cfg_type_list, D(list), NULL, .flags = CFG_REPEAT, .help = "a list" },
@@ -114,7 +114,7 @@ static void test_values(void **state)
 	struct demo d;
 	char err[256];
 	assert_int_equal(load(demo_keys, "name = \"y\"; on = yes; n = 10; big = 2k; ms = 1m30s;\n"
-			      "bytes = 1mb; color = blue; mode = \"0600\"; list = a;\n"
+			      "bytes = 1MiB; color = blue; mode = \"0600\"; list = a;\n"
 			      "list = [b, c]; box { lo = 250ms; }", &d, err, sizeof(err)), 0);
 	assert_string_equal(d.name, "y");
 	assert_true(d.on);
@@ -132,6 +132,34 @@ static void test_values(void **state)
 	assert_int_equal(d.lo, 250);
 	assert_int_equal(d.hi, 60000);
 	demo_clear(&d);
+}
+
+/* A size is printed exactly, in the largest binary unit that divides it, and what is
+ * printed reads back to the same value (sluiced -D, sluice config). */
+static void test_size_printed(void **state)
+{
+	(void)state;
+	static const struct {
+		uint64_t v;
+		const char *printed;
+	} cases[] = {
+		{ 0, "0" }, { 512, "512" }, { 1000, "1000" }, { 1024, "1KiB" }, { 1536, "1536" },
+		{ 65536, "64KiB" }, { 1000000, "1000000" }, { 1052672, "1028KiB" },
+		{ 52428800, "50MiB" }, { 10000000, "10000000" }, { 3ull << 30, "3GiB" },
+		{ 1ull << 40, "1024GiB" }, { UINT64_MAX, "18446744073709551615" },
+	};
+	const struct cfg_key k = { .name = "bytes", .type = &cfg_type_size, .max = INT64_MAX };
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char out[64];
+		assert_true(cfg_type_size.format(&k, &cases[i].v, out, sizeof(out)));
+		assert_string_equal(out, cases[i].printed);
+		uint64_t back = 0;
+		struct cfg_node node = { .kind = CFG_SCALAR, .key = (char *)"bytes", .value = out,
+					 .value_len = strlen(out), .file = "t" };
+		char err[256];
+		assert_int_equal(cfg_size(&node, 0, UINT64_MAX, &back, err, sizeof(err)), 0);
+		assert_true(back == cases[i].v);
+	}
 }
 
 static const struct {
@@ -211,7 +239,7 @@ static void test_print(void **state)
 				 "n = 7;  # an integer\n"
 				 "big = 1000000;  # a big one\n"
 				 "ms = 30s;  # a duration\n"
-				 "bytes = 64kb;  # a size\n"
+				 "bytes = 64KiB;  # a size\n"
 				 "color = \"blue\";  # an enum\n"
 				 "mode = \"0640\";  # a mode\n"
 				 "list = [\"a\", \"b\\\"c\"];  # a list\n"
@@ -237,6 +265,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_defaults),
 		cmocka_unit_test(test_values),
+		cmocka_unit_test(test_size_printed),
 		cmocka_unit_test(test_errors),
 		cmocka_unit_test(test_required_and_quote),
 		cmocka_unit_test(test_print),

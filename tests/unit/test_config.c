@@ -48,8 +48,20 @@ static const struct {
 } bad[] = {
 	{ "milter { }\n", "t.conf:1: milter: listen is required" },
 	{ "milter { listen = \"tcp:1\"; }\n",
-	  "t.conf:1: milter.listen: \"tcp:1\": expected unix:/path, inet:host:port or "
-	  "inet6:[addr]:port" },
+	  "t.conf:1: milter.listen: \"tcp:1\": unknown socket type \"tcp\"; expected "
+	  "unix:/path, local:/path, inet:host:port, inet:port@host, inet6:[addr]:port or "
+	  "inet6:port@[addr]" },
+	/* libmilter's forms are checked as closely as sluice's own (sockspec.c) */
+	{ "milter {\n listen = [\"inet:8891@127.0.0.1\",\n \"inet:0@127.0.0.1\"]; }\n",
+	  "t.conf:3: milter.listen[1]: \"inet:0@127.0.0.1\": port 0 is out of range 1-65535" },
+	{ "policy { listen = \"inet:70000\"; }\n",
+	  "t.conf:1: policy.listen: \"inet:70000\": port 70000 is out of range 1-65535" },
+	{ "milter { listen = \"inet:8891@\"; }\n",
+	  "t.conf:1: milter.listen: \"inet:8891@\": empty host" },
+	{ "milter { listen = \"inet:@localhost\"; }\n",
+	  "t.conf:1: milter.listen: \"inet:@localhost\": missing port" },
+	{ "milter { listen = \"local:\"; }\n",
+	  "t.conf:1: milter.listen: \"local:\": empty unix socket path" },
 	{ M "workers = 300;\n", "t.conf:2: workers: \"300\" is out of range [0, 256]" },
 	{ M "workers = 1;\nworkers = 2;\n", "t.conf:3: workers: given twice" },
 	{ M "log { target = \"file\"; }\n", "t.conf:2: log.target: expected stderr or syslog" },
@@ -70,7 +82,18 @@ static const struct {
 	{ "intake { listen = \"unix:i.sock\"; allow = [\"300.1.1.1\"]; }\n",
 	  "t.conf:1: intake.allow: \"300.1.1.1\": expected an address or a network (ADDR/BITS)" },
 	{ M "queue { min_free = 2t; }\n",
-	  "t.conf:2: queue.min_free: expected a size such as 512, 64k, 10mb or 1g, got \"2t\"" },
+	  "t.conf:2: queue.min_free: expected a size such as 512, 64KiB, 10MB or 1GiB (kB, MB, "
+	  "GB: 10^3, 10^6, 10^9 bytes; KiB, MiB, GiB: 2^10, 2^20, 2^30), got \"2t\"" },
+	/* a size with a bare k/M/G meant 2^10..: refused rather than silently changed */
+	{ M "intake {\n listen = \"unix:i.sock\";\n max_message_size = 10M;\n}\n",
+	  "t.conf:4: intake.max_message_size: \"10M\" is ambiguous: write 10MiB (10485760 "
+	  "bytes) or 10MB (10000000 bytes)" },
+	{ M "policy { listen = \"unix:p.sock\"; max_request = 64kb; }\n",
+	  "t.conf:2: policy.max_request: \"64kb\" is ambiguous: write 64KiB (65536 bytes) or "
+	  "64kB (64000 bytes)" },
+	{ M "intake { listen = \"unix:i.sock\"; max_line_length = 2kb; }\n",
+	  "t.conf:2: intake.max_line_length: \"2kb\" is ambiguous: write 2Ki (2048) or 2k "
+	  "(2000)" },
 	{ M "store { type = \"disk\"; }\n",
 	  "t.conf:2: store.type: \"disk\": expected memory or redis" },
 	{ M "store { server = \"127.0.0.1:6379\"; }\n",
@@ -242,7 +265,7 @@ static void test_defaults_and_values(void **state)
 	struct sluice_config *c = NULL;
 	char err[1024];
 	assert_int_equal(load_text("intake { listen = [\"unix:i.sock\", \"inet:127.0.0.1:2525\"];\n"
-				   "  max_message_size = 10m; }\n"
+				   "  max_message_size = 10MiB; }\n"
 				   "policy { listen = \"unix:p.sock\"; }\n", false, &c, err,
 				   sizeof(err)), 0);
 	assert_true(c->intake.enabled);
