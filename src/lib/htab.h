@@ -3,7 +3,7 @@
  * holds none of their memory.
  *
  * The caller hashes its key with htab_hash() (XXH64 keyed with a secret of the table,
- * drawn at the first insert, so that keys a peer chooses, such as its domains, cannot be
+ * drawn at its first hash, so that keys a peer chooses, such as its domains, cannot be
  * aimed at one bucket) and compares keys itself.  A node keeps its hash, so growing needs
  * no key: the buckets are a power of two that doubles with the entries (load <= 1), and
  * finding, adding and removing an entry cost O(1) on average (law 8).

@@ -52,10 +52,11 @@
  *   temporary failure here (mx_answer_status(), mx_tlsa_deliver()); ares_getaddrinfo()
  *   maps them itself (ARES_ESERVFAIL ...).  A timeout still moves on to the next server:
  *   under DANE every configured server must validate (doc/RELAY.md).
- * - At most MX_MAX_ACTIVE queries have requests out in c-ares (r->active); the others
- *   wait in r->waiting, first come first started, from the deliver event (never inside
- *   a c-ares callback).  A waiting query is cancelled or cancelled by the resolver's free
- *   as a running one is.
+ * - A query starts only while fewer than MX_MAX_REQUESTS requests are out in c-ares
+ *   (r->requests); the others wait, TLSA and address lookups (r->waiting_first) before MX
+ *   lookups (r->waiting), each list first come first started, from the deliver event
+ *   (never inside a c-ares callback).  A waiting query is cancelled, or ended by the
+ *   resolver's free, as a running one is.
  * - TTLs: a target carries the least TTL of the answers it came from (MX, A/AAAA); a
  *   TLSA answer its own, or its denial's (RFC 2308).  mx_ttl_ms() clamps one into the
  *   configured range, mx_retry_ms() spaces the retries of a failed lookup.
@@ -169,9 +170,10 @@ struct mx_resolver {
 	struct event *deliver; /* made active when r->ready is not empty */
 	struct mx_sock *socks;
 	struct mx_list running, ready;
-	struct mx_list waiting; /* queries beyond MX_MAX_ACTIVE, started in order */
-	unsigned active;        /* queries with c-ares requests out (their inflight > 0,
-				   from mx_query_run() on) */
+	struct mx_list waiting; /* MX queries beyond MX_MAX_REQUESTS, started in order */
+	struct mx_list waiting_first; /* TLSA and address queries: started before those */
+	unsigned requests;      /* the queries' inflight, summed: c-ares requests out, and
+				   the holds of queries being set up */
 	char *servers;         /* NULL: /etc/resolv.conf */
 	unsigned timeout_ms, tries;
 	unsigned depth;        /* mx_on_deliver() and mx_resolver_free() frames with done() */
@@ -200,6 +202,19 @@ static void mx_list_remove(struct mx_list *l, struct mx_query *q)
 	else
 		l->last = q->prev;
 	q->prev = q->next = NULL;
+}
+
+/* Where q waits: a TLSA or address lookup (one request or two, and a delivery already
+ * waits for it) goes before the MX lookups of a post to many domains. */
+static struct mx_list *mx_waiting_list(struct mx_query *q)
+{
+	return q->kind == MXK_MX ? &q->r->waiting : &q->r->waiting_first;
+}
+
+/* The next waiting query, or NULL. */
+static struct mx_query *mx_waiting_next(struct mx_resolver *r)
+{
+	return r->waiting_first.first ? r->waiting_first.first : r->waiting.first;
 }
 
 /* ---- names ---- */
@@ -365,13 +380,13 @@ static void mx_query_unref(struct mx_query *q)
 {
 	struct mx_resolver *r = q->r;
 
-	assert(q->inflight > 0);
+	assert(q->inflight > 0 && r->requests > 0);
+	r->requests--;
+	if ((r->waiting.first || r->waiting_first.first) && !r->closing &&
+	    r->requests < MX_MAX_REQUESTS)
+		event_active(r->deliver, EV_TIMEOUT, 1); /* a waiting query may start */
 	if (--q->inflight > 0)
 		return;
-	assert(r->active > 0);
-	r->active--;
-	if (r->waiting.first && !r->closing)
-		event_active(r->deliver, EV_TIMEOUT, 1); /* a waiting query may start */
 	if (q->state == MXQ_RUNNING)
 		mx_query_finish(q);
 	else if (q->state == MXQ_DETACHED)
@@ -489,6 +504,7 @@ static void mx_query_start_hosts(struct mx_query *q)
 			hints.ai_family = fam->family;
 			hints.ai_flags = ARES_AI_NOSORT; /* the RFC 6724 sort probes with sockets */
 			q->inflight++;
+			q->r->requests++;
 			ares_getaddrinfo(q->r->channel, q->hosts[i].name, NULL, &hints, mx_on_addr,
 					 fam);
 		}
@@ -678,6 +694,7 @@ static int mx_send(struct mx_query *q, const char *name, int type, ares_callback
 	}
 	buf[3] |= 0x20; /* AD */
 	q->inflight++;
+	q->r->requests++;
 	ares_send(q->r->channel, buf, buflen, cb, q);
 	ares_free_string(buf);
 	return 0;
@@ -842,10 +859,9 @@ static void mx_on_deliver(evutil_socket_t fd, short what, void *arg)
 		if (q->inflight == 0)
 			mx_query_free(q);
 	}
-	/* room left by the queries whose requests are all back */
-	while (!r->closing && r->waiting.first && r->active < MX_MAX_ACTIVE) {
-		q = r->waiting.first;
-		mx_list_remove(&r->waiting, q);
+	/* room left by the requests that came back */
+	while (!r->closing && (q = mx_waiting_next(r)) != NULL && r->requests < MX_MAX_REQUESTS) {
+		mx_list_remove(mx_waiting_list(q), q);
 		mx_query_launch(q);
 	}
 	if (--r->depth == 0 && r->closing)
@@ -999,9 +1015,9 @@ struct mx_resolver *mx_resolver_free(struct mx_resolver *r)
 	r->closing = true;
 	r->depth++;
 	while ((q = r->running.first ? r->running.first
-				     : r->ready.first ? r->ready.first : r->waiting.first) != NULL) {
+				     : r->ready.first ? r->ready.first : mx_waiting_next(r)) != NULL) {
 		mx_list_remove(q->state == MXQ_RUNNING ? &r->running
-			       : q->state == MXQ_READY ? &r->ready : &r->waiting, q);
+			       : q->state == MXQ_READY ? &r->ready : mx_waiting_list(q), q);
 		q->state = MXQ_DELIVERING;
 		mx_query_call(q, -ECANCELED);
 		q->state = MXQ_DETACHED;
@@ -1064,7 +1080,7 @@ static void mx_query_run(struct mx_query *q)
 {
 	q->state = MXQ_RUNNING;
 	q->inflight = 1;
-	q->r->active++;
+	q->r->requests++;
 	mx_list_push(&q->r->running, q);
 }
 
@@ -1100,16 +1116,16 @@ static void mx_query_launch(struct mx_query *q)
 	mx_query_started(q);
 }
 
-/* q starts now, or waits its turn behind MX_MAX_ACTIVE others. */
+/* q starts now, or waits its turn while MX_MAX_REQUESTS are out. */
 static void mx_query_begin(struct mx_query *q, struct mx_query **ret)
 {
 	struct mx_resolver *r = q->r;
 
 	if (ret)
 		*ret = q;
-	if (r->active >= MX_MAX_ACTIVE || r->waiting.first) {
+	if (r->requests >= MX_MAX_REQUESTS || mx_waiting_list(q)->first) {
 		q->state = MXQ_WAITING;
-		mx_list_push(&r->waiting, q);
+		mx_list_push(mx_waiting_list(q), q);
 		return;
 	}
 	mx_query_launch(q);
@@ -1167,7 +1183,7 @@ void mx_cancel(struct mx_query *q)
 		break;
 	case MXQ_READY:
 	case MXQ_WAITING: /* no request out: nothing to wait for */
-		mx_list_remove(q->state == MXQ_READY ? &q->r->ready : &q->r->waiting, q);
+		mx_list_remove(q->state == MXQ_READY ? &q->r->ready : mx_waiting_list(q), q);
 		q->state = MXQ_DETACHED;
 		mx_query_free(q);
 		break;

@@ -25,12 +25,14 @@ struct mx_resolver;
 struct mx_query;
 
 #define MX_MAX_TARGETS 32
-/* Lookups handed to c-ares at once; the others wait in order.  c-ares 1.18 walks every
- * request in flight after each event (ares_timeout(), read_answers()), so a list post to
- * 20,000 domains, one lookup per domain at once, cost O(n) per answer: O(n^2) in all.
- * 256 lookups of a few requests each still keep a resolver busy (about 25,000 a second
- * at 10 ms each). */
-#define MX_MAX_ACTIVE 256
+/* A lookup starts only while fewer requests than this are out in c-ares; the others wait
+ * in order (TLSA and address lookups first).  c-ares 1.18 walks every request in flight
+ * after each event (ares_timeout(), read_answers()), so a list post to 20,000 domains,
+ * one lookup per domain at once, cost O(n) per answer: O(n^2) in all.  An MX lookup is
+ * one request, then two per MX host (at most 2 * MX_MAX_TARGETS more, so the count may
+ * pass the bound by that much per started lookup); 512 keep a resolver busy (about
+ * 25,000 lookups a second at 20 ms each). */
+#define MX_MAX_REQUESTS 512
 
 struct mx_target {
 	char host[256];                 /* the MX (or smarthost) name, for SNI and logs */

@@ -73,8 +73,11 @@ void flush_post(struct relay *r, struct rmsg *m)
 		if (e < 0)
 			relay_logf(r, LOG_LEVEL_ERROR, "qid=%s statuses cannot be flushed: %s", m->id,
 			     strerror(-e));
+		else
+			m->dirty = false;
 		return;
 	}
+	m->dirty = false; /* what was written is the flusher's to sync (msg_check_done waits) */
 	f->fd = fd;
 	snprintf(f->id, sizeof(f->id), "%s", m->id);
 	m->flushing++;

@@ -108,6 +108,7 @@ struct lane_item {
 
 /* Message files kept open between their transactions (relay.open_idle). */
 #define MSG_OPEN_IDLE_MAX 64
+#define MSG_OPEN_IDLE_BYTES (UINT64_C(64) << 20) /* their files' sizes, summed */
 
 /* The indexes of it's recipients: it->nri of them. */
 static inline uint32_t *item_rcpts(struct lane_item *it)
@@ -137,6 +138,7 @@ struct rmsg {
 	char bounce;                  /* control byte QUEUE_CTL_BOUNCE */
 	bool open;
 	bool open_idle;               /* open and in relay.open_idle */
+	bool dirty;                   /* bytes written since the last flush was handed over */
 	size_t npending;              /* recipients that are T or U */
 	unsigned flushing;            /* status flushes handed to the flusher, not yet done */
 	struct queue_msg *qm;         /* while open */
@@ -185,8 +187,10 @@ struct lane {
 	size_t nthr;
 	struct lane_budget b;
 	TAILQ_HEAD(, lane_item) items;
-	uint64_t route_gen;           /* route_item is m's item in this lane while msg_route()'s */
-	uint32_t route_item;          /* run relay.route_gen routes m */
+	uint32_t item_hint;           /* where the last message asked had its item in this
+				       * lane (msg_item(): a guess, checked before use) */
+	uint64_t route_gen;           /* == relay.route_gen: the message msg_route() routes
+				       * has its item in this lane at item_hint */
 	struct sched_lane s;          /* its items by due time and arrival; its wake-up */
 	size_t waiting;               /* the items' pending recipients, summed */
 	TAILQ_HEAD(, lane_conn) conns;
@@ -311,8 +315,9 @@ struct relay {
 	 * first: a post to many lanes is read and checked once, not once per transaction
 	 * (at most MSG_OPEN_IDLE_MAX). */
 	TAILQ_HEAD(, rmsg) open_idle;
+	uint64_t route_gen;           /* msg_route()'s runs */
 	unsigned nopen_idle;
-	uint64_t route_gen;           /* msg_route()'s runs: lane.route_gen */
+	uint64_t open_idle_bytes;
 	uint64_t msg_seq;             /* messages loaded: their struct rmsg's seq */
 	TAILQ_HEAD(, lane) lanes;
 	unsigned nlanes;

@@ -377,6 +377,7 @@ static void lane_fail_all(struct lane *l, const char *dsn, const char *text)
 			enum queue_msg_state st;
 			queue_settle(r->q, m->qm, &st);
 		}
+		msg_close_file(r, m);
 		msg_check_done(r, m);
 	}
 }

@@ -31,13 +31,19 @@ static void table_remove(struct relay *r, struct rmsg *m);
 
 /* ---- messages ---- */
 
-static void msg_really_close(struct relay *r, struct rmsg *m)
+static void idle_remove(struct relay *r, struct rmsg *m)
 {
 	if (m->open_idle) {
 		TAILQ_REMOVE(&r->open_idle, m, idle_link);
 		r->nopen_idle--;
+		r->open_idle_bytes -= m->qm->size;
 		m->open_idle = false;
 	}
+}
+
+static void msg_really_close(struct relay *r, struct rmsg *m)
+{
+	idle_remove(r, m);
 	if (m->open) {
 		queue_msg_close(m->qm);
 		free(m->qm);
@@ -47,16 +53,23 @@ static void msg_really_close(struct relay *r, struct rmsg *m)
 }
 
 /* m's file is not needed until its next transaction: it stays open among the
- * MSG_OPEN_IDLE_MAX most recently used (a post to many domains is read and checked once,
- * not once per domain), and the least recently used beyond them is closed. */
+ * MSG_OPEN_IDLE_MAX most recently used, within MSG_OPEN_IDLE_BYTES of files (a post to
+ * many domains is read and checked once, not once per domain), and the least recently
+ * used beyond them are closed.  A message on the list is in no transaction:
+ * msg_open_file() takes it off before one starts. */
 void msg_close_file(struct relay *r, struct rmsg *m)
 {
 	if (!m->open || m->busy != 0 || m->open_idle)
 		return;
 	TAILQ_INSERT_TAIL(&r->open_idle, m, idle_link);
 	m->open_idle = true;
-	if (++r->nopen_idle > MSG_OPEN_IDLE_MAX)
-		msg_really_close(r, TAILQ_FIRST(&r->open_idle));
+	r->nopen_idle++;
+	r->open_idle_bytes += m->qm->size;
+	while (r->nopen_idle > MSG_OPEN_IDLE_MAX || r->open_idle_bytes > MSG_OPEN_IDLE_BYTES) {
+		struct rmsg *old = TAILQ_FIRST(&r->open_idle);
+		ASSERT(old->busy == 0);
+		msg_really_close(r, old);
+	}
 }
 
 static void item_free_rcpts(struct lane_item *it)
@@ -85,7 +98,7 @@ static int item_reserve(struct lane_item *it, size_t want)
 		return 0;
 	size_t nc = it->ri_cap ? it->ri_cap : 4;
 	while (nc < want)
-		nc *= 2;
+		nc = nc > UINT32_MAX / 2 ? UINT32_MAX : nc * 2;
 	uint32_t *n = realloc(it->ri_cap ? it->ri_many : NULL, nc * sizeof(*n));
 	if (!n)
 		return -ENOMEM;
@@ -170,12 +183,21 @@ static void item_unlink(struct lane_item *it)
 	it->lane->waiting -= it->pending;
 }
 
-/* m's item in l, or NULL: O(m's items), for the rare moves between lanes. */
+/*
+ * m's item in l, or NULL.  A message has at most one item per lane, so the slot l was
+ * last found at in some message is checked first: routing a post's recipients (several
+ * to one lane, one after the other) and moving a post's domains into a group one by one
+ * find it there, and only a miss walks m's items.
+ */
 static struct lane_item *msg_item(struct rmsg *m, struct lane *l)
 {
+	if (l->item_hint < m->nitems && m->items[l->item_hint].lane == l)
+		return &m->items[l->item_hint];
 	for (size_t i = 0; i < m->nitems; i++)
-		if (m->items[i].lane == l)
+		if (m->items[i].lane == l) {
+			l->item_hint = (uint32_t)i;
 			return &m->items[i];
+		}
 	return NULL;
 }
 
@@ -206,7 +228,9 @@ int msg_route(struct relay *r, struct rmsg *m)
 	m->items = NULL;
 	m->nitems = 0;
 	size_t cap = 0;
-	uint64_t gen = ++r->route_gen; /* l->route_item is m's item in l: no walk per recipient */
+	/* m's items are made here: a lane without route_gen == gen has none yet (no walk
+	 * over them per recipient) */
+	uint64_t gen = ++r->route_gen;
 	for (size_t i = 0; i < m->nrcpt; i++) {
 		struct rrcpt *rr = &m->r[i];
 		rr->lane = NULL;
@@ -227,12 +251,13 @@ int msg_route(struct relay *r, struct rmsg *m)
 			continue;
 		}
 		if (l->route_gen == gen) {
-			if (item_push(&m->items[l->route_item], i) < 0) {
+			struct lane_item *have = &m->items[l->item_hint];
+			if (item_push(have, i) < 0) {
 				err = -ENOMEM;
 				continue;
 			}
 			rr->lane = l;
-			rr->item = l->route_item;
+			rr->item = (uint32_t)(have - m->items);
 			continue;
 		}
 		if (m->nitems == cap) {
@@ -248,8 +273,8 @@ int msg_route(struct relay *r, struct rmsg *m)
 		}
 		rr->lane = l;
 		rr->item = (uint32_t)m->nitems;
+		l->item_hint = rr->item;
 		l->route_gen = gen;
-		l->route_item = rr->item;
 		m->items[m->nitems++] = (struct lane_item){
 			.s = { .arrival = m->arrival_us, .seq = m->seq },
 			.m = m,
@@ -322,6 +347,7 @@ void msg_move_lane(struct relay *r, struct rmsg *m, struct lane *from, struct la
 			if (m->r[mr[k]].lane && m->r[mr[k]].item == last)
 				m->r[mr[k]].item = (uint32_t)si;
 		m->nitems--;
+		ll->item_hint = (uint32_t)si; /* its next move finds it without a walk */
 		if (di == last)
 			dst = moved;
 		else
@@ -552,8 +578,18 @@ int msg_load(struct relay *r, const char *id)
 
 int msg_open_file(struct relay *r, struct rmsg *m)
 {
-	if (m->open)
-		return 0;
+	if (m->open) {
+		if (!m->open_idle)
+			return 0; /* in use */
+		idle_remove(r, m);
+		/* kept open since its last use: removed behind the relay's back since (`sluice
+		 * queue delete` unlinks before the relay hears of it) is as gone as unopenable */
+		struct stat st;
+		if (fstat(m->qm->fd, &st) == 0 && st.st_nlink > 0)
+			return 0;
+		msg_really_close(r, m);
+		return -ENOENT;
+	}
 	const char *why = NULL;
 	/* the open file's index costs more than the rest of the message: only while open */
 	struct queue_msg *qm = malloc(sizeof(*qm));
@@ -613,6 +649,7 @@ void msg_set_status(struct relay *r, struct rmsg *m, size_t i, char st)
 	struct rrcpt *rr = &m->r[i];
 	bool was_pending = rr->status == QUEUE_TODO || rr->status == QUEUE_UNCERTAIN;
 	int rc = m->open ? queue_set_status(r->q, m->qm, i, st) : -EBADF;
+	m->dirty |= rc == 0;
 	if (rc < 0) {
 		/* the byte is not on disk: the recipient is sent again after a restart */
 		relay_logf(r, LOG_LEVEL_ERROR, "qid=%s rcpt=%zu status %c cannot be written: %s", m->id, i, st,
@@ -843,7 +880,7 @@ void msg_check_done(struct relay *r, struct rmsg *m)
 		return;
 	}
 	/* finished, and every status byte is on disk (flushed where it was written) */
-	if (m->open && queue_msg_sync(m->qm) < 0) {
+	if (m->open && m->dirty && queue_msg_sync(m->qm) < 0) {
 		msg_recheck_later(r, m);
 		return;
 	}

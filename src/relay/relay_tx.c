@@ -339,6 +339,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 			/* written, so that `sluice queue` shows it and a restart keeps it */
 			m->held = true;
 			queue_set_control(r->q, m->qm, QUEUE_CTL_HOLD, 'H');
+			m->dirty = true;
 		}
 	} else if (res->error == 0 && res->reply.code && res->stage >= SMTP_STAGE_RCPT) {
 		/* refused at RCPT (every recipient), DATA or the final dot */
