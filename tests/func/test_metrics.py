@@ -13,6 +13,7 @@ and precise configuration errors.
 """
 
 import math
+import os
 import re
 import signal
 import smtplib
@@ -290,9 +291,30 @@ def test_metrics_after_real_traffic(setup):
     # the process
     assert value(f, "sluice_build_info", version=value_label(f, "sluice_build_info")) == 1
     assert value(f, "sluice_threads") >= 5   # main, 2 workers, committer, relay, metrics
-    assert value(f, "sluice_open_fds") > 5
-    assert value(f, "sluice_resident_memory_bytes") > 1 << 20
-    assert abs(value(f, "sluice_start_time_seconds") - time.time()) < 120
+    # the standard process_* families of Prometheus's client libraries, checked against
+    # /proc (the old sluice_open_fds, sluice_resident_memory_bytes and
+    # sluice_start_time_seconds are gone: these replace them)
+    for gone in ("sluice_open_fds", "sluice_resident_memory_bytes", "sluice_start_time_seconds"):
+        assert gone not in f, gone
+    pid = sd.pid
+    assert f["process_cpu_seconds_total"]["type"] == "counter"
+    assert f["process_cpu_seconds_total"]["help"] == \
+        "Total user and system CPU time spent in seconds."
+    for name in ("process_open_fds", "process_max_fds", "process_virtual_memory_bytes",
+                 "process_resident_memory_bytes", "process_start_time_seconds"):
+        assert f[name]["type"] == "gauge", name
+    fds = value(f, "process_open_fds")
+    assert 5 < fds and abs(fds - len(os.listdir(f"/proc/{pid}/fd"))) <= 2
+    with open(f"/proc/{pid}/limits") as lim:
+        soft = next(int(line.split()[3]) for line in lim if line.startswith("Max open files"))
+    assert value(f, "process_max_fds") == soft
+    status = open(f"/proc/{pid}/status").read()
+    vm = {k: int(v.split()[0]) * 1024 for k, v in re.findall(r"^(Vm\w+):\s+(.*)$", status, re.M)}
+    assert abs(value(f, "process_resident_memory_bytes") - vm["VmRSS"]) < 8 << 20
+    assert value(f, "process_resident_memory_bytes") > 1 << 20
+    assert abs(value(f, "process_virtual_memory_bytes") - vm["VmSize"]) < 64 << 20
+    assert 0 < value(f, "process_cpu_seconds_total") < 60
+    assert abs(value(f, "process_start_time_seconds") - time.time()) < 120
     # no secret and no key in the page
     assert SECRET not in text
     for key in ("a@example.net", "example.org", "example.com", "b@example.net", "192.0.2.7"):
