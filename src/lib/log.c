@@ -62,6 +62,17 @@ bool log_stderr_is_journal(void)
 	return (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
 }
 
+const char *log_stderr_prefix(enum log_level level)
+{
+	static const char *const prefixes[] = {
+		[LOG_LEVEL_DEBUG] = "<7>",   [LOG_LEVEL_INFO] = "<6>",  [LOG_LEVEL_NOTICE] = "<5>",
+		[LOG_LEVEL_WARNING] = "<4>", [LOG_LEVEL_ERROR] = "<3>", [LOG_LEVEL_CRIT] = "<2>",
+	};
+	if ((size_t)level >= sizeof(prefixes) / sizeof(prefixes[0]) || !log_stderr_is_journal())
+		return "";
+	return prefixes[level];
+}
+
 void log_setup(enum log_target target, int facility, enum log_level level)
 {
 	if (target == LOG_TARGET_SYSLOG)

@@ -126,7 +126,8 @@ static void test_not_the_journal(void **state)
 	check_lines(NULL, false);
 }
 
-/* A malformed value that starts like the right one is refused too. */
+/* A malformed value that starts like the right one is refused too; log_stderr_prefix()
+ * decides on the spot. */
 static void test_trailing_junk(void **state)
 {
 	(void)state;
@@ -136,8 +137,13 @@ static void test_trailing_junk(void **state)
 	snprintf(env, sizeof(env), "%sx", c.env);
 	setenv("JOURNAL_STREAM", env, 1);
 	assert_false(log_stderr_is_journal());
+	assert_string_equal(log_stderr_prefix(LOG_LEVEL_ERROR), "");
 	setenv("JOURNAL_STREAM", c.env, 1);
 	assert_true(log_stderr_is_journal());
+	/* the lines a program writes itself before log_setup() */
+	assert_string_equal(log_stderr_prefix(LOG_LEVEL_ERROR), "<3>");
+	assert_string_equal(log_stderr_prefix(LOG_LEVEL_WARNING), "<4>");
+	assert_string_equal(log_stderr_prefix(LOG_LEVEL_DEBUG), "<7>");
 	capture_end(&c, got, sizeof(got));
 }
 
