@@ -57,6 +57,20 @@ static void dbl(struct page *p, const char *name, const struct metrics_label *l,
 		p->err = r;
 }
 
+/* Families of one sample without labels, from a table. */
+struct single {
+	const char *name, *type, *help;
+	uint64_t v;
+};
+
+static void singles(struct page *p, const struct single *rows, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		fam(p, rows[i].name, rows[i].type, rows[i].help);
+		u64(p, rows[i].name, NULL, 0, rows[i].v);
+	}
+}
+
 static void hist(struct page *p, const char *name, const struct metrics_label *l, size_t nl,
 		 const struct stat_hist *h)
 {
@@ -172,14 +186,13 @@ static void render_process(struct page *p, const struct metrics_sources *src)
 	fam(p, "process_cpu_seconds_total", "counter",
 	    "Total user and system CPU time spent in seconds.");
 	dbl(p, "process_cpu_seconds_total", NULL, 0, ps.cpu_seconds);
-	fam(p, "process_open_fds", "gauge", "Number of open file descriptors.");
-	u64(p, "process_open_fds", NULL, 0, count_fds());
-	fam(p, "process_max_fds", "gauge", "Maximum number of open file descriptors.");
-	u64(p, "process_max_fds", NULL, 0, max_fds());
-	fam(p, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.");
-	u64(p, "process_virtual_memory_bytes", NULL, 0, ps.vsize);
-	fam(p, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
-	u64(p, "process_resident_memory_bytes", NULL, 0, ps.rss);
+	const struct single rows[] = {
+		{ "process_open_fds", "gauge", "Number of open file descriptors.", count_fds() },
+		{ "process_max_fds", "gauge", "Maximum number of open file descriptors.", max_fds() },
+		{ "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.", ps.vsize },
+		{ "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.", ps.rss },
+	};
+	singles(p, rows, ARRAY_SIZE(rows));
 	fam(p, "process_start_time_seconds", "gauge",
 	    "Start time of the process since unix epoch in seconds.");
 	dbl(p, "process_start_time_seconds", NULL, 0, (double)src->started_us / 1e6);
@@ -397,14 +410,17 @@ static void render_relay(struct page *p, const struct metrics_sources *src)
 		return; /* stopping: the page goes without the relay */
 	}
 	size_t shown = n < MAX_LANES ? n : MAX_LANES;
-	fam(p, "sluice_relay_lanes", "gauge", "Lanes the relay knows (each lane is one budget).");
-	u64(p, "sluice_relay_lanes", NULL, 0, n);
-	fam(p, "sluice_relay_transactions_total", "counter", "Transactions started by the relay.");
-	u64(p, "sluice_relay_transactions_total", NULL, 0, st.transactions);
-	fam(p, "sluice_relay_connections", "gauge", "Outgoing connections open now.");
-	u64(p, "sluice_relay_connections", NULL, 0, st.active_connections);
-	fam(p, "sluice_relay_connections_total", "counter", "Outgoing connections opened.");
-	u64(p, "sluice_relay_connections_total", NULL, 0, st.connections);
+	const struct single rows[] = {
+		{ "sluice_relay_lanes", "gauge", "Lanes the relay knows (each lane is one budget).",
+		  n },
+		{ "sluice_relay_transactions_total", "counter", "Transactions started by the relay.",
+		  st.transactions },
+		{ "sluice_relay_connections", "gauge", "Outgoing connections open now.",
+		  st.active_connections },
+		{ "sluice_relay_connections_total", "counter", "Outgoing connections opened.",
+		  st.connections },
+	};
+	singles(p, rows, ARRAY_SIZE(rows));
 	fam(p, "sluice_relay_dsn_total", "counter",
 	    "Delivery status notifications queued: kind bounce or delay (notice).");
 	struct metrics_label k = { "kind", "bounce" };

@@ -212,6 +212,18 @@ def passed(reply):
     return reply in (NOT_SENT, NO_REPLY) or reply[0] == CONTINUE
 
 
+def milter_four_recipients(path):
+    """One milter session from <a@example.net> to r0..r3@example.org; the RCPT replies."""
+    with MilterClient("unix:" + path) as m:
+        m.negotiate()
+        assert m.connect()[0] == CONTINUE
+        assert passed(m.helo())
+        assert passed(m.mail("<a@example.net>"))
+        replies = [m.rcpt(f"<r{i}@example.org>")[0] for i in range(4)]
+        m.quit()
+    return replies
+
+
 def test_metrics_after_real_traffic(setup):
     sd, sh, ports = setup()
     mport = ports["metrics"]
@@ -219,13 +231,7 @@ def test_metrics_after_real_traffic(setup):
     # milter: one message to four recipients of one domain from one sender.  shadow
     # (2/1m per sender, warn): 2 within, 2 over; strict (3/1m per domain, tempfail): 3
     # within (the third at 100% of its burst: near the limit), the fourth refused.
-    with MilterClient("unix:" + ports["milter"]) as m:
-        m.negotiate()
-        assert m.connect()[0] == CONTINUE
-        assert passed(m.helo())
-        assert passed(m.mail("<a@example.net>"))
-        replies = [m.rcpt(f"<r{i}@example.org>")[0] for i in range(4)]
-        m.quit()
+    replies = milter_four_recipients(ports["milter"])
     assert replies[:3] == [CONTINUE] * 3
     assert replies[3] in (TEMPFAIL, b"y"), replies
     # policy: one recipient of another domain, within both rules

@@ -31,9 +31,10 @@ import urllib.request
 import pytest
 
 from conftest import free_port, wait_until
-from milter_wire import CONTINUE, TEMPFAIL, MilterClient
+from milter_wire import TEMPFAIL
 from smarthost import smarthost  # noqa: F401 (fixture)
-from test_metrics import passed, policy_ask, scrape, send_mail, setup  # noqa: F401
+from test_metrics import milter_four_recipients, policy_ask, scrape, send_mail
+from test_metrics import setup  # noqa: F401 (fixture)
 from test_policy import policy_request
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
@@ -257,13 +258,7 @@ def test_prometheus_runs_the_shipped_rules(setup, prometheus):
     wait_until(lambda: prom.query('up{job="sluice"} == 1'), 15, "a first scrape")
     t0 = time.monotonic()
     # milter: a message to four recipients of one domain; "strict" refuses the fourth
-    with MilterClient("unix:" + ports["milter"]) as m:
-        m.negotiate()
-        assert m.connect()[0] == CONTINUE
-        assert passed(m.helo())
-        assert passed(m.mail("<a@example.net>"))
-        replies = [m.rcpt(f"<r{i}@example.org>")[0] for i in range(4)]
-        m.quit()
+    replies = milter_four_recipients(ports["milter"])
     assert replies[3] in (TEMPFAIL, b"y"), replies
     # a milter peer that speaks nonsense: a packet longer than any allowed
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:

@@ -48,6 +48,13 @@ static void capture_start(struct capture *c)
 	c->rd = p[0];
 }
 
+/* capture_start(), with JOURNAL_STREAM naming the capture. */
+static void capture_journal(struct capture *c)
+{
+	capture_start(c);
+	setenv("JOURNAL_STREAM", c->env, 1);
+}
+
 /* Restores fd 2 and returns what was written to it (NUL-terminated, in out). */
 static void capture_end(struct capture *c, char *out, size_t outlen)
 {
@@ -154,8 +161,7 @@ static void test_decided_at_setup(void **state)
 	(void)state;
 	struct capture c;
 	char got[4096];
-	capture_start(&c);
-	setenv("JOURNAL_STREAM", c.env, 1);
+	capture_journal(&c);
 	log_setup(LOG_TARGET_STDERR, LOG_MAIL, LOG_LEVEL_INFO);
 	unsetenv("JOURNAL_STREAM");
 	log_msg(LOG_LEVEL_ERROR, "one");
@@ -175,8 +181,7 @@ static void test_syslog_target(void **state)
 	(void)state;
 	struct capture c;
 	char got[4096];
-	capture_start(&c);
-	setenv("JOURNAL_STREAM", c.env, 1);
+	capture_journal(&c);
 	log_setup(LOG_TARGET_SYSLOG, LOG_MAIL, LOG_LEVEL_INFO);
 	log_msg(LOG_LEVEL_WARNING, "to syslog");
 	log_setup(LOG_TARGET_STDERR, LOG_MAIL, LOG_LEVEL_INFO);
