@@ -16,7 +16,7 @@ FUZZ_TIME ?= 600
 MESON_TEST_FLAGS ?= --print-errorlogs --num-processes 1
 
 BUILD_PKGS = meson ninja-build pkg-config gcc libevent-dev libcmocka-dev scdoc libxxhash-dev libhiredis-dev libssl-dev libgsasl-dev libc-ares-dev
-TEST_PKGS = postfix miltertest swaks python3-pytest redis-server clang libclang-rt-14-dev faketime python3-xxhash bsd-mailx python3-aiosmtpd python3-cryptography openssl sendmail-cf m4 libwrap0 libdb5.3 libldap-2.5-0 liblockfile1 libnsl2 libsasl2-2 unbound nsd ldnsutils python3-dnslib
+TEST_PKGS = postfix miltertest swaks python3-pytest redis-server clang libclang-rt-14-dev faketime python3-xxhash bsd-mailx python3-aiosmtpd python3-cryptography openssl sendmail-cf m4 libwrap0 libdb5.3 libldap-2.5-0 liblockfile1 libnsl2 libsasl2-2 unbound nsd ldnsutils python3-dnslib prometheus
 BENCH_PKGS = libmilter-dev redis-server postfix python3-pytest strace
 FUZZ_PKGS = clang libclang-rt-14-dev
 DEB_PKGS = debhelper dpkg-dev fakeroot lintian

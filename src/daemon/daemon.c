@@ -1238,14 +1238,15 @@ int daemon_main(int argc, char **argv)
 	}
 	char err[1024];
 	if (daemon_control_check(err, sizeof(err)) < 0) {
-		fprintf(stderr, "sluiced: %s\n", err); /* a build whose two tables disagree */
+		/* a build whose two tables disagree */
+		fprintf(stderr, "%ssluiced: %s\n", log_stderr_prefix(LOG_LEVEL_ERROR), err);
 		return 70;
 	}
 	struct daemon d = { .config_path = path, .started_ms = now_ms(),
 			    .started_us = realtime_ns() / 1000 };
 	pthread_mutex_init(&d.cfg_lock, NULL);
 	if (config_load(path, &d.cfg, err, sizeof(err)) < 0) {
-		fprintf(stderr, "sluiced: %s\n", err);
+		fprintf(stderr, "%ssluiced: %s\n", log_stderr_prefix(LOG_LEVEL_ERROR), err);
 		return 1;
 	}
 	if (print) {
@@ -1255,24 +1256,24 @@ int daemon_main(int argc, char **argv)
 	}
 	if (check) {
 		if (geteuid() == 0 && !d.cfg->user)
-			fprintf(stderr, "sluiced: warning: %s has no user: started as root, sluiced "
+			fprintf(stderr, "%ssluiced: warning: %s has no user: started as root, sluiced "
 				"would refuse it (add user = \"sluice\"; or user = \"root\";)\n",
-				path);
+				log_stderr_prefix(LOG_LEVEL_WARNING), path);
 		printf("sluiced: %s: configuration ok\n", path);
 		config_free(d.cfg);
 		return 0;
 	}
 	bool root = geteuid() == 0;
 	if (root && !d.cfg->user) {
-		fprintf(stderr, "sluiced: %s: started as root with no user: add user = \"sluice\"; "
+		fprintf(stderr, "%ssluiced: %s: started as root with no user: add user = \"sluice\"; "
 			"to run as that user once the sockets are bound (or user = \"root\"; to "
-			"keep running as root)\n", path);
+			"keep running as root)\n", log_stderr_prefix(LOG_LEVEL_ERROR), path);
 		config_free(d.cfg);
 		return 1;
 	}
 	if (background && d.cfg->log.target == LOG_TARGET_STDERR)
-		fprintf(stderr, "sluiced: warning: -d with log target stderr: logs go to /dev/null "
-				"unless stderr is redirected\n");
+		fprintf(stderr, "%ssluiced: warning: -d with log target stderr: logs go to /dev/null "
+				"unless stderr is redirected\n", log_stderr_prefix(LOG_LEVEL_WARNING));
 	log_setup(d.cfg->log.target, d.cfg->log.facility, d.cfg->log.level);
 	signal(SIGPIPE, SIG_IGN);
 	raise_nofile(&d);

@@ -7,10 +7,12 @@
 #include <dirent.h>
 #include <assert.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "build_config.h"
@@ -53,6 +55,20 @@ static void dbl(struct page *p, const char *name, const struct metrics_label *l,
 	int r = metrics_sample(p->out, name, l, nl, v);
 	if (r < 0 && !p->err)
 		p->err = r;
+}
+
+/* Families of one sample without labels, from a table. */
+struct single {
+	const char *name, *type, *help;
+	uint64_t v;
+};
+
+static void singles(struct page *p, const struct single *rows, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		fam(p, rows[i].name, rows[i].type, rows[i].help);
+		u64(p, rows[i].name, NULL, 0, rows[i].v);
+	}
 }
 
 static void hist(struct page *p, const char *name, const struct metrics_label *l, size_t nl,
@@ -106,46 +122,91 @@ static uint64_t count_fds(void)
 	return n ? n - 1 : 0; /* not the directory's own descriptor */
 }
 
-/* "Threads:" and "VmRSS:" of /proc/self/status. */
-static void proc_status(uint64_t *ret_threads, uint64_t *ret_rss)
+/* The figures of /proc/self/stat (proc(5)): one read per scrape. */
+struct proc_stat {
+	double cpu_seconds;          /* utime + stime */
+	uint64_t threads, vsize, rss;
+};
+
+static void proc_stat_read(struct proc_stat *ret)
 {
-	*ret_threads = 0;
-	*ret_rss = 0;
-	FILE *f = fopen("/proc/self/status", "re");
-	if (!f)
+	memset(ret, 0, sizeof(*ret));
+	char buf[1024];
+	int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
 		return;
-	char line[256];
-	unsigned long long v;
-	while (fgets(line, sizeof(line), f)) {
-		if (sscanf(line, "Threads: %llu", &v) == 1)
-			*ret_threads = v;
-		else if (sscanf(line, "VmRSS: %llu kB", &v) == 1)
-			*ret_rss = v * 1024;
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return;
+	buf[n] = '\0';
+	/* the command name (2nd field) is in parentheses and may hold anything: fields 3 on
+	 * start after the last ')' */
+	const char *p = strrchr(buf, ')');
+	if (!p || p[1] != ' ' || !p[2])
+		return;
+	unsigned long long f[21];    /* f[k] is field k + 4 (field 3, the state, is a letter) */
+	size_t i = 0;
+	p += 2;                      /* ") S ..." */
+	while (*p && *p != ' ')
+		p++;
+	for (; i < ARRAY_SIZE(f) && *p == ' '; i++) {
+		char *end;
+		f[i] = strtoull(p + 1, &end, 10); /* a negative field (nice) wraps: unused */
+		if (end == p + 1)
+			break;
+		p = end;
 	}
-	fclose(f);
+	if (i < ARRAY_SIZE(f))
+		return;
+	/* utime 14, stime 15, num_threads 20, vsize 23, rss 24 (in pages) */
+	long tck = sysconf(_SC_CLK_TCK);
+	long page = sysconf(_SC_PAGESIZE);
+	ret->cpu_seconds = (double)(f[10] + f[11]) / (double)(tck > 0 ? tck : 100);
+	ret->threads = f[16];
+	ret->vsize = f[19];
+	ret->rss = f[20] * (uint64_t)(page > 0 ? page : 4096);
 }
 
+static uint64_t max_fds(void)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY)
+		return 0;
+	return (uint64_t)rl.rlim_cur;
+}
+
+/* The process_* families as Prometheus's client libraries write them (names, types and
+ * HELP of client_golang's process collector), so that the usual dashboards work. */
 static void render_process(struct page *p, const struct metrics_sources *src)
 {
 	struct metrics_label v = { "version", SLUICE_VERSION };
+	struct proc_stat ps;
+	proc_stat_read(&ps);
+	fam(p, "process_cpu_seconds_total", "counter",
+	    "Total user and system CPU time spent in seconds.");
+	dbl(p, "process_cpu_seconds_total", NULL, 0, ps.cpu_seconds);
+	const struct single rows[] = {
+		{ "process_open_fds", "gauge", "Number of open file descriptors.", count_fds() },
+		{ "process_max_fds", "gauge", "Maximum number of open file descriptors.", max_fds() },
+		{ "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.", ps.vsize },
+		{ "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.", ps.rss },
+	};
+	singles(p, rows, ARRAY_SIZE(rows));
+	fam(p, "process_start_time_seconds", "gauge",
+	    "Start time of the process since unix epoch in seconds.");
+	dbl(p, "process_start_time_seconds", NULL, 0, (double)src->started_us / 1e6);
+
 	fam(p, "sluice_build_info", "gauge", "The running version of sluiced (always 1).");
 	u64(p, "sluice_build_info", &v, 1, 1);
-	fam(p, "sluice_start_time_seconds", "gauge", "When sluiced started, in seconds since the epoch.");
-	dbl(p, "sluice_start_time_seconds", NULL, 0, (double)src->started_us / 1e6);
 	fam(p, "sluice_reloads_total", "counter", "Configuration reloads that succeeded.");
 	u64(p, "sluice_reloads_total", NULL, 0, src->reloads);
 	fam(p, "sluice_double_use_sessions_total", "counter",
 	    "SMTP sessions that both the milter and the policy service served (one MTA using "
 	    "both counts each event twice).");
 	u64(p, "sluice_double_use_sessions_total", NULL, 0, live_sessions_doubles());
-	uint64_t threads, rss;
-	proc_status(&threads, &rss);
 	fam(p, "sluice_threads", "gauge", "Threads of the process.");
-	u64(p, "sluice_threads", NULL, 0, threads);
-	fam(p, "sluice_open_fds", "gauge", "Open file descriptors of the process.");
-	u64(p, "sluice_open_fds", NULL, 0, count_fds());
-	fam(p, "sluice_resident_memory_bytes", "gauge", "Resident memory of the process.");
-	u64(p, "sluice_resident_memory_bytes", NULL, 0, rss);
+	u64(p, "sluice_threads", NULL, 0, ps.threads);
 }
 
 /* ---- services ---- */
@@ -349,14 +410,17 @@ static void render_relay(struct page *p, const struct metrics_sources *src)
 		return; /* stopping: the page goes without the relay */
 	}
 	size_t shown = n < MAX_LANES ? n : MAX_LANES;
-	fam(p, "sluice_relay_lanes", "gauge", "Lanes the relay knows (each lane is one budget).");
-	u64(p, "sluice_relay_lanes", NULL, 0, n);
-	fam(p, "sluice_relay_transactions_total", "counter", "Transactions started by the relay.");
-	u64(p, "sluice_relay_transactions_total", NULL, 0, st.transactions);
-	fam(p, "sluice_relay_connections", "gauge", "Outgoing connections open now.");
-	u64(p, "sluice_relay_connections", NULL, 0, st.active_connections);
-	fam(p, "sluice_relay_connections_total", "counter", "Outgoing connections opened.");
-	u64(p, "sluice_relay_connections_total", NULL, 0, st.connections);
+	const struct single rows[] = {
+		{ "sluice_relay_lanes", "gauge", "Lanes the relay knows (each lane is one budget).",
+		  n },
+		{ "sluice_relay_transactions_total", "counter", "Transactions started by the relay.",
+		  st.transactions },
+		{ "sluice_relay_connections", "gauge", "Outgoing connections open now.",
+		  st.active_connections },
+		{ "sluice_relay_connections_total", "counter", "Outgoing connections opened.",
+		  st.connections },
+	};
+	singles(p, rows, ARRAY_SIZE(rows));
 	fam(p, "sluice_relay_dsn_total", "counter",
 	    "Delivery status notifications queued: kind bounce or delay (notice).");
 	struct metrics_label k = { "kind", "bounce" };

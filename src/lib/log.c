@@ -3,6 +3,12 @@
  *
  * A line is formatted into a stack buffer and written with one write(2) so that lines
  * from several threads never interleave.  Lines longer than LOG_LINE_MAX are cut.
+ *
+ * When stderr is the journal (systemd sets JOURNAL_STREAM=DEV:INO to the stream it gave
+ * the service; fd 2 must still be that stream, as sd_journal_stream_fd(3) consumers
+ * check), each line starts with its priority as sd-daemon(3) writes it ("<3>" for an
+ * error), which journald strips and files as the entry's PRIORITY; the facility is the
+ * unit's SyslogFacility=.  This is decided in log_setup() (start and reload), not per line.
  */
 #include <errno.h>
 #include <stdatomic.h>
@@ -10,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <syslog.h>
 #include <time.h>
 #include <unistd.h>
@@ -20,6 +27,7 @@
 
 static _Atomic int log_level_cur = LOG_LEVEL_INFO;
 static _Atomic int log_target_cur = LOG_TARGET_STDERR;
+static _Atomic bool log_journal;     /* stderr is the journal's stream: prefix "<N>" */
 static log_sink_fn *_Atomic log_sink;
 
 static const char *const level_names[] = {
@@ -34,10 +42,42 @@ static const int level_prio[] = {
 	[LOG_LEVEL_ERROR] = LOG_ERR,       [LOG_LEVEL_CRIT] = LOG_CRIT,
 };
 
+bool log_stderr_is_journal(void)
+{
+	const char *e = getenv("JOURNAL_STREAM");
+	if (!e || !*e)
+		return false;
+	char *end;
+	errno = 0;
+	unsigned long long dev = strtoull(e, &end, 10);
+	if (errno || end == e || *end != ':')
+		return false;
+	const char *ino_s = end + 1;
+	unsigned long long ino = strtoull(ino_s, &end, 10);
+	if (errno || end == ino_s || *end)
+		return false;
+	struct stat st;
+	if (fstat(STDERR_FILENO, &st) < 0)
+		return false;
+	return (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+}
+
+const char *log_stderr_prefix(enum log_level level)
+{
+	static const char *const prefixes[] = {
+		[LOG_LEVEL_DEBUG] = "<7>",   [LOG_LEVEL_INFO] = "<6>",  [LOG_LEVEL_NOTICE] = "<5>",
+		[LOG_LEVEL_WARNING] = "<4>", [LOG_LEVEL_ERROR] = "<3>", [LOG_LEVEL_CRIT] = "<2>",
+	};
+	if ((size_t)level >= sizeof(prefixes) / sizeof(prefixes[0]) || !log_stderr_is_journal())
+		return "";
+	return prefixes[level];
+}
+
 void log_setup(enum log_target target, int facility, enum log_level level)
 {
 	if (target == LOG_TARGET_SYSLOG)
 		openlog("sluiced", LOG_PID | LOG_NDELAY, facility);
+	atomic_store(&log_journal, target == LOG_TARGET_STDERR && log_stderr_is_journal());
 	atomic_store(&log_target_cur, (int)target);
 	atomic_store(&log_level_cur, (int)level);
 }
@@ -106,11 +146,17 @@ void log_vmsg(enum log_level level, const char *fmt, va_list ap)
 	int target = atomic_load(&log_target_cur);
 	log_sink_fn *sink = atomic_load(&log_sink);
 	if (target == LOG_TARGET_STDERR && !sink) {
+		if (atomic_load_explicit(&log_journal, memory_order_relaxed)) {
+			line[0] = '<';               /* sd-daemon(3): SD_ERR is "<3>" */
+			line[1] = (char)('0' + level_prio[level]);
+			line[2] = '>';
+			off = 3;
+		}
 		struct timespec ts;
 		struct tm tm;
 		clock_gettime(CLOCK_REALTIME, &ts);
 		localtime_r(&ts.tv_sec, &tm);
-		size_t n = strftime(line, sizeof(line), "%Y-%m-%dT%H:%M:%S", &tm);
+		size_t n = off + strftime(line + off, sizeof(line) - off, "%Y-%m-%dT%H:%M:%S", &tm);
 		int w = snprintf(line + n, sizeof(line) - n, ".%03ld sluiced[%ld]: %s: ",
 				 ts.tv_nsec / 1000000, (long)getpid(), log_level_name(level));
 		off = n + (w > 0 ? (size_t)w : 0);

@@ -31,8 +31,16 @@ enum log_target {
 
 typedef void log_sink_fn(enum log_level level, const char *line);
 
-/* Configure; may be called again on reload.  facility is a syslog LOG_* facility. */
+/* Configure; may be called again on reload.  facility is a syslog LOG_* facility.  With
+ * target stderr, it also decides whether stderr is the journal (log_stderr_is_journal()),
+ * and then each line starts with its sd-daemon(3) priority, "<3>" for an error. */
 void log_setup(enum log_target target, int facility, enum log_level level);
+/* JOURNAL_STREAM names the device and inode of fd 2 now (systemd.exec(5)). */
+bool log_stderr_is_journal(void);
+/* "<3>" for LOG_LEVEL_ERROR etc. when stderr is the journal now, else "": for the few
+ * lines a program writes to stderr itself before log_setup() (a configuration error at
+ * start).  Checks the environment and fd 2 at each call. */
+const char *log_stderr_prefix(enum log_level level);
 void log_set_level(enum log_level level);
 bool log_enabled(enum log_level level);
 void log_set_sink(log_sink_fn *sink);

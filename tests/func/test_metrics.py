@@ -13,6 +13,7 @@ and precise configuration errors.
 """
 
 import math
+import os
 import re
 import signal
 import smtplib
@@ -211,6 +212,18 @@ def passed(reply):
     return reply in (NOT_SENT, NO_REPLY) or reply[0] == CONTINUE
 
 
+def milter_four_recipients(path):
+    """One milter session from <a@example.net> to r0..r3@example.org; the RCPT replies."""
+    with MilterClient("unix:" + path) as m:
+        m.negotiate()
+        assert m.connect()[0] == CONTINUE
+        assert passed(m.helo())
+        assert passed(m.mail("<a@example.net>"))
+        replies = [m.rcpt(f"<r{i}@example.org>")[0] for i in range(4)]
+        m.quit()
+    return replies
+
+
 def test_metrics_after_real_traffic(setup):
     sd, sh, ports = setup()
     mport = ports["metrics"]
@@ -218,13 +231,7 @@ def test_metrics_after_real_traffic(setup):
     # milter: one message to four recipients of one domain from one sender.  shadow
     # (2/1m per sender, warn): 2 within, 2 over; strict (3/1m per domain, tempfail): 3
     # within (the third at 100% of its burst: near the limit), the fourth refused.
-    with MilterClient("unix:" + ports["milter"]) as m:
-        m.negotiate()
-        assert m.connect()[0] == CONTINUE
-        assert passed(m.helo())
-        assert passed(m.mail("<a@example.net>"))
-        replies = [m.rcpt(f"<r{i}@example.org>")[0] for i in range(4)]
-        m.quit()
+    replies = milter_four_recipients(ports["milter"])
     assert replies[:3] == [CONTINUE] * 3
     assert replies[3] in (TEMPFAIL, b"y"), replies
     # policy: one recipient of another domain, within both rules
@@ -290,9 +297,34 @@ def test_metrics_after_real_traffic(setup):
     # the process
     assert value(f, "sluice_build_info", version=value_label(f, "sluice_build_info")) == 1
     assert value(f, "sluice_threads") >= 5   # main, 2 workers, committer, relay, metrics
-    assert value(f, "sluice_open_fds") > 5
-    assert value(f, "sluice_resident_memory_bytes") > 1 << 20
-    assert abs(value(f, "sluice_start_time_seconds") - time.time()) < 120
+    # the standard process_* families of Prometheus's client libraries, checked against
+    # /proc (the old sluice_open_fds, sluice_resident_memory_bytes and
+    # sluice_start_time_seconds are gone: these replace them)
+    for gone in ("sluice_open_fds", "sluice_resident_memory_bytes", "sluice_start_time_seconds"):
+        assert gone not in f, gone
+    pid = sd.pid
+    assert f["process_cpu_seconds_total"]["type"] == "counter"
+    assert f["process_cpu_seconds_total"]["help"] == \
+        "Total user and system CPU time spent in seconds."
+    for name in ("process_open_fds", "process_max_fds", "process_virtual_memory_bytes",
+                 "process_resident_memory_bytes", "process_start_time_seconds"):
+        assert f[name]["type"] == "gauge", name
+    fds = value(f, "process_open_fds")
+    assert 5 < fds and abs(fds - len(os.listdir(f"/proc/{pid}/fd"))) <= 2
+    with open(f"/proc/{pid}/limits") as lim:
+        soft = next(int(line.split()[3]) for line in lim if line.startswith("Max open files"))
+    assert value(f, "process_max_fds") == soft
+    status = open(f"/proc/{pid}/status").read()
+    vm = {k: int(v.split()[0]) * 1024 for k, v in re.findall(r"^(Vm\w+):\s+(.*)$", status, re.M)}
+    assert abs(value(f, "process_resident_memory_bytes") - vm["VmRSS"]) < 8 << 20
+    assert value(f, "process_resident_memory_bytes") > 1 << 20
+    assert abs(value(f, "process_virtual_memory_bytes") - vm["VmSize"]) < 64 << 20
+    with open(f"/proc/{pid}/stat") as st:
+        ticks = st.read().rsplit(")", 1)[1].split()
+    cpu_now = (int(ticks[11]) + int(ticks[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    assert 0 <= value(f, "process_cpu_seconds_total") <= cpu_now
+    assert cpu_now - value(f, "process_cpu_seconds_total") < 1
+    assert abs(value(f, "process_start_time_seconds") - time.time()) < 120
     # no secret and no key in the page
     assert SECRET not in text
     for key in ("a@example.net", "example.org", "example.com", "b@example.net", "192.0.2.7"):
