@@ -367,11 +367,11 @@ def test_upgrade_keeps_the_edited_conffile(installed, tmp_path):
     assert not os.path.lexists(dist) and not os.path.lexists("/etc/sluice")
 
 
-def on_private_etc(tmp_path, edit):
+def on_private_etc(tmp_path, group="", passwd=""):
     """The installed postinst (`configure`, as on a first install) in a mount namespace
-    where /etc is a copy of this machine's, its user and group sluice first removed and
-    then `edit(etc)` applied: the machine's own accounts are never touched.  Returns the
-    run and the copy."""
+    where /etc is a copy of this machine's, its user and group sluice removed and then
+    the lines `group` and `passwd` added: the machine's own accounts are never touched.
+    Returns the run and the copy."""
     etc = tmp_path / "etc"
     tmp_path.mkdir()
     run("cp", "-a", "/etc/.", str(etc))
@@ -380,7 +380,9 @@ def on_private_etc(tmp_path, edit):
         if f.exists():
             f.write_text("".join(ln for ln in f.read_text().splitlines(True)
                                  if not ln.startswith("sluice:")))
-    edit(etc)
+    for name, line in (("group", group), ("passwd", passwd)):
+        with open(etc / name, "a") as f:
+            f.write(line)
     res = run("unshare", "--mount", "sh", "-c",
               'mount --make-rprivate / && mount --bind "$1" /etc && exec "$2" configure',
               "sh", str(etc), "/var/lib/dpkg/info/sluice.postinst", check=False,
@@ -407,7 +409,7 @@ def test_postinst_user_on_a_private_etc(installed, tmp_path):
     installed.install()
     accounts = [pathlib.Path("/etc", name).read_bytes() for name in ("passwd", "group")]
 
-    res, etc = on_private_etc(tmp_path / "fresh", lambda etc: None)
+    res, etc = on_private_etc(tmp_path / "fresh")
     assert res.returncode == 0, res.stderr
     user, group = entry(etc, "passwd", "sluice"), entry(etc, "group", "sluice")
     assert int(user[2]) < 1000 and user[3] == group[2], (user, group)
@@ -415,28 +417,18 @@ def test_postinst_user_on_a_private_etc(installed, tmp_path):
     conf = os.stat(etc / "sluice/sluice.conf")
     assert (conf.st_uid, conf.st_gid, oct(conf.st_mode & 0o777)) == (0, int(group[2]), "0o640")
 
-    def group_only(etc):
-        with open(etc / "group", "a") as f:
-            f.write("sluice:x:990:\n")
-    res, etc = on_private_etc(tmp_path / "group", group_only)
+    # a group sluice left alone becomes the user's group
+    res, etc = on_private_etc(tmp_path / "group", group="sluice:x:990:\n")
     assert res.returncode == 0, res.stderr
     assert entry(etc, "passwd", "sluice")[3] == "990"
 
-    def login_user(etc):
-        with open(etc / "group", "a") as f:
-            f.write("sluice:x:1500:\n")
-        with open(etc / "passwd", "a") as f:
-            f.write("sluice:x:1500:1500::/home/sluice:/bin/sh\n")
-    res, _ = on_private_etc(tmp_path / "login", login_user)
+    res, _ = on_private_etc(tmp_path / "login", group="sluice:x:1500:\n",
+                            passwd="sluice:x:1500:1500::/home/sluice:/bin/sh\n")
     assert res.returncode != 0
     assert "not as a login user (uid 1500)" in res.stderr, res.stderr
 
-    def other_group(etc):
-        with open(etc / "group", "a") as f:
-            f.write("sluice:x:990:\n")
-        with open(etc / "passwd", "a") as f:
-            f.write("sluice:x:990:65534::/nonexistent:/usr/sbin/nologin\n")
-    res, _ = on_private_etc(tmp_path / "group2", other_group)
+    res, _ = on_private_etc(tmp_path / "nogroup", group="sluice:x:990:\n",
+                            passwd="sluice:x:990:65534::/nonexistent:/usr/sbin/nologin\n")
     assert res.returncode != 0
     assert "primary group is nogroup, not sluice" in res.stderr, res.stderr
     assert [pathlib.Path("/etc", name).read_bytes() for name in ("passwd", "group")] == accounts
