@@ -19,7 +19,7 @@ BUILD_PKGS = meson ninja-build pkg-config gcc libevent-dev libcmocka-dev scdoc l
 TEST_PKGS = postfix miltertest swaks python3-pytest redis-server clang libclang-rt-14-dev faketime python3-xxhash bsd-mailx python3-aiosmtpd python3-cryptography openssl sendmail-cf m4 libwrap0 libdb5.3 libldap-2.5-0 liblockfile1 libnsl2 libsasl2-2 unbound nsd ldnsutils python3-dnslib prometheus
 BENCH_PKGS = libmilter-dev redis-server postfix python3-pytest strace
 FUZZ_PKGS = clang libclang-rt-14-dev
-DEB_PKGS = debhelper dpkg-dev fakeroot lintian
+DEB_PKGS = build-essential debhelper dpkg-dev fakeroot lintian
 # the slow test tests/func/test_deb.py builds the package
 TEST_PKGS += $(DEB_PKGS)
 # where `make deb` leaves sluice_VERSION_ARCH.deb (and its .changes and .buildinfo)
@@ -120,17 +120,19 @@ fuzz: deps-build $(FUZZ_BUILD)/build.ninja
 # The package (debian/, doc/OPERATIONS.md "Debian package"): dpkg-buildpackage writes
 # into the parent of the tree it builds, so it builds a copy of the tree (without the
 # build directories and .git) in $(DEB_DIR)/sluice-$(VERSION); nothing is written
-# outside $(DEB_DIR).  Then lintian, which must find no error and no warning that
-# debian/sluice.lintian-overrides does not explain.
+# outside $(DEB_DIR).  It builds the source package too (sluice_VERSION.dsc and .tar.xz,
+# a few seconds), so that lintian, which must find no error and no warning that
+# debian/sluice.lintian-overrides does not explain, checks debian/ as a source as well.
 deb: deps-deb
 	@v=$$(dpkg-parsechangelog -l debian/changelog -S Version); [ "$$v" = "$(VERSION)" ] || \
 	  { echo "debian/changelog is at $$v, meson.build at $(VERSION): add a changelog entry (dch -v $(VERSION))"; exit 1; }
-	rm -rf $(DEB_DIR)/sluice-$(VERSION) $(DEB_DIR)/sluice_$(VERSION)_* $(DEB_DIR)/sluice-dbgsym_$(VERSION)_*
+	rm -rf $(DEB_DIR)/sluice-$(VERSION) $(DEB_DIR)/sluice_$(VERSION)_* $(DEB_DIR)/sluice_$(VERSION).* \
+	  $(DEB_DIR)/sluice-dbgsym_$(VERSION)_*
 	mkdir -p $(DEB_DIR)/sluice-$(VERSION)
 	tar -cf - --exclude-vcs --exclude='./build*' --exclude='./$(BUILD)' --exclude='./$(DEB_DIR)' \
 	  --exclude=__pycache__ --exclude='*.pyc' --exclude=.pytest_cache . | \
 	  tar -xf - -C $(DEB_DIR)/sluice-$(VERSION)
-	cd $(DEB_DIR)/sluice-$(VERSION) && dpkg-buildpackage -b -us -uc -jauto
+	cd $(DEB_DIR)/sluice-$(VERSION) && dpkg-buildpackage -us -uc -jauto
 	rm -rf $(DEB_DIR)/sluice-$(VERSION)
 	lintian --fail-on error,warning $(DEB_DIR)/sluice_$(VERSION)_*.changes
 	@ls $(DEB_DIR)/sluice_$(VERSION)_*.deb

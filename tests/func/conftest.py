@@ -778,3 +778,15 @@ def queued_id(swaks_output):
     """The queue ID from swaks' transcript ("250 2.0.0 Ok: queued as 4Xy..."), or None."""
     m = re.search(r"queued as ([0-9A-Za-z]+)", swaks_output)
     return m.group(1) if m else None
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """test_deb.py skips as a whole where the machine cannot take it (not root, the
+    package's directories or addresses in use): a run of that file alone where every
+    test skipped exits 77, which meson shows as SKIP, not OK."""
+    items = getattr(session, "items", None)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if (exitstatus == 0 and items and reporter is not None
+            and all(pathlib.Path(str(item.fspath)).name == "test_deb.py" for item in items)
+            and len(reporter.stats.get("skipped", ())) == len(items)):
+        session.exitstatus = 77
