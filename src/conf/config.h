@@ -89,7 +89,7 @@ struct sluice_config {
 		uint64_t max_message_size;    /* 552 5.3.4 past it; advertised in EHLO SIZE */
 		unsigned max_recipients;      /* 452 4.5.3 past it */
 		unsigned max_errors;          /* bad commands before the session is closed */
-		unsigned max_line_length;     /* octets of a message line, CRLF excluded */
+		uint64_t max_line_length;     /* octets of a message line, CRLF excluded */
 		char *hostname;               /* greeting, Received:; default: gethostname() */
 	} intake;
 	struct {

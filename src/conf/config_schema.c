@@ -343,7 +343,7 @@ const struct cfg_key config_intake_keys[] = {
 	  .help = "452 4.5.3 past it" },
 	{ "max_errors", &cfg_type_uint, OFF(intake.max_errors), "20", 1, 1000,
 	  .help = "bad commands before the session is closed" },
-	{ "max_line_length", &cfg_type_uint, OFF(intake.max_line_length), "998", 78, 1 << 30,
+	{ "max_line_length", &cfg_type_size, OFF(intake.max_line_length), "998", 78, 1 << 30,
 	  .help = "octets of a message line, CRLF excluded (RFC 5321 4.5.3.1.6)" },
 	{ "hostname", &cfg_type_string, OFF(intake.hostname), NULL, .check = check_no_space,
 	  .help = "in the greeting and Received: (default: the host's name)" },

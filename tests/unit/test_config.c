@@ -82,18 +82,27 @@ static const struct {
 	{ "intake { listen = \"unix:i.sock\"; allow = [\"300.1.1.1\"]; }\n",
 	  "t.conf:1: intake.allow: \"300.1.1.1\": expected an address or a network (ADDR/BITS)" },
 	{ M "queue { min_free = 2t; }\n",
-	  "t.conf:2: queue.min_free: expected a size such as 512, 64KiB, 10MB or 1GiB (kB, MB, "
-	  "GB: 10^3, 10^6, 10^9 bytes; KiB, MiB, GiB: 2^10, 2^20, 2^30), got \"2t\"" },
+	  "t.conf:2: queue.min_free: expected a size in bytes such as 512, 64KiB, 10MiB or "
+	  "1GiB (KiB, MiB, GiB: 2^10, 2^20, 2^30 bytes), got \"2t\"" },
 	/* a size with a bare k/M/G meant 2^10..: refused rather than silently changed */
 	{ M "intake {\n listen = \"unix:i.sock\";\n max_message_size = 10M;\n}\n",
 	  "t.conf:4: intake.max_message_size: \"10M\" is ambiguous: write 10MiB (10485760 "
-	  "bytes) or 10MB (10000000 bytes)" },
+	  "bytes) or 10000000" },
+	{ M "intake {\n listen = \"unix:i.sock\";\n max_message_size = 10MB;\n}\n",
+	  "t.conf:4: intake.max_message_size: \"10MB\" is ambiguous: write 10MiB (10485760 "
+	  "bytes) or 10000000" },
+	{ M "queue { min_free = 2000G; }\n",
+	  "t.conf:2: queue.min_free: \"2000G\" is ambiguous, and out of range "
+	  "[0, 1099511627776] bytes either way" },
 	{ M "policy { listen = \"unix:p.sock\"; max_request = 64kb; }\n",
 	  "t.conf:2: policy.max_request: \"64kb\" is ambiguous: write 64KiB (65536 bytes) or "
-	  "64kB (64000 bytes)" },
+	  "64000" },
 	{ M "intake { listen = \"unix:i.sock\"; max_line_length = 2kb; }\n",
-	  "t.conf:2: intake.max_line_length: \"2kb\" is ambiguous: write 2Ki (2048) or 2k "
-	  "(2000)" },
+	  "t.conf:2: intake.max_line_length: \"2kb\" is ambiguous: write 2KiB (2048 bytes) "
+	  "or 2000" },
+	{ M "intake { listen = \"unix:i.sock\"; max_line_length = 2k; }\n",
+	  "t.conf:2: intake.max_line_length: \"2k\" is ambiguous: write 2KiB (2048 bytes) "
+	  "or 2000" },
 	{ M "store { type = \"disk\"; }\n",
 	  "t.conf:2: store.type: \"disk\": expected memory or redis" },
 	{ M "store { server = \"127.0.0.1:6379\"; }\n",
