@@ -50,6 +50,7 @@ struct sluice_config {
 	gid_t gid;                   /* of group, or user's primary group */
 	char *group;                 /* group = ...; NULL: user's primary group */
 	enum control_admin control_admin;
+	bool control_allow_remote;   /* control.listen may be reached from other hosts */
 	struct {
 		enum log_target target;
 		int facility;

@@ -1,10 +1,13 @@
 """The conventions of the field, checked from outside against the real daemon:
 
 * libmilter's and Sendmail's socket strings (src/lib/sockspec.c) with a real Postfix and
-  miltertest (a libmilter-style client), and refused with FILE:LINE: KEY by `sluiced -t`;
+  miltertest (a libmilter-style client), and refused with FILE:LINE: KEY by `sluiced -t`
+  (a listen host that does not resolve too); the address bound logged at start, with a
+  warning on a wildcard; libmilter's inet6 wildcard taking IPv4 clients; an inet
+  control socket other hosts reach refused unless allow_remote;
 * JSON (src/lib/buf.c): an SMTPUTF8 message through the intake read back from
   `sluice queue --json` by a strict parser, a milter peer's ill-formed bytes as U+FFFD;
-* units (sluice.conf(5) UNITS): a size's bare k/M/G refused naming both spellings, and
+* units (sluice.conf(5) UNITS): a size's k/M/G and kB/MB/GB refused naming both readings, and
   what `sluiced -D` prints read back to the same values.
 
 Postfix's smtpd_milters takes inet:HOST:PORT and unix:PATH only: Postfix 3.7 stops its
@@ -113,6 +116,15 @@ def test_libmilter_forms_listen(sluiced, form):
     spec = form.replace("PORT", str(port))
     s = sluiced(milter_config(listen=spec, mode="0666" if "local:" in spec else None))
     spec = spec.replace("@DIR@", str(s.dir))
+    if not spec.startswith("local:"):
+        # the numeric address bound, at start; a warning only where other hosts reach it
+        bound = f"0.0.0.0:{port}" if spec == f"inet:{port}" else \
+            f"127.0.0.1:{port}" if "localhost" in spec else f"[::1]:{port}"
+        s.log.wait_for(rf" milter listening on {re.escape(spec)}: {re.escape(bound)}$",
+                       flags=re.M)
+        warned = s.log.search(rf"milter listens on {re.escape(bound)} \({re.escape(spec)}\), "
+                              r"which other hosts can reach and which has no authentication")
+        assert bool(warned) == (spec == f"inet:{port}"), s.log.tail()
     if spec.startswith("local:"):
         path = spec[len("local:"):]
         wait_until(lambda: connects(socket.AF_UNIX, path), 10, path)
@@ -139,6 +151,11 @@ def test_libmilter_forms_listen(sluiced, form):
     ("unix:/" + "p" * 107, r"unix socket path longer than 107 bytes"),
     ("tcp:8891@127.0.0.1", r'unknown socket type "tcp"'),
     ("inet:8891@bad_host!", r"neither an address nor a host name"),
+    ("inet:18891@nonexistent.invalid", r"nonexistent\.invalid: Name or service not known"),
+    ("inet:025@127.0.0.1", r"port 025: leading zeros are not allowed"),
+    ("inet6:2001:db8::1:8891", r"written in brackets: inet6:\[2001:db8::1\]:8891"),
+    ("inet:8891@127.1", r"neither a dotted-quad address \(a\.b\.c\.d\) nor a host name"),
+    ("inet6:[::ffff:127.0.0.1]:8891", r"IPv4-mapped .*; write inet:127\.0\.0\.1:8891"),
 ])
 def test_malformed_socket_strings_are_refused_with_file_line_and_key(workdir, value,
                                                                      message):
@@ -151,6 +168,41 @@ def test_malformed_socket_strings_are_refused_with_file_line_and_key(workdir, va
     shown = value if len(value) <= 100 else value[:100] + "..."
     assert re.search(rf'{re.escape(str(conf))}:5: milter\.listen: "{re.escape(shown)}": '
                      rf'.*{message}', out), out
+
+
+def test_inet6_wildcard_in_libmilters_form_takes_ipv4_clients_too(sluiced):
+    """libmilter leaves IPV6_V6ONLY alone, so its inet6:PORT takes IPv4 clients on a
+    Linux default; sluiced does the same for that form (and keeps inet6:[::]:PORT v6-only,
+    as test_libmilter_forms_listen's [::1] shows)."""
+    port = free_port()
+    s = sluiced(milter_config(listen=f"inet6:{port}"))
+    s.log.wait_for(rf" milter listening on inet6:{port}: \[::\]:{port} \(and IPv4\)$",
+                   flags=re.M)
+    with milter_wire.MilterClient(f"inet:127.0.0.1:{port}") as m:
+        assert m.negotiate()[0] == 6
+    assert connects(socket.AF_INET6, ("::1", port))
+
+
+def control_config(workdir, listen, extra=""):
+    conf = workdir / "control.conf"
+    conf.write_text(f'user = "root";\nstate_dir = "{workdir}";\n'
+                    f'milter {{ listen = "unix:{workdir}/m.sock"; }}\n'
+                    f'control {{\n  listen = "{listen}";\n{extra}}}\n')
+    return conf
+
+
+def test_an_inet_control_socket_other_hosts_reach_must_be_allowed(workdir):
+    port = free_port()
+    conf = control_config(workdir, f"inet:{port}")
+    res = check_config(conf)
+    assert res.returncode != 0, res
+    assert re.search(rf'{re.escape(str(conf))}:5: control\.listen: "inet:{port}" can be '
+                     r"reached from other hosts, and a control client there gets full admin "
+                     r"rights: .*set allow_remote = true", res.stderr), res.stderr
+    res = check_config(control_config(workdir, f"inet:{port}", "  allow_remote = true;\n"))
+    assert res.returncode == 0, res.stderr
+    res = check_config(control_config(workdir, f"inet:{port}@127.0.0.1"))
+    assert res.returncode == 0, res.stderr
 
 
 def test_sluice_connects_to_a_control_socket_in_libmilters_form(sluiced, sluice_cli):

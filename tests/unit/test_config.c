@@ -73,6 +73,22 @@ static const struct {
 	  "t.conf:2: control.mode: expected an octal mode such as \"0660\"" },
 	{ M "control { listen = \"unix:c.sock\"; admin = \"all\"; }\n",
 	  "t.conf:2: control.admin: expected group or root" },
+	/* an inet control socket other hosts reach gives them admin rights: asked for */
+	{ M "control {\n listen = \"unix:c.sock\";\n listen = \"inet:9999\";\n}\n",
+	  "t.conf:4: control.listen: \"inet:9999\" can be reached from other hosts, and a "
+	  "control client there gets full admin rights: use a unix socket or 127.0.0.1/::1, "
+	  "or set allow_remote = true" },
+	{ M "control { listen = [\"inet:127.0.0.1:9999\", \"inet6:[2001:db8::1]:9999\"]; }\n",
+	  "t.conf:2: control.listen[1]: \"inet6:[2001:db8::1]:9999\" can be reached from other "
+	  "hosts, and a control client there gets full admin rights: use a unix socket or "
+	  "127.0.0.1/::1, or set allow_remote = true" },
+	/* a listen host name is looked up at load: sluiced -t names the line */
+	{ M "policy {\n listen = \"inet:18891@nonexistent.invalid\";\n}\n",
+	  "t.conf:3: policy.listen: \"inet:18891@nonexistent.invalid\": nonexistent.invalid: "
+	  "Name or service not known" },
+	{ "milter { listen = [\"unix:m.sock\", \"inet6:[fe80::1%nosuchif0]:25\"]; }\n",
+	  "t.conf:1: milter.listen[1]: \"inet6:[fe80::1%nosuchif0]:25\": fe80::1%nosuchif0: "
+	  "Name or service not known" },
 	{ M "metrics { listen = \"inet:0.0.0.0:9187\"; }\n",
 	  "t.conf:2: metrics.listen: \"inet:0.0.0.0:9187\" can be reached from other hosts, and "
 	  "the metrics have no authentication: listen on 127.0.0.1 or ::1, or set "
@@ -297,6 +313,23 @@ static void test_defaults_and_values(void **state)
 	config_free(c);
 }
 
+/* control.allow_remote lets an inet control socket on every address; loopback needs none */
+static void test_control_allow_remote(void **state)
+{
+	(void)state;
+	struct sluice_config *c = NULL;
+	char err[1024];
+	assert_int_equal(load_text(M "control { listen = \"inet:9999\"; allow_remote = true; }\n",
+				   false, &c, err, sizeof(err)), 0);
+	assert_true(c->control_allow_remote);
+	config_free(c);
+	assert_int_equal(load_text(M "control { listen = [\"inet:9999@127.0.0.1\", "
+				   "\"inet6:[::1]:9999\", \"unix:c.sock\"]; }\n",
+				   false, &c, err, sizeof(err)), 0);
+	assert_false(c->control_allow_remote);
+	config_free(c);
+}
+
 /* The sluice command reads the intake and control blocks, and no secret. */
 static void test_client(void **state)
 {
@@ -338,6 +371,7 @@ int main(void)
 		cmocka_unit_test(test_errors),
 		cmocka_unit_test(test_providers),
 		cmocka_unit_test(test_defaults_and_values),
+		cmocka_unit_test(test_control_allow_remote),
 		cmocka_unit_test(test_client),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
