@@ -213,6 +213,12 @@ def test_sluice_connects_to_a_control_socket_in_libmilters_form(sluiced, sluice_
     assert f'listen = "{spec}"' in s.config_text
     res = s.cli("status", socket_path=spec)
     assert res.returncode == 0 and res.stdout, res
+    # a name: its addresses tried in turn
+    res = s.cli("status", socket_path=f"inet:{port}@localhost")
+    assert res.returncode == 0 and res.stdout, res
+    res = s.cli("status", socket_path=f"inet:{port}@nonexistent.invalid", check=False)
+    assert res.returncode != 0 and f'"inet:{port}@nonexistent.invalid": nonexistent.invalid: ' \
+        in res.stderr, res
     for bad, why in (("inet:0@127.0.0.1", "port 0 is out of range 1-65535"),
                      ("local:/" + "p" * 200, "longer than 107 bytes"),
                      ("inet:x", 'port "x" is not a number')):
