@@ -1045,23 +1045,26 @@ static void raise_nofile(struct daemon *d)
 }
 
 /*
- * The start's line for an inet listener: the string as written and the numeric address
- * bound (a name's first address; libmilter's inet:PORT is every IPv4 address), and a
- * warning when other hosts can reach it -- a line copied from a milter's guide
- * (inet:7357) binds every address, and the milter, policy and control protocols have no
- * authentication.  Unix sockets: no line (their mode and owner decide).
+ * The start's line for a listener; for an inet one, the numeric address bound too (a
+ * name's first address; libmilter's inet:PORT is every IPv4 address), and a warning when
+ * other hosts can reach it -- a line copied from a milter's guide (inet:7357) binds every
+ * address, and the milter, policy and control protocols have no authentication.
  */
 static void log_listener(const char *svc, const struct listen_addr *a)
 {
-	if (a->ss.ss_family == AF_UNIX)
+	if (a->ss.ss_family == AF_UNIX) {
+		log_info("%s listening on %s", svc, a->text);
 		return;
+	}
 	char shown[300];
 	listen_addr_show(a, shown, sizeof(shown));
 	log_info("%s listening on %s: %s", svc, a->text, shown);
+	bool intake = strcmp(svc, "intake") == 0; /* its clients are checked by allow */
 	if (!listen_addr_is_local(a))
 		log_warning("%s listens on %s (%s), which other hosts can reach and which has no "
-			    "authentication: restrict it with a firewall, or listen on 127.0.0.1 "
-			    "or ::1", svc, shown, a->text);
+			    "authentication%s: restrict it with a firewall, or listen on 127.0.0.1 "
+			    "or ::1", svc, shown, a->text,
+			    intake ? " (only intake.allow's networks may queue mail)" : "");
 }
 
 /*
@@ -1110,7 +1113,6 @@ static int bind_listeners(struct daemon *d, uid_t uid, gid_t gid)
 				return -1;
 			}
 			bd->svc = blocks[b].name;
-			log_listener(bd->svc, &bd->addr);
 			d->nbound++;
 		}
 	}
@@ -1137,7 +1139,7 @@ static int adopt_listeners(struct daemon *d)
 		} else if (ret < 0) {
 			listen_close(&bd->addr, bd->fd);
 		} else {
-			log_info("%s listening on %s", bd->svc, bd->addr.text);
+			log_listener(bd->svc, &bd->addr);
 		}
 	}
 	d->nbound = 0;
