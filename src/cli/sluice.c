@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,26 +54,50 @@ static void usage(FILE *f)
 	buf_done(&cmds);
 }
 
+/* One blocking connect; the socket, or -1 with errno. */
+static int connect_one(const struct sockaddr *sa, socklen_t len)
+{
+	int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd >= 0 && connect(fd, sa, len) < 0) {
+		int e = errno;
+		close(fd);
+		errno = e;
+		fd = -1;
+	}
+	return fd;
+}
+
+/* The control socket: a host name's every address in the resolver's order, as the
+ * intake's client does. */
 static int connect_to(const char *spec)
 {
 	struct sockspec s;
 	struct sockaddr_storage ss;
 	socklen_t sl;
 	char err[400];
-	if (sockspec_parse(spec, &s, err, sizeof(err)) < 0 ||
-	    sockspec_resolve(&s, &ss, &sl, err, sizeof(err)) < 0) {
-		fprintf(stderr, "sluice: control socket %s\n", err);
-		return -1;
+	int fd = -1;
+	if (sockspec_parse(spec, &s, err, sizeof(err)) < 0)
+		goto bad;
+	if (s.family == AF_UNIX || s.numeric) {
+		if (sockspec_resolve(&s, &ss, &sl, err, sizeof(err)) < 0)
+			goto bad;
+		fd = connect_one((struct sockaddr *)&ss, sl);
+	} else {
+		struct addrinfo *res;
+		if (sockspec_lookup(&s, &res, err, sizeof(err)) < 0)
+			goto bad;
+		errno = EHOSTUNREACH;
+		for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next)
+			fd = connect_one(ai->ai_addr, ai->ai_addrlen);
+		freeaddrinfo(res);
 	}
-	int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0 || connect(fd, (struct sockaddr *)&ss, sl) < 0) {
+	if (fd < 0)
 		fprintf(stderr, "sluice: cannot connect to %s: %s (is sluiced running?)\n",
 			s.family == AF_UNIX ? s.path : spec, strerror(errno));
-		if (fd >= 0)
-			close(fd);
-		return -1;
-	}
 	return fd;
+bad:
+	fprintf(stderr, "sluice: control socket %s\n", err);
+	return -1;
 }
 
 /* Append " name=VALUE" with VALUE %XX-encoded (spaces, controls, '%', 8-bit). */

@@ -50,6 +50,7 @@ struct sluice_config {
 	gid_t gid;                   /* of group, or user's primary group */
 	char *group;                 /* group = ...; NULL: user's primary group */
 	enum control_admin control_admin;
+	bool control_allow_remote;   /* control.listen may be reached from other hosts */
 	struct {
 		enum log_target target;
 		int facility;
@@ -89,7 +90,7 @@ struct sluice_config {
 		uint64_t max_message_size;    /* 552 5.3.4 past it; advertised in EHLO SIZE */
 		unsigned max_recipients;      /* 452 4.5.3 past it */
 		unsigned max_errors;          /* bad commands before the session is closed */
-		unsigned max_line_length;     /* octets of a message line, CRLF excluded */
+		uint64_t max_line_length;     /* octets of a message line, CRLF excluded */
 		char *hostname;               /* greeting, Received:; default: gethostname() */
 	} intake;
 	struct {

@@ -58,24 +58,6 @@ static int load_intake(struct cfg_node *m, struct sluice_config *c, char *err, s
 	return cfg_schema_load(m, config_intake_keys, c, err, el);
 }
 
-/* Is the address reachable from this host only?  (unix sockets, 127.0.0.0/8, ::1) */
-static bool addr_is_local(const struct listen_addr *a)
-{
-	if (a->ss.ss_family == AF_UNIX)
-		return true;
-	if (a->ss.ss_family == AF_INET) {
-		const struct sockaddr_in *in = (const struct sockaddr_in *)&a->ss;
-		return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
-	}
-	if (a->ss.ss_family == AF_INET6) {
-		const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)&a->ss;
-		if (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr))
-			return true;
-		return IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && in6->sin6_addr.s6_addr[12] == 127;
-	}
-	return false;
-}
-
 /* metrics { listen; allow_remote; max_connections; } -- the endpoint answers without
  * authentication, so an address other hosts can reach must be asked for. */
 static int load_metrics(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
@@ -91,11 +73,42 @@ static int load_metrics(struct cfg_node *m, struct sluice_config *c, char *err, 
 		ERR(n ? n : m, err, el, "%s", why);
 		return -EINVAL;
 	}
-	if (!c->metrics.allow_remote && !addr_is_local(&a)) {
+	if (!c->metrics.allow_remote && !listen_addr_is_local(&a)) {
 		ERR(n ? n : m, err, el, "\"%.100s\" can be reached from other hosts, and the "
 		    "metrics have no authentication: listen on 127.0.0.1 or ::1, or set "
 		    "allow_remote = true", c->metrics.listen);
 		return -EINVAL;
+	}
+	return 0;
+}
+
+/* control { listen; allow_remote; } -- an inet peer of the control socket has no
+ * credentials to check, so it gets full admin rights (control_service.c): an address
+ * other hosts can reach must be asked for. */
+static int load_control(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
+{
+	int r = cfg_schema_load(m, config_control_keys, c, err, el);
+	if (r < 0 || c->control_allow_remote)
+		return r;
+	size_t i = 0;
+	for (struct cfg_node *n = cfg_get(m, "listen"); n; n = cfg_next_same(n)) {
+		struct cfg_node *items = n->kind == CFG_LIST ? n->child : n;
+		for (struct cfg_node *it = items; it && i < c->control.n;
+		     it = n->kind == CFG_LIST ? it->next : NULL) {
+			struct listen_addr a;
+			char why[400];
+			const char *text = c->control.addr[i++];
+			if (listen_addr_parse(text, &a, why, sizeof(why)) < 0) {
+				ERR(it, err, el, "%s", why);
+				return -EINVAL;
+			}
+			if (!listen_addr_is_local(&a)) {
+				ERR(it, err, el, "\"%.100s\" can be reached from other hosts, and a "
+				    "control client there gets full admin rights: use a unix socket "
+				    "or 127.0.0.1/::1, or set allow_remote = true", text);
+				return -EINVAL;
+			}
+		}
 	}
 	return 0;
 }
@@ -253,7 +266,7 @@ static int load_core(struct cfg_node *root, struct sluice_config *c, char *err, 
 	if (r == 0 && (n = cfg_get(root, "log")))
 		r = cfg_schema_load(n, config_log_keys, c, err, el);
 	if (r == 0 && (n = cfg_get(root, "control")))
-		r = cfg_schema_load(n, config_control_keys, c, err, el);
+		r = load_control(n, c, err, el);
 	if (r == 0 && (n = cfg_get(root, "metrics")))
 		r = load_metrics(n, c, err, el);
 	struct cfg_node *milter = cfg_get(root, "milter");

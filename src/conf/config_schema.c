@@ -55,8 +55,14 @@ static int listen_parse(const struct cfg_node *n, const struct cfg_key *k, void 
 				return -EINVAL;
 			}
 			struct sockspec spec;
-			char why[300];
-			if (sockspec_parse(s, &spec, why, sizeof(why)) < 0) {
+			struct sockaddr_storage ss;
+			socklen_t sl;
+			char why[400];
+			/* a host name is looked up here too: sluiced -t finds one that does not
+			 * resolve, with its line, rather than the start */
+			if (sockspec_parse(s, &spec, why, sizeof(why)) < 0 ||
+			    (!spec.numeric && sockspec_resolve(&spec, &ss, &sl, why,
+							       sizeof(why)) < 0)) {
 				cfg_error(it, err, el, "%s", why);
 				return -EINVAL;
 			}
@@ -274,6 +280,8 @@ const struct cfg_key config_control_keys[] = {
 	{ "group", &cfg_type_group, OFF(control.group), NULL, .help = "of a unix socket" },
 	{ "admin", &cfg_type_enum, OFF(control_admin), "group", .names = admins,
 	  .help = "who may change state: every peer let in (group), or root and sluiced's user" },
+	{ "allow_remote", &cfg_type_bool, OFF(control_allow_remote), "false",
+	  .help = "listen on an inet address other hosts reach (no authentication)" },
 	END,
 };
 
@@ -343,7 +351,7 @@ const struct cfg_key config_intake_keys[] = {
 	  .help = "452 4.5.3 past it" },
 	{ "max_errors", &cfg_type_uint, OFF(intake.max_errors), "20", 1, 1000,
 	  .help = "bad commands before the session is closed" },
-	{ "max_line_length", &cfg_type_uint, OFF(intake.max_line_length), "998", 78, 1 << 30,
+	{ "max_line_length", &cfg_type_size, OFF(intake.max_line_length), "998", 78, 1 << 30,
 	  .help = "octets of a message line, CRLF excluded (RFC 5321 4.5.3.1.6)" },
 	{ "hostname", &cfg_type_string, OFF(intake.hostname), NULL, .check = check_no_space,
 	  .help = "in the greeting and Received: (default: the host's name)" },

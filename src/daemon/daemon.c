@@ -1045,6 +1045,29 @@ static void raise_nofile(struct daemon *d)
 }
 
 /*
+ * The start's line for a listener; for an inet one, the numeric address bound too (a
+ * name's first address; libmilter's inet:PORT is every IPv4 address), and a warning when
+ * other hosts can reach it -- a line copied from a milter's guide (inet:7357) binds every
+ * address, and the milter, policy and control protocols have no authentication.
+ */
+static void log_listener(const char *svc, const struct listen_addr *a)
+{
+	if (a->ss.ss_family == AF_UNIX) {
+		log_info("%s listening on %s", svc, a->text);
+		return;
+	}
+	char shown[300];
+	listen_addr_show(a, shown, sizeof(shown));
+	log_info("%s listening on %s: %s", svc, a->text, shown);
+	bool intake = strcmp(svc, "intake") == 0; /* its clients are checked by allow */
+	if (!listen_addr_is_local(a))
+		log_warning("%s listens on %s (%s), which other hosts can reach and which has no "
+			    "authentication%s: restrict it with a firewall, or listen on 127.0.0.1 "
+			    "or ::1", svc, shown, a->text,
+			    intake ? " (only intake.allow's networks may queue mail)" : "");
+}
+
+/*
  * Before the drop: make the missing parent directories of the unix sockets (0755, so that
  * each socket's own mode decides who may connect) and bind every address, each unix
  * socket given its owner, group and mode.  Nothing listens yet: until adopt_listeners()
@@ -1116,7 +1139,7 @@ static int adopt_listeners(struct daemon *d)
 		} else if (ret < 0) {
 			listen_close(&bd->addr, bd->fd);
 		} else {
-			log_info("%s listening on %s", bd->svc, bd->addr.text);
+			log_listener(bd->svc, &bd->addr);
 		}
 	}
 	d->nbound = 0;
@@ -1395,7 +1418,7 @@ int daemon_main(int argc, char **argv)
 		if (lr < 0)
 			log_error("metrics listen %s", err);
 		else
-			log_info("metrics listening on %s", d.cfg->metrics.listen);
+			log_listener("metrics", metrics_address(d.metrics));
 	}
 	if (lr < 0) {
 		engine_free(d.e);

@@ -206,6 +206,11 @@ static void *metrics_main(void *arg)
 
 /* The loop and the server are made here, after the daemon forks (an epoll descriptor
  * made before would be shared with the parent). */
+const struct listen_addr *metrics_address(const struct metrics *m)
+{
+	return &m->addr;
+}
+
 int metrics_start(struct metrics *m)
 {
 	m->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

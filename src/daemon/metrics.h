@@ -40,6 +40,9 @@ int metrics_new(const char *address, unsigned max_connections, metrics_render_fn
 /* Make the server and start its thread (after the daemon forks).  0 or -errno; then
  * metrics_free() cleans up. */
 int metrics_start(struct metrics *m);
+
+/* The address the endpoint is bound to (for the start's log line). */
+const struct listen_addr *metrics_address(const struct metrics *m);
 /* Stop the thread (waiting for a page being rendered), close the socket, free. */
 struct metrics *metrics_free(struct metrics *m);
 

@@ -3,6 +3,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <net/if.h>
 #include <stdbool.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -29,8 +30,47 @@ int listen_addr_parse(const char *spec, struct listen_addr *ret, char *err, size
 	_Static_assert(sizeof(a.path) == sizeof(s.path), "listen_addr.path holds a path");
 	memcpy(a.text, spec, strlen(spec) + 1);
 	memcpy(a.path, s.path, sizeof(a.path));
+	a.dual_stack = s.dual_stack;
 	*ret = a;
 	return 0;
+}
+
+bool listen_addr_is_local(const struct listen_addr *a)
+{
+	if (a->ss.ss_family == AF_UNIX)
+		return true;
+	if (a->ss.ss_family == AF_INET) {
+		const struct sockaddr_in *in = (const struct sockaddr_in *)&a->ss;
+		return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+	}
+	if (a->ss.ss_family == AF_INET6) {
+		const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)&a->ss;
+		if (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr))
+			return true;
+		return IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && in6->sin6_addr.s6_addr[12] == 127;
+	}
+	return false;
+}
+
+const char *listen_addr_show(const struct listen_addr *a, char *buf, size_t size)
+{
+	char host[INET6_ADDRSTRLEN + IF_NAMESIZE + 1] = "?";
+	if (a->ss.ss_family == AF_UNIX) {
+		snprintf(buf, size, "%s", a->path);
+	} else if (a->ss.ss_family == AF_INET) {
+		const struct sockaddr_in *in = (const struct sockaddr_in *)&a->ss;
+		inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+		snprintf(buf, size, "%s:%u", host, (unsigned)ntohs(in->sin_port));
+	} else {
+		const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)&a->ss;
+		inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+		char zone[IF_NAMESIZE + 1] = "";
+		if (in6->sin6_scope_id && if_indextoname(in6->sin6_scope_id, zone + 1))
+			zone[0] = '%';
+		snprintf(buf, size, "[%s%s]:%u%s", host, zone, (unsigned)ntohs(in6->sin6_port),
+			 a->dual_stack ? " (and IPv4)" : "");
+	}
+	return buf;
 }
 
 /* A unix socket path exists: remove it only if it is a socket nobody accepts on. */
@@ -107,8 +147,9 @@ int listen_bind(const struct listen_addr *a, unsigned mode, uid_t owner, gid_t g
 	int one = 1;
 	if (family != AF_UNIX)
 		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	int v6only = !a->dual_stack;
 	if (family == AF_INET6)
-		setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+		setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof(v6only));
 	mode_t old = 0;
 	if (family == AF_UNIX)
 		old = umask(0177); /* no window in which the socket is more open than asked */

@@ -5,6 +5,7 @@
 #ifndef SLUICE_LISTEN_H
 #define SLUICE_LISTEN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -14,7 +15,15 @@ struct listen_addr {
 	struct sockaddr_storage ss;
 	socklen_t sslen;
 	char path[108]; /* unix sockets */
+	bool dual_stack; /* an inet6 wildcard that takes IPv4 clients too (libmilter's) */
 };
+
+/* Is a reachable from this host only (a unix socket, 127.0.0.0/8, ::1)? */
+bool listen_addr_is_local(const struct listen_addr *a);
+
+/* The numeric address and port a is bound to, for a log line: "0.0.0.0:8891",
+ * "[::1]:25", "[fe80::1%eth0]:25", or the unix path. */
+const char *listen_addr_show(const struct listen_addr *a, char *buf, size_t size);
 
 /* Parse a socket string (sockspec_parse()) and resolve a host name in it (blocking: at
  * startup and in configuration checks).  Returns 0, or -EINVAL / -EHOSTUNREACH with err. */

@@ -104,10 +104,12 @@ static size_t read_digits(const char *s, size_t len, size_t *i, uint64_t *ret, b
 }
 
 /*
- * Units (sluice.conf(5) UNITS): k, M, G are 10^3, 10^6, 10^9 everywhere; Ki, Mi, Gi (and
- * KiB, MiB, GiB) are 2^10, 2^20, 2^30.  In an integer k, m, g may be written in either
- * case (as always); in a size a bare K/M/G and the spellings kb, Mb, KB... that once meant
- * 2^10 are refused as ambiguous, so that no file silently changes meaning.
+ * Units (sluice.conf(5) UNITS): k, M, G are 10^3, 10^6, 10^9 and Ki, Mi, Gi (KiB, MiB,
+ * GiB) 2^10, 2^20, 2^30.  A size (bytes) takes only the binary units: plain bytes, or
+ * Ki/Mi/Gi/KiB/MiB/GiB.  k, M, G, kB, MB, GB in any case meant 2^10.. in a size before,
+ * so they are refused as ambiguous there (naming both values), never read another way.
+ * An integer (a count) takes k, M, G (either case) and Ki, Mi, Gi; its old kb, mb, gb
+ * (2^10..) are refused the same way.
  */
 struct unit {
 	const char *name;
@@ -117,9 +119,6 @@ struct unit {
 static const struct unit binary_units[] = {
 	{ "Ki", 1ull << 10 }, { "Mi", 1ull << 20 }, { "Gi", 1ull << 30 },
 	{ "KiB", 1ull << 10 }, { "MiB", 1ull << 20 }, { "GiB", 1ull << 30 },
-};
-static const struct unit size_units[] = {
-	{ "B", 1 }, { "kB", 1000 }, { "MB", 1000000 }, { "GB", 1000000000 },
 };
 
 /* The multiplier of the unit s[0..len) in table t, or 0. */
@@ -252,7 +251,7 @@ static const char *duration_shown(int64_t ms, char *buf, size_t size)
 	return buf;
 }
 
-/* Returns 0, -EINVAL (syntax), -ERANGE or -EILSEQ (a bare k/M/G: ambiguous). */
+/* Returns 0, -EINVAL (syntax), -ERANGE or -EILSEQ (k/M/G, kB/MB/GB: ambiguous). */
 static int parse_size(const char *s, size_t len, uint64_t *ret)
 {
 	size_t i = 0;
@@ -263,8 +262,6 @@ static int parse_size(const char *s, size_t len, uint64_t *ret)
 		return -EINVAL;
 	if (i < len) {
 		mult = unit_find(binary_units, ARRAY_SIZE(binary_units), s + i, len - i);
-		if (!mult)
-			mult = unit_find(size_units, ARRAY_SIZE(size_units), s + i, len - i);
 		if (!mult && lower(s[i]) == 'b' && len - i == 1)
 			mult = 1; /* "512b" as before */
 		if (!mult)
@@ -277,15 +274,18 @@ static int parse_size(const char *s, size_t len, uint64_t *ret)
 }
 
 /*
- * The message for an ambiguous value (-EILSEQ): both spellings with what they mean, e.g.
- * "\"10M\" is ambiguous: write 10MiB (10485760 bytes) or 10MB (10000000 bytes)".
+ * The message for an ambiguous value (-EILSEQ): both readings with what they mean, e.g.
+ * "\"10MB\" is ambiguous: write 10MiB (10485760 bytes) or 10000000" for a size,
+ * "\"10kb\" is ambiguous: write 10Ki (10240) or 10k (10000)" for an integer.  A reading
+ * outside [min, max] is not suggested; when neither fits, the range is given.
  */
-static void ambiguous(const struct cfg_node *n, bool size, char *err, size_t errlen)
+static void ambiguous(const struct cfg_node *n, bool size, int64_t min, uint64_t max,
+		      char *err, size_t errlen)
 {
 	const char *s = n->value;
 	size_t len = n->value_len, i = 0;
 	uint64_t v;
-	bool over = false;
+	bool over = false, neg = len && s[0] == '-';
 	if (len && (s[0] == '+' || s[0] == '-'))
 		i++;
 	read_digits(s, len, &i, &v, &over);
@@ -294,15 +294,36 @@ static void ambiguous(const struct cfg_node *n, bool size, char *err, size_t err
 	unsigned u = (unsigned)power / 3 - 1;
 	uint64_t b = 1ull << (10 * (u + 1)), d = power == 3 ? 1000 : power == 6 ? 1000000
 									 : 1000000000;
-	const char *unit = size ? " bytes" : "";
-	char shown[80], nb[48] = "too large", nd[48] = "too large";
-	if (!over && v <= UINT64_MAX / b)
-		snprintf(nb, sizeof(nb), "%" PRIu64 "%s", v * b, unit);
-	if (!over && v <= UINT64_MAX / d)
-		snprintf(nd, sizeof(nd), "%" PRIu64 "%s", v * d, unit);
-	cfg_error(n, err, errlen, "%s is ambiguous: write %.*s%s%s (%s) or %.*s%s%s (%s)",
-		  cfg_show_text(s, len, shown, sizeof(shown)), (int)i, s, bin[u], size ? "B" : "",
-		  nb, (int)i, s, dec[u], size ? "B" : "", nd);
+	/* each reading's magnitude, and whether it is inside [min, max] */
+	bool okb = !over && v <= UINT64_MAX / b, okd = !over && v <= UINT64_MAX / d;
+	uint64_t vb = okb ? v * b : 0, vd = okd ? v * d : 0;
+	uint64_t lo = neg ? (min < 0 ? (uint64_t)0 - (uint64_t)min : 0) : 0;
+	if (neg) {
+		okb = okb && min < 0 && vb <= lo;
+		okd = okd && min < 0 && vd <= lo;
+	} else {
+		okb = okb && vb >= (uint64_t)(min > 0 ? min : 0) && vb <= max;
+		okd = okd && vd >= (uint64_t)(min > 0 ? min : 0) && vd <= max;
+	}
+	char shown[80], sb[64] = "", sd[64] = "";
+	cfg_show_text(s, len, shown, sizeof(shown));
+	if (okb)
+		snprintf(sb, sizeof(sb), "%.*s%s%s (%s%" PRIu64 "%s)", (int)i, s, bin[u],
+			 size ? "B" : "", neg ? "-" : "", vb, size ? " bytes" : "");
+	if (okd && size)
+		snprintf(sd, sizeof(sd), "%" PRIu64, vd);
+	else if (okd)
+		snprintf(sd, sizeof(sd), "%.*s%s (%s%" PRIu64 ")", (int)i, s, dec[u],
+			 neg ? "-" : "", vd);
+	if (okb || okd)
+		cfg_error(n, err, errlen, "%s is ambiguous: write %s%s%s", shown, sb,
+			  okb && okd ? " or " : "", sd);
+	else if (size)
+		cfg_error(n, err, errlen, "%s is ambiguous, and out of range [%" PRId64 ", %"
+			  PRIu64 "] bytes either way", shown, min, max);
+	else
+		cfg_error(n, err, errlen, "%s is ambiguous, and out of range [%" PRId64 ", %"
+			  PRId64 "] either way", shown, min, (int64_t)max);
 }
 
 /* ---- the numeric converters: one pattern, three kinds ---- */
@@ -364,8 +385,8 @@ static const struct num_kind num_duration = {
 };
 static const struct num_kind num_size = {
 	"a size", true, num_parse_size, num_fmt_size, " bytes",
-	"a size such as 512, 64KiB, 10MB or 1GiB (kB, MB, GB: 10^3, 10^6, 10^9 bytes; "
-	"KiB, MiB, GiB: 2^10, 2^20, 2^30)",
+	"a size in bytes such as 512, 64KiB, 10MiB or 1GiB (KiB, MiB, GiB: 2^10, 2^20, 2^30 "
+	"bytes)",
 };
 
 /* Converts n by kind k and checks it against [min, max]; the errors name n. */
@@ -380,8 +401,11 @@ static int num_convert(const struct cfg_node *n, const struct num_kind *k, union
 	r = k->parse(n->value, n->value_len, &v);
 	if (r == 0 && (k->is_unsigned ? v.u < min.u || v.u > max.u : v.i < min.i || v.i > max.i))
 		r = -ERANGE;
-	if (r == -EILSEQ)
-		ambiguous(n, k == &num_size, err, errlen);
+	if (r == -EILSEQ && k->is_unsigned)
+		ambiguous(n, true, min.u > INT64_MAX ? INT64_MAX : (int64_t)min.u, max.u, err,
+			  errlen);
+	else if (r == -EILSEQ)
+		ambiguous(n, false, min.i, max.i < 0 ? 0 : (uint64_t)max.i, err, errlen);
 	else if (r == -EDOM)
 		cfg_error(n, err, errlen, "%s: leading zeros are not allowed (octal is not "
 			  "supported)", show(n, shown, sizeof(shown)));

@@ -593,7 +593,10 @@ static const struct {
 	{ LIT("2GB"), IMIN, IMAX, 0,
 	  "t.conf:1: v: \"2GB\" is ambiguous: write 2Gi (2147483648) or 2G (2000000000)" },
 	{ LIT("-3kB"), IMIN, IMAX, 0,
-	  "t.conf:1: v: \"-3kB\" is ambiguous: write -3Ki (3072) or -3k (3000)" },
+	  "t.conf:1: v: \"-3kB\" is ambiguous: write -3Ki (-3072) or -3k (-3000)" },
+	{ LIT("2kb"), 0, 2047, 0, "t.conf:1: v: \"2kb\" is ambiguous: write 2k (2000)" },
+	{ LIT("3kb"), 0, 2047, 0,
+	  "t.conf:1: v: \"3kb\" is ambiguous, and out of range [0, 2047] either way" },
 	{ LIT("10"), 10, 20, 10, NULL },
 	{ LIT("20"), 10, 20, 20, NULL },
 	{ LIT("9"), 10, 20, 0,
@@ -790,74 +793,85 @@ static const struct {
 	{ LIT("1GiB"), 0, UMAX, 1073741824, NULL },
 	{ LIT("1Gi"), 0, UMAX, 1073741824, NULL },
 	{ LIT("17179869183GiB"), 0, UMAX, 17179869183ull << 30, NULL },
-	/* decimal: kB, MB, GB */
-	{ LIT("10kB"), 0, UMAX, 10000, NULL },
-	{ LIT("1MB"), 0, UMAX, 1000000, NULL },
-	{ LIT("1GB"), 0, UMAX, 1000000000, NULL },
-	{ LIT("18446744073GB"), 0, UMAX, 18446744073000000000ull, NULL },
 	{ LIT("18446744073709551615"), 0, UMAX, UMAX, NULL },
 	{ LIT("18446744073709551616"), 0, UMAX, 0,
 	  "t.conf:1: v: \"18446744073709551616\" is out of range [0, 18446744073709551615] bytes" },
 	{ LIT("17179869184GiB"), 0, UMAX, 0,
 	  "t.conf:1: v: \"17179869184GiB\" is out of range [0, 18446744073709551615] bytes" },
-	{ LIT("18446744074GB"), 0, UMAX, 0,
-	  "t.conf:1: v: \"18446744074GB\" is out of range [0, 18446744073709551615] bytes" },
 	{ LIT("2KiB"), 1, 1024, 0, "t.conf:1: v: \"2KiB\" is out of range [1, 1024] bytes" },
 	{ LIT("0"), 1, 1024, 0, "t.conf:1: v: \"0\" is out of range [1, 1024] bytes" },
-	/* a bare k, M, G and every spelling that meant 2^10.. before: ambiguous */
+	/* k, M, G, kB, MB, GB in any case (2^10.. in a size before): ambiguous, both values */
 	{ LIT("10M"), 0, UMAX, 0,
-	  "t.conf:1: v: \"10M\" is ambiguous: write 10MiB (10485760 bytes) or 10MB (10000000 bytes)" },
+	  "t.conf:1: v: \"10M\" is ambiguous: write 10MiB (10485760 bytes) or 10000000" },
 	{ LIT("64k"), 0, UMAX, 0,
-	  "t.conf:1: v: \"64k\" is ambiguous: write 64KiB (65536 bytes) or 64kB (64000 bytes)" },
+	  "t.conf:1: v: \"64k\" is ambiguous: write 64KiB (65536 bytes) or 64000" },
 	{ LIT("10K"), 0, UMAX, 0,
-	  "t.conf:1: v: \"10K\" is ambiguous: write 10KiB (10240 bytes) or 10kB (10000 bytes)" },
+	  "t.conf:1: v: \"10K\" is ambiguous: write 10KiB (10240 bytes) or 10000" },
 	{ LIT("25m"), 0, UMAX, 0,
-	  "t.conf:1: v: \"25m\" is ambiguous: write 25MiB (26214400 bytes) or 25MB (25000000 bytes)" },
+	  "t.conf:1: v: \"25m\" is ambiguous: write 25MiB (26214400 bytes) or 25000000" },
 	{ LIT("1g"), 0, UMAX, 0,
-	  "t.conf:1: v: \"1g\" is ambiguous: write 1GiB (1073741824 bytes) or 1GB (1000000000 bytes)" },
+	  "t.conf:1: v: \"1g\" is ambiguous: write 1GiB (1073741824 bytes) or 1000000000" },
+	{ LIT("10MB"), 0, UMAX, 0,
+	  "t.conf:1: v: \"10MB\" is ambiguous: write 10MiB (10485760 bytes) or 10000000" },
+	{ LIT("10kB"), 0, UMAX, 0,
+	  "t.conf:1: v: \"10kB\" is ambiguous: write 10KiB (10240 bytes) or 10000" },
+	{ LIT("1GB"), 0, UMAX, 0,
+	  "t.conf:1: v: \"1GB\" is ambiguous: write 1GiB (1073741824 bytes) or 1000000000" },
 	{ LIT("10kb"), 0, UMAX, 0,
-	  "t.conf:1: v: \"10kb\" is ambiguous: write 10KiB (10240 bytes) or 10kB (10000 bytes)" },
+	  "t.conf:1: v: \"10kb\" is ambiguous: write 10KiB (10240 bytes) or 10000" },
 	{ LIT("10KB"), 0, UMAX, 0,
-	  "t.conf:1: v: \"10KB\" is ambiguous: write 10KiB (10240 bytes) or 10kB (10000 bytes)" },
+	  "t.conf:1: v: \"10KB\" is ambiguous: write 10KiB (10240 bytes) or 10000" },
 	{ LIT("1mb"), 0, UMAX, 0,
-	  "t.conf:1: v: \"1mb\" is ambiguous: write 1MiB (1048576 bytes) or 1MB (1000000 bytes)" },
+	  "t.conf:1: v: \"1mb\" is ambiguous: write 1MiB (1048576 bytes) or 1000000" },
 	{ LIT("1Mb"), 0, UMAX, 0,
-	  "t.conf:1: v: \"1Mb\" is ambiguous: write 1MiB (1048576 bytes) or 1MB (1000000 bytes)" },
+	  "t.conf:1: v: \"1Mb\" is ambiguous: write 1MiB (1048576 bytes) or 1000000" },
 	{ LIT("2gb"), 0, UMAX, 0,
-	  "t.conf:1: v: \"2gb\" is ambiguous: write 2GiB (2147483648 bytes) or 2GB (2000000000 bytes)" },
+	  "t.conf:1: v: \"2gb\" is ambiguous: write 2GiB (2147483648 bytes) or 2000000000" },
 	{ LIT("99999999999999999999G"), 0, UMAX, 0,
-	  "t.conf:1: v: \"99999999999999999999G\" is ambiguous: write 99999999999999999999GiB "
-	  "(too large) or 99999999999999999999GB (too large)" },
+	  "t.conf:1: v: \"99999999999999999999G\" is ambiguous, and out of range "
+	  "[0, 18446744073709551615] bytes either way" },
+	/* a reading out of the key's range is not suggested */
+	{ LIT("1000G"), 0, 1ull << 40, 0,
+	  "t.conf:1: v: \"1000G\" is ambiguous: write 1000GiB (1073741824000 bytes) or "
+	  "1000000000000" },
+	{ LIT("1050G"), 0, 1ull << 40, 0,
+	  "t.conf:1: v: \"1050G\" is ambiguous: write 1050000000000" },
+	{ LIT("2000G"), 0, 1ull << 40, 0,
+	  "t.conf:1: v: \"2000G\" is ambiguous, and out of range [0, 1099511627776] bytes "
+	  "either way" },
+	{ LIT("1k"), 1000, 1020, 0, "t.conf:1: v: \"1k\" is ambiguous: write 1000" },
+	{ LIT("1k"), 1024, 2000, 0,
+	  "t.conf:1: v: \"1k\" is ambiguous: write 1KiB (1024 bytes)" },
 	{ LIT("10x"), 0, UMAX, 0,
-	  "t.conf:1: v: expected a size such as 512, 64KiB, 10MB or 1GiB (kB, MB, GB: 10^3, "
-	  "10^6, 10^9 bytes; KiB, MiB, GiB: 2^10, 2^20, 2^30), got \"10x\"" },
+	  "t.conf:1: v: expected a size in bytes such as 512, 64KiB, 10MiB or 1GiB (KiB, MiB, "
+	  "GiB: 2^10, 2^20, 2^30 bytes), got \"10x\"" },
 	{ LIT("k"), 0, UMAX, 0,
-	  "t.conf:1: v: expected a size such as 512, 64KiB, 10MB or 1GiB (kB, MB, GB: 10^3, "
-	  "10^6, 10^9 bytes; KiB, MiB, GiB: 2^10, 2^20, 2^30), got \"k\"" },
+	  "t.conf:1: v: expected a size in bytes such as 512, 64KiB, 10MiB or 1GiB (KiB, MiB, "
+	  "GiB: 2^10, 2^20, 2^30 bytes), got \"k\"" },
 	{ LIT("10kk"), 0, UMAX, 0,
-	  "t.conf:1: v: expected a size such as 512, 64KiB, 10MB or 1GiB (kB, MB, GB: 10^3, "
-	  "10^6, 10^9 bytes; KiB, MiB, GiB: 2^10, 2^20, 2^30), got \"10kk\"" },
+	  "t.conf:1: v: expected a size in bytes such as 512, 64KiB, 10MiB or 1GiB (KiB, MiB, "
+	  "GiB: 2^10, 2^20, 2^30 bytes), got \"10kk\"" },
 	{ LIT("10bb"), 0, UMAX, 0,
-	  "t.conf:1: v: expected a size such as 512, 64KiB, 10MB or 1GiB (kB, MB, GB: 10^3, "
-	  "10^6, 10^9 bytes; KiB, MiB, GiB: 2^10, 2^20, 2^30), got \"10bb\"" },
+	  "t.conf:1: v: expected a size in bytes such as 512, 64KiB, 10MiB or 1GiB (KiB, MiB, "
+	  "GiB: 2^10, 2^20, 2^30 bytes), got \"10bb\"" },
 	{ LIT("-1"), 0, UMAX, 0,
-	  "t.conf:1: v: expected a size such as 512, 64KiB, 10MB or 1GiB (kB, MB, GB: 10^3, "
-	  "10^6, 10^9 bytes; KiB, MiB, GiB: 2^10, 2^20, 2^30), got \"-1\"" },
+	  "t.conf:1: v: expected a size in bytes such as 512, 64KiB, 10MiB or 1GiB (KiB, MiB, "
+	  "GiB: 2^10, 2^20, 2^30 bytes), got \"-1\"" },
 	{ LIT("10kib"), 0, UMAX, 0,
-	  "t.conf:1: v: expected a size such as 512, 64KiB, 10MB or 1GiB (kB, MB, GB: 10^3, "
-	  "10^6, 10^9 bytes; KiB, MiB, GiB: 2^10, 2^20, 2^30), got \"10kib\"" },
+	  "t.conf:1: v: expected a size in bytes such as 512, 64KiB, 10MiB or 1GiB (KiB, MiB, "
+	  "GiB: 2^10, 2^20, 2^30 bytes), got \"10kib\"" },
 	{ LIT("10KIB"), 0, UMAX, 0,
-	  "t.conf:1: v: expected a size such as 512, 64KiB, 10MB or 1GiB (kB, MB, GB: 10^3, "
-	  "10^6, 10^9 bytes; KiB, MiB, GiB: 2^10, 2^20, 2^30), got \"10KIB\"" },
+	  "t.conf:1: v: expected a size in bytes such as 512, 64KiB, 10MiB or 1GiB (KiB, MiB, "
+	  "GiB: 2^10, 2^20, 2^30 bytes), got \"10KIB\"" },
 	{ LIT("10Kib"), 0, UMAX, 0,
-	  "t.conf:1: v: expected a size such as 512, 64KiB, 10MB or 1GiB (kB, MB, GB: 10^3, "
-	  "10^6, 10^9 bytes; KiB, MiB, GiB: 2^10, 2^20, 2^30), got \"10Kib\"" },
+	  "t.conf:1: v: expected a size in bytes such as 512, 64KiB, 10MiB or 1GiB (KiB, MiB, "
+	  "GiB: 2^10, 2^20, 2^30 bytes), got \"10Kib\"" },
 	{ LIT("\"10 KiB\""), 0, UMAX, 0,
-	  "t.conf:1: v: expected a size such as 512, 64KiB, 10MB or 1GiB (kB, MB, GB: 10^3, "
-	  "10^6, 10^9 bytes; KiB, MiB, GiB: 2^10, 2^20, 2^30), got \"10 KiB\"" },
+	  "t.conf:1: v: expected a size in bytes such as 512, 64KiB, 10MiB or 1GiB (KiB, MiB, "
+	  "GiB: 2^10, 2^20, 2^30 bytes), got \"10 KiB\"" },
 	{ LIT("\"\""), 0, UMAX, 0,
-	  "t.conf:1: v: expected a size such as 512, 64KiB, 10MB or 1GiB (kB, MB, GB: 10^3, "
-	  "10^6, 10^9 bytes; KiB, MiB, GiB: 2^10, 2^20, 2^30), got \"\"" },
+	  "t.conf:1: v: expected a size in bytes such as 512, 64KiB, 10MiB or 1GiB (KiB, MiB, "
+	  "GiB: 2^10, 2^20, 2^30 bytes), got \"\"" },
 	{ LIT("{a=1}"), 0, UMAX, 0, "t.conf:1: v: expected a size, not an object" },
 };
 

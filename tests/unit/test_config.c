@@ -73,6 +73,22 @@ static const struct {
 	  "t.conf:2: control.mode: expected an octal mode such as \"0660\"" },
 	{ M "control { listen = \"unix:c.sock\"; admin = \"all\"; }\n",
 	  "t.conf:2: control.admin: expected group or root" },
+	/* an inet control socket other hosts reach gives them admin rights: asked for */
+	{ M "control {\n listen = \"unix:c.sock\";\n listen = \"inet:9999\";\n}\n",
+	  "t.conf:4: control.listen: \"inet:9999\" can be reached from other hosts, and a "
+	  "control client there gets full admin rights: use a unix socket or 127.0.0.1/::1, "
+	  "or set allow_remote = true" },
+	{ M "control { listen = [\"inet:127.0.0.1:9999\", \"inet6:[2001:db8::1]:9999\"]; }\n",
+	  "t.conf:2: control.listen[1]: \"inet6:[2001:db8::1]:9999\" can be reached from other "
+	  "hosts, and a control client there gets full admin rights: use a unix socket or "
+	  "127.0.0.1/::1, or set allow_remote = true" },
+	/* a listen host name is looked up at load: sluiced -t names the line */
+	{ M "policy {\n listen = \"inet:18891@nonexistent.invalid\";\n}\n",
+	  "t.conf:3: policy.listen: \"inet:18891@nonexistent.invalid\": nonexistent.invalid: "
+	  "Name or service not known" },
+	{ "milter { listen = [\"unix:m.sock\", \"inet6:[fe80::1%nosuchif0]:25\"]; }\n",
+	  "t.conf:1: milter.listen[1]: \"inet6:[fe80::1%nosuchif0]:25\": fe80::1%nosuchif0: "
+	  "Name or service not known" },
 	{ M "metrics { listen = \"inet:0.0.0.0:9187\"; }\n",
 	  "t.conf:2: metrics.listen: \"inet:0.0.0.0:9187\" can be reached from other hosts, and "
 	  "the metrics have no authentication: listen on 127.0.0.1 or ::1, or set "
@@ -82,18 +98,27 @@ static const struct {
 	{ "intake { listen = \"unix:i.sock\"; allow = [\"300.1.1.1\"]; }\n",
 	  "t.conf:1: intake.allow: \"300.1.1.1\": expected an address or a network (ADDR/BITS)" },
 	{ M "queue { min_free = 2t; }\n",
-	  "t.conf:2: queue.min_free: expected a size such as 512, 64KiB, 10MB or 1GiB (kB, MB, "
-	  "GB: 10^3, 10^6, 10^9 bytes; KiB, MiB, GiB: 2^10, 2^20, 2^30), got \"2t\"" },
+	  "t.conf:2: queue.min_free: expected a size in bytes such as 512, 64KiB, 10MiB or "
+	  "1GiB (KiB, MiB, GiB: 2^10, 2^20, 2^30 bytes), got \"2t\"" },
 	/* a size with a bare k/M/G meant 2^10..: refused rather than silently changed */
 	{ M "intake {\n listen = \"unix:i.sock\";\n max_message_size = 10M;\n}\n",
 	  "t.conf:4: intake.max_message_size: \"10M\" is ambiguous: write 10MiB (10485760 "
-	  "bytes) or 10MB (10000000 bytes)" },
+	  "bytes) or 10000000" },
+	{ M "intake {\n listen = \"unix:i.sock\";\n max_message_size = 10MB;\n}\n",
+	  "t.conf:4: intake.max_message_size: \"10MB\" is ambiguous: write 10MiB (10485760 "
+	  "bytes) or 10000000" },
+	{ M "queue { min_free = 2000G; }\n",
+	  "t.conf:2: queue.min_free: \"2000G\" is ambiguous, and out of range "
+	  "[0, 1099511627776] bytes either way" },
 	{ M "policy { listen = \"unix:p.sock\"; max_request = 64kb; }\n",
 	  "t.conf:2: policy.max_request: \"64kb\" is ambiguous: write 64KiB (65536 bytes) or "
-	  "64kB (64000 bytes)" },
+	  "64000" },
 	{ M "intake { listen = \"unix:i.sock\"; max_line_length = 2kb; }\n",
-	  "t.conf:2: intake.max_line_length: \"2kb\" is ambiguous: write 2Ki (2048) or 2k "
-	  "(2000)" },
+	  "t.conf:2: intake.max_line_length: \"2kb\" is ambiguous: write 2KiB (2048 bytes) "
+	  "or 2000" },
+	{ M "intake { listen = \"unix:i.sock\"; max_line_length = 2k; }\n",
+	  "t.conf:2: intake.max_line_length: \"2k\" is ambiguous: write 2KiB (2048 bytes) "
+	  "or 2000" },
 	{ M "store { type = \"disk\"; }\n",
 	  "t.conf:2: store.type: \"disk\": expected memory or redis" },
 	{ M "store { server = \"127.0.0.1:6379\"; }\n",
@@ -288,6 +313,23 @@ static void test_defaults_and_values(void **state)
 	config_free(c);
 }
 
+/* control.allow_remote lets an inet control socket on every address; loopback needs none */
+static void test_control_allow_remote(void **state)
+{
+	(void)state;
+	struct sluice_config *c = NULL;
+	char err[1024];
+	assert_int_equal(load_text(M "control { listen = \"inet:9999\"; allow_remote = true; }\n",
+				   false, &c, err, sizeof(err)), 0);
+	assert_true(c->control_allow_remote);
+	config_free(c);
+	assert_int_equal(load_text(M "control { listen = [\"inet:9999@127.0.0.1\", "
+				   "\"inet6:[::1]:9999\", \"unix:c.sock\"]; }\n",
+				   false, &c, err, sizeof(err)), 0);
+	assert_false(c->control_allow_remote);
+	config_free(c);
+}
+
 /* The sluice command reads the intake and control blocks, and no secret. */
 static void test_client(void **state)
 {
@@ -329,6 +371,7 @@ int main(void)
 		cmocka_unit_test(test_errors),
 		cmocka_unit_test(test_providers),
 		cmocka_unit_test(test_defaults_and_values),
+		cmocka_unit_test(test_control_allow_remote),
 		cmocka_unit_test(test_client),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

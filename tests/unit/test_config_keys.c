@@ -137,7 +137,7 @@ static const char conf_reply[] =
 	"policy { listen = \"inet:127.0.0.1:10031\"; mode = \"0666\"; max_sessions = 10;\n"
 	"  idle_timeout = 1h; command_timeout = 1m; max_request = 64KiB; }\n"
 	"intake { listen = \"inet:127.0.0.1:10025\"; allow = [\"127.0.0.0/8\"]; mode = \"0666\";\n"
-	"  max_sessions = 10; max_message_size = 10MB; max_recipients = 100;\n"
+	"  max_sessions = 10; max_message_size = 10MiB; max_recipients = 100;\n"
 	"  max_line_length = 998; max_errors = 20; idle_timeout = 5m; command_timeout = 5m;\n"
 	"  hostname = \"mx.example.org\"; }\n"
 	"queue { dir = \"queue\"; commit_batch = 16; lifetime = 5d; }\n"

@@ -8,9 +8,11 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -41,7 +43,6 @@ static const struct {
 	{ "inet:[::1]:10025", AF_INET6, "::1", 10025, NULL, "::1" },
 	{ "inet6:[::1]:10025", AF_INET6, "::1", 10025, NULL, "::1" },
 	{ "inet6:[2001:db8::5]:1", AF_INET6, "2001:db8::5", 1, NULL, "2001:db8::5" },
-	{ "inet6:::1:10025", AF_INET6, "::1", 10025, NULL, "::1" },
 	{ "inet6:*:25", AF_INET6, "", 25, NULL, "::" },
 	{ "inet6:localhost:25", AF_INET6, "localhost", 25, NULL, "::1" },
 	{ "inet:mx.example.org:25", AF_INET, "mx.example.org", 25, NULL, NULL },
@@ -63,6 +64,13 @@ static const struct {
 	{ "Inet6:8891@[2001:DB8::1]", AF_INET6, "2001:DB8::1", 8891, NULL, "2001:db8::1" },
 	{ "inet6:8891@localhost", AF_INET6, "localhost", 8891, NULL, "::1" },
 	{ "inet:8891@[::1]", AF_INET6, "::1", 8891, NULL, "::1" },
+	/* a link-local address with its zone (the loopback interface always exists) */
+	{ "inet6:[fe80::1%lo]:25", AF_INET6, "fe80::1%lo", 25, NULL, "fe80::1" },
+	{ "inet6:25@fe80::1%lo", AF_INET6, "fe80::1%lo", 25, NULL, "fe80::1" },
+	/* names that merely contain digits */
+	{ "inet:25@mx1.example", AF_INET, "mx1.example", 25, NULL, NULL },
+	{ "inet:25@123.example", AF_INET, "123.example", 25, NULL, NULL },
+	{ "inet:25@3com.com", AF_INET, "3com.com", 25, NULL, NULL },
 };
 
 static void test_good(void **state)
@@ -124,7 +132,32 @@ static const struct {
 	{ "inet:99999999999999999999", "out of range" },
 	{ "inet:127.0.0.1:0", "port 0 is out of range" },
 	{ "inet:0", "port 0 is out of range" },
-	{ "inet:025@127.0.0.1", "out of range" },
+	{ "inet:025@127.0.0.1", "port 025: leading zeros are not allowed" },
+	{ "inet:127.0.0.1:08891", "port 08891: leading zeros are not allowed" },
+	/* an IPv6 address followed by a port is bracketed */
+	{ "inet6:::1:10025", "is written in brackets: inet6:[::1]:10025" },
+	{ "inet6:2001:db8::1:8891", "is written in brackets: inet6:[2001:db8::1]:8891" },
+	{ "inet:2001:db8::1:8891", "is written in brackets" },
+	/* names getaddrinfo() would read as odd addresses (RFC 1123 2.1) */
+	{ "inet:25@127.1", "neither a dotted-quad address (a.b.c.d) nor a host name" },
+	{ "inet:25@1234", "neither a dotted-quad address" },
+	{ "inet:25@0x7f000001", "neither a dotted-quad address" },
+	{ "inet:25@0x7f.1", "neither a dotted-quad address" },
+	{ "inet:mail.example.123:25", "last label is not all digits" },
+	{ "inet:25@10.0.0.1.", "neither a dotted-quad address" },
+	/* IPv4-mapped IPv6: written as the IPv4 address */
+	{ "inet6:[::ffff:127.0.0.1]:8891", "IPv4-mapped address, which sluice does not bind or "
+	  "connect to; write inet:127.0.0.1:8891" },
+	{ "inet6:8891@[::ffff:10.1.2.3]", "write inet:10.1.2.3:8891" },
+	{ "inet:[::ffff:7f00:1]:25", "write inet:127.0.0.1:25" },
+	/* a zone follows a link-local address only, and names an interface */
+	{ "inet6:[2001:db8::1%eth0]:25", "a zone (%interface) follows only a link-local" },
+	{ "inet6:[fe80::1%]:25", "a zone (%interface) follows only a link-local" },
+	{ "inet6:[fe80::1%eth 0]:25", "a zone" },
+	{ "inet6:[fe80::1%abcdefghijklmnop]:25", "a zone" },
+	{ "inet:25@host%eth0", "a zone" },
+	/* control characters are not echoed raw */
+	{ "inet:25@a\x1b[2Jb", "\"inet:25@a?[2Jb\": \"a?[2Jb\" is neither" },
 	{ "inet:smtp@127.0.0.1", "port \"smtp\" is not a number" },
 	{ "inet:+25@127.0.0.1", "is not a number" },
 	{ "inet:25 @127.0.0.1", "is not a number" },
@@ -157,13 +190,61 @@ static void test_bad(void **state)
 			fail_msg("\"%s\": accepted", bad[i].text);
 		if (!strstr(err, bad[i].why))
 			fail_msg("\"%s\": error \"%s\" lacks \"%s\"", bad[i].text, err, bad[i].why);
-		/* the text itself is quoted first */
+		/* the text itself is quoted first (printable text: as written) */
+		if (strchr(bad[i].text, '\x1b'))
+			continue;
 		char quoted[300];
 		snprintf(quoted, sizeof(quoted), "\"%s\": ", bad[i].text);
 		if (strncmp(err, quoted, strlen(quoted)) != 0)
 			fail_msg("\"%s\": error \"%s\" does not quote it", bad[i].text, err);
 		assert_int_equal(s.port, 0x5a5a); /* untouched on failure */
 	}
+}
+
+/* Which form takes IPv4 clients on an inet6 wildcard: libmilter's (it leaves IPV6_V6ONLY
+ * alone), not sluice's own. */
+static void test_dual_stack(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *text;
+		bool dual;
+	} cases[] = {
+		{ "inet6:8891", true },       { "inet6:8891@[::]", true },
+		{ "inet6:8891@::", true },    { "inet6:8891@*", true },
+		{ "inet6:[::]:8891", false }, { "inet6:*:8891", false },
+		{ "inet6:8891@::1", false },  { "inet:8891", false },
+		{ "inet:[::]:8891", false },
+	};
+	for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
+		struct sockspec s;
+		char err[300];
+		assert_int_equal(sockspec_parse(cases[i].text, &s, err, sizeof(err)), 0);
+		if (s.dual_stack != cases[i].dual)
+			fail_msg("%s: dual_stack %d", cases[i].text, s.dual_stack);
+	}
+}
+
+/* A look-up's error quotes the whole string; a zone names an interface that exists. */
+static void test_resolve_errors(void **state)
+{
+	(void)state;
+	struct sockspec s;
+	struct sockaddr_storage ss;
+	socklen_t len;
+	char err[400];
+	assert_int_equal(sockspec_parse("inet:18891@nonexistent.invalid", &s, err, sizeof(err)), 0);
+	assert_false(s.numeric);
+	assert_int_equal(sockspec_resolve(&s, &ss, &len, err, sizeof(err)), -EHOSTUNREACH);
+	static const char want[] = "\"inet:18891@nonexistent.invalid\": nonexistent.invalid: ";
+	if (strncmp(err, want, strlen(want)) != 0)
+		fail_msg("error \"%s\"", err);
+	assert_int_equal(sockspec_parse("inet6:[fe80::1%nosuchif0]:25", &s, err, sizeof(err)), 0);
+	assert_int_equal(sockspec_resolve(&s, &ss, &len, err, sizeof(err)), -EHOSTUNREACH);
+	assert_non_null(strstr(err, "\"inet6:[fe80::1%nosuchif0]:25\": fe80::1%nosuchif0: "));
+	assert_int_equal(sockspec_parse("inet6:[fe80::1%lo]:25", &s, err, sizeof(err)), 0);
+	assert_int_equal(sockspec_resolve(&s, &ss, &len, err, sizeof(err)), 0);
+	assert_int_equal(((struct sockaddr_in6 *)&ss)->sin6_scope_id, if_nametoindex("lo"));
 }
 
 static void test_bounds(void **state)
@@ -222,6 +303,8 @@ int main(void)
 		cmocka_unit_test(test_good),
 		cmocka_unit_test(test_bad),
 		cmocka_unit_test(test_bounds),
+		cmocka_unit_test(test_dual_stack),
+		cmocka_unit_test(test_resolve_errors),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
