@@ -1220,7 +1220,8 @@ int daemon_main(int argc, char **argv)
 	const char *path = CONFIG_DEFAULT_PATH, *pid_file = NULL;
 	bool check = false, background = false;
 	int opt, print = 0; /* 'n' or 'D' */
-	while ((opt = getopt(argc, argv, "c:tnDdp:Vh")) != -1) {
+	opterr = 0;   /* getopt's own message would carry no journal priority */
+	while ((opt = getopt(argc, argv, ":c:tnDdp:Vh")) != -1) {
 		switch (opt) {
 		case 'c': path = optarg; break;
 		case 't': check = true; break;
@@ -1229,10 +1230,16 @@ int daemon_main(int argc, char **argv)
 		case 'p': pid_file = optarg; break;
 		case 'V': printf("sluiced %s\n", SLUICE_VERSION); return 0;
 		case 'h': usage(stdout); return 0;
-		default: usage(stderr); return 2;
+		default:
+			fprintf(stderr, "%ssluiced: %s -- '%c'\n", log_stderr_prefix(LOG_LEVEL_ERROR),
+				opt == ':' ? "option requires an argument" : "invalid option", optopt);
+			usage(stderr);
+			return 2;
 		}
 	}
 	if (optind != argc) {
+		fprintf(stderr, "%ssluiced: unexpected argument '%s'\n",
+			log_stderr_prefix(LOG_LEVEL_ERROR), argv[optind]);
 		usage(stderr);
 		return 2;
 	}
