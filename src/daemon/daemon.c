@@ -82,7 +82,6 @@ struct daemon {
 	const char *config_path;
 	uint64_t drain_deadline_ms;
 	uint64_t started_ms;
-	uint64_t started_us;          /* CLOCK_REALTIME, for the metrics */
 	bool stopping;
 	bool daemonized;
 	char *pid_file;
@@ -564,7 +563,6 @@ static int metrics_page(void *arg, struct buf *out)
 		.store = d->store,
 		.queue = d->queue,
 		.relay = d->relay,
-		.started_us = d->started_us,
 		.reloads = (unsigned)d->reloads,
 	};
 	pthread_mutex_unlock(&d->cfg_lock);
@@ -1249,8 +1247,7 @@ int daemon_main(int argc, char **argv)
 		fprintf(stderr, "%ssluiced: %s\n", log_stderr_prefix(LOG_LEVEL_ERROR), err);
 		return 70;
 	}
-	struct daemon d = { .config_path = path, .started_ms = now_ms(),
-			    .started_us = realtime_ns() / 1000 };
+	struct daemon d = { .config_path = path, .started_ms = now_ms() };
 	pthread_mutex_init(&d.cfg_lock, NULL);
 	if (config_load(path, &d.cfg, err, sizeof(err)) < 0) {
 		fprintf(stderr, "%ssluiced: %s\n", log_stderr_prefix(LOG_LEVEL_ERROR), err);

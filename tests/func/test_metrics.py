@@ -12,6 +12,7 @@ _count.  They assert the numbers an administrator would check.  Also: paths othe
 and precise configuration errors.
 """
 
+import calendar
 import math
 import os
 import re
@@ -324,7 +325,15 @@ def test_metrics_after_real_traffic(setup):
     cpu_now = (int(ticks[11]) + int(ticks[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
     assert 0 <= value(f, "process_cpu_seconds_total") <= cpu_now
     assert cpu_now - value(f, "process_cpu_seconds_total") < 1
-    assert abs(value(f, "process_start_time_seconds") - time.time()) < 120
+    # as client_golang: /proc/PID/stat's starttime (field 22, ticks since boot) after
+    # /proc/stat's btime, to the tick; and ps(1)'s start time, to the second
+    btime = int(re.search(r"^btime (\d+)$", open("/proc/stat").read(), re.M)[1])
+    start = btime + int(ticks[19]) / os.sysconf("SC_CLK_TCK")
+    assert abs(value(f, "process_start_time_seconds") - start) < 0.001
+    lstart = subprocess.run(["ps", "-o", "lstart=", "-p", str(pid)], capture_output=True,
+                            text=True, check=True, env=dict(os.environ, TZ="UTC", LC_ALL="C"))
+    ps_start = calendar.timegm(time.strptime(lstart.stdout.strip(), "%a %b %d %H:%M:%S %Y"))
+    assert ps_start <= value(f, "process_start_time_seconds") < ps_start + 1
     # no secret and no key in the page
     assert SECRET not in text
     for key in ("a@example.net", "example.org", "example.com", "b@example.net", "192.0.2.7"):
