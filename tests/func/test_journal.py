@@ -86,12 +86,10 @@ def test_prefixes_on_daemon_lines(sluiced, journal_stream):
     assert info.startswith("<6>info: milter listening on") == (journal_stream == "self")
 
 
-@pytest.mark.parametrize("journal_stream", ["self", None])
-def test_start_error_before_the_log_is_set_up(tmp_path, journal_stream):
+def run_at_start(tmp_path, args, journal_stream):
+    """sluiced ARGS with its stderr on a file that JOURNAL_STREAM names (journal_stream
+    true) or not: its exit status and what it wrote."""
     require_binary(SLUICED, "SLUICED")
-    cfg = tmp_path / "sluiced.conf"
-    cfg.write_text(BAD.replace("@DIR@", str(tmp_path)))
-    cfg.chmod(0o600)
     err = tmp_path / "stderr"
     env = dict(os.environ)
     env.pop("JOURNAL_STREAM", None)
@@ -99,9 +97,17 @@ def test_start_error_before_the_log_is_set_up(tmp_path, journal_stream):
         if journal_stream:
             st = os.fstat(f.fileno())
             env["JOURNAL_STREAM"] = f"{st.st_dev}:{st.st_ino}"
-        rc = subprocess.run([SLUICED, "-c", str(cfg)], stderr=f, env=env, timeout=30).returncode
+        rc = subprocess.run([SLUICED] + args, stderr=f, env=env, timeout=30).returncode
+    return rc, err.read_text()
+
+
+@pytest.mark.parametrize("journal_stream", ["self", None])
+def test_start_error_before_the_log_is_set_up(tmp_path, journal_stream):
+    cfg = tmp_path / "sluiced.conf"
+    cfg.write_text(BAD.replace("@DIR@", str(tmp_path)))
+    cfg.chmod(0o600)
+    rc, text = run_at_start(tmp_path, ["-c", str(cfg)], journal_stream)
     assert rc == 1
-    text = err.read_text()
     assert "bogus_key" in text
     assert text.startswith("<3>sluiced: " if journal_stream else "sluiced: "), text
 
@@ -112,15 +118,7 @@ def test_start_error_before_the_log_is_set_up(tmp_path, journal_stream):
                                        (["extra"], "unexpected argument 'extra'")])
 def test_usage_error_at_start(tmp_path, journal_stream, args, text):
     """getopt's errors carry the priority too (its own message would not)."""
-    require_binary(SLUICED, "SLUICED")
-    err = tmp_path / "stderr"
-    env = dict(os.environ)
-    env.pop("JOURNAL_STREAM", None)
-    with open(err, "wb") as f:
-        if journal_stream:
-            st = os.fstat(f.fileno())
-            env["JOURNAL_STREAM"] = f"{st.st_dev}:{st.st_ino}"
-        rc = subprocess.run([SLUICED] + args, stderr=f, env=env, timeout=30).returncode
+    rc, out = run_at_start(tmp_path, args, journal_stream)
     assert rc == 2
-    first = err.read_text().splitlines()[0]
+    first = out.splitlines()[0]
     assert first == ("<3>" if journal_stream else "") + "sluiced: " + text

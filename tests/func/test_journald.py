@@ -21,24 +21,13 @@ import subprocess
 import pytest
 
 from conftest import SLUICED, require_binary
+from test_journal import BAD, CONFIG, PRIO   # BAD: its reload fails (an unknown key)
 
 HERE = pathlib.Path(__file__).resolve().parent
 UNIT = HERE.parent.parent / "etc" / "sluiced.service.in"
 JOURNALD = "/lib/systemd/systemd-journald"
 UNSHARE = ["unshare", "-m", "-p", "-f", "--kill-child", "--mount-proc",
            "--propagation", "private"]
-
-CONFIG = """user = "root";
-state_dir = "@DIR@";
-shutdown_timeout = 2s;
-log { target = "stderr"; level = "info"; }
-control { listen = "unix:@DIR@/control.sock"; }
-milter { listen = "unix:@DIR@/milter.sock"; }
-"""
-# a reload of this fails: an unknown key, which sluiced reports at error and keeps running
-BAD = CONFIG + "bogus_key = 1;\n"
-PRIO = {"debug": 7, "info": 6, "notice": 5, "warning": 4, "error": 3, "crit": 2}
-
 
 def namespaces_refused():
     """Why private namespaces with a tmpfs cannot be had here, or None."""
