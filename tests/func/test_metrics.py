@@ -16,6 +16,7 @@ import calendar
 import math
 import os
 import re
+import shutil
 import signal
 import smtplib
 import socket
@@ -549,3 +550,52 @@ def test_reload_keeps_the_endpoint_where_it_is(setup):
     assert value(f, "sluice_reloads_total") == 1
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", other), timeout=2).close()
+
+
+def test_process_figures_left_out_without_proc(tmp_path):
+    """Where /proc cannot be read (here an empty tmpfs over it in a private mount
+    namespace) the figures it gives are left out, not written as 0: a counter at 0
+    would read as a reset, a start time at 0 as a restart.  The rest of the page stays."""
+    require_binary(SLUICED, "SLUICED")
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare(1) for a private mount namespace")
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                            "mount -t tmpfs none /proc"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip("a private mount namespace is refused here: " + probe.stderr.strip())
+    port = free_port()
+    cfg = tmp_path / "sluiced.conf"
+    cfg.write_text(f'''user = "root";
+state_dir = "{tmp_path}";
+log {{ target = "stderr"; level = "info"; }}
+control {{ listen = "unix:{tmp_path}/control.sock"; }}
+milter {{ listen = "unix:{tmp_path}/milter.sock"; }}
+metrics {{ listen = "inet:127.0.0.1:{port}"; }}
+''')
+    cfg.chmod(0o600)
+    log = open(tmp_path / "log", "wb")
+    proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                             'mount -t tmpfs none /proc && exec "$0" -c "$1"', SLUICED,
+                             str(cfg)], stdout=log, stderr=log)
+    try:
+        def page():
+            try:
+                return scrape(port)
+            except OSError:
+                return None
+        got = wait_until(page, 15, "the metrics page")
+        text, f = got
+        for gone in ("process_cpu_seconds_total", "process_open_fds",
+                     "process_virtual_memory_bytes", "process_resident_memory_bytes",
+                     "process_start_time_seconds", "sluice_threads"):
+            assert gone not in f and gone not in text, gone
+        assert value(f, "process_max_fds") > 0
+        assert value(f, "sluice_build_info", version=value_label(f, "sluice_build_info")) == 1
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        log.close()
