@@ -22,6 +22,9 @@ FUZZ_PKGS = clang libclang-rt-14-dev
 DEB_PKGS = build-essential debhelper dpkg-dev fakeroot lintian
 # the slow test tests/func/test_deb.py builds the package
 TEST_PKGS += $(DEB_PKGS)
+# test_journald.py runs systemd-journald and journalctl; the package installs them (and
+# /etc/machine-id) without touching PID 1 (that is systemd-sysv's /sbin/init, not added)
+TEST_PKGS += systemd
 # where `make deb` leaves sluice_VERSION_ARCH.deb (and its .changes and .buildinfo)
 DEB_DIR ?= $(BUILD)/deb
 VERSION := $(shell sed -n "s/^ *version *: *'\([^']*\)'.*/\1/p" meson.build)

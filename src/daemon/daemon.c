@@ -82,7 +82,6 @@ struct daemon {
 	const char *config_path;
 	uint64_t drain_deadline_ms;
 	uint64_t started_ms;
-	uint64_t started_us;          /* CLOCK_REALTIME, for the metrics */
 	bool stopping;
 	bool daemonized;
 	char *pid_file;
@@ -564,7 +563,6 @@ static int metrics_page(void *arg, struct buf *out)
 		.store = d->store,
 		.queue = d->queue,
 		.relay = d->relay,
-		.started_us = d->started_us,
 		.reloads = (unsigned)d->reloads,
 	};
 	pthread_mutex_unlock(&d->cfg_lock);
@@ -1243,7 +1241,8 @@ int daemon_main(int argc, char **argv)
 	const char *path = CONFIG_DEFAULT_PATH, *pid_file = NULL;
 	bool check = false, background = false;
 	int opt, print = 0; /* 'n' or 'D' */
-	while ((opt = getopt(argc, argv, "c:tnDdp:Vh")) != -1) {
+	opterr = 0;   /* getopt's own message would carry no journal priority */
+	while ((opt = getopt(argc, argv, ":c:tnDdp:Vh")) != -1) {
 		switch (opt) {
 		case 'c': path = optarg; break;
 		case 't': check = true; break;
@@ -1252,10 +1251,16 @@ int daemon_main(int argc, char **argv)
 		case 'p': pid_file = optarg; break;
 		case 'V': printf("sluiced %s\n", SLUICE_VERSION); return 0;
 		case 'h': usage(stdout); return 0;
-		default: usage(stderr); return 2;
+		default:
+			fprintf(stderr, "%ssluiced: %s -- '%c'\n", log_stderr_prefix(LOG_LEVEL_ERROR),
+				opt == ':' ? "option requires an argument" : "invalid option", optopt);
+			usage(stderr);
+			return 2;
 		}
 	}
 	if (optind != argc) {
+		fprintf(stderr, "%ssluiced: unexpected argument '%s'\n",
+			log_stderr_prefix(LOG_LEVEL_ERROR), argv[optind]);
 		usage(stderr);
 		return 2;
 	}
@@ -1265,8 +1270,7 @@ int daemon_main(int argc, char **argv)
 		fprintf(stderr, "%ssluiced: %s\n", log_stderr_prefix(LOG_LEVEL_ERROR), err);
 		return 70;
 	}
-	struct daemon d = { .config_path = path, .started_ms = now_ms(),
-			    .started_us = realtime_ns() / 1000 };
+	struct daemon d = { .config_path = path, .started_ms = now_ms() };
 	pthread_mutex_init(&d.cfg_lock, NULL);
 	if (config_load(path, &d.cfg, err, sizeof(err)) < 0) {
 		fprintf(stderr, "%ssluiced: %s\n", log_stderr_prefix(LOG_LEVEL_ERROR), err);

@@ -17,6 +17,7 @@
 #include <event2/listener.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -380,4 +381,51 @@ int metrics_histogram(struct buf *out, const char *name, const struct metrics_la
 	if (r == 0)
 		r = buf_printf(out, " %llu\n", (unsigned long long)cum);
 	return r;
+}
+
+/* ---- /proc figures ---- */
+
+int metrics_proc_stat_parse(const char *text, long tck, long page, uint64_t btime,
+			    struct metrics_proc_stat *ret)
+{
+	/* the command name (2nd field) is in parentheses and may hold anything: fields 3 on
+	 * start after the last ')' */
+	const char *p = strrchr(text, ')');
+	if (!p || p[1] != ' ' || !p[2])
+		return -EINVAL;
+	unsigned long long f[21];    /* f[k] is field k + 4 (field 3, the state, is a letter) */
+	size_t i = 0;
+	p += 2;                      /* ") S ..." */
+	while (*p && *p != ' ')
+		p++;
+	for (; i < ARRAY_SIZE(f) && *p == ' '; i++) {
+		char *end;
+		f[i] = strtoull(p + 1, &end, 10); /* a negative field (nice) wraps: unused */
+		if (end == p + 1)
+			break;
+		p = end;
+	}
+	if (i < ARRAY_SIZE(f))
+		return -EINVAL;
+	/* utime 14, stime 15, num_threads 20, starttime 22 (ticks since boot), vsize 23,
+	 * rss 24 (in pages) */
+	double hz = (double)(tck > 0 ? tck : 100);
+	ret->cpu_seconds = (double)(f[10] + f[11]) / hz;
+	ret->start_time = (double)btime + (double)f[18] / hz;
+	ret->threads = f[16];
+	ret->vsize = f[19];
+	ret->rss = f[20] * (uint64_t)(page > 0 ? page : 4096);
+	return 0;
+}
+
+uint64_t metrics_boot_time_parse(const char *text)
+{
+	for (const char *p = text; p; p = strchr(p, '\n')) {
+		if (*p == '\n')
+			p++;
+		unsigned long long v;
+		if (strncmp(p, "btime ", 6) == 0 && sscanf(p + 6, "%llu", &v) == 1)
+			return v;
+	}
+	return 0;
 }

@@ -60,6 +60,19 @@ int metrics_sample_u64(struct buf *out, const char *name, const struct metrics_l
 		       size_t nl, uint64_t v);
 int metrics_sample(struct buf *out, const char *name, const struct metrics_label *l, size_t nl,
 		   double v);
+/* The figures of a /proc/PID/stat line (proc(5)) that the process_* families need. */
+struct metrics_proc_stat {
+	double cpu_seconds;          /* utime + stime */
+	double start_time;           /* seconds since the epoch: btime + starttime */
+	uint64_t threads, vsize, rss;
+};
+/* Parses text (NUL-terminated) with the clock ticks per second tck, the page size and
+ * the boot time btime (seconds since the epoch, /proc/stat's "btime").  0, or -EINVAL
+ * for a line cut short or malformed (then *ret is unchanged). */
+int metrics_proc_stat_parse(const char *text, long tck, long page, uint64_t btime,
+			    struct metrics_proc_stat *ret);
+/* The "btime" of a /proc/stat text (NUL-terminated), or 0 where there is none. */
+uint64_t metrics_boot_time_parse(const char *text);
 /* A histogram's _bucket (cumulative, le edges of stats.h, then +Inf), _sum and _count. */
 int metrics_histogram(struct buf *out, const char *name, const struct metrics_label *l,
 		      size_t nl, const struct stat_hist *h);

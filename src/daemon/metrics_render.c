@@ -8,6 +8,8 @@
 #include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,12 +110,12 @@ static void by_row(struct page *p, const struct column *c, const char *label, co
 
 /* ---- the process ---- */
 
-static uint64_t count_fds(void)
+static int64_t count_fds(void)   /* -1: unknown */
 {
 	DIR *d = opendir("/proc/self/fd");
 	if (!d)
-		return 0;
-	uint64_t n = 0;
+		return -1;
+	int64_t n = 0;
 	struct dirent *e;
 	while ((e = readdir(d)))
 		if (e->d_name[0] != '.')
@@ -122,50 +124,41 @@ static uint64_t count_fds(void)
 	return n ? n - 1 : 0; /* not the directory's own descriptor */
 }
 
-/* The figures of /proc/self/stat (proc(5)): one read per scrape. */
-struct proc_stat {
-	double cpu_seconds;          /* utime + stime */
-	uint64_t threads, vsize, rss;
-};
-
-static void proc_stat_read(struct proc_stat *ret)
+/* /proc/stat's btime, read once (it is long: a line per CPU and the interrupts). */
+static uint64_t boot_time(void)
 {
-	memset(ret, 0, sizeof(*ret));
+	static _Atomic uint64_t cached;
+	uint64_t bt = atomic_load(&cached);
+	if (bt)
+		return bt;
+	FILE *f = fopen("/proc/stat", "re");
+	if (!f)
+		return 0;
+	char *line = NULL;
+	size_t cap = 0;
+	while (!bt && getline(&line, &cap, f) > 0)
+		bt = metrics_boot_time_parse(line);
+	free(line);
+	fclose(f);
+	atomic_store(&cached, bt);
+	return bt;
+}
+
+/* The figures of /proc/self/stat: one read per scrape.  0 or -errno (then the samples
+ * are left out: a counter at 0 would read as a reset). */
+static int proc_stat_read(struct metrics_proc_stat *ret)
+{
 	char buf[1024];
 	int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return;
+		return -errno;
 	ssize_t n = read(fd, buf, sizeof(buf) - 1);
 	close(fd);
 	if (n <= 0)
-		return;
+		return -EIO;
 	buf[n] = '\0';
-	/* the command name (2nd field) is in parentheses and may hold anything: fields 3 on
-	 * start after the last ')' */
-	const char *p = strrchr(buf, ')');
-	if (!p || p[1] != ' ' || !p[2])
-		return;
-	unsigned long long f[21];    /* f[k] is field k + 4 (field 3, the state, is a letter) */
-	size_t i = 0;
-	p += 2;                      /* ") S ..." */
-	while (*p && *p != ' ')
-		p++;
-	for (; i < ARRAY_SIZE(f) && *p == ' '; i++) {
-		char *end;
-		f[i] = strtoull(p + 1, &end, 10); /* a negative field (nice) wraps: unused */
-		if (end == p + 1)
-			break;
-		p = end;
-	}
-	if (i < ARRAY_SIZE(f))
-		return;
-	/* utime 14, stime 15, num_threads 20, vsize 23, rss 24 (in pages) */
-	long tck = sysconf(_SC_CLK_TCK);
-	long page = sysconf(_SC_PAGESIZE);
-	ret->cpu_seconds = (double)(f[10] + f[11]) / (double)(tck > 0 ? tck : 100);
-	ret->threads = f[16];
-	ret->vsize = f[19];
-	ret->rss = f[20] * (uint64_t)(page > 0 ? page : 4096);
+	return metrics_proc_stat_parse(buf, sysconf(_SC_CLK_TCK), sysconf(_SC_PAGESIZE),
+				       boot_time(), ret);
 }
 
 static uint64_t max_fds(void)
@@ -181,21 +174,30 @@ static uint64_t max_fds(void)
 static void render_process(struct page *p, const struct metrics_sources *src)
 {
 	struct metrics_label v = { "version", SLUICE_VERSION };
-	struct proc_stat ps;
-	proc_stat_read(&ps);
-	fam(p, "process_cpu_seconds_total", "counter",
-	    "Total user and system CPU time spent in seconds.");
-	dbl(p, "process_cpu_seconds_total", NULL, 0, ps.cpu_seconds);
+	struct metrics_proc_stat ps = { 0 };
+	bool have_ps = proc_stat_read(&ps) == 0;
+	if (have_ps) {
+		fam(p, "process_cpu_seconds_total", "counter",
+		    "Total user and system CPU time spent in seconds.");
+		dbl(p, "process_cpu_seconds_total", NULL, 0, ps.cpu_seconds);
+	}
+	int64_t fds = count_fds();
+	if (fds >= 0) {
+		fam(p, "process_open_fds", "gauge", "Number of open file descriptors.");
+		u64(p, "process_open_fds", NULL, 0, (uint64_t)fds);
+	}
 	const struct single rows[] = {
-		{ "process_open_fds", "gauge", "Number of open file descriptors.", count_fds() },
 		{ "process_max_fds", "gauge", "Maximum number of open file descriptors.", max_fds() },
 		{ "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.", ps.vsize },
 		{ "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.", ps.rss },
 	};
-	singles(p, rows, ARRAY_SIZE(rows));
-	fam(p, "process_start_time_seconds", "gauge",
-	    "Start time of the process since unix epoch in seconds.");
-	dbl(p, "process_start_time_seconds", NULL, 0, (double)src->started_us / 1e6);
+	singles(p, rows, have_ps ? ARRAY_SIZE(rows) : 1);
+	/* as client_golang: /proc/self/stat's starttime after /proc/stat's btime */
+	if (have_ps && boot_time()) {
+		fam(p, "process_start_time_seconds", "gauge",
+		    "Start time of the process since unix epoch in seconds.");
+		dbl(p, "process_start_time_seconds", NULL, 0, ps.start_time);
+	}
 
 	fam(p, "sluice_build_info", "gauge", "The running version of sluiced (always 1).");
 	u64(p, "sluice_build_info", &v, 1, 1);
@@ -205,8 +207,10 @@ static void render_process(struct page *p, const struct metrics_sources *src)
 	    "SMTP sessions that both the milter and the policy service served (one MTA using "
 	    "both counts each event twice).");
 	u64(p, "sluice_double_use_sessions_total", NULL, 0, live_sessions_doubles());
-	fam(p, "sluice_threads", "gauge", "Threads of the process.");
-	u64(p, "sluice_threads", NULL, 0, ps.threads);
+	if (have_ps) {
+		fam(p, "sluice_threads", "gauge", "Threads of the process.");
+		u64(p, "sluice_threads", NULL, 0, ps.threads);
+	}
 }
 
 /* ---- services ---- */

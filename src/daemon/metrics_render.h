@@ -27,7 +27,6 @@ struct metrics_sources {
 	struct store *store;
 	struct queue *queue;         /* NULL: no queue */
 	struct relay *relay;         /* NULL: no route */
-	uint64_t started_us;         /* CLOCK_REALTIME */
 	unsigned reloads;
 };
 

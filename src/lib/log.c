@@ -145,21 +145,25 @@ void log_vmsg(enum log_level level, const char *fmt, va_list ap)
 	size_t off = 0;
 	int target = atomic_load(&log_target_cur);
 	log_sink_fn *sink = atomic_load(&log_sink);
+	bool journal = false;
 	if (target == LOG_TARGET_STDERR && !sink) {
 		if (atomic_load_explicit(&log_journal, memory_order_relaxed)) {
-			line[0] = '<';               /* sd-daemon(3): SD_ERR is "<3>" */
-			line[1] = (char)('0' + level_prio[level]);
-			line[2] = '>';
-			off = 3;
+			/* sd-daemon(3): "<3>" for SD_ERR; the journal adds the time and
+			 * "sluiced[PID]:" (SyslogIdentifier=) itself */
+			journal = true;
+			int w = snprintf(line, sizeof(line), "<%c>%s: ", '0' + level_prio[level],
+					 log_level_name(level));
+			off = w > 0 ? (size_t)w : 0;
+		} else {
+			struct timespec ts;
+			struct tm tm;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			localtime_r(&ts.tv_sec, &tm);
+			size_t n = strftime(line, sizeof(line), "%Y-%m-%dT%H:%M:%S", &tm);
+			int w = snprintf(line + n, sizeof(line) - n, ".%03ld sluiced[%ld]: %s: ",
+					 ts.tv_nsec / 1000000, (long)getpid(), log_level_name(level));
+			off = n + (w > 0 ? (size_t)w : 0);
 		}
-		struct timespec ts;
-		struct tm tm;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		localtime_r(&ts.tv_sec, &tm);
-		size_t n = off + strftime(line + off, sizeof(line) - off, "%Y-%m-%dT%H:%M:%S", &tm);
-		int w = snprintf(line + n, sizeof(line) - n, ".%03ld sluiced[%ld]: %s: ",
-				 ts.tv_nsec / 1000000, (long)getpid(), log_level_name(level));
-		off = n + (w > 0 ? (size_t)w : 0);
 	}
 	int w = vsnprintf(line + off, sizeof(line) - off - 1, fmt, ap);
 	if (w < 0)
@@ -169,6 +173,12 @@ void log_vmsg(enum log_level level, const char *fmt, va_list ap)
 		len = sizeof(line) - 2;
 		memcpy(line + len - 3, "...", 3);
 	}
+	/* the journal cuts entries at LF (and would read a "<N>" after it as the next
+	 * entry's priority): a control character in a message becomes a space */
+	if (journal)
+		for (size_t i = off; i < len; i++)
+			if ((unsigned char)line[i] < 0x20 || line[i] == 0x7f)
+				line[i] = ' ';
 	if (sink) {
 		line[len] = '\0';
 		sink(level, line + off);

@@ -33,7 +33,8 @@ typedef void log_sink_fn(enum log_level level, const char *line);
 
 /* Configure; may be called again on reload.  facility is a syslog LOG_* facility.  With
  * target stderr, it also decides whether stderr is the journal (log_stderr_is_journal()),
- * and then each line starts with its sd-daemon(3) priority, "<3>" for an error. */
+ * and then each line is its sd-daemon(3) priority, its level and the message ("<3>error:
+ * ..."; the journal adds the time and identifier), control characters made spaces. */
 void log_setup(enum log_target target, int facility, enum log_level level);
 /* JOURNAL_STREAM names the device and inode of fd 2 now (systemd.exec(5)). */
 bool log_stderr_is_journal(void);

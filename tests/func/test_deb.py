@@ -269,6 +269,8 @@ def test_install_run_purge(installed):
     for name in ("POSTFIX.md.gz", "SENDMAIL.md.gz", "QMAIL.md.gz", "OPERATIONS.md.gz",
                  "copyright", "changelog.gz", "examples/isp-smarthost.conf"):
         assert (doc / name).is_file(), name
+    for name in ("prometheus/sluice-rules.yml", "grafana/sluice.json"):  # read in place
+        assert os.path.isfile(f"/usr/share/sluice/{name}"), name
 
     # the installed programs on the installed configuration (their default path)
     run(SLUICED, "-t")

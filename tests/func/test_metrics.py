@@ -12,9 +12,11 @@ _count.  They assert the numbers an administrator would check.  Also: paths othe
 and precise configuration errors.
 """
 
+import calendar
 import math
 import os
 import re
+import shutil
 import signal
 import smtplib
 import socket
@@ -324,7 +326,15 @@ def test_metrics_after_real_traffic(setup):
     cpu_now = (int(ticks[11]) + int(ticks[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
     assert 0 <= value(f, "process_cpu_seconds_total") <= cpu_now
     assert cpu_now - value(f, "process_cpu_seconds_total") < 1
-    assert abs(value(f, "process_start_time_seconds") - time.time()) < 120
+    # as client_golang: /proc/PID/stat's starttime (field 22, ticks since boot) after
+    # /proc/stat's btime, to the tick; and ps(1)'s start time, to the second
+    btime = int(re.search(r"^btime (\d+)$", open("/proc/stat").read(), re.M)[1])
+    start = btime + int(ticks[19]) / os.sysconf("SC_CLK_TCK")
+    assert abs(value(f, "process_start_time_seconds") - start) < 0.001
+    lstart = subprocess.run(["ps", "-o", "lstart=", "-p", str(pid)], capture_output=True,
+                            text=True, check=True, env=dict(os.environ, TZ="UTC", LC_ALL="C"))
+    ps_start = calendar.timegm(time.strptime(lstart.stdout.strip(), "%a %b %d %H:%M:%S %Y"))
+    assert ps_start <= value(f, "process_start_time_seconds") < ps_start + 1
     # no secret and no key in the page
     assert SECRET not in text
     for key in ("a@example.net", "example.org", "example.com", "b@example.net", "192.0.2.7"):
@@ -540,3 +550,52 @@ def test_reload_keeps_the_endpoint_where_it_is(setup):
     assert value(f, "sluice_reloads_total") == 1
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", other), timeout=2).close()
+
+
+def test_process_figures_left_out_without_proc(tmp_path):
+    """Where /proc cannot be read (here an empty tmpfs over it in a private mount
+    namespace) the figures it gives are left out, not written as 0: a counter at 0
+    would read as a reset, a start time at 0 as a restart.  The rest of the page stays."""
+    require_binary(SLUICED, "SLUICED")
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare(1) for a private mount namespace")
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                            "mount -t tmpfs none /proc"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip("a private mount namespace is refused here: " + probe.stderr.strip())
+    port = free_port()
+    cfg = tmp_path / "sluiced.conf"
+    cfg.write_text(f'''user = "root";
+state_dir = "{tmp_path}";
+log {{ target = "stderr"; level = "info"; }}
+control {{ listen = "unix:{tmp_path}/control.sock"; }}
+milter {{ listen = "unix:{tmp_path}/milter.sock"; }}
+metrics {{ listen = "inet:127.0.0.1:{port}"; }}
+''')
+    cfg.chmod(0o600)
+    log = open(tmp_path / "log", "wb")
+    proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                             'mount -t tmpfs none /proc && exec "$0" -c "$1"', SLUICED,
+                             str(cfg)], stdout=log, stderr=log)
+    try:
+        def page():
+            try:
+                return scrape(port)
+            except OSError:
+                return None
+        got = wait_until(page, 15, "the metrics page")
+        text, f = got
+        for gone in ("process_cpu_seconds_total", "process_open_fds",
+                     "process_virtual_memory_bytes", "process_resident_memory_bytes",
+                     "process_start_time_seconds", "sluice_threads"):
+            assert gone not in f and gone not in text, gone
+        assert value(f, "process_max_fds") > 0
+        assert value(f, "sluice_build_info", version=value_label(f, "sluice_build_info")) == 1
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        log.close()

@@ -92,15 +92,18 @@ static void check_lines(const char *env, bool prefixed)
 	for (size_t i = 0; i < ARRAY_SIZE(levels); i++, line = strtok_r(NULL, "\n", &save)) {
 		assert_non_null(line);
 		char tail[64];
-		snprintf(tail, sizeof(tail), ": %s: line %zu", log_level_name(levels[i].level), i);
-		size_t ll = strlen(line), tl = strlen(tail);
-		assert_true(ll > tl);
-		assert_string_equal(line + ll - tl, tail);
+		snprintf(tail, sizeof(tail), "%s: line %zu", log_level_name(levels[i].level), i);
 		if (prefixed) {
+			/* "<6>info: line 1": the journal adds the time and the identifier */
 			assert_memory_equal(line, levels[i].prefix, 3);
-			line += 3;
+			assert_string_equal(line + 3, tail);
+			continue;
 		}
-		/* the rest is the line as ever: "2026-11-27T15:04:05.123 sluiced[PID]: ..." */
+		size_t ll = strlen(line), tl = strlen(tail);
+		assert_true(ll > tl + 2);
+		assert_string_equal(line + ll - tl, tail);
+		assert_memory_equal(line + ll - tl - 2, ": ", 2);
+		/* "2026-11-27T15:04:05.123 sluiced[PID]: info: line 1" */
 		assert_true(line[0] >= '0' && line[0] <= '9');
 		assert_int_equal(line[4], '-');
 		assert_non_null(strstr(line, " sluiced["));
@@ -189,8 +192,31 @@ static void test_syslog_target(void **state)
 	capture_end(&c, got, sizeof(got));
 	assert_null(strstr(got, "to syslog"));
 	assert_memory_equal(got, "<4>", 3);
-	assert_non_null(strstr(got, ": warning: back\n"));
+	assert_string_equal(got, "<4>warning: back\n");
 	closelog();
+}
+
+/* In the journal a message's CR, LF or other control character becomes a space: an LF
+ * would start a second entry at the stream's default level, or one whose "<N>" the
+ * message chose.  Elsewhere the line is left as it was. */
+static void test_journal_control_chars(void **state)
+{
+	(void)state;
+	struct capture c;
+	char got[4096];
+	capture_journal(&c);
+	log_setup(LOG_TARGET_STDERR, LOG_MAIL, LOG_LEVEL_INFO);
+	log_msg(LOG_LEVEL_INFO, "a\n<2>forged\r\tb\x01\x7f%s", "\nc");
+	log_msg(LOG_LEVEL_ERROR, "next");
+	capture_end(&c, got, sizeof(got));
+	assert_string_equal(got, "<6>info: a <2>forged  b   c\n<3>error: next\n");
+
+	capture_start(&c);
+	unsetenv("JOURNAL_STREAM");
+	log_setup(LOG_TARGET_STDERR, LOG_MAIL, LOG_LEVEL_INFO);
+	log_msg(LOG_LEVEL_INFO, "x\ny");
+	capture_end(&c, got, sizeof(got));
+	assert_non_null(strstr(got, ": info: x\ny\n"));
 }
 
 int main(void)
@@ -198,6 +224,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_journal_prefixes),
 		cmocka_unit_test(test_not_the_journal),
+		cmocka_unit_test(test_journal_control_chars),
 		cmocka_unit_test(test_trailing_junk),
 		cmocka_unit_test(test_decided_at_setup),
 		cmocka_unit_test(test_syslog_target),

@@ -25,6 +25,7 @@
 #include <cmocka.h>
 
 #include "metrics.h"
+#include "util.h"
 
 static void test_samples(void **state)
 {
@@ -159,10 +160,48 @@ static void test_endpoint(void **state)
 	metrics_free(m1); /* never started */
 }
 
+/* /proc/PID/stat: a command name holding ") (" and digits, starttime after btime, and
+ * lines cut short or malformed refused (the samples are then left out, not 0). */
+static void test_proc_stat(void **state)
+{
+	(void)state;
+	/* fields 1..24: pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt
+	 * majflt cmajflt utime stime cutime cstime priority nice threads itrealvalue
+	 * starttime vsize rss */
+	static const char line[] = "42 (a) 1 2 (x) S 1 42 42 0 -1 4194560 10 0 0 0 "
+				   "250 150 0 0 20 -5 7 0 123456 104857600 2560 18446744073709551615 "
+				   "1 1 0 0 0 0 0 4096 0 0 0 0 17 1 0 0 0 0 0\n";
+	struct metrics_proc_stat ps;
+	assert_int_equal(metrics_proc_stat_parse(line, 100, 4096, 1700000000, &ps), 0);
+	assert_true(ps.cpu_seconds == 4.0);
+	assert_true(ps.start_time == 1700000000.0 + 1234.56);
+	assert_int_equal(ps.threads, 7);
+	assert_int_equal(ps.vsize, 104857600);
+	assert_int_equal(ps.rss, 2560 * 4096);
+	static const char *const bad[] = {
+		"", "42 (a", "42 (a)", "42 (a) ", "42 (a) S", "42 (a) S 1 42 42 0 -1 4194560 10",
+		"42 (a) S 1 42 42 0 -1 4194560 10 0 0 0 250 150 0 0 20 -5 7 0 123456 104857600",
+		"42 (a) S 1 42 42 0 -1 4194560 10 0 0 0 250 150 0 0 20 -5 7 0 x 104857600 2560",
+		"42 (a)S 1 42 42 0 -1 4194560 10 0 0 0 250 150 0 0 20 -5 7 0 123456 1 2560",
+	};
+	for (size_t i = 0; i < ARRAY_SIZE(bad); i++) {
+		struct metrics_proc_stat untouched = { .cpu_seconds = -1 };
+		assert_int_equal(metrics_proc_stat_parse(bad[i], 100, 4096, 1, &untouched), -EINVAL);
+		assert_true(untouched.cpu_seconds == -1);
+	}
+
+	assert_int_equal(metrics_boot_time_parse("cpu  1 2 3\nintr 5 6\nbtime 1700000000\n"
+						 "processes 9\n"), 1700000000);
+	assert_int_equal(metrics_boot_time_parse("btime 17\n"), 17);
+	assert_int_equal(metrics_boot_time_parse("cpu 1\nxbtime 17\nbtime\n"), 0);
+	assert_int_equal(metrics_boot_time_parse(""), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_samples),
+		cmocka_unit_test(test_proc_stat),
 		cmocka_unit_test(test_histogram),
 		cmocka_unit_test(test_endpoint),
 	};

@@ -1,9 +1,13 @@
 """Run sluiced with its stderr on a real systemd-journald, as systemd runs the unit.
 
-Run as `unshare -m --propagation private python3 journal_ns.py UNIT SLUICED CONFIG
-BAD_CONFIG`: in its own mount namespace (so the machine's /run is not touched) it mounts
-tmpfs on /run/systemd and /run/log, starts systemd-journald (volatile storage), opens a
-stream to /run/systemd/journal/stdout with the header systemd's exec code sends for
+Run as `unshare -m -p -f --kill-child --mount-proc --propagation private python3
+journald_ns.py UNIT SLUICED CONFIG BAD_CONFIG`: PID 1 of its own PID and mount namespaces
+(everything it starts dies with it, even when the test kills unshare), it mounts tmpfs
+on /run and on /etc/systemd (journald reads its own journald.conf, written there:
+volatile storage, nothing read from or forwarded to the kernel log, syslog or wall)
+and starts systemd-journald logging to its console (stderr, a file), so that nothing of
+the machine's /run, /etc or kernel log is read or written.  It opens a stream to
+/run/systemd/journal/stdout with the header systemd's exec code sends for
 StandardError=journal -- identifier from the unit's SyslogIdentifier=, priority the
 unit's SyslogFacility= with level info, level prefixes parsed -- makes it sluiced's
 stderr with JOURNAL_STREAM set to its device and inode (as systemd does), starts
@@ -22,6 +26,14 @@ import sys
 import time
 
 FACILITIES = {"kern": 0, "user": 1, "mail": 2, "daemon": 3, "auth": 4, "syslog": 5}
+JOURNALD_CONF = """[Journal]
+Storage=volatile
+ReadKMsg=no
+ForwardToSyslog=no
+ForwardToKMsg=no
+ForwardToConsole=no
+ForwardToWall=no
+"""
 
 
 def unit_setting(unit_text, key):
@@ -42,15 +54,21 @@ def wait_for(cond, what, timeout=10):
 
 def main():
     unit, sluiced, config, bad = sys.argv[1:5]
+    if os.getpid() != 1:
+        sys.exit("not PID 1 of a PID namespace: run under unshare -p -f --kill-child")
     unit_text = open(unit).read()
     ident = unit_setting(unit_text, "SyslogIdentifier")
     facility = FACILITIES[unit_setting(unit_text, "SyslogFacility")]
-    for d in ("/run/systemd", "/run/log"):
-        os.makedirs(d, exist_ok=True)
-        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", d], check=True)
+    for d in ("/run", "/etc/systemd"):
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", d], check=True)
     os.makedirs("/run/systemd/journal")
-    jd = subprocess.Popen(["/lib/systemd/systemd-journald"], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
+    with open("/etc/systemd/journald.conf", "w") as f:
+        f.write(JOURNALD_CONF)
+    jd_log = open(os.path.join(os.path.dirname(config), "journald.log"), "wb")
+    jd = subprocess.Popen(["/lib/systemd/systemd-journald"], stdin=subprocess.DEVNULL,
+                          stdout=jd_log, stderr=jd_log,
+                          env=dict(os.environ, SYSTEMD_LOG_TARGET="console"))
+    sd = None
     try:
         wait_for(lambda: os.path.exists("/run/systemd/journal/stdout"), "journald")
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -81,6 +99,9 @@ def main():
                                                     "SYSLOG_IDENTIFIER")}))
         print(json.dumps({"exit": rc}))
     finally:
+        if sd is not None and sd.poll() is None:
+            sd.kill()
+            sd.wait(10)
         jd.terminate()
         jd.wait(10)
 
