@@ -143,5 +143,13 @@ int config_load(const char *path, struct sluice_config **ret, char *err, size_t 
  */
 int config_load_client(const char *path, struct sluice_config **ret, char *err, size_t errlen);
 struct sluice_config *config_free(struct sluice_config *c);
+/*
+ * Whether config_load() looks up the host names of listen addresses (sluiced -t and the
+ * start: an unknown name is an error with its line).  Off for reloads, which bind
+ * nothing: a lookup there would block the loop that reloads (a control session's worker)
+ * and turn a resolver's hiccup into a refused reload.  Off by default.
+ */
+void config_resolve_listen_hosts(bool on);
+bool config_resolving_listen_hosts(void);
 
 #endif

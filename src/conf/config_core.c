@@ -21,6 +21,7 @@
 #include "config_core.h"
 #include "config_schema.h"
 #include "listen.h"
+#include "sockspec.h"
 #include "util.h"
 
 #define ERR(...) cfg_error(__VA_ARGS__)
@@ -67,8 +68,13 @@ static int load_metrics(struct cfg_node *m, struct sluice_config *c, char *err, 
 	if (r < 0)
 		return r;
 	struct listen_addr a;
+	struct sockspec spec;
 	char why[300];
 	struct cfg_node *n = cfg_get(m, "listen");
+	/* a name is looked up only at the start and by -t (config_resolve_listen_hosts) */
+	if (sockspec_parse(c->metrics.listen, &spec, why, sizeof(why)) == 0 && !spec.numeric &&
+	    !config_resolving_listen_hosts())
+		return 0;
 	if (listen_addr_parse(c->metrics.listen, &a, why, sizeof(why)) < 0) {
 		ERR(n ? n : m, err, el, "%s", why);
 		return -EINVAL;
@@ -96,8 +102,14 @@ static int load_control(struct cfg_node *m, struct sluice_config *c, char *err, 
 		for (struct cfg_node *it = items; it && i < c->control.n;
 		     it = n->kind == CFG_LIST ? it->next : NULL) {
 			struct listen_addr a;
+			struct sockspec spec;
 			char why[400];
 			const char *text = c->control.addr[i++];
+			/* a name is looked up only where listen_parse() did (not at a reload,
+			 * which binds nothing: the start checks it) */
+			if (sockspec_parse(text, &spec, why, sizeof(why)) == 0 && !spec.numeric &&
+			    !config_resolving_listen_hosts())
+				continue;
 			if (listen_addr_parse(text, &a, why, sizeof(why)) < 0) {
 				ERR(it, err, el, "%s", why);
 				return -EINVAL;

@@ -33,6 +33,18 @@ _Static_assert(MILTER_LEN_CAP_DEFAULT == 1052672, "milter.max_packet's default b
 
 /* ---- types of sluiced's own ------------------------------------------------------- */
 
+static _Atomic bool resolve_listen_hosts;
+
+void config_resolve_listen_hosts(bool on)
+{
+	resolve_listen_hosts = on;
+}
+
+bool config_resolving_listen_hosts(void)
+{
+	return resolve_listen_hosts;
+}
+
 /* listen = "a"; listen = ["a", "b"]; or listen repeated: socket strings (sockspec.h),
  * checked here so that sluiced -t names the line of a malformed one. */
 static int listen_parse(const struct cfg_node *n, const struct cfg_key *k, void *field,
@@ -58,12 +70,28 @@ static int listen_parse(const struct cfg_node *n, const struct cfg_key *k, void 
 			struct sockaddr_storage ss;
 			socklen_t sl;
 			char why[400];
-			/* a host name is looked up here too: sluiced -t finds one that does not
-			 * resolve, with its line, rather than the start */
+			/* a host name is looked up here too (not at a reload): sluiced -t finds
+			 * one that does not resolve, with its line, rather than the start */
 			if (sockspec_parse(s, &spec, why, sizeof(why)) < 0 ||
-			    (!spec.numeric && sockspec_resolve(&spec, &ss, &sl, why,
-							       sizeof(why)) < 0)) {
+			    (!spec.numeric && config_resolving_listen_hosts() &&
+			     sockspec_resolve(&spec, &ss, &sl, why, sizeof(why)) < 0)) {
 				cfg_error(it, err, el, "%s", why);
+				return -EINVAL;
+			}
+			/* libmilter's inet6 wildcard takes IPv4 clients too: an inet listener on
+			 * its port beside it could never bind */
+			for (size_t j = 0; j < lc->n; j++) {
+				struct sockspec o;
+				if (sockspec_parse(lc->addr[j], &o, why, sizeof(why)) < 0 ||
+				    o.family == AF_UNIX || o.port != spec.port ||
+				    o.family == spec.family || !(o.dual_stack || spec.dual_stack))
+					continue;
+				const struct sockspec *d = o.dual_stack ? &o : &spec;
+				cfg_error(it, err, el, "\"%.100s\" takes IPv4 clients on port %u too "
+					  "(as libmilter's inet6:PORT does), so \"%.100s\" cannot bind "
+					  "beside it: drop the inet one, or write inet6:[::]:%u for IPv6 "
+					  "only", d->text, (unsigned)spec.port,
+					  d == &o ? s : lc->addr[j], (unsigned)spec.port);
 				return -EINVAL;
 			}
 			if (!(lc->addr[lc->n++] = strdup(s)))

@@ -1272,7 +1272,10 @@ int daemon_main(int argc, char **argv)
 	}
 	struct daemon d = { .config_path = path, .started_ms = now_ms() };
 	pthread_mutex_init(&d.cfg_lock, NULL);
-	if (config_load(path, &d.cfg, err, sizeof(err)) < 0) {
+	config_resolve_listen_hosts(true); /* this load's listeners are bound (or checked) */
+	int cr = config_load(path, &d.cfg, err, sizeof(err));
+	config_resolve_listen_hosts(false); /* reloads bind nothing */
+	if (cr < 0) {
 		fprintf(stderr, "%ssluiced: %s\n", log_stderr_prefix(LOG_LEVEL_ERROR), err);
 		return 1;
 	}

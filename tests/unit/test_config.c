@@ -89,6 +89,15 @@ static const struct {
 	{ "milter { listen = [\"unix:m.sock\", \"inet6:[fe80::1%nosuchif0]:25\"]; }\n",
 	  "t.conf:1: milter.listen[1]: \"inet6:[fe80::1%nosuchif0]:25\": fe80::1%nosuchif0: "
 	  "Name or service not known" },
+	/* libmilter's inet6 wildcard takes IPv4 too: an inet listener on its port cannot bind */
+	{ "milter { listen = [\"inet:8891\", \"inet6:8891\"]; }\n",
+	  "t.conf:1: milter.listen[1]: \"inet6:8891\" takes IPv4 clients on port 8891 too (as "
+	  "libmilter's inet6:PORT does), so \"inet:8891\" cannot bind beside it: drop the inet "
+	  "one, or write inet6:[::]:8891 for IPv6 only" },
+	{ "milter { listen = [\"inet6:8891@[::]\", \"inet:127.0.0.1:8891\"]; }\n",
+	  "t.conf:1: milter.listen[1]: \"inet6:8891@[::]\" takes IPv4 clients on port 8891 too "
+	  "(as libmilter's inet6:PORT does), so \"inet:127.0.0.1:8891\" cannot bind beside it: "
+	  "drop the inet one, or write inet6:[::]:8891 for IPv6 only" },
 	{ M "metrics { listen = \"inet:0.0.0.0:9187\"; }\n",
 	  "t.conf:2: metrics.listen: \"inet:0.0.0.0:9187\" can be reached from other hosts, and "
 	  "the metrics have no authentication: listen on 127.0.0.1 or ::1, or set "
@@ -272,6 +281,7 @@ static void test_providers(void **state)
 static void test_errors(void **state)
 {
 	(void)state;
+	config_resolve_listen_hosts(true); /* as sluiced -t and the start load */
 	for (size_t i = 0; i < ARRAY_SIZE(bad); i++) {
 		struct sluice_config *c = NULL;
 		char err[1024], want[1024];
@@ -282,6 +292,13 @@ static void test_errors(void **state)
 				 want);
 		config_free(c);
 	}
+	/* a reload looks no listen host up (it binds nothing): the name is the start's */
+	config_resolve_listen_hosts(false);
+	struct sluice_config *c = NULL;
+	char err[1024];
+	assert_int_equal(load_text(M "policy {\n listen = \"inet:18891@nonexistent.invalid\";\n}\n",
+				   false, &c, err, sizeof(err)), 0);
+	config_free(c);
 }
 
 static void test_defaults_and_values(void **state)
