@@ -146,7 +146,7 @@ static uint64_t boot_time(void)
 
 /* The figures of /proc/self/stat: one read per scrape.  0 or -errno (then the samples
  * are left out: a counter at 0 would read as a reset). */
-static int proc_stat_read(struct metrics_proc_stat *ret)
+static int proc_stat_read(uint64_t btime, struct metrics_proc_stat *ret)
 {
 	char buf[1024];
 	int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
@@ -158,7 +158,7 @@ static int proc_stat_read(struct metrics_proc_stat *ret)
 		return -EIO;
 	buf[n] = '\0';
 	return metrics_proc_stat_parse(buf, sysconf(_SC_CLK_TCK), sysconf(_SC_PAGESIZE),
-				       boot_time(), ret);
+				       btime, ret);
 }
 
 static uint64_t max_fds(void)
@@ -175,7 +175,8 @@ static void render_process(struct page *p, const struct metrics_sources *src)
 {
 	struct metrics_label v = { "version", SLUICE_VERSION };
 	struct metrics_proc_stat ps = { 0 };
-	bool have_ps = proc_stat_read(&ps) == 0;
+	uint64_t btime = boot_time(); /* once: the start time below is from this one */
+	bool have_ps = proc_stat_read(btime, &ps) == 0;
 	if (have_ps) {
 		fam(p, "process_cpu_seconds_total", "counter",
 		    "Total user and system CPU time spent in seconds.");
@@ -193,7 +194,7 @@ static void render_process(struct page *p, const struct metrics_sources *src)
 	};
 	singles(p, rows, have_ps ? ARRAY_SIZE(rows) : 1);
 	/* as client_golang: /proc/self/stat's starttime after /proc/stat's btime */
-	if (have_ps && boot_time()) {
+	if (have_ps && btime) {
 		fam(p, "process_start_time_seconds", "gauge",
 		    "Start time of the process since unix epoch in seconds.");
 		dbl(p, "process_start_time_seconds", NULL, 0, ps.start_time);

@@ -99,7 +99,8 @@ enum mx_fam_state {
 
 enum mx_query_state {
 	MXQ_RUNNING = 0, /* in r->running, c-ares callbacks outstanding */
-	MXQ_WAITING,     /* in r->waiting: not yet handed to c-ares (MX_MAX_ACTIVE) */
+	MXQ_WAITING,     /* in r->waiting or waiting_first: not yet handed to c-ares
+			    (MX_MAX_REQUESTS) */
 	MXQ_READY,       /* in r->ready: finished, done() not yet called */
 	MXQ_DELIVERING,  /* in no list: done() is running */
 	MXQ_DETACHED,    /* in no list: delivered or cancelled; freed when inflight is 0 */
@@ -142,7 +143,9 @@ struct mx_query {
 	uint32_t ttl;             /* the MX answer's least TTL; UINT32_MAX: none */
 	uint8_t *answer;          /* a TLSA lookup's answer, as received */
 	size_t answer_len;
-	unsigned inflight;        /* c-ares callbacks to come, + 1 while being set up */
+	unsigned inflight;        /* c-ares callbacks to come, + 1 while being set up, + 1
+				     while its hosts wait (r->hosts_first) */
+	struct mx_query *hosts_next;
 	int error;                /* set by the MX stage; else decided when finishing */
 	struct mx_host *hosts;    /* in the order to try them */
 	size_t nhosts;
@@ -172,6 +175,10 @@ struct mx_resolver {
 	struct mx_list running, ready;
 	struct mx_list waiting; /* MX queries beyond MX_MAX_REQUESTS, started in order */
 	struct mx_list waiting_first; /* TLSA and address queries: started before those */
+	struct mx_query *hosts_first, *hosts_last; /* running MX queries whose answer came
+				  while MX_MAX_REQUESTS were out: their hosts' address lookups
+				  wait, first of all (linked by hosts_next, each holding an
+				  inflight reference that is not a request) */
 	unsigned requests;      /* the queries' inflight, summed: c-ares requests out, and
 				   the holds of queries being set up */
 	char *servers;         /* NULL: /etc/resolv.conf */
@@ -375,16 +382,10 @@ static void mx_query_finish(struct mx_query *q)
 	event_active(r->deliver, EV_TIMEOUT, 1);
 }
 
-/* One c-ares callback (or the set-up hold) is back. */
-static void mx_query_unref(struct mx_query *q)
+/* An inflight reference of q is given back: q finishes, or is freed, with its last. */
+static void mx_query_drop(struct mx_query *q)
 {
-	struct mx_resolver *r = q->r;
-
-	assert(q->inflight > 0 && r->requests > 0);
-	r->requests--;
-	if ((r->waiting.first || r->waiting_first.first) && !r->closing &&
-	    r->requests < MX_MAX_REQUESTS)
-		event_active(r->deliver, EV_TIMEOUT, 1); /* a waiting query may start */
+	assert(q->inflight > 0);
 	if (--q->inflight > 0)
 		return;
 	if (q->state == MXQ_RUNNING)
@@ -392,6 +393,23 @@ static void mx_query_unref(struct mx_query *q)
 	else if (q->state == MXQ_DETACHED)
 		mx_query_free(q);
 	/* MXQ_DELIVERING: the deliverer frees it when done() returns */
+}
+
+static bool mx_anything_waits(const struct mx_resolver *r)
+{
+	return r->hosts_first || r->waiting_first.first || r->waiting.first;
+}
+
+/* One c-ares callback (or the set-up hold) is back. */
+static void mx_query_unref(struct mx_query *q)
+{
+	struct mx_resolver *r = q->r;
+
+	assert(q->inflight > 0 && r->requests > 0);
+	r->requests--;
+	if (mx_anything_waits(r) && !r->closing && r->requests < MX_MAX_REQUESTS)
+		event_active(r->deliver, EV_TIMEOUT, 1); /* a waiting query may start */
+	mx_query_drop(q);
 }
 
 static void mx_shuffle_addrs(struct mx_fam *fam)
@@ -511,6 +529,40 @@ static void mx_query_start_hosts(struct mx_query *q)
 	}
 }
 
+/* After q's MX answer: its hosts are looked up now, or first of all once fewer than
+ * MX_MAX_REQUESTS are out (an answer may name 32 hosts: 64 requests).  q is held
+ * meanwhile by an inflight reference that is not a request (mx_query_drop()). */
+static void mx_query_hosts_stage(struct mx_query *q)
+{
+	struct mx_resolver *r = q->r;
+
+	if (r->requests < MX_MAX_REQUESTS && !r->hosts_first) {
+		mx_query_start_hosts(q);
+		return;
+	}
+	q->inflight++;
+	q->hosts_next = NULL;
+	if (r->hosts_last)
+		r->hosts_last->hosts_next = q;
+	else
+		r->hosts_first = q;
+	r->hosts_last = q;
+}
+
+/* The first query whose hosts wait, taken off that list, or NULL. */
+static struct mx_query *mx_hosts_pop(struct mx_resolver *r)
+{
+	struct mx_query *q = r->hosts_first;
+
+	if (q) {
+		r->hosts_first = q->hosts_next;
+		if (!r->hosts_first)
+			r->hosts_last = NULL;
+		q->hosts_next = NULL;
+	}
+	return q;
+}
+
 /* The name itself as the only host, preference 0: a smarthost, or the implicit MX. */
 static int mx_query_set_self(struct mx_query *q)
 {
@@ -602,7 +654,7 @@ static void mx_query_take_mx(struct mx_query *q, const struct ares_mx_reply *lis
 	}
 	q->hosts = hosts;
 	q->nhosts = nh;
-	mx_query_start_hosts(q);
+	mx_query_hosts_stage(q);
 }
 
 /*
@@ -647,7 +699,7 @@ static void mx_query_on_mx(struct mx_query *q, int status, const unsigned char *
 		if (mx_query_set_self(q) < 0)
 			q->error = -EAGAIN;
 		else
-			mx_query_start_hosts(q);
+			mx_query_hosts_stage(q);
 		return;
 	case ARES_ENOTFOUND: /* NXDOMAIN */
 		q->error = -ENOENT;
@@ -663,7 +715,7 @@ static void mx_query_on_mx(struct mx_query *q, int status, const unsigned char *
 		if (mx_query_set_self(q) < 0)
 			q->error = -EAGAIN;
 		else
-			mx_query_start_hosts(q);
+			mx_query_hosts_stage(q);
 		return;
 	}
 	if (rc != ARES_SUCCESS) {
@@ -859,8 +911,18 @@ static void mx_on_deliver(evutil_socket_t fd, short what, void *arg)
 		if (q->inflight == 0)
 			mx_query_free(q);
 	}
-	/* room left by the requests that came back */
-	while (!r->closing && (q = mx_waiting_next(r)) != NULL && r->requests < MX_MAX_REQUESTS) {
+	/* room left by the requests that came back: the hosts of MX answers first (their
+	 * queries are half done), then TLSA and address lookups, then MX lookups */
+	while (!r->closing && r->requests < MX_MAX_REQUESTS) {
+		if ((q = mx_hosts_pop(r)) != NULL) {
+			if (q->state == MXQ_RUNNING)
+				mx_query_start_hosts(q);
+			mx_query_drop(q); /* the hold of mx_query_hosts_stage() */
+			mx_rearm(r);
+			continue;
+		}
+		if ((q = mx_waiting_next(r)) == NULL)
+			break;
 		mx_list_remove(mx_waiting_list(q), q);
 		mx_query_launch(q);
 	}
@@ -1024,6 +1086,9 @@ struct mx_resolver *mx_resolver_free(struct mx_resolver *r)
 		if (q->inflight == 0)
 			mx_query_free(q);
 	}
+	/* those whose hosts waited are cancelled above: their holds go, and they with them */
+	while ((q = mx_hosts_pop(r)) != NULL)
+		mx_query_drop(q);
 	/* Brings every outstanding callback back (ARES_EDESTRUCTION): the detached queries
 	 * are freed, and each socket is reported closed (mx_on_sock_state()). */
 	ares_destroy(r->channel);
@@ -1123,7 +1188,7 @@ static void mx_query_begin(struct mx_query *q, struct mx_query **ret)
 
 	if (ret)
 		*ret = q;
-	if (r->requests >= MX_MAX_REQUESTS || mx_waiting_list(q)->first) {
+	if (r->requests >= MX_MAX_REQUESTS || mx_anything_waits(r)) {
 		q->state = MXQ_WAITING;
 		mx_list_push(mx_waiting_list(q), q);
 		return;

@@ -44,6 +44,10 @@ static void idle_remove(struct relay *r, struct rmsg *m)
 static void msg_really_close(struct relay *r, struct rmsg *m)
 {
 	idle_remove(r, m);
+	/* written and not flushed (a failed flush): try again before the fd goes, and keep
+	 * dirty if that fails too, so that msg_check_done() does not remove m on trust */
+	if (m->open && m->dirty && queue_msg_sync(m->qm) == 0)
+		m->dirty = false;
 	if (m->open) {
 		queue_msg_close(m->qm);
 		free(m->qm);
@@ -61,6 +65,10 @@ void msg_close_file(struct relay *r, struct rmsg *m)
 {
 	if (!m->open || m->busy != 0 || m->open_idle)
 		return;
+	if (m->qm->size > MSG_OPEN_IDLE_BYTES) {
+		msg_really_close(r, m); /* it would push every other one out */
+		return;
+	}
 	TAILQ_INSERT_TAIL(&r->open_idle, m, idle_link);
 	m->open_idle = true;
 	r->nopen_idle++;
@@ -880,7 +888,9 @@ void msg_check_done(struct relay *r, struct rmsg *m)
 		return;
 	}
 	/* finished, and every status byte is on disk (flushed where it was written) */
-	if (m->open && m->dirty && queue_msg_sync(m->qm) < 0) {
+	if (m->dirty && (msg_open_file(r, m) < 0 || queue_msg_sync(m->qm) < 0)) {
+		relay_logf(r, LOG_LEVEL_ERROR, "qid=%s finished, but its statuses cannot be "
+			   "flushed: it stays until they are", m->id);
 		msg_recheck_later(r, m);
 		return;
 	}
