@@ -45,6 +45,10 @@ Other behaviours, each off by default:
   a message is in ``dropped()``; with ``drop_delivers=True`` it is also in ``accepted()``
   (the relay delivered it but the reply was lost).  It counts toward the rate limit either
   way (the sender cannot know whether it went).
+* ``greeting_delay=S``: each connection is greeted S seconds after it is accepted (a slow
+  or busy relay); ``data_reply_delay=S``: the 250 to a final dot is sent S seconds after
+  the message is recorded (it is in ``accepted()`` from the dot on, while the client still
+  waits for the reply).
 * ``suspend()`` / ``unsuspend()``: every MAIL FROM gets ``550 5.7.1 Service suspended``;
   ``set_rate()``, ``set_mode()`` and ``unban()`` change the limit at run time.
 
@@ -310,6 +314,8 @@ class _Handler:
     async def handle_DATA(self, server, session, envelope):
         action, value = self._sh._on_data(server, envelope)
         if action == "reply":
+            if self._sh.data_reply_delay and value.startswith("250"):
+                await asyncio.sleep(self._sh.data_reply_delay)
             return value
         # drop: no reply to the dot
         if value == "reset":
@@ -438,6 +444,8 @@ class _SMTP(SMTP):
             await self.push(TOO_MANY_CONNECTIONS_REPLY)
             self.transport.close()
             return
+        if self._sh.greeting_delay and not self._sh_probe:
+            await asyncio.sleep(self._sh.greeting_delay)
         await super()._handle_client()
 
     async def push(self, status):
@@ -477,7 +485,7 @@ class Smarthost:
                  auth_require_tls=None, auth_mechanisms=MECHANISMS,
                  scram_iterations=4096, scram_salt=None, scram_nonce=None,
                  drop_after_dot_first=0, drop_after_dot_p=0.0, drop_how="close",
-                 drop_delivers=False,
+                 drop_delivers=False, greeting_delay=0.0, data_reply_delay=0.0,
                  maildir=None, keep_content=True,
                  hostname="smtp.isp.test", size_limit=32 * 1024 * 1024,
                  pipelining=True, smtputf8=True, timeout=300):
@@ -533,6 +541,8 @@ class Smarthost:
         self._drop_p = float(drop_after_dot_p)
         self._drop_how = drop_how
         self._drop_delivers = drop_delivers
+        self.greeting_delay = float(greeting_delay)
+        self.data_reply_delay = float(data_reply_delay)
         self._suspended = None          # the reply while suspended
         self._ban_until = None          # time.monotonic()
         self._window = collections.deque()   # (time.monotonic(), weight) counted events
