@@ -59,6 +59,36 @@ static int load_intake(struct cfg_node *m, struct sluice_config *c, char *err, s
 	return cfg_schema_load(m, config_intake_keys, c, err, el);
 }
 
+/*
+ * An address of a service without authentication (metrics, control) that other hosts
+ * can reach is refused at node n, the error saying what such a peer gets and the fix
+ * (fix: "listen on ..."), unless allow_remote.  A host name is looked up only where
+ * listen_parse() does (sluiced -t and the start, config_resolve_listen_hosts): a reload
+ * binds nothing.  0 or -EINVAL.
+ */
+static int check_local_only(struct cfg_node *n, const char *text, bool allow_remote,
+			    const char *gets, const char *fix, char *err, size_t el)
+{
+	struct listen_addr a;
+	struct sockspec spec;
+	char why[400];
+	if (allow_remote)
+		return 0;
+	if (sockspec_parse(text, &spec, why, sizeof(why)) == 0 && !spec.numeric &&
+	    !config_resolving_listen_hosts())
+		return 0;
+	if (listen_addr_parse(text, &a, why, sizeof(why)) < 0) {
+		ERR(n, err, el, "%s", why);
+		return -EINVAL;
+	}
+	if (!listen_addr_is_local(&a)) {
+		ERR(n, err, el, "\"%.100s\" can be reached from other hosts, and %s: %s, or set "
+		    "allow_remote = true", text, gets, fix);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 /* metrics { listen; allow_remote; max_connections; } -- the endpoint answers without
  * authentication, so an address other hosts can reach must be asked for. */
 static int load_metrics(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
@@ -67,25 +97,10 @@ static int load_metrics(struct cfg_node *m, struct sluice_config *c, char *err, 
 	int r = cfg_schema_load(m, config_metrics_keys, c, err, el);
 	if (r < 0)
 		return r;
-	struct listen_addr a;
-	struct sockspec spec;
-	char why[300];
 	struct cfg_node *n = cfg_get(m, "listen");
-	/* a name is looked up only at the start and by -t (config_resolve_listen_hosts) */
-	if (sockspec_parse(c->metrics.listen, &spec, why, sizeof(why)) == 0 && !spec.numeric &&
-	    !config_resolving_listen_hosts())
-		return 0;
-	if (listen_addr_parse(c->metrics.listen, &a, why, sizeof(why)) < 0) {
-		ERR(n ? n : m, err, el, "%s", why);
-		return -EINVAL;
-	}
-	if (!c->metrics.allow_remote && !listen_addr_is_local(&a)) {
-		ERR(n ? n : m, err, el, "\"%.100s\" can be reached from other hosts, and the "
-		    "metrics have no authentication: listen on 127.0.0.1 or ::1, or set "
-		    "allow_remote = true", c->metrics.listen);
-		return -EINVAL;
-	}
-	return 0;
+	return check_local_only(n ? n : m, c->metrics.listen, c->metrics.allow_remote,
+				"the metrics have no authentication", "listen on 127.0.0.1 or ::1",
+				err, el);
 }
 
 /* control { listen; allow_remote; } -- an inet peer of the control socket has no
@@ -101,25 +116,11 @@ static int load_control(struct cfg_node *m, struct sluice_config *c, char *err, 
 		struct cfg_node *items = n->kind == CFG_LIST ? n->child : n;
 		for (struct cfg_node *it = items; it && i < c->control.n;
 		     it = n->kind == CFG_LIST ? it->next : NULL) {
-			struct listen_addr a;
-			struct sockspec spec;
-			char why[400];
-			const char *text = c->control.addr[i++];
-			/* a name is looked up only where listen_parse() did (not at a reload,
-			 * which binds nothing: the start checks it) */
-			if (sockspec_parse(text, &spec, why, sizeof(why)) == 0 && !spec.numeric &&
-			    !config_resolving_listen_hosts())
-				continue;
-			if (listen_addr_parse(text, &a, why, sizeof(why)) < 0) {
-				ERR(it, err, el, "%s", why);
-				return -EINVAL;
-			}
-			if (!listen_addr_is_local(&a)) {
-				ERR(it, err, el, "\"%.100s\" can be reached from other hosts, and a "
-				    "control client there gets full admin rights: use a unix socket "
-				    "or 127.0.0.1/::1, or set allow_remote = true", text);
-				return -EINVAL;
-			}
+			r = check_local_only(it, c->control.addr[i++], false,
+					     "a control client there gets full admin rights",
+					     "use a unix socket or 127.0.0.1/::1", err, el);
+			if (r < 0)
+				return r;
 		}
 	}
 	return 0;

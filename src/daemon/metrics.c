@@ -205,13 +205,13 @@ static void *metrics_main(void *arg)
 	return NULL;
 }
 
-/* The loop and the server are made here, after the daemon forks (an epoll descriptor
- * made before would be shared with the parent). */
 const struct listen_addr *metrics_address(const struct metrics *m)
 {
 	return &m->addr;
 }
 
+/* The loop and the server are made here, after the daemon forks (an epoll descriptor
+ * made before would be shared with the parent). */
 int metrics_start(struct metrics *m)
 {
 	m->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

@@ -62,15 +62,20 @@ bool log_stderr_is_journal(void)
 	return (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
 }
 
+/* sd-daemon(3)'s prefix of a level: its syslog priority (level_prio) in angle brackets. */
+static const char *journal_prefix(enum log_level level)
+{
+	static const char *const by_prio[] = { "<0>", "<1>", "<2>", "<3>",
+					       "<4>", "<5>", "<6>", "<7>" };
+	return by_prio[level_prio[level]];
+}
+
 const char *log_stderr_prefix(enum log_level level)
 {
-	static const char *const prefixes[] = {
-		[LOG_LEVEL_DEBUG] = "<7>",   [LOG_LEVEL_INFO] = "<6>",  [LOG_LEVEL_NOTICE] = "<5>",
-		[LOG_LEVEL_WARNING] = "<4>", [LOG_LEVEL_ERROR] = "<3>", [LOG_LEVEL_CRIT] = "<2>",
-	};
-	if ((size_t)level >= sizeof(prefixes) / sizeof(prefixes[0]) || !log_stderr_is_journal())
+	if ((size_t)level >= sizeof(level_prio) / sizeof(level_prio[0]) ||
+	    !log_stderr_is_journal())
 		return "";
-	return prefixes[level];
+	return journal_prefix(level);
 }
 
 void log_setup(enum log_target target, int facility, enum log_level level)
@@ -151,7 +156,7 @@ void log_vmsg(enum log_level level, const char *fmt, va_list ap)
 			/* sd-daemon(3): "<3>" for SD_ERR; the journal adds the time and
 			 * "sluiced[PID]:" (SyslogIdentifier=) itself */
 			journal = true;
-			int w = snprintf(line, sizeof(line), "<%c>%s: ", '0' + level_prio[level],
+			int w = snprintf(line, sizeof(line), "%s%s: ", journal_prefix(level),
 					 log_level_name(level));
 			off = w > 0 ? (size_t)w : 0;
 		} else {
