@@ -87,6 +87,8 @@ struct sluice_config {
 		unsigned max_sessions;
 		int64_t idle_timeout_ms;      /* waiting for the next command (RFC 5321 4.5.3.2.7) */
 		int64_t command_timeout_ms;   /* a command line or a DATA block under way */
+		int64_t data_timeout_ms;      /* a message's data, from 354 to the final dot */
+		uint64_t data_min_rate;       /* bytes a second that earn data time; 0: none */
 		uint64_t max_message_size;    /* 552 5.3.4 past it; advertised in EHLO SIZE */
 		unsigned max_recipients;      /* 452 4.5.3 past it */
 		unsigned max_errors;          /* bad commands before the session is closed */

@@ -372,7 +372,12 @@ const struct cfg_key config_intake_keys[] = {
 	{ "idle_timeout", &cfg_type_duration, OFF(intake.idle_timeout_ms), "5m", 1000, DAY,
 	  .help = "waiting for the next command" },
 	{ "command_timeout", &cfg_type_duration, OFF(intake.command_timeout_ms), "5m", 1000, DAY,
-	  .help = "a command line or a DATA block under way" },
+	  .help = "a command line, from its first byte to its end" },
+	{ "data_timeout", &cfg_type_duration, OFF(intake.data_timeout_ms), "1h", 1000, DAY,
+	  .help = "a message's data in all, from 354 to the final dot" },
+	{ "data_min_rate", &cfg_type_size, OFF(intake.data_min_rate), "1KiB", 0,
+	  INT64_C(1) << 30, .help = "bytes a second that earn data time past command_timeout; "
+	  "0: data_timeout alone" },
 	{ "max_message_size", &cfg_type_size, OFF(intake.max_message_size), "50MiB", 1024,
 	  INT64_C(1) << 40, .help = "552 5.3.4 past it; advertised in EHLO SIZE" },
 	{ "max_recipients", &cfg_type_uint, OFF(intake.max_recipients), "1000", 1, 1000000,

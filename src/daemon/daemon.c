@@ -171,6 +171,13 @@ static struct intake_conf intake_conf(const struct sluice_config *c)
 		.max_errors = c->intake.max_errors,
 		.max_line = c->intake.max_line_length,
 		.hostname = c->intake.hostname,
+		/* command_timeout, and a second per data_min_rate bytes, within data_timeout;
+		 * or with no rate, data_timeout */
+		.data = { .base_ms = (uint64_t)(c->intake.data_min_rate ?
+						c->intake.command_timeout_ms :
+						c->intake.data_timeout_ms),
+			  .min_rate = c->intake.data_min_rate,
+			  .max_ms = (uint64_t)c->intake.data_timeout_ms },
 	};
 }
 
@@ -263,12 +270,13 @@ static void log_stats(struct daemon *d, bool reset)
 		const struct service_counters *c = &st.interval;
 		log_info("stats svc=%s interval=%.0fs connections=%llu sessions=%llu current=%llu "
 			 "peak=%llu refused=%llu protocol_errors=%llu timeouts=%llu "
-			 "duration_min=%.6f duration_mean=%.6f duration_max=%.6f duration_sd=%.6f "
+			 "deadlines=%llu evicted=%llu duration_min=%.6f duration_mean=%.6f duration_max=%.6f duration_sd=%.6f "
 			 "work_min=%.6f work_mean=%.6f work_max=%.6f work_sd=%.6f",
 			 st.name, st.interval_seconds, (unsigned long long)c->connections,
 			 (unsigned long long)c->sessions, (unsigned long long)st.current,
 			 (unsigned long long)st.peak, (unsigned long long)c->refused,
 			 (unsigned long long)c->protocol_errors, (unsigned long long)c->timeouts,
+			 (unsigned long long)c->deadlines, (unsigned long long)c->evicted,
 			 c->duration.n ? c->duration.min : 0.0, c->duration.mean,
 			 c->duration.n ? c->duration.max : 0.0, stat_acc_stddev(&c->duration),
 			 c->work.n ? c->work.min : 0.0, c->work.mean, c->work.n ? c->work.max : 0.0,

@@ -234,6 +234,12 @@ static void render_services(struct page *p, const struct metrics_sources *src)
 		  "Sessions closed for a peer's protocol error, per service." },
 		{ "sluice_session_timeouts_total", "counter",
 		  "Sessions closed by their idle or command timeout, per service." },
+		{ "sluice_request_deadlines_total", "counter",
+		  "Sessions closed because a request was not whole within its deadline (also "
+		  "counted as timeouts), per service." },
+		{ "sluice_sessions_evicted_total", "counter",
+		  "Sessions closed at max_sessions to serve a new connection, the slowest "
+		  "request first, per service." },
 	};
 	for (size_t f = 0; f < ARRAY_SIZE(fams); f++) {
 		fam(p, fams[f].name, fams[f].type, fams[f].help);
@@ -241,7 +247,8 @@ static void render_services(struct page *p, const struct metrics_sources *src)
 			struct metrics_label l = { "service", st[i].name };
 			const struct service_counters *c = &st[i].total;
 			uint64_t v[] = { st[i].current, c->connections, c->sessions, c->refused,
-					 c->protocol_errors, c->timeouts };
+					 c->protocol_errors, c->timeouts, c->deadlines,
+					 c->evicted };
 			u64(p, fams[f].name, &l, 1, v[f]);
 		}
 	}

@@ -34,6 +34,8 @@
 #define ACCEPT_BACKOFF_MS 500
 #define REFUSE_REMIND_MS 60000 /* a burst of refusals over max_sessions is logged again */
 #define OUTPUT_HIGH (256 * 1024) /* bytes of unread replies before a session stops reading */
+#define EVICT_LOOK 8 /* open requests looked at, oldest first, for the slowest to evict */
+#define EVICT_LOG_MS 1000 /* evictions are logged once a second per worker, with a count */
 
 struct stats_shard {
 	pthread_mutex_t lock;
@@ -43,6 +45,7 @@ struct stats_shard {
 
 struct service {
 	struct engine *e;
+	unsigned idx; /* in e->services, and in each worker's lists of open requests */
 	char *name;
 	const struct service_ops *ops;
 	void *arg;
@@ -76,6 +79,11 @@ struct listener {
 	bool logged_exhaustion;
 };
 
+/* A worker's sessions of one service that have a request open, oldest first. */
+struct req_list {
+	struct session *head, *tail;
+};
+
 enum worker_msg_type {
 	WORKER_MSG_SESSION = 0,
 	WORKER_MSG_STOP,
@@ -88,6 +96,7 @@ struct worker_msg {
 	struct service *svc;
 	void (*call)(void *arg);  /* WORKER_MSG_CALL */
 	void *arg;
+	bool evict; /* the service is at max_sessions: make room, or refuse */
 	char peer[64];
 	struct sockaddr_storage addr;
 };
@@ -110,8 +119,17 @@ struct session {
 	bool in_input; /* inside ops->input: defer frees */
 	bool dead;     /* freed when in_input unwinds */
 	bool timed_out;
+	bool deadline_hit; /* a request passed its deadline */
 	bool proto_error;
+	bool req_explicit; /* the request is the service's (session_request_begin) */
 	uint8_t timeout_kind; /* TIMEOUT_* currently set on the bufferevent */
+	/* The request open now (req_start_ms != 0): in the worker's list of its service,
+	 * timed by `deadline` (made at the first request that needs it). */
+	struct session *rprev, *rnext;
+	struct event *deadline;
+	uint64_t req_start_ms;
+	uint64_t req_bytes; /* consumed since an explicit request began */
+	struct request_bound rb;
 	char peer[64];
 	struct sockaddr_storage addr;
 };
@@ -130,6 +148,11 @@ struct worker {
 	struct mailbox inbox;   /* of struct worker_msg */
 	_Atomic unsigned nsessions;
 	struct session *sessions;
+	struct req_list reqs[ENGINE_MAX_SERVICES];
+	/* The start of the oldest open request of each service, 0 for none: the main thread
+	 * reads it to send a connection over max_sessions where a slow request can go. */
+	_Atomic uint64_t req_oldest_ms[ENGINE_MAX_SERVICES];
+	uint64_t evict_logged_ms, evict_unlogged;
 	/* libevent "common timeouts": timers of one duration kept in a queue instead of the
 	 * heap, so 10,000 idle sessions cost O(1) per re-arm instead of O(log n). */
 	struct {
@@ -163,6 +186,7 @@ struct service *service_new(struct engine *e, const char *name, const struct ser
 	if (!svc)
 		return NULL;
 	svc->e = e;
+	svc->idx = (unsigned)e->nservices;
 	svc->name = strdup(name);
 	svc->ops = ops;
 	svc->arg = arg;
@@ -247,9 +271,15 @@ static void count_refused(struct service_counters *c, const void *arg)
 	c->refused++;
 }
 
+static void count_evicted(struct service_counters *c, const void *arg)
+{
+	(void)arg;
+	c->evicted++;
+}
+
 struct session_end {
 	double duration, work;
-	bool proto_error, timed_out;
+	bool proto_error, timed_out, deadline;
 };
 
 static void count_end(struct service_counters *c, const void *arg)
@@ -262,6 +292,8 @@ static void count_end(struct service_counters *c, const void *arg)
 		c->protocol_errors++;
 	if (se->timed_out)
 		c->timeouts++;
+	if (se->deadline)
+		c->deadlines++;
 }
 
 void service_stats(struct service *svc, bool reset_interval, struct service_stats *ret)
@@ -382,6 +414,9 @@ static void slot_release(struct service *svc, struct worker *w)
 	atomic_fetch_sub(&w->nsessions, 1);
 }
 
+static void req_close(struct session *s);
+static void on_deadline(evutil_socket_t fd, short what, void *arg);
+
 static void session_free(struct session *s)
 {
 	if (s->in_input) {
@@ -390,6 +425,9 @@ static void session_free(struct session *s)
 	}
 	struct worker *w = s->w;
 	struct service *svc = s->svc;
+	req_close(s);
+	if (s->deadline)
+		event_free(s->deadline);
 	if (s->bev)
 		bufferevent_free(s->bev); /* closes the fd; cancels its events and timeouts */
 	if (s->opened && svc->ops->close)
@@ -405,6 +443,7 @@ static void session_free(struct session *s)
 		.work = (double)s->work_ns / 1e9,
 		.proto_error = s->proto_error,
 		.timed_out = s->timed_out,
+		.deadline = s->deadline_hit,
 	};
 	shard_count(svc, w->idx, count_end, &se);
 	slot_release(svc, w);
@@ -441,7 +480,7 @@ static void session_arm_timer(struct session *s)
 	if (s->closing)
 		return;
 	uint8_t kind = TIMEOUT_IDLE;
-	if (s->paused || evbuffer_get_length(bufferevent_get_input(s->bev)))
+	if (s->paused || s->req_explicit || evbuffer_get_length(bufferevent_get_input(s->bev)))
 		kind = TIMEOUT_COMMAND;
 	if (kind == s->timeout_kind)
 		return;
@@ -451,6 +490,200 @@ static void session_arm_timer(struct session *s)
 							 : atomic_load(&s->svc->command_timeout_ms));
 	struct timeval wr = worker_timeout(s->w, atomic_load(&s->svc->command_timeout_ms));
 	bufferevent_set_timeouts(s->bev, &rd, &wr);
+}
+
+/* ---- requests and their deadlines ---- */
+
+/* How long the open request may take in all, from its start: command_timeout, or for an
+ * explicit request its base plus what its bytes earned, within its maximum. */
+static uint64_t req_allowed_ms(const struct session *s)
+{
+	if (!s->req_explicit)
+		return atomic_load(&s->svc->command_timeout_ms);
+	uint64_t ms = s->rb.base_ms;
+	if (s->rb.min_rate)
+		ms += s->req_bytes / s->rb.min_rate * 1000 +
+		      s->req_bytes % s->rb.min_rate * 1000 / s->rb.min_rate;
+	return ms < s->rb.max_ms ? ms : s->rb.max_ms;
+}
+
+static void req_publish_oldest(struct worker *w, unsigned idx)
+{
+	struct session *h = w->reqs[idx].head;
+	atomic_store_explicit(&w->req_oldest_ms[idx], h ? h->req_start_ms : 0,
+			      memory_order_relaxed);
+}
+
+static void req_close(struct session *s)
+{
+	if (!s->req_start_ms)
+		return;
+	struct req_list *l = &s->w->reqs[s->svc->idx];
+	bool was_head = l->head == s;
+	if (s->rprev)
+		s->rprev->rnext = s->rnext;
+	else
+		l->head = s->rnext;
+	if (s->rnext)
+		s->rnext->rprev = s->rprev;
+	else
+		l->tail = s->rprev;
+	s->rprev = s->rnext = NULL;
+	s->req_start_ms = 0;
+	s->req_explicit = false;
+	event_del(s->deadline);
+	if (was_head)
+		req_publish_oldest(s->w, s->svc->idx);
+}
+
+/* A request opens now: at the tail of its service's list (the lists are in order of
+ * start), its deadline armed.  b NULL: an implicit request, bound by command_timeout. */
+static void req_open(struct session *s, const struct request_bound *b)
+{
+	req_close(s);
+	if (!s->deadline) {
+		s->deadline = evtimer_new(s->w->base, on_deadline, s);
+		if (!s->deadline) { /* the request keeps the per-read timeouts alone */
+			session_log(s, LOG_LEVEL_ERROR, "cannot time a request: out of memory");
+			return;
+		}
+	}
+	struct req_list *l = &s->w->reqs[s->svc->idx];
+	s->req_start_ms = now_ms() | 1; /* never 0, which means none */
+	s->req_explicit = b != NULL;
+	s->req_bytes = 0;
+	if (b)
+		s->rb = *b;
+	s->rprev = l->tail;
+	s->rnext = NULL;
+	if (l->tail)
+		l->tail->rnext = s;
+	else
+		l->head = s;
+	l->tail = s;
+	if (l->head == s)
+		req_publish_oldest(s->w, s->svc->idx);
+	/* one duration for every implicit request: a common timeout, O(1) to arm */
+	struct timeval tv = b ? timeval_from_ms(req_allowed_ms(s))
+			      : worker_timeout(s->w, req_allowed_ms(s));
+	event_add(s->deadline, &tv);
+}
+
+void session_request_begin(struct session *s, const struct request_bound *b)
+{
+	if (s->closing)
+		return;
+	req_open(s, b);
+	session_arm_timer(s);
+}
+
+void session_request_end(struct session *s)
+{
+	if (s->req_explicit)
+		req_close(s);
+}
+
+/*
+ * After the service took input: an implicit request (a partial one left in the buffer,
+ * or the first one, timed from the connection) starts, goes on, restarts or ends.  It restarts only when the service consumed bytes,
+ * that is finished a request; bytes that come and stay unconsumed move nothing.
+ */
+static void req_track(struct session *s, size_t consumed)
+{
+	if (s->req_explicit) {
+		s->req_bytes += consumed;
+		return;
+	}
+	bool partial = !s->paused && !s->closing &&
+		       evbuffer_get_length(bufferevent_get_input(s->bev)) > 0;
+	if (!partial) {
+		req_close(s);
+		return;
+	}
+	if (s->req_start_ms && consumed == 0)
+		return;
+	req_open(s, NULL);
+}
+
+/* An explicit request with a minimum rate that its bytes have kept up with since it began
+ * is on time, however long it has been open. */
+static bool req_on_time(const struct session *s, uint64_t now)
+{
+	return s->req_explicit && s->rb.min_rate &&
+	       s->req_bytes * 1000 / s->rb.min_rate >= now - s->req_start_ms;
+}
+
+/* The session to evict for a newcomer of svc: of the EVICT_LOOK oldest open requests, the
+ * slowest against its deadline (elapsed over allowed), leaving out those on time.  NULL if
+ * none.  Bounded work, whatever the number of sessions. */
+static struct session *req_victim(struct worker *w, const struct service *svc)
+{
+	uint64_t now = now_ms();
+	struct session *best = NULL;
+	uint64_t best_slow = 0;
+	int n = 0;
+	for (struct session *s = w->reqs[svc->idx].head; s && n < EVICT_LOOK; s = s->rnext, n++) {
+		if (s->closing || req_on_time(s, now))
+			continue;
+		uint64_t allowed = req_allowed_ms(s);
+		uint64_t slow = (now - s->req_start_ms) * 1024 / (allowed ? allowed : 1);
+		if (!best || slow > best_slow) {
+			best = s;
+			best_slow = slow;
+		}
+	}
+	return best;
+}
+
+/* The deadline's timer: an explicit request whose bytes earned more time runs on;
+ * otherwise the session ends as by a timeout, with its last word. */
+static void on_deadline(evutil_socket_t fd, short what, void *arg)
+{
+	struct session *s = arg;
+	(void)fd;
+	(void)what;
+	uint64_t elapsed = now_ms() - s->req_start_ms;
+	uint64_t allowed = req_allowed_ms(s);
+	if (elapsed < allowed) {
+		struct timeval tv = timeval_from_ms(allowed - elapsed);
+		event_add(s->deadline, &tv);
+		return;
+	}
+	if (!s->closing)
+		session_log(s, LOG_LEVEL_INFO, "request not complete within its deadline "
+			    "(%" PRIu64 " ms%s), closing", allowed,
+			    s->req_explicit ? ", with the time its data earned" : "");
+	s->timed_out = true;
+	s->deadline_hit = true;
+	if (!s->closing && s->svc->ops->timeout)
+		s->svc->ops->timeout(s);
+	session_free(s);
+}
+
+/* The service is at max_sessions and a connection came for it: the slowest open request
+ * of this worker makes room for it, told what a timeout tells.  false: none could. */
+static bool evict_for(struct worker *w, struct service *svc)
+{
+	struct session *v = req_victim(w, svc);
+	if (!v)
+		return false;
+	uint64_t now = now_ms();
+	if (now - w->evict_logged_ms >= EVICT_LOG_MS) {
+		session_log(v, LOG_LEVEL_NOTICE, "max_sessions reached: closing this session, "
+			    "whose request has been open %" PRIu64 " ms of its %" PRIu64 " ms, "
+			    "to serve a new connection (%" PRIu64 " more closed the same way since "
+			    "the last such line)", now - v->req_start_ms, req_allowed_ms(v),
+			    w->evict_unlogged);
+		w->evict_logged_ms = now;
+		w->evict_unlogged = 0;
+	} else {
+		w->evict_unlogged++;
+	}
+	shard_count(svc, w->idx, count_evicted, NULL);
+	if (svc->ops->timeout)
+		svc->ops->timeout(v);
+	session_free(v);
+	return true;
 }
 
 /* The peer half-closed while the session was paused: now that it is not, end it once
@@ -485,6 +718,7 @@ static bool session_run_input(struct session *s)
 	if (evbuffer_get_length(in) == 0)
 		return session_finish_eof(s);
 	uint64_t t0 = now_ns();
+	size_t before = evbuffer_get_length(in);
 	s->in_input = true;
 	s->svc->ops->input(s, in);
 	s->in_input = false;
@@ -494,6 +728,8 @@ static bool session_run_input(struct session *s)
 		session_free(s);
 		return false;
 	}
+	size_t after = evbuffer_get_length(in);
+	req_track(s, before > after ? before - after : 0);
 	if (!session_finish_eof(s))
 		return false;
 	output_blocked(s);
@@ -596,6 +832,8 @@ void session_pause(struct session *s)
 	 * chain: a service that pauses keeps no pointer into its input across the pause
 	 * (the milter drains each packet first, the policy service copies its request). */
 	s->paused = true;
+	if (!s->req_explicit)
+		req_close(s); /* the request is whole; the wait has its own bound */
 }
 
 size_t session_input_length(const struct session *s)
@@ -649,6 +887,17 @@ void session_protocol_error(struct session *s, const char *why)
 static void session_start(struct worker *w, const struct worker_msg *m)
 {
 	struct service *svc = m->svc;
+	if (m->evict && !evict_for(w, svc)) {
+		/* the slow request that was there ended meanwhile: refused as at the listener */
+		if (svc->ops->refuse_msg) {
+			ssize_t wr = write(m->fd, svc->ops->refuse_msg, strlen(svc->ops->refuse_msg));
+			(void)wr;
+		}
+		close(m->fd);
+		shard_count(svc, w->idx, count_refused, NULL);
+		slot_release(svc, w);
+		return;
+	}
 	struct session *s = calloc(1, sizeof(*s));
 	if (!s) {
 		close(m->fd);
@@ -682,6 +931,11 @@ static void session_start(struct worker *w, const struct worker_msg *m)
 	s->opened = true;
 	bufferevent_enable(s->bev, EV_READ);
 	session_arm_timer(s);
+	/* The first request's deadline runs from the connection: a client that connects and
+	 * sends nothing holds its slot no longer than one that trickles (and is the first to
+	 * make room at max_sessions).  Clients of every service speak at once, the SMTP
+	 * client after the greeting. */
+	req_open(s, NULL);
 	return;
 undo:
 	log_error("cannot start a session: out of memory");
@@ -825,6 +1079,22 @@ static struct worker *least_loaded(struct engine *e)
 	return best;
 }
 
+/* The worker with the oldest open request of svc, or NULL when none has one. */
+static struct worker *slowest_request_worker(struct engine *e, const struct service *svc)
+{
+	struct worker *best = NULL;
+	uint64_t oldest = 0;
+	for (unsigned i = 0; i < e->nworkers; i++) {
+		uint64_t t = atomic_load_explicit(&e->workers[i].req_oldest_ms[svc->idx],
+						  memory_order_relaxed);
+		if (t && (!best || t < oldest)) {
+			best = &e->workers[i];
+			oldest = t;
+		}
+	}
+	return best;
+}
+
 static void format_peer(const struct sockaddr_storage *ss, socklen_t sl, int fd, char *out,
 			size_t outlen)
 {
@@ -934,6 +1204,19 @@ static void listener_on_accept(evutil_socket_t lfd, short what, void *arg)
 		struct worker_msg m = { .type = WORKER_MSG_SESSION, .fd = fd, .svc = svc };
 		format_peer(&ss, sl, fd, m.peer, sizeof(m.peer));
 		memcpy(&m.addr, &ss, sl < sizeof(ss) ? sl : sizeof(ss));
+		struct worker *evict_w = NULL;
+		if (max && cur >= max && (evict_w = slowest_request_worker(e, svc))) {
+			/* at max_sessions: the worker with the oldest open request of the service
+			 * closes its slowest one and takes this connection (or refuses it) */
+			m.evict = true;
+			atomic_fetch_add(&svc->current, 1);
+			atomic_fetch_add(&evict_w->nsessions, 1);
+			if (worker_post(evict_w, &m) < 0) {
+				close(fd);
+				slot_release(svc, evict_w);
+			}
+			continue;
+		}
 		if (max && cur >= max) {
 			if (svc->ops->refuse_msg) {
 				ssize_t wr = write(fd, svc->ops->refuse_msg, strlen(svc->ops->refuse_msg));

@@ -58,8 +58,21 @@ struct service_ops {
 struct service_limits {
 	unsigned max_sessions;       /* 0: no limit */
 	uint64_t idle_timeout_ms;    /* nothing buffered and nothing to write */
-	uint64_t command_timeout_ms; /* a partial request buffered, or a reply not written */
+	/* The deadline of one request, from its first byte to its last, whatever the peer
+	 * sends meanwhile; also how long a reply may wait for the peer to read it. */
+	uint64_t command_timeout_ms;
 	size_t max_input;            /* bytes buffered from the peer before reading pauses */
+};
+
+/*
+ * A request that the service consumes as it comes (an SMTP message's data): it must end
+ * within base_ms, plus one second for every min_rate bytes it brought, and never later than
+ * max_ms after it began.  min_rate 0: base_ms alone.
+ */
+struct request_bound {
+	uint64_t base_ms;
+	uint64_t min_rate; /* bytes per second */
+	uint64_t max_ms;
 };
 
 /* The engine.  workers = 0 means the number of online CPUs.  main_base runs listeners. */
@@ -128,6 +141,21 @@ struct worker *session_worker(const struct session *s);
 int worker_call(struct worker *w, void (*fn)(void *arg), void *arg);
 /* Queue bytes for the peer; 0 or -ENOMEM. */
 int session_write(struct session *s, const void *p, size_t n);
+/*
+ * Requests and their deadlines.  A request the service leaves in the input buffer until it
+ * is whole (a command line, a milter packet, a policy request) needs nothing: the engine
+ * starts its deadline (command_timeout) at the first byte left unconsumed (for the first
+ * request of a connection, at the connection), restarts it when
+ * the service consumes a request, and stops it when nothing partial is left.  A byte a
+ * second moves nothing.  A request consumed as it comes is bracketed by the service with
+ * session_request_begin() and session_request_end(); the deadline then follows `b`.
+ * When a service is at max_sessions, a new connection takes the place of the session whose
+ * open request is slowest against its deadline (it is told what its timeout would tell it),
+ * if there is one; else it is refused.
+ */
+void session_request_begin(struct session *s, const struct request_bound *b);
+void session_request_end(struct session *s);
+
 /* Stop reading until session_resume() (a decision is pending); the session stays open. */
 void session_pause(struct session *s);
 /* Bytes received from the peer and not consumed yet. */

@@ -93,6 +93,8 @@ void service_counters_merge(struct service_counters *into, const struct service_
 	into->refused += b->refused;
 	into->protocol_errors += b->protocol_errors;
 	into->timeouts += b->timeouts;
+	into->deadlines += b->deadlines;
+	into->evicted += b->evicted;
 	into->sessions += b->sessions;
 	stat_acc_merge(&into->duration, &b->duration);
 	stat_acc_merge(&into->work, &b->work);
@@ -182,10 +184,12 @@ static int json_counters(struct buf *out, double seconds, const struct service_c
 {
 	int r = buf_printf(out,
 			   "{\"seconds\":%.3f,\"connections\":%llu,\"sessions\":%llu,"
-			   "\"refused\":%llu,\"protocol_errors\":%llu,\"timeouts\":%llu,",
+			   "\"refused\":%llu,\"protocol_errors\":%llu,\"timeouts\":%llu,"
+			   "\"deadlines\":%llu,\"evicted\":%llu,",
 			   seconds, (unsigned long long)c->connections,
 			   (unsigned long long)c->sessions, (unsigned long long)c->refused,
-			   (unsigned long long)c->protocol_errors, (unsigned long long)c->timeouts);
+			   (unsigned long long)c->protocol_errors, (unsigned long long)c->timeouts,
+			   (unsigned long long)c->deadlines, (unsigned long long)c->evicted);
 	if (r == 0)
 		r = json_acc(out, "duration", &c->duration);
 	if (r == 0)
@@ -203,12 +207,14 @@ int service_stats_json(struct buf *out, const struct service_stats *st)
 	int r = buf_printf(out,
 			   "\"%s\":{\"sessions_current\":%llu,\"sessions_peak\":%llu,"
 			   "\"connections\":%llu,\"refused\":%llu,\"protocol_errors\":%llu,"
-			   "\"timeouts\":%llu,",
+			   "\"timeouts\":%llu,\"deadlines\":%llu,\"evicted\":%llu,",
 			   st->name, (unsigned long long)st->current, (unsigned long long)st->peak,
 			   (unsigned long long)st->total.connections,
 			   (unsigned long long)st->total.refused,
 			   (unsigned long long)st->total.protocol_errors,
-			   (unsigned long long)st->total.timeouts);
+			   (unsigned long long)st->total.timeouts,
+			   (unsigned long long)st->total.deadlines,
+			   (unsigned long long)st->total.evicted);
 	if (r == 0)
 		r = json_acc(out, "duration", &st->total.duration);
 	if (r == 0)

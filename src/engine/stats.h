@@ -50,6 +50,8 @@ struct service_counters {
 	uint64_t refused;         /* over max_sessions, or refused by the protocol */
 	uint64_t protocol_errors; /* sessions closed for a peer's protocol error */
 	uint64_t timeouts;        /* sessions closed by idle or command timeout */
+	uint64_t deadlines;       /* of the timeouts: a request over its deadline */
+	uint64_t evicted;         /* closed at max_sessions to make room, slowest first */
 	uint64_t sessions;        /* finished */
 	struct stat_acc duration; /* seconds, per finished session */
 	struct stat_acc work;     /* seconds in handlers, per finished session */

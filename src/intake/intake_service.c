@@ -54,6 +54,7 @@ struct iconf {
 	unsigned max_recipients;
 	unsigned max_errors;
 	size_t max_line;
+	struct request_bound data;
 	char hostname[256];
 };
 
@@ -147,6 +148,7 @@ static struct iconf *iconf_make(const struct intake_conf *conf)
 	c->max_recipients = conf->max_recipients;
 	c->max_errors = conf->max_errors;
 	c->max_line = conf->max_line;
+	c->data = conf->data;
 	if (conf->hostname)
 		snprintf(c->hostname, sizeof(c->hostname), "%s", conf->hostname);
 	else if (gethostname(c->hostname, sizeof(c->hostname)) < 0 || !c->hostname[0])
@@ -544,6 +546,8 @@ static void cmd_data(struct isession *is, const struct smtp_command *c)
 	smtp_data_init(&is->dd);
 	is->out_len = 0;
 	is->state = IS_DATA;
+	/* the data is consumed as it comes: its deadline is the service's to keep */
+	session_request_begin(is->s, &is->conf->data);
 	reply(is, "354 End data with <CR><LF>.<CR><LF>");
 }
 
@@ -631,6 +635,7 @@ static void commit_done(void *arg, int r)
 /* The final dot came: refuse, or hand the file to the committer and wait. */
 static void data_end(struct isession *is)
 {
+	session_request_end(is->s);
 	data_write(is);
 	if (is->dd.bare_eol)
 		atomic_fetch_add(&is->in->bare_eol, 1);

@@ -34,6 +34,7 @@ struct intake_conf {
 	unsigned max_errors;
 	size_t max_line;                 /* octets of a message line, CRLF excluded */
 	const char *hostname;            /* copied; NULL: gethostname() */
+	struct request_bound data;       /* the deadline of a message's data */
 };
 
 /* The service, writing into q (not owned).  NULL on failure. */
