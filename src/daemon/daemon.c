@@ -9,6 +9,7 @@
  * beside the running one and swapped in only if it loads completely.  SIGTERM/SIGINT stop
  * accepting and let sessions drain until shutdown_timeout, then close what remains.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <event2/event.h>
 #include <fcntl.h>
@@ -32,6 +33,7 @@
 #include "control_service.h"
 #include "daemon.h"
 #include "engine.h"
+#include "fd_plan.h"
 #include "listen.h"
 #include "live_sessions.h"
 #include "metrics.h"
@@ -87,6 +89,8 @@ struct daemon {
 	char *pid_file;
 	unsigned long reloads;
 	rlim_t nofile;
+	unsigned fds_open; /* descriptors open before the parts started (fd_plan) */
+	unsigned fds_held; /* held back from the sessions: the plan's, or as counted once up */
 };
 
 static void usage(FILE *f)
@@ -128,6 +132,7 @@ static void apply_limits(struct daemon *d, const struct sluice_config *c)
 			.idle_timeout_ms = (uint64_t)c->intake.idle_timeout_ms,
 			.command_timeout_ms = (uint64_t)c->intake.command_timeout_ms,
 			.max_input = 256 * 1024,
+			.fds_per_session = FD_PLAN_INTAKE_SESSION,
 		};
 		service_set_limits(d->intake, &il);
 	}
@@ -135,7 +140,8 @@ static void apply_limits(struct daemon *d, const struct sluice_config *c)
 		struct service_limits cl = { .max_sessions = 64,
 					     .idle_timeout_ms = 60 * 1000,
 					     .command_timeout_ms = 10 * 1000,
-					     .max_input = 64 * 1024 };
+					     .max_input = 64 * 1024,
+					     .reserved = true };
 		service_set_limits(d->control, &cl);
 	}
 }
@@ -590,6 +596,7 @@ static void notify_reloading(void)
 }
 
 static void reload_inner(struct daemon *d);
+static int fd_check(struct daemon *d, const struct sluice_config *c, bool start);
 
 /* The file is read again as the daemon's user: /etc/sluice must be readable by it. */
 static void reload(struct daemon *d)
@@ -660,6 +667,7 @@ static void reload_inner(struct daemon *d)
 	d->reloads++;
 	pthread_mutex_unlock(&d->cfg_lock);
 	apply_limits(d, nc);
+	fd_check(d, nc, false);
 	arm_stats(d);
 	arm_timer(d->ev_snapshot, nc->store.snapshot_interval_ms);
 	arm_timer(d->ev_overrides, nc->store.overrides_check_ms);
@@ -1028,11 +1036,77 @@ static bool daemon_control_admin_root(void *arg)
 	return r;
 }
 
-static void raise_nofile(struct daemon *d)
+/* Descriptors open now (0 when /proc cannot tell). */
+static unsigned count_open_fds(void)
+{
+	DIR *dir = opendir("/proc/self/fd");
+	if (!dir)
+		return 0;
+	unsigned n = 0;
+	struct dirent *de;
+	while ((de = readdir(dir)))
+		if (de->d_name[0] != '.')
+			n++;
+	closedir(dir);
+	return n ? n - 1 : 0; /* not the directory's own */
+}
+
+static unsigned plan_workers(const struct sluice_config *c)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	return c->workers ? c->workers : n > 0 ? (unsigned)n : 1;
+}
+
+/*
+ * Descriptors for configuration c (start and reload): what the daemon holds and keeps in
+ * reserve, and what the sessions may share.  At start, a limit too low to serve one
+ * session of each service refuses to start (-1, logged with the sum) instead of failing
+ * later; a limit below every max_sessions is a warning: the sessions share what is left,
+ * and a connection past it is refused as over max_sessions.
+ */
+static int fd_check(struct daemon *d, const struct sluice_config *c, bool start)
+{
+	struct fd_plan p;
+	fd_plan_make(c, plan_workers(c), d->fds_open, &p);
+	char sum[400];
+	fd_plan_format(&p, sum, sizeof(sum));
+	if (start && d->nofile < (rlim_t)p.held + p.sessions_min) {
+		log_error("file descriptor limit %llu is too low: sluiced holds %s, and needs "
+			  "%llu more for one session of each service; raise it (systemd "
+			  "LimitNOFILE=, ulimit -n) to at least %llu", (unsigned long long)d->nofile,
+			  sum, (unsigned long long)p.sessions_min,
+			  (unsigned long long)(p.held + p.sessions_min + 1024));
+		return -1;
+	}
+	if (start)
+		return 0; /* the engine learns it, and the warning comes, once the engine is up */
+	if (p.held > d->fds_held)
+		d->fds_held = p.held;
+	if (d->e)
+		engine_set_fds_held(d->e, d->fds_held);
+	uint64_t left = d->nofile > d->fds_held ? (uint64_t)(d->nofile - d->fds_held) : 0;
+	if (p.sessions_max > left) {
+		char want[64] = "no limit";
+		if (p.sessions_max != UINT64_MAX)
+			snprintf(want, sizeof(want), "%llu", (unsigned long long)p.sessions_max);
+		log_warning("file descriptor limit %llu leaves %llu descriptors for sessions "
+			    "(sluiced holds %s): below what max_sessions allows (milter %u + policy "
+			    "%u + intake %u x %d = %s); connections past it are refused as over "
+			    "max_sessions", (unsigned long long)d->nofile, (unsigned long long)left,
+			    sum, c->milter.listen.n ? c->milter.max_sessions : 0,
+			    c->policy.listen.n ? c->policy.max_sessions : 0,
+			    c->intake.enabled ? c->intake.max_sessions : 0, FD_PLAN_INTAKE_SESSION,
+			    want);
+	}
+	return 0;
+}
+
+/* Raise the soft limit to the hard one, and plan; -1 when too low to start. */
+static int raise_nofile(struct daemon *d)
 {
 	struct rlimit rl;
 	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
-		return;
+		return 0;
 	if (rl.rlim_cur < rl.rlim_max) {
 		rlim_t want = rl.rlim_max;
 		rl.rlim_cur = want;
@@ -1042,12 +1116,23 @@ static void raise_nofile(struct daemon *d)
 		getrlimit(RLIMIT_NOFILE, &rl);
 	}
 	d->nofile = rl.rlim_cur;
-	unsigned need = d->cfg->milter.max_sessions + d->cfg->policy.max_sessions + 64;
-	if (d->nofile < need)
-		log_warning("file descriptor limit %llu is below milter max_sessions %u + policy "
-			    "max_sessions %u + 64: connections beyond it will wait in the listen "
-			    "queue", (unsigned long long)d->nofile, d->cfg->milter.max_sessions,
-			    d->cfg->policy.max_sessions);
+	d->fds_open = count_open_fds();
+	return fd_check(d, d->cfg, true);
+}
+
+/* Once every part is up and before the first connection: the descriptors counted, plus
+ * what the relay and metrics open later and the reserve, if that is more than planned. */
+static void fd_recount(struct daemon *d)
+{
+	struct fd_plan p;
+	fd_plan_make(d->cfg, engine_workers(d->e), 0, &p);
+	unsigned held = count_open_fds() + p.relay + p.metrics + p.reserve;
+	if (held > d->fds_held) {
+		log_info("file descriptors: %u held back from the sessions (counted at start), "
+			 "not %u as planned", held, d->fds_held);
+		d->fds_held = held;
+		engine_set_fds_held(d->e, held);
+	}
 }
 
 /*
@@ -1314,7 +1399,10 @@ int daemon_main(int argc, char **argv)
 				"unless stderr is redirected\n", log_stderr_prefix(LOG_LEVEL_WARNING));
 	log_setup(d.cfg->log.target, d.cfg->log.facility, d.cfg->log.level);
 	signal(SIGPIPE, SIG_IGN);
-	raise_nofile(&d);
+	if (raise_nofile(&d) < 0) {
+		config_free(d.cfg);
+		return 1;
+	}
 	d.base = event_base_new();
 	if (!d.base)
 		fatal("cannot create the event loop");
@@ -1425,6 +1513,7 @@ int daemon_main(int argc, char **argv)
 			 policy_has_classes(d.cfg->rules) ? "host classes" : "no host classes",
 			 (unsigned long long)d.cfg->store.max_keys);
 	apply_limits(&d, d.cfg);
+	fd_check(&d, d.cfg, false); /* the engine exists now: it learns what is held */
 	int lr = adopt_listeners(&d);
 	if (lr == 0 && d.cfg->metrics.enabled) {
 		err[0] = '\0';
@@ -1480,8 +1569,10 @@ int daemon_main(int argc, char **argv)
 	arm_timer(d.ev_snapshot, d.cfg->store.snapshot_interval_ms);
 	arm_timer(d.ev_expire, 1000);
 	arm_timer(d.ev_overrides, d.cfg->store.overrides_check_ms);
-	log_notice("sluiced %s started: %u workers, configuration %s, file descriptor limit %llu",
-		   SLUICE_VERSION, engine_workers(d.e), path, (unsigned long long)d.nofile);
+	fd_recount(&d);
+	log_notice("sluiced %s started: %u workers, configuration %s, file descriptor limit %llu "
+		   "(%llu held back from the sessions)", SLUICE_VERSION, engine_workers(d.e), path,
+		   (unsigned long long)d.nofile, (unsigned long long)d.fds_held);
 	/* every listener accepts and the privileges are dropped: systemd may go on */
 	notify_send("READY=1\nSTATUS=running");
 	event_base_dispatch(d.base);

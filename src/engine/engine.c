@@ -17,6 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <netinet/in.h>
@@ -53,6 +55,8 @@ struct service {
 	_Atomic uint64_t idle_timeout_ms;
 	_Atomic uint64_t command_timeout_ms;
 	_Atomic size_t max_input;
+	_Atomic unsigned fds_per_session;
+	_Atomic bool reserved;
 	_Atomic uint64_t current;
 	_Atomic uint64_t peak;
 	struct stats_shard *shards; /* one per worker, plus one for the main thread */
@@ -97,6 +101,7 @@ struct worker_msg {
 	void (*call)(void *arg);  /* WORKER_MSG_CALL */
 	void *arg;
 	bool evict; /* the service is at max_sessions: make room, or refuse */
+	unsigned fds; /* descriptors counted for the session at accept */
 	char peer[64];
 	struct sockaddr_storage addr;
 };
@@ -110,6 +115,7 @@ struct session {
 	uint64_t id;
 	uint64_t start_ns;
 	uint64_t work_ns;
+	unsigned fds; /* counted at accept, given back at the end */
 	bool opened;
 	bool closing;
 	bool paused;
@@ -171,6 +177,12 @@ struct engine {
 	struct listener *listeners;
 	bool started;
 	uint64_t start_ns;
+	/* descriptors (engine_set_fds_held): what sessions of unreserved services hold, and
+	 * the limit as last read (main thread) */
+	_Atomic uint64_t fds_sessions;
+	unsigned fds_held;
+	uint64_t nofile, nofile_read_ms;
+	int spare_fd; /* for a reserved listener at the descriptor limit; -1 when used */
 };
 
 static _Atomic uint64_t session_seq;
@@ -241,6 +253,34 @@ void service_set_limits(struct service *svc, const struct service_limits *lim)
 	atomic_store(&svc->idle_timeout_ms, lim->idle_timeout_ms);
 	atomic_store(&svc->command_timeout_ms, lim->command_timeout_ms);
 	atomic_store(&svc->max_input, lim->max_input);
+	atomic_store(&svc->fds_per_session, lim->fds_per_session ? lim->fds_per_session : 1);
+	atomic_store(&svc->reserved, lim->reserved);
+}
+
+/* The descriptors a session of svc counts for: 0 for a reserved service. */
+static unsigned session_fds(const struct service *svc)
+{
+	return atomic_load(&svc->reserved) ? 0 : atomic_load(&svc->fds_per_session);
+}
+
+void engine_set_fds_held(struct engine *e, unsigned held)
+{
+	e->fds_held = held;
+	e->nofile_read_ms = 0;
+}
+
+uint64_t engine_fds_for_sessions(struct engine *e)
+{
+	if (!e->fds_held)
+		return UINT64_MAX;
+	uint64_t now = now_ms();
+	if (!e->nofile_read_ms || now - e->nofile_read_ms >= 1000) {
+		struct rlimit rl;
+		if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+			e->nofile = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : rl.rlim_cur;
+		e->nofile_read_ms = now;
+	}
+	return e->nofile > e->fds_held ? e->nofile - e->fds_held : 0;
 }
 
 struct service *engine_service(struct engine *e, size_t i)
@@ -407,11 +447,13 @@ void session_log(struct session *s, enum log_level level, const char *fmt, ...)
 		s->peer, msg);
 }
 
-/* Give back the slot a connection took at accept (service and worker counts). */
-static void slot_release(struct service *svc, struct worker *w)
+/* Give back the slot a connection took at accept (service, worker and descriptor
+ * counts; fds as counted at accept). */
+static void slot_release(struct service *svc, struct worker *w, unsigned fds)
 {
 	atomic_fetch_sub(&svc->current, 1);
 	atomic_fetch_sub(&w->nsessions, 1);
+	atomic_fetch_sub(&svc->e->fds_sessions, fds);
 }
 
 static void req_close(struct session *s);
@@ -446,7 +488,7 @@ static void session_free(struct session *s)
 		.deadline = s->deadline_hit,
 	};
 	shard_count(svc, w->idx, count_end, &se);
-	slot_release(svc, w);
+	slot_release(svc, w, s->fds);
 	free(s);
 }
 
@@ -895,7 +937,7 @@ static void session_start(struct worker *w, const struct worker_msg *m)
 		}
 		close(m->fd);
 		shard_count(svc, w->idx, count_refused, NULL);
-		slot_release(svc, w);
+		slot_release(svc, w, m->fds);
 		return;
 	}
 	struct session *s = calloc(1, sizeof(*s));
@@ -905,6 +947,7 @@ static void session_start(struct worker *w, const struct worker_msg *m)
 	}
 	s->w = w;
 	s->svc = svc;
+	s->fds = m->fds;
 	s->id = atomic_fetch_add(&session_seq, 1) + 1;
 	s->start_ns = now_ns();
 	memcpy(s->peer, m->peer, sizeof(s->peer));
@@ -939,7 +982,7 @@ static void session_start(struct worker *w, const struct worker_msg *m)
 	return;
 undo:
 	log_error("cannot start a session: out of memory");
-	slot_release(svc, w);
+	slot_release(svc, w, m->fds);
 }
 
 /* ---- workers ---- */
@@ -965,7 +1008,7 @@ static void worker_on_inbox(void *items, size_t n, void *arg)
 		for (size_t j = i + 1; j < n; j++)
 			if (q[j].type == WORKER_MSG_SESSION) {
 				close(q[j].fd);
-				slot_release(q[j].svc, w);
+				slot_release(q[j].svc, w, q[j].fds);
 			} else if (q[j].type == WORKER_MSG_CALL) {
 				q[j].call(q[j].arg); /* its session is gone: the call frees its work */
 			}
@@ -1002,6 +1045,7 @@ struct engine *engine_new(unsigned nworkers, struct event_base *main_base)
 		return NULL;
 	e->main_base = main_base;
 	e->nworkers = nworkers;
+	e->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	e->start_ns = now_ns();
 	e->workers = calloc(nworkers, sizeof(*e->workers));
 	if (!e->workers) {
@@ -1132,7 +1176,7 @@ static void listener_resume(evutil_socket_t fd, short what, void *arg)
 /* Logs a connection refused over max_sessions: the first of a burst with what the peer
  * was told, then one reminder per REFUSE_REMIND_MS with the count; the end of the burst is
  * logged by the accept that follows it. */
-static void refuse_log(struct service *svc, const char *peer, unsigned max)
+static void refuse_log(struct service *svc, const char *peer, unsigned max, bool fds)
 {
 	uint64_t now = now_ms();
 	const char *msg = svc->ops->refuse_msg;
@@ -1144,10 +1188,17 @@ static void refuse_log(struct service *svc, const char *peer, unsigned max)
 		svc->refused_unlogged = 0;
 		/* the refusal's first line, without its line ending */
 		int len = msg ? (int)strcspn(msg, "\r\n") : 0;
-		log_warning("svc=%s peer=%s refused: max_sessions (%u) reached; %s%.*s%s "
+		char why[160];
+		if (fds)
+			snprintf(why, sizeof(why), "the sessions hold the descriptors the file "
+				 "descriptor limit leaves them (%" PRIu64 ")",
+				 engine_fds_for_sessions(svc->e));
+		else
+			snprintf(why, sizeof(why), "max_sessions (%u) reached", max);
+		log_warning("svc=%s peer=%s refused: %s; %s%.*s%s "
 			    "(further refusals are counted, not logged, until a session is "
 			    "admitted again)",
-			    svc->name, peer, max, msg ? "answered \"" : "closed the connection",
+			    svc->name, peer, why, msg ? "answered \"" : "closed the connection",
 			    len, msg ? msg : "", msg ? "\"" : "");
 		return;
 	}
@@ -1168,6 +1219,8 @@ static void listener_on_accept(evutil_socket_t lfd, short what, void *arg)
 	struct service *svc = l->svc;
 	struct engine *e = svc->e;
 	(void)what;
+	if (e->spare_fd < 0) /* used by a reserved listener: taken back once one is free */
+		e->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	for (int i = 0; i < ACCEPT_BATCH; i++) {
 		struct sockaddr_storage ss;
 		socklen_t sl = sizeof(ss);
@@ -1177,6 +1230,14 @@ static void listener_on_accept(evutil_socket_t lfd, short what, void *arg)
 				continue;
 			if (errno == EAGAIN || errno == EWOULDBLOCK)
 				return;
+			if (errno == EMFILE && e->spare_fd >= 0 && atomic_load(&svc->reserved)) {
+				/* the operator's socket: the spare descriptor makes room for it */
+				close(e->spare_fd);
+				e->spare_fd = -1;
+				log_warning("listener %s (%s): at the file descriptor limit; accepting "
+					    "with the descriptor kept for it", l->addr.text, svc->name);
+				continue;
+			}
 			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
 				/* Out of descriptors: stop accepting for a while instead of spinning on
 				 * a readable listener; log once per episode. */
@@ -1201,30 +1262,36 @@ static void listener_on_accept(evutil_socket_t lfd, short what, void *arg)
 		shard_count(svc, e->nworkers, count_connection, NULL);
 		unsigned max = atomic_load(&svc->max_sessions);
 		uint64_t cur = atomic_load(&svc->current);
-		struct worker_msg m = { .type = WORKER_MSG_SESSION, .fd = fd, .svc = svc };
+		struct worker_msg m = { .type = WORKER_MSG_SESSION, .fd = fd, .svc = svc,
+					.fds = session_fds(svc) };
 		format_peer(&ss, sl, fd, m.peer, sizeof(m.peer));
 		memcpy(&m.addr, &ss, sl < sizeof(ss) ? sl : sizeof(ss));
+		/* the descriptors the sessions may hold, beside the daemon's own and the reserve */
+		bool fds_full = m.fds &&
+				atomic_load(&e->fds_sessions) + m.fds > engine_fds_for_sessions(e);
+		bool full = (max && cur >= max) || fds_full;
 		struct worker *evict_w = NULL;
-		if (max && cur >= max && (evict_w = slowest_request_worker(e, svc))) {
+		if (full && (evict_w = slowest_request_worker(e, svc))) {
 			/* at max_sessions: the worker with the oldest open request of the service
 			 * closes its slowest one and takes this connection (or refuses it) */
 			m.evict = true;
 			atomic_fetch_add(&svc->current, 1);
 			atomic_fetch_add(&evict_w->nsessions, 1);
+			atomic_fetch_add(&e->fds_sessions, m.fds);
 			if (worker_post(evict_w, &m) < 0) {
 				close(fd);
-				slot_release(svc, evict_w);
+				slot_release(svc, evict_w, m.fds);
 			}
 			continue;
 		}
-		if (max && cur >= max) {
+		if (full) {
 			if (svc->ops->refuse_msg) {
 				ssize_t wr = write(fd, svc->ops->refuse_msg, strlen(svc->ops->refuse_msg));
 				(void)wr;
 			}
 			close(fd);
 			shard_count(svc, e->nworkers, count_refused, NULL);
-			refuse_log(svc, m.peer, max);
+			refuse_log(svc, m.peer, max, fds_full);
 			continue;
 		}
 		if (svc->refusing) {
@@ -1240,9 +1307,10 @@ static void listener_on_accept(evutil_socket_t lfd, short what, void *arg)
 			;
 		struct worker *w = least_loaded(e);
 		atomic_fetch_add(&w->nsessions, 1);
+		atomic_fetch_add(&e->fds_sessions, m.fds);
 		if (worker_post(w, &m) < 0) {
 			close(fd);
-			slot_release(svc, w);
+			slot_release(svc, w, m.fds);
 			log_error("svc=%s: cannot hand a connection to a worker", svc->name);
 		}
 	}
@@ -1357,6 +1425,8 @@ struct engine *engine_free(struct engine *e)
 	}
 	for (size_t i = 0; i < e->nservices; i++)
 		service_free(e->services[i]);
+	if (e->spare_fd >= 0)
+		close(e->spare_fd);
 	free(e->workers);
 	free(e);
 	return NULL;

@@ -62,6 +62,11 @@ struct service_limits {
 	 * sends meanwhile; also how long a reply may wait for the peer to read it. */
 	uint64_t command_timeout_ms;
 	size_t max_input;            /* bytes buffered from the peer before reading pauses */
+	/* Descriptors one session holds (0 counts as 1; the intake's: its socket and its
+	 * message file).  A reserved service (control) is left out of the count, and its
+	 * listeners accept at the descriptor limit from a spare kept for them. */
+	unsigned fds_per_session;
+	bool reserved;
 };
 
 /*
@@ -84,6 +89,17 @@ void engine_stop_listening(struct engine *e);
 /* Call the drain op of every open session that has one, each on its worker (any thread;
  * once the listeners are closed). */
 void engine_drain(struct engine *e);
+/*
+ * Descriptors: `held` of RLIMIT_NOFILE are the daemon's own (threads, queue, relay,
+ * listeners) and a reserve for the operator and the queue's recovery; the sessions of the
+ * services that are not reserved share the rest, and a connection past it is refused as
+ * over max_sessions.  The limit is read again at most once a second (prlimit may lower
+ * it).  0: no such check.  Main thread.
+ */
+void engine_set_fds_held(struct engine *e, unsigned held);
+/* Descriptors the sessions of the services that are not reserved may hold now. */
+uint64_t engine_fds_for_sessions(struct engine *e);
+
 /* Sessions open across all services. */
 unsigned engine_sessions(const struct engine *e);
 /* Close every session now, stop and join the worker threads. */
