@@ -746,6 +746,10 @@ def test_too_many_errors_close_the_session(intake):
 def test_max_sessions(intake):
     it = intake(intake=["max_sessions = 2;"])
     first, second = it.connect(), it.connect()
+    # Sessions between commands hold their slots; one that has not sent its first
+    # command yet would make room for a newcomer (test_hostile.py).
+    first.expect("EHLO client.sluice.test", "250")
+    second.expect("EHLO client.sluice.test", "250")
     try:
         with it.connect(greeting=False) as c:
             r = c.reply()
