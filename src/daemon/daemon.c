@@ -170,6 +170,7 @@ static struct intake_conf intake_conf(const struct sluice_config *c)
 		.max_recipients = c->intake.max_recipients,
 		.max_errors = c->intake.max_errors,
 		.max_line = c->intake.max_line_length,
+		.reject_bare_newline = c->intake.bare_newline == INTAKE_BARE_REJECT,
 		.hostname = c->intake.hostname,
 	};
 }
