@@ -811,7 +811,7 @@ static void is_input(struct session *s, struct evbuffer *in)
 			/* (smtp.h) the line's end is in doubt: answer and stop reading */
 			atomic_fetch_add(&is->in->bare_command, 1);
 			reply(is, "500 5.5.2 Error: bare <LF> received");
-			session_log(s, LOG_LEVEL_NOTICE, "bare <LF> in a command from %s, closing",
+			session_log(s, LOG_LEVEL_NOTICE, "bare <LF> in a command, closing client=%s",
 				    is->client);
 			is->state = IS_CLOSING;
 		} else if (st == SMTP_LINE_OK && line.len > SMTP_LINE_MAX - 2 &&

@@ -127,7 +127,7 @@ def test_bare_lf_command_is_refused_and_the_smuggled_recipient_never_leaves(setu
             f"expected only 500 5.5.2 bare <LF> to the smuggled line, got {r}"
         assert c.closed(), "expected the session closed after the bare LF"
         assert c.buf == b"", f"expected no reply after the 500, got {c.buf!r}"
-    sd.log.wait_for(r"bare <LF> in a command from \[127\.0\.0\.1\], closing")
+    sd.log.wait_for(r"bare <LF> in a command, closing client=\[127\.0\.0\.1\]")
     st = counters(sd)
     assert st["bare_command"] == 1 and st["messages"] == 0, st
 
