@@ -815,7 +815,7 @@ static void is_input(struct session *s, struct evbuffer *in)
 				    is->client);
 			is->state = IS_CLOSING;
 		} else if (st == SMTP_LINE_OK && line.len > SMTP_LINE_MAX - 2 &&
-		    line.len > dsn_line_max(line) - 2) {
+			   line.len > dsn_line_max(line) - 2) {
 			refuse(is, "500 5.5.2 Error: line too long");
 		} else if (st == SMTP_LINE_OK) {
 			on_command(is, line);
