@@ -34,6 +34,12 @@ struct listen_conf {
 	gid_t group;   /* (gid_t)-1 = unchanged */
 };
 
+/* intake.bare_newline: what DATA with a bare LF or CR line end becomes (doc/INTAKE.md) */
+enum intake_bare_newline {
+	INTAKE_BARE_NORMALIZE = 0, /* stored with CRLF, as Postfix's "normalize" */
+	INTAKE_BARE_REJECT,        /* the message refused at its end with 550 5.5.2 */
+};
+
 enum control_admin {
 	CONTROL_ADMIN_GROUP = 0, /* every peer let in may change state */
 	CONTROL_ADMIN_ROOT,      /* only root and the daemon's user may */
@@ -93,6 +99,7 @@ struct sluice_config {
 		unsigned max_recipients;      /* 452 4.5.3 past it */
 		unsigned max_errors;          /* bad commands before the session is closed */
 		uint64_t max_line_length;     /* octets of a message line, CRLF excluded */
+		enum intake_bare_newline bare_newline; /* DATA's bare LF or CR: CRLF or 550 */
 		char *hostname;               /* greeting, Received:; default: gethostname() */
 	} intake;
 	struct {

@@ -29,6 +29,7 @@ _Static_assert(sizeof(enum log_target) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum control_admin) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum store_failure) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum relay_uncertain) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum intake_bare_newline) == sizeof(int), "enum size");
 _Static_assert(MILTER_LEN_CAP_DEFAULT == 1052672, "milter.max_packet's default below");
 
 /* ---- types of sluiced's own ------------------------------------------------------- */
@@ -358,6 +359,10 @@ const struct cfg_key config_policy_keys[] = {
 	END,
 };
 
+static const struct cfg_enum bare_newlines[] = {
+	{ "normalize", INTAKE_BARE_NORMALIZE }, { "reject", INTAKE_BARE_REJECT }, { NULL, 0 },
+};
+
 const struct cfg_key config_intake_keys[] = {
 	{ "listen", &type_listen, OFF(intake.listen), NULL, .flags = CFG_REQUIRED | CFG_REPEAT,
 	  .help = "the SMTP socket(s)" },
@@ -386,6 +391,9 @@ const struct cfg_key config_intake_keys[] = {
 	  .help = "bad commands before the session is closed" },
 	{ "max_line_length", &cfg_type_size, OFF(intake.max_line_length), "998", 78, 1 << 30,
 	  .help = "octets of a message line, CRLF excluded (RFC 5321 4.5.3.1.6)" },
+	{ "bare_newline", &cfg_type_enum, OFF(intake.bare_newline), "normalize",
+	  .names = bare_newlines, .flags = CFG_QUOTE,
+	  .help = "DATA's bare LF or CR: stored as CRLF, or the message refused (550 5.5.2)" },
 	{ "hostname", &cfg_type_string, OFF(intake.hostname), NULL, .check = check_no_space,
 	  .help = "in the greeting and Received: (default: the host's name)" },
 	END,

@@ -176,6 +176,7 @@ static struct intake_conf intake_conf(const struct sluice_config *c)
 		.max_recipients = c->intake.max_recipients,
 		.max_errors = c->intake.max_errors,
 		.max_line = c->intake.max_line_length,
+		.reject_bare_newline = c->intake.bare_newline == INTAKE_BARE_REJECT,
 		.hostname = c->intake.hostname,
 		/* command_timeout, and a second per data_min_rate bytes, within data_timeout;
 		 * or with no rate, data_timeout */

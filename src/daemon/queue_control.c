@@ -662,9 +662,9 @@ void queue_control_stats(struct queue *q, struct service *intake, bool json, str
 		if (intake)
 			buf_printf(out, ",\"intake_mail\":{\"messages\":%" PRIu64 ",\"recipients\":%" PRIu64
 				   ",\"bytes\":%" PRIu64 ",\"refused\":%" PRIu64 ",\"rejected\":%"
-				   PRIu64 ",\"bare_eol\":%" PRIu64 "}",
+				   PRIu64 ",\"bare_eol\":%" PRIu64 ",\"bare_command\":%" PRIu64 "}",
 				   is.messages, is.recipients, is.bytes, is.refused, is.rejected,
-				   is.bare_eol);
+				   is.bare_eol, is.bare_command);
 		return;
 	}
 	buf_printf(out, "queue: %" PRIu64 " messages (%" PRIu64 " held), %" PRIu64
@@ -679,6 +679,8 @@ void queue_control_stats(struct queue *q, struct service *intake, bool json, str
 	if (intake)
 		buf_printf(out, "intake: %" PRIu64 " messages, %" PRIu64 " recipients, %" PRIu64
 			   " bytes;\n  refused %" PRIu64 " clients, rejected %" PRIu64
-			   " transactions; %" PRIu64 " messages with bare CR/LF\n",
-			   is.messages, is.recipients, is.bytes, is.refused, is.rejected, is.bare_eol);
+			   " transactions; %" PRIu64 " messages with bare CR/LF\n"
+			   "  %" PRIu64 " commands refused for a bare CR/LF\n",
+			   is.messages, is.recipients, is.bytes, is.refused, is.rejected, is.bare_eol,
+			   is.bare_command);
 }

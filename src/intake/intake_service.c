@@ -7,6 +7,15 @@
  * through smtp_data_decode() straight into the queue file.  At the end of the data it
  * hands the file to the committer and pauses until the result comes back through
  * worker_call(); only then does it answer and read the next command.
+ *
+ * Line ends (RFC 5321 §2.3.8: CR and LF appear only together, as CRLF).  A command line
+ * cut by a bare LF is answered 500 and the session closed, as Postfix does with
+ * smtpd_forbid_bare_newline = reject: the client meant the line to end somewhere else,
+ * so nothing more it sent can be trusted to be the command it looks like (a "MAIL
+ * ...\nRCPT TO:<x>" would otherwise give the next hop a recipient nobody asked for).  A
+ * command line with a bare CR ended in CRLF, so it is refused whole and the session goes
+ * on.  In DATA a bare line end is stored as CRLF, or with bare_newline = "reject" the
+ * message is refused at its end; the end itself is only ever CRLF "." CRLF.
  */
 #include <arpa/inet.h>
 #include <assert.h>
@@ -55,6 +64,7 @@ struct iconf {
 	unsigned max_errors;
 	size_t max_line;
 	struct request_bound data;
+	bool reject_bare_newline;
 	char hostname[256];
 };
 
@@ -62,7 +72,7 @@ struct intake {
 	struct queue *q;
 	pthread_mutex_t lock;
 	struct iconf *conf;
-	_Atomic uint64_t messages, recipients, bytes, refused, rejected, bare_eol;
+	_Atomic uint64_t messages, recipients, bytes, refused, rejected, bare_eol, bare_command;
 	atomic_bool low_space; /* MAIL refused for want of space: logged when it starts, ends */
 };
 
@@ -103,6 +113,7 @@ struct isession {
 	char *out;                        /* DATA_OUT bytes */
 	size_t out_len;
 	bool too_big, long_line;
+	bool bare;                        /* a bare line end under reject_bare_newline */
 	int write_err;                    /* first error writing the file, 0 if none */
 	struct commit_wait *wait;
 };
@@ -149,6 +160,7 @@ static struct iconf *iconf_make(const struct intake_conf *conf)
 	c->max_errors = conf->max_errors;
 	c->max_line = conf->max_line;
 	c->data = conf->data;
+	c->reject_bare_newline = conf->reject_bare_newline;
 	if (conf->hostname)
 		snprintf(c->hostname, sizeof(c->hostname), "%s", conf->hostname);
 	else if (gethostname(c->hostname, sizeof(c->hostname)) < 0 || !c->hostname[0])
@@ -246,7 +258,7 @@ static void transaction_reset(struct isession *is)
 	queue_new_abort(is->qn);
 	is->qn = NULL;
 	is->out_len = 0;
-	is->too_big = is->long_line = false;
+	is->too_big = is->long_line = is->bare = false;
 	is->write_err = 0;
 }
 
@@ -555,7 +567,13 @@ static void on_command(struct isession *is, struct str line)
 {
 	struct smtp_command c;
 	const char *why = NULL;
-	if (smtp_command_parse(line, &c, &why) < 0) {
+	int r = smtp_command_parse(line, &c, &why);
+	if (r == -EBADMSG) {
+		atomic_fetch_add(&is->in->bare_command, 1);
+		refuse(is, "500 5.5.2 Error: bare <CR> received");
+		return;
+	}
+	if (r < 0) {
 		refuse(is, "500 5.5.2 Error: bad syntax");
 		return;
 	}
@@ -609,7 +627,7 @@ static void on_command(struct isession *is, struct str line)
 
 static void data_write(struct isession *is)
 {
-	if (is->out_len && !is->write_err && !is->too_big && !is->long_line) {
+	if (is->out_len && !is->write_err && !is->too_big && !is->long_line && !is->bare) {
 		int r = queue_new_body(is->qn, str_make(is->out, is->out_len));
 		if (r < 0) {
 			is->write_err = r;
@@ -639,8 +657,11 @@ static void data_end(struct isession *is)
 	data_write(is);
 	if (is->dd.bare_eol)
 		atomic_fetch_add(&is->in->bare_eol, 1);
-	if (is->too_big || is->long_line || is->write_err) {
-		if (is->too_big)
+	if (is->bare || is->too_big || is->long_line || is->write_err) {
+		/* first the broken framing, as Postfix answers it before its other errors */
+		if (is->bare)
+			reply(is, "550 5.5.2 Error: %s", smtp_data_bare_why(&is->dd));
+		else if (is->too_big)
 			reply(is, "552 5.3.4 Message size exceeds fixed limit");
 		else if (is->long_line)
 			reply(is, "550 5.6.0 Message has a line over %zu octets (RFC 5321 4.5.3.1.6)",
@@ -650,10 +671,11 @@ static void data_end(struct isession *is)
 		char from[SMTP_MAX_ADDR * 4 + 8];
 		log_quote(from, sizeof(from), str_cstr(is->sender.ptr ? is->sender.ptr : ""), 200);
 		session_log(is->s, LOG_LEVEL_NOTICE, "refused reason=%s from=<%s> client=%s",
-			    is->too_big	       ? "too-big"
-			    : is->long_line	       ? "line-too-long"
+			    is->bare                   ? "bare-newline"
+			    : is->too_big              ? "too-big"
+			    : is->long_line            ? "line-too-long"
 			    : disk_full(is->write_err) ? "disk-full"
-						       : "write-error",
+			                               : "write-error",
 			    from, is->client);
 		atomic_fetch_add(&is->in->rejected, 1);
 		transaction_reset(is);
@@ -735,6 +757,10 @@ static size_t on_data(struct isession *is, const char *p, size_t n)
 			is->too_big = true;
 		if (is->dd.max_line > is->conf->max_line)
 			is->long_line = true;
+		/* from the first bare line end nothing more is written: the message will be
+		 * refused, and the decoder still reads on to the real end of the data */
+		if (is->dd.bare_eol && is->conf->reject_bare_newline)
+			is->bare = true;
 		if (done) {
 			data_end(is);
 			break;
@@ -786,8 +812,15 @@ static void is_input(struct session *s, struct evbuffer *in)
 		size_t used = 0;
 		enum smtp_line_status st = smtp_line_next(&is->lr, p, take, SMTP_DSN_LINE_MAX, &line,
 							  &used);
-		if (st == SMTP_LINE_OK && line.len > SMTP_LINE_MAX - 2 &&
-		    line.len > dsn_line_max(line) - 2) {
+		if (st == SMTP_LINE_OK && is->lr.bare_lf) {
+			/* (smtp.h) the line's end is in doubt: answer and stop reading */
+			atomic_fetch_add(&is->in->bare_command, 1);
+			reply(is, "500 5.5.2 Error: bare <LF> received");
+			session_log(s, LOG_LEVEL_NOTICE, "bare <LF> in a command, closing client=%s",
+				    is->client);
+			is->state = IS_CLOSING;
+		} else if (st == SMTP_LINE_OK && line.len > SMTP_LINE_MAX - 2 &&
+			   line.len > dsn_line_max(line) - 2) {
 			refuse(is, "500 5.5.2 Error: line too long");
 		} else if (st == SMTP_LINE_OK) {
 			on_command(is, line);
@@ -922,4 +955,5 @@ void intake_service_stats(struct service *svc, struct intake_stats *ret)
 	ret->refused = atomic_load(&in->refused);
 	ret->rejected = atomic_load(&in->rejected);
 	ret->bare_eol = atomic_load(&in->bare_eol);
+	ret->bare_command = atomic_load(&in->bare_command);
 }

@@ -33,6 +33,9 @@ struct intake_conf {
 	unsigned max_recipients;
 	unsigned max_errors;
 	size_t max_line;                 /* octets of a message line, CRLF excluded */
+	/* DATA with a bare LF or CR line end: refused at its end (550 5.5.2) instead of
+	 * stored with CRLF.  Commands with one are refused either way. */
+	bool reject_bare_newline;
 	const char *hostname;            /* copied; NULL: gethostname() */
 	struct request_bound data;       /* the deadline of a message's data */
 };
@@ -50,6 +53,7 @@ struct intake_stats {
 	uint64_t refused;      /* connections refused by allow */
 	uint64_t rejected;     /* transactions refused: size, lines, commit failures */
 	uint64_t bare_eol;     /* messages with a bare CR or LF line end */
+	uint64_t bare_command; /* command lines refused for a bare CR or LF */
 };
 void intake_service_stats(struct service *svc, struct intake_stats *ret);
 

@@ -202,6 +202,10 @@ int smtp_command_parse(struct str line, struct smtp_command *ret, const char **r
 {
 	const unsigned char *s = (const unsigned char *)line.ptr;
 	size_t e = line.len;
+	/* a CR first, whatever else the line holds: the reply names what broke the framing
+	 * (RFC 5321 §2.3.8: CR and LF only as CRLF) */
+	if (e && memchr(s, '\r', e))
+		return fail(ret_why, "Bare <CR> in command", -EBADMSG);
 	for (size_t k = 0; k < e; k++) {
 		if (s[k] == '\0')
 			return fail(ret_why, "NUL byte in command", -EINVAL);
@@ -816,6 +820,14 @@ static inline size_t dot_line(struct smtp_data *d, char *out, bool bare)
 	return 1 + end_line(d, out + 1, bare);
 }
 
+const char *smtp_data_bare_why(const struct smtp_data *d)
+{
+	if (!d->bare_eol)
+		return NULL;
+	/* a bare LF first: it is the smuggling form, and the one Postfix names */
+	return d->bare_eol > d->bare_cr ? "bare <LF> received" : "bare <CR> received";
+}
+
 int smtp_data_decode(struct smtp_data *d, const char *p, size_t n, char *out, size_t outcap,
 		     size_t *ret_consumed, size_t *ret_produced)
 {
@@ -869,6 +881,7 @@ int smtp_data_decode(struct smtp_data *d, const char *p, size_t n, char *out, si
 			} else {
 				/* "." then a bare CR: a content line "." */
 				o += dot_line(d, out + o, true);
+				d->bare_cr++;
 				d->state = DS_BOL_BARE; /* c is read again there */
 			}
 			continue;
@@ -881,6 +894,7 @@ int smtp_data_decode(struct smtp_data *d, const char *p, size_t n, char *out, si
 				i++;
 			} else {
 				o += end_line(d, out + o, true);
+				d->bare_cr++;
 				d->state = DS_BOL_BARE; /* c is read again there */
 			}
 			continue;

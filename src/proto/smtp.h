@@ -19,6 +19,13 @@
  * What the service answers (the mapping this codec is designed for):
  *
  *   smtp_line_next() SMTP_LINE_TOO_LONG   500 5.5.2 Line too long (once per long line)
+ *   smtp_line_next() SMTP_LINE_OK with    500 5.5.2 Error: bare <LF> received, and the
+ *     r->bare_lf                          session is closed: where the client meant the
+ *                                         line to end is unknown (RFC 5321 §2.3.8), so
+ *                                         nothing after it can be read as a command
+ *   smtp_command_parse() -EBADMSG         500 5.5.2 Error: bare <CR> received (the line
+ *                                         ended in CRLF: it is refused whole, the session
+ *                                         goes on)
  *   smtp_command_parse() -EINVAL          500 5.5.2 Error: bad syntax (empty line, NUL or
  *                                         other control byte)
  *   verb SMTP_VERB_UNKNOWN                500 5.5.2 Error: command not recognized
@@ -151,9 +158,11 @@ struct smtp_command {
  * HTAB.  MAIL and RCPT take "FROM:" / "TO:" (any case) after one or more blanks, then
  * optionally blanks before the path, as Postfix tolerates ("MAIL FROM: <a@b>").  Bytes
  * >= 0x80 are left for the address parsers to judge.
- * Returns 0 with *ret filled (verb SMTP_VERB_UNKNOWN for a word that is no command), or
- * -EINVAL with *ret_why (if ret_why is not NULL) for an empty or blank line, a NUL byte or
- * any other control byte but HTAB.  *ret is written only on success.
+ * Returns 0 with *ret filled (verb SMTP_VERB_UNKNOWN for a word that is no command),
+ * -EBADMSG with *ret_why (if ret_why is not NULL) for a line holding a CR (a bare CR: the
+ * line reader took the CR of its CRLF), whatever else it holds, or -EINVAL with *ret_why
+ * for an empty or blank line, a NUL byte or any other control byte but HTAB.  *ret is
+ * written only on success.
  */
 int smtp_command_parse(struct str line, struct smtp_command *ret, const char **ret_why);
 
@@ -303,7 +312,8 @@ int smtp_check_helo(struct str arg, bool *ret_is_domain);
  *
  * Lines: CRLF, a bare LF, and a bare CR (one not followed by LF, also across calls) each
  * end a line, and every line is stored ending in CRLF; each bare one is counted in
- * bare_eol for the service to log or refuse.  A line that begins with "." loses that dot
+ * bare_eol (the bare CRs also in bare_cr) for the service to log or refuse: the output
+ * is the same whichever it does, so refusing costs nothing here.  A line that begins with "." loses that dot
  * (dot-unstuffing, RFC 5321 §4.5.2), whatever ended the line before it, except a line
  * that is only "." and is not the end: it is stored as ".".  The output is the message as
  * stored: the CRLF of its last line is part of it, the ".\r\n" that ends it is not.
@@ -317,6 +327,7 @@ struct smtp_data {
 	bool done;           /* the end was consumed */
 	uint64_t size;       /* bytes produced so far: the stored message's size */
 	uint64_t bare_eol;   /* line ends that were a bare LF or a bare CR */
+	uint64_t bare_cr;    /* of those, the bare CRs (a reply can say which it was) */
 	uint64_t lines;      /* lines completed */
 	size_t line_len;     /* bytes of the current output line so far */
 	size_t max_line;     /* longest output line so far, CRLF excluded (the current line
@@ -338,5 +349,13 @@ void smtp_data_init(struct smtp_data *d);
  */
 int smtp_data_decode(struct smtp_data *d, const char *p, size_t n, char *out, size_t outcap,
 		     size_t *ret_consumed, size_t *ret_produced);
+
+/*
+ * For a service that refuses data with bare line ends (550 5.5.2, as Postfix's
+ * smtpd_forbid_bare_newline = reject): NULL when every line so far ended in CRLF, else the
+ * reply text after the codes, "bare <LF> received" when any line ended in a bare LF, else
+ * "bare <CR> received".  A static string.
+ */
+const char *smtp_data_bare_why(const struct smtp_data *d);
 
 #endif

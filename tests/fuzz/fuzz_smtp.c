@@ -21,7 +21,9 @@
  * DATA: the stream decoded whole (with an output buffer of SMTP_DATA_OUT_BOUND) and piece
  * by piece with small output buffers must give the same bytes, counters and end, equal to
  * a plain line-by-line reference decoder written here, whose end must be the first
- * "\r\n.\r\n" in "\r\n" + stream.
+ * "\r\n.\r\n" in "\r\n" + stream; the bare line ends (LF and CR apart) are counted
+ * alike, and smtp_data_bare_why() names the one a refusal would.  A command line with a
+ * CR is refused as a bare CR whatever else it holds.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -192,15 +194,20 @@ static void check_line(struct str line)
 	struct smtp_command c;
 	const char *why = NULL;
 	int r = smtp_command_parse(line, &c, &why);
-	bool ctl = false, blank = true;
+	bool ctl = false, blank = true, cr = false;
 	for (size_t i = 0; i < line.len; i++) {
 		unsigned char b = (unsigned char)line.ptr[i];
+		if (b == '\r')
+			cr = true;
 		if ((b < 0x20 && b != '\t') || b == 0x7f)
 			ctl = true;
 		if (b != ' ' && b != '\t')
 			blank = false;
 	}
-	if (ctl || blank) {
+	if (cr) {
+		/* a bare CR is named as such, whatever else the line holds */
+		CHECK(r == -EBADMSG && why);
+	} else if (ctl || blank) {
 		CHECK(r == -EINVAL && why);
 	} else {
 		CHECK(r == 0 && !why);
@@ -333,7 +340,7 @@ struct data_reading {
 	char *out;
 	size_t len;
 	size_t end;
-	uint64_t bare, lines;
+	uint64_t bare, bare_cr, lines;
 	size_t max_line;
 };
 
@@ -342,7 +349,7 @@ static void ref_data(const char *in, size_t n, struct data_reading *r)
 {
 	r->len = 0;
 	r->end = NONE;
-	r->bare = r->lines = 0;
+	r->bare = r->bare_cr = r->lines = 0;
 	r->max_line = 0;
 	bool after_crlf = true;
 	size_t i = 0;
@@ -363,6 +370,7 @@ static void ref_data(const char *in, size_t n, struct data_reading *r)
 			crlf = true;
 			i += 2;
 		} else {
+			r->bare_cr++; /* a bare CR: its line is complete, and not the end */
 			i++;
 		}
 		if (tl == 1 && in[s] == '.') {
@@ -430,14 +438,23 @@ static void decode(const char *p, size_t n, uint32_t seed, size_t piece_max,
 	CHECK(d.done == (rd->end != NONE) && d.size == rd->len);
 	CHECK(d.line_len <= d.max_line);
 	rd->bare = d.bare_eol;
+	rd->bare_cr = d.bare_cr;
 	rd->lines = d.lines;
+	/* what a service refusing bare line ends answers */
+	const char *why = smtp_data_bare_why(&d);
+	CHECK(d.bare_cr <= d.bare_eol);
+	CHECK(!why == !d.bare_eol);
+	if (why)
+		CHECK(strcmp(why, d.bare_eol > d.bare_cr ? "bare <LF> received" :
+							   "bare <CR> received") == 0);
 	rd->max_line = d.max_line;
 }
 
 static bool same_data(const struct data_reading *a, const struct data_reading *b)
 {
 	return a->len == b->len && memcmp(a->out, b->out, a->len) == 0 && a->end == b->end &&
-	       a->bare == b->bare && a->lines == b->lines && a->max_line == b->max_line;
+	       a->bare == b->bare && a->bare_cr == b->bare_cr && a->lines == b->lines &&
+	       a->max_line == b->max_line;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -160,6 +160,17 @@ static const struct {
 	{ LIT("\n\r\n"), 1, E("B[]T") },
 	{ LIT("\r\n\n"), 2, E("L[]B[]") },
 	{ LIT("a\n"), 1, E("T") },
+	/* the smuggled command: a bare LF inside what the client sent as one line is
+	 * reported (B), and the service closes there (smtp.h); a bare CR stays inside the
+	 * line its CRLF ends, which smtp_command_parse() refuses whole */
+	{ LIT("MAIL FROM:<a@x>\nRCPT TO:<injected@y>\r\n"), 512,
+	  E("B[MAIL FROM:<a@x>]L[RCPT TO:<injected@y>]") },
+	{ LIT("MAIL FROM:<a@x>\rRCPT TO:<injected@y>\r\n"), 512,
+	  E("L[MAIL FROM:<a@x>\rRCPT TO:<injected@y>]") },
+	{ LIT("MAIL FROM:<a@x>\r\rRCPT TO:<injected@y>\n"), 512,
+	  E("B[MAIL FROM:<a@x>\r\rRCPT TO:<injected@y>]") },
+	{ LIT("RSET\r\r\n"), 512, E("L[RSET\r]") },
+	{ LIT("\n\n"), 512, E("B[]B[]") },
 };
 
 static void test_lines(void **state)
@@ -293,9 +304,16 @@ static const struct {
 	{ LIT("NOOP \x01"), -EINVAL, 0, NULL, NULL, false },
 	{ LIT("NOOP \x7f"), -EINVAL, 0, NULL, NULL, false },
 	{ LIT("NOOP \x1b[0m"), -EINVAL, 0, NULL, NULL, false },
-	{ LIT("MAIL FROM:<a@b>\r"), -EINVAL, 0, NULL, NULL, false },
-	{ LIT("QUIT\rRSET"), -EINVAL, 0, NULL, NULL, false },
 	{ LIT("QUIT\n"), -EINVAL, 0, NULL, NULL, false },
+	/* a bare CR (the line reader took the CR of the CRLF): refused as such, whatever
+	 * else the line holds, so the reply can say what was wrong */
+	{ LIT("MAIL FROM:<a@b>\r"), -EBADMSG, 0, NULL, NULL, false },
+	{ LIT("QUIT\rRSET"), -EBADMSG, 0, NULL, NULL, false },
+	{ LIT("\r"), -EBADMSG, 0, NULL, NULL, false },
+	{ LIT("\rQUIT"), -EBADMSG, 0, NULL, NULL, false },
+	{ LIT("MAIL FROM:<a@x>\rRCPT TO:<injected@y>"), -EBADMSG, 0, NULL, NULL, false },
+	{ LIT("NOOP \x01\r"), -EBADMSG, 0, NULL, NULL, false },
+	{ LIT("QUIT\0\r"), -EBADMSG, 0, NULL, NULL, false },
 };
 
 static void test_commands(void **state)
@@ -335,6 +353,103 @@ static void test_commands(void **state)
 	/* a NULL ret_why is fine */
 	struct smtp_command c;
 	assert_int_equal(smtp_command_parse(S(""), &c, NULL), -EINVAL);
+}
+
+/*
+ * Line ends at the service: a stream read as the intake reads it (smtp.h's table), every
+ * way of cutting it.  Events: the verb of each command taken, "CR" for a line refused for
+ * a bare CR (the session goes on), "ERR" for another refused line, "LF!" for a bare LF
+ * (the session is closed: nothing after it is read), "T" for a long line.
+ */
+static void serve_lines(const char *text, size_t len, const size_t *cuts, size_t ncuts,
+			struct lines_out *o)
+{
+	struct smtp_line_reader r;
+	smtp_line_reader_init(&r);
+	char held[4096];
+	size_t nheld = 0, from = 0;
+	bool closed = false;
+	o->len = 0;
+	o->ev[0] = '\0';
+	for (size_t c = 0; c <= ncuts && !closed; c++) {
+		size_t to = c < ncuts ? cuts[c] : len;
+		memcpy(held + nheld, text + from, to - from);
+		nheld += to - from;
+		from = to;
+		while (!closed) {
+			struct str line;
+			size_t used;
+			enum smtp_line_status st =
+				smtp_line_next(&r, held, nheld, SMTP_LINE_MAX, &line, &used);
+			if (st == SMTP_LINE_OK && r.bare_lf) {
+				ev_add(o, "LF!;", 4);
+				closed = true;
+			} else if (st == SMTP_LINE_OK) {
+				struct smtp_command cmd;
+				const char *why = NULL;
+				int rc = smtp_command_parse(line, &cmd, &why);
+				if (rc == -EBADMSG) {
+					assert_non_null(strstr(why, "<CR>"));
+					ev_add(o, "CR;", 3);
+				} else if (rc < 0) {
+					ev_add(o, "ERR;", 4);
+				} else {
+					const char *v = smtp_verb_name(cmd.verb);
+					ev_add(o, v, strlen(v));
+					ev_add(o, ";", 1);
+				}
+			} else if (st == SMTP_LINE_TOO_LONG) {
+				ev_add(o, "T;", 2);
+			}
+			memmove(held, held + used, nheld - used);
+			nheld -= used;
+			if (st == SMTP_LINE_MORE)
+				break;
+		}
+	}
+}
+
+static const struct {
+	const char *in;
+	size_t len;
+	const char *events;
+} line_end_cases[] = {
+	{ LIT("EHLO a\r\nMAIL FROM:<a@x>\r\nRCPT TO:<b@y>\r\n"), "EHLO;MAIL;RCPT;" },
+	/* the smuggled recipient never becomes a command */
+	{ LIT("EHLO a\r\nMAIL FROM:<a@x>\nRCPT TO:<injected@y>\r\nDATA\r\n"), "EHLO;LF!;" },
+	{ LIT("MAIL FROM:<a@x>\rRCPT TO:<injected@y>\r\nRSET\r\n"), "CR;RSET;" },
+	{ LIT("MAIL FROM:<a@x>\r\rRCPT TO:<injected@y>\r\nRSET\r\n"), "CR;RSET;" },
+	{ LIT("RSET\r\r\nNOOP\r\n"), "CR;NOOP;" },
+	{ LIT("QUIT\n"), "LF!;" },
+	{ LIT("\n"), "LF!;" },
+	{ LIT("NOOP\r\n\nQUIT\r\n"), "NOOP;LF!;" },
+	{ LIT("NOOP\r\r\n\n"), "CR;LF!;" },
+	/* a CR at the end of what arrived and its LF in the next read: a CRLF (every cut) */
+	{ LIT("NOOP\r\nRSET\r\nQUIT\r\n"), "NOOP;RSET;QUIT;" },
+	{ LIT("\r\nNOOP\r\n"), "ERR;NOOP;" },
+};
+
+static void test_line_ends(void **state)
+{
+	(void)state;
+	struct lines_out whole, o;
+	size_t cuts[2];
+	for (size_t ci = 0; ci < ARRAY_SIZE(line_end_cases); ci++) {
+		const char *in = line_end_cases[ci].in;
+		size_t len = line_end_cases[ci].len;
+		serve_lines(in, len, NULL, 0, &whole);
+		if (strcmp(whole.ev, line_end_cases[ci].events) != 0)
+			fail_msg("case %zu: \"%s\", expected \"%s\"", ci, whole.ev,
+				 line_end_cases[ci].events);
+		for (size_t a = 0; a <= len; a++)
+			for (size_t b = a; b <= len; b++) {
+				cuts[0] = a;
+				cuts[1] = b;
+				serve_lines(in, len, cuts, 2, &o);
+				if (strcmp(o.ev, whole.ev) != 0)
+					fail_msg("case %zu cut %zu,%zu: \"%s\"", ci, a, b, o.ev);
+			}
+	}
 }
 
 /* ---- MAIL ---------------------------------------------------------------------------- */
@@ -895,7 +1010,7 @@ struct dres {
 	char out[DMAX];
 	size_t len;
 	size_t end; /* input offset just past the terminator, or NONE */
-	uint64_t bare, lines, size;
+	uint64_t bare, bare_cr, lines, size;
 	size_t max_line;
 };
 
@@ -903,12 +1018,14 @@ static void dres_check_same(const struct dres *a, const struct dres *b, const ch
 			    size_t ci)
 {
 	if (a->len != b->len || memcmp(a->out, b->out, a->len) != 0 || a->end != b->end ||
-	    a->bare != b->bare || a->lines != b->lines || a->max_line != b->max_line)
-		fail_msg("case %zu: %s: output \"%.*s\" end %zu bare %llu lines %llu max %zu, "
-			 "expected \"%.*s\" end %zu bare %llu lines %llu max %zu",
+	    a->bare != b->bare || a->bare_cr != b->bare_cr || a->lines != b->lines ||
+	    a->max_line != b->max_line)
+		fail_msg("case %zu: %s: output \"%.*s\" end %zu bare %llu (CR %llu) lines %llu "
+			 "max %zu, expected \"%.*s\" end %zu bare %llu (CR %llu) lines %llu max %zu",
 			 ci, what, (int)b->len, b->out, b->end, (unsigned long long)b->bare,
-			 (unsigned long long)b->lines, b->max_line, (int)a->len, a->out, a->end,
-			 (unsigned long long)a->bare, (unsigned long long)a->lines, a->max_line);
+			 (unsigned long long)b->bare_cr, (unsigned long long)b->lines, b->max_line,
+			 (int)a->len, a->out, a->end, (unsigned long long)a->bare,
+			 (unsigned long long)a->bare_cr, (unsigned long long)a->lines, a->max_line);
 }
 
 /*
@@ -952,6 +1069,8 @@ static void decode_pieces(const char *in, size_t n, const size_t *cuts, size_t n
 		}
 	}
 	res->bare = d.bare_eol;
+	res->bare_cr = d.bare_cr;
+	assert_true(d.bare_cr <= d.bare_eol);
 	res->lines = d.lines;
 	res->size = d.size;
 	res->max_line = d.max_line;
@@ -985,7 +1104,7 @@ static void ref_decode(const char *in, size_t n, struct dres *r)
 {
 	r->len = 0;
 	r->end = NONE;
-	r->bare = r->lines = 0;
+	r->bare = r->bare_cr = r->lines = 0;
 	r->max_line = 0;
 	bool after_crlf = true;
 	size_t i = 0;
@@ -1030,6 +1149,8 @@ static void ref_decode(const char *in, size_t n, struct dres *r)
 		r->lines++;
 		if (eol != E_CRLF)
 			r->bare++;
+		if (eol == E_CR)
+			r->bare_cr++;
 		after_crlf = eol == E_CRLF;
 	}
 	/* the end, defined once more: the first "\r\n.\r\n" in "\r\n" + input */
@@ -1179,6 +1300,84 @@ static void test_data_table(void **state)
 	}
 }
 
+/*
+ * Bare line ends in DATA, under both settings of intake.bare_newline: "normalize" stores
+ * the output (every line end CRLF), "reject" refuses the message at its end with the
+ * reply smtp_data_bare_why() gives (NULL: the message is stored, as under normalize).
+ * Neither changes where the data ends: only at CRLF "." CRLF.  Each case is also decoded
+ * every way of cutting it (a CR ending one read and its LF starting the next is a CRLF).
+ */
+static const struct {
+	const char *in;
+	size_t len;
+	const char *out; /* stored under normalize */
+	size_t out_len;
+	size_t end;
+	uint64_t bare_lf, bare_cr;
+	const char *reject_why; /* the 550 5.5.2 text under reject; NULL: stored */
+} data_bare_cases[] = {
+	{ LIT("a\r\nb\r\n.\r\n"), E("a\r\nb\r\n"), 9, 0, 0, NULL },
+	{ LIT("a\nb\r\n.\r\n"), E("a\r\nb\r\n"), 8, 1, 0, "bare <LF> received" },
+	{ LIT("a\rb\r\n.\r\n"), E("a\r\nb\r\n"), 8, 0, 1, "bare <CR> received" },
+	{ LIT("a\rb\nc\r\n.\r\n"), E("a\r\nb\r\nc\r\n"), 10, 1, 1, "bare <LF> received" },
+	{ LIT("a\r\r\n.\r\n"), E("a\r\n\r\n"), 7, 0, 1, "bare <CR> received" },
+	/* the smuggling forms: content, never the end, under both settings */
+	{ LIT("a\n.\nMAIL FROM:<x@y>\r\n.\r\n"), E("a\r\n.\r\nMAIL FROM:<x@y>\r\n"), 24, 2,
+	  0, "bare <LF> received" },
+	{ LIT("a\r.\rMAIL FROM:<x@y>\r\n.\r\n"), E("a\r\n.\r\nMAIL FROM:<x@y>\r\n"), 24, 0,
+	  2, "bare <CR> received" },
+	{ LIT("a\r\n.\nb\r\n.\r\n"), E("a\r\n.\r\nb\r\n"), 11, 1, 0, "bare <LF> received" },
+	{ LIT("a\n.\r\nb\r\n.\r\n"), E("a\r\n.\r\nb\r\n"), 11, 1, 0, "bare <LF> received" },
+	{ LIT("a\r.\r\nb\r\n.\r\n"), E("a\r\n.\r\nb\r\n"), 11, 0, 1, "bare <CR> received" },
+	{ LIT("a\r\n.\rb\r\n.\r\n"), E("a\r\n.\r\nb\r\n"), 11, 0, 1, "bare <CR> received" },
+	{ LIT("a\n.\n"), E("a\r\n.\r\n"), NONE, 2, 0, "bare <LF> received" },
+	{ LIT("a\r.\r"), E("a\r\n"), NONE, 0, 1, "bare <CR> received" },
+	{ LIT("a\r\n.\n"), E("a\r\n.\r\n"), NONE, 1, 0, "bare <LF> received" },
+	{ LIT("a\n.\r\n"), E("a\r\n.\r\n"), NONE, 1, 0, "bare <LF> received" },
+	/* CRLF only, in pieces: nothing bare */
+	{ LIT("Subject: x\r\n\r\nline\r\n..dot\r\n.\r\n"), E("Subject: x\r\n\r\nline\r\n.dot\r\n"),
+	  30, 0, 0, NULL },
+};
+
+static void test_data_bare(void **state)
+{
+	(void)state;
+	static struct dres whole, ref;
+	for (size_t ci = 0; ci < ARRAY_SIZE(data_bare_cases); ci++) {
+		const char *in = data_bare_cases[ci].in;
+		size_t n = data_bare_cases[ci].len;
+		struct smtp_data d;
+		smtp_data_init(&d);
+		assert_null(smtp_data_bare_why(&d));
+		static char out[DMAX];
+		size_t used, made;
+		int done = smtp_data_decode(&d, in, n, out, sizeof(out), &used, &made);
+		/* normalize: the stored bytes, and the end */
+		if (made != data_bare_cases[ci].out_len ||
+		    memcmp(out, data_bare_cases[ci].out, made) != 0)
+			fail_msg("case %zu: stored \"%.*s\"", ci, (int)made, out);
+		assert_int_equal(done, data_bare_cases[ci].end != NONE);
+		if (done)
+			assert_int_equal(used, data_bare_cases[ci].end);
+		if (d.bare_eol - d.bare_cr != data_bare_cases[ci].bare_lf ||
+		    d.bare_cr != data_bare_cases[ci].bare_cr)
+			fail_msg("case %zu: %llu bare LF, %llu bare CR", ci,
+				 (unsigned long long)(d.bare_eol - d.bare_cr),
+				 (unsigned long long)d.bare_cr);
+		/* reject: the reply */
+		const char *why = smtp_data_bare_why(&d);
+		if (data_bare_cases[ci].reject_why)
+			assert_string_equal(why, data_bare_cases[ci].reject_why);
+		else
+			assert_null(why);
+		/* every way of cutting it gives the same, and the reference agrees */
+		decode_pieces(in, n, NULL, 0, DMAX, &whole);
+		ref_decode(in, n, &ref);
+		dres_check_same(&ref, &whole, "against the reference", ci);
+		decode_every_way(in, n, &whole, ci);
+	}
+}
+
 /* Every string of up to 8 bytes over { CR, LF, ".", "a" }: whole, byte by byte, and
  * against the reference. */
 static void test_data_exhaustive(void **state)
@@ -1255,6 +1454,7 @@ int main(void)
 		cmocka_unit_test(test_lines),
 		cmocka_unit_test(test_line_discard),
 		cmocka_unit_test(test_commands),
+		cmocka_unit_test(test_line_ends),
 		cmocka_unit_test(test_mail),
 		cmocka_unit_test(test_rcpt),
 		cmocka_unit_test(test_dsn_params),
@@ -1262,6 +1462,7 @@ int main(void)
 		cmocka_unit_test(test_address_limits),
 		cmocka_unit_test(test_helo),
 		cmocka_unit_test(test_data_table),
+		cmocka_unit_test(test_data_bare),
 		cmocka_unit_test(test_data_exhaustive),
 		cmocka_unit_test(test_data_counters),
 	};
