@@ -223,11 +223,16 @@ static void control_input(struct session *s, struct evbuffer *in)
 			session_close(s);
 			return;
 		}
-		if (acc == PEER_READ && control_cmd_changes_state(req.argc, req.argv)) {
+		/* the form by position, from the command table: a reader runs only the forms
+		 * that change nothing, and none the table does not know */
+		const struct control_cmd *form = NULL;
+		int m = control_cmd_match(req.argc, req.argv, &form);
+		if (acc == PEER_READ && (m < 0 || (form->flags & CONTROL_CMD_CHANGES))) {
 			char q[64];
 			log_notice("control: %s: \"%s\" refused (admin = \"root\")", who,
 				   log_quote(q, sizeof(q), req.argv[0], 20));
-			send_reply(s, false, str_cstr("permission denied: this command changes "
+			send_reply(s, false, str_cstr(m < 0 ? "permission denied: no such command "
+				   "form (try help)\n" : "permission denied: this command changes "
 				   "sluiced's state and control.admin is \"root\": run it as root\n"));
 			evbuffer_drain(in, used);
 			continue;

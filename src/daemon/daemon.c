@@ -768,10 +768,18 @@ static int cmd_stats(struct daemon *d, size_t argc, const struct str *argv, bool
 		     struct buf *out, bool *ret_ok, struct control_wait *w)
 {
 	(void)w;
+	/* exactly the table's two forms: the access check took "stats --reset" for the
+	 * form that changes state by position, so no other word may reset here */
 	bool reset = false;
-	for (size_t i = 1; i < argc; i++)
-		if (str_eq_cstr(argv[i], "--reset") || str_eq_cstr(argv[i], "reset"))
+	for (size_t i = 1; i < argc; i++) {
+		if (str_eq_cstr(argv[i], "--reset")) {
 			reset = true;
+		} else if (!str_eq_cstr(argv[i], "--json") && !str_eq_cstr(argv[i], "json")) {
+			buf_append_cstr(out, "usage: stats [--reset] [--json]\n");
+			*ret_ok = false;
+			return 0;
+		}
+	}
 	if (reset) {
 		/* the interval ends here, as at a tick: its lines go to the log too */
 		log_notice("stats: interval ended by the control command");
