@@ -278,8 +278,8 @@ static void collect_schema_keys(struct strset *read)
 
 	assert_int_equal(chdir(cwd), 0);
 	const char *names[] = { "redis.secret", "isp.secret", "control.secret",
-				"control-read.secret", "ca.pem", "domains.limits", "reply.conf", "rules.conf", "sentinels.conf", "cluster.conf",
-				"ids.conf" };
+				"control-read.secret", "ca.pem", "domains.limits", "reply.conf",
+				"rules.conf", "sentinels.conf", "cluster.conf", "ids.conf" };
 	for (size_t i = 0; i < ARRAY_SIZE(names); i++) {
 		char p[256];
 		snprintf(p, sizeof(p), "%s/%s", dir, names[i]);
