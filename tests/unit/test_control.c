@@ -437,6 +437,77 @@ static void test_request_round_trip(void **state)
 	}
 }
 
+/* auth: the password %XX-encoded into one word, and read back; the malformed ones. */
+static void test_auth(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *line;
+		int r;              /* control_auth_parse() */
+		const char *secret; /* decoded, when r == 1 */
+		size_t len;
+	} cases[] = {
+		{ "auth s3cret\n", 1, "s3cret", 6 },
+		{ "auth a%20b%25c\n", 1, "a b%c", 5 },
+		{ "auth %00%0a%FF\r\n", 1, "\0\n\xff", 3 },
+		{ "auth %41%4a%4A\n", 1, "AJJ", 3 },
+		{ "auth a b\n", -EPROTO, NULL, 0 },
+		{ "auth\n", -EPROTO, NULL, 0 },
+		{ "auth %zz\n", -EPROTO, NULL, 0 },
+		{ "auth %4\n", -EPROTO, NULL, 0 },
+		{ "auth x%\n", -EPROTO, NULL, 0 },
+		{ "status\n", 0, NULL, 0 },
+		{ "Auth x\n", 0, NULL, 0 },
+		{ "authx y\n", 0, NULL, 0 },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct control_request req;
+		size_t used, len = 0;
+		const char *why = NULL;
+		char secret[CONTROL_SECRET_MAX];
+		const char *line = cases[i].line;
+		assert_int_equal(control_request_parse(line, strlen(line), &req, &used, &why), 1);
+		int r = control_auth_parse(&req, secret, &len, &why);
+		if (r != cases[i].r)
+			fail_msg("\"%s\": %d, expected %d", line, r, cases[i].r);
+		if (r < 0)
+			assert_true(why && *why);
+		if (r == 1) {
+			assert_int_equal(len, cases[i].len);
+			assert_memory_equal(secret, cases[i].secret, len);
+		}
+	}
+	/* written: spaces, '%', controls and 8-bit bytes as %XX; the rest as they are */
+	struct buf b;
+	buf_init(&b, CONTROL_LINE_MAX);
+	assert_int_equal(control_put_auth(&b, str_make("a b%\t\xe9~\0", 8)), 0);
+	assert_int_equal(b.len, strlen("auth a%20b%25%09%E9~%00\n"));
+	assert_memory_equal(b.ptr, "auth a%20b%25%09%E9~%00\n", b.len);
+	buf_reset(&b);
+	assert_int_equal(control_put_auth(&b, str_make("", 0)), -EINVAL);
+	assert_int_equal(b.len, 0);
+	/* the longest password, every byte encoded, fits a line and reads back */
+	static char big[CONTROL_SECRET_MAX + 1];
+	memset(big, ' ', sizeof(big));
+	assert_int_equal(control_put_auth(&b, str_make(big, sizeof(big))), -EINVAL);
+	assert_int_equal(control_put_auth(&b, str_make(big, CONTROL_SECRET_MAX)), 0);
+	struct control_request req;
+	size_t used, len = 0;
+	const char *why = NULL;
+	assert_int_equal(control_request_parse(b.ptr, b.len, &req, &used, &why), 1);
+	static char back[CONTROL_SECRET_MAX];
+	assert_int_equal(control_auth_parse(&req, back, &len, &why), 1);
+	assert_int_equal(len, CONTROL_SECRET_MAX);
+	assert_memory_equal(back, big, len);
+	/* one byte more, as the peer may send it: refused */
+	buf_truncate(&b, b.len - 1);
+	assert_int_equal(buf_append_cstr(&b, "x\n"), 0);
+	assert_int_equal(control_request_parse(b.ptr, b.len, &req, &used, &why), 1);
+	assert_int_equal(control_auth_parse(&req, back, &len, &why), -EPROTO);
+	assert_string_equal(why, "password too long");
+	buf_done(&b);
+}
+
 /*
  * The form of a request, by position (refused to readers when it changes state): the
  * words of the form decide, never an argument that happens to be a verb.
@@ -594,6 +665,7 @@ int main(void)
 		cmocka_unit_test(test_reply_prefixes),
 		cmocka_unit_test(test_reply_body_bounds),
 		cmocka_unit_test(test_reply_round_trip),
+		cmocka_unit_test(test_auth),
 		cmocka_unit_test(test_cmds_match),
 		cmocka_unit_test(test_cmds_match_every_row),
 		cmocka_unit_test(test_cmds_table),
