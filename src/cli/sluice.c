@@ -148,13 +148,13 @@ static int find_password(const char *file, const struct sluice_config *cfg, char
 		}
 		return 0;
 	}
-	/* an operator who may read neither goes on without: sluiced refuses, and says so */
-	if (cfg && cfg->control_password_file &&
-	    config_secret_line(cfg->control_password_file, ret) == 0)
-		return 0;
-	if (cfg && cfg->control_read_password_file &&
-	    config_secret_line(cfg->control_read_password_file, ret) == 0)
-		return 0;
+	/* the first of the configuration's files this user may read; one who may read
+	 * neither goes on without a password: sluiced refuses, and says what it wants */
+	const char *files[] = { cfg ? cfg->control_password_file : NULL,
+				cfg ? cfg->control_read_password_file : NULL };
+	for (size_t i = 0; i < ARRAY_SIZE(files) && !*ret; i++)
+		if (files[i] && config_secret_line(files[i], ret) < 0)
+			*ret = NULL;
 	return 0;
 }
 
