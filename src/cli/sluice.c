@@ -12,8 +12,11 @@
  *                   [--size BYTES] [--message FILE]
  *
  * The socket is taken from -s, or from control.listen in the configuration file (the same
- * file the daemon reads, default /etc/sluice/sluice.conf).  Exit status: 0 success, 1 the
- * daemon answered with an error, 2 usage, 69 the daemon cannot be reached.
+ * file the daemon reads, default /etc/sluice/sluice.conf).  An inet control socket takes
+ * a password (control.h's "auth"), from --password-file, else $SLUICE_CONTROL_PASSWORD,
+ * else, for a socket found in the configuration file, control.password_file or
+ * read_password_file when this user may read one.  Exit status: 0 success, 1 the daemon
+ * answered with an error, 2 usage, 69 the daemon cannot be reached.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -48,6 +51,10 @@ static void usage(FILE *f)
 		"options:\n"
 		"  -c FILE   configuration file to find the control socket in (default %s)\n"
 		"  -s SOCK   control socket: unix:/path, /path, inet:host:port, inet:port@host\n"
+		"  --password-file FILE\n"
+		"            an inet control socket's password: the file's first line (else\n"
+		"            $SLUICE_CONTROL_PASSWORD, else control.password_file or\n"
+		"            read_password_file of the configuration file, if readable)\n"
 		"  --json    machine-readable output (status, stats, decisions, limits, queue,\n"
 		"            lanes)\n",
 		(int)cmds.len, cmds.ptr ? cmds.ptr : "", CONFIG_DEFAULT_PATH);
@@ -98,6 +105,90 @@ static int connect_to(const char *spec)
 bad:
 	fprintf(stderr, "sluice: control socket %s\n", err);
 	return -1;
+}
+
+/* Is spec an inet control socket (which takes a password)?  A bad one is said later. */
+static bool is_inet(const char *spec)
+{
+	struct sockspec s;
+	char err[400];
+	return sockspec_parse(spec, &s, err, sizeof(err)) == 0 && s.family != AF_UNIX;
+}
+
+/*
+ * The password for an inet control socket: --password-file's first line, else
+ * $SLUICE_CONTROL_PASSWORD, else the configuration's password_file or read_password_file
+ * when this user may read it (cfg: the file the socket was found in, or NULL).  0 with
+ * *ret (NULL when there is none: sluiced then says what it wants), or -1 after saying
+ * why.
+ */
+static int find_password(const char *file, const struct sluice_config *cfg, char **ret)
+{
+	*ret = NULL;
+	if (file) {
+		int r = config_secret_line(file, ret);
+		if (r < 0) {
+			fprintf(stderr, "sluice: --password-file %s: %s\n", file,
+				r == -ENODATA ? "its first line is empty" : strerror(-r));
+			return -1;
+		}
+		return 0;
+	}
+	const char *env = getenv("SLUICE_CONTROL_PASSWORD");
+	if (env && *env) {
+		if (strlen(env) > CONTROL_SECRET_MAX) {
+			fprintf(stderr, "sluice: SLUICE_CONTROL_PASSWORD is longer than %d bytes\n",
+				CONTROL_SECRET_MAX);
+			return -1;
+		}
+		*ret = strdup(env);
+		if (!*ret) {
+			fprintf(stderr, "sluice: out of memory\n");
+			return -1;
+		}
+		return 0;
+	}
+	/* the first of the configuration's files this user may read; one who may read
+	 * neither goes on without a password: sluiced refuses, and says what it wants */
+	const char *files[] = { cfg ? cfg->control_password_file : NULL,
+				cfg ? cfg->control_read_password_file : NULL };
+	for (size_t i = 0; i < ARRAY_SIZE(files) && !*ret; i++)
+		if (files[i] && config_secret_line(files[i], ret) < 0)
+			*ret = NULL;
+	return 0;
+}
+
+/* Send the password first on an inet control socket.  0, or the exit status. */
+static int authenticate(int fd, const char *secret)
+{
+	struct buf req, body;
+	buf_init(&req, CONTROL_LINE_MAX - 1);
+	buf_init(&body, CONTROL_BODY_MAX + 1);
+	bool ok = false;
+	const char *why = "";
+	int r = control_put_auth(&req, str_cstr(secret));
+	if (r == 0)
+		r = control_call(fd, req.ptr, req.len, &body, &ok, &why, NULL);
+	if (req.ptr)
+		explicit_bzero(req.ptr, req.len);
+	int rc = 0;
+	if (r == -EINVAL) {
+		fprintf(stderr, "sluice: the password is longer than %d bytes\n", CONTROL_SECRET_MAX);
+		rc = 2;
+	} else if (r == -EPROTO) {
+		fprintf(stderr, "sluice: bad reply from sluiced: %s\n", why);
+		rc = EX_PROTOCOL;
+	} else if (r < 0) {
+		fprintf(stderr, "sluice: %s\n", r == -EPIPE ? "connection closed before the reply "
+			"was complete" : strerror(-r));
+		rc = EX_UNAVAILABLE;
+	} else if (!ok) {
+		fwrite(body.ptr, 1, body.len, stderr);
+		rc = 1;
+	}
+	buf_done(&req);
+	buf_done(&body);
+	return rc;
 }
 
 /* Append " name=VALUE" with VALUE %XX-encoded (spaces, controls, '%', 8-bit). */
@@ -494,11 +585,12 @@ int main(int argc, char **argv)
 	if (strcmp(base, "qmail-remote") == 0)
 		return inject_qmail_remote(argc, argv, NULL);
 
-	const char *config = CONFIG_DEFAULT_PATH, *sock = NULL;
+	const char *config = CONFIG_DEFAULT_PATH, *sock = NULL, *password_file = NULL;
 	bool json = false;
 	static const struct option longopts[] = {
 		{ "json", no_argument, NULL, 'j' },
 		{ "help", no_argument, NULL, 'h' },
+		{ "password-file", required_argument, NULL, 'P' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int opt;
@@ -506,6 +598,7 @@ int main(int argc, char **argv)
 		switch (opt) {
 		case 'c': config = optarg; break;
 		case 's': sock = optarg; break;
+		case 'P': password_file = optarg; break;
 		case 'j': json = true; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
@@ -577,11 +670,24 @@ int main(int argc, char **argv)
 		}
 		sock = cfg->control.addr[0];
 	}
+	char *secret = NULL;
+	if (is_inet(sock) && find_password(password_file, cfg, &secret) < 0) {
+		config_free(cfg);
+		buf_done(&req);
+		return EX_NOINPUT;
+	}
 	int fd = connect_to(sock);
 	config_free(cfg);
-	if (fd < 0) {
+	int arc = fd >= 0 && secret ? authenticate(fd, secret) : 0;
+	if (secret) {
+		explicit_bzero(secret, strlen(secret));
+		free(secret);
+	}
+	if (fd < 0 || arc != 0) {
+		if (fd >= 0)
+			close(fd);
 		buf_done(&req);
-		return EX_UNAVAILABLE;
+		return fd < 0 ? EX_UNAVAILABLE : arc;
 	}
 	if (top) {
 		buf_done(&req);

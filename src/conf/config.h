@@ -57,6 +57,14 @@ struct sluice_config {
 	char *group;                 /* group = ...; NULL: user's primary group */
 	enum control_admin control_admin;
 	bool control_allow_remote;   /* control.listen may be reached from other hosts */
+	/* The credentials of an inet control socket (control_service.c): password_file
+	 * runs every command, read_password_file only those that change nothing.  The
+	 * passwords are their files' first lines, read by sluiced only (not the sluice
+	 * command's config_load_client()). */
+	char *control_password_file;
+	char *control_read_password_file;
+	char *control_password;
+	char *control_read_password;
 	struct {
 		enum log_target target;
 		int facility;
@@ -152,6 +160,13 @@ int config_load(const char *path, struct sluice_config **ret, char *err, size_t 
  */
 int config_load_client(const char *path, struct sluice_config **ret, char *err, size_t errlen);
 struct sluice_config *config_free(struct sluice_config *c);
+/*
+ * The first line of a password file (at most 4096 bytes), without checking who may read
+ * it: sluiced's secrets go through config_read_secret(), which does; the sluice command
+ * reads its control password with this.  0 with *ret (owned; wipe it), -ENODATA for an
+ * empty first line, or another -errno (-EFBIG: too large).
+ */
+int config_secret_line(const char *file, char **ret);
 /*
  * Whether config_load() looks up the host names of listen addresses (sluiced -t and the
  * start: an unknown name is an error with its line).  Off for reloads, which bind

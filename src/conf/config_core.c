@@ -103,29 +103,6 @@ static int load_metrics(struct cfg_node *m, struct sluice_config *c, char *err, 
 				err, el);
 }
 
-/* control { listen; allow_remote; } -- an inet peer of the control socket has no
- * credentials to check, so it gets full admin rights (control_service.c): an address
- * other hosts can reach must be asked for. */
-static int load_control(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
-{
-	int r = cfg_schema_load(m, config_control_keys, c, err, el);
-	if (r < 0 || c->control_allow_remote)
-		return r;
-	size_t i = 0;
-	for (struct cfg_node *n = cfg_get(m, "listen"); n; n = cfg_next_same(n)) {
-		struct cfg_node *items = n->kind == CFG_LIST ? n->child : n;
-		for (struct cfg_node *it = items; it && i < c->control.n;
-		     it = n->kind == CFG_LIST ? it->next : NULL) {
-			r = check_local_only(it, c->control.addr[i++], false,
-					     "a control client there gets full admin rights",
-					     "use a unix socket or 127.0.0.1/::1", err, el);
-			if (r < 0)
-				return r;
-		}
-	}
-	return 0;
-}
-
 static int load_queue(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
 {
 	return cfg_schema_load(m, config_queue_keys, c, err, el);
@@ -165,6 +142,23 @@ static int check_secret_file(struct cfg_node *n, const char *file, const struct 
 	return 0;
 }
 
+int config_secret_line(const char *file, char **ret)
+{
+	char *text = NULL;
+	size_t len;
+	int r = file_read_all(file, 4096, &text, &len);
+	if (r < 0)
+		return r;
+	size_t line = strcspn(text, "\r\n");
+	explicit_bzero(text + line, len - line); /* a second line is no business of ours */
+	if (line == 0) {
+		free(text);
+		return -ENODATA;
+	}
+	*ret = text;
+	return 0;
+}
+
 /* The first line of a secret file, checked by check_secret_file().  *ret is owned. */
 int config_read_secret(struct cfg_node *n, const char *file, const struct sluice_config *c,
 		       char **ret, char *err, size_t el)
@@ -174,21 +168,69 @@ int config_read_secret(struct cfg_node *n, const char *file, const struct sluice
 	int r = check_secret_file(n, file, c, "", err, el);
 	if (r < 0)
 		return -EINVAL;
-	char *text = NULL;
-	size_t len;
-	int fr = file_read_all(file, 4096, &text, &len);
-	if (fr < 0) {
-		ERR(n, err, el, "%s: %s", file, strerror(-fr));
-		return -EINVAL;
-	}
-	text[strcspn(text, "\r\n")] = '\0';
-	if (!text[0]) {
+	r = config_secret_line(file, ret);
+	if (r == -ENODATA)
 		ERR(n, err, el, "%s is empty", file);
-		free(text);
+	else if (r < 0)
+		ERR(n, err, el, "%s: %s", file, strerror(-r));
+	return r < 0 ? -EINVAL : 0;
+}
+
+/*
+ * control { listen; allow_remote; password_file; read_password_file; } -- a unix socket
+ * checks its peers' credentials; an inet one has none to check, so it takes a password
+ * (control_service.c): an inet listen address without password_file is refused, and one
+ * other hosts can reach must be asked for, the password crossing the network in clear.
+ */
+static int load_control(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
+{
+	int r = cfg_schema_load(m, config_control_keys, c, err, el);
+	if (r < 0)
+		return r;
+	size_t i = 0;
+	for (struct cfg_node *n = cfg_get(m, "listen"); n; n = cfg_next_same(n)) {
+		struct cfg_node *items = n->kind == CFG_LIST ? n->child : n;
+		for (struct cfg_node *it = items; it && i < c->control.n;
+		     it = n->kind == CFG_LIST ? it->next : NULL) {
+			const char *text = c->control.addr[i++];
+			struct sockspec spec;
+			char why[400];
+			if (sockspec_parse(text, &spec, why, sizeof(why)) == 0 &&
+			    spec.family != AF_UNIX && !c->control_password_file) {
+				ERR(it, err, el, "\"%.100s\" is an inet address, whose clients carry no "
+				    "credentials: give password_file = \"/etc/sluice/control.secret\"; "
+				    "(a file only root and sluiced's user may read), or use a unix socket",
+				    text);
+				return -EINVAL;
+			}
+			r = check_local_only(it, text, c->control_allow_remote,
+					     "the control password crosses the network in clear",
+					     "use a unix socket or 127.0.0.1/::1", err, el);
+			if (r < 0)
+				return r;
+		}
+	}
+	const char *file = c->control_password_file;
+	const char *read_file = c->control_read_password_file;
+	if (read_file && !file) {
+		ERR(cfg_get(m, "read_password_file"), err, el, "read_password_file needs "
+		    "password_file (the password that runs every command)");
 		return -EINVAL;
 	}
-	*ret = text;
-	return 0;
+	if (file)
+		r = config_read_secret(cfg_get(m, "password_file"), file, c, &c->control_password,
+				       err, el);
+	if (r == 0 && read_file)
+		r = config_read_secret(cfg_get(m, "read_password_file"), read_file, c,
+				       &c->control_read_password, err, el);
+	/* one password may not open both doors: which one a client gave must be clear */
+	if (r == 0 && c->control_password && c->control_read_password &&
+	    strcmp(c->control_password, c->control_read_password) == 0) {
+		ERR(cfg_get(m, "read_password_file"), err, el, "%s holds the same password as %s: "
+		    "the read-only password must be another", read_file, file);
+		return -EINVAL;
+	}
+	return r;
 }
 
 /* The Redis password: inline, or the first line of password_file. */
@@ -370,6 +412,14 @@ struct sluice_config *config_free(struct sluice_config *c)
 	free(c->state_dir);
 	free(c->store.server);
 	free(c->store.user);
+	free(c->control_password_file);
+	free(c->control_read_password_file);
+	if (c->control_password)
+		explicit_bzero(c->control_password, strlen(c->control_password));
+	if (c->control_read_password)
+		explicit_bzero(c->control_read_password, strlen(c->control_read_password));
+	free(c->control_password);
+	free(c->control_read_password);
 	free(c->store.password_file);
 	if (c->store.password)
 		explicit_bzero(c->store.password, strlen(c->store.password));

@@ -310,7 +310,12 @@ const struct cfg_key config_control_keys[] = {
 	{ "admin", &cfg_type_enum, OFF(control_admin), "group", .names = admins,
 	  .help = "who may change state: every peer let in (group), or root and sluiced's user" },
 	{ "allow_remote", &cfg_type_bool, OFF(control_allow_remote), "false",
-	  .help = "listen on an inet address other hosts reach (no authentication)" },
+	  .help = "listen on an inet address other hosts reach (the password crosses it in "
+		  "clear)" },
+	{ "password_file", &cfg_type_string, OFF(control_password_file), NULL,
+	  .help = "the password of an inet listen address: every command (a secret file)" },
+	{ "read_password_file", &cfg_type_string, OFF(control_read_password_file), NULL,
+	  .help = "a second one, for the commands that change nothing (a secret file)" },
 	END,
 };
 

@@ -3,13 +3,20 @@
  * by the owner's run() (control_service.h).  Sessions run on the worker loops like every
  * other protocol.
  *
- * Who may talk (checked at every request, with SO_PEERCRED; the socket file's mode is the
- * first barrier, this is the second and also covers a socket made 0666 by mistake): on a
- * unix socket, root, the daemon's own user and the members of the socket file's group;
+ * Who may talk.  On a unix socket (checked at every request, with SO_PEERCRED; the socket
+ * file's mode is the first barrier, this is the second and also covers a socket made 0666
+ * by mistake): root, the daemon's own user and the members of the socket file's group;
  * anyone else gets an error reply and the connection is closed.  With control { admin =
  * "root"; } the group's members may only run the commands that change nothing.  An inet
- * control socket carries no credentials: every peer that reaches it counts as a group
- * member (so keep it on loopback).
+ * peer carries no credentials: its first request must be control.h's "auth PASSWORD",
+ * which the owner compares with the running configuration's passwords (password_file:
+ * every command, as root on the unix socket; read_password_file: the commands that change
+ * nothing, whatever admin says); a wrong password, a malformed one, or any other request
+ * first gets an error reply, one log line with the peer's address (never the password),
+ * and the connection is closed.  What an authenticated connection may run is kept for
+ * its life: a reload that changes the passwords applies to the connections after it.
+ * Which commands change nothing is the form a request is in control_cmds.c's table
+ * (control_cmd_match()), never a word found among its arguments.
  *
  * A reply that grows with the queue streams (control.h's "more" parts): the command
  * gives its first part, then the session asks it for the next one whenever the peer has
@@ -69,6 +76,18 @@ struct ctl_wait {
 	struct event *pump; /* a streaming reply's next parts */
 };
 
+/* A control session: the command under way, and what an inet peer authenticated for. */
+struct ctl_session {
+	struct ctl_wait *cw; /* a command answering later or streaming; NULL between them */
+	bool inet;           /* no peer credentials: the password decides */
+	enum control_access inet_access;
+};
+
+static struct ctl_session *ctl_session(struct session *s)
+{
+	return session_data(s);
+}
+
 static void ctl_wait_free(struct ctl_wait *cw)
 {
 	if (cw->pump)
@@ -83,7 +102,7 @@ static void wait_done(struct control_wait *w)
 	struct session *s = cw->s;
 	send_reply(s, cw->ok, buf_str(&cw->body));
 	evbuffer_drain(cw->in, cw->used);
-	session_set_data(s, NULL);
+	ctl_session(s)->cw = NULL;
 	const struct control_owner *cs = service_arg(session_service(s));
 	ctl_wait_free(cw);
 	if (cs->stopping(cs->arg)) {
@@ -133,21 +152,30 @@ static void stream_pump(evutil_socket_t fd, short what, void *arg)
 	event_add(cw->pump, &later);
 }
 
-static void control_close(struct session *s)
+static int control_open(struct session *s)
 {
-	struct ctl_wait *cw = session_data(s);
-	if (!cw)
-		return;
-	if (cw->w.cancel)
-		cw->w.cancel(&cw->w);
-	ctl_wait_free(cw);
+	struct ctl_session *cs = calloc(1, sizeof(*cs));
+	if (!cs)
+		return -ENOMEM;
+	cs->inet = session_peer_addr(s)->sa_family != AF_UNIX;
+	session_set_data(s, cs);
+	return 0;
 }
 
-enum peer_access {
-	PEER_DENIED = 0,
-	PEER_READ,  /* commands that change nothing */
-	PEER_ADMIN, /* every command */
-};
+static void control_close(struct session *s)
+{
+	struct ctl_session *cs = ctl_session(s);
+	if (!cs)
+		return;
+	struct ctl_wait *cw = cs->cw;
+	if (cw) {
+		if (cw->w.cancel)
+			cw->w.cancel(&cw->w);
+		ctl_wait_free(cw);
+	}
+	session_set_data(s, NULL);
+	free(cs);
+}
 
 /* Is gid the peer's primary group or one of its supplementary groups? */
 static bool peer_in_group(int fd, gid_t primary, gid_t gid)
@@ -164,39 +192,71 @@ static bool peer_in_group(int fd, gid_t primary, gid_t gid)
 	return false;
 }
 
-static enum peer_access peer_access(struct session *s, bool admin_root, char *who, size_t wl)
+/* A unix peer's rights, from its credentials; who says who it is, for the log. */
+static enum control_access peer_access(struct session *s, bool admin_root, char *who,
+				       size_t wl)
 {
-	const struct sockaddr *sa = session_peer_addr(s);
-	if (sa->sa_family != AF_UNIX) {
-		snprintf(who, wl, "inet peer");
-		return admin_root ? PEER_READ : PEER_ADMIN;
-	}
 	int fd = session_fd(s);
 	struct ucred cred;
 	socklen_t cl = sizeof(cred);
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0) {
 		snprintf(who, wl, "unknown peer");
-		return PEER_DENIED;
+		return CONTROL_ACCESS_DENIED;
 	}
 	snprintf(who, wl, "uid %lu", (unsigned long)cred.uid);
 	if (cred.uid == 0 || cred.uid == geteuid())
-		return PEER_ADMIN;
+		return CONTROL_ACCESS_ADMIN;
 	/* the group of the socket file this connection came through */
 	struct sockaddr_un sun;
 	socklen_t sl = sizeof(sun);
 	struct stat st;
 	if (getsockname(fd, (struct sockaddr *)&sun, &sl) < 0 || sl <= sizeof(sa_family_t) ||
 	    sun.sun_path[0] == '\0' || stat(sun.sun_path, &st) < 0)
-		return PEER_DENIED;
+		return CONTROL_ACCESS_DENIED;
 	if (!peer_in_group(fd, cred.gid, st.st_gid))
-		return PEER_DENIED;
-	return admin_root ? PEER_READ : PEER_ADMIN;
+		return CONTROL_ACCESS_DENIED;
+	return admin_root ? CONTROL_ACCESS_READ : CONTROL_ACCESS_ADMIN;
+}
+
+/*
+ * An "auth" request (parsed: r = 1 with the secret, or <0 with why).  An inet peer with
+ * the right password gets its rights for the connection; a wrong or malformed one is
+ * answered, logged once with the peer's address and the connection closed.  A unix
+ * peer's credentials decide: it is told so.  Returns true when the session was closed.
+ */
+static bool control_auth(struct session *s, struct ctl_session *cs, int r, struct str secret,
+			 const char *why)
+{
+	const struct control_owner *co = service_arg(session_service(s));
+	if (!cs->inet) {
+		send_reply(s, false, str_cstr("auth: this is a unix socket: the peer's credentials "
+			   "decide, not a password\n"));
+		return false;
+	}
+	enum control_access acc = r > 0 ? co->password_access(co->arg, secret)
+					: CONTROL_ACCESS_DENIED;
+	if (acc == CONTROL_ACCESS_DENIED) {
+		session_log(s, LOG_LEVEL_WARNING, "control: refused: %s, closing",
+			    r > 0 ? "wrong password" : why);
+		send_reply(s, false, str_cstr(r > 0 ? "permission denied: wrong password\n"
+						    : "permission denied: malformed auth request\n"));
+		session_close(s);
+		return true;
+	}
+	cs->inet_access = acc;
+	bool admin = acc == CONTROL_ACCESS_ADMIN;
+	session_log(s, LOG_LEVEL_DEBUG, "control: authenticated with the %s password",
+		    admin ? "admin" : "read-only");
+	send_reply(s, true, str_cstr(admin ? "authenticated: every command\n"
+					   : "authenticated: the commands that change nothing\n"));
+	return false;
 }
 
 static void control_input(struct session *s, struct evbuffer *in)
 {
-	const struct control_owner *cs = service_arg(session_service(s));
-	while (!session_data(s)) {
+	const struct control_owner *co = service_arg(session_service(s));
+	struct ctl_session *ss = ctl_session(s);
+	while (!ss->cw) {
 		size_t avail = evbuffer_get_length(in);
 		if (avail == 0)
 			return;
@@ -213,9 +273,35 @@ static void control_input(struct session *s, struct evbuffer *in)
 			session_protocol_error(s, why);
 			return;
 		}
-		char who[64];
-		enum peer_access acc = peer_access(s, cs->admin_root(cs->arg), who, sizeof(who));
-		if (acc == PEER_DENIED) {
+		char secret[CONTROL_SECRET_MAX];
+		size_t slen = 0;
+		r = control_auth_parse(&req, secret, &slen, &why);
+		if (r != 0) {
+			bool closed = control_auth(s, ss, r, str_make(secret, slen), why);
+			explicit_bzero(secret, sizeof(secret));
+			if (closed)
+				return;
+			evbuffer_drain(in, used);
+			continue;
+		}
+		char who[80];
+		enum control_access acc;
+		if (ss->inet) {
+			snprintf(who, sizeof(who), "inet peer %.40s", session_peer(s));
+			acc = ss->inet_access;
+		} else {
+			acc = peer_access(s, co->admin_root(co->arg), who, sizeof(who));
+		}
+		if (acc == CONTROL_ACCESS_DENIED && ss->inet) {
+			session_log(s, LOG_LEVEL_WARNING, "control: refused: no password given, "
+				    "closing");
+			send_reply(s, false, str_cstr("permission denied: this control socket takes "
+				   "a password first (sluice --password-file FILE, or "
+				   "SLUICE_CONTROL_PASSWORD)\n"));
+			session_close(s);
+			return;
+		}
+		if (acc == CONTROL_ACCESS_DENIED) {
 			log_warning("control: %s refused: not root, the daemon's user or a member of "
 				    "the control socket's group", who);
 			send_reply(s, false, str_cstr("permission denied: only root, sluiced's user "
@@ -223,12 +309,21 @@ static void control_input(struct session *s, struct evbuffer *in)
 			session_close(s);
 			return;
 		}
-		if (acc == PEER_READ && control_cmd_changes_state(req.argc, req.argv)) {
+		/* the form by position, from the command table: a reader runs only the forms
+		 * that change nothing, and none the table does not know */
+		const struct control_cmd *form = NULL;
+		int m = control_cmd_match(req.argc, req.argv, &form);
+		if (acc == CONTROL_ACCESS_READ && (m < 0 || (form->flags & CONTROL_CMD_CHANGES))) {
 			char q[64];
-			log_notice("control: %s: \"%s\" refused (admin = \"root\")", who,
-				   log_quote(q, sizeof(q), req.argv[0], 20));
-			send_reply(s, false, str_cstr("permission denied: this command changes "
-				   "sluiced's state and control.admin is \"root\": run it as root\n"));
+			log_notice("control: %s: \"%s\" refused (%s)", who,
+				   log_quote(q, sizeof(q), req.argv[0], 20),
+				   ss->inet ? "the read-only password" : "admin = \"root\"");
+			send_reply(s, false, str_cstr(m < 0 ? "permission denied: no such command "
+				   "form (try help)\n" : ss->inet ? "permission denied: this command "
+				   "changes sluiced's state, and the password given is "
+				   "control.read_password_file's\n" : "permission denied: this command "
+				   "changes sluiced's state and control.admin is \"root\": run it as "
+				   "root\n"));
 			evbuffer_drain(in, used);
 			continue;
 		}
@@ -246,7 +341,7 @@ static void control_input(struct session *s, struct evbuffer *in)
 		cw->w.done = wait_done;
 		cw->w.svc = cw;
 		cw->w.worker = session_worker(s);
-		r = cs->run(cs->arg, req.argc, req.argv, &cw->body, &cw->ok, &cw->w);
+		r = co->run(co->arg, req.argc, req.argv, &cw->body, &cw->ok, &cw->w);
 		if (r == 2) {
 			/* a stream: its first part now, the others from stream_pump() */
 			cw->pump = event_new(session_base(s), -1, 0, stream_pump, cw);
@@ -258,7 +353,7 @@ static void control_input(struct session *s, struct evbuffer *in)
 				return;
 			}
 			send_part(s, buf_str(&cw->body));
-			session_set_data(s, cw);
+			ss->cw = cw;
 			session_pause(s);
 			struct timeval now = { 0, 0 };
 			event_add(cw->pump, &now);
@@ -266,7 +361,7 @@ static void control_input(struct session *s, struct evbuffer *in)
 		}
 		if (r == 1) {
 			/* the request stays in the input until wait_done() answers it */
-			session_set_data(s, cw);
+			ss->cw = cw;
 			session_pause(s);
 			return;
 		}
@@ -279,7 +374,7 @@ static void control_input(struct session *s, struct evbuffer *in)
 		buf_done(&cw->body);
 		free(cw);
 		evbuffer_drain(in, used);
-		if (cs->stopping(cs->arg)) {
+		if (co->stopping(co->arg)) {
 			session_close(s); /* answered; the daemon is on its way out */
 			return;
 		}
@@ -287,6 +382,7 @@ static void control_input(struct session *s, struct evbuffer *in)
 }
 
 static const struct service_ops control_ops = {
+	.open = control_open,
 	.input = control_input,
 	.close = control_close,
 	.refuse_msg = "error 17\ntoo many sessions",

@@ -38,6 +38,13 @@ struct control_wait {
 	void *svc;                              /* the service's state */
 };
 
+/* What a peer may run. */
+enum control_access {
+	CONTROL_ACCESS_DENIED = 0,
+	CONTROL_ACCESS_READ,  /* the forms that change nothing (control_cmds.h) */
+	CONTROL_ACCESS_ADMIN, /* every form */
+};
+
 /* Whose commands the service runs; the owner keeps it for the service's life. */
 struct control_owner {
 	/* Run a request (on a worker thread): 0 (answered in out), 1 (answers later
@@ -48,6 +55,10 @@ struct control_owner {
 	/* control { admin = "root"; } of the running configuration: only root and the
 	 * daemon's user may run the commands that change state. */
 	bool (*admin_root)(void *arg);
+	/* An inet peer's password (any thread): what it may run by the running
+	 * configuration's control.password_file and read_password_file, compared in
+	 * constant time; CONTROL_ACCESS_DENIED when it is neither, or none is set. */
+	enum control_access (*password_access)(void *arg, struct str secret);
 	/* True once a stop signal came: a session ends after its answer, so that a
 	 * `sluice top` left open does not hold the shutdown until its deadline. */
 	bool (*stopping)(void *arg);

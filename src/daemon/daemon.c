@@ -785,10 +785,18 @@ static int cmd_stats(struct daemon *d, size_t argc, const struct str *argv, bool
 		     struct buf *out, bool *ret_ok, struct control_wait *w)
 {
 	(void)w;
+	/* exactly the table's two forms: the access check took "stats --reset" for the
+	 * form that changes state by position, so no other word may reset here */
 	bool reset = false;
-	for (size_t i = 1; i < argc; i++)
-		if (str_eq_cstr(argv[i], "--reset") || str_eq_cstr(argv[i], "reset"))
+	for (size_t i = 1; i < argc; i++) {
+		if (str_eq_cstr(argv[i], "--reset")) {
 			reset = true;
+		} else if (!str_eq_cstr(argv[i], "--json") && !str_eq_cstr(argv[i], "json")) {
+			buf_append_cstr(out, "usage: stats [--reset] [--json]\n");
+			*ret_ok = false;
+			return 0;
+		}
+	}
 	if (reset) {
 		/* the interval ends here, as at a tick: its lines go to the log too */
 		log_notice("stats: interval ended by the control command");
@@ -1037,6 +1045,20 @@ static bool daemon_control_admin_root(void *arg)
 	return r;
 }
 
+static enum control_access daemon_control_password(void *arg, struct str secret)
+{
+	struct daemon *d = arg;
+	pthread_mutex_lock(&d->cfg_lock);
+	const char *admin = d->cfg->control_password, *read = d->cfg->control_read_password;
+	/* both compared, each in constant time (config_load() made them differ) */
+	bool is_admin = admin && secret_equal(secret, str_cstr(admin));
+	bool is_read = read && secret_equal(secret, str_cstr(read));
+	pthread_mutex_unlock(&d->cfg_lock);
+	return is_admin ? CONTROL_ACCESS_ADMIN : is_read ? CONTROL_ACCESS_READ
+						       : CONTROL_ACCESS_DENIED;
+}
+
+
 /* Descriptors open now (0 when /proc cannot tell). */
 static unsigned count_open_fds(void)
 {
@@ -1137,26 +1159,57 @@ static void fd_recount(struct daemon *d)
 }
 
 /*
+ * How the control socket at a is protected, for the start's log: a unix socket by its
+ * peers' credentials, an inet one by the passwords (config_core.c refuses one without).
+ */
+static void log_control_protection(const struct sluice_config *c, const struct listen_addr *a)
+{
+	if (a->ss.ss_family == AF_UNIX) {
+		bool root = c->control_admin == CONTROL_ADMIN_ROOT;
+		log_info("control on %s: protected by peer credentials (SO_PEERCRED): root and "
+			 "sluiced's user run every command, the socket's group %s", a->text,
+			 root ? "only those that change nothing (admin = \"root\")"
+			      : "every command (admin = \"group\")");
+		return;
+	}
+	log_info("control on %s: protected by password: password_file's runs every command, "
+		 "%s", a->text, c->control_read_password_file
+				? "read_password_file's only those that change nothing"
+				: "and there is no read-only one (read_password_file)");
+}
+
+/*
  * The start's line for a listener; for an inet one, the numeric address bound too (a
  * name's first address; libmilter's inet:PORT is every IPv4 address), and a warning when
  * other hosts can reach it -- a line copied from a milter's guide (inet:7357) binds every
- * address, and the milter, policy and control protocols have no authentication.
+ * address, and the milter and policy protocols have no authentication, the control
+ * protocol's password crosses the network in clear.  c: for the control socket's line on
+ * how it is protected (NULL for the others).
  */
-static void log_listener(const char *svc, const struct listen_addr *a)
+static void log_listener(const char *svc, const struct listen_addr *a,
+			 const struct sluice_config *c)
 {
+	bool control = strcmp(svc, "control") == 0;
 	if (a->ss.ss_family == AF_UNIX) {
 		log_info("%s listening on %s", svc, a->text);
+		if (control && c)
+			log_control_protection(c, a);
 		return;
 	}
 	char shown[300];
 	listen_addr_show(a, shown, sizeof(shown));
 	log_info("%s listening on %s: %s", svc, a->text, shown);
+	if (control && c)
+		log_control_protection(c, a);
 	bool intake = strcmp(svc, "intake") == 0; /* its clients are checked by allow */
 	if (!listen_addr_is_local(a))
-		log_warning("%s listens on %s (%s), which other hosts can reach and which has no "
-			    "authentication%s: restrict it with a firewall, or listen on 127.0.0.1 "
-			    "or ::1", svc, shown, a->text,
-			    intake ? " (only intake.allow's networks may queue mail)" : "");
+		log_warning("%s listens on %s (%s), which other hosts can reach and which has %s: "
+			    "restrict it with a firewall, or listen on 127.0.0.1 or ::1", svc,
+			    shown, a->text,
+			    control ? "a password that crosses the network in clear"
+				    : intake ? "no authentication (only intake.allow's networks "
+					       "may queue mail)"
+					     : "no authentication");
 }
 
 /*
@@ -1231,7 +1284,7 @@ static int adopt_listeners(struct daemon *d)
 		} else if (ret < 0) {
 			listen_close(&bd->addr, bd->fd);
 		} else {
-			log_listener(bd->svc, &bd->addr);
+			log_listener(bd->svc, &bd->addr, d->cfg);
 		}
 	}
 	d->nbound = 0;
@@ -1494,6 +1547,7 @@ int daemon_main(int argc, char **argv)
 	}
 	d.control_owner = (struct control_owner){ .run = daemon_control,
 						  .admin_root = daemon_control_admin_root,
+						  .password_access = daemon_control_password,
 						  .stopping = daemon_stopping, .arg = &d };
 	if (d.cfg->control.n && !(d.control = control_service_new(d.e, &d.control_owner)))
 		fatal("out of memory at start");
@@ -1523,7 +1577,7 @@ int daemon_main(int argc, char **argv)
 		if (lr < 0)
 			log_error("metrics listen %s", err);
 		else
-			log_listener("metrics", metrics_address(d.metrics));
+			log_listener("metrics", metrics_address(d.metrics), NULL);
 	}
 	if (lr < 0) {
 		engine_free(d.e);

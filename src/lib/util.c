@@ -279,3 +279,14 @@ size_t text_sanitize(char *dst, size_t dstlen, struct str s, size_t max, unsigne
 	dst[n] = '\0';
 	return n;
 }
+
+bool secret_equal(struct str given, struct str want)
+{
+	volatile unsigned char diff = given.len != want.len;
+	for (size_t i = 0; i < want.len; i++) {
+		/* what a shorter guess lacks counts as 0: the loop runs want.len times */
+		unsigned char g = i < given.len ? (unsigned char)given.ptr[i] : 0;
+		diff |= g ^ (unsigned char)want.ptr[i];
+	}
+	return diff == 0;
+}

@@ -101,6 +101,14 @@ const char *fmt_duration(char *out, size_t len, uint64_t ms, enum duration_style
 enum { TEXT_NO_QUOTES = 1, TEXT_FOLD_SPACE = 2, TEXT_MARK_CUT = 4 };
 size_t text_sanitize(char *dst, size_t dstlen, struct str s, size_t max, unsigned flags);
 
+/*
+ * Is given the secret want?  In time that depends on want's length only, never on where
+ * the first differing byte is, so that a peer guessing a password learns nothing from
+ * how long a refusal takes (the compiler may not end the loop early: the bytes are
+ * gathered through a volatile).
+ */
+bool secret_equal(struct str given, struct str want);
+
 /* Read a whole file (<= max bytes) into a malloc'ed NUL-terminated buffer. */
 int file_read_all(const char *path, size_t max, char **ret, size_t *ret_len);
 

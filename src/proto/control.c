@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "control.h"
+#include "util.h"
 
 int control_request_parse(const char *p, size_t n, struct control_request *ret,
 			  size_t *ret_used, const char **ret_why)
@@ -121,4 +122,55 @@ int control_put_part(struct buf *out, struct str body)
 	if (r == 0)
 		r = buf_append_str(out, body);
 	return r;
+}
+
+/* The bytes a password may hold as they are in the word; the others are %XX. */
+static bool auth_plain(unsigned char c)
+{
+	return c > ' ' && c < 0x7f && c != '%';
+}
+
+int control_put_auth(struct buf *out, struct str secret)
+{
+	if (secret.len == 0 || secret.len > CONTROL_SECRET_MAX)
+		return -EINVAL;
+	int r = buf_append_cstr(out, "auth ");
+	for (size_t i = 0; r == 0 && i < secret.len; i++) {
+		unsigned char c = (unsigned char)secret.ptr[i];
+		r = auth_plain(c) ? buf_append_byte(out, (char)c) : buf_printf(out, "%%%02X", c);
+	}
+	return r == 0 ? buf_append_byte(out, '\n') : r;
+}
+
+int control_auth_parse(const struct control_request *req, char *ret, size_t *ret_len,
+		       const char **ret_why)
+{
+	if (req->argc == 0 || !str_eq_cstr(req->argv[0], "auth"))
+		return 0;
+	if (req->argc != 2) {
+		*ret_why = "auth takes one word: the password, %XX-encoded";
+		return -EPROTO;
+	}
+	struct str w = req->argv[1];
+	size_t n = 0;
+	for (size_t i = 0; i < w.len; i++) {
+		if (n == CONTROL_SECRET_MAX) {
+			*ret_why = "password too long";
+			return -EPROTO;
+		}
+		if (w.ptr[i] != '%') {
+			ret[n++] = w.ptr[i];
+			continue;
+		}
+		int hi = i + 2 < w.len ? hex_value(w.ptr[i + 1]) : -1;
+		int lo = i + 2 < w.len ? hex_value(w.ptr[i + 2]) : -1;
+		if (hi < 0 || lo < 0) {
+			*ret_why = "bad %XX in the password";
+			return -EPROTO;
+		}
+		ret[n++] = (char)(hi << 4 | lo);
+		i += 2;
+	}
+	*ret_len = n;
+	return 1;
 }

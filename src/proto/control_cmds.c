@@ -1,6 +1,7 @@
 /*
  * control_cmds -- the table of control commands (control_cmds.h).
  */
+#include <errno.h>
 #include <string.h>
 
 #include "control_cmds.h"
@@ -11,10 +12,11 @@
 
 const struct control_cmd control_cmds[] = {
 	{ "status", NULL, "", "daemon version, uptime, workers, sessions, store, queue", 0 },
-	{ "stats", NULL, "[--reset]",
+	{ "stats", NULL, "",
 	  "per service: connections, session duration and work time (min / mean / max /\n"
-	  "std-dev), current and peak sessions, errors; classes, store, queue, relay\n"
-	  "(--reset: end the statistics interval now, and log it)", 0 },
+	  "std-dev), current and peak sessions, errors; classes, store, queue, relay", 0 },
+	{ "stats", "--reset", "", "the same, and end the statistics interval now (logged)",
+	  CONTROL_CMD_CHANGES },
 	{ "decisions", NULL, "", "what each rule decided: checks within and over its limit", 0 },
 	{ "top", NULL, "[-n SECONDS] [-b|--batch ITERATIONS]",
 	  "live view: sessions, queue, relay, decisions per second per rule, keys\n"
@@ -39,7 +41,8 @@ const struct control_cmd control_cmds[] = {
 	  "counting anything (--message: headers and size from a file)", 0 },
 	{ "queue", "list", "[ID...|-] [SELECTION]",
 	  "the queue (\"list\" may be left out): messages, each recipient's status, next\n"
-	  "attempt, last reply (- reads IDs from the input, one a line; --json: JSON lines)", 0 },
+	  "attempt, last reply (- reads IDs from the input, one a line; --json: JSON lines)",
+	  CONTROL_CMD_DEFAULT },
 	{ "queue", "show", "ID", "one message: envelope, status bytes, history", 0 },
 	{ "queue", "summary", "[SELECTION] [--by sender] [--top N]",
 	  "recipients by domain and age (5m ... 1280m+), as qshape", 0 },
@@ -71,22 +74,40 @@ static bool word_in(struct str w, const char *list)
 	return false;
 }
 
-bool control_cmd_changes_state(size_t argc, const struct str *argv)
+/* Words that choose the reply's shape only; the handlers skip them wherever they are. */
+static bool is_output_option(struct str w)
+{
+	return str_eq_cstr(w, "--json") || str_eq_cstr(w, "json");
+}
+
+int control_cmd_match(size_t argc, const struct str *argv, const struct control_cmd **ret)
 {
 	if (argc == 0)
-		return false;
+		return -ENOENT;
+	const struct str *verb = NULL;
+	for (size_t a = 1; a < argc && !verb; a++)
+		if (!is_output_option(argv[a]))
+			verb = &argv[a];
+	const struct control_cmd *bare = NULL, *dflt = NULL;
 	for (size_t i = 0; i < control_ncmds; i++) {
 		const struct control_cmd *c = &control_cmds[i];
-		if (!(c->flags & CONTROL_CMD_CHANGES) || !str_eq_cstr(argv[0], c->name))
+		if ((c->flags & CONTROL_CMD_LOCAL) || !str_eq_cstr(argv[0], c->name))
 			continue;
-		if (!c->sub)
-			return true;
-		/* a verb anywhere among the arguments: "queue --all flush" changes too */
-		for (size_t a = 1; a < argc; a++)
-			if (word_in(argv[a], c->sub))
-				return true;
+		if (!c->sub) {
+			bare = bare ? bare : c;
+			continue;
+		}
+		if (verb && word_in(*verb, c->sub)) {
+			*ret = c;
+			return 0;
+		}
+		if ((c->flags & CONTROL_CMD_DEFAULT) && !dflt)
+			dflt = c;
 	}
-	return false;
+	if (!bare && !dflt)
+		return -ENOENT;
+	*ret = bare ? bare : dflt;
+	return 0;
 }
 
 bool control_cmd_known(struct str name)

@@ -183,11 +183,15 @@ def test_inet6_wildcard_in_libmilters_form_takes_ipv4_clients_too(sluiced):
     assert connects(socket.AF_INET6, ("::1", port))
 
 
-def control_config(workdir, listen, extra=""):
+def control_config(workdir, listen, extra="", password=True):
     conf = workdir / "control.conf"
+    secret = workdir / "control.secret"
+    secret.write_text("a control password\n")
+    secret.chmod(0o600)
+    pw = f'  password_file = "{secret}";\n' if password else ""
     conf.write_text(f'user = "root";\nstate_dir = "{workdir}";\n'
                     f'milter {{ listen = "unix:{workdir}/m.sock"; }}\n'
-                    f'control {{\n  listen = "{listen}";\n{extra}}}\n')
+                    f'control {{\n  listen = "{listen}";\n{pw}{extra}}}\n')
     return conf
 
 
@@ -197,19 +201,25 @@ def test_an_inet_control_socket_other_hosts_reach_must_be_allowed(workdir):
     res = check_config(conf)
     assert res.returncode != 0, res
     assert re.search(rf'{re.escape(str(conf))}:5: control\.listen: "inet:{port}" can be '
-                     r"reached from other hosts, and a control client there gets full admin "
-                     r"rights: .*set allow_remote = true", res.stderr), res.stderr
+                     r"reached from other hosts, and the control password crosses the network "
+                     r"in clear: .*set allow_remote = true", res.stderr), res.stderr
     res = check_config(control_config(workdir, f"inet:{port}", "  allow_remote = true;\n"))
     assert res.returncode == 0, res.stderr
     res = check_config(control_config(workdir, f"inet:{port}@127.0.0.1"))
     assert res.returncode == 0, res.stderr
 
 
-def test_sluice_connects_to_a_control_socket_in_libmilters_form(sluiced, sluice_cli):
+def test_sluice_connects_to_a_control_socket_in_libmilters_form(sluiced, sluice_cli,
+                                                                monkeypatch):
     port = free_port()
     spec = f"inet:{port}@127.0.0.1"
     s = sluiced(milter_config().replace('listen = "unix:@DIR@/control.sock"',
-                                        f'listen = "{spec}"'))
+                                        f'listen = "{spec}"; password_file = '
+                                        '"@DIR@/control.secret"'), start=False)
+    (s.dir / "control.secret").write_text("pw\n")
+    (s.dir / "control.secret").chmod(0o600)
+    s.start()
+    monkeypatch.setenv("SLUICE_CONTROL_PASSWORD", "pw")
     assert f'listen = "{spec}"' in s.config_text
     res = s.cli("status", socket_path=spec)
     assert res.returncode == 0 and res.stdout, res

@@ -442,6 +442,35 @@ def test_control_admin_root(sluiced, users, cli_copy):
     s.log.wait_for(r"configuration reloaded")
 
 
+def test_control_admin_root_reads_the_form_by_position(sluiced, users, cli_copy):
+    """admin = "root": the form of a request decides, by position, from the command table,
+    not a word among its arguments: the group may show a key named "set", and may not end
+    the statistics interval (stats --reset), which root may."""
+    s = sluiced(base_config(control='admin = "root";',
+                            extra='limit "per-client" { stage = "connect"; key = "client_ip"; '
+                                  'rate = "10/1m"; }'), start=False)
+    readable_by_user(s)
+    s.start()
+    sock = str(s.dir / "control.sock")
+    for cmd in (["limits", "show", "set"], ["limits", "show", "reset", "per-client"],
+                ["limits", "top", "per-client"], ["stats"], ["stats", "--json"]):
+        res = as_user(OPERATOR, cli_copy, "-s", sock, *cmd)
+        assert res.returncode == 0, (cmd, res)
+        assert "permission denied" not in res.stderr
+    for cmd in (["stats", "--reset"], ["stats", "--json", "--reset"],
+                ["limits", "--json", "reset", "k"], ["limits", "nonsense"]):
+        res = as_user(OPERATOR, cli_copy, "-s", sock, *cmd)
+        assert res.returncode == 1, (cmd, res)
+        assert "permission denied" in res.stderr, (cmd, res)
+    assert "interval ended by the control command" not in s.log.text()
+    # a word after the form is no way around it: the handler takes only its options
+    res = as_user(OPERATOR, cli_copy, "-s", sock, "stats", "x", "--reset")
+    assert res.returncode == 1 and "usage: stats [--reset] [--json]" in res.stderr, res
+    assert "interval ended by the control command" not in s.log.text()
+    s.cli("stats", "--reset")
+    s.log.wait_for(r"stats: interval ended by the control command")
+
+
 def test_the_command_needs_no_secret(sluiced, users, cli_copy):
     """The sluice command reads sluice.conf only for its sockets: a program injecting mail
     as any user (`sluice sendmail`), and an operator asking for the status, work with

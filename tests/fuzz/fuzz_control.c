@@ -8,7 +8,9 @@
  * CONTROL_BODY_MAX bytes), and must not depend on how much of the input is visible:
  * a shorter prefix of a message only ever asks for more bytes.  Every request read is
  * written back as a line and every reply through control_put_reply(), and must read back
- * the same.
+ * the same.  An "auth" request's password is decoded (control_auth_parse) and compared
+ * with a plain %XX reading; a good one written again with control_put_auth() reads back
+ * the same, and so does the whole input taken as a password.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -19,6 +21,7 @@
 
 #include "buf.h"
 #include "control.h"
+#include "util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -87,6 +90,87 @@ static struct ref_request ref_request_parse(const char *p, size_t n)
 	return r;
 }
 
+/* ---- auth ---------------------------------------------------------------------------- */
+
+static int ref_hex(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	c = (char)(c | 0x20);
+	return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* control.h's auth: "auth" and one word, %XX two hex digits, at most the maximum. */
+static int ref_auth(const struct control_request *req, char *out, size_t *ret_len)
+{
+	if (req->argv[0].len != 4 || memcmp(req->argv[0].ptr, "auth", 4) != 0)
+		return 0;
+	if (req->argc != 2)
+		return -EPROTO;
+	const char *w = req->argv[1].ptr;
+	size_t wl = req->argv[1].len, n = 0;
+	for (size_t i = 0; i < wl; i++) {
+		int c = (unsigned char)w[i];
+		if (w[i] == '%') {
+			if (i + 2 >= wl || ref_hex(w[i + 1]) < 0 || ref_hex(w[i + 2]) < 0)
+				return -EPROTO;
+			c = ref_hex(w[i + 1]) * 16 + ref_hex(w[i + 2]);
+			i += 2;
+		}
+		if (n == CONTROL_SECRET_MAX)
+			return -EPROTO;
+		out[n++] = (char)c;
+	}
+	*ret_len = n;
+	return 1;
+}
+
+/* A password through control_put_auth() and back. */
+static void check_auth_round_trip(struct str secret)
+{
+	struct buf line;
+	buf_init(&line, CONTROL_LINE_MAX);
+	int r = control_put_auth(&line, secret);
+	if (secret.len == 0 || secret.len > CONTROL_SECRET_MAX) {
+		CHECK(r == -EINVAL && line.len == 0);
+		buf_done(&line);
+		return;
+	}
+	CHECK(r == 0 && line.len <= CONTROL_LINE_MAX);
+	struct control_request req;
+	size_t used = 0;
+	const char *why = NULL;
+	CHECK(control_request_parse(line.ptr, line.len, &req, &used, &why) == 1);
+	CHECK(used == line.len && req.argc == 2);
+	static char back[CONTROL_SECRET_MAX];
+	size_t blen = 0;
+	CHECK(control_auth_parse(&req, back, &blen, &why) == 1);
+	CHECK(blen == secret.len && memcmp(back, secret.ptr, blen) == 0);
+	CHECK(secret_equal(str_make(back, blen), secret));
+	back[blen / 2] ^= 1;
+	CHECK(!secret_equal(str_make(back, blen), secret));
+	CHECK(!secret_equal(str_make(back, blen - 1), secret));
+	buf_done(&line);
+}
+
+static void check_auth(const struct control_request *req)
+{
+	static char got[CONTROL_SECRET_MAX], want[CONTROL_SECRET_MAX];
+	size_t glen = 77, wlen = 0;
+	const char *why = NULL;
+	int r = control_auth_parse(req, got, &glen, &why);
+	int ref = ref_auth(req, want, &wlen);
+	CHECK(r == ref);
+	if (r < 0)
+		CHECK(why && why[0]);
+	if (r <= 0) {
+		CHECK(glen == 77);
+		return;
+	}
+	CHECK(glen == wlen && memcmp(got, want, wlen) == 0);
+	check_auth_round_trip(str_make(got, glen));
+}
+
 static void check_request(const char *p, size_t n, size_t *ret_used, bool *ret_more)
 {
 	struct control_request req;
@@ -136,6 +220,7 @@ static void check_request(const char *p, size_t n, size_t *ret_used, bool *ret_m
 	size_t u2 = 0;
 	CHECK(control_request_parse(line.ptr, line.len, &again, &u2, &why) == 1);
 	CHECK(u2 == line.len && again.argc == req.argc);
+	check_auth(&req);
 	for (size_t i = 0; i < req.argc; i++)
 		CHECK(again.argv[i].len == req.argv[i].len &&
 		      memcmp(again.argv[i].ptr, req.argv[i].ptr, req.argv[i].len) == 0);
@@ -257,6 +342,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		check_reply(p + off, size - off, &used, &more);
 		off += used;
 	}
+	/* any bytes as a password */
+	check_auth_round_trip(str_make(p, size));
 	/* any bytes as a reply body */
 	struct buf out;
 	buf_init(&out, size + 64);

@@ -37,6 +37,16 @@ static int load_text(const char *text, bool client, struct sluice_config **ret, 
 	return client ? config_load_client(path, ret, err, el) : config_load(path, ret, err, el);
 }
 
+/* Writes a secret file (owned by whoever runs the test: root, or the daemon's user). */
+static void write_secret(const char *path, const char *text, mode_t mode)
+{
+	FILE *f = fopen(path, "w");
+	assert_non_null(f);
+	assert_true(fputs(text, f) >= 0);
+	assert_int_equal(fclose(f), 0);
+	assert_int_equal(chmod(path, mode), 0);
+}
+
 #define M "milter { listen = \"unix:m.sock\"; }\n"
 /* an intake, and a route with provider lanes */
 #define I "intake { listen = \"unix:i.sock\"; }\n"
@@ -73,15 +83,32 @@ static const struct {
 	  "t.conf:2: control.mode: expected an octal mode such as \"0660\"" },
 	{ M "control { listen = \"unix:c.sock\"; admin = \"all\"; }\n",
 	  "t.conf:2: control.admin: expected group or root" },
-	/* an inet control socket other hosts reach gives them admin rights: asked for */
-	{ M "control {\n listen = \"unix:c.sock\";\n listen = \"inet:9999\";\n}\n",
-	  "t.conf:4: control.listen: \"inet:9999\" can be reached from other hosts, and a "
-	  "control client there gets full admin rights: use a unix socket or 127.0.0.1/::1, "
+	/* an inet control socket takes a password */
+	{ M "control {\n listen = \"unix:c.sock\";\n listen = \"inet:127.0.0.1:9999\";\n}\n",
+	  "t.conf:4: control.listen: \"inet:127.0.0.1:9999\" is an inet address, whose clients "
+	  "carry no credentials: give password_file = \"/etc/sluice/control.secret\"; (a file "
+	  "only root and sluiced's user may read), or use a unix socket" },
+	{ M "control { listen = [\"unix:c.sock\", \"inet6:[::1]:9999\"]; }\n",
+	  "t.conf:2: control.listen[1]: \"inet6:[::1]:9999\" is an inet address, whose clients "
+	  "carry no credentials: give password_file = \"/etc/sluice/control.secret\"; (a file "
+	  "only root and sluiced's user may read), or use a unix socket" },
+	/* ... and one other hosts reach sends it in clear: asked for (the addresses are
+	 * checked before the password file is read) */
+	{ M "control {\n listen = \"unix:c.sock\";\n listen = \"inet:9999\";\n"
+	  " password_file = \"/nonexistent\";\n}\n",
+	  "t.conf:4: control.listen: \"inet:9999\" can be reached from other hosts, and the "
+	  "control password crosses the network in clear: use a unix socket or 127.0.0.1/::1, "
 	  "or set allow_remote = true" },
-	{ M "control { listen = [\"inet:127.0.0.1:9999\", \"inet6:[2001:db8::1]:9999\"]; }\n",
+	{ M "control { listen = [\"inet:127.0.0.1:9999\", \"inet6:[2001:db8::1]:9999\"];\n"
+	  " password_file = \"/nonexistent\"; }\n",
 	  "t.conf:2: control.listen[1]: \"inet6:[2001:db8::1]:9999\" can be reached from other "
-	  "hosts, and a control client there gets full admin rights: use a unix socket or "
+	  "hosts, and the control password crosses the network in clear: use a unix socket or "
 	  "127.0.0.1/::1, or set allow_remote = true" },
+	{ M "control { listen = \"inet:127.0.0.1:9999\";\n password_file = \"/nonexistent\"; }\n",
+	  "t.conf:3: control.password_file: /nonexistent: No such file or directory" },
+	{ M "control { listen = \"unix:c.sock\";\n read_password_file = \"/nonexistent\"; }\n",
+	  "t.conf:3: control.read_password_file: read_password_file needs password_file (the "
+	  "password that runs every command)" },
 	/* a listen host name is looked up at load: sluiced -t names the line */
 	{ M "policy {\n listen = \"inet:18891@nonexistent.invalid\";\n}\n",
 	  "t.conf:3: policy.listen: \"inet:18891@nonexistent.invalid\": nonexistent.invalid: "
@@ -336,15 +363,76 @@ static void test_control_allow_remote(void **state)
 	(void)state;
 	struct sluice_config *c = NULL;
 	char err[1024];
-	assert_int_equal(load_text(M "control { listen = \"inet:9999\"; allow_remote = true; }\n",
-				   false, &c, err, sizeof(err)), 0);
+	char pw[300], text[1024];
+	snprintf(pw, sizeof(pw), "%s/control.secret", dir);
+	write_secret(pw, "pw\n", 0600);
+	snprintf(text, sizeof(text), M "control { listen = \"inet:9999\"; allow_remote = true; "
+		 "password_file = \"%s\"; }\n", pw);
+	assert_int_equal(load_text(text, false, &c, err, sizeof(err)), 0);
 	assert_true(c->control_allow_remote);
 	config_free(c);
-	assert_int_equal(load_text(M "control { listen = [\"inet:9999@127.0.0.1\", "
-				   "\"inet6:[::1]:9999\", \"unix:c.sock\"]; }\n",
-				   false, &c, err, sizeof(err)), 0);
+	snprintf(text, sizeof(text), M "control { listen = [\"inet:9999@127.0.0.1\", "
+		 "\"inet6:[::1]:9999\", \"unix:c.sock\"]; password_file = \"%s\"; }\n", pw);
+	assert_int_equal(load_text(text, false, &c, err, sizeof(err)), 0);
 	assert_false(c->control_allow_remote);
 	config_free(c);
+	unlink(pw);
+}
+
+/*
+ * The passwords of an inet control socket: read by sluiced (first line), checked as every
+ * secret file, not the same twice; the sluice command gets the paths, not the passwords.
+ */
+static void test_control_passwords(void **state)
+{
+	(void)state;
+	struct sluice_config *c = NULL;
+	char err[1024], adm[300], rd[300], text[1200];
+	snprintf(adm, sizeof(adm), "%s/admin.secret", dir);
+	snprintf(rd, sizeof(rd), "%s/read.secret", dir);
+	write_secret(adm, "the admin's % password\nsecond line\n", 0600);
+	write_secret(rd, "reader\n", 0640);
+	snprintf(text, sizeof(text), M "control { listen = [\"unix:c.sock\", "
+		 "\"inet:127.0.0.1:9999\"];\n password_file = \"%s\";\n read_password_file = "
+		 "\"%s\"; }\n", adm, rd);
+	assert_int_equal(load_text(text, false, &c, err, sizeof(err)), 0);
+	assert_string_equal(c->control_password, "the admin's % password");
+	assert_string_equal(c->control_read_password, "reader");
+	assert_string_equal(c->control_password_file, adm);
+	config_free(c);
+	/* the sluice command: the paths, never the passwords */
+	assert_int_equal(load_text(text, true, &c, err, sizeof(err)), 0);
+	assert_null(c->control_password);
+	assert_null(c->control_read_password);
+	assert_string_equal(c->control_read_password_file, rd);
+	config_free(c);
+	/* readable by others */
+	assert_int_equal(chmod(rd, 0644), 0);
+	assert_int_equal(load_text(text, false, &c, err, sizeof(err)), -EINVAL);
+	char want[1024];
+	snprintf(want, sizeof(want), "/t.conf:4: control.read_password_file: %s has mode 0644: "
+		 "others may read it; fix: chmod 0640 %s", rd, rd);
+	assert_non_null(strstr(err, want));
+	/* the same password twice */
+	write_secret(rd, "the admin's % password\n", 0600);
+	assert_int_equal(load_text(text, false, &c, err, sizeof(err)), -EINVAL);
+	snprintf(want, sizeof(want), "/t.conf:4: control.read_password_file: %s holds the same "
+		 "password as %s: the read-only password must be another", rd, adm);
+	assert_non_null(strstr(err, want));
+	/* empty */
+	write_secret(adm, "\n", 0600);
+	assert_int_equal(load_text(text, false, &c, err, sizeof(err)), -EINVAL);
+	snprintf(want, sizeof(want), "/t.conf:3: control.password_file: %s is empty", adm);
+	assert_non_null(strstr(err, want));
+	/* the first line, for the sluice command */
+	char *line = NULL;
+	assert_int_equal(config_secret_line(adm, &line), -ENODATA);
+	assert_int_equal(config_secret_line(rd, &line), 0);
+	assert_string_equal(line, "the admin's % password");
+	free(line);
+	assert_int_equal(config_secret_line("/nonexistent", &line), -ENOENT);
+	unlink(adm);
+	unlink(rd);
 }
 
 /* The sluice command reads the intake and control blocks, and no secret. */
@@ -389,6 +477,7 @@ int main(void)
 		cmocka_unit_test(test_providers),
 		cmocka_unit_test(test_defaults_and_values),
 		cmocka_unit_test(test_control_allow_remote),
+		cmocka_unit_test(test_control_passwords),
 		cmocka_unit_test(test_client),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

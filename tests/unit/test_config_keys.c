@@ -122,7 +122,8 @@ static const char conf_reply[] =
 	"workers = 1; stats_interval = 5m; shutdown_timeout = 30s; pid_file = \"p.pid\";\n"
 	"state_dir = \"state\";\n"
 	"log { target = \"stderr\"; facility = \"mail\"; level = \"info\"; }\n"
-	"control { listen = \"unix:c.sock\"; mode = \"0660\"; }\n"
+	"control { listen = [\"unix:c.sock\", \"inet:127.0.0.1:9188\"]; mode = \"0660\";\n"
+	"  password_file = \"control.secret\"; read_password_file = \"control-read.secret\"; }\n"
 	"metrics { listen = \"inet:127.0.0.1:9187\"; allow_remote = false; max_connections = 4; }\n"
 	"milter { listen = \"unix:m.sock\"; mode = \"0660\"; max_sessions = 10; idle_timeout = 1h;\n"
 	"  command_timeout = 1m; max_packet = 1MiB;\n"
@@ -259,6 +260,8 @@ static void collect_schema_keys(struct strset *read)
 	assert_non_null(mkdtemp(dir));
 	write_file("redis.secret", "secret\n");
 	write_file("isp.secret", "secret\n");
+	write_file("control.secret", "admin secret\n");
+	write_file("control-read.secret", "read secret\n");
 	write_file("ca.pem", "");
 	write_file("domains.limits", "example.com 100/1m\n");
 	char cwd[4096];
@@ -274,9 +277,9 @@ static void collect_schema_keys(struct strset *read)
 	cfg_set_lookup_hook(NULL, NULL);
 
 	assert_int_equal(chdir(cwd), 0);
-	const char *names[] = { "redis.secret", "isp.secret", "ca.pem", "domains.limits",
-				"reply.conf", "rules.conf", "sentinels.conf", "cluster.conf",
-				"ids.conf" };
+	const char *names[] = { "redis.secret", "isp.secret", "control.secret",
+				"control-read.secret", "ca.pem", "domains.limits", "reply.conf",
+				"rules.conf", "sentinels.conf", "cluster.conf", "ids.conf" };
 	for (size_t i = 0; i < ARRAY_SIZE(names); i++) {
 		char p[256];
 		snprintf(p, sizeof(p), "%s/%s", dir, names[i]);

@@ -437,35 +437,142 @@ static void test_request_round_trip(void **state)
 	}
 }
 
-/* Which requests change state (refused to readers when control.admin is "root"). */
-static void test_cmds_changes_state(void **state)
+/* auth: the password %XX-encoded into one word, and read back; the malformed ones. */
+static void test_auth(void **state)
 {
 	(void)state;
 	static const struct {
 		const char *line;
-		bool changes;
+		int r;              /* control_auth_parse() */
+		const char *secret; /* decoded, when r == 1 */
+		size_t len;
 	} cases[] = {
-		{ "reload", true },
-		{ "status", false },
-		{ "stats --reset", false },
-		{ "limits top", false },
-		{ "limits show 10.0.0.1", false },
-		{ "limits reset 10.0.0.1", true },
-		{ "limits show reset", true }, /* a key named like a verb: refused, as before */
-		{ "queue", false },
-		{ "queue list domain=example.org", false },
-		{ "queue show 0123456789abcdef", false },
-		{ "queue summary", false },
-		{ "queue hold ids=1", true },
-		{ "queue --all flush", true },
-		{ "queue bounce state=deferred", true },
-		{ "lanes", false },
-		{ "lanes --json", false },
-		{ "lanes suspend smarthost", true },
-		{ "lanes resume smarthost", true },
-		{ "help", false },
-		{ "unknown", false },
-		{ "sendmail", false },
+		{ "auth s3cret\n", 1, "s3cret", 6 },
+		{ "auth a%20b%25c\n", 1, "a b%c", 5 },
+		{ "auth %00%0a%FF\r\n", 1, "\0\n\xff", 3 },
+		{ "auth %41%4a%4A\n", 1, "AJJ", 3 },
+		{ "auth a b\n", -EPROTO, NULL, 0 },
+		{ "auth\n", -EPROTO, NULL, 0 },
+		{ "auth %zz\n", -EPROTO, NULL, 0 },
+		{ "auth %4\n", -EPROTO, NULL, 0 },
+		{ "auth x%\n", -EPROTO, NULL, 0 },
+		{ "status\n", 0, NULL, 0 },
+		{ "Auth x\n", 0, NULL, 0 },
+		{ "authx y\n", 0, NULL, 0 },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct control_request req;
+		size_t used, len = 0;
+		const char *why = NULL;
+		char secret[CONTROL_SECRET_MAX];
+		const char *line = cases[i].line;
+		assert_int_equal(control_request_parse(line, strlen(line), &req, &used, &why), 1);
+		int r = control_auth_parse(&req, secret, &len, &why);
+		if (r != cases[i].r)
+			fail_msg("\"%s\": %d, expected %d", line, r, cases[i].r);
+		if (r < 0)
+			assert_true(why && *why);
+		if (r == 1) {
+			assert_int_equal(len, cases[i].len);
+			assert_memory_equal(secret, cases[i].secret, len);
+		}
+	}
+	/* written: spaces, '%', controls and 8-bit bytes as %XX; the rest as they are */
+	struct buf b;
+	buf_init(&b, CONTROL_LINE_MAX);
+	assert_int_equal(control_put_auth(&b, str_make("a b%\t\xe9~\0", 8)), 0);
+	assert_int_equal(b.len, strlen("auth a%20b%25%09%E9~%00\n"));
+	assert_memory_equal(b.ptr, "auth a%20b%25%09%E9~%00\n", b.len);
+	buf_reset(&b);
+	assert_int_equal(control_put_auth(&b, str_make("", 0)), -EINVAL);
+	assert_int_equal(b.len, 0);
+	/* the longest password, every byte encoded, fits a line and reads back */
+	static char big[CONTROL_SECRET_MAX + 1];
+	memset(big, ' ', sizeof(big));
+	assert_int_equal(control_put_auth(&b, str_make(big, sizeof(big))), -EINVAL);
+	assert_int_equal(control_put_auth(&b, str_make(big, CONTROL_SECRET_MAX)), 0);
+	struct control_request req;
+	size_t used, len = 0;
+	const char *why = NULL;
+	assert_int_equal(control_request_parse(b.ptr, b.len, &req, &used, &why), 1);
+	static char back[CONTROL_SECRET_MAX];
+	assert_int_equal(control_auth_parse(&req, back, &len, &why), 1);
+	assert_int_equal(len, CONTROL_SECRET_MAX);
+	assert_memory_equal(back, big, len);
+	/* one byte more, as the peer may send it: refused */
+	buf_truncate(&b, b.len - 1);
+	assert_int_equal(buf_append_cstr(&b, "x\n"), 0);
+	assert_int_equal(control_request_parse(b.ptr, b.len, &req, &used, &why), 1);
+	assert_int_equal(control_auth_parse(&req, back, &len, &why), -EPROTO);
+	assert_string_equal(why, "password too long");
+	buf_done(&b);
+}
+
+/*
+ * The form of a request, by position (refused to readers when it changes state): the
+ * words of the form decide, never an argument that happens to be a verb.
+ */
+static void test_cmds_match(void **state)
+{
+	(void)state;
+	enum { READ = 0, CHANGE, NONE };
+	static const struct {
+		const char *line;
+		int want;        /* READ, CHANGE, or NONE (no form: -ENOENT) */
+		const char *sub; /* the matched row's sub, NULL for a row without */
+	} cases[] = {
+		{ "reload", CHANGE, NULL },
+		{ "reload --json", CHANGE, NULL },
+		{ "status", READ, NULL },
+		{ "status --json", READ, NULL },
+		{ "stats", READ, NULL },
+		{ "stats --json", READ, NULL },
+		{ "stats --reset", CHANGE, "--reset" },
+		{ "stats --json --reset", CHANGE, "--reset" },
+		{ "stats json --reset", CHANGE, "--reset" },
+		{ "stats --reset --json", CHANGE, "--reset" },
+		{ "decisions", READ, NULL },
+		{ "top", READ, NULL },
+		{ "limits top", READ, "top" },
+		{ "limits top set", READ, "top" },       /* a rule named "set" */
+		{ "limits show 10.0.0.1", READ, "show" },
+		{ "limits show set", READ, "show" },     /* a key named like a verb */
+		{ "limits show reset unset", READ, "show" },
+		{ "limits --json show reset", READ, "show" },
+		{ "limits overrides", READ, "overrides" },
+		{ "limits reset 10.0.0.1", CHANGE, "reset" },
+		{ "limits reset show", CHANGE, "reset" },
+		{ "limits --json reset 10.0.0.1", CHANGE, "reset" },
+		{ "limits set r k 10/1m", CHANGE, "set" },
+		{ "limits set r k 10/1m --for 1h", CHANGE, "set" },
+		{ "limits unset r k", CHANGE, "unset" },
+		{ "limits", NONE, NULL },
+		{ "limits --json", NONE, NULL },
+		{ "limits nonsense", NONE, NULL },
+		{ "limits Reset k", NONE, NULL },        /* words are matched exactly */
+		{ "test client_ip=1.2.3.4", READ, NULL },
+		{ "queue", READ, "list" },
+		{ "queue --json", READ, "list" },
+		{ "queue list domain=example.org", READ, "list" },
+		{ "queue domain=example.org", READ, "list" },
+		{ "queue 0123456789abcdef", READ, "list" },
+		{ "queue list delete", READ, "list" },   /* an ID that is a verb: a listing */
+		{ "queue show 0123456789abcdef", READ, "show" },
+		{ "queue summary", READ, "summary" },
+		{ "queue summary by=sender flush", READ, "summary" },
+		{ "queue hold ids=1", CHANGE, "hold|release|delete|flush|bounce" },
+		{ "queue json delete --all", CHANGE, "hold|release|delete|flush|bounce" },
+		{ "queue --json flush --all", CHANGE, "hold|release|delete|flush|bounce" },
+		{ "queue bounce state=deferred", CHANGE, "hold|release|delete|flush|bounce" },
+		{ "lanes", READ, NULL },
+		{ "lanes --json", READ, NULL },
+		{ "lanes smarthost", READ, NULL },       /* the handler's usage error */
+		{ "lanes suspend smarthost", CHANGE, "suspend" },
+		{ "lanes --json resume smarthost", CHANGE, "resume" },
+		{ "help", READ, NULL },
+		{ "unknown", NONE, NULL },
+		{ "sendmail", NONE, NULL },              /* run by sluice, not sent */
+		{ "qmail-remote h s r", NONE, NULL },
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		struct control_request req;
@@ -474,9 +581,49 @@ static void test_cmds_changes_state(void **state)
 		char line[128];
 		snprintf(line, sizeof(line), "%s\n", cases[i].line);
 		assert_int_equal(control_request_parse(line, strlen(line), &req, &used, &why), 1);
-		if (control_cmd_changes_state(req.argc, req.argv) != cases[i].changes)
+		const struct control_cmd *c = NULL;
+		int r = control_cmd_match(req.argc, req.argv, &c);
+		if (cases[i].want == NONE) {
+			if (r != -ENOENT)
+				fail_msg("\"%s\": matched a form", cases[i].line);
+			continue;
+		}
+		if (r != 0)
+			fail_msg("\"%s\": no form", cases[i].line);
+		assert_true(str_eq_cstr(req.argv[0], c->name));
+		bool changes = c->flags & CONTROL_CMD_CHANGES;
+		if (changes != (cases[i].want == CHANGE))
 			fail_msg("\"%s\": expected %s", cases[i].line,
-				 cases[i].changes ? "a change" : "no change");
+				 cases[i].want == CHANGE ? "a change" : "no change");
+		if (!!c->sub != !!cases[i].sub || (c->sub && strcmp(c->sub, cases[i].sub) != 0))
+			fail_msg("\"%s\": matched \"%s %s\"", cases[i].line, c->name,
+				 c->sub ? c->sub : "");
+	}
+	/* no words: no form */
+	const struct control_cmd *c = NULL;
+	assert_int_equal(control_cmd_match(0, NULL, &c), -ENOENT);
+	assert_null(c);
+}
+
+/* Every form the table holds is matched by its own words, as itself. */
+static void test_cmds_match_every_row(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < control_ncmds; i++) {
+		const struct control_cmd *row = &control_cmds[i];
+		if (row->flags & CONTROL_CMD_LOCAL)
+			continue;
+		for (const char *p = row->sub ? row->sub : ""; ; ) {
+			size_t n = strcspn(p, "|");
+			struct str argv[2] = { str_cstr(row->name), str_make(p, n) };
+			const struct control_cmd *c = NULL;
+			assert_int_equal(control_cmd_match(n ? 2 : 1, argv, &c), 0);
+			if (c != row)
+				fail_msg("\"%s %.*s\" matched another row", row->name, (int)n, p);
+			if (!p[n])
+				break;
+			p += n + 1;
+		}
 	}
 }
 
@@ -518,7 +665,9 @@ int main(void)
 		cmocka_unit_test(test_reply_prefixes),
 		cmocka_unit_test(test_reply_body_bounds),
 		cmocka_unit_test(test_reply_round_trip),
-		cmocka_unit_test(test_cmds_changes_state),
+		cmocka_unit_test(test_auth),
+		cmocka_unit_test(test_cmds_match),
+		cmocka_unit_test(test_cmds_match_every_row),
 		cmocka_unit_test(test_cmds_table),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -114,12 +114,42 @@ static void test_duration(void **state)
 	}
 }
 
+/* A password compared: equal only byte for byte and length for length. */
+static void test_secret_equal(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *given;
+		size_t glen;
+		const char *want;
+		size_t wlen;
+		bool equal;
+	} cases[] = {
+		{ "secret", 6, "secret", 6, true },
+		{ "secreT", 6, "secret", 6, false },
+		{ "Secret", 6, "secret", 6, false },
+		{ "secre", 5, "secret", 6, false },    /* a prefix */
+		{ "secrets", 7, "secret", 6, false },  /* longer */
+		{ "secret\0", 7, "secret", 6, false }, /* a NUL after it */
+		{ "", 0, "secret", 6, false },
+		{ "", 0, "", 0, true },
+		{ "x", 1, "", 0, false },
+		{ "a\0b", 3, "a\0c", 3, false },
+		{ "a\0b", 3, "a\0b", 3, true },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		if (secret_equal(str_make(cases[i].given, cases[i].glen),
+				 str_make(cases[i].want, cases[i].wlen)) != cases[i].equal)
+			fail_msg("case %zu: expected %s", i, cases[i].equal ? "equal" : "different");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_sanitize),
 		cmocka_unit_test(test_jitter),
 		cmocka_unit_test(test_duration),
+		cmocka_unit_test(test_secret_equal),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
