@@ -74,13 +74,16 @@ def test_milter_over_max_sessions_closes_and_logs_once_per_burst(sluiced):
         c.quit()
 
 
+POLICY_ONE = ("request=smtpd_access_policy\nprotocol_state=RCPT\nprotocol_name=ESMTP\n"
+              "client_address=192.0.2.1\nclient_name=client.example.net\nhelo_name=x\n"
+              "sender=a@example.org\nrecipient=b@example.net\nrecipient_count=0\n"
+              "queue_id=\nsize=0\n\n")
+
+
 def policy_request(path, timeout=10):
     """One Postfix policy delegation request; returns the action line, or None if the
     server closed the connection without an answer."""
-    req = ("request=smtpd_access_policy\nprotocol_state=RCPT\nprotocol_name=ESMTP\n"
-           "client_address=192.0.2.1\nclient_name=client.example.net\nhelo_name=x\n"
-           "sender=a@example.org\nrecipient=b@example.net\nrecipient_count=0\n"
-           "queue_id=\nsize=0\n\n")
+    req = POLICY_ONE
     with socket.socket(socket.AF_UNIX) as c:
         c.settimeout(timeout)
         c.connect(path)
@@ -107,10 +110,14 @@ def test_policy_over_max_sessions_closes_and_logs_once_per_burst(sluiced):
     # that session must be over before two are held, or the second would be refused
     wait_until(lambda: find_service(s.stats(), "policy")["sessions_current"] == 0, 10,
                "the first session to end")
+    # held sessions that asked once and wait for their next request (a session that has
+    # not asked anything yet would make room for a newcomer: test_hostile.py)
     held = []
     for _ in range(2):
         c = socket.socket(socket.AF_UNIX)
         c.connect(path)
+        c.sendall(POLICY_ONE.encode())
+        assert c.recv(512).startswith(b"action=")
         held.append(c)
     wait_until(lambda: find_service(s.stats(), "policy")["sessions_current"] == 2, 10, "2 held sessions")
     for _ in range(10):
@@ -133,6 +140,9 @@ def test_intake_over_max_sessions_answers_421_and_logs_once_per_burst(sluiced):
     held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
     for c in held:
         assert c.recv(512).startswith(b"220 ")
+        # between commands: a session that has sent none yet could be made to give way
+        c.sendall(b"NOOP\r\n")
+        assert c.recv(512).startswith(b"250 ")
     for _ in range(15):
         with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
             data = b""
