@@ -128,6 +128,7 @@ struct session {
 	bool deadline_hit; /* a request passed its deadline */
 	bool proto_error;
 	bool req_explicit; /* the request is the service's (session_request_begin) */
+	bool req_armed;    /* its deadline is set (a connection's first: not until bytes) */
 	uint8_t timeout_kind; /* TIMEOUT_* currently set on the bufferevent */
 	/* The request open now (req_start_ms != 0): in the worker's list of its service,
 	 * timed by `deadline` (made at the first request that needs it). */
@@ -573,17 +574,20 @@ static void req_close(struct session *s)
 	s->rprev = s->rnext = NULL;
 	s->req_start_ms = 0;
 	s->req_explicit = false;
-	event_del(s->deadline);
+	if (s->req_armed)
+		event_del(s->deadline);
+	s->req_armed = false;
 	if (was_head)
 		req_publish_oldest(s->w, s->svc->idx);
 }
 
 /* A request opens now: at the tail of its service's list (the lists are in order of
- * start), its deadline armed.  b NULL: an implicit request, bound by command_timeout. */
-static void req_open(struct session *s, const struct request_bound *b)
+ * start), its deadline armed unless !arm.  b NULL: an implicit request, bound by
+ * command_timeout. */
+static void req_open(struct session *s, const struct request_bound *b, bool arm)
 {
 	req_close(s);
-	if (!s->deadline) {
+	if (arm && !s->deadline) {
 		s->deadline = evtimer_new(s->w->base, on_deadline, s);
 		if (!s->deadline) { /* the request keeps the per-read timeouts alone */
 			session_log(s, LOG_LEVEL_ERROR, "cannot time a request: out of memory");
@@ -605,17 +609,20 @@ static void req_open(struct session *s, const struct request_bound *b)
 	l->tail = s;
 	if (l->head == s)
 		req_publish_oldest(s->w, s->svc->idx);
+	if (!arm)
+		return;
 	/* one duration for every implicit request: a common timeout, O(1) to arm */
 	struct timeval tv = b ? timeval_from_ms(req_allowed_ms(s))
 			      : worker_timeout(s->w, req_allowed_ms(s));
 	event_add(s->deadline, &tv);
+	s->req_armed = true;
 }
 
 void session_request_begin(struct session *s, const struct request_bound *b)
 {
 	if (s->closing)
 		return;
-	req_open(s, b);
+	req_open(s, b, true);
 	session_arm_timer(s);
 }
 
@@ -626,9 +633,11 @@ void session_request_end(struct session *s)
 }
 
 /*
- * After the service took input: an implicit request (a partial one left in the buffer,
- * or the first one, timed from the connection) starts, goes on, restarts or ends.  It restarts only when the service consumed bytes,
- * that is finished a request; bytes that come and stay unconsumed move nothing.
+ * After the service took input: an implicit request (a partial one left in the buffer)
+ * starts, goes on, restarts or ends.  It restarts only when the service consumed bytes,
+ * that is finished a request; bytes that come and stay unconsumed move nothing.  A
+ * connection's first request is listed from the connection, unarmed (the idle timeout
+ * bounds a client that sends nothing): its deadline starts with its first partial bytes.
  */
 static void req_track(struct session *s, size_t consumed)
 {
@@ -642,9 +651,9 @@ static void req_track(struct session *s, size_t consumed)
 		req_close(s);
 		return;
 	}
-	if (s->req_start_ms && consumed == 0)
+	if (s->req_start_ms && s->req_armed && consumed == 0)
 		return;
-	req_open(s, NULL);
+	req_open(s, NULL, true);
 }
 
 /* An explicit request with a minimum rate that its bytes have kept up with since it began
@@ -974,11 +983,11 @@ static void session_start(struct worker *w, const struct worker_msg *m)
 	s->opened = true;
 	bufferevent_enable(s->bev, EV_READ);
 	session_arm_timer(s);
-	/* The first request's deadline runs from the connection: a client that connects and
-	 * sends nothing holds its slot no longer than one that trickles (and is the first to
-	 * make room at max_sessions).  Clients of every service speak at once, the SMTP
-	 * client after the greeting. */
-	req_open(s, NULL);
+	/* The first request is listed from the connection: a client that connects and sends
+	 * nothing is among the first to make room at max_sessions (clients of every service
+	 * speak at once, the SMTP client after the greeting).  No timer yet: a request that
+	 * arrives whole, the usual case, costs none. */
+	req_open(s, NULL, false);
 	return;
 undo:
 	log_error("cannot start a session: out of memory");

@@ -160,10 +160,9 @@ int session_write(struct session *s, const void *p, size_t n);
 /*
  * Requests and their deadlines.  A request the service leaves in the input buffer until it
  * is whole (a command line, a milter packet, a policy request) needs nothing: the engine
- * starts its deadline (command_timeout) at the first byte left unconsumed (for the first
- * request of a connection, at the connection), restarts it when
- * the service consumes a request, and stops it when nothing partial is left.  A byte a
- * second moves nothing.  A request consumed as it comes is bracketed by the service with
+ * starts its deadline (command_timeout) at the first byte left unconsumed, restarts it
+ * when the service consumes a request, and stops it when nothing partial is left.  A byte
+ * a second moves nothing.  A client that connects and sends nothing has idle_timeout.  A request consumed as it comes is bracketed by the service with
  * session_request_begin() and session_request_end(); the deadline then follows `b`.
  * When a service is at max_sessions, a new connection takes the place of the session whose
  * open request is slowest against its deadline (it is told what its timeout would tell it),
