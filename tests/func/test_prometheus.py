@@ -160,7 +160,7 @@ def test_dashboard_and_rules_use_only_exposed_metrics(setup):
                         g["y"] < h["y"] + h["h"] and h["y"] < g["y"] + g["h"]), (a, b)
 
     records, exprs = rules_file()
-    assert len(records) >= 8 and len(exprs) == 17, (records, len(exprs))
+    assert len(records) >= 8 and len(exprs) == 18, (records, len(exprs))
     used = {}
     for where, queries in (("dashboard", dashboard_queries(dash)), ("rules", exprs)):
         assert queries, where
@@ -293,7 +293,7 @@ def test_prometheus_runs_the_shipped_rules(setup, prometheus):
     groups = prom.api("rules")["groups"]
     rules = [r for g in groups for r in g["rules"]]
     assert [g["file"] for g in groups] == [str(RULES)]
-    assert len(rules) == 17
+    assert len(rules) == 18
     for r in rules:
         assert r["health"] == "ok", r
     records = {r["name"] for r in rules if r["type"] == "recording"}
@@ -301,7 +301,7 @@ def test_prometheus_runs_the_shipped_rules(setup, prometheus):
     assert alerts == {"SluiceLaneSuspended", "SluiceLaneBanned", "SluiceQueueGrowing",
                       "SluiceQueueAging", "SluiceStoreOnFailure",
                       "SluiceRuleRefusingFarMoreThanUsual", "SluiceMilterProtocolErrors",
-                      "SluiceDown"}
+                      "SluiceSessionsEvicted", "SluiceDown"}
 
     # the recorded series, once the rates have seen the traffic and the queue is empty
     def recorded():
