@@ -4,7 +4,7 @@ A client that sends one byte a second keeps a read timeout from ever firing; slu
 deadline runs from a request's first byte to its last and does not move.  With every
 slot of a service held by such clients, a new connection takes the place of the one
 slowest against its deadline, so a legitimate client keeps being served.  Costs about
-25 s.
+35 s.
 """
 
 import select
@@ -324,3 +324,36 @@ def test_data_timeout_bounds_a_whole_message(sluiced):
     st = find_service(inst.stats(), "intake")
     assert st["deadlines"] == 1, st
     assert "request not complete within its deadline (3000 ms" in inst.log.text()
+
+
+def test_a_trickled_control_request_ends_at_its_deadline(sluiced):
+    """The control service keeps the same deadline (10 s, fixed): a command line sent a
+    byte a second is closed then, and the socket goes on answering.  Costs about 10 s."""
+    port = free_port()
+    inst = sluiced(config(port))
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(inst.control_socket)
+    s.setblocking(False)
+    line = b"status " + b"x" * 40 + b"\n"
+    t0 = time.monotonic()
+    closed = None
+    sent = 0
+    while closed is None and time.monotonic() - t0 < 14:
+        try:
+            if s.recv(4096) == b"":
+                closed = time.monotonic() - t0
+                break
+        except BlockingIOError:
+            pass
+        except OSError:
+            closed = time.monotonic() - t0
+            break
+        if time.monotonic() - t0 >= sent and sent < len(line) - 1:
+            s.send(line[sent:sent + 1])
+            sent += 1
+        time.sleep(0.05)
+    s.close()
+    assert closed is not None and 9.9 <= closed < 11.0, closed
+    assert inst.cli("status").returncode == 0
+    st = find_service(inst.stats(), "control")
+    assert st["deadlines"] == 1, st
