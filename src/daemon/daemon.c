@@ -137,7 +137,8 @@ static void apply_limits(struct daemon *d, const struct sluice_config *c)
 		service_set_limits(d->intake, &il);
 	}
 	if (d->control) {
-		struct service_limits cl = { .max_sessions = 64,
+		/* FD_PLAN_CONTROL_SESSIONS: the reserve holds them */
+		struct service_limits cl = { .max_sessions = FD_PLAN_CONTROL_SESSIONS,
 					     .idle_timeout_ms = 60 * 1000,
 					     .command_timeout_ms = 10 * 1000,
 					     .max_input = 64 * 1024,
@@ -185,6 +186,8 @@ static struct intake_conf intake_conf(const struct sluice_config *c)
 						c->intake.data_timeout_ms),
 			  .min_rate = c->intake.data_min_rate,
 			  .max_ms = (uint64_t)c->intake.data_timeout_ms },
+		.line = { .base_ms = (uint64_t)c->intake.command_timeout_ms,
+			  .max_ms = (uint64_t)c->intake.command_timeout_ms },
 	};
 }
 
@@ -277,7 +280,8 @@ static void log_stats(struct daemon *d, bool reset)
 		const struct service_counters *c = &st.interval;
 		log_info("stats svc=%s interval=%.0fs connections=%llu sessions=%llu current=%llu "
 			 "peak=%llu refused=%llu protocol_errors=%llu timeouts=%llu "
-			 "deadlines=%llu evicted=%llu duration_min=%.6f duration_mean=%.6f duration_max=%.6f duration_sd=%.6f "
+			 "deadlines=%llu evicted=%llu "
+			 "duration_min=%.6f duration_mean=%.6f duration_max=%.6f duration_sd=%.6f "
 			 "work_min=%.6f work_mean=%.6f work_max=%.6f work_sd=%.6f",
 			 st.name, st.interval_seconds, (unsigned long long)c->connections,
 			 (unsigned long long)c->sessions, (unsigned long long)st.current,
@@ -1058,7 +1062,6 @@ static enum control_access daemon_control_password(void *arg, struct str secret)
 						       : CONTROL_ACCESS_DENIED;
 }
 
-
 /* Descriptors open now (0 when /proc cannot tell). */
 static unsigned count_open_fds(void)
 {
@@ -1083,14 +1086,18 @@ static unsigned plan_workers(const struct sluice_config *c)
 /*
  * Descriptors for configuration c (start and reload): what the daemon holds and keeps in
  * reserve, and what the sessions may share.  At start, a limit too low to serve one
- * session of each service refuses to start (-1, logged with the sum) instead of failing
+ * session of each service refuses to start (-EMFILE, logged with the sum) instead of failing
  * later; a limit below every max_sessions is a warning: the sessions share what is left,
  * and a connection past it is refused as over max_sessions.
  */
 static int fd_check(struct daemon *d, const struct sluice_config *c, bool start)
 {
+	/* the limit may have changed since the start (prlimit): read it again */
+	struct rlimit rl;
+	if (!start && getrlimit(RLIMIT_NOFILE, &rl) == 0)
+		d->nofile = rl.rlim_cur;
 	struct fd_plan p;
-	fd_plan_make(c, plan_workers(c), d->fds_open, &p);
+	fd_plan_make(c, d->e ? engine_workers(d->e) : plan_workers(c), d->fds_open, &p);
 	char sum[400];
 	fd_plan_format(&p, sum, sizeof(sum));
 	if (start && d->nofile < (rlim_t)p.held + p.sessions_min) {
@@ -1099,7 +1106,7 @@ static int fd_check(struct daemon *d, const struct sluice_config *c, bool start)
 			  "LimitNOFILE=, ulimit -n) to at least %llu", (unsigned long long)d->nofile,
 			  sum, (unsigned long long)p.sessions_min,
 			  (unsigned long long)(p.held + p.sessions_min + 1024));
-		return -1;
+		return -EMFILE;
 	}
 	if (start)
 		return 0; /* the engine learns it, and the warning comes, once the engine is up */
@@ -1124,7 +1131,7 @@ static int fd_check(struct daemon *d, const struct sluice_config *c, bool start)
 	return 0;
 }
 
-/* Raise the soft limit to the hard one, and plan; -1 when too low to start. */
+/* Raise the soft limit to the hard one, and plan; -EMFILE when too low to start. */
 static int raise_nofile(struct daemon *d)
 {
 	struct rlimit rl;

@@ -12,6 +12,7 @@
 #include "config.h"
 #include "fd_plan.h"
 #include "relay.h"
+#include "util.h"
 
 #define FDS_MAIN 12
 #define FDS_PER_WORKER 4
@@ -83,9 +84,11 @@ void fd_plan_make(const struct sluice_config *c, unsigned workers, unsigned open
 
 void fd_plan_format(const struct fd_plan *p, char *out, size_t len)
 {
-	snprintf(out, len,
-		 "%u open at start + %u for the event loops + %u listeners + %u for the queue + "
-		 "%u for the relay + %u for metrics + %u for Redis + %u kept in reserve = %u",
-		 p->open, p->threads, p->listeners, p->queue, p->relay, p->metrics, p->store,
-		 p->reserve, p->held);
+	/* 9 numbers and their words: 400 bytes hold them; a shorter buffer gets a cut line */
+	(void)fmt_fixed(out, len,
+			"%u open at start + %u for the event loops + %u listeners + %u for the "
+			"queue + %u for the relay + %u for metrics + %u for Redis + %u kept in "
+			"reserve = %u",
+			p->open, p->threads, p->listeners, p->queue, p->relay, p->metrics,
+			p->store, p->reserve, p->held);
 }

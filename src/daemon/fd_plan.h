@@ -16,8 +16,10 @@
 
 struct sluice_config;
 
-/* Descriptors kept for the control socket's sessions and the queue's recovery. */
-#define FD_PLAN_RESERVE 32
+/* The control service's sessions at once: not counted with the others, they come out of
+ * the reserve, which keeps as many again for the queue's recovery and the relay. */
+#define FD_PLAN_CONTROL_SESSIONS 16
+#define FD_PLAN_RESERVE (2 * FD_PLAN_CONTROL_SESSIONS)
 
 struct fd_plan {
 	unsigned open;      /* open before the daemon starts its parts */
@@ -38,7 +40,8 @@ struct fd_plan {
  * open now. */
 void fd_plan_make(const struct sluice_config *c, unsigned workers, unsigned open,
 		  struct fd_plan *ret);
-/* "12 open + 12 for threads + ... = N": the held descriptors, for a message. */
+/* "5 open at start + 20 for the event loops + ... = N": the held descriptors, for a
+ * message. */
 void fd_plan_format(const struct fd_plan *p, char *out, size_t len);
 /* Descriptors one session of the intake holds: its socket and its message file. */
 #define FD_PLAN_INTAKE_SESSION 2

@@ -37,6 +37,8 @@
 #define REFUSE_REMIND_MS 60000 /* a burst of refusals over max_sessions is logged again */
 #define OUTPUT_HIGH (256 * 1024) /* bytes of unread replies before a session stops reading */
 #define EVICT_LOOK 8 /* open requests looked at, oldest first, for the slowest to evict */
+/* Data with no minimum rate gives way only past this share of its deadline (of 1024). */
+#define EVICT_MIN_SLOW 512
 #define EVICT_LOG_MS 1000 /* evictions are logged once a second per worker, with a count */
 
 struct stats_shard {
@@ -127,11 +129,12 @@ struct session {
 	bool timed_out;
 	bool deadline_hit; /* a request passed its deadline */
 	bool proto_error;
+	bool req_listed;   /* a request is open: in the worker's list of its service */
 	bool req_explicit; /* the request is the service's (session_request_begin) */
 	bool req_armed;    /* its deadline is set (a connection's first: not until bytes) */
 	uint8_t timeout_kind; /* TIMEOUT_* currently set on the bufferevent */
-	/* The request open now (req_start_ms != 0): in the worker's list of its service,
-	 * timed by `deadline` (made at the first request that needs it). */
+	/* The request open now (req_listed): in the worker's list of its service, timed by
+	 * `deadline` (made at the first request that needs it). */
 	struct session *rprev, *rnext;
 	struct event *deadline;
 	uint64_t req_start_ms;
@@ -156,8 +159,8 @@ struct worker {
 	_Atomic unsigned nsessions;
 	struct session *sessions;
 	struct req_list reqs[ENGINE_MAX_SERVICES];
-	/* The start of the oldest open request of each service, 0 for none: the main thread
-	 * reads it to send a connection over max_sessions where a slow request can go. */
+	/* The start of the oldest open request of each service, UINT64_MAX for none: the main
+	 * thread reads it to send a connection over max_sessions where a slow request can go. */
 	_Atomic uint64_t req_oldest_ms[ENGINE_MAX_SERVICES];
 	uint64_t evict_logged_ms, evict_unlogged;
 	/* libevent "common timeouts": timers of one duration kept in a queue instead of the
@@ -550,16 +553,22 @@ static uint64_t req_allowed_ms(const struct session *s)
 	return ms < s->rb.max_ms ? ms : s->rb.max_ms;
 }
 
+/* The request's age; 0 rather than a wrap if the clock read now is older than its start. */
+static uint64_t req_elapsed(const struct session *s, uint64_t now)
+{
+	return now > s->req_start_ms ? now - s->req_start_ms : 0;
+}
+
 static void req_publish_oldest(struct worker *w, unsigned idx)
 {
 	struct session *h = w->reqs[idx].head;
-	atomic_store_explicit(&w->req_oldest_ms[idx], h ? h->req_start_ms : 0,
+	atomic_store_explicit(&w->req_oldest_ms[idx], h ? h->req_start_ms : UINT64_MAX,
 			      memory_order_relaxed);
 }
 
 static void req_close(struct session *s)
 {
-	if (!s->req_start_ms)
+	if (!s->req_listed)
 		return;
 	struct req_list *l = &s->w->reqs[s->svc->idx];
 	bool was_head = l->head == s;
@@ -572,7 +581,7 @@ static void req_close(struct session *s)
 	else
 		l->tail = s->rprev;
 	s->rprev = s->rnext = NULL;
-	s->req_start_ms = 0;
+	s->req_listed = false;
 	s->req_explicit = false;
 	if (s->req_armed)
 		event_del(s->deadline);
@@ -595,7 +604,8 @@ static void req_open(struct session *s, const struct request_bound *b, bool arm)
 		}
 	}
 	struct req_list *l = &s->w->reqs[s->svc->idx];
-	s->req_start_ms = now_ms() | 1; /* never 0, which means none */
+	s->req_start_ms = now_ms();
+	s->req_listed = true;
 	s->req_explicit = b != NULL;
 	s->req_bytes = 0;
 	if (b)
@@ -651,22 +661,40 @@ static void req_track(struct session *s, size_t consumed)
 		req_close(s);
 		return;
 	}
-	if (s->req_start_ms && s->req_armed && consumed == 0)
+	if (s->req_listed && s->req_armed && consumed == 0)
 		return;
 	req_open(s, NULL, true);
 }
 
-/* An explicit request with a minimum rate that its bytes have kept up with since it began
- * is on time, however long it has been open. */
-static bool req_on_time(const struct session *s, uint64_t now)
+/*
+ * Whether the open request may give way to a newcomer, and how slow it is against its
+ * deadline (elapsed over allowed, of 1024).  A partial request, or a connection that has
+ * sent nothing yet, may: a client's request is whole within milliseconds, and any age
+ * threshold would let a flood of new connections hold the slots against a legitimate
+ * client as well as they do (the choice goes to the slowest of the oldest, so a request
+ * in flight gives way only when it is among them).  Data that has kept its minimum rate
+ * never does, and data without one only past EVICT_MIN_SLOW of its deadline.
+ */
+static bool req_evictable(const struct session *s, uint64_t now, uint64_t *ret_slow)
 {
-	return s->req_explicit && s->rb.min_rate &&
-	       s->req_bytes * 1000 / s->rb.min_rate >= now - s->req_start_ms;
+	if (s->closing || s->paused)
+		return false;
+	uint64_t elapsed = req_elapsed(s, now);
+	uint64_t allowed = req_allowed_ms(s);
+	uint64_t slow = elapsed * 1024 / (allowed ? allowed : 1);
+	if (s->req_explicit && s->rb.min_rate &&
+	    s->req_bytes / s->rb.min_rate * 1000 +
+			    s->req_bytes % s->rb.min_rate * 1000 / s->rb.min_rate >= elapsed)
+		return false;
+	if (s->req_explicit && !s->rb.min_rate && slow < EVICT_MIN_SLOW)
+		return false;
+	*ret_slow = slow;
+	return true;
 }
 
 /* The session to evict for a newcomer of svc: of the EVICT_LOOK oldest open requests, the
- * slowest against its deadline (elapsed over allowed), leaving out those on time.  NULL if
- * none.  Bounded work, whatever the number of sessions. */
+ * slowest that may give way.  NULL if none.  Bounded work, whatever the number of
+ * sessions. */
 static struct session *req_victim(struct worker *w, const struct service *svc)
 {
 	uint64_t now = now_ms();
@@ -674,10 +702,9 @@ static struct session *req_victim(struct worker *w, const struct service *svc)
 	uint64_t best_slow = 0;
 	int n = 0;
 	for (struct session *s = w->reqs[svc->idx].head; s && n < EVICT_LOOK; s = s->rnext, n++) {
-		if (s->closing || req_on_time(s, now))
+		uint64_t slow;
+		if (!req_evictable(s, now, &slow))
 			continue;
-		uint64_t allowed = req_allowed_ms(s);
-		uint64_t slow = (now - s->req_start_ms) * 1024 / (allowed ? allowed : 1);
 		if (!best || slow > best_slow) {
 			best = s;
 			best_slow = slow;
@@ -693,7 +720,7 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
 	struct session *s = arg;
 	(void)fd;
 	(void)what;
-	uint64_t elapsed = now_ms() - s->req_start_ms;
+	uint64_t elapsed = req_elapsed(s, now_ms());
 	uint64_t allowed = req_allowed_ms(s);
 	if (elapsed < allowed) {
 		struct timeval tv = timeval_from_ms(allowed - elapsed);
@@ -723,7 +750,7 @@ static bool evict_for(struct worker *w, struct service *svc)
 		session_log(v, LOG_LEVEL_NOTICE, "max_sessions reached: closing this session, "
 			    "whose request has been open %" PRIu64 " ms of its %" PRIu64 " ms, "
 			    "to serve a new connection (%" PRIu64 " more closed the same way since "
-			    "the last such line)", now - v->req_start_ms, req_allowed_ms(v),
+			    "the last such line)", req_elapsed(v, now), req_allowed_ms(v),
 			    w->evict_unlogged);
 		w->evict_logged_ms = now;
 		w->evict_unlogged = 0;
@@ -939,7 +966,19 @@ static void session_start(struct worker *w, const struct worker_msg *m)
 {
 	struct service *svc = m->svc;
 	if (m->evict && !evict_for(w, svc)) {
-		/* the slow request that was there ended meanwhile: refused as at the listener */
+		/* none may give way (the requests there are young, or ended meanwhile): refused
+		 * as at the listener, logged once a second at most */
+		uint64_t now = now_ms();
+		if (now - w->evict_logged_ms >= EVICT_LOG_MS) {
+			log_notice("svc=%s peer=%s refused: the service is full and no session's "
+				   "request is slow enough to give way (%" PRIu64 " more refused or "
+				   "closed to make room since the last such line)", svc->name, m->peer,
+				   w->evict_unlogged);
+			w->evict_logged_ms = now;
+			w->evict_unlogged = 0;
+		} else {
+			w->evict_unlogged++;
+		}
 		if (svc->ops->refuse_msg) {
 			ssize_t wr = write(m->fd, svc->ops->refuse_msg, strlen(svc->ops->refuse_msg));
 			(void)wr;
@@ -987,7 +1026,8 @@ static void session_start(struct worker *w, const struct worker_msg *m)
 	 * nothing is among the first to make room at max_sessions (clients of every service
 	 * speak at once, the SMTP client after the greeting).  No timer yet: a request that
 	 * arrives whole, the usual case, costs none. */
-	req_open(s, NULL, false);
+	if (!s->paused && !s->closing)
+		req_open(s, NULL, false);
 	return;
 undo:
 	log_error("cannot start a session: out of memory");
@@ -1054,7 +1094,6 @@ struct engine *engine_new(unsigned nworkers, struct event_base *main_base)
 		return NULL;
 	e->main_base = main_base;
 	e->nworkers = nworkers;
-	e->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	e->start_ns = now_ns();
 	e->workers = calloc(nworkers, sizeof(*e->workers));
 	if (!e->workers) {
@@ -1065,8 +1104,11 @@ struct engine *engine_new(unsigned nworkers, struct event_base *main_base)
 		struct worker *w = &e->workers[i];
 		w->e = e;
 		w->idx = i;
+		for (size_t k = 0; k < ENGINE_MAX_SERVICES; k++)
+			atomic_init(&w->req_oldest_ms[k], UINT64_MAX);
 		mailbox_init(&w->inbox, sizeof(struct worker_msg));
 	}
+	e->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	return e;
 }
 
@@ -1140,7 +1182,7 @@ static struct worker *slowest_request_worker(struct engine *e, const struct serv
 	for (unsigned i = 0; i < e->nworkers; i++) {
 		uint64_t t = atomic_load_explicit(&e->workers[i].req_oldest_ms[svc->idx],
 						  memory_order_relaxed);
-		if (t && (!best || t < oldest)) {
+		if (t != UINT64_MAX && (!best || t < oldest)) {
 			best = &e->workers[i];
 			oldest = t;
 		}
@@ -1290,6 +1332,7 @@ static void listener_on_accept(evutil_socket_t lfd, short what, void *arg)
 			if (worker_post(evict_w, &m) < 0) {
 				close(fd);
 				slot_release(svc, evict_w, m.fds);
+				log_error("svc=%s: cannot hand a connection to a worker", svc->name);
 			}
 			continue;
 		}

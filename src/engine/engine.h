@@ -97,7 +97,8 @@ void engine_drain(struct engine *e);
  * it).  0: no such check.  Main thread.
  */
 void engine_set_fds_held(struct engine *e, unsigned held);
-/* Descriptors the sessions of the services that are not reserved may hold now. */
+/* Descriptors the sessions of the services that are not reserved may hold now (main
+ * thread: the limit is read and kept there). */
 uint64_t engine_fds_for_sessions(struct engine *e);
 
 /* Sessions open across all services. */
@@ -162,8 +163,9 @@ int session_write(struct session *s, const void *p, size_t n);
  * is whole (a command line, a milter packet, a policy request) needs nothing: the engine
  * starts its deadline (command_timeout) at the first byte left unconsumed, restarts it
  * when the service consumes a request, and stops it when nothing partial is left.  A byte
- * a second moves nothing.  A client that connects and sends nothing has idle_timeout.  A request consumed as it comes is bracketed by the service with
- * session_request_begin() and session_request_end(); the deadline then follows `b`.
+ * a second moves nothing.  A client that connects and sends nothing has idle_timeout.  A
+ * request consumed as it comes is bracketed by the service with session_request_begin()
+ * and session_request_end(); the deadline then follows `b`.
  * When a service is at max_sessions, a new connection takes the place of the session whose
  * open request is slowest against its deadline (it is told what its timeout would tell it),
  * if there is one; else it is refused.

@@ -64,6 +64,7 @@ struct iconf {
 	unsigned max_errors;
 	size_t max_line;
 	struct request_bound data;
+	struct request_bound line;
 	bool reject_bare_newline;
 	char hostname[256];
 };
@@ -114,6 +115,7 @@ struct isession {
 	size_t out_len;
 	bool too_big, long_line;
 	bool bare;                        /* a bare line end under reject_bare_newline */
+	bool long_line_req;               /* discarding a long command line: timed */
 	int write_err;                    /* first error writing the file, 0 if none */
 	struct commit_wait *wait;
 };
@@ -160,6 +162,7 @@ static struct iconf *iconf_make(const struct intake_conf *conf)
 	c->max_errors = conf->max_errors;
 	c->max_line = conf->max_line;
 	c->data = conf->data;
+	c->line = conf->line;
 	c->reject_bare_newline = conf->reject_bare_newline;
 	if (conf->hostname)
 		snprintf(c->hostname, sizeof(c->hostname), "%s", conf->hostname);
@@ -812,6 +815,16 @@ static void is_input(struct session *s, struct evbuffer *in)
 		size_t used = 0;
 		enum smtp_line_status st = smtp_line_next(&is->lr, p, take, SMTP_DSN_LINE_MAX, &line,
 							  &used);
+		/* A line too long is consumed as it comes, so the engine would see no partial
+		 * request: its deadline is kept here, from the start of the discarding to the
+		 * line's end. */
+		if (is->lr.discarding && !is->long_line_req) {
+			session_request_begin(s, &is->conf->line);
+			is->long_line_req = true;
+		} else if (!is->lr.discarding && is->long_line_req) {
+			session_request_end(s);
+			is->long_line_req = false;
+		}
 		if (st == SMTP_LINE_OK && is->lr.bare_lf) {
 			/* (smtp.h) the line's end is in doubt: answer and stop reading */
 			atomic_fetch_add(&is->in->bare_command, 1);

@@ -38,6 +38,7 @@ struct intake_conf {
 	bool reject_bare_newline;
 	const char *hostname;            /* copied; NULL: gethostname() */
 	struct request_bound data;       /* the deadline of a message's data */
+	struct request_bound line;       /* of a command line discarded as too long */
 };
 
 /* The service, writing into q (not owned).  NULL on failure. */

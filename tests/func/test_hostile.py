@@ -357,3 +357,34 @@ def test_a_trickled_control_request_ends_at_its_deadline(sluiced):
     assert inst.cli("status").returncode == 0
     st = find_service(inst.stats(), "control")
     assert st["deadlines"] == 1, st
+
+
+def test_a_command_line_too_long_keeps_its_deadline_while_discarded(sluiced):
+    """A line past the longest command is thrown away as it comes (nothing stays in the
+    buffer), yet the deadline holds: a byte a second after it is closed at
+    command_timeout."""
+    port = free_port()
+    inst = sluiced(config(port))
+    s, f = smtp_open(port)
+    s.sendall(b"EHLO " + b"a" * 2000)          # no line end: discarded from byte 1,001 on
+    t0 = time.monotonic()
+    s.setblocking(False)
+    closed = None
+    while time.monotonic() - t0 < DEADLINE + 3:
+        try:
+            data = s.recv(4096)
+            if not data or b"421" in data:
+                closed = time.monotonic() - t0
+                break
+        except BlockingIOError:
+            pass
+        try:
+            s.send(b"a")
+        except OSError:
+            closed = time.monotonic() - t0
+            break
+        time.sleep(0.5)
+    s.close()
+    assert closed is not None and closed < DEADLINE + 1.0, closed
+    st = find_service(inst.stats(), "intake")
+    assert st["deadlines"] == 1, st
