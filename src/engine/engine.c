@@ -25,55 +25,16 @@
 #include <arpa/inet.h>
 #include <unistd.h>
 
-#include "engine.h"
+#include "engine_int.h"
 #include "listen.h"
 #include "mailbox.h"
 #include "util.h"
 
-#define ENGINE_MAX_WORKERS 256
-#define ENGINE_MAX_SERVICES 16
 #define ACCEPT_BATCH 64
 #define ACCEPT_BACKOFF_MS 500
 #define REFUSE_REMIND_MS 60000 /* a burst of refusals over max_sessions is logged again */
 #define OUTPUT_HIGH (256 * 1024) /* bytes of unread replies before a session stops reading */
-#define EVICT_LOOK 8 /* open requests looked at, oldest first, for the slowest to evict */
-/* Data with no minimum rate gives way only past this share of its deadline (of 1024). */
-#define EVICT_MIN_SLOW 512
-#define EVICT_LOG_MS 1000 /* evictions are logged once a second per worker, with a count */
 
-struct stats_shard {
-	pthread_mutex_t lock;
-	struct service_counters total;
-	struct service_counters interval;
-};
-
-struct service {
-	struct engine *e;
-	unsigned idx; /* in e->services, and in each worker's lists of open requests */
-	char *name;
-	const struct service_ops *ops;
-	void *arg;
-	_Atomic unsigned max_sessions;
-	_Atomic uint64_t idle_timeout_ms;
-	_Atomic uint64_t command_timeout_ms;
-	_Atomic size_t max_input;
-	_Atomic unsigned fds_per_session;
-	_Atomic bool reserved;
-	_Atomic uint64_t current;
-	_Atomic uint64_t peak;
-	struct stats_shard *shards; /* one per worker, plus one for the main thread */
-	uint64_t interval_start_ns;
-	pthread_mutex_t interval_lock;
-	/* the last interval that ended, under interval_lock */
-	struct service_counters last;
-	double last_seconds;
-	bool have_last;
-	/* A burst of refusals over max_sessions, logged at its start, every
-	 * REFUSE_REMIND_MS while it lasts and at its end, not once per connection (a flood
-	 * would flood the log).  Main thread only: the listeners run there. */
-	bool refusing;
-	uint64_t refuse_start_ms, refuse_logged_ms, refused_burst, refused_unlogged;
-};
 
 struct listener {
 	struct listener *next;
@@ -83,110 +44,6 @@ struct listener {
 	struct event *ev;
 	struct event *backoff;
 	bool logged_exhaustion;
-};
-
-/* A worker's sessions of one service that have a request open, oldest first. */
-struct req_list {
-	struct session *head, *tail;
-};
-
-enum worker_msg_type {
-	WORKER_MSG_SESSION = 0,
-	WORKER_MSG_STOP,
-	WORKER_MSG_CALL,
-};
-
-struct worker_msg {
-	enum worker_msg_type type;
-	int fd;
-	struct service *svc;
-	void (*call)(void *arg);  /* WORKER_MSG_CALL */
-	void *arg;
-	bool evict; /* the service is at max_sessions: make room, or refuse */
-	unsigned fds; /* descriptors counted for the session at accept */
-	char peer[64];
-	struct sockaddr_storage addr;
-};
-
-struct session {
-	struct session *prev, *next; /* worker's list */
-	struct worker *w;
-	struct service *svc;
-	struct bufferevent *bev;
-	void *data;
-	uint64_t id;
-	uint64_t start_ns;
-	uint64_t work_ns;
-	unsigned fds; /* counted at accept, given back at the end */
-	bool opened;
-	bool closing;
-	bool paused;
-	bool read_off;          /* paused, and input came: reading is switched off */
-	bool peer_eof;          /* the peer half-closed while paused: end after resuming */
-	bool out_blocked;       /* output over OUTPUT_HIGH: reading stops until it drains */
-	bool in_input; /* inside ops->input: defer frees */
-	bool dead;     /* freed when in_input unwinds */
-	bool timed_out;
-	bool deadline_hit; /* a request passed its deadline */
-	bool proto_error;
-	bool req_listed;   /* a request is open: in the worker's list of its service */
-	bool req_explicit; /* the request is the service's (session_request_begin) */
-	bool req_armed;    /* its deadline is set (a connection's first: not until bytes) */
-	uint8_t timeout_kind; /* TIMEOUT_* currently set on the bufferevent */
-	/* The request open now (req_listed): in the worker's list of its service, timed by
-	 * `deadline` (made at the first request that needs it). */
-	struct session *rprev, *rnext;
-	struct event *deadline;
-	uint64_t req_start_ms;
-	uint64_t req_bytes; /* consumed since an explicit request began */
-	struct request_bound rb;
-	char peer[64];
-	struct sockaddr_storage addr;
-};
-
-enum {
-	TIMEOUT_NONE = 0,
-	TIMEOUT_IDLE,
-	TIMEOUT_COMMAND,
-};
-
-struct worker {
-	struct engine *e;
-	unsigned idx;
-	pthread_t thread;
-	struct event_base *base;
-	struct mailbox inbox;   /* of struct worker_msg */
-	_Atomic unsigned nsessions;
-	struct session *sessions;
-	struct req_list reqs[ENGINE_MAX_SERVICES];
-	/* The start of the oldest open request of each service, UINT64_MAX for none: the main
-	 * thread reads it to send a connection over max_sessions where a slow request can go. */
-	_Atomic uint64_t req_oldest_ms[ENGINE_MAX_SERVICES];
-	uint64_t evict_logged_ms, evict_unlogged;
-	/* libevent "common timeouts": timers of one duration kept in a queue instead of the
-	 * heap, so 10,000 idle sessions cost O(1) per re-arm instead of O(log n). */
-	struct {
-		uint64_t ms;
-		const struct timeval *tv;
-	} common[8];
-	size_t ncommon;
-};
-
-struct engine {
-	struct event_base *main_base;
-	unsigned nworkers;
-	struct worker *workers;
-	struct service *services[ENGINE_MAX_SERVICES];
-	size_t nservices;
-	struct listener *listeners;
-	bool started;
-	uint64_t start_ns;
-	/* descriptors (engine_set_fds_held): what sessions of unreserved services hold, and
-	 * the limit as last read (main thread) */
-	_Atomic uint64_t fds_sessions;
-	unsigned fds_held;
-	uint64_t nofile, nofile_read_ms;
-	int spare_fd; /* for a reserved listener at the descriptor limit; -1 when used */
 };
 
 static _Atomic uint64_t session_seq;
@@ -293,7 +150,7 @@ struct service *engine_service(struct engine *e, size_t i)
 }
 
 /* Count into the shard of the calling thread (idx nworkers = main thread). */
-static void shard_count(struct service *svc, unsigned idx,
+void service_shard_count(struct service *svc, unsigned idx,
 			void (*fn)(struct service_counters *c, const void *arg), const void *arg)
 {
 	struct stats_shard *sh = &svc->shards[idx];
@@ -313,12 +170,6 @@ static void count_refused(struct service_counters *c, const void *arg)
 {
 	(void)arg;
 	c->refused++;
-}
-
-static void count_evicted(struct service_counters *c, const void *arg)
-{
-	(void)arg;
-	c->evicted++;
 }
 
 struct session_end {
@@ -460,10 +311,7 @@ static void slot_release(struct service *svc, struct worker *w, unsigned fds)
 	atomic_fetch_sub(&svc->e->fds_sessions, fds);
 }
 
-static void req_close(struct session *s);
-static void on_deadline(evutil_socket_t fd, short what, void *arg);
-
-static void session_free(struct session *s)
+void session_free(struct session *s)
 {
 	if (s->in_input) {
 		s->dead = true;
@@ -471,7 +319,7 @@ static void session_free(struct session *s)
 	}
 	struct worker *w = s->w;
 	struct service *svc = s->svc;
-	req_close(s);
+	request_close(s);
 	if (s->deadline)
 		event_free(s->deadline);
 	if (s->bev)
@@ -491,13 +339,12 @@ static void session_free(struct session *s)
 		.timed_out = s->timed_out,
 		.deadline = s->deadline_hit,
 	};
-	shard_count(svc, w->idx, count_end, &se);
+	service_shard_count(svc, w->idx, count_end, &se);
 	slot_release(svc, w, s->fds);
 	free(s);
 }
 
-/* The timeval for ms on w's base: a common timeout when a slot is free. */
-static struct timeval worker_timeout(struct worker *w, uint64_t ms)
+struct timeval worker_timeout(struct worker *w, uint64_t ms)
 {
 	for (size_t i = 0; i < w->ncommon; i++)
 		if (w->common[i].ms == ms)
@@ -521,7 +368,7 @@ static struct timeval worker_timeout(struct worker *w, uint64_t ms)
  * buffered) and command (a partial request buffered, a reply not written, a verdict
  * pending) -- rarely, since requests usually arrive whole.
  */
-static void session_arm_timer(struct session *s)
+void session_arm_timer(struct session *s)
 {
 	if (s->closing)
 		return;
@@ -536,232 +383,6 @@ static void session_arm_timer(struct session *s)
 							 : atomic_load(&s->svc->command_timeout_ms));
 	struct timeval wr = worker_timeout(s->w, atomic_load(&s->svc->command_timeout_ms));
 	bufferevent_set_timeouts(s->bev, &rd, &wr);
-}
-
-/* ---- requests and their deadlines ---- */
-
-/* How long the open request may take in all, from its start: command_timeout, or for an
- * explicit request its base plus what its bytes earned, within its maximum. */
-static uint64_t req_allowed_ms(const struct session *s)
-{
-	if (!s->req_explicit)
-		return atomic_load(&s->svc->command_timeout_ms);
-	uint64_t ms = s->rb.base_ms;
-	if (s->rb.min_rate)
-		ms += s->req_bytes / s->rb.min_rate * 1000 +
-		      s->req_bytes % s->rb.min_rate * 1000 / s->rb.min_rate;
-	return ms < s->rb.max_ms ? ms : s->rb.max_ms;
-}
-
-/* The request's age; 0 rather than a wrap if the clock read now is older than its start. */
-static uint64_t req_elapsed(const struct session *s, uint64_t now)
-{
-	return now > s->req_start_ms ? now - s->req_start_ms : 0;
-}
-
-static void req_publish_oldest(struct worker *w, unsigned idx)
-{
-	struct session *h = w->reqs[idx].head;
-	atomic_store_explicit(&w->req_oldest_ms[idx], h ? h->req_start_ms : UINT64_MAX,
-			      memory_order_relaxed);
-}
-
-static void req_close(struct session *s)
-{
-	if (!s->req_listed)
-		return;
-	struct req_list *l = &s->w->reqs[s->svc->idx];
-	bool was_head = l->head == s;
-	if (s->rprev)
-		s->rprev->rnext = s->rnext;
-	else
-		l->head = s->rnext;
-	if (s->rnext)
-		s->rnext->rprev = s->rprev;
-	else
-		l->tail = s->rprev;
-	s->rprev = s->rnext = NULL;
-	s->req_listed = false;
-	s->req_explicit = false;
-	if (s->req_armed)
-		event_del(s->deadline);
-	s->req_armed = false;
-	if (was_head)
-		req_publish_oldest(s->w, s->svc->idx);
-}
-
-/* A request opens now: at the tail of its service's list (the lists are in order of
- * start), its deadline armed unless !arm.  b NULL: an implicit request, bound by
- * command_timeout. */
-static void req_open(struct session *s, const struct request_bound *b, bool arm)
-{
-	req_close(s);
-	if (arm && !s->deadline) {
-		s->deadline = evtimer_new(s->w->base, on_deadline, s);
-		if (!s->deadline) { /* the request keeps the per-read timeouts alone */
-			session_log(s, LOG_LEVEL_ERROR, "cannot time a request: out of memory");
-			return;
-		}
-	}
-	struct req_list *l = &s->w->reqs[s->svc->idx];
-	s->req_start_ms = now_ms();
-	s->req_listed = true;
-	s->req_explicit = b != NULL;
-	s->req_bytes = 0;
-	if (b)
-		s->rb = *b;
-	s->rprev = l->tail;
-	s->rnext = NULL;
-	if (l->tail)
-		l->tail->rnext = s;
-	else
-		l->head = s;
-	l->tail = s;
-	if (l->head == s)
-		req_publish_oldest(s->w, s->svc->idx);
-	if (!arm)
-		return;
-	/* one duration for every implicit request: a common timeout, O(1) to arm */
-	struct timeval tv = b ? timeval_from_ms(req_allowed_ms(s))
-			      : worker_timeout(s->w, req_allowed_ms(s));
-	event_add(s->deadline, &tv);
-	s->req_armed = true;
-}
-
-void session_request_begin(struct session *s, const struct request_bound *b)
-{
-	if (s->closing)
-		return;
-	req_open(s, b, true);
-	session_arm_timer(s);
-}
-
-void session_request_end(struct session *s)
-{
-	if (s->req_explicit)
-		req_close(s);
-}
-
-/*
- * After the service took input: an implicit request (a partial one left in the buffer)
- * starts, goes on, restarts or ends.  It restarts only when the service consumed bytes,
- * that is finished a request; bytes that come and stay unconsumed move nothing.  A
- * connection's first request is listed from the connection, unarmed (the idle timeout
- * bounds a client that sends nothing): its deadline starts with its first partial bytes.
- */
-static void req_track(struct session *s, size_t consumed)
-{
-	if (s->req_explicit) {
-		s->req_bytes += consumed;
-		return;
-	}
-	bool partial = !s->paused && !s->closing &&
-		       evbuffer_get_length(bufferevent_get_input(s->bev)) > 0;
-	if (!partial) {
-		req_close(s);
-		return;
-	}
-	if (s->req_listed && s->req_armed && consumed == 0)
-		return;
-	req_open(s, NULL, true);
-}
-
-/*
- * Whether the open request may give way to a newcomer, and how slow it is against its
- * deadline (elapsed over allowed, of 1024).  A partial request, or a connection that has
- * sent nothing yet, may: a client's request is whole within milliseconds, and any age
- * threshold would let a flood of new connections hold the slots against a legitimate
- * client as well as they do (the choice goes to the slowest of the oldest, so a request
- * in flight gives way only when it is among them).  Data that has kept its minimum rate
- * never does, and data without one only past EVICT_MIN_SLOW of its deadline.
- */
-static bool req_evictable(const struct session *s, uint64_t now, uint64_t *ret_slow)
-{
-	if (s->closing || s->paused)
-		return false;
-	uint64_t elapsed = req_elapsed(s, now);
-	uint64_t allowed = req_allowed_ms(s);
-	uint64_t slow = elapsed * 1024 / (allowed ? allowed : 1);
-	if (s->req_explicit && s->rb.min_rate &&
-	    s->req_bytes / s->rb.min_rate * 1000 +
-			    s->req_bytes % s->rb.min_rate * 1000 / s->rb.min_rate >= elapsed)
-		return false;
-	if (s->req_explicit && !s->rb.min_rate && slow < EVICT_MIN_SLOW)
-		return false;
-	*ret_slow = slow;
-	return true;
-}
-
-/* The session to evict for a newcomer of svc: of the EVICT_LOOK oldest open requests, the
- * slowest that may give way.  NULL if none.  Bounded work, whatever the number of
- * sessions. */
-static struct session *req_victim(struct worker *w, const struct service *svc)
-{
-	uint64_t now = now_ms();
-	struct session *best = NULL;
-	uint64_t best_slow = 0;
-	int n = 0;
-	for (struct session *s = w->reqs[svc->idx].head; s && n < EVICT_LOOK; s = s->rnext, n++) {
-		uint64_t slow;
-		if (!req_evictable(s, now, &slow))
-			continue;
-		if (!best || slow > best_slow) {
-			best = s;
-			best_slow = slow;
-		}
-	}
-	return best;
-}
-
-/* The deadline's timer: an explicit request whose bytes earned more time runs on;
- * otherwise the session ends as by a timeout, with its last word. */
-static void on_deadline(evutil_socket_t fd, short what, void *arg)
-{
-	struct session *s = arg;
-	(void)fd;
-	(void)what;
-	uint64_t elapsed = req_elapsed(s, now_ms());
-	uint64_t allowed = req_allowed_ms(s);
-	if (elapsed < allowed) {
-		struct timeval tv = timeval_from_ms(allowed - elapsed);
-		event_add(s->deadline, &tv);
-		return;
-	}
-	if (!s->closing)
-		session_log(s, LOG_LEVEL_INFO, "request not complete within its deadline "
-			    "(%" PRIu64 " ms%s), closing", allowed,
-			    s->req_explicit ? ", with the time its data earned" : "");
-	s->timed_out = true;
-	s->deadline_hit = true;
-	if (!s->closing && s->svc->ops->timeout)
-		s->svc->ops->timeout(s);
-	session_free(s);
-}
-
-/* The service is at max_sessions and a connection came for it: the slowest open request
- * of this worker makes room for it, told what a timeout tells.  false: none could. */
-static bool evict_for(struct worker *w, struct service *svc)
-{
-	struct session *v = req_victim(w, svc);
-	if (!v)
-		return false;
-	uint64_t now = now_ms();
-	if (now - w->evict_logged_ms >= EVICT_LOG_MS) {
-		session_log(v, LOG_LEVEL_NOTICE, "max_sessions reached: closing this session, "
-			    "whose request has been open %" PRIu64 " ms of its %" PRIu64 " ms, "
-			    "to serve a new connection (%" PRIu64 " more closed the same way since "
-			    "the last such line)", req_elapsed(v, now), req_allowed_ms(v),
-			    w->evict_unlogged);
-		w->evict_logged_ms = now;
-		w->evict_unlogged = 0;
-	} else {
-		w->evict_unlogged++;
-	}
-	shard_count(svc, w->idx, count_evicted, NULL);
-	if (svc->ops->timeout)
-		svc->ops->timeout(v);
-	session_free(v);
-	return true;
 }
 
 /* The peer half-closed while the session was paused: now that it is not, end it once
@@ -807,7 +428,7 @@ static bool session_run_input(struct session *s)
 		return false;
 	}
 	size_t after = evbuffer_get_length(in);
-	req_track(s, before > after ? before - after : 0);
+	request_track(s, before > after ? before - after : 0);
 	if (!session_finish_eof(s))
 		return false;
 	output_blocked(s);
@@ -911,7 +532,7 @@ void session_pause(struct session *s)
 	 * (the milter drains each packet first, the policy service copies its request). */
 	s->paused = true;
 	if (!s->req_explicit)
-		req_close(s); /* the request is whole; the wait has its own bound */
+		request_close(s); /* the request is whole; the wait has its own bound */
 }
 
 size_t session_input_length(const struct session *s)
@@ -965,11 +586,11 @@ void session_protocol_error(struct session *s, const char *why)
 static void session_start(struct worker *w, const struct worker_msg *m)
 {
 	struct service *svc = m->svc;
-	if (m->evict && !evict_for(w, svc)) {
+	if (m->evict && !request_evict(w, svc)) {
 		/* none may give way (the requests there are young, or ended meanwhile): refused
 		 * as at the listener, logged once a second at most */
 		uint64_t now = now_ms();
-		if (now - w->evict_logged_ms >= EVICT_LOG_MS) {
+		if (now - w->evict_logged_ms >= REQUEST_LOG_MS) {
 			log_notice("svc=%s peer=%s refused: the service is full and no session's "
 				   "request is slow enough to give way (%" PRIu64 " more refused or "
 				   "closed to make room since the last such line)", svc->name, m->peer,
@@ -984,7 +605,7 @@ static void session_start(struct worker *w, const struct worker_msg *m)
 			(void)wr;
 		}
 		close(m->fd);
-		shard_count(svc, w->idx, count_refused, NULL);
+		service_shard_count(svc, w->idx, count_refused, NULL);
 		slot_release(svc, w, m->fds);
 		return;
 	}
@@ -1027,7 +648,7 @@ static void session_start(struct worker *w, const struct worker_msg *m)
 	 * speak at once, the SMTP client after the greeting).  No timer yet: a request that
 	 * arrives whole, the usual case, costs none. */
 	if (!s->paused && !s->closing)
-		req_open(s, NULL, false);
+		request_open_first(s);
 	return;
 undo:
 	log_error("cannot start a session: out of memory");
@@ -1174,22 +795,6 @@ static struct worker *least_loaded(struct engine *e)
 	return best;
 }
 
-/* The worker with the oldest open request of svc, or NULL when none has one. */
-static struct worker *slowest_request_worker(struct engine *e, const struct service *svc)
-{
-	struct worker *best = NULL;
-	uint64_t oldest = 0;
-	for (unsigned i = 0; i < e->nworkers; i++) {
-		uint64_t t = atomic_load_explicit(&e->workers[i].req_oldest_ms[svc->idx],
-						  memory_order_relaxed);
-		if (t != UINT64_MAX && (!best || t < oldest)) {
-			best = &e->workers[i];
-			oldest = t;
-		}
-	}
-	return best;
-}
-
 static void format_peer(const struct sockaddr_storage *ss, socklen_t sl, int fd, char *out,
 			size_t outlen)
 {
@@ -1310,7 +915,7 @@ static void listener_on_accept(evutil_socket_t lfd, short what, void *arg)
 			log_notice("listener %s (%s): accepting again", l->addr.text, svc->name);
 			l->logged_exhaustion = false;
 		}
-		shard_count(svc, e->nworkers, count_connection, NULL);
+		service_shard_count(svc, e->nworkers, count_connection, NULL);
 		unsigned max = atomic_load(&svc->max_sessions);
 		uint64_t cur = atomic_load(&svc->current);
 		struct worker_msg m = { .type = WORKER_MSG_SESSION, .fd = fd, .svc = svc,
@@ -1322,7 +927,7 @@ static void listener_on_accept(evutil_socket_t lfd, short what, void *arg)
 				atomic_load(&e->fds_sessions) + m.fds > engine_fds_for_sessions(e);
 		bool full = (max && cur >= max) || fds_full;
 		struct worker *evict_w = NULL;
-		if (full && (evict_w = slowest_request_worker(e, svc))) {
+		if (full && (evict_w = request_worker_to_evict(e, svc))) {
 			/* at max_sessions: the worker with the oldest open request of the service
 			 * closes its slowest one and takes this connection (or refuses it) */
 			m.evict = true;
@@ -1342,7 +947,7 @@ static void listener_on_accept(evutil_socket_t lfd, short what, void *arg)
 				(void)wr;
 			}
 			close(fd);
-			shard_count(svc, e->nworkers, count_refused, NULL);
+			service_shard_count(svc, e->nworkers, count_refused, NULL);
 			refuse_log(svc, m.peer, max, fds_full);
 			continue;
 		}
