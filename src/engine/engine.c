@@ -583,10 +583,30 @@ void session_protocol_error(struct session *s, const char *why)
 	session_free(s);
 }
 
+/* None of w's sessions may give way to the newcomer m (its oldest request is data on
+ * time, say): the next worker tries, each at most once.  true when handed on. */
+static bool evict_elsewhere(struct worker *w, const struct worker_msg *m)
+{
+	if (m->hops + 1 >= w->e->nworkers)
+		return false;
+	struct worker *next = &w->e->workers[(w->idx + 1) % w->e->nworkers];
+	struct worker_msg fwd = *m;
+	fwd.hops++;
+	atomic_fetch_add(&next->nsessions, 1);
+	if (worker_post(next, &fwd) < 0) {
+		atomic_fetch_sub(&next->nsessions, 1);
+		return false;
+	}
+	atomic_fetch_sub(&w->nsessions, 1);
+	return true;
+}
+
 static void session_start(struct worker *w, const struct worker_msg *m)
 {
 	struct service *svc = m->svc;
 	if (m->evict && !request_evict(w, svc)) {
+		if (evict_elsewhere(w, m))
+			return;
 		/* none may give way (the requests there are young, or ended meanwhile): refused
 		 * as at the listener, logged once a second at most */
 		uint64_t now = now_ms();

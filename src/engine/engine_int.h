@@ -82,6 +82,7 @@ struct worker_msg {
 	void (*call)(void *arg);  /* WORKER_MSG_CALL */
 	void *arg;
 	bool evict; /* the service is at max_sessions: make room, or refuse */
+	unsigned hops; /* workers that could not make room for it already */
 	unsigned fds; /* descriptors counted for the session at accept */
 	char peer[64];
 	struct sockaddr_storage addr;
