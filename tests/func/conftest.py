@@ -523,6 +523,24 @@ def sluiced(workdir):
     assert not problems, "\n\n".join(problems)
 
 
+def sluiced_check(path):
+    """`sluiced -t -c PATH`: the configuration check's exit status and messages."""
+    require_binary(SLUICED, "SLUICED")
+    return subprocess.run([SLUICED, "-t", "-c", str(path)], capture_output=True, text=True,
+                          timeout=30)
+
+
+@pytest.fixture
+def cli_copy(workdir):
+    """The sluice command where every user can run it (not only root: /work may not be
+    traversable)."""
+    require_binary(SLUICE, "SLUICE")
+    path = workdir / "sluice"
+    shutil.copy(SLUICE, path)
+    path.chmod(0o755)
+    return str(path)
+
+
 @pytest.fixture
 def sluice_cli():
     require_binary(SLUICE, "SLUICE")

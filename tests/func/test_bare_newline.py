@@ -19,40 +19,19 @@ import time
 
 import pytest
 
-from conftest import SLUICED, free_port, require_binary, wait_until
+from conftest import SLUICED, free_port, require_binary, sluiced_check, wait_until
 from smarthost import smarthost  # noqa: F401 (fixture)
 from test_intake import Client, intake_counters, qid_of
+from test_relay import relay_config
 
-HOST = "relay.sluice.test"
 SENDER = "list@example.org"
 LEGIT = "legit@example.net"
 INJECTED = "injected@example.net"
 
 
 def config(intake_port, smarthost_port, intake_extra=""):
-    return f"""workers = 2;
-stats_interval = 0;
-shutdown_timeout = 5s;
-state_dir = "@DIR@";
-log {{ target = "stderr"; level = "info"; }}
-control {{
-  listen = "unix:@DIR@/control.sock";
-}}
-intake {{
-  listen = "inet:127.0.0.1:{intake_port}";
-  hostname = "{HOST}";
-  {intake_extra}
-}}
-queue {{ dir = "@DIR@/queue"; }}
-relay {{
-  retry {{ min = 1s; max = 2s; }}
-}}
-route "isp" {{
-  domains = ["*"];
-  smarthost = "[127.0.0.1]:{smarthost_port}";
-  tls = "none";
-}}
-"""
+    return relay_config(intake_port, smarthost_port, route='tls = "none";',
+                        intake=intake_extra)
 
 
 @pytest.fixture
@@ -255,7 +234,7 @@ def test_bare_newline_key_is_checked_and_printed(sluiced):
     require_binary(SLUICED, "SLUICED")
     port = free_port()
     sd = sluiced(config(port, 1, 'bare_newline = "strip";'), start=False)
-    res = run_sluiced("-t", "-c", str(sd.config))
+    res = sluiced_check(sd.config)
     assert res.returncode != 0, res
     # file, line and key, and the value given
     line = next(i + 1 for i, l in enumerate(sd.config.read_text().splitlines())
@@ -264,7 +243,7 @@ def test_bare_newline_key_is_checked_and_printed(sluiced):
         and '"strip"' in res.stderr and "normalize" in res.stderr \
         and "reject" in res.stderr, res.stderr
     sd.write_config(config(port, 1, "bare_newline = true;"))
-    res = run_sluiced("-t", "-c", str(sd.config))
+    res = sluiced_check(sd.config)
     assert res.returncode != 0 and "bare_newline" in res.stderr, res.stderr
 
     sd.write_config(config(port, 1, 'bare_newline = "reject";'))

@@ -20,21 +20,11 @@ import subprocess
 
 import pytest
 
-from conftest import SLUICE, SLUICED, free_port, require_binary
+from conftest import SLUICE, SLUICED, free_port, require_binary, sluiced_check
 
 ADMIN_PW = "Adm1n pass %with spaces"
 READ_PW = "r3ad-only-pw"
 STRANGER = "nobody"
-
-
-@pytest.fixture
-def cli_copy(workdir):
-    """The sluice command where every user can run it."""
-    require_binary(SLUICE, "SLUICE")
-    path = workdir / "sluice"
-    shutil.copy(SLUICE, path)
-    path.chmod(0o755)
-    return str(path)
 
 
 def as_stranger(*argv, env=None):
@@ -229,11 +219,6 @@ def test_a_reload_changes_the_password_for_new_connections(sluiced, cli_copy):
     assert res.returncode == 1, res
 
 
-def check(path):
-    require_binary(SLUICED, "SLUICED")
-    return subprocess.run([SLUICED, "-t", "-c", str(path)], capture_output=True, text=True,
-                          timeout=30)
-
 
 def test_an_inet_control_socket_without_a_password_is_refused(workdir):
     conf = workdir / "sluice.conf"
@@ -247,7 +232,7 @@ control {{
 }}
 ''')
     conf.chmod(0o600)
-    res = check(conf)
+    res = sluiced_check(conf)
     assert res.returncode == 1, res
     assert (f'{conf}:6: control.listen[1]: "inet:127.0.0.1:{port}" is an inet address, whose '
             'clients carry no credentials: give password_file = '
@@ -282,7 +267,7 @@ control {{
 }}
 ''')
     conf.chmod(0o600)
-    res = check(conf)
+    res = sluiced_check(conf)
     assert res.returncode == 1, res
     line = 6 if key == "password_file" else 7
     assert f"{conf}:{line}: control.{key}: {files[key]} {why}" in res.stderr, res.stderr

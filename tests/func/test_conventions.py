@@ -25,7 +25,8 @@ import subprocess
 
 import pytest
 
-from conftest import SLUICE, SLUICED, free_port, milter_config, wait_until
+from conftest import (SLUICE, SLUICED, free_port, milter_config, sluiced_check,
+                      wait_until)
 from test_intake import Client, intake_config, qid_of
 import milter_wire
 
@@ -41,10 +42,6 @@ ONE_PER_HOUR = """limit "one-per-rcpt" {
 }
 """
 
-
-def check_config(path):
-    return subprocess.run([SLUICED, "-t", "-c", str(path)], capture_output=True, text=True,
-                          timeout=30)
 
 
 # connect with miltertest's own parser of socket strings and negotiate
@@ -162,7 +159,7 @@ def test_malformed_socket_strings_are_refused_with_file_line_and_key(workdir, va
     conf = workdir / "bad.conf"
     conf.write_text(f'user = "root";\nstate_dir = "{workdir}";\n'
                     f'milter {{\n  mode = "0660";\n  listen = "{value}";\n}}\n')
-    res = check_config(conf)
+    res = sluiced_check(conf)
     assert res.returncode != 0, res.stdout + res.stderr
     out = res.stdout + res.stderr
     shown = value if len(value) <= 100 else value[:100] + "..."
@@ -198,14 +195,14 @@ def control_config(workdir, listen, extra="", password=True):
 def test_an_inet_control_socket_other_hosts_reach_must_be_allowed(workdir):
     port = free_port()
     conf = control_config(workdir, f"inet:{port}")
-    res = check_config(conf)
+    res = sluiced_check(conf)
     assert res.returncode != 0, res
     assert re.search(rf'{re.escape(str(conf))}:5: control\.listen: "inet:{port}" can be '
                      r"reached from other hosts, and the control password crosses the network "
                      r"in clear: .*set allow_remote = true", res.stderr), res.stderr
-    res = check_config(control_config(workdir, f"inet:{port}", "  allow_remote = true;\n"))
+    res = sluiced_check(control_config(workdir, f"inet:{port}", "  allow_remote = true;\n"))
     assert res.returncode == 0, res.stderr
-    res = check_config(control_config(workdir, f"inet:{port}@127.0.0.1"))
+    res = sluiced_check(control_config(workdir, f"inet:{port}@127.0.0.1"))
     assert res.returncode == 0, res.stderr
 
 
@@ -334,7 +331,7 @@ def sizes_config(workdir, max_message_size, max_line_length="998"):
 ])
 def test_a_size_with_a_decimal_unit_is_refused_naming_both_readings(workdir, value, message):
     conf = sizes_config(workdir, value)
-    res = check_config(conf)
+    res = sluiced_check(conf)
     assert res.returncode != 0, res
     assert re.search(rf"{re.escape(str(conf))}:5: intake\.max_message_size: {message}",
                      res.stderr, re.M), res.stderr
@@ -342,7 +339,7 @@ def test_a_size_with_a_decimal_unit_is_refused_naming_both_readings(workdir, val
 
 def test_an_octet_count_is_a_size(workdir):
     conf = sizes_config(workdir, "10MiB", max_line_length="2k")
-    res = check_config(conf)
+    res = sluiced_check(conf)
     assert res.returncode != 0, res
     assert re.search(rf'{re.escape(str(conf))}:6: intake\.max_line_length: "2k" is '
                      r"ambiguous: write 2KiB \(2048 bytes\) or 2000$", res.stderr,
@@ -355,7 +352,7 @@ def test_an_octet_count_is_a_size(workdir):
 ])
 def test_sizes_are_read_and_printed_back_in_a_form_read_again(workdir, value, printed):
     conf = sizes_config(workdir, value, max_line_length="1KiB")
-    res = check_config(conf)
+    res = sluiced_check(conf)
     assert res.returncode == 0, res
     dump = subprocess.run([SLUICED, "-D", "-c", str(conf)], capture_output=True, text=True,
                           timeout=30)
@@ -365,7 +362,7 @@ def test_sizes_are_read_and_printed_back_in_a_form_read_again(workdir, value, pr
     # what -D printed is itself a configuration sluiced reads, to the same values
     again = workdir / "again.conf"
     again.write_text(dump.stdout)
-    res = check_config(again)
+    res = sluiced_check(again)
     assert res.returncode == 0, res.stderr
     dump2 = subprocess.run([SLUICED, "-D", "-c", str(again)], capture_output=True,
                            text=True, timeout=30)

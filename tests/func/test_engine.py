@@ -16,9 +16,8 @@ import time
 import pytest
 
 import milter_wire as w
-from conftest import (INTERFACE_MODIFY_EXAMPLE, SLUICED, SOURCE_ROOT, all_stages, ensure_user,
-                      free_port, milter_config, modify_all, require_binary, unix_listening,
-                      wait_until)
+from conftest import (INTERFACE_MODIFY_EXAMPLE, SOURCE_ROOT, all_stages, ensure_user, free_port,
+                      milter_config, modify_all, sluiced_check, unix_listening, wait_until)
 
 ALL = all_stages("continue")
 
@@ -655,24 +654,19 @@ def test_sigterm_deadline_ends_stuck_sessions(sluiced):
     print(f"sluiced exited {elapsed:.1f}s after SIGTERM with 2 stuck sessions")
 
 
-def config_check(path):
-    require_binary(SLUICED, "SLUICED")
-    return subprocess.run([SLUICED, "-t", "-c", str(path)], capture_output=True, text=True,
-                          timeout=30)
-
 
 def test_config_check_accepts_good_files(workdir):
     good = workdir / "good.conf"
     good.write_text(milter_config(reply=all_stages("continue", eom="accept"),
                                   modify=modify_all()).replace("@DIR@", str(workdir)))
-    res = config_check(good)
+    res = sluiced_check(good)
     assert res.returncode == 0, res.stderr
     assert not os.path.exists(workdir / "milter.sock"), "-t created the milter socket"
 
     shipped = SOURCE_ROOT / "etc/sluice.conf"
     if os.geteuid() == 0:
         ensure_user("sluice")  # the shipped file runs sluiced as sluice, as `make run` makes
-    res = config_check(shipped)
+    res = sluiced_check(shipped)
     assert res.returncode == 0, f"the shipped {shipped} is refused: {res.stderr}"
 
 
@@ -681,7 +675,7 @@ def test_config_check_accepts_the_interface_example(workdir):
     path = workdir / "example.conf"
     path.write_text(milter_config(milter_extra=INTERFACE_MODIFY_EXAMPLE).replace(
         "@DIR@", str(workdir)))
-    res = config_check(path)
+    res = sluiced_check(path)
     assert res.returncode == 0, res.stderr
 
 
@@ -718,7 +712,7 @@ def test_config_check_names_file_line_and_key(workdir, case):
         lines += [text, f'milter {{ listen = "unix:{workdir}/milter.sock"; }}']
         line = 5
     path.write_text("\n".join(lines) + "\n")
-    res = config_check(path)
+    res = sluiced_check(path)
     assert res.returncode == 1, f"exit {res.returncode} for {case}: {res.stdout}{res.stderr}"
     assert f"{path}:{line}" in res.stderr, f"no {path}:{line} in: {res.stderr}"
     assert key in res.stderr, f"the error does not name {key!r}: {res.stderr}"
@@ -727,11 +721,11 @@ def test_config_check_names_file_line_and_key(workdir, case):
 def test_config_check_syntax_error_and_missing_file(workdir):
     path = workdir / "syntax.conf"
     path.write_text('workers = 2;\nmilter {\n  listen = "unix:/x";\n  reply { rcpt = ; }\n}\n')
-    res = config_check(path)
+    res = sluiced_check(path)
     assert res.returncode == 1
     assert re.search(rf"{re.escape(str(path))}:\d+", res.stderr), res.stderr
 
-    res = config_check(workdir / "missing.conf")
+    res = sluiced_check(workdir / "missing.conf")
     assert res.returncode == 1
     assert "missing.conf" in res.stderr
 

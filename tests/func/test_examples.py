@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from conftest import SLUICED, SOURCE_ROOT, ensure_user, require_binary
+from conftest import SLUICED, SOURCE_ROOT, ensure_user, require_binary, sluiced_check
 
 EXAMPLES = SOURCE_ROOT / "etc/examples"
 NAMES = ["isp-smarthost.conf", "university.conf", "cluster.conf"]
@@ -46,17 +46,13 @@ def copy_example(name, d):
     return path
 
 
-def check(path):
-    return subprocess.run([SLUICED, "-t", "-c", str(path)], capture_output=True, text=True,
-                          timeout=30)
-
 
 @pytest.mark.parametrize("name", NAMES)
 def test_example_passes_sluiced_t(name, workdir):
     require_binary(SLUICED, "SLUICED")
     if os.geteuid() == 0:
         ensure_user("sluice")  # the examples run sluiced as sluice
-    res = check(copy_example(name, workdir))
+    res = sluiced_check(copy_example(name, workdir))
     assert res.returncode == 0, f"sluiced -t {name}:\n{res.stderr}"
     assert "configuration ok" in res.stdout + res.stderr
 
@@ -72,7 +68,7 @@ def test_a_missing_overrides_file_is_named_with_its_line(workdir):
     require_binary(SLUICED, "SLUICED")
     path = copy_example("university.conf", workdir)
     (workdir / "recipient-domain.limits").unlink()
-    res = check(path)
+    res = sluiced_check(path)
     line = next(i for i, l in enumerate(path.read_text().splitlines(), 1)
                 if 'overrides = "recipient-domain.limits"' in l)
     assert res.returncode != 0
@@ -83,7 +79,7 @@ def test_a_missing_password_file_is_named(workdir):
     require_binary(SLUICED, "SLUICED")
     path = copy_example("isp-smarthost.conf", workdir)
     (workdir / "isp.secret").unlink()
-    res = check(path)
+    res = sluiced_check(path)
     assert res.returncode != 0
     assert 'route "isp".auth.password_file' in res.stderr and "isp.secret" in res.stderr
 
@@ -131,7 +127,7 @@ def test_D_output_reads_back(name, workdir):
     again = workdir / "again.conf"
     again.write_text(first.stdout)
     again.chmod(0o600)  # an example's inline password would make it a secret
-    res = check(again)
+    res = sluiced_check(again)
     assert res.returncode == 0, f"sluiced -t on the output of -D {name}:\n{res.stderr}"
     second = dump(again, "-D")
     assert second.stdout == first.stdout

@@ -24,7 +24,7 @@ import time
 import pytest
 
 from conftest import (SLUICE, SLUICED, SOURCE_ROOT, ensure_user, free_port, require_binary,
-                      wait_until)
+                      sluiced_check, wait_until)
 from smarthost import smarthost  # noqa: F401 (fixture)
 from test_redis import redis  # noqa: F401 (fixture)
 
@@ -79,11 +79,6 @@ def proc_ids(pid):
     groups = [int(x) for x in re.search(r"^Groups:[ \t]*(.*)$", status, re.M).group(1).split()]
     return uid, gid, groups
 
-
-def check(path):
-    require_binary(SLUICED, "SLUICED")
-    return subprocess.run([SLUICED, "-t", "-c", str(path)], capture_output=True, text=True,
-                          timeout=30)
 
 
 def send_one(port, rcpt="someone@example.net"):
@@ -141,7 +136,7 @@ def test_started_as_root_without_user_is_refused(workdir):
     assert str(conf) in res.stderr
     assert not os.path.exists(workdir / "control.sock")
     # the check of the file itself passes: the file is valid, the start is what is refused
-    assert check(conf).returncode == 0
+    assert sluiced_check(conf).returncode == 0
 
 
 def test_user_root_keeps_root_and_says_so(sluiced):
@@ -161,7 +156,7 @@ def test_user_root_keeps_root_and_says_so(sluiced):
 def test_unknown_user_or_group_is_a_precise_error(workdir, users, key, text, message):
     conf = workdir / "sluice.conf"
     conf.write_text(f'milter {{ listen = "unix:{workdir}/m.sock"; }}\n{text}\n')
-    res = check(conf)
+    res = sluiced_check(conf)
     assert res.returncode == 1, res
     assert re.search(rf"{re.escape(str(conf))}:2: {message}", res.stderr), res.stderr
 
@@ -277,7 +272,7 @@ def test_password_file_modes(workdir, users, mode, owner, ok):
     conf = workdir / "sluice.conf"
     conf.write_text(base_config(extra=redis_store_text(f'password_file = "{secret}";'))
                     .replace("@DIR@", str(workdir)))
-    res = check(conf)
+    res = sluiced_check(conf)
     if ok:
         assert res.returncode == 0, res.stderr
         return
@@ -297,13 +292,13 @@ def test_inline_password_makes_the_configuration_a_secret(workdir, users):
     conf.write_text(base_config(extra=redis_store_text('password = "inline-s3cret";'))
                     .replace("@DIR@", str(workdir)))
     conf.chmod(0o644)
-    res = check(conf)
+    res = sluiced_check(conf)
     assert res.returncode == 1
     assert (f"store.password: {conf} (it holds a password) has mode 0644: others may read "
             f"it; fix: chmod 0640 {conf}") in res.stderr, res.stderr
     assert "inline-s3cret" not in res.stderr
     conf.chmod(0o640)
-    assert check(conf).returncode == 0
+    assert sluiced_check(conf).returncode == 0
 
 
 def test_route_password_file_checked_and_reload_refused(sluiced, users):
@@ -387,16 +382,6 @@ route "isp" {{
 
 # ---------------------------------------------------------------------------------------
 # the control socket's peers
-
-@pytest.fixture
-def cli_copy(workdir):
-    """The sluice command where every user can run it."""
-    require_binary(SLUICE, "SLUICE")
-    path = workdir / "sluice"
-    shutil.copy(SLUICE, path)
-    path.chmod(0o755)
-    return str(path)
-
 
 def test_control_peers(sluiced, users, cli_copy):
     """A socket made 0666 by mistake: a stranger is refused all the same; a member of the
@@ -657,7 +642,7 @@ def test_shipped_configuration_layout(users):
     text = shipped.read_text()
     assert re.search(r'^user = "sluice";$', text, re.M)
     assert 'listen = "unix:/run/sluice/control.sock";' in text
-    assert check(shipped).returncode == 0
+    assert sluiced_check(shipped).returncode == 0
     res = subprocess.run([SLUICE, "-c", str(shipped), "status"], capture_output=True,
                          text=True, timeout=20)
     # running or not, the command looked where the daemon listens

@@ -22,9 +22,10 @@ from smarthost import make_test_certs, smarthost, tls_certs  # noqa: F401 (fixtu
 HOST = "relay.sluice.test"
 
 
-def relay_config(intake_port, smarthost_port, route="", relay="", extra=""):
+def relay_config(intake_port, smarthost_port, route="", relay="", extra="", intake=""):
     route_lines = "\n".join("  " + l for l in route.strip().splitlines())
     relay_lines = "\n".join("  " + l for l in relay.strip().splitlines())
+    intake_lines = "\n".join("  " + l for l in intake.strip().splitlines())
     return f"""workers = 2;
 stats_interval = 0;
 shutdown_timeout = 5s;
@@ -36,6 +37,7 @@ control {{
 intake {{
   listen = "inet:127.0.0.1:{intake_port}";
   hostname = "{HOST}";
+{intake_lines}
 }}
 queue {{ dir = "@DIR@/queue"; }}
 relay {{
