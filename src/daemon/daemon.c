@@ -9,7 +9,6 @@
  * beside the running one and swapped in only if it loads completely.  SIGTERM/SIGINT stop
  * accepting and let sessions drain until shutdown_timeout, then close what remains.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <event2/event.h>
 #include <fcntl.h>
@@ -1065,16 +1064,8 @@ static enum control_access daemon_control_password(void *arg, struct str secret)
 /* Descriptors open now (0 when /proc cannot tell). */
 static unsigned count_open_fds(void)
 {
-	DIR *dir = opendir("/proc/self/fd");
-	if (!dir)
-		return 0;
-	unsigned n = 0;
-	struct dirent *de;
-	while ((de = readdir(dir)))
-		if (de->d_name[0] != '.')
-			n++;
-	closedir(dir);
-	return n ? n - 1 : 0; /* not the directory's own */
+	int64_t n = fd_count();
+	return n > 0 ? (unsigned)n : 0;
 }
 
 static unsigned plan_workers(const struct sluice_config *c)

@@ -4,7 +4,6 @@
  * Each family is written whole (HELP, TYPE, then its samples), as the format requires.
  * Errors of the buffer (the page's maximum) stick: the first one is returned at the end.
  */
-#include <dirent.h>
 #include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -110,20 +109,6 @@ static void by_row(struct page *p, const struct column *c, const char *label, co
 
 /* ---- the process ---- */
 
-static int64_t count_fds(void)   /* -1: unknown */
-{
-	DIR *d = opendir("/proc/self/fd");
-	if (!d)
-		return -1;
-	int64_t n = 0;
-	struct dirent *e;
-	while ((e = readdir(d)))
-		if (e->d_name[0] != '.')
-			n++;
-	closedir(d);
-	return n ? n - 1 : 0; /* not the directory's own descriptor */
-}
-
 /* /proc/stat's btime, read once (it is long: a line per CPU and the interrupts). */
 static uint64_t boot_time(void)
 {
@@ -182,7 +167,7 @@ static void render_process(struct page *p, const struct metrics_sources *src)
 		    "Total user and system CPU time spent in seconds.");
 		dbl(p, "process_cpu_seconds_total", NULL, 0, ps.cpu_seconds);
 	}
-	int64_t fds = count_fds();
+	int64_t fds = fd_count();
 	if (fds >= 0) {
 		fam(p, "process_open_fds", "gauge", "Number of open file descriptors.");
 		u64(p, "process_open_fds", NULL, 0, (uint64_t)fds);

@@ -1,6 +1,7 @@
 /*
  * util -- small generic helpers (see util.h).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -29,6 +30,20 @@ int fd_set_cloexec(int fd)
 	if (fl < 0 || fcntl(fd, F_SETFD, fl | FD_CLOEXEC) < 0)
 		return -errno;
 	return 0;
+}
+
+int64_t fd_count(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	if (!d)
+		return -1;
+	int64_t n = 0;
+	struct dirent *e;
+	while ((e = readdir(d)))
+		if (e->d_name[0] != '.')
+			n++;
+	closedir(d);
+	return n ? n - 1 : 0; /* not the directory's own descriptor */
 }
 
 int fmt_fixed(char *dst, size_t len, const char *fmt, ...)

@@ -44,6 +44,8 @@ static inline struct timeval timeval_from_ms(uint64_t ms)
 
 int fd_set_nonblock(int fd);
 int fd_set_cloexec(int fd);
+/* The descriptors the process holds (from /proc/self/fd), or -1 when it cannot tell. */
+int64_t fd_count(void);
 
 /* snprintf that reports truncation: 0, or -ENOBUFS when the output did not fit. */
 int fmt_fixed(char *dst, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
