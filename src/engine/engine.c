@@ -583,6 +583,17 @@ void session_protocol_error(struct session *s, const char *why)
 	session_free(s);
 }
 
+/* A connection refused (over max_sessions, or the descriptors): the service's refusal,
+ * written if the socket takes it at once, and closed. */
+static void refuse_connection(const struct service *svc, int fd)
+{
+	if (svc->ops->refuse_msg) {
+		ssize_t wr = write(fd, svc->ops->refuse_msg, strlen(svc->ops->refuse_msg));
+		(void)wr;
+	}
+	close(fd);
+}
+
 /* None of w's sessions may give way to the newcomer m (its oldest request is data on
  * time, say): the next worker tries, each at most once.  true when handed on. */
 static bool evict_elsewhere(struct worker *w, const struct worker_msg *m)
@@ -609,22 +620,13 @@ static void session_start(struct worker *w, const struct worker_msg *m)
 			return;
 		/* none may give way (the requests there are young, or ended meanwhile): refused
 		 * as at the listener, logged once a second at most */
-		uint64_t now = now_ms();
-		if (now - w->evict_logged_ms >= REQUEST_LOG_MS) {
+		uint64_t unlogged;
+		if (request_log_due(w, now_ms(), &unlogged))
 			log_notice("svc=%s peer=%s refused: the service is full and no session's "
 				   "request is slow enough to give way (%" PRIu64 " more refused or "
 				   "closed to make room since the last such line)", svc->name, m->peer,
-				   w->evict_unlogged);
-			w->evict_logged_ms = now;
-			w->evict_unlogged = 0;
-		} else {
-			w->evict_unlogged++;
-		}
-		if (svc->ops->refuse_msg) {
-			ssize_t wr = write(m->fd, svc->ops->refuse_msg, strlen(svc->ops->refuse_msg));
-			(void)wr;
-		}
-		close(m->fd);
+				   unlogged);
+		refuse_connection(svc, m->fd);
 		service_shard_count(svc, w->idx, count_refused, NULL);
 		slot_release(svc, w, m->fds);
 		return;
@@ -840,6 +842,22 @@ static void format_peer(const struct sockaddr_storage *ss, socklen_t sl, int fd,
 	(void)sl;
 }
 
+/* Main thread: a connection of svc taken by worker w -- its slot (the service's, the
+ * worker's and its descriptors) counted, and posted; on failure closed and the slot given
+ * back.  Returns the service's sessions counting this one. */
+static uint64_t hand_off(struct service *svc, struct worker *w, const struct worker_msg *m)
+{
+	uint64_t cur = atomic_fetch_add(&svc->current, 1) + 1;
+	atomic_fetch_add(&w->nsessions, 1);
+	atomic_fetch_add(&svc->e->fds_sessions, m->fds);
+	if (worker_post(w, m) < 0) {
+		close(m->fd);
+		slot_release(svc, w, m->fds);
+		log_error("svc=%s: cannot hand a connection to a worker", svc->name);
+	}
+	return cur;
+}
+
 static void listener_resume(evutil_socket_t fd, short what, void *arg)
 {
 	struct listener *l = arg;
@@ -951,22 +969,11 @@ static void listener_on_accept(evutil_socket_t lfd, short what, void *arg)
 			/* at max_sessions: the worker with the oldest open request of the service
 			 * closes its slowest one and takes this connection (or refuses it) */
 			m.evict = true;
-			atomic_fetch_add(&svc->current, 1);
-			atomic_fetch_add(&evict_w->nsessions, 1);
-			atomic_fetch_add(&e->fds_sessions, m.fds);
-			if (worker_post(evict_w, &m) < 0) {
-				close(fd);
-				slot_release(svc, evict_w, m.fds);
-				log_error("svc=%s: cannot hand a connection to a worker", svc->name);
-			}
+			hand_off(svc, evict_w, &m);
 			continue;
 		}
 		if (full) {
-			if (svc->ops->refuse_msg) {
-				ssize_t wr = write(fd, svc->ops->refuse_msg, strlen(svc->ops->refuse_msg));
-				(void)wr;
-			}
-			close(fd);
+			refuse_connection(svc, fd);
 			service_shard_count(svc, e->nworkers, count_refused, NULL);
 			refuse_log(svc, m.peer, max, fds_full);
 			continue;
@@ -978,18 +985,10 @@ static void listener_on_accept(evutil_socket_t lfd, short what, void *arg)
 				   svc->name, max, svc->refused_burst, ms / 1000, ms % 1000 / 100);
 			svc->refusing = false;
 		}
-		uint64_t now_cur = atomic_fetch_add(&svc->current, 1) + 1;
+		uint64_t now_cur = hand_off(svc, least_loaded(e), &m);
 		uint64_t pk = atomic_load(&svc->peak);
 		while (now_cur > pk && !atomic_compare_exchange_weak(&svc->peak, &pk, now_cur))
 			;
-		struct worker *w = least_loaded(e);
-		atomic_fetch_add(&w->nsessions, 1);
-		atomic_fetch_add(&e->fds_sessions, m.fds);
-		if (worker_post(w, &m) < 0) {
-			close(fd);
-			slot_release(svc, w, m.fds);
-			log_error("svc=%s: cannot hand a connection to a worker", svc->name);
-		}
 	}
 }
 

@@ -189,6 +189,9 @@ void request_track(struct session *s, size_t consumed);
 /* At max_sessions, on w: close the session slowest against its deadline to make room for
  * a newcomer of svc.  false: none may give way. */
 bool request_evict(struct worker *w, struct service *svc);
+/* Whether a line on making room (an eviction, or a refusal when none could give way) is
+ * due on w now: one a second, with the count of those not logged since. */
+bool request_log_due(struct worker *w, uint64_t now, uint64_t *ret_unlogged);
 /* Main thread: the worker with the oldest open request of svc, or NULL. */
 struct worker *request_worker_to_evict(struct engine *e, const struct service *svc);
 /* The decisions, pure functions of the session's request and the clock (table-tested):

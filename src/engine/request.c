@@ -34,16 +34,20 @@ static void count_evicted(struct service_counters *c, const void *arg)
 	c->evicted++;
 }
 
+/* The time an explicit request's bytes earned at its minimum rate (0 without one). */
+static uint64_t request_earned_ms(const struct session *s)
+{
+	uint64_t r = s->rb.min_rate;
+	return r ? s->req_bytes / r * 1000 + s->req_bytes % r * 1000 / r : 0;
+}
+
 /* How long the open request may take in all, from its start: command_timeout, or for an
  * explicit request its base plus what its bytes earned, within its maximum. */
 uint64_t request_allowed_ms(const struct session *s)
 {
 	if (!s->req_explicit)
 		return atomic_load(&s->svc->command_timeout_ms);
-	uint64_t ms = s->rb.base_ms;
-	if (s->rb.min_rate)
-		ms += s->req_bytes / s->rb.min_rate * 1000 +
-		      s->req_bytes % s->rb.min_rate * 1000 / s->rb.min_rate;
+	uint64_t ms = s->rb.base_ms + request_earned_ms(s);
 	return ms < s->rb.max_ms ? ms : s->rb.max_ms;
 }
 
@@ -176,9 +180,7 @@ bool request_evictable(const struct session *s, uint64_t now, uint64_t *ret_slow
 	uint64_t elapsed = request_elapsed(s, now);
 	uint64_t allowed = request_allowed_ms(s);
 	uint64_t slow = elapsed * 1024 / (allowed ? allowed : 1);
-	if (s->req_explicit && s->rb.min_rate &&
-	    s->req_bytes / s->rb.min_rate * 1000 +
-			    s->req_bytes % s->rb.min_rate * 1000 / s->rb.min_rate >= elapsed)
+	if (s->req_explicit && s->rb.min_rate && request_earned_ms(s) >= elapsed)
 		return false;
 	if (s->req_explicit && !s->rb.min_rate && slow < EVICT_MIN_SLOW)
 		return false;
@@ -234,23 +236,30 @@ static void request_on_deadline(evutil_socket_t fd, short what, void *arg)
 
 /* The service is at max_sessions and a connection came for it: the slowest open request
  * of this worker makes room for it, told what a timeout tells.  false: none could. */
+bool request_log_due(struct worker *w, uint64_t now, uint64_t *ret_unlogged)
+{
+	if (now - w->evict_logged_ms < REQUEST_LOG_MS) {
+		w->evict_unlogged++;
+		return false;
+	}
+	*ret_unlogged = w->evict_unlogged;
+	w->evict_logged_ms = now;
+	w->evict_unlogged = 0;
+	return true;
+}
+
 bool request_evict(struct worker *w, struct service *svc)
 {
 	struct session *v = request_victim(w, svc);
 	if (!v)
 		return false;
-	uint64_t now = now_ms();
-	if (now - w->evict_logged_ms >= REQUEST_LOG_MS) {
+	uint64_t now = now_ms(), unlogged;
+	if (request_log_due(w, now, &unlogged))
 		session_log(v, LOG_LEVEL_NOTICE, "max_sessions reached: closing this session, "
 			    "whose request has been open %" PRIu64 " ms of its %" PRIu64 " ms, "
 			    "to serve a new connection (%" PRIu64 " more closed the same way since "
 			    "the last such line)", request_elapsed(v, now), request_allowed_ms(v),
-			    w->evict_unlogged);
-		w->evict_logged_ms = now;
-		w->evict_unlogged = 0;
-	} else {
-		w->evict_unlogged++;
-	}
+			    unlogged);
 	service_shard_count(svc, w->idx, count_evicted, NULL);
 	if (svc->ops->timeout)
 		svc->ops->timeout(v);
