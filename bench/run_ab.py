@@ -33,26 +33,23 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
 DURATION = os.environ.get("BENCH_DURATION", "4")
 MESSAGES = int(os.environ.get("BENCH_MESSAGES", "2000"))
 
-MILTER_CONF = """workers = 2;
+# what both configurations share: the daemon, its log and its control socket
+BASE_CONF = """workers = 2;
 user = "root";
 state_dir = "{d}";
 stats_interval = 0;
 log {{ target = "stderr"; level = "warning"; }}
 control {{ listen = "unix:{d}/control.sock"; }}
-milter {{
+"""
+
+MILTER_CONF = BASE_CONF + """milter {{
   listen = "unix:{d}/milter.sock";
   max_sessions = 30000;
   reply {{ connect = "continue"; helo = "continue"; mail = "continue"; rcpt = "continue"; eom = "accept"; }}
 }}
 """
 
-INTAKE_CONF = """workers = 2;
-user = "root";
-state_dir = "{d}";
-stats_interval = 0;
-log {{ target = "stderr"; level = "warning"; }}
-control {{ listen = "unix:{d}/control.sock"; }}
-intake {{ listen = "inet:127.0.0.1:{port}"; max_sessions = 1000; }}
+INTAKE_CONF = BASE_CONF + """intake {{ listen = "inet:127.0.0.1:{port}"; max_sessions = 1000; }}
 queue {{ dir = "{d}/queue"; }}
 """
 
