@@ -627,6 +627,7 @@ static void session_start(struct worker *w, const struct worker_msg *m)
 				   "closed to make room since the last such line)", svc->name, m->peer,
 				   unlogged);
 		refuse_connection(svc, m->fd);
+		atomic_fetch_add(&svc->refused_on_workers, 1);
 		service_shard_count(svc, w->idx, count_refused, NULL);
 		slot_release(svc, w, m->fds);
 		return;
@@ -870,15 +871,24 @@ static void listener_resume(evutil_socket_t fd, short what, void *arg)
 /* Logs a connection refused over max_sessions: the first of a burst with what the peer
  * was told, then one reminder per REFUSE_REMIND_MS with the count; the end of the burst is
  * logged by the accept that follows it. */
+/* The refusals the workers made since the main thread last looked (main thread). */
+static uint64_t take_worker_refusals(struct service *svc)
+{
+	if (!atomic_load_explicit(&svc->refused_on_workers, memory_order_relaxed))
+		return 0;
+	return atomic_exchange(&svc->refused_on_workers, 0);
+}
+
 static void refuse_log(struct service *svc, const char *peer, unsigned max, bool fds)
 {
 	uint64_t now = now_ms();
 	const char *msg = svc->ops->refuse_msg;
-	svc->refused_burst++;
+	uint64_t on_workers = take_worker_refusals(svc);
+	svc->refused_burst += 1 + on_workers;
 	if (!svc->refusing) {
 		svc->refusing = true;
 		svc->refuse_start_ms = svc->refuse_logged_ms = now;
-		svc->refused_burst = 1;
+		svc->refused_burst = 1 + on_workers; /* they came just before, in the same burst */
 		svc->refused_unlogged = 0;
 		/* the refusal's first line, without its line ending */
 		int len = msg ? (int)strcspn(msg, "\r\n") : 0;
@@ -896,7 +906,7 @@ static void refuse_log(struct service *svc, const char *peer, unsigned max, bool
 			    len, msg ? msg : "", msg ? "\"" : "");
 		return;
 	}
-	svc->refused_unlogged++;
+	svc->refused_unlogged += 1 + on_workers;
 	if (now - svc->refuse_logged_ms >= REFUSE_REMIND_MS) {
 		log_warning("svc=%s: still at max_sessions (%u): %" PRIu64 " connections refused "
 			    "in the last %" PRIu64 " s",
@@ -978,7 +988,10 @@ static void listener_on_accept(evutil_socket_t lfd, short what, void *arg)
 			refuse_log(svc, m.peer, max, fds_full);
 			continue;
 		}
+		/* outside a burst they were logged where they were made */
+		uint64_t on_workers = take_worker_refusals(svc);
 		if (svc->refusing) {
+			svc->refused_burst += on_workers;
 			uint64_t ms = now_ms() - svc->refuse_start_ms;
 			log_notice("svc=%s: below max_sessions (%u) again: %" PRIu64 " connections "
 				   "refused in %" PRIu64 ".%" PRIu64 " s",

@@ -62,6 +62,9 @@ struct service {
 	 * would flood the log).  Main thread only: the listeners run there. */
 	bool refusing;
 	uint64_t refuse_start_ms, refuse_logged_ms, refused_burst, refused_unlogged;
+	/* Refusals made on a worker (a connection sent to make room where, by the time it
+	 * came, none could give way), for the main thread to count in the burst. */
+	_Atomic uint64_t refused_on_workers;
 };
 
 /* A worker's sessions of one service that have a request open, oldest first. */
