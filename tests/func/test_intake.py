@@ -69,8 +69,10 @@ class Intake:
         self.queue_dir = s.dir / "queue"
         self.log = s.log
 
-    def connect(self, timeout=10, greeting=True):
-        c = Client(("127.0.0.1", self.port), timeout)
+    def connect(self, timeout=10, greeting=True, source=None):
+        """A client of the intake on 127.0.0.1; source: the client's own address (any of
+        127/8 on loopback)."""
+        c = Client(("127.0.0.1", self.port), timeout, source=source)
         if greeting:
             r = c.reply()
             assert r.code == 220, f"expected a 220 greeting, got {r}"
@@ -237,13 +239,14 @@ class Reply:
 
 
 class Client:
-    def __init__(self, address, timeout=10):
+    def __init__(self, address, timeout=10, source=None):
         if isinstance(address, str):
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self.sock.settimeout(timeout)
             self.sock.connect(address)
         else:
-            self.sock = socket.create_connection(address, timeout=timeout)
+            self.sock = socket.create_connection(
+                address, timeout=timeout, source_address=(source, 0) if source else None)
         self.buf = b""
         self.eof = False
 
@@ -903,6 +906,50 @@ def test_client_outside_allow_is_refused_at_connect(intake):
     it.assert_nothing_queued()
     it.log.wait_for(r"client \[127\.0\.0\.1\] not in intake allow: refused")
     assert intake_counters(it.stats())["refused"] == 1
+
+
+ALLOW_EDGES = [
+    # 127.0.0.0-1: the intake's usual client is the last address in
+    ("127.0.0.0/31", ["127.0.0.1"], ["127.0.0.2"]),
+    # 127.0.0.2-3: 127.0.0.1 is the address just below
+    ("127.0.0.2/31", ["127.0.0.2", "127.0.0.3"], ["127.0.0.1", "127.0.0.4"]),
+    # one address: its neighbours on both sides are out
+    ("127.0.0.2/32", ["127.0.0.2"], ["127.0.0.1", "127.0.0.3"]),
+    # a boundary inside the byte, not at its last bit
+    ("127.0.0.128/25", ["127.0.0.128", "127.0.0.255"], ["127.0.0.127"]),
+]
+
+
+@pytest.mark.parametrize("allow, inside, outside", ALLOW_EDGES,
+                         ids=[e[0] for e in ALLOW_EDGES])
+def test_allow_prefix_boundaries(intake, allow, inside, outside):
+    """allow = [one prefix] and clients bound to the addresses on either side of its
+    edges (loopback carries all of 127/8): each address inside is greeted 220 and its
+    message is queued with client=[ADDR]; each one outside gets 554 5.7.1 at connect and
+    the log line naming it, and the intake counts exactly those refusals."""
+    it = intake(intake=[f"allow = [{q(allow)}];"])
+    for addr in inside:
+        with it.connect(greeting=False, source=addr) as c:
+            r = c.reply()
+            assert r.starts("220"), f"{addr} in allow {allow}: expected 220, got {r}"
+            qid = qid_of(c.message(FROM, [TO], b"Subject: inside\r\n\r\nx\r\n"))
+            c.expect("QUIT", "221")
+        esc = re.escape(addr)
+        it.log.wait_for(rf"svc=intake peer=\S+ queued qid={qid} .* client=\[{esc}\]$")
+    for addr in outside:
+        with it.connect(greeting=False, source=addr) as c:
+            r = c.reply()
+            assert r.starts("554 5.7.1"), (
+                f"{addr} outside allow {allow}: expected 554 5.7.1 at connect, got {r}")
+            r = c.cmd(f"MAIL FROM:<{FROM}>")
+            assert r.starts("503 5.7.1"), f"expected 503 5.7.1 after 554, got {r}"
+        it.log.wait_for(rf"client \[{re.escape(addr)}\] not in intake allow: refused")
+    for addr in inside:
+        assert not it.log.search(rf"client \[{re.escape(addr)}\] not in intake allow"), \
+            it.log.tail()
+    assert sorted(it.msg_files()) == sorted(m["id"] for m in it.listing()["messages"])
+    assert len(it.msg_files()) == len(inside)
+    assert intake_counters(it.stats())["refused"] == len(outside)
 
 
 def test_default_allow_takes_loopback(intake):

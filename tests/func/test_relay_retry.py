@@ -1,16 +1,19 @@
 """Retry times that survive: the relay's backoff across kill -9 and restarts, against
 Postfix's smtp-sink answering 450 to every RCPT (``smtp-sink -r rcpt``) and then a sink
-that takes everything.
+that takes everything; and the backoff itself, doubling up to relay.retry.max, against
+the test smarthost (smarthost.py) answering 451 to every RCPT.
 
 What a user checks: after a restart, no deferred recipient is tried before its time
 (sluiced's own counters and the sink's sessions say so); a kill -9 while retry records
 are being written loses no message and delivers each once; a queue written before the
-retry journal existed is delivered as before.
+retry journal existed is delivered as before; the waits between a recipient's attempts,
+as the smarthost sees them, double from min and stop at max.
 """
 
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -19,6 +22,7 @@ import time
 import pytest
 
 from conftest import SLUICE, free_port, require_binary, tcp_listening, wait_until
+from smarthost import smarthost  # noqa: F401 (fixture)
 from test_queue_load import message_file, qid
 from test_relay import relay_config, send
 
@@ -194,3 +198,65 @@ def test_queue_of_the_previous_version_is_delivered(sluiced, workdir):
         assert relay_stats(sd)["delivered"] == 5
     finally:
         sink.stop()
+
+
+def test_backoff_doubles_from_min_and_stops_at_max(sluiced, smarthost):
+    """retry { min = 1s; max = 3s; } and a smarthost that answers 451 to every RCPT: the
+    smarthost sees the recipient's five attempts 1 s, 2 s, 3 s and 3 s apart (without the
+    cap the last two waits would be 4 s and 8 s), each wait within the 10% either way
+    that sluice.conf(5) gives it; after each attempt `sluice queue --json` plans the next
+    that far ahead, and the log has one deferred line per attempt, attempts=1 to 5."""
+    require_binary(SLUICE, "SLUICE")
+    sh = smarthost(rcpt_tempfail_p=1.0)
+    intake = free_port()
+    sd = sluiced(retry_config(intake, sh.port, retry="min = 1s; max = 3s;"))
+    rcpt = "later@example.net"
+    waits = [1.0, 2.0, 3.0, 3.0, 3.0]    # after attempt 1, 2, ...: min doubled, at most max
+    n = 5
+
+    def tries():
+        """The smarthost's time of each 451 it gave the recipient: one per attempt."""
+        return [r.t for r in sh.replies() if r.code == 451]
+
+    planned = {}    # attempts -> next_attempt_us / 1e6, as `sluice queue --json` shows it
+
+    def look():
+        for line in sd.cli("queue", "--json").stdout.splitlines():
+            for r in json.loads(line)["recipients"]:
+                if r["address"] == rcpt and r["attempts"]:
+                    planned[r["attempts"]] = r["next_attempt_us"] / 1e6
+        return len(tries()) >= n and n in planned
+
+    send(intake, [rcpt])
+    wait_until(lambda: tries(), 10, "a first attempt")
+    # the five attempts take 9 s (at most 9.9 s with the jitter); doubling without the cap
+    # would need 15 s: stop well before and judge what was seen
+    deadline = tries()[0] + sum(waits[:n - 1]) * 1.1 + 2
+    while not look() and time.time() < deadline:
+        time.sleep(0.05)
+    seen = tries()
+    gaps = [b - a for a, b in zip(seen, seen[1:])]
+    # the smarthost's gap is the wait plus the time to connect and reach RCPT on loopback:
+    # at most 0.25 s more, so that the capped 3 s (<= 3.3 s) passes and an uncapped 4 s
+    # (>= 3.6 s) fails
+    for k, gap in enumerate(gaps):
+        lo, hi = waits[k] * 0.9 - 0.01, waits[k] * 1.1 + 0.25
+        assert lo <= gap <= hi, (
+            f"wait after attempt {k + 1}: {gap:.3f}s, expected {waits[k]:g}s "
+            f"({lo:.2f}..{hi:.2f}); gaps {[round(g, 3) for g in gaps]}\n{sd.log.tail(30)}")
+    assert len(seen) == n, (f"expected {n} attempts by {deadline - seen[0]:.1f}s after the "
+                            f"first, the smarthost saw {len(seen)}: gaps "
+                            f"{[round(g, 3) for g in gaps]}")
+    # sluice's own plan: the next attempt min doubled (at most max) after each refusal,
+    # counted from the smarthost's reply (sluice reads it a few ms later)
+    assert sorted(planned) == list(range(1, n + 1)), planned
+    for k in range(1, n + 1):
+        ahead = planned[k] - seen[k - 1]
+        lo, hi = waits[k - 1] * 0.9, waits[k - 1] * 1.1 + 0.1
+        assert lo <= ahead <= hi, (
+            f"after attempt {k} `sluice queue --json` plans the next {ahead:.3f}s ahead, "
+            f"expected {waits[k - 1]:g}s ({lo:.2f}..{hi:.2f}): {planned}")
+    sd.log.wait_for(rf"delivery qid=\S+ rcpt=<{re.escape(rcpt)}> .* attempts={n}$")
+    lines = sd.log.findall(rf"delivery qid=\S+ rcpt=<{re.escape(rcpt)}> lane=isp .* "
+                           r"status=deferred dsn=4\.3\.0 .* attempts=(\d+)$", flags=re.M)
+    assert [int(a) for a in lines] == list(range(1, n + 1)), lines
