@@ -59,6 +59,30 @@ int fmt_fixed(char *dst, size_t len, const char *fmt, ...)
 	return 0;
 }
 
+int dir_sync(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	int rc = fsync(fd) < 0 ? -errno : 0;
+	close(fd);
+	return rc;
+}
+
+int dir_sync_parent(const char *path)
+{
+	char parent[4096];
+	const char *slash = strrchr(path, '/');
+	if (!slash)
+		return dir_sync(".");
+	size_t n = slash == path ? 1 : (size_t)(slash - path);
+	if (n >= sizeof(parent))
+		return -ENAMETOOLONG;
+	memcpy(parent, path, n);
+	parent[n] = '\0';
+	return dir_sync(parent);
+}
+
 int file_read_all(const char *path, size_t max, char **ret, size_t *ret_len)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC);

@@ -114,6 +114,13 @@ bool secret_equal(struct str given, struct str want);
 /* Read a whole file (<= max bytes) into a malloc'ed NUL-terminated buffer. */
 int file_read_all(const char *path, size_t max, char **ret, size_t *ret_len);
 
+/* fsync the directory path: the names created, renamed or removed in it are then on
+ * disk.  0 or -errno. */
+int dir_sync(const char *path);
+
+/* dir_sync of the directory that holds path (its last component's parent). */
+int dir_sync_parent(const char *path);
+
 /* The event loop the calling thread runs, set by that thread when its loop starts (the
  * engine's workers, the daemon's main thread); NULL on other threads.  Backends that
  * answer asynchronously (the Redis store) find their connection for this loop by it. */

@@ -339,6 +339,10 @@ static void on_mailbox(void *items, size_t n, void *arg)
 			begin_stop(r, it->deadline_ms);
 			free(it);
 			break;
+		case MB_HIST_SYNCED:
+			hist_synced(r, it->hist_seq, it->rc);
+			free(it);
+			break;
 		case MB_SETTLED:
 			m = msg_find(r, it->id);
 			if (it->rc < 0)
@@ -440,6 +444,7 @@ struct relay *relay_new(const struct relay_conf *conf, struct queue *q, struct s
 	pthread_mutex_init(&r->fl_lock, NULL);
 	pthread_cond_init(&r->fl_cond, NULL);
 	r->fl_tail = &r->fl_head;
+	TAILQ_INIT(&r->hist_wait);
 	r->crt = conf_rt_new(conf, err, errlen);
 	if (!r->crt) {
 		relay_free(r);

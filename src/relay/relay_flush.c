@@ -43,7 +43,8 @@ void *flush_main(void *arg)
 			int rc = fdatasync(f->fd) < 0 ? -errno : 0;
 			close(f->fd);
 			if (it) {
-				it->kind = MB_SETTLED;
+				it->kind = f->hist_seq ? MB_HIST_SYNCED : MB_SETTLED;
+				it->hist_seq = f->hist_seq;
 				it->rc = rc;
 				snprintf(it->id, sizeof(it->id), "%s", f->id);
 				if (relay_post(r, it) < 0)
@@ -86,4 +87,24 @@ void flush_post(struct relay *r, struct rmsg *m)
 	r->fl_tail = &f->next;
 	pthread_cond_signal(&r->fl_cond);
 	pthread_mutex_unlock(&r->fl_lock);
+}
+
+/* The send history written so far, to disk on the flusher's thread (MB_HIST_SYNCED);
+ * false when there is no flusher (or memory for it): the caller flushes it itself. */
+bool flush_post_hist(struct relay *r)
+{
+	struct flush_req *f = r->flusher_started ? calloc(1, sizeof(*f)) : NULL;
+	int fd = f ? fcntl(r->hist_fd, F_DUPFD_CLOEXEC, 0) : -1;
+	if (fd < 0) {
+		free(f);
+		return false;
+	}
+	f->fd = fd;
+	f->hist_seq = r->hist_seq;
+	pthread_mutex_lock(&r->fl_lock);
+	*r->fl_tail = f;
+	r->fl_tail = &f->next;
+	pthread_cond_signal(&r->fl_cond);
+	pthread_mutex_unlock(&r->fl_lock);
+	return true;
 }

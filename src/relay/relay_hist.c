@@ -45,11 +45,72 @@ static void hist_write(struct relay *r, const char *name, uint64_t us, const cha
 	if (n < 0)
 		return;
 	/* one write per line, O_APPEND: in the page cache at once, so a killed daemon loses
-	 * none; a power failure may lose the last ones (XXX not flushed) */
+	 * none; flushed before the send it records goes out (hist_must_wait), so that a
+	 * power cut loses none the next hop saw */
 	ssize_t w = write(r->hist_fd, line, (size_t)n);
 	(void)w;
 	r->hist_lines++;
+	r->hist_seq++;
 }
+
+static void hist_sync_now(struct relay *r)
+{
+	int rc = r->hist_fd >= 0 && fdatasync(r->hist_fd) < 0 ? -errno : 0;
+	hist_synced(r, r->hist_seq, rc);
+}
+
+/* The history written so far goes to disk: by the flusher, or here without one.  One
+ * flush at a time; what is written meanwhile waits for the next, which then covers all
+ * of it (a group commit of the sends). */
+static void hist_sync(struct relay *r)
+{
+	if (r->hist_syncing || r->hist_synced >= r->hist_seq)
+		return;
+	if (flush_post_hist(r))
+		r->hist_syncing = true;
+	else
+		hist_sync_now(r);
+}
+
+/*
+ * A transaction about to send: true when it must wait for the history to be flushed
+ * (it is parked, and tx_send() is called once its line is on disk), false when it may
+ * go now.
+ */
+bool hist_must_wait(struct relay *r, struct tx *t)
+{
+	if (r->hist_fd < 0 || r->hist_synced >= r->hist_seq)
+		return false;
+	t->hist_seq = r->hist_seq;
+	t->parked = true;
+	TAILQ_INSERT_TAIL(&r->hist_wait, t, hist_link);
+	hist_sync(r); /* without the flusher, flushed here: t has been sent (hist_synced) */
+	return true;
+}
+
+/* The history is on disk up to line seq (rc 0), or could not be flushed (rc < 0): the
+ * transactions waiting for it go.  A failing disk is logged and does not stop the
+ * relay: the budget in memory stays exact, only a power cut could then lose sends. */
+void hist_synced(struct relay *r, uint64_t seq, int rc)
+{
+	r->hist_syncing = false;
+	if (rc < 0) {
+		relay_logf(r, LOG_LEVEL_ERROR, "%s/%s cannot be flushed: %s (the sends go on; a "
+			   "power cut now could forget them)", r->crt->conf.state_dir, HISTORY_FILE,
+			   strerror(-rc));
+	}
+	if (seq > r->hist_synced)
+		r->hist_synced = seq;
+	struct tx *t;
+	while ((t = TAILQ_FIRST(&r->hist_wait)) && t->hist_seq <= r->hist_synced) {
+		TAILQ_REMOVE(&r->hist_wait, t, hist_link);
+		t->parked = false;
+		tx_send(t);
+	}
+	if (!TAILQ_EMPTY(&r->hist_wait))
+		hist_sync(r);
+}
+
 
 void hist_append(struct relay *r, const char *lane, uint64_t t_ns)
 {
@@ -62,6 +123,7 @@ void hist_append_suspension(struct relay *r, const struct lane *l)
 	text_sanitize(why, sizeof(why), str_cstr(l->b.why), SIZE_MAX,
 				      TEXT_NO_QUOTES);
 	hist_write(r, l->name, l->b.suspended_until / 1000, why);
+	hist_sync(r); /* nothing waits for it, but a restart after a power cut must see it */
 }
 
 /* Keep a loaded entry (copies name and why); false when out of memory. */
@@ -161,10 +223,14 @@ void hist_compact(struct relay *r)
 			lines++;
 		}
 	}
-	if (fclose(f) != 0 || rename(tmp, path) != 0) {
+	/* on disk before it replaces the history, and its name after: a power cut leaves
+	 * the old file or the new one, whole */
+	bool ok = fflush(f) == 0 && fdatasync(fileno(f)) == 0;
+	if (fclose(f) != 0 || !ok || rename(tmp, path) != 0) {
 		unlink(tmp);
 		return;
 	}
+	dir_sync(r->crt->conf.state_dir);
 	if (r->hist_fd >= 0)
 		close(r->hist_fd);
 	r->hist_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
@@ -218,7 +284,9 @@ int hist_load(struct relay *r, char *err, size_t errlen)
 	r->hist_fd = -1;
 	if (!r->crt->conf.state_dir)
 		return 0;
-	if (mkdir(r->crt->conf.state_dir, 0700) < 0 && errno != EEXIST) {
+	if (mkdir(r->crt->conf.state_dir, 0700) == 0) {
+		dir_sync_parent(r->crt->conf.state_dir); /* made: its name kept by a power cut */
+	} else if (errno != EEXIST) {
 		snprintf(err, errlen, "state_dir %s: %s", r->crt->conf.state_dir, strerror(errno));
 		return -errno;
 	}
@@ -266,6 +334,13 @@ int hist_load(struct relay *r, char *err, size_t errlen)
 	if (r->hist_fd < 0) {
 		snprintf(err, errlen, "%s: %s", path, strerror(errno));
 		return -errno;
+	}
+	/* the file's name on disk (it may have been made just now), before any send is
+	 * recorded in it: a flush of its data alone would not keep the name */
+	rc = dir_sync(r->crt->conf.state_dir);
+	if (rc < 0) {
+		snprintf(err, errlen, "%s: fsync: %s", r->crt->conf.state_dir, strerror(-rc));
+		return rc;
 	}
 	r->hist_lines = r->nhist;
 	return 0;

@@ -248,13 +248,19 @@ struct tx {
 	struct str *body;
 	size_t nbody;
 	struct smtp_out_msg msg;      /* what smtp_out sends: valid until done() */
+	/* waiting for the send history to be on disk before its MAIL FROM goes out */
+	TAILQ_ENTRY(tx) hist_link;
+	uint64_t hist_seq;            /* the history's lines it waits for */
+	bool parked;
 };
 
-enum mb_kind { MB_QUEUE = 0, MB_DSN_DONE, MB_CALL, MB_STOP, MB_SETTLED };
+enum mb_kind { MB_QUEUE = 0, MB_DSN_DONE, MB_CALL, MB_STOP, MB_SETTLED, MB_HIST_SYNCED };
 
-/* A message's status bytes to flush, off the relay's loop (fd: a dup of its file's). */
+/* A message's status bytes to flush, off the relay's loop (fd: a dup of its file's); or,
+ * with hist_seq, the send history up to that line (fd: a dup of relay.lanes'). */
 struct flush_req {
 	int fd;
+	uint64_t hist_seq;
 	char id[QUEUE_ID_LEN + 1];
 	struct flush_req *next;
 };
@@ -265,6 +271,7 @@ struct mb_item {
 	char id[QUEUE_ID_LEN + 1];
 	int rc;
 	int64_t deadline_ms;          /* MB_STOP */
+	uint64_t hist_seq;            /* MB_HIST_SYNCED: the history's lines now on disk */
 	bool delayed;                 /* MB_DSN_DONE: a delay notice, not a bounce */
 	int (*fn)(struct relay *r, void *arg);
 	void *arg;
@@ -338,6 +345,12 @@ struct relay {
 
 	int hist_fd;
 	uint64_t hist_lines;
+	/* lines written to relay.lanes, and how many of them are known to be on disk: a
+	 * transaction's MAIL FROM waits until its send is (hist_wait), so that a power cut
+	 * cannot take a send the next hop counted out of the budget */
+	uint64_t hist_seq, hist_synced;
+	bool hist_syncing;            /* a flush of the history is with the flusher */
+	TAILQ_HEAD(, tx) hist_wait;
 	struct hist_entry *hist;      /* loaded at start, for lanes not made yet */
 	size_t nhist;
 	uint64_t seq;                 /* member ids of shared sends */
@@ -480,6 +493,7 @@ struct lane_item *lane_pick(struct lane *l, uint64_t now, size_t max, size_t *id
 				   size_t *ret_n, uint64_t *next);
 struct tx *tx_free(struct tx *t);
 bool tx_start(struct lane *l, struct lane_conn *rc, uint64_t now, bool budget_taken);
+void tx_send(struct tx *t);
 
 /* ---- relay_bounce.c: bounces ---- */
 int bounce_collect_body(void *arg, struct str chunk);
@@ -490,11 +504,14 @@ void bounce_start(struct relay *r, struct rmsg *m, bool delayed);
 void hist_append(struct relay *r, const char *lane, uint64_t t_ns);
 void hist_append_suspension(struct relay *r, const struct lane *l);
 void hist_compact(struct relay *r);
+bool hist_must_wait(struct relay *r, struct tx *t);
+void hist_synced(struct relay *r, uint64_t seq, int rc);
 int hist_load(struct relay *r, char *err, size_t errlen);
 
 /* ---- relay_flush.c: the flusher ---- */
 void *flush_main(void *arg);
 void flush_post(struct relay *r, struct rmsg *m);
+bool flush_post_hist(struct relay *r);
 
 /* ---- relay_view.c: views ---- */
 /* A wait in ns as ms for fmt_duration(), UINT64_MAX ("never") kept. */

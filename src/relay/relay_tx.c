@@ -81,6 +81,8 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 struct tx *tx_free(struct tx *t)
 {
 	if (t) {
+		if (t->parked)
+			TAILQ_REMOVE(&t->lane->r->hist_wait, t, hist_link);
 		free(t->idx);
 		free(t->addrs);
 		free(t->dsn);
@@ -178,15 +180,23 @@ bool tx_start(struct lane *l, struct lane_conn *rc, uint64_t now, bool budget_ta
 	rc->tx = t;
 	l->transactions++;
 	r->st.transactions++;
-	relay_logf(r, LOG_LEVEL_DEBUG, "qid=%s lane=%s mta=%s transaction: %zu recipient(s)", m->id, l->name,
-	     smtp_out_peer(rc->c), t->n);
+	if (!hist_must_wait(r, t))
+		tx_send(t);
+	return true;
+}
+
+/* The transaction's first command goes out: its send is in the history on disk. */
+void tx_send(struct tx *t)
+{
+	struct lane_conn *rc = t->rc;
+	relay_logf(t->lane->r, LOG_LEVEL_DEBUG, "qid=%s lane=%s mta=%s transaction: %zu recipient(s)",
+		   t->m->id, t->lane->name, smtp_out_peer(rc->c), t->n);
 	int e = smtp_out_send(rc->c, &t->msg, tx_done, t);
 	if (e < 0) {
 		struct smtp_out_result res = { .stage = SMTP_STAGE_MAIL, .error = e,
 					       .why = "the connection cannot be used" };
 		tx_done(t, rc->c, &res);
 	}
-	return true;
 }
 
 static void dsn_code(const struct smtp_reply *rep, char def, char *out, size_t len)
