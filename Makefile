@@ -20,6 +20,8 @@ TEST_PKGS = postfix miltertest swaks python3-pytest redis-server clang libclang-
 BENCH_PKGS = libmilter-dev redis-server postfix python3-pytest strace
 FUZZ_PKGS = clang libclang-rt-14-dev
 DEB_PKGS = build-essential debhelper dpkg-dev fakeroot lintian
+# the power-cut tests' disk (tests/powercut): a FUSE file system
+TEST_PKGS += fuse3 libfuse3-dev
 # the slow test tests/func/test_deb.py builds the package
 TEST_PKGS += $(DEB_PKGS)
 # test_journald.py runs systemd-journald and journalctl; the package installs them (and

@@ -166,10 +166,16 @@ static int recover_message(void *arg, const struct queue_msg *m)
 	pthread_mutex_lock(&q->ix_lock);
 	r = queue_table_insert(&q->ix, e);
 	pthread_mutex_unlock(&q->ix_lock);
-	if (r < 0)
+	if (r == -EEXIST) {
+		/* committed since the start, after the loader listed msg/: the commit put it
+		 * in the index already */
 		qentry_free(e);
-	else
+		r = 0;
+	} else if (r < 0) {
+		qentry_free(e);
+	} else {
 		q->inserted = true;
+	}
 	return r;
 }
 

@@ -116,7 +116,13 @@ uint64_t lane_budget_take(struct lane_budget *b, uint64_t want, uint64_t now,
 void lane_budget_remember(struct lane_budget *b, uint64_t t)
 {
 	for (unsigned i = 0; i < b->rate.n; i++)
-		slide_take(&b->win[i], b->win[i].cap, lane_budget_window(b, i), t, NULL);
+		slide_remember(&b->win[i], lane_budget_window(b, i), t);
+}
+
+void lane_budget_restamp(struct lane_budget *b, uint64_t from, uint64_t to)
+{
+	for (unsigned i = 0; i < b->rate.n; i++)
+		slide_restamp(&b->win[i], from, to);
 }
 
 uint64_t lane_budget_used(const struct lane_budget *b, unsigned i, uint64_t now)

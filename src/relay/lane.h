@@ -64,6 +64,8 @@ uint64_t lane_budget_take(struct lane_budget *b, uint64_t want, uint64_t now,
 uint64_t lane_budget_wait(const struct lane_budget *b, uint64_t now);
 /* Remember a send made at t (history loaded at start); no limit is checked. */
 void lane_budget_remember(struct lane_budget *b, uint64_t t);
+/* A send counted at from went out at to (>= from): counted from to in every window. */
+void lane_budget_restamp(struct lane_budget *b, uint64_t from, uint64_t to);
 /* Sends counted at now in window i. */
 uint64_t lane_budget_used(const struct lane_budget *b, unsigned i, uint64_t now);
 

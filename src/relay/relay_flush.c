@@ -29,30 +29,33 @@ void *flush_main(void *arg)
 	struct relay *r = arg;
 	pthread_mutex_lock(&r->fl_lock);
 	for (;;) {
-		while (!r->fl_head && !r->fl_stop)
+		while (!r->fl_head && !r->fl_hist && !r->fl_stop)
 			pthread_cond_wait(&r->fl_cond, &r->fl_lock);
-		struct flush_req *f = r->fl_head;
-		if (!f)
+		/* the send history first: transactions wait for it before their MAIL FROM,
+		 * while nothing waits for a message's statuses but its removal */
+		struct flush_req *f = r->fl_hist;
+		if (f) {
+			r->fl_hist = NULL;
+		} else if ((f = r->fl_head)) {
+			r->fl_head = f->next;
+			if (!r->fl_head)
+				r->fl_tail = &r->fl_head;
+		} else {
 			break;
-		r->fl_head = NULL;
-		r->fl_tail = &r->fl_head;
-		pthread_mutex_unlock(&r->fl_lock);
-		while (f) {
-			struct flush_req *next = f->next;
-			struct mb_item *it = calloc(1, sizeof(*it));
-			int rc = fdatasync(f->fd) < 0 ? -errno : 0;
-			close(f->fd);
-			if (it) {
-				it->kind = f->hist_seq ? MB_HIST_SYNCED : MB_SETTLED;
-				it->hist_seq = f->hist_seq;
-				it->rc = rc;
-				snprintf(it->id, sizeof(it->id), "%s", f->id);
-				if (relay_post(r, it) < 0)
-					free(it);
-			}
-			free(f);
-			f = next;
 		}
+		pthread_mutex_unlock(&r->fl_lock);
+		struct mb_item *it = calloc(1, sizeof(*it));
+		int rc = fdatasync(f->fd) < 0 ? -errno : 0;
+		close(f->fd);
+		if (it) {
+			it->kind = f->hist_seq ? MB_HIST_SYNCED : MB_SETTLED;
+			it->hist_seq = f->hist_seq;
+			it->rc = rc;
+			snprintf(it->id, sizeof(it->id), "%s", f->id);
+			if (relay_post(r, it) < 0)
+				free(it);
+		}
+		free(f);
 		pthread_mutex_lock(&r->fl_lock);
 	}
 	pthread_mutex_unlock(&r->fl_lock);
@@ -102,8 +105,7 @@ bool flush_post_hist(struct relay *r)
 	f->fd = fd;
 	f->hist_seq = r->hist_seq;
 	pthread_mutex_lock(&r->fl_lock);
-	*r->fl_tail = f;
-	r->fl_tail = &f->next;
+	r->fl_hist = f; /* one at a time (hist_syncing): the slot is free */
 	pthread_cond_signal(&r->fl_cond);
 	pthread_mutex_unlock(&r->fl_lock);
 	return true;

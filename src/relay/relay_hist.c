@@ -301,10 +301,20 @@ int hist_load(struct relay *r, char *err, size_t errlen)
 	}
 	uint64_t now_us = realtime_ns() / 1000;
 	uint64_t keep = max_window_ns(&r->crt->conf) / 1000 + 1;
-	for (char *line = text, *next; line && *line; line = next) {
-		next = strchr(line, '\n');
-		if (next)
-			*next++ = '\0';
+	/* Lines by length, not as one C string: a power cut may leave a stretch of zero
+	 * bytes where a page of the file was not written back, with the lines appended
+	 * after the restart behind it.  A line holding a zero byte is read from the byte
+	 * after its last one (what came before is the torn end of an older line). */
+	char *end_of_text = text ? text + len : NULL;
+	bool text_ended_torn = len > 0 && text[len - 1] != '\n';
+	for (char *line = text, *next; line && line < end_of_text; line = next) {
+		char *nl = memchr(line, '\n', (size_t)(end_of_text - line));
+		char *seg_end = nl ? nl : end_of_text; /* *end_of_text is the reader's NUL */
+		*seg_end = '\0';
+		next = nl ? nl + 1 : end_of_text;
+		char *zero = memrchr(line, '\0', (size_t)(seg_end - line));
+		if (zero)
+			line = zero + 1;
 		if (strncmp(line, "S ", 2) == 0) {
 			char *name = line + 2, *sp1 = strchr(name, ' ');
 			char *sp2 = sp1 ? strchr(sp1 + 1, ' ') : NULL;
@@ -334,6 +344,12 @@ int hist_load(struct relay *r, char *err, size_t errlen)
 	if (r->hist_fd < 0) {
 		snprintf(err, errlen, "%s: %s", path, strerror(errno));
 		return -errno;
+	}
+	/* a last line cut by a crash or a power cut ends here, so that the first line
+	 * appended now is a line of its own */
+	if (len > 0 && text_ended_torn) {
+		ssize_t w = write(r->hist_fd, "\n", 1);
+		(void)w;
 	}
 	/* the file's name on disk (it may have been made just now), before any send is
 	 * recorded in it: a flush of its data alone would not keep the name */

@@ -252,6 +252,11 @@ struct tx {
 	TAILQ_ENTRY(tx) hist_link;
 	uint64_t hist_seq;            /* the history's lines it waits for */
 	bool parked;
+	/* when its sends were counted (0: counted elsewhere, a shared lane), how many, and
+	 * how often counted again because the history's flush made them late */
+	uint64_t t_counted;
+	uint64_t ncounted;
+	unsigned recounts;
 };
 
 enum mb_kind { MB_QUEUE = 0, MB_DSN_DONE, MB_CALL, MB_STOP, MB_SETTLED, MB_HIST_SYNCED };
@@ -342,6 +347,7 @@ struct relay {
 	pthread_mutex_t fl_lock;
 	pthread_cond_t fl_cond;
 	struct flush_req *fl_head, **fl_tail;
+	struct flush_req *fl_hist;    /* the send history's flush, taken before fl_head */
 
 	int hist_fd;
 	uint64_t hist_lines;
@@ -351,6 +357,7 @@ struct relay {
 	uint64_t hist_seq, hist_synced;
 	bool hist_syncing;            /* a flush of the history is with the flusher */
 	TAILQ_HEAD(, tx) hist_wait;
+	uint64_t late_logged_ns;      /* the last "went out late" line (one per 10 s) */
 	struct hist_entry *hist;      /* loaded at start, for lanes not made yet */
 	size_t nhist;
 	uint64_t seq;                 /* member ids of shared sends */

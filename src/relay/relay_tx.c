@@ -124,6 +124,8 @@ bool tx_start(struct lane *l, struct lane_conn *rc, uint64_t now, bool budget_ta
 		}
 		for (uint64_t k = 0; k < got; k++)
 			hist_append(r, l->name, now);
+		t->t_counted = now;
+		t->ncounted = got;
 		if (conf->count == ROUTE_COUNT_RECIPIENTS)
 			t->n = got;
 	}
@@ -185,12 +187,47 @@ bool tx_start(struct lane *l, struct lane_conn *rc, uint64_t now, bool budget_ta
 	return true;
 }
 
-/* The transaction's first command goes out: its send is in the history on disk. */
+/*
+ * The transaction's first command goes out: its send is in the history on disk.  When the
+ * flush took more than half the route's guard, the next hop counts the send later than
+ * the lane did, and could see one more than the rate once the lane's window moves on: the
+ * send is counted again at the time it goes out (in memory, and by a new line of the
+ * history, flushed like the first; the first stays, and only holds the budget longer
+ * after a restart), up to TX_RECOUNTS times; then it goes, and a line says so.
+ */
+#define TX_RECOUNTS 3
+
 void tx_send(struct tx *t)
 {
+	struct lane *l = t->lane;
+	struct relay *r = l->r;
+	if (t->t_counted && l->rt) {
+		uint64_t now = realtime_ns();
+		uint64_t half_guard = (uint64_t)l->rt->conf->guard_ms * 500000u;
+		if (now > t->t_counted + half_guard) {
+			if (t->recounts < TX_RECOUNTS) {
+				for (uint64_t k = 0; k < t->ncounted; k++) {
+					lane_budget_restamp(&l->b, t->t_counted, now);
+					hist_append(r, l->name, now);
+				}
+				t->t_counted = now;
+				t->recounts++;
+				if (hist_must_wait(r, t))
+					return;
+			} else if (now > r->late_logged_ns + 10000000000ull) {
+				r->late_logged_ns = now;
+				relay_logf(r, LOG_LEVEL_WARNING,
+					   "lane=%s a send went out %" PRIu64 " ms after it was counted, "
+					   "more than half the route's guard (%" PRId64 " ms): its next hop may "
+					   "count one more than the rate (flushes of %s/%s are slow: raise "
+					   "guard)", l->name, (now - t->t_counted) / 1000000,
+					   l->rt->conf->guard_ms, r->crt->conf.state_dir, HISTORY_FILE);
+			}
+		}
+	}
 	struct lane_conn *rc = t->rc;
-	relay_logf(t->lane->r, LOG_LEVEL_DEBUG, "qid=%s lane=%s mta=%s transaction: %zu recipient(s)",
-		   t->m->id, t->lane->name, smtp_out_peer(rc->c), t->n);
+	relay_logf(r, LOG_LEVEL_DEBUG, "qid=%s lane=%s mta=%s transaction: %zu recipient(s)",
+		   t->m->id, l->name, smtp_out_peer(rc->c), t->n);
 	int e = smtp_out_send(rc->c, &t->msg, tx_done, t);
 	if (e < 0) {
 		struct smtp_out_result res = { .stage = SMTP_STAGE_MAIL, .error = e,

@@ -124,3 +124,45 @@ bool slide_take(struct slide *s, uint64_t n, uint64_t window_ns, uint64_t now,
 	s->len++;
 	return true;
 }
+
+bool slide_restamp(struct slide *s, uint64_t from, uint64_t to)
+{
+	uint64_t f = div_ceil(from, 1000), t = div_ceil(to, 1000);
+	if (t < f)
+		return false;
+	uint32_t i = s->len;
+	while (i > 0 && ring_at(s, i - 1) != f)
+		i--;
+	if (i == 0)
+		return false;
+	/* out from where it was, in again in order from there (later sends move back) */
+	i--;
+	while (i + 1 < s->len && ring_at(s, i + 1) <= t) {
+		*ring_slot(s, i) = ring_at(s, i + 1);
+		i++;
+	}
+	*ring_slot(s, i) = t;
+	return true;
+}
+
+void slide_remember(struct slide *s, uint64_t window_ns, uint64_t t_ns)
+{
+	uint64_t w_us = div_ceil(window_ns, 1000);
+	uint32_t gone = gone_prefix(s, w_us, t_ns / 1000);
+	s->head = (uint32_t)(((uint64_t)s->head + gone) % s->cap);
+	s->len -= gone;
+	uint64_t t = div_ceil(t_ns, 1000);
+	if (s->len == s->cap) {
+		if (t <= ring_at(s, 0))
+			return; /* older than every kept send: the newest cap stay */
+		s->head = (s->head + 1) % s->cap;
+		s->len--;
+	}
+	uint32_t i = s->len;
+	while (i > 0 && ring_at(s, i - 1) > t) {
+		*ring_slot(s, i) = ring_at(s, i - 1);
+		i--;
+	}
+	*ring_slot(s, i) = t;
+	s->len++;
+}

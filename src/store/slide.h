@@ -69,4 +69,20 @@ bool slide_peek(const struct slide *s, uint64_t n, uint64_t window_ns, uint64_t 
 /* How many remembered sends count at now. */
 uint64_t slide_count(const struct slide *s, uint64_t window_ns, uint64_t now);
 
+/*
+ * Remember a send made at t (ns) without deciding anything (a history read back at
+ * start, a send a shared store admitted), forgetting first the sends that no longer
+ * count at t.  A full ring keeps the newest cap sends: they are the last to leave, so
+ * "fewer than n count" is decided as with every send (n <= cap).
+ */
+void slide_remember(struct slide *s, uint64_t window_ns, uint64_t t);
+
+/*
+ * A send remembered at from (ns) went out later, at to (ns, >= from): it is remembered
+ * at to from now on, so that it leaves the window when the next hop forgets it.  Moving a
+ * send later only ever counts it longer.  false when no send is remembered at from (it
+ * has left the window, or never was).
+ */
+bool slide_restamp(struct slide *s, uint64_t from, uint64_t to);
+
 #endif

@@ -911,30 +911,27 @@ static int fd_opendir(const char *path, struct fuse_file_info *fi)
 	return 0;
 }
 
-static int fd_releasedir(const char *path, struct fuse_file_info *fi)
+/* Where a new name goes: its directory and last component, the name still free, and the
+ * request not failed by an injected error; -errno otherwise. */
+static int name_to_make(const char *path, enum op op, struct inode **ret_dir, char *name,
+			size_t namelen)
 {
-	(void)path;
-	struct inode *d = handle(NULL, fi);
-	if (d) {
-		d->nopen--;
-		inode_maybe_dead(d);
-		reap();
-	}
-	return 0;
+	if (disk.off)
+		return -EIO;
+	int rc = parent_of(path, ret_dir, name, namelen);
+	if (rc < 0)
+		return rc;
+	if (names_get(&(*ret_dir)->names, name))
+		return -EEXIST;
+	return injected(op);
 }
 
 static int fd_mkdir(const char *path, mode_t mode)
 {
-	if (disk.off)
-		return -EIO;
 	struct inode *dir;
 	char name[256];
-	int rc = parent_of(path, &dir, name, sizeof(name));
+	int rc = name_to_make(path, OP_CREATE, &dir, name, sizeof(name));
 	if (rc < 0)
-		return rc;
-	if (names_get(&dir->names, name))
-		return -EEXIST;
-	if ((rc = injected(OP_CREATE)) < 0)
 		return rc;
 	struct inode *d = inode_new(S_IFDIR | (mode & 07777));
 	dir_set(dir, name, d);
@@ -1005,21 +1002,15 @@ static int fd_rename(const char *from, const char *to, unsigned int flags)
 
 static int fd_link(const char *from, const char *to)
 {
-	if (disk.off)
-		return -EIO;
-	struct inode *i = lookup(from, NULL, NULL);
+	struct inode *i = disk.off ? NULL : lookup(from, NULL, NULL);
 	if (!i)
-		return -ENOENT;
+		return disk.off ? -EIO : -ENOENT;
 	if (S_ISDIR(i->mode))
 		return -EPERM;
 	struct inode *dir;
 	char name[256];
-	int rc = parent_of(to, &dir, name, sizeof(name));
+	int rc = name_to_make(to, OP_LINK, &dir, name, sizeof(name));
 	if (rc < 0)
-		return rc;
-	if (names_get(&dir->names, name))
-		return -EEXIST;
-	if ((rc = injected(OP_LINK)) < 0)
 		return rc;
 	dir_set(dir, name, i);
 	return 0;
@@ -1111,15 +1102,28 @@ static int fd_read(const char *path, char *buf, size_t size, off_t off,
 	return (int)size;
 }
 
-static int fd_write(const char *path, const char *buf, size_t size, off_t off,
-		    struct fuse_file_info *fi)
+/* The inode a write, truncation or flush changes, when the disk is on and no error is
+ * injected into this request; -errno otherwise. */
+static int changed_inode(const char *path, struct fuse_file_info *fi, enum op op,
+			 struct inode **ret)
 {
 	if (disk.off)
 		return -EIO;
 	struct inode *i = handle(path, fi);
 	if (!i)
 		return -ENOENT;
-	int rc = injected(OP_WRITE);
+	int rc = injected(op);
+	if (rc < 0)
+		return rc;
+	*ret = i;
+	return 0;
+}
+
+static int fd_write(const char *path, const char *buf, size_t size, off_t off,
+		    struct fuse_file_info *fi)
+{
+	struct inode *i;
+	int rc = changed_inode(path, fi, OP_WRITE, &i);
 	if (rc < 0)
 		return rc;
 	if (fi && (fi->flags & O_APPEND))
@@ -1133,30 +1137,22 @@ static int fd_write(const char *path, const char *buf, size_t size, off_t off,
 
 static int fd_truncate(const char *path, off_t size, struct fuse_file_info *fi)
 {
-	if (disk.off)
-		return -EIO;
-	struct inode *i = handle(path, fi);
-	if (!i)
-		return -ENOENT;
-	if (S_ISDIR(i->mode))
-		return -EISDIR;
-	int rc = injected(OP_WRITE);
+	struct inode *i;
+	int rc = changed_inode(path, fi, OP_WRITE, &i);
 	if (rc < 0)
 		return rc;
+	if (S_ISDIR(i->mode))
+		return -EISDIR;
 	bytes_truncate(&i->cur, (size_t)size);
 	pend_truncate(i, (size_t)size);
 	return 0;
 }
 
-static int fd_fsync(const char *path, int datasync, struct fuse_file_info *fi)
+/* fsync, fdatasync of a file, fsync of a directory: what it changed becomes durable */
+static int flush_one(const char *path, struct fuse_file_info *fi, enum op op)
 {
-	(void)datasync;
-	if (disk.off)
-		return -EIO;
-	struct inode *i = handle(path, fi);
-	if (!i)
-		return -ENOENT;
-	int rc = injected(OP_FSYNC);
+	struct inode *i;
+	int rc = changed_inode(path, fi, op, &i);
 	if (rc < 0)
 		return rc;
 	if (!flush_begins())
@@ -1166,22 +1162,16 @@ static int fd_fsync(const char *path, int datasync, struct fuse_file_info *fi)
 	return 0;
 }
 
+static int fd_fsync(const char *path, int datasync, struct fuse_file_info *fi)
+{
+	(void)datasync;
+	return flush_one(path, fi, OP_FSYNC);
+}
+
 static int fd_fsyncdir(const char *path, int datasync, struct fuse_file_info *fi)
 {
 	(void)datasync;
-	if (disk.off)
-		return -EIO;
-	struct inode *d = handle(path, fi);
-	if (!d)
-		return -ENOENT;
-	int rc = injected(OP_FSYNCDIR);
-	if (rc < 0)
-		return rc;
-	if (!flush_begins())
-		return -EIO;
-	inode_flush(d);
-	flush_done();
-	return 0;
+	return flush_one(path, fi, OP_FSYNCDIR);
 }
 
 static int syncfs_all(void)
@@ -1278,7 +1268,7 @@ static const struct fuse_operations ops = {
 	.getattr = fd_getattr,
 	.readdir = fd_readdir,
 	.opendir = fd_opendir,
-	.releasedir = fd_releasedir,
+	.releasedir = fd_release, /* a file's or a directory's handle alike */
 	.mkdir = fd_mkdir,
 	.rmdir = fd_rmdir,
 	.unlink = fd_unlink,

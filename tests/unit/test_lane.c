@@ -150,6 +150,55 @@ static void test_remember(void **state)
 	lane_budget_done(&b);
 }
 
+/* More sends read back than the window holds (a send counted again when it went out
+ * late is two lines of the history): the newest are kept, the last to leave, so the
+ * lane waits for them and not for the oldest. */
+static void test_remember_keeps_the_newest(void **state)
+{
+	uint64_t c[] = { 3 }, p[] = { 10 };
+	struct rate_limits l = limits(1, c, p);
+	struct lane_budget b;
+	assert_int_equal(lane_budget_init(&b, &l, 0), 0);
+	lane_budget_remember(&b, T0 - 9 * S);
+	lane_budget_remember(&b, T0 - 8 * S);
+	lane_budget_remember(&b, T0 - 7 * S);
+	lane_budget_remember(&b, T0 - 1 * S);
+	lane_budget_remember(&b, T0 - 9 * S - 1); /* older than all three kept: nothing */
+	uint64_t wait;
+	assert_int_equal(lane_budget_used(&b, 0, T0), 3);
+	assert_int_equal(lane_budget_take(&b, 1, T0, &wait), 0);
+	assert_int_equal(wait, 2 * S); /* T0 - 8 s leaves at T0 + 2 s */
+	assert_int_equal(lane_budget_take(&b, 1, T0 + 2 * S, &wait), 1);
+	lane_budget_done(&b);
+}
+
+/* A send counted earlier went out later: counted from then, in order among the others,
+ * so it holds the window longer, never shorter; an unknown time changes nothing. */
+static void test_restamp(void **state)
+{
+	uint64_t c[] = { 3 }, p[] = { 10 };
+	struct rate_limits l = limits(1, c, p);
+	struct lane_budget b;
+	assert_int_equal(lane_budget_init(&b, &l, 0), 0);
+	uint64_t wait;
+	assert_int_equal(lane_budget_take(&b, 1, T0, &wait), 1);
+	assert_int_equal(lane_budget_take(&b, 1, T0 + 1 * S, &wait), 1);
+	assert_int_equal(lane_budget_take(&b, 1, T0 + 2 * S, &wait), 1);
+	/* the first went out at T0 + 3 s, after the two others were counted */
+	lane_budget_restamp(&b, T0, T0 + 3 * S);
+	/* at T0 + 10 s the first would have left; it now leaves at T0 + 11 s, the second */
+	assert_int_equal(lane_budget_take(&b, 1, T0 + 10 * S, &wait), 0);
+	assert_int_equal(wait, 1 * S);
+	assert_int_equal(lane_budget_take(&b, 1, T0 + 11 * S, &wait), 1);
+	/* then T0 + 2 s leaves at 12 s, T0 + 3 s (the restamped one) at 13 s */
+	assert_int_equal(lane_budget_take(&b, 1, T0 + 12 * S, &wait), 1);
+	assert_int_equal(lane_budget_take(&b, 1, T0 + 12 * S + 1, &wait), 0);
+	assert_int_equal(wait, 1 * S - 1);
+	lane_budget_restamp(&b, T0 + 5 * S, T0 + 20 * S); /* never counted: nothing moves */
+	assert_int_equal(lane_budget_take(&b, 1, T0 + 13 * S, &wait), 1);
+	lane_budget_done(&b);
+}
+
 /* slow halves the rate (never below one), successes restore it step by step, never above. */
 static void test_adaptive(void **state)
 {
@@ -222,6 +271,8 @@ int main(void)
 		cmocka_unit_test(test_guard),
 		cmocka_unit_test(test_set_rate_keeps_history),
 		cmocka_unit_test(test_remember),
+		cmocka_unit_test(test_restamp),
+		cmocka_unit_test(test_remember_keeps_the_newest),
 		cmocka_unit_test(test_adaptive),
 		cmocka_unit_test(test_suspend_backoff),
 		cmocka_unit_test(test_unlimited),
