@@ -102,19 +102,17 @@ uint64_t slide_count(const struct slide *s, uint64_t window_ns, uint64_t now)
 	return s->len - gone_prefix(s, div_ceil(window_ns, 1000), now / 1000);
 }
 
-bool slide_take(struct slide *s, uint64_t n, uint64_t window_ns, uint64_t now,
-		uint64_t *ret_wait_ns)
+/* Drop the sends that no longer count at now (ns). */
+static void forget_gone(struct slide *s, uint64_t w_us, uint64_t now)
 {
-	uint64_t w_us = div_ceil(window_ns, 1000);
 	uint32_t gone = gone_prefix(s, w_us, now / 1000);
 	s->head = (uint32_t)(((uint64_t)s->head + gone) % s->cap);
 	s->len -= gone;
-	if (n > s->cap)
-		n = s->cap;
-	if (!decide(s, n, w_us, now, 0, s->len, ret_wait_ns))
-		return false;
-	/* len < n <= cap: there is room.  Insert in order, from the newest end. */
-	uint64_t t = div_ceil(now, 1000);
+}
+
+/* Remember a send at t (us) in order, from the newest end; len < cap. */
+static void insert(struct slide *s, uint64_t t)
+{
 	uint32_t i = s->len;
 	while (i > 0 && ring_at(s, i - 1) > t) {
 		*ring_slot(s, i) = ring_at(s, i - 1);
@@ -122,6 +120,19 @@ bool slide_take(struct slide *s, uint64_t n, uint64_t window_ns, uint64_t now,
 	}
 	*ring_slot(s, i) = t;
 	s->len++;
+}
+
+bool slide_take(struct slide *s, uint64_t n, uint64_t window_ns, uint64_t now,
+		uint64_t *ret_wait_ns)
+{
+	uint64_t w_us = div_ceil(window_ns, 1000);
+	forget_gone(s, w_us, now);
+	if (n > s->cap)
+		n = s->cap;
+	if (!decide(s, n, w_us, now, 0, s->len, ret_wait_ns))
+		return false;
+	/* len < n <= cap: there is room */
+	insert(s, div_ceil(now, 1000));
 	return true;
 }
 
@@ -147,10 +158,7 @@ bool slide_restamp(struct slide *s, uint64_t from, uint64_t to)
 
 void slide_remember(struct slide *s, uint64_t window_ns, uint64_t t_ns)
 {
-	uint64_t w_us = div_ceil(window_ns, 1000);
-	uint32_t gone = gone_prefix(s, w_us, t_ns / 1000);
-	s->head = (uint32_t)(((uint64_t)s->head + gone) % s->cap);
-	s->len -= gone;
+	forget_gone(s, div_ceil(window_ns, 1000), t_ns);
 	uint64_t t = div_ceil(t_ns, 1000);
 	if (s->len == s->cap) {
 		if (t <= ring_at(s, 0))
@@ -158,11 +166,5 @@ void slide_remember(struct slide *s, uint64_t window_ns, uint64_t t_ns)
 		s->head = (s->head + 1) % s->cap;
 		s->len--;
 	}
-	uint32_t i = s->len;
-	while (i > 0 && ring_at(s, i - 1) > t) {
-		*ring_slot(s, i) = ring_at(s, i - 1);
-		i--;
-	}
-	*ring_slot(s, i) = t;
-	s->len++;
+	insert(s, t);
 }
