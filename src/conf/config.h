@@ -2,8 +2,9 @@
  * config -- sluiced's configuration: the schema over the cfg tree.
  *
  * The struct and config_load_client() live in the conf layer (src/conf), which the sluice
- * command links without the policy engine, the milter or the relay: it uses their headers
- * for the types of the members config_load() fills, not their code.
+ * command links alone: nothing here is of the policy engine, the milter or the relay.
+ * What sluiced reads beyond it (the rules, the milter's fixed answers, the relay and its
+ * routes) is struct daemon_config's (src/daemon/daemon_config.h), which holds this one.
  *
  * Loading is all or nothing: a file with any error yields no configuration, and the error
  * names file, line and key.  A loaded configuration is immutable; reload builds a new one.
@@ -19,9 +20,7 @@
 #include "build_config.h"
 #include "ipaddr.h"
 #include "log.h"
-#include "milter_static.h"
-#include "policy.h"
-#include "relay.h"
+#include "store.h"
 
 #define CONFIG_DEFAULT_PATH SLUICE_SYSCONFDIR "/sluice.conf"
 #define CONFIG_MAX_LISTEN 16
@@ -83,8 +82,6 @@ struct sluice_config {
 		int64_t idle_timeout_ms;
 		int64_t command_timeout_ms;
 		uint64_t max_packet;
-		struct milter_static_conf handler;
-		bool static_handler;     /* reply {} or modify {} given */
 	} milter;
 	struct {
 		struct listen_conf listen;
@@ -141,25 +138,20 @@ struct sluice_config {
 		char *node;
 		int64_t lease_ms;
 	} store;
-	struct policy *rules;                 /* limit and class blocks (NULL only for clients) */
 	bool client;                          /* config_load_client() */
-	/* frees what config_load() in src/daemon adds (rules, relay, milter answers) */
-	void (*free_daemon)(struct sluice_config *c);
-	struct relay_conf relay;              /* relay {} and route blocks; no route: no relay */
-	bool has_relay;                       /* a relay {} block was given */
-	bool relay_hostname_derived;          /* relay.hostname: not given, found by sluiced */
 };
 
-/* Load and check a file.  0 and *ret, or <0 with err "FILE:LINE: KEY: message". */
-int config_load(const char *path, struct sluice_config **ret, char *err, size_t errlen);
 /*
  * The part the sluice command needs (the control and intake blocks, and what comes
  * before the rules): no secret file is read and the limit, class and route blocks are
- * not loaded (rules is NULL), so an operator or a program injecting mail needs only to
- * read sluice.conf itself, not the daemon's secrets or overrides files.
+ * not loaded, so an operator or a program injecting mail needs only to read sluice.conf
+ * itself, not the daemon's secrets or overrides files.  0 and *ret, or <0 with err
+ * "FILE:LINE: KEY: message".  (sluiced's whole load is daemon_config_load().)
  */
 int config_load_client(const char *path, struct sluice_config **ret, char *err, size_t errlen);
 struct sluice_config *config_free(struct sluice_config *c);
+/* Free what c's members own and zero it (c itself not freed: it may be embedded). */
+void config_clear(struct sluice_config *c);
 /*
  * The first line of a password file (at most 4096 bytes), without checking who may read
  * it: sluiced's secrets go through config_read_secret(), which does; the sluice command
@@ -168,7 +160,7 @@ struct sluice_config *config_free(struct sluice_config *c);
  */
 int config_secret_line(const char *file, char **ret);
 /*
- * Whether config_load() looks up the host names of listen addresses (sluiced -t and the
+ * Whether loading looks up the host names of listen addresses (sluiced -t and the
  * start: an unknown name is an error with its line).  Off for reloads, which bind
  * nothing: a lookup there would block the loop that reloads (a control session's worker)
  * and turn a resolver's hiccup into a refused reload.  Off by default.

@@ -3,7 +3,7 @@
  * (config_schema.c), the checks across their keys, and the secret files.
  *
  * This is all the sluice command reads (config_load_client), so it links nothing of the
- * policy engine, the milter or the relay; config_load() in src/daemon/config.c goes on
+ * policy engine, the milter or the relay; daemon_config_load() in src/daemon goes on
  * with the rules, the milter's fixed answers, the relay and the routes.
  */
 #include <arpa/inet.h>
@@ -334,7 +334,6 @@ static int load_core(struct cfg_node *root, struct sluice_config *c, char *err, 
 	}
 	if (r == 0 && milter) {
 		r = cfg_schema_load(milter, config_milter_keys, c, err, el);
-		c->milter.static_handler = cfg_get(milter, "reply") || cfg_get(milter, "modify");
 	}
 	if (r == 0 && policy)
 		r = load_policy(policy, c, err, el);
@@ -353,18 +352,13 @@ static int load_core(struct cfg_node *root, struct sluice_config *c, char *err, 
 }
 
 int config_core_load(const char *path, bool client, struct cfg_node **ret_root,
-		     struct sluice_config **ret, char *err, size_t errlen)
+		     struct sluice_config *c, char *err, size_t errlen)
 {
 	struct cfg_node *root = NULL;
 	err[0] = '\0';
 	int r = cfg_parse_file(path, &root, err, errlen);
 	if (r < 0)
 		return r;
-	struct sluice_config *c = calloc(1, sizeof(*c));
-	if (!c) {
-		cfg_free(root);
-		return -ENOMEM;
-	}
 	c->client = client;
 	c->path = strdup(path);
 	r = config_init(c);
@@ -376,11 +370,10 @@ int config_core_load(const char *path, bool client, struct cfg_node **ret_root,
 		cfg_free(root);
 		if (!err[0])
 			snprintf(err, errlen, "%s: %s", path, strerror(-r));
-		config_free(c);
+		config_clear(c);
 		return r;
 	}
 	*ret_root = root;
-	*ret = c;
 	return 0;
 }
 
@@ -395,8 +388,13 @@ struct sluice_config *config_free(struct sluice_config *c)
 {
 	if (!c)
 		return NULL;
-	if (c->free_daemon)
-		c->free_daemon(c);
+	config_clear(c);
+	free(c);
+	return NULL;
+}
+
+void config_clear(struct sluice_config *c)
+{
 	free(c->path);
 	free(c->pid_file);
 	free(c->user);
@@ -435,14 +433,21 @@ struct sluice_config *config_free(struct sluice_config *c)
 	free(c->store.cluster);
 	free(c->store.master_name);
 	free(c->store.node);
-	free(c);
-	return NULL;
+	memset(c, 0, sizeof(*c));
 }
 
 int config_load_client(const char *path, struct sluice_config **ret, char *err, size_t errlen)
 {
 	struct cfg_node *root = NULL;
-	int r = config_core_load(path, true, &root, ret, err, errlen);
+	struct sluice_config *c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	int r = config_core_load(path, true, &root, c, err, errlen);
 	cfg_free(root);
-	return r;
+	if (r < 0) {
+		free(c);
+		return r;
+	}
+	*ret = c;
+	return 0;
 }

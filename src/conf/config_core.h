@@ -1,6 +1,7 @@
 /*
  * config_core -- the part of loading sluice.conf below the daemon (see config_core.c),
- * and the helpers src/daemon/config.c shares with it.  Private to the configuration.
+ * and the helpers src/daemon/daemon_config.c shares with it.  Private to the
+ * configuration.
  */
 #ifndef SLUICE_CONFIG_CORE_H
 #define SLUICE_CONFIG_CORE_H
@@ -12,12 +13,13 @@
 #include "config.h"
 
 /*
- * Parse path and read every block of the tables into a new configuration.  0 with
- * *ret_root (the tree, for the caller to read the rest from and free) and *ret, or <0
- * with err "FILE:LINE: KEY: message" and nothing returned.  client: read no secret file.
+ * Parse path and read every block of the tables into c (zeroed storage, the caller's:
+ * sluiced embeds it in its struct daemon_config).  0 with *ret_root (the tree, for the
+ * caller to read the rest from and free) and c filled (config_clear() frees it), or <0
+ * with err "FILE:LINE: KEY: message" and c cleared.  client: read no secret file.
  */
 int config_core_load(const char *path, bool client, struct cfg_node **ret_root,
-		     struct sluice_config **ret, char *err, size_t errlen);
+		     struct sluice_config *c, char *err, size_t errlen);
 
 /* The node of a key that may be given once: 0 with *ret (NULL when absent), or -EINVAL. */
 int config_get_one(struct cfg_node *obj, const char *key, struct cfg_node **ret, char *err,

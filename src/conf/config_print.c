@@ -1,7 +1,7 @@
 /*
  * config_print -- sluiced -n and -D: a loaded configuration written back in sluice.conf
- * syntax from the tables (config_schema.c), all of it or what differs from the defaults.
- * Blocks whose content is code (milter reply/modify, limit, class, route) are not written.
+ * syntax from the tables (config_schema.c), all of it or what differs from the defaults;
+ * config_print_block() writes the daemon's blocks from their modules' tables too.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,12 +16,6 @@ void config_print(FILE *f, const struct sluice_config *c, bool all)
 	struct sluice_config *d = calloc(1, sizeof(*d));
 	if (!d || config_init(d) < 0) {
 		fprintf(stderr, "sluiced: out of memory\n");
-		config_free(d);
-		return;
-	}
-	/* a value sluiced finds when none is given is its default (for -n) */
-	if (c->relay_hostname_derived && c->relay.hostname &&
-	    !(d->relay.hostname = strdup(c->relay.hostname))) {
 		config_free(d);
 		return;
 	}
@@ -49,6 +43,27 @@ void config_print(FILE *f, const struct sluice_config *c, bool all)
 			fprintf(f, "%s {\n%s}\n", b->name, text);
 		free(text);
 	}
-	free(d->relay.hostname); /* relay_conf_clear() is the daemon's */
 	config_free(d);
+}
+
+size_t config_print_block(FILE *f, const char *name, const char *label,
+			  const struct cfg_key *keys, const void *base, const void *defaults,
+			  bool always)
+{
+	char *text = NULL;
+	size_t len = 0;
+	FILE *m = open_memstream(&text, &len);
+	if (!m)
+		return 0;
+	size_t lines = cfg_schema_print(m, keys, base, defaults, 1);
+	fclose(m);
+	if (lines || always) {
+		char q[1024];
+		if (label)
+			fprintf(f, "%s %s {\n%s}\n", name, cfg_quote(label, q, sizeof(q)), text);
+		else
+			fprintf(f, "%s {\n%s}\n", name, text);
+	}
+	free(text);
+	return lines;
 }

@@ -3,9 +3,9 @@
  *
  * Each entry is name, type, offset into struct sluice_config, default (in sluice.conf
  * syntax), bounds and one line of help; config_core.c walks them with cfg_schema_load()
- * and keeps only the checks that span several keys and the secret files; src/daemon's
- * config.c reads the blocks whose content is code (milter reply/modify, limit, class,
- * and a route's addresses, auth and rates).  sluice.conf(5) documents every key here with
+ * and keeps only the checks that span several keys and the secret files.  The relay,
+ * the rules and the milter's fixed answers declare their blocks' keys next to their
+ * code, and src/daemon/daemon_config.c reads them.  sluice.conf(5) documents every key here with
  * the same default (test_config_keys checks both).
  */
 #include <errno.h>
@@ -18,6 +18,7 @@
 #include "config_schema.h"
 #include "ipaddr.h"
 #include "log.h"
+#include "milter.h"
 #include "sockspec.h"
 #include "util.h"
 
@@ -28,7 +29,6 @@
 _Static_assert(sizeof(enum log_target) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum control_admin) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum store_failure) == sizeof(int), "enum size");
-_Static_assert(sizeof(enum relay_uncertain) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum intake_bare_newline) == sizeof(int), "enum size");
 _Static_assert(MILTER_LEN_CAP_DEFAULT == 1052672, "milter.max_packet's default below");
 
@@ -253,17 +253,6 @@ static int check_no_space(const struct cfg_node *n, const void *field, char *err
 	return 0;
 }
 
-static int check_host_name(const struct cfg_node *n, const void *field, char *err, size_t el)
-{
-	const char *s = *(char *const *)field;
-	if (s && strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_") !=
-		     strlen(s)) {
-		cfg_error(n, err, el, "\"%.100s\": expected a host name (letters, digits, '.', '-')", s);
-		return -EINVAL;
-	}
-	return 0;
-}
-
 /* ---- the tables ---------------------------------------------------------------------- */
 
 #define END { .name = NULL }
@@ -475,53 +464,6 @@ const struct cfg_key config_redis_keys[] = {
 	END,
 };
 
-static const struct cfg_key relay_retry_keys[] = {
-	{ "min", &cfg_type_duration, OFF(relay.retry_min_ms), "5m", 1000, DAY,
-	  .help = "a recipient's first retry after a 4xx" },
-	{ "max", &cfg_type_duration, OFF(relay.retry_max_ms), "4h", 1000, 7 * DAY,
-	  .help = "the longest wait between retries" },
-	END,
-};
-
-static const struct cfg_key relay_suspend_keys[] = {
-	{ "min", &cfg_type_duration, OFF(relay.suspend_min_ms), "1m", 1000, DAY,
-	  .help = "a lane's first suspension without a hint" },
-	{ "max", &cfg_type_duration, OFF(relay.suspend_max_ms), "1h", 1000, 7 * DAY,
-	  .help = "the longest suspension" },
-	END,
-};
-
-static const struct cfg_enum uncertain[] = {
-	{ "retry", RELAY_UNCERTAIN_RETRY }, { "hold", RELAY_UNCERTAIN_HOLD }, { NULL, 0 },
-};
-
-const struct cfg_key config_relay_keys[] = {
-	{ "hostname", &cfg_type_string, OFF(relay.hostname), NULL, .check = check_host_name,
-	  .help = "EHLO and Reporting-MTA (default: the intake's, else the host's)" },
-	{ "retry", &cfg_type_block, 0, .sub = relay_retry_keys, .help = "retries after a 4xx" },
-	{ "suspend", &cfg_type_block, 0, .sub = relay_suspend_keys,
-	  .help = "a lane's suspension" },
-	{ "uncertain", &cfg_type_enum, OFF(relay.uncertain), "retry", .names = uncertain,
-	  .help = "a message whose fate a broken connection left unknown" },
-	{ "postmaster", &cfg_type_string, OFF(relay.postmaster), NULL,
-	  .help = "where DSNs that cannot go back go" },
-	{ "dns_servers", &cfg_type_string, OFF(relay.dns_servers), NULL,
-	  .help = "ip[:port],... (default: /etc/resolv.conf)" },
-	{ "idle_timeout", &cfg_type_duration, OFF(relay.idle_ms), "10s", 100, 3600000,
-	  .help = "an idle connection is closed after this" },
-	{ "dns_min_ttl", &cfg_type_duration, OFF(relay.dns_min_ttl_ms), "10s", 0, DAY,
-	  .help = "DNS answers are used at least this long, whatever their TTL" },
-	{ "dns_max_ttl", &cfg_type_duration, OFF(relay.dns_max_ttl_ms), "1h", 1000, 7 * DAY,
-	  .help = "and at most this long" },
-	{ "dns_retry_min", &cfg_type_duration, OFF(relay.dns_retry_min_ms), "5s", 100, DAY,
-	  .help = "a failed DNS lookup is tried again after this, doubling" },
-	{ "dns_retry_max", &cfg_type_duration, OFF(relay.dns_retry_max_ms), "5m", 100, DAY,
-	  .help = "up to this" },
-	{ "delay_warning", &cfg_type_duration, OFF(relay.delay_warning_ms), "0", 0, 365 * DAY,
-	  .help = "a delay notice after this; 0: none" },
-	END,
-};
-
 static bool has_metrics(const struct sluice_config *c)
 {
 	return c->metrics.enabled;
@@ -547,11 +489,6 @@ static bool has_intake(const struct sluice_config *c)
 	return c->intake.enabled;
 }
 
-static bool has_relay(const struct sluice_config *c)
-{
-	return c->relay.nroutes > 0 || c->has_relay;
-}
-
 const struct config_block config_blocks[] = {
 	{ "", config_root_keys, NULL },
 	{ "log", config_log_keys, NULL },
@@ -563,7 +500,6 @@ const struct config_block config_blocks[] = {
 	{ "queue", config_queue_keys, NULL },
 	{ "store", config_store_keys, NULL },
 	{ "store", config_redis_keys, NULL },
-	{ "relay", config_relay_keys, has_relay },
 	{ NULL, NULL, NULL },
 };
 
@@ -575,7 +511,6 @@ int config_init(struct sluice_config *c)
 		all[i]->owner = (uid_t)-1;
 		all[i]->group = (gid_t)-1;
 	}
-	/* the relay's defaults are in its table: relay_conf_init() would link the relay */
 	for (const struct config_block *b = config_blocks; b->name; b++) {
 		int r = cfg_schema_defaults(b->keys, c);
 		if (r < 0)

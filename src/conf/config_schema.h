@@ -1,7 +1,8 @@
 /*
  * config_schema -- the tables of sluice.conf's blocks, for the loading (config_core.c),
  * sluiced -n and -D, and the tests.  Each block's keys are data: see cfg_schema.h for the
- * walker.  A route's keys are the relay's (route_conf_keys in relay.h).
+ * walker.  The relay's, a route's and a provider's keys are the relay's (relay.h); the
+ * limits' and classes' the rules'; the milter's fixed answers the milter's.
  */
 #ifndef SLUICE_CONFIG_SCHEMA_H
 #define SLUICE_CONFIG_SCHEMA_H
@@ -25,14 +26,24 @@ extern const struct config_block config_blocks[];
 
 extern const struct cfg_key config_root_keys[], config_log_keys[], config_control_keys[],
 	config_metrics_keys[], config_milter_keys[], config_policy_keys[], config_intake_keys[],
-	config_queue_keys[], config_store_keys[], config_redis_keys[], config_relay_keys[];
+	config_queue_keys[], config_store_keys[], config_redis_keys[];
 
 /*
  * Write c in sluice.conf syntax: every block it has with every key (all = true), or only
- * the values that differ from the defaults (all = false, as postconf -n).  Blocks that
- * stay code (milter reply/modify, limit, class, route) are not written.
+ * the values that differ from the defaults (all = false, as postconf -n).  The blocks of
+ * the daemon (relay, route, limit...) are daemon_config_print()'s, which calls this and
+ * config_print_block().
  */
 void config_print(FILE *f, const struct sluice_config *c, bool all);
+
+/*
+ * Write one block "name { ... }" (label non-NULL: name "label" { ... }) from keys over
+ * base; with defaults non-NULL only what differs from it.  always: written even with
+ * no line in it (the block was given).  Returns the number of key lines written.
+ */
+size_t config_print_block(FILE *f, const char *name, const char *label,
+			  const struct cfg_key *keys, const void *base, const void *defaults,
+			  bool always);
 
 /* Set the defaults of the tables and the rest of c's initial state.  0 or -ENOMEM. */
 int config_init(struct sluice_config *c);

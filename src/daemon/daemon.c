@@ -28,6 +28,7 @@
 #include "build_config.h"
 #include "config.h"
 #include "config_schema.h"
+#include "daemon_config.h"
 #include "control_cmds.h"
 #include "control_service.h"
 #include "daemon.h"
@@ -155,10 +156,11 @@ static struct milter_service_conf milter_conf(const struct sluice_config *c)
 /* The milter handler for a configuration: the rules, or the fixed replies for testing. */
 static struct milter_handler *milter_handler_for(struct sluice_config *c)
 {
-	if (c->milter.static_handler || (policy_rule_count(c->rules) == 0 &&
-					 !policy_has_classes(c->rules)))
-		return milter_static_new(&c->milter.handler);
-	return milter_policy_new(c->rules);
+	struct daemon_config *dc = daemon_config_of(c);
+	if (dc->milter_static || (policy_rule_count(dc->rules) == 0 &&
+				  !policy_has_classes(dc->rules)))
+		return milter_static_new(&dc->milter_handler);
+	return milter_policy_new(dc->rules);
 }
 
 static struct pfpolicy_conf pfpolicy_conf(const struct sluice_config *c)
@@ -255,7 +257,7 @@ static void log_class_stats(struct daemon *d)
 {
 	struct class_stats cs[64];
 	pthread_mutex_lock(&d->cfg_lock);
-	size_t n = policy_class_stats(d->cfg->rules, cs, ARRAY_SIZE(cs));
+	size_t n = policy_class_stats(daemon_config_of(d->cfg)->rules, cs, ARRAY_SIZE(cs));
 	pthread_mutex_unlock(&d->cfg_lock);
 	for (size_t i = 0; i < n; i++)
 		log_info("stats class=%s used=%u peak=%u inbound=%u sessions=%u entered=%llu "
@@ -357,7 +359,7 @@ static void on_overrides(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	struct buf err;
 	buf_init(&err, 64 * 1024);
-	int n = policy_reload_overrides(d->cfg->rules, &err);
+	int n = policy_reload_overrides(daemon_config_of(d->cfg)->rules, &err);
 	if (err.len)
 		log_error("%.*s", (int)(err.len - 1), err.ptr);
 	if (n > 0)
@@ -577,7 +579,7 @@ static int metrics_page(void *arg, struct buf *out)
 	pthread_mutex_lock(&d->cfg_lock);
 	struct metrics_sources src = {
 		.engine = d->e,
-		.rules = policy_ref(d->cfg->rules),
+		.rules = policy_ref(daemon_config_of(d->cfg)->rules),
 		.store = d->store,
 		.queue = d->queue,
 		.relay = d->relay,
@@ -614,7 +616,7 @@ static void reload_inner(struct daemon *d)
 {
 	char err[1024];
 	struct sluice_config *nc = NULL;
-	int r = config_load(d->config_path, &nc, err, sizeof(err));
+	int r = daemon_config_load(d->config_path, &nc, err, sizeof(err));
 	if (r < 0) {
 		log_error("reload failed, keeping the running configuration: %s", err);
 		return;
@@ -637,11 +639,11 @@ static void reload_inner(struct daemon *d)
 	if (strcmp(old->queue.dir, nc->queue.dir) != 0 ||
 	    old->queue.commit_batch != nc->queue.commit_batch)
 		log_warning("reload: queue settings changed; they take effect at the next restart");
-	policy_set_store(nc->rules, d->store);
+	policy_set_store(daemon_config_of(nc)->rules, d->store);
 	struct milter_handler *h = d->milter ? milter_handler_for(nc) : NULL;
 	if (d->milter && !h) {
 		log_error("reload failed: out of memory; keeping the running configuration");
-		config_free(nc);
+		daemon_config_free(nc);
 		return;
 	}
 	log_setup(nc->log.target, nc->log.facility, nc->log.level);
@@ -651,7 +653,7 @@ static void reload_inner(struct daemon *d)
 		milter_service_set_conf(d->milter, &mc);
 	}
 	if (d->policy) {
-		pfpolicy_service_set_policy(d->policy, nc->rules);
+		pfpolicy_service_set_policy(d->policy, daemon_config_of(nc)->rules);
 		struct pfpolicy_conf pc = pfpolicy_conf(nc);
 		pfpolicy_service_set_conf(d->policy, &pc);
 	}
@@ -660,9 +662,9 @@ static void reload_inner(struct daemon *d)
 		if (intake_service_set_conf(d->intake, &ic) < 0)
 			log_error("reload: out of memory; the intake keeps its settings");
 	}
-	if (d->relay && relay_reconfigure(d->relay, &nc->relay, nc->rules) < 0)
+	if (d->relay && relay_reconfigure(d->relay, &daemon_config_of(nc)->relay, daemon_config_of(nc)->rules) < 0)
 		log_error("reload: the relay keeps its settings (out of memory)");
-	if (!d->relay && nc->relay.nroutes)
+	if (!d->relay && daemon_config_of(nc)->relay.nroutes)
 		log_warning("reload: routes were added; the relay starts at the next restart");
 	if (!store_is_shared(d->store))
 		store_memory_set_max_keys(d->store, nc->store.max_keys);
@@ -675,7 +677,7 @@ static void reload_inner(struct daemon *d)
 	arm_stats(d);
 	arm_timer(d->ev_snapshot, nc->store.snapshot_interval_ms);
 	arm_timer(d->ev_overrides, nc->store.overrides_check_ms);
-	config_free(old);
+	daemon_config_free(old);
 	log_notice("configuration reloaded from %s", d->config_path);
 }
 
@@ -779,7 +781,7 @@ typedef int control_fn(struct daemon *d, size_t argc, const struct str *argv, bo
 static struct policy *current_rules(struct daemon *d)
 {
 	pthread_mutex_lock(&d->cfg_lock);
-	struct policy *p = policy_ref(d->cfg->rules);
+	struct policy *p = policy_ref(daemon_config_of(d->cfg)->rules);
 	pthread_mutex_unlock(&d->cfg_lock);
 	return p;
 }
@@ -925,12 +927,12 @@ static int cmd_reload(struct daemon *d, size_t argc, const struct str *argv, boo
 	 * reloads (and checks again) on the signal. */
 	char err[1024];
 	struct sluice_config *nc = NULL;
-	if (config_load(d->config_path, &nc, err, sizeof(err)) < 0) {
+	if (daemon_config_load(d->config_path, &nc, err, sizeof(err)) < 0) {
 		buf_printf(out, "%s\nthe running configuration is kept\n", err);
 		*ret_ok = false;
 		return 0;
 	}
-	config_free(nc);
+	daemon_config_free(nc);
 	kill(getpid(), SIGHUP);
 	buf_printf(out, "reloading %s\n", d->config_path);
 	*ret_ok = true;
@@ -1053,7 +1055,7 @@ static enum control_access daemon_control_password(void *arg, struct str secret)
 	struct daemon *d = arg;
 	pthread_mutex_lock(&d->cfg_lock);
 	const char *admin = d->cfg->control_password, *read = d->cfg->control_read_password;
-	/* both compared, each in constant time (config_load() made them differ) */
+	/* both compared, each in constant time (daemon_config_load() made them differ) */
 	bool is_admin = admin && secret_equal(secret, str_cstr(admin));
 	bool is_read = read && secret_equal(secret, str_cstr(read));
 	pthread_mutex_unlock(&d->cfg_lock);
@@ -1088,7 +1090,7 @@ static int fd_check(struct daemon *d, const struct sluice_config *c, bool start)
 	if (!start && getrlimit(RLIMIT_NOFILE, &rl) == 0)
 		d->nofile = rl.rlim_cur;
 	struct fd_plan p;
-	fd_plan_make(c, d->e ? engine_workers(d->e) : plan_workers(c), d->fds_open, &p);
+	fd_plan_make(daemon_config_of(c), d->e ? engine_workers(d->e) : plan_workers(c), d->fds_open, &p);
 	char sum[400];
 	fd_plan_format(&p, sum, sizeof(sum));
 	if (start && d->nofile < (rlim_t)p.held + p.sessions_min) {
@@ -1146,7 +1148,7 @@ static int raise_nofile(struct daemon *d)
 static void fd_recount(struct daemon *d)
 {
 	struct fd_plan p;
-	fd_plan_make(d->cfg, engine_workers(d->e), 0, &p);
+	fd_plan_make(daemon_config_of(d->cfg), engine_workers(d->e), 0, &p);
 	unsigned held = count_open_fds() + p.relay + p.metrics + p.reserve;
 	if (held > d->fds_held) {
 		log_info("file descriptors: %u held back from the sessions (counted at start), "
@@ -1353,7 +1355,7 @@ static int abandon(struct daemon *d)
 	event_free(d->ev_hup);
 	thread_set_base(NULL);
 	event_base_free(d->base);
-	config_free(d->cfg);
+	daemon_config_free(d->cfg);
 	return 1;
 }
 
@@ -1418,15 +1420,15 @@ int daemon_main(int argc, char **argv)
 	struct daemon d = { .config_path = path, .started_ms = now_ms() };
 	pthread_mutex_init(&d.cfg_lock, NULL);
 	config_resolve_listen_hosts(true); /* this load's listeners are bound (or checked) */
-	int cr = config_load(path, &d.cfg, err, sizeof(err));
+	int cr = daemon_config_load(path, &d.cfg, err, sizeof(err));
 	config_resolve_listen_hosts(false); /* reloads bind nothing */
 	if (cr < 0) {
 		fprintf(stderr, "%ssluiced: %s\n", log_stderr_prefix(LOG_LEVEL_ERROR), err);
 		return 1;
 	}
 	if (print) {
-		config_print(stdout, d.cfg, print == 'D');
-		config_free(d.cfg);
+		daemon_config_print(stdout, d.cfg, print == 'D');
+		daemon_config_free(d.cfg);
 		return 0;
 	}
 	if (check) {
@@ -1435,7 +1437,7 @@ int daemon_main(int argc, char **argv)
 				"would refuse it (add user = \"sluice\"; or user = \"root\";)\n",
 				log_stderr_prefix(LOG_LEVEL_WARNING), path);
 		printf("sluiced: %s: configuration ok\n", path);
-		config_free(d.cfg);
+		daemon_config_free(d.cfg);
 		return 0;
 	}
 	bool root = geteuid() == 0;
@@ -1443,7 +1445,7 @@ int daemon_main(int argc, char **argv)
 		fprintf(stderr, "%ssluiced: %s: started as root with no user: add user = \"sluice\"; "
 			"to run as that user once the sockets are bound (or user = \"root\"; to "
 			"keep running as root)\n", log_stderr_prefix(LOG_LEVEL_ERROR), path);
-		config_free(d.cfg);
+		daemon_config_free(d.cfg);
 		return 1;
 	}
 	if (background && d.cfg->log.target == LOG_TARGET_STDERR)
@@ -1452,7 +1454,7 @@ int daemon_main(int argc, char **argv)
 	log_setup(d.cfg->log.target, d.cfg->log.facility, d.cfg->log.level);
 	signal(SIGPIPE, SIG_IGN);
 	if (raise_nofile(&d) < 0) {
-		config_free(d.cfg);
+		daemon_config_free(d.cfg);
 		return 1;
 	}
 	d.base = event_base_new();
@@ -1478,7 +1480,7 @@ int daemon_main(int argc, char **argv)
 	else if (!root && d.cfg->user && (d.cfg->uid != geteuid() || d.cfg->gid != getegid()))
 		log_notice("not started as root: user and group are not applied; running as uid "
 			   "%lu, gid %lu", (unsigned long)geteuid(), (unsigned long)getegid());
-	bool need_queue = d.cfg->intake.enabled || d.cfg->relay.nroutes;
+	bool need_queue = d.cfg->intake.enabled || daemon_config_of(d.cfg)->relay.nroutes;
 	/* the store's snapshot and the relay's send history live in state_dir */
 	if (d.cfg->state_dir && privs_mkdirs(d.cfg->state_dir, 0750, uid, gid, err, sizeof(err)) < 0)
 		log_warning("state_dir: %s", err);
@@ -1512,7 +1514,7 @@ int daemon_main(int argc, char **argv)
 	}
 
 	d.store = open_store(d.cfg);
-	policy_set_store(d.cfg->rules, d.store);
+	policy_set_store(daemon_config_of(d.cfg)->rules, d.store);
 	d.e = engine_new(d.cfg->workers, d.base);
 	if (!d.e)
 		fatal("out of memory at start");
@@ -1524,14 +1526,14 @@ int daemon_main(int argc, char **argv)
 	}
 	if (d.cfg->policy.listen.n) {
 		struct pfpolicy_conf pc = pfpolicy_conf(d.cfg);
-		if (!(d.policy = pfpolicy_service_new(d.e, d.cfg->rules, &pc)))
+		if (!(d.policy = pfpolicy_service_new(d.e, daemon_config_of(d.cfg)->rules, &pc)))
 			fatal("out of memory at start");
 	}
-	if (d.cfg->intake.enabled || d.cfg->relay.nroutes)
+	if (d.cfg->intake.enabled || daemon_config_of(d.cfg)->relay.nroutes)
 		d.queue = open_queue(d.cfg);
-	if (d.cfg->relay.nroutes) {
+	if (daemon_config_of(d.cfg)->relay.nroutes) {
 		char rerr[512];
-		d.relay = relay_new(&d.cfg->relay, d.queue, d.store, d.cfg->rules, relay_log,
+		d.relay = relay_new(&daemon_config_of(d.cfg)->relay, d.queue, d.store, daemon_config_of(d.cfg)->rules, relay_log,
 				    NULL, rerr, sizeof(rerr));
 		if (!d.relay)
 			fatal("relay: %s", rerr);
@@ -1551,8 +1553,8 @@ int daemon_main(int argc, char **argv)
 		fatal("out of memory at start");
 	if (d.cfg->store.redis)
 		log_info("rules: %zu limits, %s; store: redis %s, timeout %lldms, on_failure %s, "
-			 "nodes %u", policy_rule_count(d.cfg->rules),
-			 policy_has_classes(d.cfg->rules) ? "host classes" : "no host classes",
+			 "nodes %u", policy_rule_count(daemon_config_of(d.cfg)->rules),
+			 policy_has_classes(daemon_config_of(d.cfg)->rules) ? "host classes" : "no host classes",
 			 d.cfg->store.server ? d.cfg->store.server :
 			 d.cfg->store.master_name ? d.cfg->store.master_name :
 			 d.cfg->store.ncluster ? "cluster" : "127.0.0.1:6379",
@@ -1562,8 +1564,8 @@ int daemon_main(int argc, char **argv)
 			 d.cfg->store.nodes);
 	else
 		log_info("rules: %zu limits, %s; store: memory, max_keys %llu",
-			 policy_rule_count(d.cfg->rules),
-			 policy_has_classes(d.cfg->rules) ? "host classes" : "no host classes",
+			 policy_rule_count(daemon_config_of(d.cfg)->rules),
+			 policy_has_classes(daemon_config_of(d.cfg)->rules) ? "host classes" : "no host classes",
 			 (unsigned long long)d.cfg->store.max_keys);
 	apply_limits(&d, d.cfg);
 	fd_check(&d, d.cfg, false); /* the engine exists now: it learns what is held */
@@ -1581,7 +1583,7 @@ int daemon_main(int argc, char **argv)
 		engine_free(d.e);
 		relay_free(d.relay);
 		queue_free(d.queue);
-		config_free(d.cfg);
+		daemon_config_free(d.cfg);
 		store_free(d.store);
 		event_free(d.ev_term);
 		event_free(d.ev_int);
@@ -1663,7 +1665,7 @@ int daemon_main(int argc, char **argv)
 	if (d.pid_file && d.pid_file[0])
 		unlink(d.pid_file);
 	free(d.pid_file);
-	config_free(d.cfg);
+	daemon_config_free(d.cfg);
 	pthread_mutex_destroy(&d.cfg_lock);
 	log_notice("sluiced stopped");
 	return 0;

@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "config.h"
+#include "daemon_config.h"
 #include "fd_plan.h"
 #include "relay.h"
 #include "util.h"
@@ -50,16 +51,17 @@ static uint64_t add_sat(uint64_t a, uint64_t b)
 	return a > UINT64_MAX - b ? UINT64_MAX : a + b;
 }
 
-void fd_plan_make(const struct sluice_config *c, unsigned workers, unsigned open,
+void fd_plan_make(const struct daemon_config *dc, unsigned workers, unsigned open,
 		  struct fd_plan *ret)
 {
+	const struct sluice_config *c = &dc->conf;
 	struct fd_plan p = { .open = open, .reserve = FD_PLAN_RESERVE };
 	p.threads = FDS_MAIN + FDS_PER_WORKER * workers;
 	p.listeners = (unsigned)(c->milter.listen.n + c->policy.listen.n + c->control.n +
 				 (c->intake.enabled ? c->intake.listen.n : 0));
-	if (c->intake.enabled || c->relay.nroutes)
+	if (c->intake.enabled || dc->relay.nroutes)
 		p.queue = FDS_QUEUE;
-	p.relay = relay_fds(&c->relay);
+	p.relay = relay_fds(&dc->relay);
 	if (c->metrics.enabled)
 		p.metrics = FDS_METRICS + c->metrics.max_connections;
 	if (c->store.redis)

@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-struct sluice_config;
+struct daemon_config;
 
 /* The control service's sessions at once: not counted with the others, they come out of
  * the reserve, which keeps as many again for the queue's recovery and the relay. */
@@ -38,7 +38,7 @@ struct fd_plan {
 
 /* The plan for configuration c run by `workers` worker threads, with `open` descriptors
  * open now. */
-void fd_plan_make(const struct sluice_config *c, unsigned workers, unsigned open,
+void fd_plan_make(const struct daemon_config *dc, unsigned workers, unsigned open,
 		  struct fd_plan *ret);
 /* "5 open at start + 20 for the event loops + ... = N": the held descriptors, for a
  * message. */

@@ -98,7 +98,7 @@ struct route_conf {
 
 /* The keys of route "name" { } that are plain values (cfg_schema.h; relay_conf.c); the
  * others (domains, smarthost, mx, auth, source, rate, timeouts) are read by
- * src/daemon/config.c. */
+ * src/daemon/daemon_config.c. */
 extern const struct cfg_key route_conf_keys[];
 /* The keys of route "name" { signal { } } (struct classify_signal_conf). */
 extern const struct cfg_key route_signal_keys[];
@@ -114,7 +114,7 @@ struct provider_conf {
 };
 
 /* The keys of provider "name" { } that are plain values (relay_conf.c); rate is read by
- * src/daemon/config.c. */
+ * src/daemon/daemon_config.c. */
 extern const struct cfg_key provider_conf_keys[];
 
 /* `relay { ... }` and the routes. */
@@ -140,6 +140,9 @@ struct relay_conf {
 	int64_t dns_retry_max_ms;    /* up to max */
 	char *state_dir;             /* lanes' send history (relay.lanes) */
 };
+
+/* The keys of relay { } (cfg_schema.h; relay_conf.c), offsets into struct relay_conf. */
+extern const struct cfg_key relay_conf_keys[];
 
 void relay_conf_init(struct relay_conf *c);  /* the defaults */
 void relay_conf_clear(struct relay_conf *c);

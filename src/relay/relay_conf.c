@@ -141,6 +141,71 @@ const struct cfg_key provider_conf_keys[] = {
 	{ .name = NULL },
 };
 
+/* ---- relay { } ---- */
+
+_Static_assert(sizeof(enum relay_uncertain) == sizeof(int), "stored by cfg_type_enum");
+
+#define RELAY(field) offsetof(struct relay_conf, field)
+#define DAY INT64_C(86400000)
+
+static int check_host_name(const struct cfg_node *n, const void *field, char *err, size_t el)
+{
+	const char *s = *(char *const *)field;
+	if (s && strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_") !=
+		     strlen(s)) {
+		cfg_error(n, err, el, "\"%.100s\": expected a host name (letters, digits, '.', '-')", s);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static const struct cfg_key relay_retry_keys[] = {
+	{ "min", &cfg_type_duration, RELAY(retry_min_ms), "5m", 1000, DAY,
+	  .help = "a recipient's first retry after a 4xx" },
+	{ "max", &cfg_type_duration, RELAY(retry_max_ms), "4h", 1000, 7 * DAY,
+	  .help = "the longest wait between retries" },
+	{ .name = NULL },
+};
+
+static const struct cfg_key relay_suspend_keys[] = {
+	{ "min", &cfg_type_duration, RELAY(suspend_min_ms), "1m", 1000, DAY,
+	  .help = "a lane's first suspension without a hint" },
+	{ "max", &cfg_type_duration, RELAY(suspend_max_ms), "1h", 1000, 7 * DAY,
+	  .help = "the longest suspension" },
+	{ .name = NULL },
+};
+
+static const struct cfg_enum uncertain[] = {
+	{ "retry", RELAY_UNCERTAIN_RETRY }, { "hold", RELAY_UNCERTAIN_HOLD }, { NULL, 0 },
+};
+
+const struct cfg_key relay_conf_keys[] = {
+	{ "hostname", &cfg_type_string, RELAY(hostname), NULL, .check = check_host_name,
+	  .help = "EHLO and Reporting-MTA (default: the intake's, else the host's)" },
+	{ "retry", &cfg_type_block, 0, .sub = relay_retry_keys, .help = "retries after a 4xx" },
+	{ "suspend", &cfg_type_block, 0, .sub = relay_suspend_keys,
+	  .help = "a lane's suspension" },
+	{ "uncertain", &cfg_type_enum, RELAY(uncertain), "retry", .names = uncertain,
+	  .help = "a message whose fate a broken connection left unknown" },
+	{ "postmaster", &cfg_type_string, RELAY(postmaster), NULL,
+	  .help = "where DSNs that cannot go back go" },
+	{ "dns_servers", &cfg_type_string, RELAY(dns_servers), NULL,
+	  .help = "ip[:port],... (default: /etc/resolv.conf)" },
+	{ "idle_timeout", &cfg_type_duration, RELAY(idle_ms), "10s", 100, 3600000,
+	  .help = "an idle connection is closed after this" },
+	{ "dns_min_ttl", &cfg_type_duration, RELAY(dns_min_ttl_ms), "10s", 0, DAY,
+	  .help = "DNS answers are used at least this long, whatever their TTL" },
+	{ "dns_max_ttl", &cfg_type_duration, RELAY(dns_max_ttl_ms), "1h", 1000, 7 * DAY,
+	  .help = "and at most this long" },
+	{ "dns_retry_min", &cfg_type_duration, RELAY(dns_retry_min_ms), "5s", 100, DAY,
+	  .help = "a failed DNS lookup is tried again after this, doubling" },
+	{ "dns_retry_max", &cfg_type_duration, RELAY(dns_retry_max_ms), "5m", 100, DAY,
+	  .help = "up to this" },
+	{ "delay_warning", &cfg_type_duration, RELAY(delay_warning_ms), "0", 0, 365 * DAY,
+	  .help = "a delay notice after this; 0: none" },
+	{ .name = NULL },
+};
+
 void provider_conf_clear(struct provider_conf *p)
 {
 	free(p->name);

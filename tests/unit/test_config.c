@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "config.h"
+#include "daemon_config.h"
 #include "util.h"
 
 static char dir[] = "/tmp/sluice-config-XXXXXX";
@@ -34,7 +35,16 @@ static int load_text(const char *text, bool client, struct sluice_config **ret, 
 	assert_true(fputs(text, f) >= 0);
 	assert_int_equal(fclose(f), 0);
 	assert_int_equal(chmod(path, 0600), 0);
-	return client ? config_load_client(path, ret, err, el) : config_load(path, ret, err, el);
+	return client ? config_load_client(path, ret, err, el) : daemon_config_load(path, ret, err, el);
+}
+
+/* Frees what load_text() made: sluiced's whole configuration, or a client's. */
+static void conf_free(struct sluice_config *c)
+{
+	if (c && c->client)
+		config_free(c);
+	else
+		daemon_config_free(c);
 }
 
 /* Writes a secret file (owned by whoever runs the test: root, or the daemon's user). */
@@ -264,7 +274,7 @@ static void test_providers(void **state)
 			  sizeof(err));
 	if (r < 0)
 		fail_msg("%s", err);
-	const struct relay_conf *rl = &c->relay;
+	const struct relay_conf *rl = &daemon_config_of(c)->relay;
 	assert_int_equal(rl->nproviders, 2);
 	assert_int_equal(rl->routes[0].lanes, ROUTE_LANES_PROVIDER);
 	assert_int_equal(rl->routes[0].signals[0].after, 5);
@@ -302,7 +312,7 @@ static void test_providers(void **state)
 	assert_string_equal(copy.providers[1].mx[0], "mx1.small.example");
 	assert_null(copy.providers[1].mx[1]);
 	relay_conf_clear(&copy);
-	config_free(c);
+	conf_free(c);
 }
 
 static void test_errors(void **state)
@@ -317,7 +327,7 @@ static void test_errors(void **state)
 		if (r >= 0 || strcmp(err, want) != 0)
 			fail_msg("case %zu: got %d \"%s\"\n  want \"%s\"", i, r, r < 0 ? err : "",
 				 want);
-		config_free(c);
+		conf_free(c);
 	}
 	/* a reload looks no listen host up (it binds nothing): the name is the start's */
 	config_resolve_listen_hosts(false);
@@ -325,7 +335,7 @@ static void test_errors(void **state)
 	char err[1024];
 	assert_int_equal(load_text(M "policy {\n listen = \"inet:18891@nonexistent.invalid\";\n}\n",
 				   false, &c, err, sizeof(err)), 0);
-	config_free(c);
+	conf_free(c);
 }
 
 static void test_defaults_and_values(void **state)
@@ -349,12 +359,12 @@ static void test_defaults_and_values(void **state)
 	assert_int_equal(c->milter.max_packet, 1052672);
 	assert_int_equal(c->stats_interval_ms, 300000);
 	assert_int_equal(c->queue.lifetime_ms, INT64_C(5) * 86400000);
-	assert_int_equal(c->relay.retry_min_ms, 300000);
-	assert_int_equal(c->relay.idle_ms, 10000);
+	assert_int_equal(daemon_config_of(c)->relay.retry_min_ms, 300000);
+	assert_int_equal(daemon_config_of(c)->relay.idle_ms, 10000);
 	assert_false(c->store.redis);
 	assert_int_equal(c->store.timeout_ms, 50);
 	assert_string_equal(c->state_dir, "/var/lib/sluice");
-	config_free(c);
+	conf_free(c);
 }
 
 /* control.allow_remote lets an inet control socket on every address; loopback needs none */
@@ -370,12 +380,12 @@ static void test_control_allow_remote(void **state)
 		 "password_file = \"%s\"; }\n", pw);
 	assert_int_equal(load_text(text, false, &c, err, sizeof(err)), 0);
 	assert_true(c->control_allow_remote);
-	config_free(c);
+	conf_free(c);
 	snprintf(text, sizeof(text), M "control { listen = [\"inet:9999@127.0.0.1\", "
 		 "\"inet6:[::1]:9999\", \"unix:c.sock\"]; password_file = \"%s\"; }\n", pw);
 	assert_int_equal(load_text(text, false, &c, err, sizeof(err)), 0);
 	assert_false(c->control_allow_remote);
-	config_free(c);
+	conf_free(c);
 	unlink(pw);
 }
 
@@ -399,13 +409,13 @@ static void test_control_passwords(void **state)
 	assert_string_equal(c->control_password, "the admin's % password");
 	assert_string_equal(c->control_read_password, "reader");
 	assert_string_equal(c->control_password_file, adm);
-	config_free(c);
+	conf_free(c);
 	/* the sluice command: the paths, never the passwords */
 	assert_int_equal(load_text(text, true, &c, err, sizeof(err)), 0);
 	assert_null(c->control_password);
 	assert_null(c->control_read_password);
 	assert_string_equal(c->control_read_password_file, rd);
-	config_free(c);
+	conf_free(c);
 	/* readable by others */
 	assert_int_equal(chmod(rd, 0644), 0);
 	assert_int_equal(load_text(text, false, &c, err, sizeof(err)), -EINVAL);
@@ -451,8 +461,8 @@ static void test_client(void **state)
 	assert_string_equal(c->control.addr[0], "unix:c.sock");
 	assert_string_equal(c->intake.hostname, "mx.example");
 	assert_null(c->store.password);
-	assert_null(c->rules);
-	config_free(c);
+	assert_true(c->client); /* no rules: a client's struct has none */
+	conf_free(c);
 }
 
 static int setup(void **state)

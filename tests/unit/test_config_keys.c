@@ -40,6 +40,7 @@
 #include "cfg.h"
 #include "config.h"
 #include "config_schema.h"
+#include "daemon_config.h"
 
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -240,18 +241,18 @@ static void load_ok(const char *name, const char *text)
 
 	write_file(name, text);
 	snprintf(path, sizeof(path), "%s/%s", dir, name);
-	int r = config_load(path, &c, err, sizeof(err));
+	int r = daemon_config_load(path, &c, err, sizeof(err));
 	if (r < 0)
 		fail_msg("%s does not load: %s", name, err);
 	char *out = NULL;
 	size_t len = 0;
 	FILE *f = open_memstream(&out, &len);
 	assert_non_null(f);
-	config_print(f, c, true);
+	daemon_config_print(f, c, true);
 	assert_int_equal(fclose(f), 0);
 	collect_printed(out);
 	free(out);
-	config_free(c);
+	daemon_config_free(c);
 }
 
 static void collect_schema_keys(struct strset *read)
@@ -591,6 +592,8 @@ static void test_tables(void **state)
 		table_keys(b->keys, b->name, &all, &secret);
 		strset_add(&blocks, b->name);
 	}
+	table_keys(relay_conf_keys, "relay", &all, &secret);
+	strset_add(&blocks, "relay");
 	strset_add(&blocks, "relay.retry");
 	strset_add(&blocks, "relay.suspend");
 	/* a route's plain values: a table of the relay's; sluiced -D writes no route */
@@ -606,6 +609,7 @@ static void test_tables(void **state)
 	strset_clear(&route);
 	for (const struct config_block *b = config_blocks; b->name; b++)
 		bad += compare_defaults(b->keys, b->name);
+	bad += compare_defaults(relay_conf_keys, "relay");
 	bad += compare_defaults(route_conf_keys, "route");
 	bad += compare_defaults(route_signal_keys, "route.signal");
 	bad += compare_defaults(provider_conf_keys, "provider");

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "config.h"
+#include "daemon_config.h"
 #include "fd_plan.h"
 #include "relay.h"
 
@@ -27,9 +28,10 @@ struct plan_case {
 	uint64_t sessions_min, sessions_max;
 };
 
-static void build(const struct plan_case *t, struct sluice_config *c, struct route_conf *r)
+static void build(const struct plan_case *t, struct daemon_config *dc, struct route_conf *r)
 {
-	memset(c, 0, sizeof(*c));
+	memset(dc, 0, sizeof(*dc));
+	struct sluice_config *c = &dc->conf;
 	c->control.n = 1;
 	if (t->parts & MILTER) {
 		c->milter.listen.n = 1;
@@ -48,8 +50,8 @@ static void build(const struct plan_case *t, struct sluice_config *c, struct rou
 		memset(r, 0, sizeof(*r));
 		r->mx = t->parts & MX;
 		r->connections = 3;
-		c->relay.routes = r;
-		c->relay.nroutes = 1;
+		dc->relay.routes = r;
+		dc->relay.nroutes = 1;
 	}
 	if (t->parts & METRICS) {
 		c->metrics.enabled = true;
@@ -75,7 +77,7 @@ static void test_plans(void **state)
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		const struct plan_case *t = &cases[i];
-		struct sluice_config c;
+		struct daemon_config c;
 		struct route_conf r;
 		build(t, &c, &r);
 		struct fd_plan p;
@@ -101,7 +103,7 @@ static void test_more_workers_hold_more(void **state)
 {
 	(void)state;
 	struct plan_case t = { MILTER, 1, 5, 10, 0, 0, 2, false, false, false, false, 1, 10 };
-	struct sluice_config c;
+	struct daemon_config c;
 	struct route_conf r;
 	build(&t, &c, &r);
 	struct fd_plan one, eight;

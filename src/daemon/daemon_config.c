@@ -1,9 +1,10 @@
 /*
- * config -- config_load(): sluice.conf beyond the tables (see config.h, sluice.conf(5)).
+ * daemon_config -- daemon_config_load(): sluice.conf beyond src/conf (see
+ * daemon_config.h, sluice.conf(5)).
  *
- * src/conf reads the blocks whose keys are tables; this file reads what is code rather
- * than a table -- the milter's fixed answers, the rules (policy_load), the relay's routes
- * and their signals -- and the checks that span those.  Then anything left unread in the
+ * src/conf reads its blocks' tables; this file reads what needs the modules above it
+ * -- the milter's fixed answers, the rules (policy_load), the relay's routes and their
+ * signals -- and the checks that span those.  Then anything left unread in the
  * file is reported as an unknown key with its line (cfg_check_unused), so a typo never
  * silently falls back to a default.
  */
@@ -20,9 +21,11 @@
 #include <unistd.h>
 
 #include "cfg.h"
+#include "cfg_schema.h"
 #include "config.h"
 #include "config_core.h"
 #include "config_schema.h"
+#include "daemon_config.h"
 #include "listen.h"
 #include "util.h"
 
@@ -126,7 +129,7 @@ static bool check_from(const char *s, const char **why)
 }
 
 /* milter { reply { } modify { } }: the fixed answers for testing an MTA's integration. */
-static int load_milter_handler(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
+static int load_milter_handler(struct cfg_node *m, struct daemon_config *dc, char *err, size_t el)
 {
 	int r = 0;
 	struct cfg_node *reply = cfg_get(m, "reply");
@@ -143,7 +146,7 @@ static int load_milter_handler(struct cfg_node *m, struct sluice_config *c, char
 			r = cfg_string(sn, &text, err, el);
 			if (r < 0)
 				break;
-			struct milter_static_conf *h = &c->milter.handler;
+			struct milter_static_conf *h = &dc->milter_handler;
 			if (milter_static_parse_action(text, (enum milter_step)s, &h->verdict[s],
 						       &h->reply[s], &why) < 0) {
 				ERR(sn, err, el, "\"%.100s\": %s (expected continue, accept, reject, "
@@ -157,7 +160,7 @@ static int load_milter_handler(struct cfg_node *m, struct sluice_config *c, char
 	}
 	struct cfg_node *mod = cfg_get(m, "modify");
 	if (r == 0 && mod) {
-		struct milter_static_conf *h = &c->milter.handler;
+		struct milter_static_conf *h = &dc->milter_handler;
 		if (mod->kind != CFG_OBJECT) {
 			ERR(mod, err, el, "expected a block");
 			return -EINVAL;
@@ -564,14 +567,15 @@ static int load_providers(struct cfg_node *root, struct relay_conf *rl, char *er
 	return r;
 }
 
-static int load_relay(struct cfg_node *root, struct sluice_config *c, char *err, size_t el)
+static int load_relay(struct cfg_node *root, struct daemon_config *dc, char *err, size_t el)
 {
-	struct relay_conf *rl = &c->relay;
+	const struct sluice_config *c = &dc->conf;
+	struct relay_conf *rl = &dc->relay;
 	struct cfg_node *n = cfg_get(root, "relay");
 	int r = 0;
 	if (n) {
-		c->has_relay = true;
-		r = cfg_schema_load(n, config_relay_keys, c, err, el);
+		dc->has_relay = true;
+		r = cfg_schema_load(n, relay_conf_keys, rl, err, el);
 		if (r == 0 && rl->retry_max_ms < rl->retry_min_ms) {
 			ERR(cfg_get(n, "retry"), err, el, "max is below min");
 			r = -EINVAL;
@@ -627,7 +631,7 @@ static int load_relay(struct cfg_node *root, struct sluice_config *c, char *err,
 			h = host;
 		}
 		rl->hostname = strdup(h);
-		c->relay_hostname_derived = true;
+		dc->relay_hostname_derived = true;
 	}
 	if (r == 0 && !rl->hostname)
 		r = -ENOMEM;
@@ -660,26 +664,29 @@ static int check_delays(struct cfg_node *root, int64_t timeout_ms, char *err, si
 }
 
 /* What the daemon reads beyond config_core_load(): the rules, the relay and the routes. */
-static int load_daemon(struct cfg_node *root, struct sluice_config *c, char *err, size_t el)
+static int load_daemon(struct cfg_node *root, struct daemon_config *dc, char *err, size_t el)
 {
+	const struct sluice_config *c = &dc->conf;
 	struct cfg_node *milter = cfg_get(root, "milter");
 	int r = 0;
-	if (milter)
-		r = load_milter_handler(milter, c, err, el);
+	if (milter) {
+		dc->milter_static = cfg_get(milter, "reply") || cfg_get(milter, "modify");
+		r = load_milter_handler(milter, dc, err, el);
+	}
 	if (r == 0)
-		r = policy_load(root, &c->rules, err, el);
+		r = policy_load(root, &dc->rules, err, el);
 	if (r == 0 && milter)
 		r = check_delays(root, c->milter.command_timeout_ms, err, el);
 	if (r == 0)
-		r = load_relay(root, c, err, el);
-	if (r == 0 && policy_has_classes(c->rules) && !milter && !cfg_get(root, "route")) {
+		r = load_relay(root, dc, err, el);
+	if (r == 0 && policy_has_classes(dc->rules) && !milter && !cfg_get(root, "route")) {
 		cfg_error(cfg_get(root, "class"), err, el, "host classes need the milter (the "
 			  "policy protocol has no end of session to give a slot back) or a route "
 			  "(outgoing sessions take slots too)");
 		r = -EINVAL;
 	}
-	if (r == 0 && c->milter.static_handler && policy_rule_count(c->rules) +
-	    (policy_has_classes(c->rules) ? 1 : 0) > 0) {
+	if (r == 0 && dc->milter_static && policy_rule_count(dc->rules) +
+	    (policy_has_classes(dc->rules) ? 1 : 0) > 0) {
 		cfg_error(cfg_get(milter, "reply") ? cfg_get(milter, "reply") : cfg_get(milter, "modify"),
 			  err, el, "milter reply {} and modify {} are fixed answers for testing an "
 			  "MTA's integration; they cannot be combined with limit or class rules");
@@ -690,29 +697,61 @@ static int load_daemon(struct cfg_node *root, struct sluice_config *c, char *err
 	return r;
 }
 
-static void free_daemon(struct sluice_config *c)
+struct sluice_config *daemon_config_free(struct sluice_config *c)
 {
-	milter_static_conf_clear(&c->milter.handler);
-	relay_conf_clear(&c->relay);
-	policy_unref(c->rules);
+	if (!c)
+		return NULL;
+	struct daemon_config *dc = daemon_config_of(c);
+	milter_static_conf_clear(&dc->milter_handler);
+	relay_conf_clear(&dc->relay);
+	policy_unref(dc->rules);
+	config_clear(&dc->conf);
+	free(dc);
+	return NULL;
 }
 
-int config_load(const char *path, struct sluice_config **ret, char *err, size_t errlen)
+int daemon_config_load(const char *path, struct sluice_config **ret, char *err, size_t errlen)
 {
 	struct cfg_node *root = NULL;
-	struct sluice_config *c = NULL;
-	int r = config_core_load(path, false, &root, &c, err, errlen);
-	if (r < 0)
+	struct daemon_config *dc = calloc(1, sizeof(*dc));
+	if (!dc)
+		return -ENOMEM;
+	int r = config_core_load(path, false, &root, &dc->conf, err, errlen);
+	if (r < 0) {
+		free(dc);
 		return r;
-	c->free_daemon = free_daemon;
-	r = load_daemon(root, c, err, errlen);
+	}
+	r = cfg_schema_defaults(relay_conf_keys, &dc->relay);
+	if (r == 0)
+		r = load_daemon(root, dc, err, errlen);
 	cfg_free(root);
 	if (r < 0) {
 		if (!err[0])
 			snprintf(err, errlen, "%s: %s", path, strerror(-r));
-		config_free(c);
+		daemon_config_free(&dc->conf);
 		return r;
 	}
-	*ret = c;
+	*ret = &dc->conf;
 	return 0;
+}
+
+void daemon_config_print(FILE *f, const struct sluice_config *c, bool all)
+{
+	const struct daemon_config *dc = daemon_config_of(c);
+	config_print(f, c, all);
+	struct relay_conf d = { .hostname = NULL };
+	if (cfg_schema_defaults(relay_conf_keys, &d) < 0) {
+		fprintf(stderr, "sluiced: out of memory\n");
+		return;
+	}
+	/* a value sluiced finds when none is given is its default (for -n) */
+	if (dc->relay_hostname_derived && dc->relay.hostname &&
+	    !(d.hostname = strdup(dc->relay.hostname))) {
+		fprintf(stderr, "sluiced: out of memory\n");
+		return;
+	}
+	if (dc->relay.nroutes > 0 || dc->has_relay)
+		config_print_block(f, "relay", NULL, relay_conf_keys, &dc->relay, all ? NULL : &d,
+				   true);
+	cfg_schema_clear(relay_conf_keys, &d);
 }
