@@ -43,94 +43,10 @@ static int get_duration(struct cfg_node *obj, const char *key, int64_t min, int6
 	return cfg_duration_ms(n, min, max, ret, err, el);
 }
 
-static int get_string_list(struct cfg_node *obj, const char *key, bool (*check)(const char *, const char **),
-			   char ***ret, char *err, size_t el)
-{
-	struct cfg_node *n = cfg_get(obj, key);
-	if (!n)
-		return 0;
-	size_t count = 0;
-	for (struct cfg_node *m = n; m; m = cfg_next_same(m))
-		count += m->kind == CFG_LIST ? 0 : 1;
-	for (struct cfg_node *m = n; m; m = cfg_next_same(m))
-		if (m->kind == CFG_LIST)
-			for (struct cfg_node *it = m->child; it; it = it->next)
-				count++;
-	if (count > 1000) {
-		ERR(n, err, el, "more than 1000 entries");
-		return -EINVAL;
-	}
-	char **list = calloc(count + 1, sizeof(*list));
-	if (!list)
-		return -ENOMEM;
-	size_t i = 0;
-	for (struct cfg_node *m = n; m; m = cfg_next_same(m)) {
-		for (struct cfg_node *it = m->kind == CFG_LIST ? m->child : m; it;
-		     it = m->kind == CFG_LIST ? it->next : NULL) {
-			const char *s, *why = NULL;
-			int r = cfg_string(it, &s, err, el);
-			if (r == 0 && check && !check(s, &why)) {
-				ERR(it, err, el, "\"%.100s\": %s", s, why);
-				r = -EINVAL;
-			}
-			if (r == 0 && !(list[i++] = strdup(s)))
-				r = -ENOMEM;
-			if (r < 0) {
-				for (size_t j = 0; j < i; j++)
-					free(list[j]);
-				free(list);
-				return r;
-			}
-		}
-	}
-	*ret = list;
-	return 0;
-}
-
-static bool check_plain_header(const char *s, const char **why)
-{
-	return milter_static_check_header(s, false, why) == 0;
-}
-
-static bool check_indexed_header(const char *s, const char **why)
-{
-	return milter_static_check_header(s, true, why) == 0;
-}
-
-static bool check_addr(const char *s, const char **why)
-{
-	if (!*s || strchr(s, ' ')) {
-		*why = "expected one address, e.g. <user@example.org>";
-		return false;
-	}
-	return true;
-}
-
-static bool check_addr_args(const char *s, const char **why)
-{
-	const char *sp = strchr(s, ' ');
-	if (sp)
-		while (sp[1] == ' ')
-			sp++;
-	if (!sp || sp == s || !sp[1]) {
-		*why = "expected an address and ESMTP parameters, e.g. <u@example.org> NOTIFY=NEVER";
-		return false;
-	}
-	return true;
-}
-
-static bool check_from(const char *s, const char **why)
-{
-	if (!*s || *s == ' ') {
-		*why = "expected an address and optional ESMTP parameters, e.g. <u@example.org>";
-		return false;
-	}
-	return true;
-}
-
 /* milter { reply { } modify { } }: the fixed answers for testing an MTA's integration. */
 static int load_milter_handler(struct cfg_node *m, struct daemon_config *dc, char *err, size_t el)
 {
+	struct milter_static_conf *h = &dc->milter_handler;
 	int r = 0;
 	struct cfg_node *reply = cfg_get(m, "reply");
 	if (reply) {
@@ -138,80 +54,20 @@ static int load_milter_handler(struct cfg_node *m, struct daemon_config *dc, cha
 			ERR(reply, err, el, "expected a block { step = action; ... }");
 			return -EINVAL;
 		}
-		for (int s = 0; s < MILTER_STEP_COUNT && r == 0; s++) {
-			struct cfg_node *sn = cfg_get(reply, milter_step_name((enum milter_step)s));
-			if (!sn)
-				continue;
-			const char *text, *why;
-			r = cfg_string(sn, &text, err, el);
-			if (r < 0)
-				break;
-			struct milter_static_conf *h = &dc->milter_handler;
-			if (milter_static_parse_action(text, (enum milter_step)s, &h->verdict[s],
-						       &h->reply[s], &why) < 0) {
-				ERR(sn, err, el, "\"%.100s\": %s (expected continue, accept, reject, "
-				    "tempfail, discard, or a 4xx/5xx reply)", text, why);
-				r = -EINVAL;
-			}
-			h->set[s] = true;
-		}
+		r = cfg_schema_load(reply, milter_static_reply_keys, h, err, el);
 		if (r == 0)
 			r = cfg_check_unused(reply, err, el);
 	}
 	struct cfg_node *mod = cfg_get(m, "modify");
 	if (r == 0 && mod) {
-		struct milter_static_conf *h = &dc->milter_handler;
 		if (mod->kind != CFG_OBJECT) {
 			ERR(mod, err, el, "expected a block");
 			return -EINVAL;
 		}
-		r = get_string_list(mod, "add_header", check_plain_header, &h->add_header, err, el);
-		if (r == 0)
-			r = get_string_list(mod, "insert_header", check_indexed_header, &h->insert_header, err, el);
-		if (r == 0)
-			r = get_string_list(mod, "change_header", check_indexed_header, &h->change_header, err, el);
-		if (r == 0)
-			r = get_string_list(mod, "add_rcpt", check_addr, &h->add_rcpt, err, el);
-		if (r == 0)
-			r = get_string_list(mod, "add_rcpt_par", check_addr_args, &h->add_rcpt_par, err, el);
-		if (r == 0)
-			r = get_string_list(mod, "del_rcpt", check_addr, &h->del_rcpt, err, el);
-		char **from = NULL;
-		if (r == 0)
-			r = get_string_list(mod, "change_from", check_from, &from, err, el);
-		if (r == 0 && from) {
-			/* A string, or a list of one: there is one sender. */
-			if (from[0] && from[1]) {
-				ERR(cfg_get(mod, "change_from"), err, el, "only one sender can be set");
-				r = -EINVAL;
-			} else {
-				h->change_from = from[0];
-				from[0] = NULL;
-			}
-			for (char **p = from; *p; p++)
-				free(*p);
-			free(from);
-		}
-		if (r == 0)
-			r = config_get_string(mod, "replace_body", &h->replace_body, err, el);
-		if (r == 0)
-			r = config_get_string(mod, "quarantine", &h->quarantine, err, el);
+		r = cfg_schema_load(mod, milter_static_modify_keys, h, err, el);
 	}
 	return r;
 }
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 /* ---- the relay: relay {} and route "name" {} ---- */
 
@@ -224,28 +80,20 @@ static int get_bool(struct cfg_node *obj, const char *key, bool *ret, char *err,
 	return cfg_bool(n, ret, err, el);
 }
 
-/* key = "a"; or key = ["a", "b"]; each item passed to fn. */
+/* key = "a"; or key = ["a", "b"] (given once); each item passed to fn (cfg_list_each). */
 static int each_string(struct cfg_node *obj, const char *key,
-		       int (*fn)(void *arg, struct cfg_node *item, const char *s, char *err, size_t el),
+		       int (*fn)(void *arg, const struct cfg_node *item, const char *s, char *err,
+				 size_t el),
 		       void *arg, char *err, size_t el)
 {
 	struct cfg_node *n;
 	int r = config_get_one(obj, key, &n, err, el);
 	if (r < 0 || !n)
 		return r;
-	struct cfg_node *items = n->kind == CFG_LIST ? n->child : n;
-	for (struct cfg_node *it = items; it; it = n->kind == CFG_LIST ? it->next : NULL) {
-		const char *s;
-		r = cfg_string(it, &s, err, el);
-		if (r == 0)
-			r = fn(arg, it, s, err, el);
-		if (r < 0)
-			return r;
-	}
-	return 0;
+	return cfg_list_each(n, fn, arg, err, el);
 }
 
-static int add_domain(void *arg, struct cfg_node *it, const char *s, char *err, size_t el)
+static int add_domain(void *arg, const struct cfg_node *it, const char *s, char *err, size_t el)
 {
 	struct route_conf *rc = arg;
 	bool ok = *s && strlen(s) < 256 && !strpbrk(s, " \t@[]");
@@ -265,7 +113,7 @@ static int add_domain(void *arg, struct cfg_node *it, const char *s, char *err, 
 	return 0;
 }
 
-static int add_window(void *arg, struct cfg_node *it, const char *s, char *err, size_t el)
+static int add_window(void *arg, const struct cfg_node *it, const char *s, char *err, size_t el)
 {
 	struct rate_limits *rl = arg;
 	if (rl->n == RATE_MAX_WINDOWS) {

@@ -345,10 +345,11 @@ static int group_parse(const struct cfg_node *n, const struct cfg_key *k, void *
 const struct cfg_type cfg_type_group = { "group", group_parse, id_format, NULL };
 
 /* key = "a"; key = ["a", "b"]; or the key repeated: the items in order. */
-static int list_parse(const struct cfg_node *n, const struct cfg_key *k, void *field, char *err,
-		      size_t el)
+int cfg_list_each(const struct cfg_node *n,
+		  int (*fn)(void *arg, const struct cfg_node *item, const char *s, char *err,
+			    size_t errlen),
+		  void *arg, char *err, size_t el)
 {
-	(void)k;
 	size_t count = 0;
 	for (const struct cfg_node *m = n; m; m = cfg_next_same((struct cfg_node *)m))
 		if (m->kind != CFG_LIST)
@@ -356,27 +357,60 @@ static int list_parse(const struct cfg_node *n, const struct cfg_key *k, void *f
 		else
 			for (const struct cfg_node *it = m->child; it; it = it->next)
 				count++;
-	if (count > 1000) {
-		cfg_error(n, err, el, "more than 1000 entries");
+	if (count > CFG_LIST_MAX) {
+		cfg_error(n, err, el, "more than %d entries", CFG_LIST_MAX);
 		return -EINVAL;
 	}
-	char **list = calloc(count + 1, sizeof(*list));
-	if (!list)
-		return -ENOMEM;
-	size_t i = 0;
 	int r = 0;
 	for (const struct cfg_node *m = n; r == 0 && m; m = cfg_next_same((struct cfg_node *)m))
 		for (const struct cfg_node *it = m->kind == CFG_LIST ? m->child : m; r == 0 && it;
 		     it = m->kind == CFG_LIST ? it->next : NULL) {
 			const char *s;
 			r = cfg_string(it, &s, err, el);
-			if (r == 0 && !(list[i++] = strdup(s)))
-				r = -ENOMEM;
+			if (r == 0 && fn)
+				r = fn(arg, it, s, err, el);
 		}
+	return r;
+}
+
+struct list_build {
+	char **v;
+	size_t n;
+	size_t cap;
+};
+
+static int list_add(void *arg, const struct cfg_node *item, const char *s, char *err, size_t el)
+{
+	(void)item;
+	(void)err;
+	(void)el;
+	struct list_build *b = arg;
+	if (b->n + 1 >= b->cap) {
+		size_t cap = b->cap ? 2 * b->cap : 8;
+		char **v = realloc(b->v, cap * sizeof(*v));
+		if (!v)
+			return -ENOMEM;
+		b->v = v;
+		b->cap = cap;
+	}
+	if (!(b->v[b->n] = strdup(s)))
+		return -ENOMEM;
+	b->v[++b->n] = NULL;
+	return 0;
+}
+
+static int list_parse(const struct cfg_node *n, const struct cfg_key *k, void *field, char *err,
+		      size_t el)
+{
+	(void)k;
+	struct list_build b = { .v = calloc(1, sizeof(char *)), .cap = 1 };
+	if (!b.v)
+		return -ENOMEM;
+	int r = cfg_list_each(n, list_add, &b, err, el);
 	if (r < 0) {
-		for (size_t j = 0; j < i; j++)
-			free(list[j]);
-		free(list);
+		for (size_t j = 0; j < b.n; j++)
+			free(b.v[j]);
+		free(b.v);
 		return r;
 	}
 	char ***p = field;
@@ -384,8 +418,30 @@ static int list_parse(const struct cfg_node *n, const struct cfg_key *k, void *f
 		for (char **q = *p; *q; q++)
 			free(*q);
 	free(*p);
-	*p = list;
+	*p = b.v;
 	return 0;
+}
+
+struct list_check {
+	bool (*ok)(const char *s, const char **why);
+};
+
+static int list_check_one(void *arg, const struct cfg_node *item, const char *s, char *err,
+			  size_t el)
+{
+	const struct list_check *c = arg;
+	const char *why = NULL;
+	if (c->ok(s, &why))
+		return 0;
+	cfg_error(item, err, el, "\"%.100s\": %s", s, why);
+	return -EINVAL;
+}
+
+int cfg_list_check(const struct cfg_node *n, bool (*ok)(const char *s, const char **why),
+		   char *err, size_t el)
+{
+	struct list_check c = { ok };
+	return cfg_list_each(n, list_check_one, &c, err, el);
 }
 
 static bool list_format(const struct cfg_key *k, const void *field, char *buf, size_t size)

@@ -97,6 +97,22 @@ void cfg_schema_clear(const struct cfg_key *keys, void *base);
 size_t cfg_schema_print(FILE *f, const struct cfg_key *keys, const void *base,
 			const void *defaults, unsigned depth);
 
+#define CFG_LIST_MAX 1000 /* items of a list key */
+
+/*
+ * The one reader of string lists: key = "a"; key = ["a", "b"]; or the key repeated (n:
+ * its first node).  fn (may be NULL) gets each item's node and string, in order, and
+ * returns 0 or -errno with err set.  More than CFG_LIST_MAX items is an error at n.
+ */
+int cfg_list_each(const struct cfg_node *n,
+		  int (*fn)(void *arg, const struct cfg_node *item, const char *s, char *err,
+			    size_t errlen),
+		  void *arg, char *err, size_t errlen);
+/* Each item of the list at n passes ok(), or the error is "\"ITEM\": WHY" at its node
+ * (a cfg_key's check for cfg_type_list keys). */
+int cfg_list_check(const struct cfg_node *n, bool (*ok)(const char *s, const char **why),
+		   char *err, size_t errlen);
+
 /* The number of keys in the table (sub-blocks' keys not counted). */
 size_t cfg_schema_count(const struct cfg_key *keys);
 

@@ -8,6 +8,7 @@
 #ifndef SLUICE_MILTER_STATIC_H
 #define SLUICE_MILTER_STATIC_H
 
+#include "cfg_schema.h"
 #include "milter_session.h"
 
 struct milter_static_conf {
@@ -27,6 +28,15 @@ struct milter_static_conf {
 };
 
 void milter_static_conf_clear(struct milter_static_conf *c);
+
+/*
+ * The keys of milter { reply { } modify { } } (cfg_schema.h), over a struct
+ * milter_static_conf: reply's keys are the steps, each an action as
+ * milter_static_parse_action() reads it; modify's the lists above, each item checked
+ * with its line.  milter_static_keys holds both blocks, for sluiced -D.
+ */
+extern const struct cfg_key milter_static_reply_keys[], milter_static_modify_keys[],
+	milter_static_keys[];
 
 /*
  * Parse "continue" | "accept" | "reject" | "tempfail" | "discard" | "skip" | an SMTP reply
