@@ -11,7 +11,8 @@
 #include "config.h"
 #include "config_schema.h"
 
-void config_print(FILE *f, const struct sluice_config *c, bool all)
+void config_print(FILE *f, const struct sluice_config *c, bool all,
+		  config_print_inside_fn *inside, const void *arg)
 {
 	struct sluice_config *d = calloc(1, sizeof(*d));
 	if (!d || config_init(d) < 0) {
@@ -38,6 +39,8 @@ void config_print(FILE *f, const struct sluice_config *c, bool all)
 		size_t lines = cfg_schema_print(m, b->keys, c, defaults, 1);
 		if (b[1].name && strcmp(b[1].name, b->name) == 0)
 			lines += cfg_schema_print(m, b[1].keys, c, defaults, 1);
+		if (inside)
+			lines += inside(m, b->name, all, arg);
 		fclose(m);
 		if (lines || b->present)
 			fprintf(f, "%s {\n%s}\n", b->name, text);

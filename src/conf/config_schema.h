@@ -32,9 +32,13 @@ extern const struct cfg_key config_root_keys[], config_log_keys[], config_contro
  * Write c in sluice.conf syntax: every block it has with every key (all = true), or only
  * the values that differ from the defaults (all = false, as postconf -n).  The blocks of
  * the daemon (relay, route, limit...) are daemon_config_print()'s, which calls this and
- * config_print_block().
+ * config_print_block(); inside (may be NULL) writes what the daemon adds inside one of
+ * these blocks (the milter's reply {} and modify {}), at depth 1, before its "}", and
+ * returns the lines it wrote.
  */
-void config_print(FILE *f, const struct sluice_config *c, bool all);
+typedef size_t config_print_inside_fn(FILE *f, const char *block, bool all, const void *arg);
+void config_print(FILE *f, const struct sluice_config *c, bool all,
+		  config_print_inside_fn *inside, const void *arg);
 
 /*
  * Write one block "name { ... }" (label non-NULL: name "label" { ... }) from keys over

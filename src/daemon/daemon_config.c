@@ -33,17 +33,6 @@
 
 
 
-static int get_duration(struct cfg_node *obj, const char *key, int64_t min, int64_t max,
-			int64_t *ret, char *err, size_t el)
-{
-	struct cfg_node *n;
-	int r = config_get_one(obj, key, &n, err, el);
-	if (r < 0 || !n)
-		return r;
-	return cfg_duration_ms(n, min, max, ret, err, el);
-}
-
-/* milter { reply { } modify { } }: the fixed answers for testing an MTA's integration. */
 static int load_milter_handler(struct cfg_node *m, struct daemon_config *dc, char *err, size_t el)
 {
 	struct milter_static_conf *h = &dc->milter_handler;
@@ -69,398 +58,21 @@ static int load_milter_handler(struct cfg_node *m, struct daemon_config *dc, cha
 	return r;
 }
 
-/* ---- the relay: relay {} and route "name" {} ---- */
+/* ---- the relay: relay {} and route "name" {} (relay_conf.c reads them) ---- */
 
-static int get_bool(struct cfg_node *obj, const char *key, bool *ret, char *err, size_t el)
+/* A route's password: a secret file, checked as the others. */
+static int read_route_secret(void *arg, struct cfg_node *n, const char *file, char **ret,
+			     char *err, size_t el)
 {
-	struct cfg_node *n;
-	int r = config_get_one(obj, key, &n, err, el);
-	if (r < 0 || !n)
-		return r;
-	return cfg_bool(n, ret, err, el);
-}
-
-/* key = "a"; or key = ["a", "b"] (given once); each item passed to fn (cfg_list_each). */
-static int each_string(struct cfg_node *obj, const char *key,
-		       int (*fn)(void *arg, const struct cfg_node *item, const char *s, char *err,
-				 size_t el),
-		       void *arg, char *err, size_t el)
-{
-	struct cfg_node *n;
-	int r = config_get_one(obj, key, &n, err, el);
-	if (r < 0 || !n)
-		return r;
-	return cfg_list_each(n, fn, arg, err, el);
-}
-
-static int add_domain(void *arg, const struct cfg_node *it, const char *s, char *err, size_t el)
-{
-	struct route_conf *rc = arg;
-	bool ok = *s && strlen(s) < 256 && !strpbrk(s, " \t@[]");
-	if (ok && strchr(s, '*'))
-		ok = strcmp(s, "*") == 0 || (s[0] == '*' && s[1] == '.' && s[2] && !strchr(s + 1, '*'));
-	if (!ok) {
-		ERR(it, err, el, "\"%.100s\": expected a domain, *.domain or *", s);
-		return -EINVAL;
-	}
-	char **d = realloc(rc->domains, (rc->ndomains + 1) * sizeof(*d));
-	if (!d)
-		return -ENOMEM;
-	rc->domains = d;
-	if (!(d[rc->ndomains] = strdup(s)))
-		return -ENOMEM;
-	rc->ndomains++;
-	return 0;
-}
-
-static int add_window(void *arg, const struct cfg_node *it, const char *s, char *err, size_t el)
-{
-	struct rate_limits *rl = arg;
-	if (rl->n == RATE_MAX_WINDOWS) {
-		ERR(it, err, el, "more than %d windows", RATE_MAX_WINDOWS);
-		return -EINVAL;
-	}
-	char e[200];
-	struct rate_window w;
-	if (rate_window_parse(str_cstr(s), &w, e, sizeof(e)) < 0) {
-		ERR(it, err, el, "%s", e);
-		return -EINVAL;
-	}
-	if (w.count > 10000000) {
-		ERR(it, err, el, "\"%.100s\": a lane counts at most 10000000 sends per window", s);
-		return -EINVAL;
-	}
-	rl->w[rl->n++] = w;
-	return 0;
-}
-
-/* "[host]:port", "host:port", "host", "[v6]:port" */
-static int parse_smarthost(struct cfg_node *n, const char *s, struct route_conf *rc, char *err,
-			   size_t el)
-{
-	const char *host = s, *port = NULL;
-	size_t hl;
-	if (s[0] == '[') {
-		const char *end = strchr(s, ']');
-		if (!end || (end[1] && end[1] != ':')) {
-			ERR(n, err, el, "\"%.100s\": expected [host]:port", s);
-			return -EINVAL;
-		}
-		host = s + 1;
-		hl = (size_t)(end - host);
-		port = end[1] == ':' ? end + 2 : NULL;
-	} else {
-		const char *colon = strrchr(s, ':');
-		if (colon && strchr(s, ':') != colon) {
-			ERR(n, err, el, "\"%.100s\": write an IPv6 address in brackets, [::1]:25", s);
-			return -EINVAL;
-		}
-		hl = colon ? (size_t)(colon - s) : strlen(s);
-		port = colon ? colon + 1 : NULL;
-	}
-	if (hl == 0 || hl > 253) {
-		ERR(n, err, el, "\"%.100s\": no host name", s);
-		return -EINVAL;
-	}
-	rc->port = 25;
-	if (port) {
-		char *end;
-		unsigned long v = strtoul(port, &end, 10);
-		if (!*port || *end || v == 0 || v > 65535) {
-			ERR(n, err, el, "\"%.100s\": bad port", s);
-			return -EINVAL;
-		}
-		rc->port = (uint16_t)v;
-	}
-	if (!(rc->host = strndup(host, hl)))
-		return -ENOMEM;
-	return 0;
-}
-
-static int load_signal(struct cfg_node *s, struct route_conf *rc, char *err, size_t el)
-{
-	if (s->kind != CFG_OBJECT) {
-		ERR(s, err, el, "expected signal { match = \"regex\"; action = suspend; }");
-		return -EINVAL;
-	}
-	struct classify_signal_conf sc = { .for_ms = 0 };
-	int r = cfg_schema_defaults(route_signal_keys, &sc);
-	if (r == 0)
-		r = cfg_schema_load(s, route_signal_keys, &sc, err, el);
-	char *match = (char *)sc.match; /* owned here until the route has it */
-	if (r == 0 && sc.after > 1 && !sc.within_ms) {
-		ERR(cfg_get(s, "after"), err, el, "after = %u needs within = DURATION, the window "
-		    "in which the %u matching replies count", sc.after, sc.after);
-		r = -EINVAL;
-	}
-	if (r == 0 && sc.within_ms && sc.after <= 1) {
-		ERR(cfg_get(s, "within"), err, el, "within needs after = N (N > 1): how many "
-		    "matching replies within it act");
-		r = -EINVAL;
-	}
-	if (r == 0) {
-		/* the pattern is checked here, so that a bad one names its line */
-		char e[256];
-		struct classify *cl = classify_new(&sc, 1, e, sizeof(e));
-		if (!cl) {
-			ERR(cfg_get(s, "match"), err, el, "%s", e);
-			r = -EINVAL;
-		}
-		classify_free(cl);
-	}
-	if (r == 0) {
-		struct classify_signal_conf *a = realloc(rc->signals, (rc->nsignals + 1) * sizeof(*a));
-		if (!a) {
-			r = -ENOMEM;
-		} else {
-			rc->signals = a;
-			a[rc->nsignals++] = sc;
-			match = NULL;
-		}
-	}
-	free(match);
-	return r;
-}
-
-static int load_route(struct cfg_node *n, struct route_conf *rc, const struct sluice_config *c,
-		      bool shared_store, char *err, size_t el)
-{
-	if (!n->label || !*n->label || strlen(n->label) > 200 || strpbrk(n->label, " \t:\"\\") ||
-	    n->kind != CFG_OBJECT) {
-		ERR(n, err, el, "expected route \"name\" { ... } (a name without spaces or ':')");
-		return -EINVAL;
-	}
-	if (!(rc->name = strdup(n->label)))
-		return -ENOMEM;
-	int r = cfg_schema_defaults(route_conf_keys, rc);
-	if (r == 0)
-		r = each_string(n, "domains", add_domain, rc, err, el);
-	if (r == 0 && !rc->ndomains) {
-		ERR(n, err, el, "domains is required: [\"*\"] for every domain");
-		r = -EINVAL;
-	}
-	struct cfg_node *sh = NULL;
-	if (r == 0)
-		r = config_get_one(n, "smarthost", &sh, err, el);
-	if (r == 0)
-		r = get_bool(n, "mx", &rc->mx, err, el);
-	if (r == 0 && !sh == !rc->mx) {
-		ERR(n, err, el, "give either smarthost = \"[host]:port\" or mx = true");
-		r = -EINVAL;
-	}
-	if (r == 0 && sh) {
-		const char *s;
-		r = cfg_string(sh, &s, err, el);
-		if (r == 0)
-			r = parse_smarthost(sh, s, rc, err, el);
-	}
-	rc->connections = rc->mx ? 4 : 2;
-	if (r == 0)
-		r = cfg_schema_load(n, route_conf_keys, rc, err, el);
-	if (r == 0 && !rc->mx && (rc->tls == SMTP_TLS_DANE || rc->tls == SMTP_TLS_DANE_ONLY)) {
-		ERR(cfg_get(n, "tls"), err, el, "tls = \"dane\" and \"dane-only\" are for mx = true "
-		    "routes (a smarthost has no MX records to validate)");
-		r = -EINVAL;
-	}
-	if (r == 0 && !rc->mx && cfg_get(n, "port")) {
-		ERR(cfg_get(n, "port"), err, el, "port is for mx = true routes (a smarthost's port "
-		    "is in smarthost = \"[host]:port\")");
-		r = -EINVAL;
-	}
-	struct cfg_node *auth = cfg_get(n, "auth");
-	if (r == 0 && auth) {
-		char *file = NULL;
-		r = config_get_string(auth, "user", &rc->auth_user, err, el);
-		if (r == 0)
-			r = config_get_string(auth, "password_file", &file, err, el);
-		if (r == 0 && (!rc->auth_user || !file)) {
-			ERR(auth, err, el, "auth needs user and password_file");
-			r = -EINVAL;
-		}
-		if (r == 0)
-			r = config_read_secret(cfg_get(auth, "password_file"), file, c, &rc->auth_password, err, el);
-		free(file);
-		if (r == 0)
-			r = config_get_string(auth, "mechanisms", &rc->auth_mechanisms, err, el);
-		if (r == 0)
-			r = get_bool(auth, "plaintext", &rc->auth_plaintext, err, el);
-		if (r == 0 && rc->tls == SMTP_TLS_NONE && !rc->auth_plaintext) {
-			ERR(auth, err, el, "auth over tls = \"none\" sends the password in clear: "
-			    "say plaintext = true if that is what you want");
-			r = -EINVAL;
-		}
-	}
-	char *s = NULL;
-	if (r == 0)
-		r = config_get_string(n, "source", &s, err, el);
-	if (r == 0 && s) {
-		struct sockaddr_in *v4 = (struct sockaddr_in *)&rc->source;
-		struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&rc->source;
-		if (inet_pton(AF_INET, s, &v4->sin_addr) == 1) {
-			v4->sin_family = AF_INET;
-			rc->sourcelen = sizeof(*v4);
-		} else if (inet_pton(AF_INET6, s, &v6->sin6_addr) == 1) {
-			v6->sin6_family = AF_INET6;
-			rc->sourcelen = sizeof(*v6);
-		} else {
-			ERR(cfg_get(n, "source"), err, el, "\"%.100s\": expected an IP address", s);
-			r = -EINVAL;
-		}
-	}
-	free(s);
-	s = NULL;
-	if (r == 0)
-		r = each_string(n, "rate", add_window, &rc->rate, err, el);
-	if (r == 0 && rc->shared && rc->count == ROUTE_COUNT_RECIPIENTS) {
-		ERR(cfg_get(n, "shared"), err, el, "a shared lane counts messages (count = "
-		    "\"recipients\" is for a lane of one node)");
-		r = -EINVAL;
-	}
-	if (r == 0 && rc->shared && !shared_store) {
-		ERR(cfg_get(n, "shared"), err, el, "a shared lane needs store { type = \"redis\"; }");
-		r = -EINVAL;
-	}
-	if (r == 0 && rc->shared && !rc->rate.n) {
-		ERR(cfg_get(n, "shared"), err, el, "a shared lane needs a rate");
-		r = -EINVAL;
-	}
-	int64_t t = 0;
-	if (r == 0 && (r = get_duration(n, "connect_timeout", 1000, 3600000, &t, err, el)) == 0 && t)
-		rc->timeout_ms[SMTP_STAGE_CONNECT] = (uint64_t)t;
-	t = 0;
-	if (r == 0 && (r = get_duration(n, "command_timeout", 1000, 3600000, &t, err, el)) == 0 && t)
-		for (unsigned i = SMTP_STAGE_GREETING; i < SMTP_STAGE_COUNT; i++)
-			if (i != SMTP_STAGE_DOT)
-				rc->timeout_ms[i] = (uint64_t)t;
-	t = 0;
-	if (r == 0 && (r = get_duration(n, "data_timeout", 1000, 3600000, &t, err, el)) == 0 && t)
-		rc->timeout_ms[SMTP_STAGE_DOT] = (uint64_t)t;
-	for (struct cfg_node *sg = cfg_get(n, "signal"); r == 0 && sg; sg = cfg_next_same(sg))
-		r = load_signal(sg, rc, err, el);
-	if (r == 0 && !rc->mx && rc->lanes != ROUTE_LANES_DOMAIN) {
-		ERR(cfg_get(n, "lanes"), err, el, "lanes = \"mx\" or \"provider\" groups the "
-		    "domains of an mx = true route; a smarthost route is one lane already");
-		r = -EINVAL;
-	}
-	return r;
-}
-
-/* provider "name" { mx = [...]; rate = [...]; connections = N; } */
-static int load_provider(struct cfg_node *n, struct provider_conf *p, char *err, size_t el)
-{
-	if (!n->label || !*n->label || strlen(n->label) > 100 || strpbrk(n->label, " \t:\"\\,") ||
-	    n->kind != CFG_OBJECT) {
-		ERR(n, err, el, "expected provider \"name\" { mx = [\"*.mx.example.net\"]; ... } "
-		    "(a name without spaces, tabs, ',', ':', '\"' or '\\')");
-		return -EINVAL;
-	}
-	if (!(p->name = strdup(n->label)))
-		return -ENOMEM;
-	int r = cfg_schema_defaults(provider_conf_keys, p);
-	if (r == 0)
-		r = cfg_schema_load(n, provider_conf_keys, p, err, el);
-	if (r == 0)
-		r = each_string(n, "rate", add_window, &p->rate, err, el);
-	return r;
-}
-
-static int load_providers(struct cfg_node *root, struct relay_conf *rl, char *err, size_t el)
-{
-	size_t count = 0;
-	for (struct cfg_node *x = cfg_get(root, "provider"); x; x = cfg_next_same(x))
-		count++;
-	if (count > 1000) {
-		ERR(cfg_get(root, "provider"), err, el, "more than 1000 providers");
-		return -EINVAL;
-	}
-	if (count && !(rl->providers = calloc(count, sizeof(*rl->providers))))
-		return -ENOMEM;
-	int r = 0;
-	for (struct cfg_node *x = cfg_get(root, "provider"); r == 0 && x; x = cfg_next_same(x)) {
-		struct provider_conf *p = &rl->providers[rl->nproviders++];
-		r = load_provider(x, p, err, el);
-		for (size_t i = 0; r == 0 && i + 1 < rl->nproviders; i++)
-			if (strcmp(rl->providers[i].name, p->name) == 0) {
-				ERR(x, err, el, "a second provider named \"%s\"", p->name);
-				r = -EINVAL;
-			}
-	}
-	bool used = false;
-	struct cfg_node *user = cfg_get(root, "route"); /* the first route that uses them */
-	for (size_t i = 0; i < rl->nroutes && !used; i++) {
-		used = rl->routes[i].lanes == ROUTE_LANES_PROVIDER;
-		if (!used)
-			user = cfg_next_same(user);
-	}
-	if (r == 0 && count && !used) {
-		ERR(cfg_get(root, "provider"), err, el, "provider blocks are used by mx routes with "
-		    "lanes = \"provider\", and no route has it");
-		r = -EINVAL;
-	}
-	/* one lane and one budget per provider: a second route would make a second lane of
-	 * it (with its own connections, TLS and source), each with the provider's whole rate */
-	size_t nusers = 0;
-	struct cfg_node *rn = cfg_get(root, "route");
-	for (size_t i = 0; r == 0 && i < rl->nroutes; i++, rn = rn ? cfg_next_same(rn) : NULL)
-		if (rl->routes[i].lanes == ROUTE_LANES_PROVIDER && ++nusers == 2) {
-			ERR(rn ? cfg_get(rn, "lanes") : NULL, err, el, "lanes = \"provider\" on a "
-			    "second route: a provider's budget is one lane's, and one route's");
-			r = -EINVAL;
-		}
-	if (r == 0 && used && !count) {
-		ERR(cfg_get(user, "lanes"), err, el, "lanes = \"provider\" needs provider \"name\" "
-		    "{ mx = [...]; } blocks");
-		r = -EINVAL;
-	}
-	return r;
+	return config_read_secret(n, file, arg, ret, err, el);
 }
 
 static int load_relay(struct cfg_node *root, struct daemon_config *dc, char *err, size_t el)
 {
 	const struct sluice_config *c = &dc->conf;
 	struct relay_conf *rl = &dc->relay;
-	struct cfg_node *n = cfg_get(root, "relay");
-	int r = 0;
-	if (n) {
-		dc->has_relay = true;
-		r = cfg_schema_load(n, relay_conf_keys, rl, err, el);
-		if (r == 0 && rl->retry_max_ms < rl->retry_min_ms) {
-			ERR(cfg_get(n, "retry"), err, el, "max is below min");
-			r = -EINVAL;
-		}
-		if (r == 0 && rl->suspend_max_ms < rl->suspend_min_ms) {
-			ERR(cfg_get(n, "suspend"), err, el, "max is below min");
-			r = -EINVAL;
-		}
-		if (r == 0 && rl->dns_max_ttl_ms < rl->dns_min_ttl_ms) {
-			ERR(cfg_get(n, "dns_max_ttl"), err, el, "below dns_min_ttl");
-			r = -EINVAL;
-		}
-		if (r == 0 && rl->dns_retry_max_ms < rl->dns_retry_min_ms) {
-			ERR(cfg_get(n, "dns_retry_max"), err, el, "below dns_retry_min");
-			r = -EINVAL;
-		}
-	}
-	size_t count = 0;
-	for (struct cfg_node *x = cfg_get(root, "route"); x; x = cfg_next_same(x))
-		count++;
-	if (r == 0 && count > 1000) {
-		ERR(cfg_get(root, "route"), err, el, "more than 1000 routes");
-		r = -EINVAL;
-	}
-	if (r == 0 && count && !(rl->routes = calloc(count, sizeof(*rl->routes))))
-		r = -ENOMEM;
-	for (struct cfg_node *x = cfg_get(root, "route"); r == 0 && x; x = cfg_next_same(x)) {
-		struct route_conf *rc = &rl->routes[rl->nroutes++];
-		r = load_route(x, rc, c, c->store.redis, err, el);
-		for (size_t i = 0; r == 0 && i + 1 < rl->nroutes; i++)
-			if (strcmp(rl->routes[i].name, rc->name) == 0) {
-				ERR(x, err, el, "a second route named \"%s\"", rc->name);
-				r = -EINVAL;
-			}
-	}
-	if (r == 0)
-		r = load_providers(root, rl, err, el);
+	dc->has_relay = cfg_get(root, "relay") != NULL;
+	int r = relay_conf_load(root, rl, c->store.redis, read_route_secret, (void *)c, err, el);
 	if (r == 0 && rl->nroutes && !c->intake.enabled && !cfg_get(root, "queue")) {
 		ERR(cfg_get(root, "route"), err, el, "routes deliver from the queue: give an "
 		    "intake { } or a queue { } block");
@@ -569,9 +181,7 @@ int daemon_config_load(const char *path, struct sluice_config **ret, char *err, 
 		free(dc);
 		return r;
 	}
-	r = cfg_schema_defaults(relay_conf_keys, &dc->relay);
-	if (r == 0)
-		r = load_daemon(root, dc, err, errlen);
+	r = load_daemon(root, dc, err, errlen);
 	cfg_free(root);
 	if (r < 0) {
 		if (!err[0])
@@ -583,10 +193,60 @@ int daemon_config_load(const char *path, struct sluice_config **ret, char *err, 
 	return 0;
 }
 
+/* Lines of keys over base, as a sub-block "name {" ... "}" at depth 1. */
+static size_t print_sub(FILE *f, const char *name, const struct cfg_key *keys, const void *base,
+			const void *defaults)
+{
+	char *text = NULL;
+	size_t len = 0;
+	FILE *m = open_memstream(&text, &len);
+	if (!m)
+		return 0;
+	size_t lines = cfg_schema_print(m, keys, base, defaults, 2);
+	fclose(m);
+	fprintf(f, "  %s {\n%s  }\n", name, text);
+	free(text);
+	return lines + 1;
+}
+
+/* milter { reply {} modify {} }: written inside src/conf's milter block */
+static size_t print_inside(FILE *f, const char *block, bool all, const void *arg)
+{
+	const struct daemon_config *dc = arg;
+	static const struct milter_static_conf none;
+	if (strcmp(block, "milter") != 0)
+		return 0;
+	return cfg_schema_print(f, milter_static_keys, &dc->milter_handler, all ? NULL : &none, 1);
+}
+
+static void print_route(FILE *f, const struct route_conf *rc, bool all)
+{
+	struct route_conf d = { .name = NULL };
+	struct classify_signal_conf ds = { .match = NULL };
+	if (route_conf_defaults(&d, rc->mx) < 0 || cfg_schema_defaults(route_signal_keys, &ds) < 0)
+		return;
+	char *text = NULL;
+	size_t len = 0;
+	FILE *m = open_memstream(&text, &len);
+	if (m) {
+		cfg_schema_print(m, route_conf_keys, rc, all ? NULL : &d, 1);
+		if (rc->auth_user)
+			print_sub(m, "auth", route_auth_keys, rc, all ? NULL : &d);
+		for (size_t i = 0; i < rc->nsignals; i++)
+			print_sub(m, "signal", route_signal_keys, &rc->signals[i], all ? NULL : &ds);
+		fclose(m);
+		char q[1024];
+		fprintf(f, "route %s {\n%s}\n", cfg_quote(rc->name, q, sizeof(q)), text);
+		free(text);
+	}
+	route_conf_clear(&d);
+	cfg_schema_clear(route_signal_keys, &ds);
+}
+
 void daemon_config_print(FILE *f, const struct sluice_config *c, bool all)
 {
 	const struct daemon_config *dc = daemon_config_of(c);
-	config_print(f, c, all);
+	config_print(f, c, all, print_inside, dc);
 	struct relay_conf d = { .hostname = NULL };
 	if (cfg_schema_defaults(relay_conf_keys, &d) < 0) {
 		fprintf(stderr, "sluiced: out of memory\n");
@@ -602,4 +262,15 @@ void daemon_config_print(FILE *f, const struct sluice_config *c, bool all)
 		config_print_block(f, "relay", NULL, relay_conf_keys, &dc->relay, all ? NULL : &d,
 				   true);
 	cfg_schema_clear(relay_conf_keys, &d);
+	for (size_t i = 0; i < dc->relay.nroutes; i++)
+		print_route(f, &dc->relay.routes[i], all);
+	for (size_t i = 0; i < dc->relay.nproviders; i++) {
+		const struct provider_conf *p = &dc->relay.providers[i];
+		struct provider_conf pd = { .name = NULL };
+		if (cfg_schema_defaults(provider_conf_keys, &pd) < 0)
+			return;
+		config_print_block(f, "provider", p->name, provider_conf_keys, p, all ? NULL : &pd,
+				   true);
+		provider_conf_clear(&pd);
+	}
 }

@@ -78,7 +78,8 @@ struct route_conf {
 	char *ca_file;
 	char *sni;                   /* NULL: host (smarthost) or the MX name */
 	char *auth_user;             /* NULL: no AUTH */
-	char *auth_password;
+	char *auth_password_file;    /* where auth_password was read from */
+	char *auth_password;         /* the daemon reads it (auth_password_file's first line) */
 	char *auth_mechanisms;
 	bool auth_plaintext;
 	struct sockaddr_storage source; /* ss_family 0: none */
@@ -96,12 +97,12 @@ struct route_conf {
 	uint64_t timeout_ms[SMTP_STAGE_COUNT];
 };
 
-/* The keys of route "name" { } that are plain values (cfg_schema.h; relay_conf.c); the
- * others (domains, smarthost, mx, auth, source, rate, timeouts) are read by
- * src/daemon/daemon_config.c. */
-extern const struct cfg_key route_conf_keys[];
-/* The keys of route "name" { signal { } } (struct classify_signal_conf). */
-extern const struct cfg_key route_signal_keys[];
+/* The keys of route "name" { } (cfg_schema.h; relay_conf.c), of its auth { } (the
+ * password itself is the daemon's to read, from auth_password_file) and of its
+ * repeatable signal { } (struct classify_signal_conf). */
+extern const struct cfg_key route_conf_keys[], route_auth_keys[], route_signal_keys[];
+/* A route's defaults before its block is read (connections depends on mx). */
+int route_conf_defaults(struct route_conf *rc, bool mx);
 
 /* `provider "name" { mx = [...]; rate = [...]; connections = N; }`: the domains whose MX
  * hosts match one of mx ("host", "*.suffix") share one lane and this budget in the mx
@@ -113,8 +114,7 @@ struct provider_conf {
 	unsigned connections;
 };
 
-/* The keys of provider "name" { } that are plain values (relay_conf.c); rate is read by
- * src/daemon/daemon_config.c. */
+/* The keys of provider "name" { } (relay_conf.c). */
 extern const struct cfg_key provider_conf_keys[];
 
 /* `relay { ... }` and the routes. */
@@ -145,6 +145,18 @@ struct relay_conf {
 extern const struct cfg_key relay_conf_keys[];
 
 void relay_conf_init(struct relay_conf *c);  /* the defaults */
+/* Reads a route's auth password from file (named at node n) into *ret: the daemon's,
+ * which checks who may read the file.  0 or -errno with err set. */
+typedef int relay_conf_secret_fn(void *arg, struct cfg_node *n, const char *file, char **ret,
+				 char *err, size_t errlen);
+/*
+ * Read relay { }, the route blocks and the provider blocks of root into c (zeroed), with
+ * every check across their keys.  shared_store: a Redis store holds shared lanes' budgets.
+ * read_secret (may be NULL: no password read) fills each auth_password.  0, or
+ * -EINVAL/-ENOMEM with err "FILE:LINE: KEY: message"; relay_conf_clear() frees c either way.
+ */
+int relay_conf_load(struct cfg_node *root, struct relay_conf *c, bool shared_store,
+		    relay_conf_secret_fn *read_secret, void *arg, char *err, size_t errlen);
 void relay_conf_clear(struct relay_conf *c);
 void route_conf_clear(struct route_conf *r);
 /* A deep copy (for the relay thread: the daemon's configuration may go away). */

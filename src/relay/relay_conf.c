@@ -2,8 +2,11 @@
  * relay_conf -- the relay's configuration as the daemon loaded it (relay.h): defaults,
  * a deep copy for the relay's thread, and the route of a recipient domain.
  */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -12,6 +15,7 @@
 #include "cfg_schema.h"
 #include "relay.h"
 #include "threshold.h"
+#include "util.h"
 
 /* ---- the keys of route "name" { } that are plain values ---- */
 
@@ -54,23 +58,306 @@ static const struct cfg_enum signal_actions[] = {
 
 #define SIGNAL(field) offsetof(struct classify_signal_conf, field)
 
+/* A duration whose 0 means "not given" (int64_t ms): nothing is written for it. */
+static int optional_duration_parse(const struct cfg_node *n, const struct cfg_key *k,
+				   void *field, char *err, size_t el)
+{
+	return cfg_type_duration.parse(n, k, field, err, el);
+}
+
+static bool optional_duration_format(const struct cfg_key *k, const void *field, char *buf,
+				     size_t size)
+{
+	return *(const int64_t *)field && cfg_type_duration.format(k, field, buf, size);
+}
+
+static const struct cfg_type type_optional_duration = { "duration", optional_duration_parse,
+							optional_duration_format, NULL };
+
 const struct cfg_key route_signal_keys[] = {
 	{ "match", &cfg_type_string, SIGNAL(match), NULL, .flags = CFG_REQUIRED,
 	  .help = "a regular expression over the relay's reply" },
 	{ "action", &cfg_type_enum, SIGNAL(action), "suspend", .names = signal_actions,
 	  .help = "what a matching reply does to the lane or the recipient" },
-	{ "for", &cfg_type_duration, SIGNAL(for_ms), NULL, 1000, INT64_C(30) * 86400 * 1000,
+	{ "for", &type_optional_duration, SIGNAL(for_ms), NULL, 1000, INT64_C(30) * 86400 * 1000,
 	  .help = "the suspension or slow-down (default: the lane's backoff)" },
 	{ "after", &cfg_type_uint, SIGNAL(after), "1", 1, THRESHOLD_AFTER_MAX,
 	  .help = "act on this many matching replies within `within` (per lane)" },
-	{ "within", &cfg_type_duration, SIGNAL(within_ms), NULL, 1000, INT64_C(30) * 86400 * 1000,
+	{ "within", &type_optional_duration, SIGNAL(within_ms), NULL, 1000, INT64_C(30) * 86400 * 1000,
 	  .help = "the window in which `after` matching replies act (required with after)" },
 	{ .name = NULL },
 };
 
+/* ---- types of a route's own ---- */
+
+/* The route_conf that holds field, the key's member: these types fill a member and the
+ * one that goes with it (a count, a length, a port). */
+#define ROUTE_OF(field, member) \
+	((struct route_conf *)(void *)((char *)(field) - offsetof(struct route_conf, member)))
+
+static bool domain_ok(const char *s, const char **why)
+{
+	bool ok = *s && strlen(s) < 256 && !strpbrk(s, " \t@[]");
+	if (ok && strchr(s, '*'))
+		ok = strcmp(s, "*") == 0 || (s[0] == '*' && s[1] == '.' && s[2] && !strchr(s + 1, '*'));
+	if (!ok)
+		*why = "expected a domain, *.domain or *";
+	return ok;
+}
+
+/* domains: a list (NULL-terminated) and its count */
+static int domains_parse(const struct cfg_node *n, const struct cfg_key *k, void *field,
+			 char *err, size_t el)
+{
+	int r = cfg_list_check(n, domain_ok, err, el);
+	char **list = NULL;
+	if (r == 0)
+		r = cfg_type_list.parse(n, k, &list, err, el);
+	if (r < 0)
+		return r;
+	struct route_conf *rc = ROUTE_OF(field, domains);
+	for (size_t i = 0; i < rc->ndomains; i++)
+		free(rc->domains[i]);
+	free(rc->domains);
+	rc->domains = list;
+	for (rc->ndomains = 0; list[rc->ndomains]; rc->ndomains++)
+		;
+	return 0;
+}
+
+static bool domains_format(const struct cfg_key *k, const void *field, char *buf, size_t size)
+{
+	return cfg_type_list.format(k, field, buf, size);
+}
+
+static const struct cfg_type type_domains = { "list", domains_parse, domains_format, NULL };
+
+/* smarthost: "[host]:port", "host:port", "host", "[v6]:port" into host and port */
+static int smarthost_parse(const struct cfg_node *n, const struct cfg_key *k, void *field,
+			   char *err, size_t el)
+{
+	(void)k;
+	const char *s;
+	int r = cfg_string(n, &s, err, el);
+	if (r < 0)
+		return r;
+	const char *host = s, *port = NULL;
+	size_t hl;
+	if (s[0] == '[') {
+		const char *end = strchr(s, ']');
+		if (!end || (end[1] && end[1] != ':')) {
+			cfg_error(n, err, el, "\"%.100s\": expected [host]:port", s);
+			return -EINVAL;
+		}
+		host = s + 1;
+		hl = (size_t)(end - host);
+		port = end[1] == ':' ? end + 2 : NULL;
+	} else {
+		const char *colon = strrchr(s, ':');
+		if (colon && strchr(s, ':') != colon) {
+			cfg_error(n, err, el, "\"%.100s\": write an IPv6 address in brackets, "
+				  "[::1]:25", s);
+			return -EINVAL;
+		}
+		hl = colon ? (size_t)(colon - s) : strlen(s);
+		port = colon ? colon + 1 : NULL;
+	}
+	if (hl == 0 || hl > 253) {
+		cfg_error(n, err, el, "\"%.100s\": no host name", s);
+		return -EINVAL;
+	}
+	uint16_t p = 25;
+	if (port) {
+		char *end;
+		unsigned long v = strtoul(port, &end, 10);
+		if (!*port || *end || v == 0 || v > 65535) {
+			cfg_error(n, err, el, "\"%.100s\": bad port", s);
+			return -EINVAL;
+		}
+		p = (uint16_t)v;
+	}
+	char *h = strndup(host, hl);
+	if (!h)
+		return -ENOMEM;
+	struct route_conf *rc = ROUTE_OF(field, host);
+	free(rc->host);
+	rc->host = h;
+	rc->port = p;
+	return 0;
+}
+
+static bool smarthost_format(const struct cfg_key *k, const void *field, char *buf, size_t size)
+{
+	(void)k;
+	const struct route_conf *rc = ROUTE_OF(field, host);
+	if (!rc->host)
+		return false;
+	char text[300];
+	snprintf(text, sizeof(text), "[%s]:%u", rc->host, rc->port);
+	cfg_quote(text, buf, size);
+	return true;
+}
+
+static const struct cfg_type type_smarthost = { "[host]:port", smarthost_parse, smarthost_format,
+						NULL };
+
+/* source: an IP address into source and sourcelen */
+static int source_parse(const struct cfg_node *n, const struct cfg_key *k, void *field,
+			char *err, size_t el)
+{
+	(void)k;
+	const char *s;
+	int r = cfg_string(n, &s, err, el);
+	if (r < 0)
+		return r;
+	struct route_conf *rc = ROUTE_OF(field, source);
+	struct sockaddr_storage ss = { .ss_family = AF_UNSPEC };
+	struct sockaddr_in *v4 = (struct sockaddr_in *)&ss;
+	struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&ss;
+	socklen_t len;
+	if (inet_pton(AF_INET, s, &v4->sin_addr) == 1) {
+		v4->sin_family = AF_INET;
+		len = sizeof(*v4);
+	} else if (inet_pton(AF_INET6, s, &v6->sin6_addr) == 1) {
+		v6->sin6_family = AF_INET6;
+		len = sizeof(*v6);
+	} else {
+		cfg_error(n, err, el, "\"%.100s\": expected an IP address", s);
+		return -EINVAL;
+	}
+	rc->source = ss;
+	rc->sourcelen = len;
+	return 0;
+}
+
+static bool source_format(const struct cfg_key *k, const void *field, char *buf, size_t size)
+{
+	(void)k;
+	const struct sockaddr_storage *ss = field;
+	char text[INET6_ADDRSTRLEN];
+	const void *a = ss->ss_family == AF_INET ?
+		(const void *)&((const struct sockaddr_in *)ss)->sin_addr :
+		(const void *)&((const struct sockaddr_in6 *)ss)->sin6_addr;
+	if ((ss->ss_family != AF_INET && ss->ss_family != AF_INET6) ||
+	    !inet_ntop(ss->ss_family, a, text, sizeof(text)))
+		return false;
+	cfg_quote(text, buf, size);
+	return true;
+}
+
+static const struct cfg_type type_source = { "IP address", source_parse, source_format, NULL };
+
+/* rate: windows "COUNT/PERIOD[:BURST]" into a struct rate_limits */
+static int add_window(void *arg, const struct cfg_node *it, const char *s, char *err, size_t el)
+{
+	struct rate_limits *rl = arg;
+	if (rl->n == RATE_MAX_WINDOWS) {
+		cfg_error(it, err, el, "more than %d windows", RATE_MAX_WINDOWS);
+		return -EINVAL;
+	}
+	char e[200];
+	struct rate_window w;
+	if (rate_window_parse(str_cstr(s), &w, e, sizeof(e)) < 0) {
+		cfg_error(it, err, el, "%s", e);
+		return -EINVAL;
+	}
+	if (w.count > 10000000) {
+		cfg_error(it, err, el, "\"%.100s\": a lane counts at most 10000000 sends per window",
+			  s);
+		return -EINVAL;
+	}
+	rl->w[rl->n++] = w;
+	return 0;
+}
+
+static int rate_parse(const struct cfg_node *n, const struct cfg_key *k, void *field, char *err,
+		      size_t el)
+{
+	(void)k;
+	struct rate_limits rl = { .n = 0 };
+	int r = cfg_list_each(n, add_window, &rl, err, el);
+	if (r == 0)
+		*(struct rate_limits *)field = rl;
+	return r;
+}
+
+static bool rate_format(const struct cfg_key *k, const void *field, char *buf, size_t size)
+{
+	(void)k;
+	const struct rate_limits *rl = field;
+	if (!rl->n)
+		return false;
+	size_t o = (size_t)snprintf(buf, size, "[");
+	for (unsigned i = 0; i < rl->n && o < size; i++) {
+		char w[64];
+		o += (size_t)snprintf(buf + o, size - o, "%s\"%s\"", i ? ", " : "",
+				      rate_window_format(&rl->w[i], w, sizeof(w)));
+	}
+	if (o < size)
+		snprintf(buf + o, size - o, "]");
+	return true;
+}
+
+static const struct cfg_type type_rate = { "list", rate_parse, rate_format, NULL };
+
+/* connect_timeout and data_timeout: one stage's deadline (0: smtp_out's default) */
+static int stage_timeout_parse(const struct cfg_node *n, const struct cfg_key *k, void *field,
+			       char *err, size_t el)
+{
+	int64_t ms;
+	int r = cfg_duration_ms(n, k->min, k->max, &ms, err, el);
+	if (r == 0)
+		*(uint64_t *)field = (uint64_t)ms;
+	return r;
+}
+
+static bool stage_timeout_format(const struct cfg_key *k, const void *field, char *buf,
+				 size_t size)
+{
+	(void)k;
+	uint64_t ms = *(const uint64_t *)field;
+	if (!ms)
+		return false;
+	fmt_duration(buf, size, ms, DURATION_EXACT);
+	return true;
+}
+
+static const struct cfg_type type_stage_timeout = { "duration", stage_timeout_parse,
+						    stage_timeout_format, NULL };
+
+/* command_timeout: every stage's from the greeting on, but the final dot's (field: the
+ * greeting's) */
+static int command_timeout_parse(const struct cfg_node *n, const struct cfg_key *k, void *field,
+				 char *err, size_t el)
+{
+	int64_t ms;
+	int r = cfg_duration_ms(n, k->min, k->max, &ms, err, el);
+	if (r < 0)
+		return r;
+	uint64_t *t = (uint64_t *)field - SMTP_STAGE_GREETING;
+	for (unsigned i = SMTP_STAGE_GREETING; i < SMTP_STAGE_COUNT; i++)
+		if (i != SMTP_STAGE_DOT)
+			t[i] = (uint64_t)ms;
+	return 0;
+}
+
+static const struct cfg_type type_command_timeout = { "duration", command_timeout_parse,
+						      stage_timeout_format, NULL };
+
 #define ROUTE(field) offsetof(struct route_conf, field)
 
+static bool route_is_mx(const void *base)
+{
+	return ((const struct route_conf *)base)->mx;
+}
+
 const struct cfg_key route_conf_keys[] = {
+	{ "domains", &type_domains, ROUTE(domains), NULL,
+	  .help = "the recipient domains: \"example.com\", \"*.example.com\" or \"*\"" },
+	{ "smarthost", &type_smarthost, ROUTE(host), NULL,
+	  .help = "deliver to this relay, \"[host]:port\" (or mx = true)" },
+	{ "mx", &cfg_type_bool, ROUTE(mx), "false",
+	  .help = "deliver to the domains' MX hosts (or smarthost)" },
 	{ "helo", &cfg_type_string, ROUTE(helo), NULL,
 	  .help = "the EHLO name (default: relay.hostname)" },
 	{ "tls", &cfg_type_enum, ROUTE(tls), "may", .names = route_tls,
@@ -90,12 +377,33 @@ const struct cfg_key route_conf_keys[] = {
 	  SMTP_OUT_RCPT_MAX, .help = "RCPT TO per transaction" },
 	{ "guard", &cfg_type_duration, ROUTE(guard_ms), "100ms", 0, 60000,
 	  .help = "added to every window, against clock skew with the smarthost" },
-	{ "port", &cfg_type_uint, ROUTE(mx_port), "25", 1, 65535,
+	{ "port", &cfg_type_uint, ROUTE(mx_port), "25", 1, 65535, .active = route_is_mx,
 	  .help = "the port of the MX hosts (mx = true only)" },
 	{ "shared", &cfg_type_bool, ROUTE(shared), "false",
 	  .help = "the lane's budget is in the Redis store, shared by the nodes" },
 	{ "lanes", &cfg_type_enum, ROUTE(lanes), "domain", .names = route_lanes,
 	  .help = "mx routes: a lane per domain, per set of MX hosts, or per provider" },
+	{ "source", &type_source, ROUTE(source), NULL,
+	  .help = "the local address connections are made from" },
+	{ "rate", &type_rate, ROUTE(rate), NULL,
+	  .help = "the lane's budget: windows \"COUNT/PERIOD[:BURST]\"" },
+	{ "connect_timeout", &type_stage_timeout, ROUTE(timeout_ms[SMTP_STAGE_CONNECT]), NULL,
+	  1000, 3600000, .help = "a connection's setup (default 30s)" },
+	{ "command_timeout", &type_command_timeout, ROUTE(timeout_ms[SMTP_STAGE_GREETING]), NULL,
+	  1000, 3600000, .help = "each command's reply (default 5m, 2m for some)" },
+	{ "data_timeout", &type_stage_timeout, ROUTE(timeout_ms[SMTP_STAGE_DOT]), NULL,
+	  1000, 3600000, .help = "the reply to the final dot (default 10m)" },
+	{ .name = NULL },
+};
+
+const struct cfg_key route_auth_keys[] = {
+	{ "user", &cfg_type_string, ROUTE(auth_user), NULL, .help = "the SASL user" },
+	{ "password_file", &cfg_type_string, ROUTE(auth_password_file), NULL,
+	  .help = "the file whose first line is the password" },
+	{ "mechanisms", &cfg_type_string, ROUTE(auth_mechanisms), NULL,
+	  .help = "the SASL mechanisms allowed, by preference (default: the library's)" },
+	{ "plaintext", &cfg_type_bool, ROUTE(auth_plaintext), "false",
+	  .help = "allow AUTH over tls = \"none\"" },
 	{ .name = NULL },
 };
 
@@ -136,6 +444,8 @@ const struct cfg_key provider_conf_keys[] = {
 	{ "mx", &cfg_type_list, PROVIDER(mx), NULL, .flags = CFG_REQUIRED,
 	  .check = check_mx_patterns,
 	  .help = "the MX host names of the provider: \"host\" or \"*.domain\"" },
+	{ "rate", &type_rate, PROVIDER(rate), NULL,
+	  .help = "the provider lane's budget: windows \"COUNT/PERIOD[:BURST]\"" },
 	{ "connections", &cfg_type_uint, PROVIDER(connections), "4", 1, 1000,
 	  .help = "simultaneous connections of the provider's lane" },
 	{ .name = NULL },
@@ -206,6 +516,254 @@ const struct cfg_key relay_conf_keys[] = {
 	{ .name = NULL },
 };
 
+/* ---- loading: relay { }, route "name" { }, provider "name" { } ---- */
+
+int route_conf_defaults(struct route_conf *rc, bool mx)
+{
+	int r = cfg_schema_defaults(route_conf_keys, rc);
+	if (r == 0)
+		r = cfg_schema_defaults(route_auth_keys, rc);
+	rc->connections = mx ? 4 : 2;
+	return r;
+}
+
+static int signal_load(struct cfg_node *s, struct route_conf *rc, char *err, size_t el)
+{
+	if (s->kind != CFG_OBJECT) {
+		cfg_error(s, err, el, "expected signal { match = \"regex\"; action = suspend; }");
+		return -EINVAL;
+	}
+	struct classify_signal_conf sc = { .for_ms = 0 };
+	int r = cfg_schema_defaults(route_signal_keys, &sc);
+	if (r == 0)
+		r = cfg_schema_load(s, route_signal_keys, &sc, err, el);
+	char *match = (char *)sc.match; /* owned here until the route has it */
+	if (r == 0 && sc.after > 1 && !sc.within_ms) {
+		cfg_error(cfg_get(s, "after"), err, el, "after = %u needs within = DURATION, the "
+			  "window in which the %u matching replies count", sc.after, sc.after);
+		r = -EINVAL;
+	}
+	if (r == 0 && sc.within_ms && sc.after <= 1) {
+		cfg_error(cfg_get(s, "within"), err, el, "within needs after = N (N > 1): how many "
+			  "matching replies within it act");
+		r = -EINVAL;
+	}
+	if (r == 0) {
+		/* the pattern is checked here, so that a bad one names its line */
+		char e[256];
+		struct classify *cl = classify_new(&sc, 1, e, sizeof(e));
+		if (!cl) {
+			cfg_error(cfg_get(s, "match"), err, el, "%s", e);
+			r = -EINVAL;
+		}
+		classify_free(cl);
+	}
+	if (r == 0) {
+		struct classify_signal_conf *a = realloc(rc->signals, (rc->nsignals + 1) * sizeof(*a));
+		if (!a) {
+			r = -ENOMEM;
+		} else {
+			rc->signals = a;
+			a[rc->nsignals++] = sc;
+			match = NULL;
+		}
+	}
+	free(match);
+	return r;
+}
+
+static int route_load(struct cfg_node *n, struct route_conf *rc, bool shared_store,
+		      relay_conf_secret_fn *read_secret, void *arg, char *err, size_t el)
+{
+	if (!n->label || !*n->label || strlen(n->label) > 200 || strpbrk(n->label, " \t:\"\\") ||
+	    n->kind != CFG_OBJECT) {
+		cfg_error(n, err, el, "expected route \"name\" { ... } (a name without spaces or ':')");
+		return -EINVAL;
+	}
+	if (!(rc->name = strdup(n->label)))
+		return -ENOMEM;
+	if (!cfg_get(n, "domains")) {
+		cfg_error(n, err, el, "domains is required: [\"*\"] for every domain");
+		return -EINVAL;
+	}
+	int r = route_conf_defaults(rc, false);
+	if (r == 0)
+		r = cfg_schema_load(n, route_conf_keys, rc, err, el);
+	if (r == 0 && !cfg_get(n, "connections"))
+		rc->connections = rc->mx ? 4 : 2;
+	if (r == 0 && !rc->ndomains) {
+		cfg_error(n, err, el, "domains is required: [\"*\"] for every domain");
+		r = -EINVAL;
+	}
+	if (r == 0 && !rc->host == !rc->mx) {
+		cfg_error(n, err, el, "give either smarthost = \"[host]:port\" or mx = true");
+		r = -EINVAL;
+	}
+	if (r == 0 && !rc->mx && (rc->tls == SMTP_TLS_DANE || rc->tls == SMTP_TLS_DANE_ONLY)) {
+		cfg_error(cfg_get(n, "tls"), err, el, "tls = \"dane\" and \"dane-only\" are for "
+			  "mx = true routes (a smarthost has no MX records to validate)");
+		r = -EINVAL;
+	}
+	if (r == 0 && !rc->mx && cfg_get(n, "port")) {
+		cfg_error(cfg_get(n, "port"), err, el, "port is for mx = true routes (a smarthost's "
+			  "port is in smarthost = \"[host]:port\")");
+		r = -EINVAL;
+	}
+	struct cfg_node *auth = cfg_get(n, "auth");
+	if (r == 0 && auth) {
+		if (auth->kind == CFG_OBJECT)
+			r = cfg_schema_load(auth, route_auth_keys, rc, err, el);
+		if (r == 0 && (!rc->auth_user || !rc->auth_password_file)) {
+			cfg_error(auth, err, el, "auth needs user and password_file");
+			r = -EINVAL;
+		}
+		if (r == 0 && read_secret)
+			r = read_secret(arg, cfg_get(auth, "password_file"), rc->auth_password_file,
+					&rc->auth_password, err, el);
+		if (r == 0 && rc->tls == SMTP_TLS_NONE && !rc->auth_plaintext) {
+			cfg_error(auth, err, el, "auth over tls = \"none\" sends the password in "
+				  "clear: say plaintext = true if that is what you want");
+			r = -EINVAL;
+		}
+	}
+	if (r == 0 && rc->shared && rc->count == ROUTE_COUNT_RECIPIENTS) {
+		cfg_error(cfg_get(n, "shared"), err, el, "a shared lane counts messages (count = "
+			  "\"recipients\" is for a lane of one node)");
+		r = -EINVAL;
+	}
+	if (r == 0 && rc->shared && !shared_store) {
+		cfg_error(cfg_get(n, "shared"), err, el, "a shared lane needs store { type = "
+			  "\"redis\"; }");
+		r = -EINVAL;
+	}
+	if (r == 0 && rc->shared && !rc->rate.n) {
+		cfg_error(cfg_get(n, "shared"), err, el, "a shared lane needs a rate");
+		r = -EINVAL;
+	}
+	for (struct cfg_node *sg = cfg_get(n, "signal"); r == 0 && sg; sg = cfg_next_same(sg))
+		r = signal_load(sg, rc, err, el);
+	if (r == 0 && !rc->mx && rc->lanes != ROUTE_LANES_DOMAIN) {
+		cfg_error(cfg_get(n, "lanes"), err, el, "lanes = \"mx\" or \"provider\" groups the "
+			  "domains of an mx = true route; a smarthost route is one lane already");
+		r = -EINVAL;
+	}
+	return r;
+}
+
+static int provider_load(struct cfg_node *n, struct provider_conf *p, char *err, size_t el)
+{
+	if (!n->label || !*n->label || strlen(n->label) > 100 || strpbrk(n->label, " \t:\"\\,") ||
+	    n->kind != CFG_OBJECT) {
+		cfg_error(n, err, el, "expected provider \"name\" { mx = [\"*.mx.example.net\"]; ... } "
+			  "(a name without spaces, tabs, ',', ':', '\"' or '\\')");
+		return -EINVAL;
+	}
+	if (!(p->name = strdup(n->label)))
+		return -ENOMEM;
+	int r = cfg_schema_defaults(provider_conf_keys, p);
+	if (r == 0)
+		r = cfg_schema_load(n, provider_conf_keys, p, err, el);
+	return r;
+}
+
+static int providers_load(struct cfg_node *root, struct relay_conf *rl, char *err, size_t el)
+{
+	size_t count = 0;
+	for (struct cfg_node *x = cfg_get(root, "provider"); x; x = cfg_next_same(x))
+		count++;
+	if (count > 1000) {
+		cfg_error(cfg_get(root, "provider"), err, el, "more than 1000 providers");
+		return -EINVAL;
+	}
+	if (count && !(rl->providers = calloc(count, sizeof(*rl->providers))))
+		return -ENOMEM;
+	int r = 0;
+	for (struct cfg_node *x = cfg_get(root, "provider"); r == 0 && x; x = cfg_next_same(x)) {
+		struct provider_conf *p = &rl->providers[rl->nproviders++];
+		r = provider_load(x, p, err, el);
+		for (size_t i = 0; r == 0 && i + 1 < rl->nproviders; i++)
+			if (strcmp(rl->providers[i].name, p->name) == 0) {
+				cfg_error(x, err, el, "a second provider named \"%s\"", p->name);
+				r = -EINVAL;
+			}
+	}
+	bool used = false;
+	struct cfg_node *user = cfg_get(root, "route"); /* the first route that uses them */
+	for (size_t i = 0; i < rl->nroutes && !used; i++) {
+		used = rl->routes[i].lanes == ROUTE_LANES_PROVIDER;
+		if (!used)
+			user = cfg_next_same(user);
+	}
+	if (r == 0 && count && !used) {
+		cfg_error(cfg_get(root, "provider"), err, el, "provider blocks are used by mx routes "
+			  "with lanes = \"provider\", and no route has it");
+		r = -EINVAL;
+	}
+	/* one lane and one budget per provider: a second route would make a second lane of
+	 * it (with its own connections, TLS and source), each with the provider's whole rate */
+	size_t nusers = 0;
+	struct cfg_node *rn = cfg_get(root, "route");
+	for (size_t i = 0; r == 0 && i < rl->nroutes; i++, rn = rn ? cfg_next_same(rn) : NULL)
+		if (rl->routes[i].lanes == ROUTE_LANES_PROVIDER && ++nusers == 2) {
+			cfg_error(rn ? cfg_get(rn, "lanes") : NULL, err, el, "lanes = \"provider\" on "
+				  "a second route: a provider's budget is one lane's, and one route's");
+			r = -EINVAL;
+		}
+	if (r == 0 && used && !count) {
+		cfg_error(cfg_get(user, "lanes"), err, el, "lanes = \"provider\" needs provider "
+			  "\"name\" { mx = [...]; } blocks");
+		r = -EINVAL;
+	}
+	return r;
+}
+
+int relay_conf_load(struct cfg_node *root, struct relay_conf *rl, bool shared_store,
+		    relay_conf_secret_fn *read_secret, void *arg, char *err, size_t el)
+{
+	struct cfg_node *n = cfg_get(root, "relay");
+	int r = cfg_schema_defaults(relay_conf_keys, rl);
+	if (r == 0 && n) {
+		r = cfg_schema_load(n, relay_conf_keys, rl, err, el);
+		if (r == 0 && rl->retry_max_ms < rl->retry_min_ms) {
+			cfg_error(cfg_get(n, "retry"), err, el, "max is below min");
+			r = -EINVAL;
+		}
+		if (r == 0 && rl->suspend_max_ms < rl->suspend_min_ms) {
+			cfg_error(cfg_get(n, "suspend"), err, el, "max is below min");
+			r = -EINVAL;
+		}
+		if (r == 0 && rl->dns_max_ttl_ms < rl->dns_min_ttl_ms) {
+			cfg_error(cfg_get(n, "dns_max_ttl"), err, el, "below dns_min_ttl");
+			r = -EINVAL;
+		}
+		if (r == 0 && rl->dns_retry_max_ms < rl->dns_retry_min_ms) {
+			cfg_error(cfg_get(n, "dns_retry_max"), err, el, "below dns_retry_min");
+			r = -EINVAL;
+		}
+	}
+	size_t count = 0;
+	for (struct cfg_node *x = cfg_get(root, "route"); x; x = cfg_next_same(x))
+		count++;
+	if (r == 0 && count > 1000) {
+		cfg_error(cfg_get(root, "route"), err, el, "more than 1000 routes");
+		r = -EINVAL;
+	}
+	if (r == 0 && count && !(rl->routes = calloc(count, sizeof(*rl->routes))))
+		r = -ENOMEM;
+	for (struct cfg_node *x = cfg_get(root, "route"); r == 0 && x; x = cfg_next_same(x)) {
+		struct route_conf *rc = &rl->routes[rl->nroutes++];
+		r = route_load(x, rc, shared_store, read_secret, arg, err, el);
+		for (size_t i = 0; r == 0 && i + 1 < rl->nroutes; i++)
+			if (strcmp(rl->routes[i].name, rc->name) == 0) {
+				cfg_error(x, err, el, "a second route named \"%s\"", rc->name);
+				r = -EINVAL;
+			}
+	}
+	if (r == 0)
+		r = providers_load(root, rl, err, el);
+	return r;
+}
+
 void provider_conf_clear(struct provider_conf *p)
 {
 	free(p->name);
@@ -242,6 +800,7 @@ void route_conf_clear(struct route_conf *r)
 	free(r->ca_file);
 	free(r->sni);
 	free(r->auth_user);
+	free(r->auth_password_file);
 	if (r->auth_password) {
 		explicit_bzero(r->auth_password, strlen(r->auth_password));
 		free(r->auth_password);
@@ -280,7 +839,7 @@ static int route_copy(const struct route_conf *s, struct route_conf *d)
 {
 	*d = *s;
 	d->name = d->host = d->helo = d->ca_file = d->sni = NULL;
-	d->auth_user = d->auth_password = d->auth_mechanisms = NULL;
+	d->auth_user = d->auth_password = d->auth_mechanisms = d->auth_password_file = NULL;
 	d->domains = NULL;
 	d->ndomains = 0;
 	d->signals = NULL;
@@ -293,9 +852,10 @@ static int route_copy(const struct route_conf *s, struct route_conf *d)
 	r = r ? r : dup_str(s->sni, &d->sni);
 	r = r ? r : dup_str(s->auth_user, &d->auth_user);
 	r = r ? r : dup_str(s->auth_password, &d->auth_password);
+	r = r ? r : dup_str(s->auth_password_file, &d->auth_password_file);
 	r = r ? r : dup_str(s->auth_mechanisms, &d->auth_mechanisms);
 	if (r == 0 && s->ndomains) {
-		d->domains = calloc(s->ndomains, sizeof(*d->domains));
+		d->domains = calloc(s->ndomains + 1, sizeof(*d->domains)); /* NULL-terminated */
 		if (!d->domains)
 			r = -ENOMEM;
 		for (size_t i = 0; r == 0 && i < s->ndomains; i++, d->ndomains++)
