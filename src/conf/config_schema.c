@@ -5,8 +5,8 @@
  * syntax), bounds and one line of help; config_core.c walks them with cfg_schema_load()
  * and keeps only the checks that span several keys and the secret files.  The relay,
  * the rules and the milter's fixed answers declare their blocks' keys next to their
- * code, and src/daemon/daemon_config.c reads them.  sluice.conf(5) documents every key here with
- * the same default (test_config_keys checks both).
+ * code, and src/daemon/daemon_config.c reads them.  sluice.conf(5) documents every key
+ * here with the same default (test_config_keys checks both).
  */
 #include <errno.h>
 #include <stddef.h>

@@ -273,4 +273,5 @@ void daemon_config_print(FILE *f, const struct sluice_config *c, bool all)
 				   true);
 		provider_conf_clear(&pd);
 	}
+	policy_print(f, dc->rules, all);
 }

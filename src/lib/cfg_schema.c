@@ -363,13 +363,23 @@ int cfg_list_each(const struct cfg_node *n,
 	}
 	int r = 0;
 	for (const struct cfg_node *m = n; r == 0 && m; m = cfg_next_same((struct cfg_node *)m))
-		for (const struct cfg_node *it = m->kind == CFG_LIST ? m->child : m; r == 0 && it;
-		     it = m->kind == CFG_LIST ? it->next : NULL) {
-			const char *s;
-			r = cfg_string(it, &s, err, el);
-			if (r == 0 && fn)
-				r = fn(arg, it, s, err, el);
-		}
+		r = cfg_items_each(m, fn, arg, err, el);
+	return r;
+}
+
+int cfg_items_each(const struct cfg_node *m,
+		   int (*fn)(void *arg, const struct cfg_node *item, const char *s, char *err,
+			     size_t errlen),
+		   void *arg, char *err, size_t el)
+{
+	int r = 0;
+	for (const struct cfg_node *it = m->kind == CFG_LIST ? m->child : m; r == 0 && it;
+	     it = m->kind == CFG_LIST ? it->next : NULL) {
+		const char *s;
+		r = cfg_string(it, &s, err, el);
+		if (r == 0 && fn)
+			r = fn(arg, it, s, err, el);
+	}
 	return r;
 }
 
@@ -582,8 +592,9 @@ size_t cfg_schema_print(FILE *f, const struct cfg_key *keys, const void *base,
 		char v[8192], d[8192];
 		if ((k->flags & CFG_SECRET) || !k->type->format(k, CFIELD(base, k), v, sizeof(v)))
 			continue;
-		if (defaults && k->type->format(k, CFIELD(defaults, k), d, sizeof(d)) &&
-		    strcmp(v, d) == 0)
+		/* a required key has no default to equal: always written */
+		if (defaults && !(k->flags & CFG_REQUIRED) &&
+		    k->type->format(k, CFIELD(defaults, k), d, sizeof(d)) && strcmp(v, d) == 0)
 			continue;
 		bool active = !k->active || k->active(base);
 		/* every value: with its line of help, as a comment */

@@ -41,7 +41,7 @@ struct cfg_enum {
 };
 
 enum {
-	CFG_REQUIRED = 1 << 0, /* "KEY is required" when the block lacks it */
+	CFG_REQUIRED = 1 << 0, /* "KEY is required" when the block lacks it; always printed */
 	CFG_REPEAT = 1 << 1,   /* may be given several times (lists): parse sees them all */
 	CFG_QUOTE = 1 << 2,    /* enum: the error quotes the value given */
 	CFG_SECRET = 1 << 3,   /* never written by cfg_schema_print() */
@@ -108,6 +108,12 @@ int cfg_list_each(const struct cfg_node *n,
 		  int (*fn)(void *arg, const struct cfg_node *item, const char *s, char *err,
 			    size_t errlen),
 		  void *arg, char *err, size_t errlen);
+/* The items of node m alone (m, or m's elements when it is a list), as cfg_list_each()
+ * walks each of a repeated key's nodes. */
+int cfg_items_each(const struct cfg_node *m,
+		   int (*fn)(void *arg, const struct cfg_node *item, const char *s, char *err,
+			     size_t errlen),
+		   void *arg, char *err, size_t errlen);
 /* Each item of the list at n passes ok(), or the error is "\"ITEM\": WHY" at its node
  * (a cfg_key's check for cfg_type_list keys). */
 int cfg_list_check(const struct cfg_node *n, bool (*ok)(const char *s, const char **why),

@@ -2,11 +2,13 @@
  * class -- host classes and their slot counters (see class.h).
  */
 #include <errno.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cfg_schema.h"
 #include "class.h"
 #include "log.h"
 #include "util.h"
@@ -62,20 +64,70 @@ static void counter_put(struct class_counter *c)
 	pthread_mutex_unlock(&registry_lock);
 }
 
-static int get_uint(struct cfg_node *obj, const char *key, unsigned *ret, char *err,
-		    size_t errlen)
+/* hosts: masks, kept as written too (to write them back) */
+static int host_add(void *arg, const struct cfg_node *h, const char *text, char *err,
+		    size_t el)
 {
-	struct cfg_node *n = cfg_get(obj, key);
-	int64_t v;
-	if (!n) {
-		cfg_error(obj, err, errlen, "missing '%s'", key);
-		return -EINVAL;
+	struct policy_class *c = arg;
+	char why[200];
+	int r = mask_list_add(c->hosts, str_cstr(text), why, sizeof(why));
+	if (r == -ENOMEM)
+		return r;
+	if (r < 0) {
+		cfg_error(h, err, el, "%s", why);
+		return r;
 	}
-	if (cfg_int64(n, 0, 1000000, &v, err, errlen) < 0)
-		return -EINVAL;
-	*ret = (unsigned)v;
+	size_t n = 0;
+	while (c->host_texts && c->host_texts[n])
+		n++;
+	char **t = realloc(c->host_texts, (n + 2) * sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	c->host_texts = t;
+	if (!(t[n] = strdup(text)))
+		return -ENOMEM;
+	t[n + 1] = NULL;
 	return 0;
 }
+
+static int hosts_parse(const struct cfg_node *n, const struct cfg_key *k, void *field,
+		       char *err, size_t el)
+{
+	(void)k;
+	struct policy_class *c = (struct policy_class *)(void *)((char *)field -
+								 offsetof(struct policy_class, hosts));
+	if (!c->hosts && !(c->hosts = mask_list_new(MASK_HOSTS)))
+		return -ENOMEM;
+	int r = cfg_items_each(n, host_add, c, err, el);
+	if (r == 0 && mask_list_count(c->hosts) == 0) {
+		cfg_error(n, err, el, "an empty hosts list matches nothing");
+		r = -EINVAL;
+	}
+	return r;
+}
+
+static bool hosts_format(const struct cfg_key *k, const void *field, char *buf, size_t size)
+{
+	const struct policy_class *c = (const struct policy_class *)(const void *)(
+		(const char *)field - offsetof(struct policy_class, hosts));
+	return cfg_type_list.format(k, &c->host_texts, buf, size);
+}
+
+static const struct cfg_type type_hosts = { "list", hosts_parse, hosts_format, NULL };
+
+#define CLASS(field) offsetof(struct policy_class, field)
+
+/* In the order they were always checked: sessions, inbound, then each host.  Required:
+ * class_load() names a missing one first, in its own words. */
+const struct cfg_key policy_class_keys[] = {
+	{ "sessions", &cfg_type_uint, CLASS(sessions), NULL, 0, 1000000, .flags = CFG_REQUIRED,
+	  .help = "sessions at once, incoming and outgoing" },
+	{ "inbound", &cfg_type_uint, CLASS(inbound), NULL, 0, 1000000, .flags = CFG_REQUIRED,
+	  .help = "incoming sessions are refused at this count" },
+	{ "hosts", &type_hosts, CLASS(hosts), NULL, .flags = CFG_REQUIRED,
+	  .help = "the class's hosts: names, *.domain, addresses, CIDR, or *" },
+	{ .name = NULL },
+};
 
 int class_load(struct cfg_node *n, struct policy_class *ret, char *err, size_t errlen)
 {
@@ -91,49 +143,30 @@ int class_load(struct cfg_node *n, struct policy_class *ret, char *err, size_t e
 			cfg_error(n, err, errlen, "a class name has no spaces or control characters");
 			return -EINVAL;
 		}
-	struct cfg_node *hosts = cfg_get(n, "hosts");
-	if (!hosts) {
-		cfg_error(n, err, errlen, "missing 'hosts'");
-		return -EINVAL;
-	}
-	if (get_uint(n, "sessions", &c.sessions, err, errlen) < 0 ||
-	    get_uint(n, "inbound", &c.inbound, err, errlen) < 0)
-		return -EINVAL;
-	c.hosts = mask_list_new(MASK_HOSTS);
-	c.name = strdup(n->label);
-	if (!c.hosts || !c.name)
-		goto nomem;
-	struct cfg_node *first = hosts->kind == CFG_LIST ? hosts->child : hosts;
-	for (struct cfg_node *h = first; h; h = hosts->kind == CFG_LIST ? h->next : NULL) {
-		const char *text;
-		char why[200];
-		if (cfg_string(h, &text, err, errlen) < 0)
-			goto fail;
-		int r = mask_list_add(c.hosts, str_cstr(text), why, sizeof(why));
-		if (r == -ENOMEM)
-			goto nomem;
-		if (r < 0) {
-			cfg_error(h, err, errlen, "%s", why);
-			goto fail;
+	static const char *const required[] = { "hosts", "sessions", "inbound" };
+	for (size_t i = 0; i < ARRAY_SIZE(required); i++)
+		if (!cfg_get(n, required[i])) {
+			cfg_error(n, err, errlen, "missing '%s'", required[i]);
+			return -EINVAL;
 		}
-	}
-	if (mask_list_count(c.hosts) == 0) {
-		cfg_error(hosts, err, errlen, "an empty hosts list matches nothing");
-		goto fail;
+	int r = (c.name = strdup(n->label)) ? 0 : -ENOMEM;
+	if (r == 0)
+		r = cfg_schema_load(n, policy_class_keys, &c, err, errlen);
+	if (r == -ENOMEM)
+		fmt_fixed(err, errlen, "out of memory");
+	if (r < 0) {
+		class_clear(&c);
+		return -EINVAL;
 	}
 	*ret = c;
 	return 0;
-nomem:
-	fmt_fixed(err, errlen, "out of memory");
-fail:
-	class_clear(&c);
-	return -EINVAL;
 }
 
 void class_clear(struct policy_class *c)
 {
 	free(c->name);
 	mask_list_free(c->hosts);
+	cfg_type_list.clear(&c->host_texts);
 	counter_put(c->ctr);
 	memset(c, 0, sizeof(*c));
 }

@@ -21,11 +21,14 @@ struct class_counter;
 struct policy_class {
 	char *name;
 	struct mask_list *hosts;
+	char **host_texts;  /* hosts as written, NULL-terminated (to write them back) */
 	unsigned sessions;  /* incoming + outgoing */
 	unsigned inbound;   /* incoming sessions are refused at this count */
 	struct class_counter *ctr;
 };
 
+/* The keys of class "name" { } (cfg_schema.h), over a struct policy_class. */
+extern const struct cfg_key policy_class_keys[];
 /* Load `class "name" { hosts; sessions; inbound; }`.  0 or -EINVAL with err. */
 int class_load(struct cfg_node *n, struct policy_class *ret, char *err, size_t errlen);
 void class_clear(struct policy_class *c);

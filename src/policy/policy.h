@@ -25,8 +25,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "buf.h"
+#include "cfg_schema.h"
 #include "cfg.h"
 #include "ipaddr.h"
 #include "log.h"
@@ -86,6 +88,12 @@ struct policy_rule;
  * rule set (no limit, no class) is valid.
  */
 int policy_load(struct cfg_node *root, struct policy **ret, char *err, size_t errlen);
+/* The keys of limit "NAME" { } (cfg_schema.h; policy_conf.c), over the rule set's private
+ * struct policy_rule: for the manual's tests; read them with policy_load(). */
+extern const struct cfg_key policy_limit_keys[];
+/* Write p's class and limit blocks in sluice.conf syntax (sluiced -n and -D): every key
+ * (all), or what differs from the defaults.  What is written loads into the same rules. */
+void policy_print(FILE *f, const struct policy *p, bool all);
 struct policy *policy_ref(struct policy *p);
 void policy_unref(struct policy *p);
 /* The store decisions go to (set by the daemon before the policy is used). */

@@ -1,7 +1,9 @@
 /*
  * policy_int -- the rooms of the policy module and what they share.
  *
- *   policy_rule.c  loading a rule set (limit and class blocks), its accessors
+ *   policy_conf.c  a limit block's keys as a table, read by the schema walker, and the
+ *                  writer of limit and class blocks (sluiced -n and -D)
+ *   policy_rule.c  a rule set assembled from its limit and class blocks, its accessors
  *   policy_overrides.c  the overrides files' tables (read by workers inside an ebr
  *                  section, swapped and retired by the main thread, see there)
  *   sessions.c     the counters of sessions rules (one registry, across rule sets)
@@ -17,6 +19,7 @@
 #include <stdatomic.h>
 #include <sys/stat.h>
 
+#include "cfg_schema.h"
 #include "class.h"
 #include "policy.h"
 
@@ -28,6 +31,7 @@
 struct policy_except {
 	struct selector sel;
 	struct mask_list *masks;
+	char **values;           /* the masks as written, NULL-terminated (to write them back) */
 };
 
 struct policy_rule {
@@ -45,6 +49,7 @@ struct policy_rule {
 	uint64_t block_ns;       /* a refused key stays refused this long (0: no block) */
 	uint64_t delay_ms;       /* action delay: how long the answer waits */
 	struct rate_limits limits;
+	uint64_t burst;          /* while loading: burst = N, for the windows without one */
 	enum policy_action action;
 	char *reply;             /* template; NULL for actions without a reply */
 	bool count_rejected;
@@ -80,6 +85,11 @@ struct policy {
 	struct store *store;
 	struct policy_needs needs;
 };
+
+/* policy_conf.c: reading one limit block into r (zeroed; rule_clear() frees it either
+ * way) with policy_limit_keys.  0 or -errno with err. */
+int policy_conf_rule_load(struct cfg_node *n, struct policy_rule *r, char *err, size_t errlen);
+void policy_except_clear(struct policy_except *e);
 
 /* The selectors of a rule's key, with its alternatives. */
 static inline struct selector_set rule_selectors(const struct policy_rule *r)

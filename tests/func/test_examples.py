@@ -133,3 +133,39 @@ def test_D_output_reads_back(name, workdir):
     assert second.stdout == first.stdout
     for key in ["workers", "state_dir", "stats_interval", "commit_batch", "max_keys"]:
         assert re.search(rf"^\s*{key} = ", first.stdout, re.M), key
+
+
+@pytest.mark.parametrize("name", ["sluice.conf"] + NAMES)
+def test_D_writes_every_block(name, workdir):
+    """sluiced -D and -n write every block of the file, the limit, class, route and
+    provider blocks and the milter's reply {} and modify {} included, each under its name
+    (what reads back the same is test_D_output_reads_back)."""
+    require_binary(SLUICED, "SLUICED")
+    if os.geteuid() == 0:
+        ensure_user("sluice")
+    if name == "sluice.conf":
+        path = workdir / name
+        shutil.copy(SOURCE_ROOT / "etc/sluice.conf", path)
+    else:
+        path = copy_example(name, workdir)
+    text = "\n".join(line.split("#")[0] for line in path.read_text().splitlines())
+    blocks = re.findall(r'^(limit|class|route|provider) "([^"]+)" \{', text, re.M)
+    for flag in ["-D", "-n"]:
+        res = dump(path, flag)
+        assert res.returncode == 0, res.stderr
+        for kind, label in blocks:
+            assert f'{kind} "{label}" {{' in res.stdout, f"{flag} misses {kind} {label}"
+    # and a fixed-reply milter's answers
+    conf = workdir / "reply.conf"
+    conf.write_text('milter { listen = "unix:m.sock";\n'
+                    '  reply { helo = "550 5.7.1 no"; eom = accept; }\n'
+                    '  modify { add_header = ["X-A: 1"]; change_from = "<a@example.org>"; }\n'
+                    '}\n')
+    first = dump(conf, "-D")
+    assert first.returncode == 0, first.stderr
+    assert re.search(r'^  reply \{\n    helo = "550 5.7.1 no";', first.stdout, re.M)
+    assert re.search(r'^    change_from = "<a@example.org>";', first.stdout, re.M)
+    again = workdir / "again.conf"
+    again.write_text(first.stdout)
+    assert sluiced_check(again).returncode == 0
+    assert dump(again, "-D").stdout == first.stdout

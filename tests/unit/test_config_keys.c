@@ -38,6 +38,7 @@
 #include <cmocka.h>
 
 #include "cfg.h"
+#include "class.h"
 #include "config.h"
 #include "config_schema.h"
 #include "daemon_config.h"
@@ -596,11 +597,16 @@ static void test_tables(void **state)
 	strset_add(&blocks, "relay");
 	strset_add(&blocks, "relay.retry");
 	strset_add(&blocks, "relay.suspend");
-	/* a route's plain values: a table of the relay's; sluiced -D writes no route */
+	/* the tables of the blocks that repeat or hang on other modules: documented too */
 	struct strset route = { 0 };
 	table_keys(route_conf_keys, "route", &route, NULL);
+	table_keys(route_auth_keys, "route.auth", &route, NULL);
 	table_keys(route_signal_keys, "route.signal", &route, NULL);
 	table_keys(provider_conf_keys, "provider", &route, NULL);
+	table_keys(policy_limit_keys, "limit", &route, NULL);
+	table_keys(policy_class_keys, "class", &route, NULL);
+	table_keys(milter_static_reply_keys, "milter.reply", &route, NULL);
+	table_keys(milter_static_modify_keys, "milter.modify", &route, NULL);
 	for (size_t i = 0; i < route.n; i++)
 		if (!strset_has(&doc, route.v[i])) {
 			print_message("in a table, not in sluice.conf(5): %s\n", route.v[i]);
@@ -612,6 +618,10 @@ static void test_tables(void **state)
 	bad += compare_defaults(relay_conf_keys, "relay");
 	bad += compare_defaults(route_conf_keys, "route");
 	bad += compare_defaults(route_signal_keys, "route.signal");
+	bad += compare_defaults(route_auth_keys, "route.auth");
+	bad += compare_defaults(policy_limit_keys, "limit");
+	bad += compare_defaults(policy_class_keys, "class");
+	bad += compare_defaults(milter_static_modify_keys, "milter.modify");
 	bad += compare_defaults(provider_conf_keys, "provider");
 	assert_true(doc_defaults.n > 50);
 	assert_true(defaults_compared > 40); /* the page's "Default *X*" were found */
