@@ -104,20 +104,23 @@ static int load_relay(struct cfg_node *root, struct daemon_config *dc, char *err
 }
 
 /* A tarpit's delay must end before the milter's own command timeout, which would close
- * the session first (no reply at all).  The rules are loaded and checked already. */
-static int check_delays(struct cfg_node *root, int64_t timeout_ms, char *err, size_t el)
+ * the session first (no reply at all).  The rules are loaded and checked already: the
+ * i-th limit block is the i-th rule. */
+static int check_delays(struct cfg_node *root, const struct policy *rules, int64_t timeout_ms,
+			char *err, size_t el)
 {
-	for (struct cfg_node *n = cfg_get(root, "limit"); n; n = cfg_next_same(n)) {
-		struct cfg_node *d = cfg_get(n, "delay");
-		int64_t ms;
-		if (!d || cfg_duration_ms(d, 1, 300000, &ms, err, el) < 0 || ms < timeout_ms)
+	struct cfg_node *n = cfg_get(root, "limit");
+	for (size_t i = 0; i < policy_rule_count(rules); i++, n = cfg_next_same(n)) {
+		uint64_t ms = policy_rule_delay_ms(policy_rule_at(rules, i));
+		if (!ms || ms < (uint64_t)timeout_ms)
 			continue;
 		char a[32], b[32];
-		fmt_duration(a, sizeof(a), (uint64_t)ms, DURATION_UP);
+		fmt_duration(a, sizeof(a), ms, DURATION_UP);
 		fmt_duration(b, sizeof(b), (uint64_t)timeout_ms, DURATION_UP);
-		cfg_error(d, err, el, "a delay of %s is not below milter.command_timeout (%s): "
-			  "sluiced would close the session before it answers (and the MTA's own "
-			  "milter timeout, 30s in Postfix, is shorter still)", a, b);
+		cfg_error(cfg_get(n, "delay"), err, el, "a delay of %s is not below "
+			  "milter.command_timeout (%s): sluiced would close the session before it "
+			  "answers (and the MTA's own milter timeout, 30s in Postfix, is shorter "
+			  "still)", a, b);
 		return -EINVAL;
 	}
 	return 0;
@@ -136,7 +139,7 @@ static int load_daemon(struct cfg_node *root, struct daemon_config *dc, char *er
 	if (r == 0)
 		r = policy_load(root, &dc->rules, err, el);
 	if (r == 0 && milter)
-		r = check_delays(root, c->milter.command_timeout_ms, err, el);
+		r = check_delays(root, dc->rules, c->milter.command_timeout_ms, err, el);
 	if (r == 0)
 		r = load_relay(root, dc, err, el);
 	if (r == 0 && policy_has_classes(dc->rules) && !milter && !cfg_get(root, "route")) {

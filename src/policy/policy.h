@@ -300,6 +300,7 @@ enum policy_count policy_rule_count_kind(const struct policy_rule *r);
 const char *policy_rule_key_spec(const struct policy_rule *r);
 unsigned policy_rule_max_sessions(const struct policy_rule *r);   /* sessions rules */
 uint64_t policy_rule_block_ns(const struct policy_rule *r);       /* 0: no block */
+uint64_t policy_rule_delay_ms(const struct policy_rule *r);       /* action delay's; else 0 */
 /* A sessions rule's slots held now for a key (this node's). */
 unsigned policy_rule_sessions_held(const struct policy *p, const struct policy_rule *r,
 				   struct str key);

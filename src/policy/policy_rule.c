@@ -286,6 +286,11 @@ uint64_t policy_rule_block_ns(const struct policy_rule *r)
 	return r->block_ns;
 }
 
+uint64_t policy_rule_delay_ms(const struct policy_rule *r)
+{
+	return r->delay_ms;
+}
+
 const struct policy_rule *policy_rule_at(const struct policy *p, size_t i)
 {
 	return i < p->nrules ? &p->rules[i] : NULL;
