@@ -259,18 +259,22 @@ static int check_no_space(const struct cfg_node *n, const void *field, char *err
 
 const struct cfg_key config_root_keys[] = {
 	{ "workers", &cfg_type_uint, OFF(workers), NULL, 0, 256,
-	  .help = "worker threads; 0 or unset: one per CPU" },
+	  .help = "worker threads; 0 or unset: one per CPU",
+	  .restart = CONFIG_RESTART_WORKERS },
 	{ "stats_interval", &cfg_type_duration, OFF(stats_interval_ms), "5m", 0, DAY,
 	  .help = "how often counters are logged; 0: never" },
 	{ "shutdown_timeout", &cfg_type_duration, OFF(shutdown_timeout_ms), "30s", 0, 3600000,
 	  .help = "how long sessions may drain on SIGTERM" },
 	{ "pid_file", &cfg_type_string, OFF(pid_file), NULL, .help = "written by sluiced -d" },
 	{ "user", &cfg_type_string, OFF(user), NULL,
-	  .help = "the user privileges are dropped to after binding" },
+	  .help = "the user privileges are dropped to after binding",
+	  .restart = CONFIG_RESTART_USER },
 	{ "group", &cfg_type_string, OFF(group), NULL,
-	  .help = "the group (default: the user's primary group)" },
+	  .help = "the group (default: the user's primary group)",
+	  .restart = CONFIG_RESTART_USER },
 	{ "state_dir", &cfg_type_string, OFF(state_dir), "/var/lib/sluice",
-	  .help = "snapshots of the limits and the lanes' history" },
+	  .help = "snapshots of the limits and the lanes' history",
+	  .restart = CONFIG_RESTART_STATE_DIR },
 	END,
 };
 
@@ -292,10 +296,14 @@ static const struct cfg_enum admins[] = {
 
 const struct cfg_key config_control_keys[] = {
 	{ "listen", &type_listen, OFF(control), NULL, .flags = CFG_REQUIRED | CFG_REPEAT,
-	  .help = "the control socket(s)" },
-	{ "mode", &cfg_type_mode, OFF(control.mode), "0660", .help = "of a unix socket" },
-	{ "owner", &cfg_type_user, OFF(control.owner), NULL, .help = "of a unix socket" },
-	{ "group", &cfg_type_group, OFF(control.group), NULL, .help = "of a unix socket" },
+	  .help = "the control socket(s)",
+	  .restart = CONFIG_RESTART_LISTEN },
+	{ "mode", &cfg_type_mode, OFF(control.mode), "0660", .help = "of a unix socket",
+	  .restart = CONFIG_RESTART_LISTEN },
+	{ "owner", &cfg_type_user, OFF(control.owner), NULL, .help = "of a unix socket",
+	  .restart = CONFIG_RESTART_LISTEN },
+	{ "group", &cfg_type_group, OFF(control.group), NULL, .help = "of a unix socket",
+	  .restart = CONFIG_RESTART_LISTEN },
 	{ "admin", &cfg_type_enum, OFF(control_admin), "group", .names = admins,
 	  .help = "who may change state: every peer let in (group), or root and sluiced's user" },
 	{ "allow_remote", &cfg_type_bool, OFF(control_allow_remote), "false",
@@ -310,20 +318,26 @@ const struct cfg_key config_control_keys[] = {
 
 const struct cfg_key config_metrics_keys[] = {
 	{ "listen", &cfg_type_string, OFF(metrics.listen), "inet:127.0.0.1:9187",
-	  .help = "the Prometheus endpoint" },
+	  .help = "the Prometheus endpoint",
+	  .restart = CONFIG_RESTART_LISTEN },
 	{ "allow_remote", &cfg_type_bool, OFF(metrics.allow_remote), "false",
 	  .help = "listen on an address other hosts reach (no authentication)" },
 	{ "max_connections", &cfg_type_uint, OFF(metrics.max_connections), "4", 1, 1024,
-	  .help = "scrapers served at once" },
+	  .help = "scrapers served at once",
+	  .restart = CONFIG_RESTART_LISTEN },
 	END,
 };
 
 const struct cfg_key config_milter_keys[] = {
 	{ "listen", &type_listen, OFF(milter.listen), NULL, .flags = CFG_REQUIRED | CFG_REPEAT,
-	  .help = "the milter socket(s)" },
-	{ "mode", &cfg_type_mode, OFF(milter.listen.mode), "0660", .help = "of a unix socket" },
-	{ "owner", &cfg_type_user, OFF(milter.listen.owner), NULL, .help = "of a unix socket" },
-	{ "group", &cfg_type_group, OFF(milter.listen.group), NULL, .help = "of a unix socket" },
+	  .help = "the milter socket(s)",
+	  .restart = CONFIG_RESTART_LISTEN },
+	{ "mode", &cfg_type_mode, OFF(milter.listen.mode), "0660", .help = "of a unix socket",
+	  .restart = CONFIG_RESTART_LISTEN },
+	{ "owner", &cfg_type_user, OFF(milter.listen.owner), NULL, .help = "of a unix socket",
+	  .restart = CONFIG_RESTART_LISTEN },
+	{ "group", &cfg_type_group, OFF(milter.listen.group), NULL, .help = "of a unix socket",
+	  .restart = CONFIG_RESTART_LISTEN },
 	{ "max_sessions", &cfg_type_uint, OFF(milter.max_sessions), "10000", 0, 10000000,
 	  .help = "MTA connections at once" },
 	{ "idle_timeout", &cfg_type_duration, OFF(milter.idle_timeout_ms), "2h", 1000, 7 * DAY,
@@ -337,11 +351,15 @@ const struct cfg_key config_milter_keys[] = {
 
 const struct cfg_key config_policy_keys[] = {
 	{ "listen", &type_listen, OFF(policy.listen), NULL, .flags = CFG_REQUIRED | CFG_REPEAT,
-	  .help = "the policy socket(s)" },
+	  .help = "the policy socket(s)",
+	  .restart = CONFIG_RESTART_LISTEN },
 	/* Postfix's smtpd runs as postfix, not as sluice */
-	{ "mode", &cfg_type_mode, OFF(policy.listen.mode), "0666", .help = "of a unix socket" },
-	{ "owner", &cfg_type_user, OFF(policy.listen.owner), NULL, .help = "of a unix socket" },
-	{ "group", &cfg_type_group, OFF(policy.listen.group), NULL, .help = "of a unix socket" },
+	{ "mode", &cfg_type_mode, OFF(policy.listen.mode), "0666", .help = "of a unix socket",
+	  .restart = CONFIG_RESTART_LISTEN },
+	{ "owner", &cfg_type_user, OFF(policy.listen.owner), NULL, .help = "of a unix socket",
+	  .restart = CONFIG_RESTART_LISTEN },
+	{ "group", &cfg_type_group, OFF(policy.listen.group), NULL, .help = "of a unix socket",
+	  .restart = CONFIG_RESTART_LISTEN },
 	{ "max_sessions", &cfg_type_uint, OFF(policy.max_sessions), "1000", 0, 10000000,
 	  .help = "Postfix connections at once" },
 	{ "idle_timeout", &cfg_type_duration, OFF(policy.idle_timeout_ms), "1h", 1000, 7 * DAY,
@@ -359,11 +377,15 @@ static const struct cfg_enum bare_newlines[] = {
 
 const struct cfg_key config_intake_keys[] = {
 	{ "listen", &type_listen, OFF(intake.listen), NULL, .flags = CFG_REQUIRED | CFG_REPEAT,
-	  .help = "the SMTP socket(s)" },
+	  .help = "the SMTP socket(s)",
+	  .restart = CONFIG_RESTART_LISTEN },
 	/* local programs inject; allow does not apply to unix: */
-	{ "mode", &cfg_type_mode, OFF(intake.listen.mode), "0666", .help = "of a unix socket" },
-	{ "owner", &cfg_type_user, OFF(intake.listen.owner), NULL, .help = "of a unix socket" },
-	{ "group", &cfg_type_group, OFF(intake.listen.group), NULL, .help = "of a unix socket" },
+	{ "mode", &cfg_type_mode, OFF(intake.listen.mode), "0666", .help = "of a unix socket",
+	  .restart = CONFIG_RESTART_LISTEN },
+	{ "owner", &cfg_type_user, OFF(intake.listen.owner), NULL, .help = "of a unix socket",
+	  .restart = CONFIG_RESTART_LISTEN },
+	{ "group", &cfg_type_group, OFF(intake.listen.group), NULL, .help = "of a unix socket",
+	  .restart = CONFIG_RESTART_LISTEN },
 	{ "allow", &type_prefixes, OFF(intake.allow), "127.0.0.0/8", .flags = CFG_REPEAT,
 	  .help = "clients that may queue mail (default 127.0.0.0/8 and ::1)" },
 	{ "max_sessions", &cfg_type_uint, OFF(intake.max_sessions), "1000", 1, 1000000,
@@ -394,9 +416,11 @@ const struct cfg_key config_intake_keys[] = {
 };
 
 const struct cfg_key config_queue_keys[] = {
-	{ "dir", &cfg_type_string, OFF(queue.dir), "/var/spool/sluice", .help = "the queue" },
+	{ "dir", &cfg_type_string, OFF(queue.dir), "/var/spool/sluice", .help = "the queue",
+	  .restart = CONFIG_RESTART_QUEUE },
 	{ "commit_batch", &cfg_type_uint, OFF(queue.commit_batch), "256", 1, 65536,
-	  .help = "messages flushed together at most" },
+	  .help = "messages flushed together at most",
+	  .restart = CONFIG_RESTART_QUEUE },
 	{ "lifetime", &cfg_type_duration, OFF(queue.lifetime_ms), "5d", 1000, 365 * DAY,
 	  .help = "a message's time in the queue before it bounces" },
 	{ "min_free", &cfg_type_size, OFF(queue.min_free), "10MiB", 0, INT64_C(1) << 40,
@@ -410,7 +434,8 @@ static const struct cfg_enum store_types[] = {
 
 const struct cfg_key config_store_keys[] = {
 	{ "type", &cfg_type_enum, OFF(store.type), "memory", .names = store_types,
-	  .flags = CFG_QUOTE, .help = "where the limits' counters live" },
+	  .flags = CFG_QUOTE, .help = "where the limits' counters live",
+	  .restart = CONFIG_RESTART_STORE },
 	{ "max_keys", &cfg_type_uint64, OFF(store.max_keys), "1000000", 1000, 1000000000,
 	  .help = "keys held in memory at most" },
 	{ "snapshot_interval", &cfg_type_duration, OFF(store.snapshot_interval_ms), "5m", 0, DAY,
@@ -433,34 +458,47 @@ static const struct cfg_enum failures[] = {
 /* the keys of type = "redis" only */
 const struct cfg_key config_redis_keys[] = {
 	{ "server", &cfg_type_string, OFF(store.server), NULL, .active = is_redis,
-	  .help = "host:port or unix:/path of Redis (default 127.0.0.1:6379)" },
+	  .help = "host:port or unix:/path of Redis (default 127.0.0.1:6379)",
+	  .restart = CONFIG_RESTART_STORE },
 	{ "user", &cfg_type_string, OFF(store.user), NULL, .active = is_redis,
-	  .help = "the ACL user" },
+	  .help = "the ACL user",
+	  .restart = CONFIG_RESTART_STORE },
 	{ "password", &cfg_type_string, OFF(store.password), NULL, .flags = CFG_SECRET,
 	  .active = is_redis,
-	  .help = "the password (then sluice.conf must be a secret file); never printed" },
+	  .help = "the password (then sluice.conf must be a secret file); never printed",
+	  .restart = CONFIG_RESTART_STORE },
 	{ "password_file", &cfg_type_string, OFF(store.password_file), NULL, .active = is_redis,
 	  .help = "a file whose first line is the password" },
 	{ "db", &cfg_type_uint, OFF(store.db), "0", 0, 1000000, .active = is_redis,
-	  .help = "the database number" },
+	  .help = "the database number",
+	  .restart = CONFIG_RESTART_STORE },
 	{ "prefix", &cfg_type_string, OFF(store.prefix), NULL, .active = is_redis,
-	  .help = "put before every key" },
+	  .help = "put before every key",
+	  .restart = CONFIG_RESTART_STORE },
 	{ "timeout", &cfg_type_duration, OFF(store.timeout_ms), "50ms", 1, 60000,
-	  .active = is_redis, .help = "a command's reply, else on_failure applies" },
+	  .active = is_redis, .help = "a command's reply, else on_failure applies",
+	  .restart = CONFIG_RESTART_STORE },
 	{ "sentinels", &cfg_type_list, OFF(store.sentinels), NULL, .flags = CFG_REPEAT,
-	  .active = is_redis, .help = "Sentinel addresses, with master_name" },
+	  .active = is_redis, .help = "Sentinel addresses, with master_name",
+	  .restart = CONFIG_RESTART_STORE },
 	{ "master_name", &cfg_type_string, OFF(store.master_name), NULL, .active = is_redis,
-	  .help = "the master the sentinels watch" },
+	  .help = "the master the sentinels watch",
+	  .restart = CONFIG_RESTART_STORE },
 	{ "cluster", &cfg_type_list, OFF(store.cluster), NULL, .flags = CFG_REPEAT,
-	  .active = is_redis, .help = "seed nodes of a Redis Cluster (host:port each)" },
+	  .active = is_redis, .help = "seed nodes of a Redis Cluster (host:port each)",
+	  .restart = CONFIG_RESTART_STORE },
 	{ "on_failure", &cfg_type_enum, OFF(store.on_failure), "local", .names = failures,
-	  .active = is_redis, .help = "what a decision does when Redis does not answer" },
+	  .active = is_redis, .help = "what a decision does when Redis does not answer",
+	  .restart = CONFIG_RESTART_STORE },
 	{ "nodes", &cfg_type_uint, OFF(store.nodes), "1", 1, 1000, .active = is_redis,
-	  .help = "nodes sharing the limits (on_failure = local enforces limit / nodes)" },
+	  .help = "nodes sharing the limits (on_failure = local enforces limit / nodes)",
+	  .restart = CONFIG_RESTART_STORE },
 	{ "node", &cfg_type_string, OFF(store.node), NULL, .active = is_redis,
-	  .help = "this node's name (default: the host's)" },
+	  .help = "this node's name (default: the host's)",
+	  .restart = CONFIG_RESTART_STORE },
 	{ "lease", &cfg_type_duration, OFF(store.lease_ms), "15s", 1000, 3600000,
-	  .active = is_redis, .help = "how long a node's membership lasts unrenewed" },
+	  .active = is_redis, .help = "how long a node's membership lasts unrenewed",
+	  .restart = CONFIG_RESTART_STORE },
 	END,
 };
 
@@ -490,18 +528,47 @@ static bool has_intake(const struct sluice_config *c)
 }
 
 const struct config_block config_blocks[] = {
-	{ "", config_root_keys, NULL },
-	{ "log", config_log_keys, NULL },
-	{ "control", config_control_keys, has_control },
-	{ "metrics", config_metrics_keys, has_metrics },
-	{ "milter", config_milter_keys, has_milter },
-	{ "policy", config_policy_keys, has_policy },
-	{ "intake", config_intake_keys, has_intake },
-	{ "queue", config_queue_keys, NULL },
-	{ "store", config_store_keys, NULL },
-	{ "store", config_redis_keys, NULL },
-	{ NULL, NULL, NULL },
+	{ "", config_root_keys, NULL, CONFIG_RESTART_NONE },
+	{ "log", config_log_keys, NULL, CONFIG_RESTART_NONE },
+	{ "control", config_control_keys, has_control, CONFIG_RESTART_LISTEN },
+	{ "metrics", config_metrics_keys, has_metrics, CONFIG_RESTART_LISTEN },
+	{ "milter", config_milter_keys, has_milter, CONFIG_RESTART_LISTEN },
+	{ "policy", config_policy_keys, has_policy, CONFIG_RESTART_LISTEN },
+	{ "intake", config_intake_keys, has_intake, CONFIG_RESTART_LISTEN },
+	{ "queue", config_queue_keys, NULL, CONFIG_RESTART_NONE },
+	{ "store", config_store_keys, NULL, CONFIG_RESTART_NONE },
+	{ "store", config_redis_keys, NULL, CONFIG_RESTART_NONE },
+	{ NULL, NULL, NULL, CONFIG_RESTART_NONE },
 };
+
+unsigned config_restart_changes(const struct sluice_config *old, const struct sluice_config *nc)
+{
+	unsigned groups = 0;
+	for (const struct config_block *b = config_blocks; b->name; b++) {
+		groups |= cfg_schema_restarts(b->keys, old, nc);
+		if (b->present && b->present(old) != b->present(nc))
+			groups |= 1u << b->restart;
+	}
+	return groups & ~(1u << CONFIG_RESTART_NONE);
+}
+
+const char *config_restart_text(enum config_restart g)
+{
+	static const char *const text[CONFIG_RESTART_COUNT] = {
+		[CONFIG_RESTART_USER] = "user or group changed; they take effect at the next "
+					"restart",
+		[CONFIG_RESTART_LISTEN] = "listen addresses changed; they take effect at the next "
+					  "restart",
+		[CONFIG_RESTART_WORKERS] = "workers changed; it takes effect at the next restart",
+		[CONFIG_RESTART_STATE_DIR] = "state_dir changed; it takes effect at the next "
+					     "restart",
+		[CONFIG_RESTART_STORE] = "store settings changed; they take effect at the next "
+					 "restart",
+		[CONFIG_RESTART_QUEUE] = "queue settings changed; they take effect at the next "
+					 "restart",
+	};
+	return (unsigned)g < CONFIG_RESTART_COUNT && text[g] ? text[g] : "?";
+}
 
 int config_init(struct sluice_config *c)
 {

@@ -13,11 +13,24 @@
 #include "cfg_schema.h"
 #include "config.h"
 
+/* What a reload cannot change (a key's restart column): each group is one warning. */
+enum config_restart {
+	CONFIG_RESTART_NONE = 0,   /* applies at reload */
+	CONFIG_RESTART_USER,       /* the process's user and group */
+	CONFIG_RESTART_LISTEN,     /* the sockets bound at start */
+	CONFIG_RESTART_WORKERS,
+	CONFIG_RESTART_STATE_DIR,
+	CONFIG_RESTART_STORE,      /* the store is made once, at start */
+	CONFIG_RESTART_QUEUE,
+	CONFIG_RESTART_COUNT,
+};
+
 struct config_block {
 	const char *name;            /* "" for the root's keys */
 	const struct cfg_key *keys;  /* offsets into struct sluice_config */
 	/* Whether c has the block (a milter {} was given...); NULL: always. */
 	bool (*present)(const struct sluice_config *c);
+	enum config_restart restart; /* what a block given or taken away needs */
 };
 
 /* Every block handled by the tables, in the order sluice.conf(5) lists them; { NULL }
@@ -48,6 +61,14 @@ void config_print(FILE *f, const struct sluice_config *c, bool all,
 size_t config_print_block(FILE *f, const char *name, const char *label,
 			  const struct cfg_key *keys, const void *base, const void *defaults,
 			  bool always);
+
+/*
+ * What of nc needs a restart to apply, against the running old: the union of
+ * 1u << enum config_restart over the keys and blocks that changed (the restart column of
+ * the tables).  config_restart_text() is each group's warning.
+ */
+unsigned config_restart_changes(const struct sluice_config *old, const struct sluice_config *nc);
+const char *config_restart_text(enum config_restart g);
 
 /* Set the defaults of the tables and the rest of c's initial state.  0 or -ENOMEM. */
 int config_init(struct sluice_config *c);

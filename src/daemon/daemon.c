@@ -431,36 +431,6 @@ static struct store *open_store(const struct sluice_config *c)
 	return s;
 }
 
-static bool str_same(const char *a, const char *b)
-{
-	return (!a && !b) || (a && b && strcmp(a, b) == 0);
-}
-
-/* Do two configurations describe the same store?  (It is made once, at start.) */
-static bool store_same(const struct sluice_config *a, const struct sluice_config *b)
-{
-	if (a->store.redis != b->store.redis)
-		return false;
-	if (!a->store.redis)
-		return true;
-	bool same = str_same(a->store.server, b->store.server) &&
-		    str_same(a->store.user, b->store.user) &&
-		    str_same(a->store.password, b->store.password) &&
-		    a->store.db == b->store.db && str_same(a->store.prefix, b->store.prefix) &&
-		    a->store.timeout_ms == b->store.timeout_ms &&
-		    str_same(a->store.master_name, b->store.master_name) &&
-		    a->store.on_failure == b->store.on_failure &&
-		    a->store.nodes == b->store.nodes && str_same(a->store.node, b->store.node) &&
-		    a->store.lease_ms == b->store.lease_ms &&
-		    a->store.nsentinels == b->store.nsentinels;
-	for (size_t i = 0; same && i < a->store.nsentinels; i++)
-		same = strcmp(a->store.sentinels[i], b->store.sentinels[i]) == 0;
-	same = same && a->store.ncluster == b->store.ncluster;
-	for (size_t i = 0; same && i < a->store.ncluster; i++)
-		same = strcmp(a->store.cluster[i], b->store.cluster[i]) == 0;
-	return same;
-}
-
 /*
  * The leases of the slots of sessions rules ("s:" and the (rule, key) hash, see
  * policy.c), in chunks of 256.  XXX every key held is renewed at every beat: a cost in
@@ -555,23 +525,6 @@ static void on_lease(evutil_socket_t fd, short what, void *arg)
 	arm_timer(d->ev_lease, (int64_t)(every ? every : 1000));
 }
 
-static bool listen_equal(const struct listen_conf *a, const struct listen_conf *b)
-{
-	if (a->n != b->n || a->mode != b->mode || a->owner != b->owner || a->group != b->group)
-		return false;
-	for (size_t i = 0; i < a->n; i++)
-		if (strcmp(a->addr[i], b->addr[i]) != 0)
-			return false;
-	return true;
-}
-
-static bool metrics_same(const struct sluice_config *a, const struct sluice_config *b)
-{
-	return a->metrics.enabled == b->metrics.enabled &&
-	       strcmp(a->metrics.listen, b->metrics.listen) == 0 &&
-	       a->metrics.max_connections == b->metrics.max_connections;
-}
-
 /* The metrics page, on the metrics thread: the rule set is held while it renders. */
 static int metrics_page(void *arg, struct buf *out)
 {
@@ -622,23 +575,10 @@ static void reload_inner(struct daemon *d)
 		return;
 	}
 	struct sluice_config *old = d->cfg;
-	if (!str_same(old->user, nc->user) || !str_same(old->group, nc->group))
-		log_warning("reload: user or group changed; they take effect at the next restart");
-	if (!listen_equal(&old->milter.listen, &nc->milter.listen) ||
-	    !listen_equal(&old->policy.listen, &nc->policy.listen) ||
-	    !listen_equal(&old->control, &nc->control) ||
-	    !listen_equal(&old->intake.listen, &nc->intake.listen) ||
-	    old->intake.enabled != nc->intake.enabled || !metrics_same(old, nc))
-		log_warning("reload: listen addresses changed; they take effect at the next restart");
-	if (nc->workers != old->workers)
-		log_warning("reload: workers changed; it takes effect at the next restart");
-	if (strcmp(old->state_dir, nc->state_dir) != 0)
-		log_warning("reload: state_dir changed; it takes effect at the next restart");
-	if (!store_same(old, nc))
-		log_warning("reload: store settings changed; they take effect at the next restart");
-	if (strcmp(old->queue.dir, nc->queue.dir) != 0 ||
-	    old->queue.commit_batch != nc->queue.commit_batch)
-		log_warning("reload: queue settings changed; they take effect at the next restart");
+	unsigned restart = config_restart_changes(old, nc); /* the tables' restart column */
+	for (unsigned g = 1; g < CONFIG_RESTART_COUNT; g++)
+		if (restart & (1u << g))
+			log_warning("reload: %s", config_restart_text((enum config_restart)g));
 	policy_set_store(daemon_config_of(nc)->rules, d->store);
 	struct milter_handler *h = d->milter ? milter_handler_for(nc) : NULL;
 	if (d->milter && !h) {

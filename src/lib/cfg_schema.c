@@ -560,6 +560,26 @@ void cfg_schema_clear(const struct cfg_key *keys, void *base)
 			k->type->clear(FIELD(base, k));
 }
 
+unsigned cfg_schema_restarts(const struct cfg_key *keys, const void *a, const void *b)
+{
+	unsigned groups = 0;
+	for (const struct cfg_key *k = keys; k->name; k++) {
+		if (k->type == &cfg_type_block) {
+			groups |= cfg_schema_restarts(k->sub, a, b);
+			continue;
+		}
+		if (!k->restart || (k->active && !k->active(a) && !k->active(b)))
+			continue;
+		/* XXX values compare by their first 8 KiB: lists longer than that may hide a change */
+		char va[8192], vb[8192];
+		bool ha = k->type->format(k, CFIELD(a, k), va, sizeof(va));
+		bool hb = k->type->format(k, CFIELD(b, k), vb, sizeof(vb));
+		if (ha != hb || (ha && strcmp(va, vb) != 0))
+			groups |= 1u << k->restart;
+	}
+	return groups;
+}
+
 size_t cfg_schema_count(const struct cfg_key *keys)
 {
 	size_t n = 0;

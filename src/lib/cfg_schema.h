@@ -62,6 +62,9 @@ struct cfg_key {
 	 * type = "redis"); cfg_schema_print() comments out the others.  NULL: always. */
 	bool (*active)(const void *base);
 	const char *help;
+	/* 0: a change applies at reload.  Else a new value waits for a restart, and this is
+	 * the group of such keys the caller's warning names (cfg_schema_restarts()). */
+	unsigned restart;
 };
 
 extern const struct cfg_type cfg_type_string;   /* char *, owned, not empty */
@@ -118,6 +121,13 @@ int cfg_items_each(const struct cfg_node *m,
  * (a cfg_key's check for cfg_type_list keys). */
 int cfg_list_check(const struct cfg_node *n, bool (*ok)(const char *s, const char **why),
 		   char *err, size_t errlen);
+
+/*
+ * Which keys needing a restart differ between a and b (two structs of the table):
+ * the union of 1u << k->restart over them (restart < 32).  A key inactive in both is not
+ * compared; values compare as they are written (type->format).
+ */
+unsigned cfg_schema_restarts(const struct cfg_key *keys, const void *a, const void *b);
 
 /* The number of keys in the table (sub-blocks' keys not counted). */
 size_t cfg_schema_count(const struct cfg_key *keys);

@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "config.h"
+#include "config_schema.h"
 #include "daemon_config.h"
 #include "util.h"
 
@@ -465,6 +466,51 @@ static void test_client(void **state)
 	conf_free(c);
 }
 
+/* What a reload cannot apply is the tables' restart column: one group per warning. */
+static void test_restart_changes(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *text;
+		unsigned groups; /* against base */
+	} cases[] = {
+		{ M "queue { commit_batch = 8; }\nstore { max_keys = 5000; }\n", 0 },
+		/* what a reload applies: timeouts, log, limits, the memory store's bound */
+		{ "milter { listen = \"unix:m.sock\"; command_timeout = 1m; }\n"
+		  "log { level = \"debug\"; }\n"
+		  "queue { commit_batch = 8; }\nstore { max_keys = 6000; }\n"
+		  "limit \"l\" { stage = rcpt; key = rcpt; rate = 1/1m; }\n", 0 },
+		{ "milter { listen = \"unix:other.sock\"; }\nqueue { commit_batch = 8; }\n"
+		  "store { max_keys = 5000; }\n", 1u << CONFIG_RESTART_LISTEN },
+		{ M "intake { listen = \"unix:i.sock\"; }\nqueue { commit_batch = 8; }\n"
+		  "store { max_keys = 5000; }\n", 1u << CONFIG_RESTART_LISTEN },
+		{ M "metrics { }\nqueue { commit_batch = 8; }\nstore { max_keys = 5000; }\n",
+		  1u << CONFIG_RESTART_LISTEN },
+		{ M "workers = 3;\nstate_dir = \"s\";\nqueue { commit_batch = 9; }\n"
+		  "store { max_keys = 5000; }\n", 1u << CONFIG_RESTART_WORKERS |
+		  1u << CONFIG_RESTART_STATE_DIR | 1u << CONFIG_RESTART_QUEUE },
+		{ M "user = \"root\";\nqueue { commit_batch = 8; }\nstore { max_keys = 5000; }\n",
+		  1u << CONFIG_RESTART_USER },
+		{ M "queue { commit_batch = 8; }\nstore { type = \"redis\"; }\n",
+		  1u << CONFIG_RESTART_STORE },
+	};
+	struct sluice_config *base = NULL, *c = NULL;
+	char err[1024];
+	assert_int_equal(load_text(cases[0].text, false, &base, err, sizeof(err)), 0);
+	for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
+		if (load_text(cases[i].text, false, &c, err, sizeof(err)) < 0)
+			fail_msg("case %zu: %s", i, err);
+		unsigned got = config_restart_changes(base, c);
+		if (got != cases[i].groups)
+			fail_msg("case %zu: groups %#x, want %#x", i, got, cases[i].groups);
+		assert_int_equal(config_restart_changes(c, c), 0);
+		conf_free(c);
+	}
+	conf_free(base);
+	assert_string_equal(config_restart_text(CONFIG_RESTART_LISTEN),
+			    "listen addresses changed; they take effect at the next restart");
+}
+
 static int setup(void **state)
 {
 	(void)state;
@@ -489,6 +535,7 @@ int main(void)
 		cmocka_unit_test(test_control_allow_remote),
 		cmocka_unit_test(test_control_passwords),
 		cmocka_unit_test(test_client),
+		cmocka_unit_test(test_restart_changes),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
