@@ -26,28 +26,6 @@
 
 #define ERR(...) cfg_error(__VA_ARGS__)
 
-/* The node of a key that may be given once: 0 with *ret (NULL when absent), or -EINVAL. */
-int config_get_one(struct cfg_node *obj, const char *key, struct cfg_node **ret, char *err,
-		   size_t el)
-{
-	struct cfg_node *n = cfg_get(obj, key);
-	if (n && cfg_next_same(n)) {
-		ERR(cfg_next_same(n), err, el, "given twice");
-		return -EINVAL;
-	}
-	*ret = n;
-	return 0;
-}
-
-int config_get_string(struct cfg_node *obj, const char *key, char **ret, char *err, size_t el)
-{
-	struct cfg_node *n;
-	int r = config_get_one(obj, key, &n, err, el);
-	if (r < 0 || !n)
-		return r;
-	return cfg_type_string.parse(n, NULL, ret, err, el);
-}
-
 static int load_policy(struct cfg_node *m, struct sluice_config *c, char *err, size_t el)
 {
 	return cfg_schema_load(m, config_policy_keys, c, err, el);

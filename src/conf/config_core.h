@@ -21,11 +21,6 @@
 int config_core_load(const char *path, bool client, struct cfg_node **ret_root,
 		     struct sluice_config *c, char *err, size_t errlen);
 
-/* The node of a key that may be given once: 0 with *ret (NULL when absent), or -EINVAL. */
-int config_get_one(struct cfg_node *obj, const char *key, struct cfg_node **ret, char *err,
-		   size_t el);
-/* A non-empty string, copied into *ret (replacing it); absent: 0, *ret untouched. */
-int config_get_string(struct cfg_node *obj, const char *key, char **ret, char *err, size_t el);
 /* The first line of a secret file, after checking its mode and owner (nothing for a
  * client).  *ret is owned by the caller. */
 int config_read_secret(struct cfg_node *n, const char *file, const struct sluice_config *c,

@@ -2,22 +2,19 @@
  * daemon_config -- daemon_config_load(): sluice.conf beyond src/conf (see
  * daemon_config.h, sluice.conf(5)).
  *
- * src/conf reads its blocks' tables; this file reads what needs the modules above it
- * -- the milter's fixed answers, the rules (policy_load), the relay's routes and their
- * signals -- and the checks that span those.  Then anything left unread in the
- * file is reported as an unknown key with its line (cfg_check_unused), so a typo never
- * silently falls back to a default.
+ * src/conf reads its blocks' tables; the modules above it read theirs, each with the
+ * schema walker over the keys it declares: the milter's fixed answers
+ * (milter_static_reply_keys, milter_static_modify_keys), the rules (policy_load), the
+ * relay and its routes and providers (relay_conf_load).  This file assembles them into
+ * a struct daemon_config, reads the routes' secret files, and keeps the checks that span
+ * modules.  Then anything left unread in the file is reported as an unknown key with its
+ * line (cfg_check_unused), so a typo never silently falls back to a default; and
+ * daemon_config_print() writes it all back, block by block, from the same tables.
  */
-#include <arpa/inet.h>
 #include <errno.h>
-#include <grp.h>
-#include <netinet/in.h>
-#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <syslog.h>
 #include <unistd.h>
 
 #include "cfg.h"
@@ -26,13 +23,11 @@
 #include "config_core.h"
 #include "config_schema.h"
 #include "daemon_config.h"
-#include "listen.h"
 #include "util.h"
 
 #define ERR(...) cfg_error(__VA_ARGS__)
 
-
-
+/* milter { reply { } modify { } }: the fixed answers for testing an MTA's integration. */
 static int load_milter_handler(struct cfg_node *m, struct daemon_config *dc, char *err, size_t el)
 {
 	struct milter_static_conf *h = &dc->milter_handler;
