@@ -776,17 +776,10 @@ void provider_conf_clear(struct provider_conf *p)
 void relay_conf_init(struct relay_conf *c)
 {
 	memset(c, 0, sizeof(*c));
-	c->retry_min_ms = 5 * 60 * 1000;
-	c->retry_max_ms = 4 * 3600 * 1000;
-	c->suspend_min_ms = 60 * 1000;
-	c->suspend_max_ms = 3600 * 1000;
-	c->uncertain = RELAY_UNCERTAIN_RETRY;
-	c->lifetime_ms = INT64_C(5) * 86400 * 1000;
-	c->idle_ms = 10 * 1000;
-	c->dns_min_ttl_ms = 10 * 1000;
-	c->dns_max_ttl_ms = 3600 * 1000;
-	c->dns_retry_min_ms = 5 * 1000;
-	c->dns_retry_max_ms = 5 * 60 * 1000;
+	/* the table's defaults allocate nothing (no string has one): this cannot fail */
+	if (cfg_schema_defaults(relay_conf_keys, c) < 0)
+		abort();
+	c->lifetime_ms = INT64_C(5) * 86400 * 1000; /* queue.lifetime's default */
 }
 
 void route_conf_clear(struct route_conf *r)
