@@ -252,8 +252,27 @@ static void load_ok(const char *name, const char *text)
 	daemon_config_print(f, c, true);
 	assert_int_equal(fclose(f), 0);
 	collect_printed(out);
+	daemon_config_free(c);
+	/* what -D writes loads again, and is written the same */
+	char again[64];
+	snprintf(again, sizeof(again), "again-%s", name);
+	write_file(again, out);
+	snprintf(path, sizeof(path), "%s/%s", dir, again);
+	c = NULL;
+	if (daemon_config_load(path, &c, err, sizeof(err)) < 0)
+		fail_msg("sluiced -D of %s does not load: %s\n%s", name, err, out);
+	char *out2 = NULL;
+	f = open_memstream(&out2, &len);
+	assert_non_null(f);
+	daemon_config_print(f, c, true);
+	assert_int_equal(fclose(f), 0);
+	if (strcmp(out, out2) != 0)
+		fail_msg("sluiced -D of %s reads back otherwise:\n%s\n---\n%s", name, out, out2);
+	free(out2);
 	free(out);
 	daemon_config_free(c);
+	snprintf(path, sizeof(path), "%s/%s", dir, again);
+	unlink(path);
 }
 
 static void collect_schema_keys(struct strset *read)
