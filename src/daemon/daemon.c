@@ -602,7 +602,8 @@ static void reload_inner(struct daemon *d)
 		if (intake_service_set_conf(d->intake, &ic) < 0)
 			log_error("reload: out of memory; the intake keeps its settings");
 	}
-	if (d->relay && relay_reconfigure(d->relay, &daemon_config_of(nc)->relay, daemon_config_of(nc)->rules) < 0)
+	if (d->relay && relay_reconfigure(d->relay, &daemon_config_of(nc)->relay,
+					  daemon_config_of(nc)->rules) < 0)
 		log_error("reload: the relay keeps its settings (out of memory)");
 	if (!d->relay && daemon_config_of(nc)->relay.nroutes)
 		log_warning("reload: routes were added; the relay starts at the next restart");
@@ -1030,7 +1031,8 @@ static int fd_check(struct daemon *d, const struct sluice_config *c, bool start)
 	if (!start && getrlimit(RLIMIT_NOFILE, &rl) == 0)
 		d->nofile = rl.rlim_cur;
 	struct fd_plan p;
-	fd_plan_make(daemon_config_of(c), d->e ? engine_workers(d->e) : plan_workers(c), d->fds_open, &p);
+	fd_plan_make(daemon_config_of(c), d->e ? engine_workers(d->e) : plan_workers(c),
+		     d->fds_open, &p);
 	char sum[400];
 	fd_plan_format(&p, sum, sizeof(sum));
 	if (start && d->nofile < (rlim_t)p.held + p.sessions_min) {
@@ -1473,8 +1475,8 @@ int daemon_main(int argc, char **argv)
 		d.queue = open_queue(d.cfg);
 	if (daemon_config_of(d.cfg)->relay.nroutes) {
 		char rerr[512];
-		d.relay = relay_new(&daemon_config_of(d.cfg)->relay, d.queue, d.store, daemon_config_of(d.cfg)->rules, relay_log,
-				    NULL, rerr, sizeof(rerr));
+		d.relay = relay_new(&daemon_config_of(d.cfg)->relay, d.queue, d.store,
+				    daemon_config_of(d.cfg)->rules, relay_log, NULL, rerr, sizeof(rerr));
 		if (!d.relay)
 			fatal("relay: %s", rerr);
 	} else if (d.queue) {
