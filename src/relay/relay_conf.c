@@ -1,6 +1,13 @@
 /*
- * relay_conf -- the relay's configuration as the daemon loaded it (relay.h): defaults,
- * a deep copy for the relay's thread, and the route of a recipient domain.
+ * relay_conf -- the relay's configuration (relay.h): the keys of relay { }, route "name"
+ * { } with its auth { } and signal { }, and provider "name" { } as tables (cfg_schema.h),
+ * with the types of a route's own (domains, smarthost, source, rates, timeouts: each
+ * fills its member and the one that goes with it); relay_conf_load(), which reads them
+ * with the schema walker and keeps the checks across keys and routes; a deep copy for
+ * the relay's thread; and the route of a recipient domain.
+ *
+ * What it reads is what sluiced -D writes from the same tables (src/daemon): every type
+ * formats its value so that it parses into the same member again.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -17,7 +24,7 @@
 #include "threshold.h"
 #include "util.h"
 
-/* ---- the keys of route "name" { } that are plain values ---- */
+/* ---- the keys of route "name" { } ---- */
 
 _Static_assert(sizeof(enum smtp_out_tls) == sizeof(int), "stored by cfg_type_enum");
 _Static_assert(sizeof(enum route_count) == sizeof(int), "stored by cfg_type_enum");
