@@ -276,8 +276,7 @@ static void on_mailbox(void *items, size_t n, void *arg)
 				if (it->ev == QUEUE_EV_RELEASE)
 					m->held = false;
 				else
-					for (size_t i = 0; i < m->nrcpt; i++)
-						m->r[i].next_try = 0;
+					msg_flush_now(r, m);
 				msg_schedule(r, m);
 				msg_kick_lanes(m);
 				break;

@@ -19,7 +19,7 @@
  * once every one was, the lane's due recipients wait for their next retry (relay.retry),
  * with the reason in their attempt log (`sluice queue`), the log and `sluice lanes`;
  * never bounced: a DANE failure may be an attack, or a rollover, and passes.  At most
- * DANE_DEFER_BATCH messages per event: the lane is kicked again for the rest.  (An MX
+ * 256 messages per event (lane_defer_due): the lane is kicked again for the rest.  (An MX
  * answer that is not validated is every host's: dane-only defers at once.)  A TLSA
  * answer with records sluice does not read (past DNS_ANSWER_RR_MAX, too large, or
  * malformed) and none usable among those it read is a failed lookup, not unverified TLS;
@@ -54,7 +54,6 @@
 
 #define DANE_CACHE_MAX 65536    /* hosts in the relay's TLSA cache */
 #define DANE_DSN "4.7.5"        /* RFC 3463: cryptographic failure */
-#define DANE_DEFER_BATCH 256    /* messages deferred per event (law 8) */
 
 enum dane_state {
 	DH_EMPTY = 0,
@@ -386,45 +385,14 @@ static void dane_status(struct lane *l, const char *fmt, ...)
 }
 
 /*
- * The lane's due recipients wait for their next retry: text says why (the attempt log,
- * the log).  Each due recipient once, as a transaction would take them.
+ * The lane's due recipients wait for their next retry (the lane defers them): text says
+ * why.  Shown in `sluice lanes`; the next attempt looks the MX hosts up again if due.
  */
-void dane_defer(struct lane *l, const char *mta, const char *text)
+void dane_deferred(struct lane *l, const char *mta, const char *text)
 {
-	struct relay *r = l->r;
-	size_t idx[64], n = 0, total = 0, msgs = 0;
-	uint64_t now = realtime_ns(), next = UINT64_MAX;
-	struct lane_item *it;
-
 	dane_status(l, "%.200s: DEFERRED: %.300s", mta, text);
-	l->targets_fresh = false; /* the next attempt looks the MX hosts up again if due */
-	while (msgs++ < DANE_DEFER_BATCH &&
-	       (it = lane_pick(l, now, sizeof(idx) / sizeof(idx[0]), idx, &n, &next)) != NULL) {
-		struct rmsg *m = it->m;
-		if (msg_open_file(r, m) < 0) {
-			/* gone (deleted behind the relay's back) or unreadable: forgotten, as
-			 * tx_start() does */
-			if (m->busy == 0)
-				msg_free(r, m);
-			else
-				m->deleted = true;
-			continue;
-		}
-		for (size_t k = 0; k < n; k++) {
-			size_t i = idx[k];
-			m->r[i].attempts++;
-			msg_rcpt_retry(r, m, i, -1);
-			msg_attempt_log(r, m, i, "deferred", l->name, mta, DANE_DSN, text);
-			msg_delivery_log(r, LOG_LEVEL_INFO, m, i, l->name, mta, "deferred", DANE_DSN,
-					 text, "(DANE)");
-		}
-		total += n;
-		item_schedule(r, it);
-		msg_close_file(r, m);
-	}
-	relay_logf(r, LOG_LEVEL_WARNING, "lane=%s mta=%s DANE: %s: %zu recipient(s) deferred",
-		   l->name, mta, text, total);
-	lane_arm(l, 0); /* the rest, if any, on the next round */
+	l->targets_fresh = false;
+	lane_defer_due(l, mta, DANE_DSN, "DANE", text);
 }
 
 /*
@@ -445,7 +413,7 @@ static void dane_skip(struct lane *l, const struct mx_target *tg, const char *te
 		return;
 	}
 	l->next_target = 0;
-	dane_defer(l, tg->host, text);
+	dane_deferred(l, tg->host, text);
 }
 
 int dane_prepare(struct lane *l, const struct mx_target *tg, enum smtp_out_tls *ret_tls,
@@ -461,7 +429,7 @@ int dane_prepare(struct lane *l, const struct mx_target *tg, enum smtp_out_tls *
 		snprintf(text, sizeof(text), "the MX records of %.200s are not DNSSEC-validated",
 			 l->domain ? l->domain : "?");
 		if (only) {
-			dane_defer(l, tg->host, text);
+			dane_deferred(l, tg->host, text);
 			return -1;
 		}
 		dane_status(l, "%.200s: no DANE, %.300s: opportunistic TLS", tg->host, text);

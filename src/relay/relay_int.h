@@ -43,6 +43,7 @@
 #include "log.h"
 #include "mailbox.h"
 #include "mx.h"
+#include "outcome.h"
 #include "policy.h"
 #include "queue.h"
 #include "relay.h"
@@ -395,13 +396,16 @@ void item_schedule(struct relay *r, struct lane_item *it);
 struct lane_item *rcpt_item(struct rmsg *m, size_t i);
 int msg_load(struct relay *r, const char *id);
 int msg_open_file(struct relay *r, struct rmsg *m);
-void msg_attempt_log(struct relay *r, struct rmsg *m, size_t i, const char *status,
-			const char *lane, const char *mta, const char *dsn, const char *reply);
-void msg_delivery_log(struct relay *r, enum log_level level, const struct rmsg *m, size_t i,
-			 const char *lane, const char *relay, const char *status, const char *dsn,
-			 const char *reply, const char *note);
-void msg_set_status(struct relay *r, struct rmsg *m, size_t i, char st);
-void msg_rcpt_retry(struct relay *r, struct rmsg *m, size_t i, int64_t hint_ms);
+/* The one writer of a recipient's status, next try and attempts, its log lines and the
+ * counters: recipient i of m becomes what o (outcome_decide) says; l is the lane that
+ * acted (its counters move), or NULL. */
+void msg_rcpt_settle(struct relay *r, struct rmsg *m, size_t i, struct lane *l, const char *mta,
+		     const struct outcome *o, const char *text);
+/* The operator's `sluice queue flush`: every recipient of m is due at once. */
+void msg_flush_now(struct relay *r, struct rmsg *m);
+/* Recipient i of m is taken by a transaction (busy, one more attempt). */
+void msg_rcpt_take(struct rmsg *m, size_t i);
+void msg_rcpt_release(struct rmsg *m, size_t i);
 void msg_arm_sweep(struct relay *r);
 void msg_on_sweep(evutil_socket_t fd, short what, void *arg);
 void msg_check_done(struct relay *r, struct rmsg *m);
@@ -473,6 +477,10 @@ void conn_close(struct lane_conn *rc, bool quit);
 void lane_close_idle(struct lane *l);
 void conn_idle(struct lane_conn *rc);
 void lane_signal(struct lane *l, const struct classify_result *cr, const char *text);
+/* l's due recipients wait for their retry without a transaction (their backoff), with
+ * dsn and text; what names the part that decided ("DANE"). */
+void lane_defer_due(struct lane *l, const char *mta, const char *dsn, const char *what,
+		    const char *text);
 void lane_kick(struct lane *l);
 
 /* ---- relay_dane.c: DANE ---- */
@@ -487,8 +495,9 @@ int dane_prepare(struct lane *l, const struct mx_target *tg, enum smtp_out_tls *
 bool dane_reusable(const struct lane_conn *rc, uint64_t now);
 /* Give rc its copy of dh's records (rc->dane, rc->oc).  0 or -ENOMEM. */
 int dane_attach(struct lane_conn *rc, const struct dane_host *dh);
-/* Defer l's due recipients (their retry backoff), saying why. */
-void dane_defer(struct lane *l, const char *mta, const char *text);
+/* DANE found no server of l it may send to: its status says why, and the lane defers
+ * its due recipients (lane_defer_due). */
+void dane_deferred(struct lane *l, const char *mta, const char *text);
 /* A DANE connection is set up: log and show how the server was authenticated. */
 void dane_on_ready(struct lane_conn *rc, struct smtp_out *c);
 void dane_free(struct lane *l);

@@ -350,9 +350,13 @@ static void lane_resolve(struct lane *l)
 		l->query = q;
 }
 
+/* Every recipient of l still to do and not in a transaction fails now with dsn and text
+ * (its domain cannot take mail), and the bounces follow. */
 static void lane_fail_all(struct lane *l, const char *dsn, const char *text)
 {
 	struct relay *r = l->r;
+	struct outcome o;
+	outcome_decide(&(struct outcome_in){ .ev = OUTCOME_FAIL, .dsn = dsn }, &o);
 	struct lane_item *it, *next;
 	for (it = TAILQ_FIRST(&l->items); it; it = next) {
 		next = TAILQ_NEXT(it, link);
@@ -360,26 +364,63 @@ static void lane_fail_all(struct lane *l, const char *dsn, const char *text)
 		if (m->held || m->deleted || m->bouncing || msg_open_file(r, m) < 0)
 			continue;
 		const uint32_t *ri = item_rcpts(it);
+		bool any = false;
 		for (size_t k = it->scan; k < it->nri; k++) {
 			size_t i = ri[k];
 			struct rrcpt *rr = &m->r[i];
 			if (rr->lane != l || rr->busy ||
 			    (rr->status != QUEUE_TODO && rr->status != QUEUE_UNCERTAIN))
 				continue;
-			msg_set_status(r, m, i, QUEUE_FAILED);
-			msg_attempt_log(r, m, i, "failed", l->name, "", dsn, text);
-			msg_delivery_log(r, LOG_LEVEL_NOTICE, m, i, l->name, "", "bounced", dsn, text,
-				     NULL);
-			r->st.failed++;
-			l->failed++;
+			msg_rcpt_settle(r, m, i, l, "", &o, text);
+			any = true;
 		}
-		if (m->busy == 0) {
-			enum queue_msg_state st;
-			queue_settle(r->q, m->qm, &st);
-		}
+		if (any)
+			flush_post(r, m);
 		msg_close_file(r, m);
-		msg_check_done(r, m);
+		msg_check_done(r, m); /* after the flush, and after its transactions */
 	}
+}
+
+/*
+ * l's due recipients wait for their next retry, without a transaction (DANE found no
+ * server it may send to): dsn and text say why in the attempt log and the log, and
+ * what names the part that decided ("DANE").  Each due recipient once, as a transaction would take them, and
+ * at most LANE_DEFER_BATCH messages per call (law 8): the lane is kicked for the rest.
+ */
+#define LANE_DEFER_BATCH 256
+
+void lane_defer_due(struct lane *l, const char *mta, const char *dsn, const char *what,
+		    const char *text)
+{
+	struct relay *r = l->r;
+	size_t idx[64], n = 0, total = 0, msgs = 0;
+	uint64_t now = realtime_ns(), next = UINT64_MAX;
+	struct lane_item *it;
+	char note[64];
+	snprintf(note, sizeof(note), "(%s)", what);
+	struct outcome o;
+	outcome_decide(&(struct outcome_in){ .ev = OUTCOME_DEFER, .dsn = dsn, .note = note }, &o);
+	while (msgs++ < LANE_DEFER_BATCH &&
+	       (it = lane_pick(l, now, sizeof(idx) / sizeof(idx[0]), idx, &n, &next)) != NULL) {
+		struct rmsg *m = it->m;
+		if (msg_open_file(r, m) < 0) {
+			/* gone (deleted behind the relay's back) or unreadable: forgotten, as
+			 * tx_start() does */
+			if (m->busy == 0)
+				msg_free(r, m);
+			else
+				m->deleted = true;
+			continue;
+		}
+		for (size_t k = 0; k < n; k++)
+			msg_rcpt_settle(r, m, idx[k], l, mta, &o, text);
+		total += n;
+		item_schedule(r, it);
+		msg_close_file(r, m);
+	}
+	relay_logf(r, LOG_LEVEL_WARNING, "lane=%s mta=%s %s: %s: %zu recipient(s) deferred",
+		   l->name, mta, what, text, total);
+	lane_arm(l, 0); /* the rest, if any, on the next round */
 }
 
 static void on_resolved(void *arg, int error, const struct mx_target *t, size_t n)
@@ -641,7 +682,7 @@ static void on_ready(void *arg, struct smtp_out *c, const struct smtp_out_result
 			 : dfail == SMTP_DANE_FAIL_NAME
 			 ? "the server's certificate does not name the MX host (DANE-TA)"
 			 : "the TLS its TLSA records require failed", text);
-		dane_defer(l, peer, why);
+		dane_deferred(l, peer, why);
 		return;
 	}
 	struct classify_result cr;

@@ -616,7 +616,7 @@ int msg_open_file(struct relay *r, struct rmsg *m)
 
 /* One line of the attempt history: "ts=US rcpt=I status=S lane=L mta=M dsn=X.Y.Z reply=..."
  * -- the reply last, as it may hold anything but a newline.  The DSN reads these back. */
-void msg_attempt_log(struct relay *r, struct rmsg *m, size_t i, const char *status,
+static void attempt_log(struct relay *r, struct rmsg *m, size_t i, const char *status,
 			const char *lane, const char *mta, const char *dsn, const char *reply)
 {
 	char line[1600];
@@ -636,7 +636,7 @@ void msg_attempt_log(struct relay *r, struct rmsg *m, size_t i, const char *stat
  * status: sent, deferred, bounced, suspended, uncertain.  The address and the reply are
  * quoted (log_quote): the reply is the relay's text, the address came from a client.
  */
-void msg_delivery_log(struct relay *r, enum log_level level, const struct rmsg *m, size_t i,
+static void delivery_log(struct relay *r, enum log_level level, const struct rmsg *m, size_t i,
 			 const char *lane, const char *relay, const char *status, const char *dsn,
 			 const char *reply, const char *note)
 {
@@ -652,7 +652,7 @@ void msg_delivery_log(struct relay *r, enum log_level level, const struct rmsg *
 	     (unsigned)m->r[i].attempts, note ? " " : "", note ? note : "");
 }
 
-void msg_set_status(struct relay *r, struct rmsg *m, size_t i, char st)
+static void set_status(struct relay *r, struct rmsg *m, size_t i, char st)
 {
 	struct rrcpt *rr = &m->r[i];
 	bool was_pending = rr->status == QUEUE_TODO || rr->status == QUEUE_UNCERTAIN;
@@ -678,7 +678,7 @@ void msg_set_status(struct relay *r, struct rmsg *m, size_t i, char st)
 	}
 }
 
-void msg_rcpt_retry(struct relay *r, struct rmsg *m, size_t i, int64_t hint_ms)
+static void rcpt_retry(struct relay *r, struct rmsg *m, size_t i, int64_t hint_ms)
 {
 	struct rrcpt *rr = &m->r[i];
 	const struct relay_conf *c = &r->crt->conf;
@@ -699,9 +699,79 @@ void msg_rcpt_retry(struct relay *r, struct rmsg *m, size_t i, int64_t hint_ms)
 	if (e < 0)
 		relay_logf(r, LOG_LEVEL_WARNING, "qid=%s rcpt=%zu retry time cannot be kept: %s "
 			   "(after a restart it is due at once)", m->id, i, strerror(-e));
-	r->st.deferred++;
-	if (rr->lane)
-		rr->lane->deferred++;
+}
+
+/*
+ * The one writer of a recipient's fate: recipient i of m becomes what o says (its
+ * status byte written in place, its attempts, its next try kept in the retry journal),
+ * its attempt-log and delivery lines are written, and the counters move (the relay's,
+ * and those of l, the lane that acted, or NULL).  mta: the server's name ("" none);
+ * text: the reply or the reason.  m's file must be open for the status byte to be
+ * written (else the error is logged: the recipient is sent again after a restart); the
+ * caller hands the bytes to the flusher (flush_post) once it has written them all.
+ */
+void msg_rcpt_settle(struct relay *r, struct rmsg *m, size_t i, struct lane *l, const char *mta,
+		     const struct outcome *o, const char *text)
+{
+	struct rrcpt *rr = &m->r[i];
+	const char *lane = l ? l->name : "-";
+	if (o->attempts < 0 && rr->attempts)
+		rr->attempts--;
+	else if (o->attempts > 0)
+		rr->attempts++;
+	if (o->status)
+		set_status(r, m, i, o->status);
+	if (o->next == OUTCOME_NEXT_NOW) {
+		rr->next_try = 0;
+	} else if (o->next == OUTCOME_NEXT_BACKOFF) {
+		rcpt_retry(r, m, i, o->hint_ms);
+		r->st.deferred++;
+		if (l)
+			l->deferred++;
+	}
+	if (o->attempt)
+		attempt_log(r, m, i, o->attempt, lane, mta, o->attempt_dsn ? o->dsn : "", text);
+	if (o->word)
+		delivery_log(r, o->level, m, i, lane, mta, o->word, o->dsn, text, o->note);
+	switch (o->count) {
+	case OUTCOME_COUNT_NONE:
+		break;
+	case OUTCOME_COUNT_DELIVERED:
+		r->st.delivered++;
+		if (l)
+			l->delivered++;
+		break;
+	case OUTCOME_COUNT_FAILED:
+		r->st.failed++;
+		if (l)
+			l->failed++;
+		break;
+	case OUTCOME_COUNT_UNCERTAIN:
+		r->st.uncertain++;
+		break;
+	}
+}
+
+/* The operator's `sluice queue flush`: every recipient of m is due at once. */
+void msg_flush_now(struct relay *r, struct rmsg *m)
+{
+	struct outcome o;
+	outcome_decide(&(struct outcome_in){ .ev = OUTCOME_DUE_NOW }, &o);
+	for (size_t i = 0; i < m->nrcpt; i++)
+		msg_rcpt_settle(r, m, i, m->r[i].lane, "", &o, NULL);
+}
+
+/* Recipient i of m is taken by a transaction: busy, and one more attempt. */
+void msg_rcpt_take(struct rmsg *m, size_t i)
+{
+	m->r[i].busy = true;
+	m->r[i].attempts++;
+}
+
+/* Its transaction is over (its outcome was settled before). */
+void msg_rcpt_release(struct rmsg *m, size_t i)
+{
+	m->r[i].busy = false;
 }
 
 /* ---- the sweep: expiry, bounces that could not be queued, history ---- */
@@ -718,25 +788,20 @@ int msg_fail_pending(struct relay *r, struct rmsg *m, const char *dsn, const cha
 	int e = msg_open_file(r, m);
 	if (e < 0)
 		return e;
+	struct outcome o;
+	outcome_decide(&(struct outcome_in){ .ev = OUTCOME_FAIL, .dsn = dsn }, &o);
 	bool any = false;
 	for (size_t i = 0; i < m->nrcpt; i++) {
 		char s = m->r[i].status;
-		if (s != QUEUE_TODO && s != QUEUE_UNCERTAIN)
-			continue;
-		msg_set_status(r, m, i, QUEUE_FAILED);
-		msg_attempt_log(r, m, i, "failed", m->r[i].lane ? m->r[i].lane->name : "-", "", dsn,
-			    text);
-		msg_delivery_log(r, LOG_LEVEL_NOTICE, m, i, m->r[i].lane ? m->r[i].lane->name : "-", "",
-			     "bounced", dsn, text, NULL);
-		r->st.failed++;
-		any = true;
+		if (s == QUEUE_TODO || s == QUEUE_UNCERTAIN) {
+			msg_rcpt_settle(r, m, i, m->r[i].lane, "", &o, text);
+			any = true;
+		}
 	}
-	if (any) {
-		enum queue_msg_state st;
-		queue_settle(r->q, m->qm, &st);
-	}
+	if (any)
+		flush_post(r, m);
 	msg_close_file(r, m);
-	msg_check_done(r, m);
+	msg_check_done(r, m); /* after the flush */
 	return 0;
 }
 

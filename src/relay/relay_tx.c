@@ -153,8 +153,7 @@ bool tx_start(struct lane *l, struct lane_conn *rc, uint64_t now, bool budget_ta
 		/* the queue's NOTIFY bits are the codec's (intake_service.c checks) */
 		t->dsn[k] = (struct smtp_out_rcpt_dsn){ .notify = m->r[t->idx[k]].notify,
 							.orcpt = m->qm->ix.rcpt[t->idx[k]].orcpt };
-		m->r[t->idx[k]].busy = true;
-		m->r[t->idx[k]].attempts++;
+		msg_rcpt_take(m, t->idx[k]);
 	}
 	/* the rest of the message in this lane: still due, waiting, or nothing */
 	item_schedule(r, it);
@@ -236,78 +235,32 @@ void tx_send(struct tx *t)
 	}
 }
 
-static void dsn_code(const struct smtp_reply *rep, char def, char *out, size_t len)
-{
-	if (rep && rep->enh_class)
-		snprintf(out, len, "%d.%d.%d", rep->enh_class, rep->enh_subject, rep->enh_detail);
-	else
-		snprintf(out, len, "%c.0.0", def);
-}
-
-/* A recipient's own outcome. */
+/*
+ * Recipient k of t learned its fate: cr classified its reply rep (text: the reply, for
+ * the logs).  The lane's throttling is kept in sig (a suspension over a slow-down) for
+ * the lane to act on once every recipient is done.
+ */
 static void rcpt_outcome(struct relay *r, struct tx *t, size_t k, const struct classify_result *cr,
 			 const struct smtp_reply *rep, const char *text, const char *mta,
 			 struct classify_result *sig, char *sigtext, size_t siglen)
 {
-	struct rmsg *m = t->m;
-	struct lane *l = t->lane;
 	size_t i = t->idx[k];
-	char dsn[16];
-	switch (cr->verdict) {
-	case CLASSIFY_OK:
-		/* N: delivered, a relayed notice owed (the byte keeps the debt across a crash) */
-		msg_set_status(r, m, i, m->r[i].relayed ? QUEUE_RELAYED : QUEUE_DELIVERED);
-		msg_attempt_log(r, m, i, m->r[i].relayed ? "relayed" : "sent", l->name, mta, "", text);
-		dsn_code(rep, '2', dsn, sizeof(dsn));
-		msg_delivery_log(r, LOG_LEVEL_INFO, m, i, l->name, mta, "sent", dsn, text, NULL);
-		r->st.delivered++;
-		l->delivered++;
-		break;
-	case CLASSIFY_FAIL:
-		dsn_code(rep, '5', dsn, sizeof(dsn));
-		msg_set_status(r, m, i, QUEUE_FAILED);
-		msg_attempt_log(r, m, i, "failed", l->name, mta, dsn, text);
-		msg_delivery_log(r, LOG_LEVEL_NOTICE, m, i, l->name, mta, "bounced", dsn, text, NULL);
-		r->st.failed++;
-		l->failed++;
-		break;
-	case CLASSIFY_RETRY:
-		if (rep && ((rep->code == 452 && (!rep->enh_class || (rep->enh_subject == 5 &&
-									 rep->enh_detail == 3))) ||
-			    (rep->code == 552 && rep->enh_class == 5 && rep->enh_subject == 5 &&
-			     rep->enh_detail == 3))) {
-			/* too many recipients (RFC 5321 4.5.3.1.10): the next transaction */
-			m->r[i].next_try = 0;
-			if (m->r[i].attempts)
-				m->r[i].attempts--;
-			msg_attempt_log(r, m, i, "deferred", l->name, mta, "", text);
-			dsn_code(rep, '4', dsn, sizeof(dsn));
-			msg_delivery_log(r, LOG_LEVEL_INFO, m, i, l->name, mta, "deferred", dsn, text,
-				     "(too many recipients: the next transaction)");
-			break;
-		}
-		msg_rcpt_retry(r, m, i, cr->for_ms);
-		msg_attempt_log(r, m, i, "deferred", l->name, mta, "", text);
-		dsn_code(rep, '4', dsn, sizeof(dsn));
-		msg_delivery_log(r, LOG_LEVEL_INFO, m, i, l->name, mta, "deferred", dsn, text, NULL);
-		break;
-	case CLASSIFY_SUSPEND:
-	case CLASSIFY_SLOW:
-		/* the lane's problem, not the recipient's: it stays as it was, due again as
-		 * soon as the lane sends, and the attempt does not count for its backoff */
-		m->r[i].next_try = 0;
-		if (m->r[i].attempts)
-			m->r[i].attempts--;
-		dsn_code(rep, '4', dsn, sizeof(dsn));
-		msg_delivery_log(r, LOG_LEVEL_INFO, m, i, l->name, mta,
-			     cr->verdict == CLASSIFY_SUSPEND ? "suspended" : "deferred", dsn, text,
-			     "(the lane's throttling: the recipient stays queued)");
-		if (sig->verdict != CLASSIFY_SUSPEND) {
-			*sig = *cr;
-			snprintf(sigtext, siglen, "%s", text);
-		}
-		break;
+	struct outcome o;
+	outcome_decide(&(struct outcome_in){ .ev = OUTCOME_REPLY, .cr = cr, .rep = rep,
+					     .relayed = t->m->r[i].relayed }, &o);
+	msg_rcpt_settle(r, t->m, i, t->lane, mta, &o, text);
+	if (o.lane_signal && sig->verdict != CLASSIFY_SUSPEND) {
+		*sig = *cr;
+		snprintf(sigtext, siglen, "%s", text);
 	}
+}
+
+/* Recipient k of t was not tried: due again at once, nothing said. */
+static void rcpt_not_tried(struct relay *r, struct tx *t, size_t k)
+{
+	struct outcome o;
+	outcome_decide(&(struct outcome_in){ .ev = OUTCOME_NOT_TRIED }, &o);
+	msg_rcpt_settle(r, t->m, t->idx[k], t->lane, "", &o, NULL);
 }
 
 /* Recipient k's RCPT reply (code 0: none). */
@@ -372,15 +325,11 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 				rcpt_outcome(r, t, k, &cr, rep, rt, mta, &sig, sigtext, sizeof(sigtext));
 				continue;
 			}
-			msg_set_status(r, m, i, QUEUE_UNCERTAIN);
-			msg_attempt_log(r, m, i, "uncertain", l->name, mta, "", text);
-			msg_delivery_log(r, LOG_LEVEL_WARNING, m, i, l->name, mta, "uncertain", "4.4.2",
-				     text, conf->uncertain == RELAY_UNCERTAIN_HOLD
-				     ? "(lost after the message was sent: held)"
-				     : "(lost after the message was sent: sent again later, possibly "
-				       "twice)");
-			r->st.uncertain++;
-			msg_rcpt_retry(r, m, i, -1);
+			struct outcome o;
+			outcome_decide(&(struct outcome_in){
+					       .ev = OUTCOME_UNCERTAIN,
+					       .hold = conf->uncertain == RELAY_UNCERTAIN_HOLD }, &o);
+			msg_rcpt_settle(r, m, i, l, mta, &o, text);
 		}
 		if (conf->uncertain == RELAY_UNCERTAIN_HOLD) {
 			/* written, so that `sluice queue` shows it and a restart keeps it */
@@ -408,7 +357,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 				continue;
 			}
 			if (!rep->code) {
-				m->r[t->idx[k]].next_try = 0;
+				rcpt_not_tried(r, t, k);
 				continue;
 			}
 			lane_classify(l, rc->cls, SMTP_STAGE_RCPT, 0, rep, &once, &cr);
@@ -425,7 +374,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 			/* a reused connection the server had closed: not the lane's fault */
 			cr = (struct classify_result){ .verdict = CLASSIFY_SUSPEND, .for_ms = -1 };
 			for (size_t k = 0; k < t->n; k++)
-				m->r[t->idx[k]].next_try = 0;
+				rcpt_not_tried(r, t, k);
 		} else if (res->error == -EMSGSIZE) {
 			cr = (struct classify_result){ .verdict = CLASSIFY_FAIL, .for_ms = -1 };
 			snprintf(text, sizeof(text), "552 5.3.4 message of %" PRIu64 " bytes exceeds "
@@ -455,7 +404,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 
 	thr_once_clear(&once);
 	for (size_t k = 0; k < t->n; k++)
-		m->r[t->idx[k]].busy = false;
+		msg_rcpt_release(m, t->idx[k]);
 	m->busy--;
 	/* its recipients' new retry times (or none left) place the items again: in every
 	 * lane they are routed to now (l's domain may have joined a group meanwhile, or a
