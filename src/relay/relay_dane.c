@@ -53,7 +53,6 @@
 #include "util.h"
 
 #define DANE_CACHE_MAX 65536    /* hosts in the relay's TLSA cache */
-#define DANE_DSN "4.7.5"        /* RFC 3463: cryptographic failure */
 
 enum dane_state {
 	DH_EMPTY = 0,
@@ -255,24 +254,23 @@ static struct dane_host *dane_host_get(struct relay *r, const char *host, uint16
 	return dh;
 }
 
-/* l waits for dh's lookup: kicked at its end. */
-static void dane_wait(struct lane *l, struct dane_host *dh)
+/* l waits for dh's lookup: kicked at its end.  False without memory (the lane polls). */
+static bool dane_wait(struct lane *l, struct dane_host *dh)
 {
 	if (l->dane_wait == dh)
-		return;
+		return true;
 	dane_unwait(l);
 	if (dh->nwait == dh->wait_cap) {
 		size_t nc = dh->wait_cap ? dh->wait_cap * 2 : 4;
 		struct lane **nw = realloc(dh->waiters, nc * sizeof(*nw));
-		if (!nw) {
-			lane_arm(l, UINT64_C(1000000000)); /* no memory: polled */
-			return;
-		}
+		if (!nw)
+			return false;
 		dh->waiters = nw;
 		dh->wait_cap = nc;
 	}
 	dh->waiters[dh->nwait++] = l;
 	l->dane_wait = dh;
+	return true;
 }
 
 /* The usable records of a validated answer into dh (DH_RECORDS), or DH_UNUSABLE. */
@@ -356,8 +354,8 @@ static void dane_on_tlsa(void *arg, int error, const struct mx_tlsa_answer *a)
 	} else {
 		dh->failures = 0;
 	}
-	relay_logf(r, dh->reason == DR_UNREAD ? LOG_LEVEL_WARNING : LOG_LEVEL_DEBUG, "dane: %s",
-		   dane_why(dh, why, sizeof(why)));
+	base_logf(r, dh->reason == DR_UNREAD ? LOG_LEVEL_WARNING : LOG_LEVEL_DEBUG, "dane: %s",
+		  dane_why(dh, why, sizeof(why)));
 	/* the waiters are kicked (lanes are not freed by a kick: relay_msg.c's sweep is a
 	 * timer); one that looks up again meanwhile waits on a new list */
 	struct lane **w = dh->waiters;
@@ -367,7 +365,7 @@ static void dane_on_tlsa(void *arg, int error, const struct mx_tlsa_answer *a)
 	for (size_t i = 0; i < nw; i++)
 		w[i]->dane_wait = NULL;
 	for (size_t i = 0; i < nw; i++)
-		lane_kick(w[i]);
+		r->up.kick(w[i]);
 	free(w);
 }
 
@@ -385,14 +383,14 @@ static void dane_status(struct lane *l, const char *fmt, ...)
 }
 
 /*
- * The lane's due recipients wait for their next retry (the lane defers them): text says
- * why.  Shown in `sluice lanes`; the next attempt looks the MX hosts up again if due.
+ * DANE found no server of l it may send to: `sluice lanes` says why, and the next attempt
+ * looks the MX hosts up again if due.  The lane defers its due recipients
+ * (lane_defer_due).
  */
-void dane_deferred(struct lane *l, const char *mta, const char *text)
+void dane_defer_status(struct lane *l, const char *mta, const char *text)
 {
 	dane_status(l, "%.200s: DEFERRED: %.300s", mta, text);
 	l->targets_fresh = false;
-	lane_defer_due(l, mta, DANE_DSN, "DANE", text);
 }
 
 /*
@@ -400,24 +398,27 @@ void dane_deferred(struct lane *l, const char *mta, const char *text)
  * is skipped as one that cannot be reached: the next MX host (past tg's other
  * addresses) is tried; once every one was, the due recipients are deferred.
  */
-static void dane_skip(struct lane *l, const struct mx_target *tg, const char *text)
+static enum dane_verdict dane_skip(struct lane *l, const struct mx_target *tg, const char *text,
+				   char *why, size_t whylen)
 {
 	size_t i = l->next_target % l->ntargets;
 	while (i + 1 < l->ntargets && strcasecmp(l->targets[i + 1].host, tg->host) == 0)
 		i++;
 	if (i + 1 < l->ntargets) {
-		relay_logf(l->r, LOG_LEVEL_NOTICE, "lane=%s mta=%s DANE: %s: the next MX host",
-			   l->name, tg->host, text);
+		base_logf(l->r, LOG_LEVEL_NOTICE, "lane=%s mta=%s DANE: %s: the next MX host",
+			  l->name, tg->host, text);
 		l->next_target = (unsigned)(i + 1);
-		lane_arm(l, 0);
-		return;
+		return DANE_NEXT_MX;
 	}
 	l->next_target = 0;
-	dane_deferred(l, tg->host, text);
+	dane_defer_status(l, tg->host, text);
+	snprintf(why, whylen, "%s", text);
+	return DANE_DEFER;
 }
 
-int dane_prepare(struct lane *l, const struct mx_target *tg, enum smtp_out_tls *ret_tls,
-		 const struct dane_host **ret_dh, uint64_t *ret_until)
+enum dane_verdict dane_prepare(struct lane *l, const struct mx_target *tg,
+			       enum smtp_out_tls *ret_tls, const struct dane_host **ret_dh,
+			       uint64_t *ret_until, char *why, size_t whylen)
 {
 	struct relay *r = l->r;
 	bool only = l->rt->conf->tls == SMTP_TLS_DANE_ONLY;
@@ -429,30 +430,27 @@ int dane_prepare(struct lane *l, const struct mx_target *tg, enum smtp_out_tls *
 		snprintf(text, sizeof(text), "the MX records of %.200s are not DNSSEC-validated",
 			 l->domain ? l->domain : "?");
 		if (only) {
-			dane_deferred(l, tg->host, text);
-			return -1;
+			dane_defer_status(l, tg->host, text);
+			snprintf(why, whylen, "%s", text);
+			return DANE_DEFER;
 		}
 		dane_status(l, "%.200s: no DANE, %.300s: opportunistic TLS", tg->host, text);
 		*ret_tls = SMTP_TLS_MAY;
-		return 1;
+		return DANE_GO;
 	}
 	uint16_t port = ntohs(tg->addr.ss_family == AF_INET
 				      ? ((const struct sockaddr_in *)&tg->addr)->sin_port
 				      : ((const struct sockaddr_in6 *)&tg->addr)->sin6_port);
 	struct dane_host *dh = dane_host_get(r, tg->host, port);
-	if (!dh) {
-		lane_arm(l, UINT64_C(1000000000)); /* out of memory, or the cache is full */
-		return 0;
-	}
-	if (dh->state == DH_LOOKING) {
-		dane_wait(l, dh);
-		return 0;
-	}
+	if (!dh)
+		return DANE_POLL; /* out of memory, or the cache is full */
+	if (dh->state == DH_LOOKING)
+		return dane_wait(l, dh) ? DANE_WAIT : DANE_POLL;
 	uint64_t now = realtime_ns();
 	if (dh->state == DH_EMPTY || (now >= dh->until && !dh->fresh)) {
 		struct mx_query *q = NULL;
 		dh->state = DH_LOOKING;
-		dh->q = (struct mx_query *)1; /* as lane_resolve(): done() may come first */
+		dh->q = (struct mx_query *)1; /* as conn_resolve(): done() may come first */
 		int e = mx_tlsa_lookup(r->dns, dh->host, port, dane_on_tlsa, dh, &q);
 		if (e == -EINVAL) {
 			/* _PORT._tcp.HOST is longer than a name can be: no TLSA record can exist */
@@ -471,41 +469,39 @@ int dane_prepare(struct lane *l, const struct mx_target *tg, enum smtp_out_tls *
 		} else {
 			if (dh->q)
 				dh->q = q;
-			dane_wait(l, dh);
-			return 0;
+			return dane_wait(l, dh) ? DANE_WAIT : DANE_POLL;
 		}
 	}
 	dh->fresh = false;
 	if (dh->until < *ret_until)
 		*ret_until = dh->until;
-	char why[500];
-	dane_why(dh, why, sizeof(why));
+	char state[500];
+	dane_why(dh, state, sizeof(state));
 	switch (dh->state) {
 	case DH_RECORDS:
 		*ret_tls = SMTP_TLS_REQUIRE;
 		*ret_dh = dh;
-		return 1;
+		return DANE_GO;
 	case DH_UNUSABLE:
 		if (!only) {
-			dane_status(l, "%.200s: %.300s", tg->host, why);
+			dane_status(l, "%.200s: %.300s", tg->host, state);
 			*ret_tls = SMTP_TLS_REQUIRE; /* RFC 7672 2.2: "encrypt", no cleartext */
-			return 1;
+			return DANE_GO;
 		}
 		break;
 	case DH_NONE:
 		if (!only) {
-			dane_status(l, "%.200s: no DANE, %.300s: opportunistic TLS", tg->host, why);
+			dane_status(l, "%.200s: no DANE, %.300s: opportunistic TLS", tg->host, state);
 			*ret_tls = SMTP_TLS_MAY;
-			return 1;
+			return DANE_GO;
 		}
 		break;
 	default:
 		break;
 	}
-	snprintf(text, sizeof(text), "%.400s%s", why,
+	snprintf(text, sizeof(text), "%.400s%s", state,
 		 only && dh->state != DH_FAILED ? " (dane-only: no delivery without DANE)" : "");
-	dane_skip(l, tg, text);
-	return -1;
+	return dane_skip(l, tg, text, why, whylen);
 }
 
 bool dane_reusable(const struct lane_conn *rc, uint64_t now)
@@ -548,9 +544,9 @@ void dane_on_ready(struct lane_conn *rc, struct smtp_out *c)
 		char text[160];
 		snprintf(text, sizeof(text), "DANE verified: TLSA %s", auth);
 		dane_status(l, "%.200s: %.90s", smtp_out_peer(c), text);
-		relay_logf(l->r, LOG_LEVEL_INFO, "lane=%s mta=%s %s", l->name, smtp_out_peer(c), text);
+		base_logf(l->r, LOG_LEVEL_INFO, "lane=%s mta=%s %s", l->name, smtp_out_peer(c), text);
 	} else {
-		relay_logf(l->r, LOG_LEVEL_INFO, "lane=%s mta=%s no DANE: TLS %s (%s)", l->name,
-			   smtp_out_peer(c), *auth ? auth : "not used", l->dane_status);
+		base_logf(l->r, LOG_LEVEL_INFO, "lane=%s mta=%s no DANE: TLS %s (%s)", l->name,
+			  smtp_out_peer(c), *auth ? auth : "not used", l->dane_status);
 	}
 }
