@@ -33,6 +33,7 @@
 #include "daemon.h"
 #include "engine.h"
 #include "fd_plan.h"
+#include "lease.h"
 #include "listen.h"
 #include "live_sessions.h"
 #include "metrics.h"
@@ -49,7 +50,6 @@
 #include "relay.h"
 #include "relay_control.h"
 #include "policy_control.h"
-#include "sessions.h"
 #include "store.h"
 #include "util.h"
 
@@ -61,8 +61,7 @@ struct bound {
 };
 
 struct daemon {
-	uint64_t *renewed;       /* sessions rules' keys renewed at the last beat, sorted */
-	size_t nrenewed;
+	struct lease lease;      /* what the last lease renewal renewed */
 	struct bound bound[4 * CONFIG_MAX_LISTEN];
 	size_t nbound;
 	struct event_base *base;
@@ -459,96 +458,13 @@ static bool store_same(const struct sluice_config *a, const struct sluice_config
 	return same;
 }
 
-/*
- * The leases of the slots of sessions rules ("s:" and the (rule, key) hash, see
- * policy.c), in chunks of 256.  XXX every key held is renewed at every beat: a cost in
- * the number of keys held (sessions at once), not in decisions.
- */
-#define SESSIONS_RENEW_MAX 1000000u
-
-struct renew_pair {
-	uint64_t hash;
-	unsigned count;
-};
-
-static int renew_cmp(const void *a, const void *b)
-{
-	uint64_t x = ((const struct renew_pair *)a)->hash, y = ((const struct renew_pair *)b)->hash;
-	return x < y ? -1 : x > y;
-}
-
-static void renew_sessions(struct daemon *d)
-{
-	enum { CHUNK = 256 };
-	uint64_t held, lost;
-	sessions_stats(&held, &lost);
-	if (held == 0 && d->nrenewed == 0)
-		return;
-	/* room for those that come while the list is made (later ones wait a beat), and for
-	 * the keys renewed last time that are gone now: they are renewed with 0, so that a
-	 * renewal that crossed their last release on another connection cannot keep a
-	 * phantom slot for a whole lease */
-	size_t max = held + 64 < SESSIONS_RENEW_MAX ? (size_t)held + 64 : SESSIONS_RENEW_MAX;
-	uint64_t *hash = malloc(max * sizeof(*hash));
-	unsigned *count = malloc(max * sizeof(*count));
-	struct renew_pair *v = malloc((max + d->nrenewed) * sizeof(*v));
-	if (!hash || !count || !v) {
-		free(hash);
-		free(count);
-		free(v);
-		return;
-	}
-	size_t now_held = sessions_list(hash, count, max), n = now_held;
-	for (size_t i = 0; i < now_held; i++)
-		v[i] = (struct renew_pair){ hash[i], count[i] };
-	free(count);
-	qsort(v, now_held, sizeof(*v), renew_cmp);
-	for (size_t i = 0, k = 0; i < d->nrenewed; i++) {
-		while (k < now_held && v[k].hash < d->renewed[i])
-			k++;
-		if (k == now_held || v[k].hash != d->renewed[i])
-			v[n++] = (struct renew_pair){ d->renewed[i], 0 };
-	}
-	for (size_t at = 0; at < n; at += CHUNK) {
-		char names[CHUNK][24];
-		const char *ptrs[CHUNK];
-		unsigned counts[CHUNK];
-		size_t k = n - at < CHUNK ? n - at : CHUNK;
-		for (size_t i = 0; i < k; i++) {
-			fmt_fixed(names[i], sizeof(names[i]), "s:%016llx",
-				  (unsigned long long)v[at + i].hash);
-			ptrs[i] = names[i];
-			counts[i] = v[at + i].count;
-		}
-		d->store->ops->slots_renew(d->store->ctx, ptrs, counts, k);
-	}
-	/* the keys renewed with a count, sorted, for the next beat */
-	for (size_t i = 0; i < now_held; i++)
-		hash[i] = v[i].hash;
-	free(v);
-	free(d->renewed);
-	d->renewed = hash;
-	d->nrenewed = now_held;
-}
-
-/* Renew this node's class-slot leases in the shared store, with its own counts. */
+/* Renew this node's leases in the shared store, with its own counts. */
 static void on_lease(evutil_socket_t fd, short what, void *arg)
 {
 	struct daemon *d = arg;
 	(void)fd;
 	(void)what;
-	char names[256][64];
-	unsigned counts[256];
-	const char *ptrs[256];
-	size_t n = class_registry_counts(names, counts, 256);
-	for (size_t i = 0; i < n; i++)
-		ptrs[i] = names[i];
-	/* also with no class: the main loop's connection is made at start, so a Redis that
-	 * cannot be reached or refuses the password is reported before any mail comes */
-	if (d->store->ops->slots_renew) {
-		d->store->ops->slots_renew(d->store->ctx, ptrs, counts, n);
-		renew_sessions(d);
-	}
+	lease_renew(&d->lease, d->store);
 	uint64_t every = (uint64_t)d->cfg->store.lease_ms / 3;
 	arm_timer(d->ev_lease, (int64_t)(every ? every : 1000));
 }
@@ -1642,7 +1558,7 @@ int daemon_main(int argc, char **argv)
 	/* the store's connections live on the loops: freed while the loops still exist */
 	save_snapshot(&d);
 	d.store = store_free(d.store);
-	free(d.renewed);
+	lease_clear(&d.lease);
 	d.relay = relay_free(d.relay);
 	d.queue = queue_free(d.queue);
 	engine_free(d.e);
