@@ -699,6 +699,7 @@ int daemon_main(int argc, char **argv)
 	}
 	struct daemon d = { .config_path = path, .started_ms = now_ms() };
 	pthread_mutex_init(&d.cfg_lock, NULL);
+	pthread_mutex_init(&d.reload_lock, NULL);
 	config_resolve_listen_hosts(true); /* this load's listeners are bound (or checked) */
 	int cr = config_load(path, &d.cfg, err, sizeof(err));
 	config_resolve_listen_hosts(false); /* reloads bind nothing */
@@ -907,6 +908,7 @@ int daemon_main(int argc, char **argv)
 	if (d.queue)
 		queue_drain(d.queue); /* every commit answered while the workers still run */
 	engine_stop(d.e);
+	reload_forget(&d);
 	/* the store's connections live on the loops: freed while the loops still exist */
 	daemon_timers_snapshot(&d);
 	d.store = store_free(d.store);
@@ -929,6 +931,7 @@ int daemon_main(int argc, char **argv)
 	free(d.pid_file);
 	config_free(d.cfg);
 	pthread_mutex_destroy(&d.cfg_lock);
+	pthread_mutex_destroy(&d.reload_lock);
 	log_notice("sluiced stopped");
 	return 0;
 }

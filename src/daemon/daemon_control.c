@@ -7,12 +7,12 @@
  * theirs; the table binds them with a line each.
  *
  * Handlers run on a control session's worker: they read the running configuration under
- * cfg_lock.
+ * cfg_lock and never load or block; `reload` asks the main thread (reload.c) and answers
+ * once it is done.
  */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
-#include <signal.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -210,21 +210,8 @@ static int cmd_reload(struct daemon *d, size_t argc, const struct str *argv, boo
 	(void)argc;
 	(void)argv;
 	(void)json;
-	(void)w;
-	/* Check the file here so the operator sees the error; the main thread
-	 * reloads (and checks again) on the signal. */
-	char err[1024];
-	struct sluice_config *nc = NULL;
-	if (config_load(d->config_path, &nc, err, sizeof(err)) < 0) {
-		buf_printf(out, "%s\nthe running configuration is kept\n", err);
-		*ret_ok = false;
-		return 0;
-	}
-	config_free(nc);
-	kill(getpid(), SIGHUP);
-	buf_printf(out, "reloading %s\n", d->config_path);
-	*ret_ok = true;
-	return 0;
+	/* the main thread loads the file, as on SIGHUP, and answers when it is done */
+	return reload_ask(d, out, ret_ok, w);
 }
 
 static int cmd_limits(struct daemon *d, size_t argc, const struct str *argv, bool json,

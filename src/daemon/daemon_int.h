@@ -14,7 +14,8 @@
  * Invariants: only the main thread writes d->cfg (at start, then reload.c's swap), under
  * cfg_lock; the other threads (control sessions on the workers, the metrics thread)
  * read it under that lock, and the main thread reads it without.  reload.c is called by
- * daemon.c alone.
+ * daemon.c and daemon_control.c; the timers and the handlers call nothing of reload.c
+ * but reload_ask().
  */
 #ifndef SLUICE_DAEMON_INT_H
 #define SLUICE_DAEMON_INT_H
@@ -42,6 +43,7 @@ struct event_base;
 struct metrics;
 struct queue;
 struct relay;
+struct reload_ask;
 struct store;
 
 /* A socket bound before the drop, waiting for its service. */
@@ -80,6 +82,8 @@ struct daemon {
 	rlim_t nofile;
 	unsigned fds_open; /* descriptors open before the parts started (fd_plan) */
 	unsigned fds_held; /* held back from the sessions: the plan's, or as counted once up */
+	pthread_mutex_t reload_lock;     /* guards reload_asked */
+	struct reload_ask *reload_asked; /* `sluice reload`s waiting for the next reload */
 };
 
 /* ---- daemon.c ---- */
@@ -121,8 +125,13 @@ struct control_owner daemon_control_owner(struct daemon *d);
 
 /* ---- reload.c ---- */
 
-/* Load the configuration again and swap it in, or keep the running one (logged).  Main
- * thread (SIGHUP). */
+/* Load the configuration again and swap it in, or keep the running one (logged); then
+ * answer every `sluice reload` that asked before it began.  Main thread (SIGHUP). */
 void reload_run(struct daemon *d);
+/* `sluice reload`, on a control session's worker: ask the main thread for a reload (as
+ * SIGHUP does) and answer through w once it is done.  Returns as control_owner.run(). */
+int reload_ask(struct daemon *d, struct buf *out, bool *ret_ok, struct control_wait *w);
+/* Free the asks the main thread never took (once the workers are stopped). */
+void reload_forget(struct daemon *d);
 
 #endif

@@ -5,7 +5,11 @@
  * service given its part; sessions keep the rule set they started with.  A load that
  * fails keeps the running configuration and says why, with file, line and key.
  *
- * SIGHUP asks for a reload (`sluice reload` sends it).
+ * SIGHUP asks for a reload; so does `sluice reload`, whose control session waits on its
+ * worker (reload_ask()) for the main thread to load the file and answer it through
+ * worker_call(): the configuration is never loaded on a loop that serves sessions.  The
+ * asks are a list under reload_lock; the main thread takes the whole list as a reload
+ * begins, so each ask is answered by a reload that began after it was made.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -26,6 +30,16 @@
 #include "relay.h"
 #include "store.h"
 #include "util.h"
+
+/* A `sluice reload` waiting for the main thread. */
+struct reload_ask {
+	struct reload_ask *next;  /* in d->reload_asked, under reload_lock */
+	struct control_wait *w;   /* read on the worker only (the session may be gone) */
+	struct worker *worker;    /* the session's, where reload_back() runs */
+	bool cancelled;           /* the session went away: the answer is dropped (worker) */
+	bool ok;                  /* the answer, written by the main thread before */
+	char text[1100];          /*   worker_call() hands the ask back */
+};
 
 static bool str_same(const char *a, const char *b)
 {
@@ -157,10 +171,94 @@ static int reload_load(struct daemon *d, char *err, size_t errlen)
 	return 0;
 }
 
+/* On the session's worker, once the main thread reloaded. */
+static void reload_back(void *arg)
+{
+	struct reload_ask *a = arg;
+	if (a->cancelled) {
+		free(a);
+		return;
+	}
+	struct control_wait *w = a->w;
+	buf_append_cstr(w->out, a->text);
+	*w->ok = a->ok;
+	w->cancel = NULL;
+	free(a);
+	w->done(w);
+}
+
+static void reload_cancel(struct control_wait *w)
+{
+	/* the ask is still the main thread's: reload_back() or reload_forget() frees it */
+	struct reload_ask *a = w->cmd;
+	a->cancelled = true;
+}
+
+/* Hand each ask of the list its answer, on its worker. */
+static void reload_answer(struct reload_ask *a, bool ok, const char *path, const char *err)
+{
+	while (a) {
+		struct reload_ask *next = a->next;
+		a->ok = ok;
+		if (ok)
+			fmt_fixed(a->text, sizeof(a->text), "reloading %s\n", path);
+		else
+			fmt_fixed(a->text, sizeof(a->text), "%s\nthe running configuration is kept\n",
+				  err);
+		/* XXX: if this allocation fails (or the workers are already stopped) the
+		 * session waits for its timeout and the ask leaks; the reload is done either
+		 * way */
+		worker_call(a->worker, reload_back, a);
+		a = next;
+	}
+}
+
 void reload_run(struct daemon *d)
 {
+	pthread_mutex_lock(&d->reload_lock);
+	struct reload_ask *asked = d->reload_asked;
+	d->reload_asked = NULL;
+	pthread_mutex_unlock(&d->reload_lock);
 	char err[1024] = "";
 	notify_reloading();
-	reload_load(d, err, sizeof(err));
+	int r = reload_load(d, err, sizeof(err));
 	notify_send("READY=1\nSTATUS=running");
+	reload_answer(asked, r == 0, d->config_path, err);
+}
+
+int reload_ask(struct daemon *d, struct buf *out, bool *ret_ok, struct control_wait *w)
+{
+	if (!w || !w->worker) {
+		buf_append_cstr(out, "reload: cannot wait for the main thread here\n");
+		*ret_ok = false;
+		return 0;
+	}
+	struct reload_ask *a = calloc(1, sizeof(*a));
+	if (!a)
+		return -ENOMEM;
+	a->w = w;
+	a->worker = w->worker;
+	w->cmd = a;
+	w->cancel = reload_cancel;
+	pthread_mutex_lock(&d->reload_lock);
+	a->next = d->reload_asked;
+	d->reload_asked = a;
+	pthread_mutex_unlock(&d->reload_lock);
+	/* the main thread reloads on the signal, as when an init system sends it; asks made
+	 * while a reload runs are answered by the next, which their own signal asks for */
+	kill(getpid(), SIGHUP);
+	return 1;
+}
+
+void reload_forget(struct daemon *d)
+{
+	pthread_mutex_lock(&d->reload_lock);
+	struct reload_ask *a = d->reload_asked;
+	d->reload_asked = NULL;
+	pthread_mutex_unlock(&d->reload_lock);
+	while (a) {
+		struct reload_ask *next = a->next;
+		free(a);
+		a = next;
+	}
 }
