@@ -41,13 +41,18 @@ unsigned policy_rule_sessions_held(const struct policy *p, const struct policy_r
 	return sessions_count(store_key_hash(p->store, r->name_str, key));
 }
 
+void policy_sessions_key(uint64_t key_hash, char *ret_name)
+{
+	fmt_fixed(ret_name, POLICY_SESSIONS_KEY, "s:%016llx", (unsigned long long)key_hash);
+}
+
 /* Give back slot i of ss: this node's, and the shared store's if it granted it. */
 static void sessions_drop(struct policy_sessions *ss, size_t i)
 {
 	sessions_give(ss->key_hash[i]);
 	if (ss->shared[i] && ss->store) {
-		char cls[24];
-		fmt_fixed(cls, sizeof(cls), "s:%016llx", (unsigned long long)ss->key_hash[i]);
+		char cls[POLICY_SESSIONS_KEY];
+		policy_sessions_key(ss->key_hash[i], cls);
 		store_slot_release(ss->store, cls);
 	}
 }
@@ -233,7 +238,7 @@ struct sess_ask {
 	const struct policy_rule *r;
 	struct policy_rule_result *res;
 	uint64_t key_hash;
-	char cls[24];
+	char cls[POLICY_SESSIONS_KEY];
 	char key[POLICY_LOG_KEY + 1];
 };
 
@@ -447,7 +452,7 @@ static int sessions_rule(struct policy *p, const struct policy_rule *r, struct s
 			a->r = r;
 			a->res = res;
 			a->key_hash = h;
-			fmt_fixed(a->cls, sizeof(a->cls), "s:%016llx", (unsigned long long)h);
+			policy_sessions_key(h, a->cls);
 			text_sanitize(a->key, sizeof(a->key), key, POLICY_LOG_KEY - 3, TEXT_MARK_CUT);
 			a->call.local_used = count;
 			if (res) {
