@@ -3,7 +3,7 @@
 The intake advertises DSN and takes RET, ENVID, NOTIFY and ORCPT from smtplib (a real
 client) and from `sluice sendmail -N/-R/-V`; the relay passes them on to a next hop that
 offers DSN (Postfix's smtp-sink, whose dump files record the MAIL and RCPT arguments) and
-answers for a hop that does not (the aiosmtpd smarthost of smarthost.py): a "relayed"
+answers for a hop that does not (the aiosmtpd smarthost of peers/smarthost.py): a "relayed"
 notice for NOTIFY=SUCCESS, no bounce for NOTIFY=NEVER, delay notices only for
 NOTIFY=DELAY, bounces that carry the ENVID and ORCPT given and only the headers.  A bad
 value gets 501 5.5.4 and nothing is queued; a message queued in the previous queue file
@@ -22,9 +22,9 @@ import time
 
 import pytest
 
-import queuefile
+from peers import queuefile
 from conftest import SLUICE, free_port, require_binary, tcp_listening, wait_until
-from smarthost import smarthost  # noqa: F401 (fixture)
+from peers.smarthost import smarthost  # noqa: F401 (fixture)
 from test_relay import relay, relay_config, start_with_slow_route  # noqa: F401 (fixture)
 
 SMTP_SINK = shutil.which("smtp-sink", path="/usr/sbin:/usr/bin") or "/usr/sbin/smtp-sink"

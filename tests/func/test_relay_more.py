@@ -2,7 +2,7 @@
 relayhost, and two sluiced nodes that share one lane's budget through a real
 redis-server.
 
-The smarthost (smarthost.py) is the judge of the rate: it records the time of every MAIL
+The smarthost (peers/smarthost.py) is the judge of the rate: it records the time of every MAIL
 FROM it accepts, and windows_over(N, W) lists any window of W seconds that held more than
 N of them.  Each test starts its own smarthost, sluiced instance(s), Postfix and
 redis-server, in the test's private directory.
@@ -17,7 +17,7 @@ import time
 import pytest
 
 from conftest import SLUICE, free_port, require_binary, wait_until
-from smarthost import smarthost  # noqa: F401 (fixture)
+from peers.smarthost import smarthost  # noqa: F401 (fixture)
 from test_redis import REDIS_SERVER, Redis
 from test_relay import delivered_rcpts, lanes, relay_config, send
 
@@ -185,7 +185,7 @@ def test_outgoing_sessions_count_in_their_host_class_on_every_node(sluiced, smar
     sharing a Redis store: while node A holds an incoming session from 127.0.0.1 (the
     class's one session), node B's relay does not open one to the smarthost on 127.0.0.1;
     once A's session ends, B delivers."""
-    import milter_wire as mw
+    from peers import milter_wire as mw
     from test_policy import config
     require_binary(SLUICE, "SLUICE")
     r = redis_tcp()

@@ -1,7 +1,7 @@
 """Retry times that survive: the relay's backoff across kill -9 and restarts, against
 Postfix's smtp-sink answering 450 to every RCPT (``smtp-sink -r rcpt``) and then a sink
 that takes everything; and the backoff itself, doubling up to relay.retry.max, against
-the test smarthost (smarthost.py) answering 451 to every RCPT.
+the test smarthost (peers/smarthost.py) answering 451 to every RCPT.
 
 What a user checks: after a restart, no deferred recipient is tried before its time
 (sluiced's own counters and the sink's sessions say so); a kill -9 while retry records
@@ -22,7 +22,7 @@ import time
 import pytest
 
 from conftest import SLUICE, free_port, require_binary, tcp_listening, wait_until
-from smarthost import smarthost  # noqa: F401 (fixture)
+from peers.smarthost import smarthost  # noqa: F401 (fixture)
 from test_queue_load import message_file, qid
 from test_relay import relay_config, send
 

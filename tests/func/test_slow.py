@@ -3,7 +3,7 @@
 import smtplib
 import time
 
-import milter_wire as w
+from peers import milter_wire as w
 from conftest import all_stages, milter_config, queued_id, wait_until
 
 
