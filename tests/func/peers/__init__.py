@@ -2,6 +2,7 @@
 
 * ``smarthost``: an aiosmtpd relay that behaves like an ISP's (rate limits, bans, TLS,
   AUTH, dropped replies); also a script for manual use and benchmarks.
+* ``smtp_sink``: Postfix's smtp-sink started on a loopback port.
 * ``milter_wire``: a milter client speaking the wire protocol, as an MTA does.
 * ``queuefile``: an independent reader (and writer) of sluice's queue files.
 * ``redis_cluster``: a Redis Cluster of redis-server processes, with failovers.
