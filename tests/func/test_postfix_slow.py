@@ -1,4 +1,5 @@
-"""Functional tests that take more than a minute (meson suite 'slow')."""
+"""The milter with a real Postfix over minutes (meson suite 'slow'): sessions that stay quiet
+for longer than the default idle timeout, and 10000 messages over 50 parallel sessions."""
 
 import smtplib
 import time

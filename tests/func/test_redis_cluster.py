@@ -709,13 +709,13 @@ def test_class_sessions_shared_by_two_nodes_on_a_cluster(sluiced, cluster):
 
 @plain_only
 def test_two_nodes_share_one_lane_budget_on_a_cluster(sluiced, smarthost, cluster):
-    """As test_relay_more's shared lane, with the budget on a cluster: the lane's windows
-    are keys with one hash tag (the lane's name), in the slot of that tag on the master
-    serving it; 20 one-recipient messages from two nodes reach the smarthost never more
+    """As test_relay_shared_budget's shared lane, with the budget on a cluster: the lane's
+    windows are keys with one hash tag (the lane's name), in the slot of that tag on the
+    master serving it; 20 one-recipient messages from two nodes reach the smarthost never more
     than 5 in any 2 s window."""
     from conftest import SLUICE, require_binary
     from test_relay import delivered_rcpts, lanes, relay_config
-    from test_relay_more import SHARED_ROUTE, send_each
+    from test_relay_shared_budget import SHARED_ROUTE, send_each
     require_binary(SLUICE, "SLUICE")
     c = cluster()
     sh = smarthost(rate="5/2", mode="none")
