@@ -14,7 +14,7 @@ import struct
 import threading
 import time
 
-import milter_wire as w
+from peers import milter_wire as w
 from conftest import find_service, free_port
 
 DEADLINE = 2.0          # command_timeout of every service under test
