@@ -48,22 +48,8 @@
 
 #include <xxhash.h>
 
-#include "redis_scripts.h"
 #include "store_redis_int.h"
 #include "util.h"
-
-const struct redis_script redis_scripts[SC_COUNT] = {
-	[SC_GCRA] = { script_gcra, sizeof(script_gcra) - 1, script_gcra_sha1 },
-	[SC_REFUND] = { script_refund, sizeof(script_refund) - 1, script_refund_sha1 },
-	[SC_SLOT_ENTER] = { script_slot_enter, sizeof(script_slot_enter) - 1, script_slot_enter_sha1 },
-	[SC_SLOT_RELEASE] = { script_slot_release, sizeof(script_slot_release) - 1,
-			      script_slot_release_sha1 },
-	[SC_SLOT_RENEW] = { script_slot_renew, sizeof(script_slot_renew) - 1, script_slot_renew_sha1 },
-	[SC_SLIDE] = { script_slide, sizeof(script_slide) - 1, script_slide_sha1 },
-	[SC_OV_SET] = { script_ov_set, sizeof(script_ov_set) - 1, script_ov_set_sha1 },
-	[SC_OV_DEL] = { script_ov_del, sizeof(script_ov_del) - 1, script_ov_del_sha1 },
-	[SC_OV_READ] = { script_ov_read, sizeof(script_ov_read) - 1, script_ov_read_sha1 },
-};
 
 static const struct store_ops redis_ops;
 
@@ -83,12 +69,6 @@ int argv_init(struct argv_buf *a, size_t cap, size_t text)
 	a->cap = cap;
 	a->size = text;
 	return 0;
-}
-
-void argv_clear(struct argv_buf *a)
-{
-	free(a->argv);
-	a->argv = NULL;
 }
 
 /* Room for n more bytes of text and one more argument, or NULL. */
@@ -301,7 +281,9 @@ static int fallback_slot(struct rstore *st, struct store_slot_call *c)
 	return c->local_used <= share(c->cap, st->conf.nodes) ? 1 : 0;
 }
 
-void rreq_fail(struct rreq *r, int err)
+/* Answer r's caller by on_failure (a lane, which has none, by err); r leaves the
+ * deadline list.  Nothing for a request already answered.  (st->cb.fail) */
+static void rreq_fail(struct rreq *r, int err)
 {
 	if (!r || !r->waiting)
 		return;
@@ -341,14 +323,6 @@ static size_t decide_reply_len(const struct store_call *call)
 	return k;
 }
 
-size_t redis_call_keys(const struct store_call *call)
-{
-	size_t k = call->n;
-	for (size_t i = 0; i < call->n; i++)
-		k += !!(call->items[i].flags & STORE_DISTINCT);
-	return k;
-}
-
 /* The sorted set of a distinct item's values: its key's name and ":v" (the same hash
  * tag, so the same slot). */
 static int add_values_key(struct argv_buf *a, const struct rstore *st, const struct store_item *it)
@@ -362,7 +336,10 @@ static int add_values_key(struct argv_buf *a, const struct rstore *st, const str
 	return 0;
 }
 
-int redis_send_decisions(struct redis_conn *c, struct rreq **q, size_t n, bool eval, bool asking)
+/* Send the decisions q[0..n), bound for one connection (and one slot), as one script
+ * call: 0, or <0 (nothing sent; the caller fails them).  (st->cb.send_decisions) */
+static int redis_send_decisions(struct redis_conn *c, struct rreq **q, size_t n, bool eval,
+				bool asking)
 {
 	const struct rstore *st = c->st;
 	/* text: per item its key (and a distinct item's values key, 2 bytes longer): prefix,
@@ -506,7 +483,10 @@ static void orphan_done(struct store_call *c, int rc)
 		s->ops->refund(s->ctx, c->items, c->n, realtime_ns());
 }
 
-struct store_call *redis_orphan(const struct store_call *c)
+/* A copy of a decision in flight whose caller withdrew: its done() refunds what the
+ * answer says was charged.  NULL for a decision that charges nothing, or no memory.
+ * (st->cb.orphan) */
+static struct store_call *redis_orphan(const struct store_call *c)
 {
 	if (c->mode != STORE_CHECK || c->n == 0)
 		return NULL;
@@ -591,7 +571,9 @@ static int parse_slide(const redisReply *r, struct store_slide_call *sl, uint64_
 	return (int)ok->integer;
 }
 
-void redis_answer(struct rsent *s, redisReply *rep)
+/* Answer the requests of a reply that is no redirection or connection error.
+ * (st->cb.answer) */
+static void redis_answer(struct rsent *s, redisReply *rep)
 {
 	struct rstore *st = s->conn->st;
 	if (s->n == 0)
@@ -1206,6 +1188,14 @@ static int parse_addresses(const char *const *list, size_t n, struct addr **ret,
 	return 0;
 }
 
+/* What the link calls back here (store_redis_int.h, struct redis_callbacks). */
+static const struct redis_callbacks link_callbacks = {
+	.fail = rreq_fail,
+	.send_decisions = redis_send_decisions,
+	.orphan = redis_orphan,
+	.answer = redis_answer,
+};
+
 struct store *store_redis_new(const struct store_redis_conf *conf, char *err, size_t errlen)
 {
 	struct rstore *st = calloc(1, sizeof(*st));
@@ -1217,6 +1207,7 @@ struct store *store_redis_new(const struct store_redis_conf *conf, char *err, si
 		return NULL;
 	}
 	pthread_mutex_init(&st->lock, NULL);
+	st->cb = link_callbacks;
 	st->conf = *conf;
 	st->prefix = strdup(conf->prefix ? conf->prefix : "sluice:");
 	st->user = dup_or_null(conf->user);

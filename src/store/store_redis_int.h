@@ -10,6 +10,13 @@
  *                       thread of its own (one synchronous connection) that polls it
  *                       and makes `sluice limits set|unset` changes.
  *
+ * Calls go one way: store_redis.c calls the two others, store_redis_ov.c calls the
+ * link, and the link calls neither: the scripts' table is the link's, a command's
+ * arguments are freed by an inline of this header, and what the link must hand back to
+ * the operations (an answer, a failure, a batch of decisions to send again, a withdrawn
+ * decision's copy) goes through the callbacks store_redis.c registered in struct rstore
+ * (struct redis_callbacks).
+ *
  * Threads: every structure below but struct rstore belongs to one event loop (a worker's
  * or the main loop) and is touched only by the thread that runs it.  struct rstore is
  * shared: its configuration is read-only after store_redis_new(); its counters are atomic;
@@ -32,6 +39,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include <event2/event.h>
 #include <hiredis/hiredis.h>
@@ -55,6 +63,7 @@ enum script_id {
 	SC_COUNT,
 };
 
+/* The scripts' text and SHA1, loaded on every connection (store_redis_link.c). */
 struct redis_script {
 	const char *text;
 	size_t len;
@@ -70,7 +79,7 @@ struct addr {
 int redis_addr_parse(const char *text, struct addr *ret, char *err, size_t errlen);
 void redis_addr_format(const struct addr *a, char *buf, size_t len);
 
-/* A command's arguments, in one allocation. */
+/* A command's arguments, in one allocation (built by store_redis.c). */
 struct argv_buf {
 	const char **argv;
 	size_t *len;
@@ -80,13 +89,19 @@ struct argv_buf {
 };
 
 int argv_init(struct argv_buf *a, size_t cap, size_t text);
-void argv_clear(struct argv_buf *a);
+/* Free a's buffer.  Inline: the link frees a request's command without calling up. */
+static inline void argv_clear(struct argv_buf *a)
+{
+	free(a->argv);
+	a->argv = NULL;
+}
 int argv_add_cstr(struct argv_buf *a, const char *v);
 int argv_add_u64(struct argv_buf *a, uint64_t v);
 int argv_add(struct argv_buf *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int argv_add_bytes(struct argv_buf *a, const char *p, size_t n);
 char *argv_room(struct argv_buf *a, size_t n);
-/* The keys a decision names in gcra.lua (two for a distinct item). */
+/* The keys a decision names in gcra.lua (two for a distinct item): store_redis_link.c,
+ * whose batches count them. */
 struct store_call;
 size_t redis_call_keys(const struct store_call *call);
 int argv_commit(struct argv_buf *a, size_t n);
@@ -184,7 +199,29 @@ struct rloop {
 	struct event *timer;        /* deadlines, TRYAGAIN, the map's refresh */
 };
 
+/*
+ * What the link calls back in the operations (store_redis.c), which store_redis_new()
+ * copies into struct rstore before any loop exists: so the link names no function of the
+ * room above it, at the cost of one indirect call (no allocation, no lookup).  All run on
+ * the request's loop.
+ */
+struct redis_callbacks {
+	/* Answer r's caller by on_failure (a lane, which has none, by err); r leaves the
+	 * deadline list.  Nothing for a request already answered. */
+	void (*fail)(struct rreq *r, int err);
+	/* Send the decisions q[0..n), bound for one connection (and one slot), as one
+	 * script call: 0, or <0 (nothing sent; the caller fails them). */
+	int (*send_decisions)(struct redis_conn *c, struct rreq **q, size_t n, bool eval,
+			      bool asking);
+	/* A copy of a decision in flight whose caller withdrew: its done() refunds what the
+	 * answer says was charged.  NULL for a decision that charges nothing, or no memory. */
+	struct store_call *(*orphan)(const struct store_call *c);
+	/* Answer the requests of a reply that is no redirection or connection error. */
+	void (*answer)(struct rsent *s, redisReply *rep);
+};
+
 struct rstore {
+	struct redis_callbacks cb;  /* set by store_redis_new(), read-only after */
 	struct store *local;        /* on_failure = local */
 	struct store_redis_conf conf;
 	char *user, *password, *prefix, *master_name, *node_id;
@@ -269,19 +306,5 @@ int redis_slots_parse(const redisReply *rep, const struct addr *asked,
 int redis_redirect_parse(const char *text, unsigned *ret_slot, struct addr *ret);
 /* The cluster slot of a key's hash tag (CRC16/XMODEM of tag, mod 16384). */
 uint16_t redis_key_slot(const char *tag, size_t len);
-
-/* ---- store_redis.c (called by the link) ---- */
-
-/* Answer r's caller by on_failure (a lane, which has none, by err); r leaves the
- * deadline list.  Nothing for a request already answered. */
-void rreq_fail(struct rreq *r, int err);
-/* Send the decisions q[0..n), bound for one connection (and one slot), as one script
- * call: 0, or <0 (nothing sent; the caller fails them). */
-int redis_send_decisions(struct redis_conn *c, struct rreq **q, size_t n, bool eval, bool asking);
-/* A copy of a decision in flight whose caller withdrew: its done() refunds what the
- * answer says was charged.  NULL for a decision that charges nothing, or no memory. */
-struct store_call *redis_orphan(const struct store_call *c);
-/* Answer the requests of a reply that is no redirection or connection error. */
-void redis_answer(struct rsent *s, redisReply *rep);
 
 #endif

@@ -24,6 +24,11 @@
  * request follows at most REDIS_MAX_REDIRECTS of them within its deadline.  CLUSTERDOWN,
  * and a slot whose master cannot be reached, are answered by on_failure.  Addresses the
  * cluster announces outside the seeds' hosts are followed and logged once.
+ *
+ * This room calls no other: the scripts' table is here (every connection loads them), and
+ * what comes back for the operations (an answer, a failure, decisions to send again with
+ * the script's text, the copy of a withdrawn decision) goes through the callbacks that
+ * store_redis.c registered in struct rstore (st->cb).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -35,6 +40,7 @@
 
 #include <hiredis/adapters/libevent.h>
 
+#include "redis_scripts.h"
 #include "store_redis_int.h"
 #include "util.h"
 
@@ -210,7 +216,38 @@ static void conn_mark(struct redis_conn *c, bool healthy, const char *why)
 	}
 }
 
+/* ---- the scripts; the keys of a decision ---------------------------------------------- */
+
+const struct redis_script redis_scripts[SC_COUNT] = {
+	[SC_GCRA] = { script_gcra, sizeof(script_gcra) - 1, script_gcra_sha1 },
+	[SC_REFUND] = { script_refund, sizeof(script_refund) - 1, script_refund_sha1 },
+	[SC_SLOT_ENTER] = { script_slot_enter, sizeof(script_slot_enter) - 1, script_slot_enter_sha1 },
+	[SC_SLOT_RELEASE] = { script_slot_release, sizeof(script_slot_release) - 1,
+			      script_slot_release_sha1 },
+	[SC_SLOT_RENEW] = { script_slot_renew, sizeof(script_slot_renew) - 1, script_slot_renew_sha1 },
+	[SC_SLIDE] = { script_slide, sizeof(script_slide) - 1, script_slide_sha1 },
+	[SC_OV_SET] = { script_ov_set, sizeof(script_ov_set) - 1, script_ov_set_sha1 },
+	[SC_OV_DEL] = { script_ov_del, sizeof(script_ov_del) - 1, script_ov_del_sha1 },
+	[SC_OV_READ] = { script_ov_read, sizeof(script_ov_read) - 1, script_ov_read_sha1 },
+};
+
+size_t redis_call_keys(const struct store_call *call)
+{
+	size_t k = call->n;
+	for (size_t i = 0; i < call->n; i++)
+		k += !!(call->items[i].flags & STORE_DISTINCT);
+	return k;
+}
+
 /* ---- requests ------------------------------------------------------------------------- */
+
+/* The operations' answers, through what store_redis.c registered (st->cb): this room
+ * names no function of that one.  Nothing for a NULL request. */
+static void rreq_fail(struct rreq *r, int err)
+{
+	if (r)
+		r->loop->st->cb.fail(r, err);
+}
 
 static void loop_timer_arm(struct rloop *l);
 
@@ -959,7 +996,7 @@ static void reqs_error(struct redis_conn *c, struct rsent *s, const redisReply *
 					s->r[k++] = s->r[i];
 			for (size_t i = k; i < s->n; i++)
 				s->r[i] = NULL; /* freed below by the caller: not waiting */
-			if (k && redis_send_decisions(c, s->r, k, true, false) == 0) {
+			if (k && st->cb.send_decisions(c, s->r, k, true, false) == 0) {
 				for (size_t i = 0; i < k; i++)
 					s->r[i] = NULL; /* now carried by the new command */
 			}
@@ -1051,7 +1088,7 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 	} else if (rep->type == REDIS_REPLY_ERROR) {
 		reqs_error(c, s, rep);
 	} else {
-		redis_answer(s, rep);
+		c->st->cb.answer(s, rep);
 	}
 	for (size_t i = 0; i < s->n; i++)
 		if (s->r[i])
@@ -1152,7 +1189,7 @@ static void on_flush(evutil_socket_t fd, short what, void *arg)
 		/* the batch so far goes when r cannot join it */
 		if (nb && (!r || !batchable || c != bc || (l->st->cluster && r->slot != bslot) ||
 			   nb == REDIS_BATCH_DECISIONS || keys + redis_call_keys(r->call) > REDIS_BATCH_KEYS)) {
-			if (redis_send_decisions(bc, batch, nb, false, false) < 0)
+			if (l->st->cb.send_decisions(bc, batch, nb, false, false) < 0)
 				for (size_t i = 0; i < nb; i++) {
 					rreq_fail(batch[i], -EAGAIN);
 					rreq_free_one(batch[i]);
@@ -1170,7 +1207,7 @@ static void on_flush(evutil_socket_t fd, short what, void *arg)
 		}
 		int rc;
 		if (r->kind == REQ_DECIDE)
-			rc = redis_send_decisions(c, &r, 1, false, r->ask != NULL);
+			rc = l->st->cb.send_decisions(c, &r, 1, false, r->ask != NULL);
 		else
 			rc = redis_conn_send_reqs(c, &r, 1, false, r->ask != NULL, r->what,
 						  (int)r->cmd.n, r->cmd.argv, r->cmd.len);
@@ -1292,7 +1329,7 @@ void rreq_withdraw(struct rreq *r)
 	r->slide = NULL;
 	if (r->kind == REQ_DECIDE && r->call && !r->orphan) {
 		/* sent and maybe charged: the store's copy takes the answer and refunds it */
-		struct store_call *copy = r->queued ? NULL : redis_orphan(r->call);
+		struct store_call *copy = r->queued ? NULL : r->loop->st->cb.orphan(r->call);
 		r->call = copy;
 		r->orphan = copy != NULL;
 		if (copy)
