@@ -236,7 +236,7 @@ static void sweep_arm(struct relay *r)
 static void on_sweep(evutil_socket_t fd, short what, void *arg)
 {
 	struct relay *r = arg;
-	uint64_t now = realtime_ns();
+	uint64_t now = relay_now(r);
 	struct rmsg *m, *next;
 	uint64_t life = (uint64_t)r->crt->conf.lifetime_ms * 1000000u;
 	for (m = TAILQ_FIRST(&r->msgs); life && m && m->arrival_us * 1000 + life <= now; m = next) {

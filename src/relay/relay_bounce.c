@@ -225,7 +225,7 @@ void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
 			.envid = m->qm->ix.env.envid,
 			.full = m->qm->ix.env.ret == QUEUE_RET_FULL,
 			.arrival_us = m->arrival_us,
-			.now_us = realtime_ns() / 1000,
+			.now_us = relay_now(r) / 1000,
 			.boundary_seed = str_cstr(m->id),
 		};
 		if (rc == 0)

@@ -187,8 +187,8 @@ static void on_resolved(void *arg, int error, const struct mx_target *t, size_t 
 	l->ntargets = n;
 	l->dns_failures = 0;
 	/* used for the answer's TTL, within relay.dns_min_ttl and dns_max_ttl */
-	l->targets_until = realtime_ns() + mx_ttl_ms(t[0].ttl, (uint64_t)c->dns_min_ttl_ms,
-						     (uint64_t)c->dns_max_ttl_ms) * 1000000u;
+	l->targets_until = relay_now(l->r) + mx_ttl_ms(t[0].ttl, (uint64_t)c->dns_min_ttl_ms,
+							 (uint64_t)c->dns_max_ttl_ms) * 1000000u;
 	l->next_target = 0;
 	l->targets_fresh = true;
 	if (!l->group && l->rt->conf->mx && l->rt->conf->lanes != ROUTE_LANES_DOMAIN &&
@@ -220,7 +220,7 @@ static void slot_done(void *arg, int rc)
 void conn_open(struct lane *l)
 {
 	struct relay *r = l->r;
-	uint64_t now = realtime_ns();
+	uint64_t now = relay_now(l->r);
 	if (!l->ntargets || (now >= l->targets_until && !l->targets_fresh)) {
 		conn_resolve(l);
 		return;

@@ -236,7 +236,7 @@ static struct dane_host *dane_host_get(struct relay *r, const char *host, uint16
 			return dh;
 	}
 	if (dc->t.n >= DANE_CACHE_MAX) {
-		dane_cache_sweep(dc, realtime_ns());
+		dane_cache_sweep(dc, relay_now(r));
 		if (dc->t.n >= DANE_CACHE_MAX)
 			return NULL;
 	}
@@ -320,7 +320,7 @@ static void dane_on_tlsa(void *arg, int error, const struct mx_tlsa_answer *a)
 	struct dane_host *dh = arg;
 	struct relay *r = dh->r;
 	const struct relay_conf *c = &r->crt->conf;
-	uint64_t now = realtime_ns();
+	uint64_t now = relay_now(r);
 	char why[600];
 
 	dh->q = NULL;
@@ -446,7 +446,7 @@ enum dane_verdict dane_prepare(struct lane *l, const struct mx_target *tg,
 		return DANE_POLL; /* out of memory, or the cache is full */
 	if (dh->state == DH_LOOKING)
 		return dane_wait(l, dh) ? DANE_WAIT : DANE_POLL;
-	uint64_t now = realtime_ns();
+	uint64_t now = relay_now(l->r);
 	if (dh->state == DH_EMPTY || (now >= dh->until && !dh->fresh)) {
 		struct mx_query *q = NULL;
 		dh->state = DH_LOOKING;

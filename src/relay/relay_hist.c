@@ -166,7 +166,7 @@ void hist_compact(struct relay *r)
 	FILE *f = fopen(tmp, "we");
 	if (!f)
 		return;
-	uint64_t now_us = realtime_ns() / 1000;
+	uint64_t now_us = relay_now(r) / 1000;
 	uint64_t keep = max_window_ns(&r->crt->conf) / 1000 + 1;
 	uint64_t lines = 0;
 	char line[900];
@@ -283,7 +283,7 @@ int hist_load(struct relay *r, char *err, size_t errlen)
 		snprintf(err, errlen, "%s: %s", path, strerror(-rc));
 		return rc;
 	}
-	uint64_t now_us = realtime_ns() / 1000;
+	uint64_t now_us = relay_now(r) / 1000;
 	uint64_t keep = max_window_ns(&r->crt->conf) / 1000 + 1;
 	/* Lines by length, not as one C string: a power cut may leave a stretch of zero
 	 * bytes where a page of the file was not written back, with the lines appended

@@ -62,6 +62,7 @@
 #include "smtp_out.h"
 #include "store.h"
 #include "threshold.h"
+#include "util.h"
 
 #define HISTORY_FILE "relay.lanes"
 #define HISTORY_MAX (64u << 20)
@@ -321,6 +322,7 @@ struct relay_up {
 struct relay {
 	struct conf_rt *crt;          /* current */
 	struct relay_up up;
+	uint64_t (*clock)(void);      /* a test's clock (relay_now), or NULL: the system's */
 	struct conf_rt *retired;
 	struct queue *q;
 	struct queue_dir *qd;
@@ -388,6 +390,13 @@ struct relay {
 	size_t nhist;
 	uint64_t seq;                 /* member ids of shared sends */
 };
+
+/* The relay's time (CLOCK_REALTIME ns): every room reads it here, so that a test can
+ * give the relay a clock of its own (relay.clock). */
+static inline uint64_t relay_now(const struct relay *r)
+{
+	return r->clock ? r->clock() : realtime_ns();
+}
 
 /*
  * The functions of each room, from the floor up.  A room calls the rooms listed before

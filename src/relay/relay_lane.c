@@ -76,7 +76,7 @@ struct lane *lane_get(struct relay *r, struct route_rt *rt, const char *domain)
 	else
 		snprintf(name, sizeof(name), "%s", rt->conf->name);
 	struct lane *l = lane_find(r, name);
-	if (l && l->fwd && group_keeps(l, realtime_ns()))
+	if (l && l->fwd && group_keeps(l, relay_now(r)))
 		return l->fwd; /* its MX answer put the domain in a group's lane */
 	if (l) {
 		group_unforward(l); /* an answer too old: the domain is looked up again */
@@ -116,7 +116,7 @@ struct lane *lane_make(struct relay *r, struct route_rt *rt, const char *name, c
 		lane_free(l);
 		return NULL;
 	}
-	uint64_t now = realtime_ns();
+	uint64_t now = relay_now(r);
 	size_t nh, first = hist_find(r, name, &nh);
 	for (size_t i = first; i < first + nh; i++) {
 		struct hist_entry *h = &r->hist[i];
@@ -197,7 +197,7 @@ void lane_arm(struct lane *l, uint64_t wait_ns)
 	struct relay *r = l->r;
 	/* never "now": a lane kicked by the timer and armed again at once would be popped
 	 * again in the same round */
-	uint64_t at = wait_ns == UINT64_MAX ? SCHED_NEVER : realtime_ns() + (wait_ns ? wait_ns : 1);
+	uint64_t at = wait_ns == UINT64_MAX ? SCHED_NEVER : relay_now(l->r) + (wait_ns ? wait_ns : 1);
 	if (sched_wake(&r->sched, &l->s, at) < 0) {
 		/* XXX without memory for the heap the lane waits for its next event */
 		base_logf(r, LOG_LEVEL_ERROR, "lane=%s cannot be woken: out of memory", l->name);
@@ -216,7 +216,7 @@ void lane_wake_rearm(struct relay *r)
 		evtimer_del(r->wake);
 		return;
 	}
-	uint64_t now = realtime_ns();
+	uint64_t now = relay_now(r);
 	/* evtimer takes microseconds: round up, never wake before the moment */
 	uint64_t us = next > now ? (next - now + 999) / 1000 : 0;
 	/* from the clock now, not the loop's cached time: a timer set late in a callback
@@ -230,7 +230,7 @@ void lane_on_wake(evutil_socket_t fd, short what, void *arg)
 {
 	struct relay *r = arg;
 	r->wake_at = SCHED_NEVER;
-	uint64_t now = realtime_ns();
+	uint64_t now = relay_now(r);
 	struct sched_lane *s;
 	while ((s = sched_pop(&r->sched, now))) {
 		struct lane *l = (struct lane *)((char *)s - offsetof(struct lane, s));
@@ -242,7 +242,7 @@ void lane_on_wake(evutil_socket_t fd, short what, void *arg)
 void lane_signal(struct lane *l, const struct classify_result *cr, const char *text)
 {
 	struct relay *r = l->r;
-	uint64_t now = realtime_ns();
+	uint64_t now = relay_now(l->r);
 	const struct relay_conf *c = &r->crt->conf;
 	snprintf(l->last, sizeof(l->last), "%s", text);
 	if (cr->verdict == CLASSIFY_SLOW) {
@@ -314,7 +314,7 @@ void lane_defer_due(struct lane *l, const char *mta, const char *dsn, const char
 {
 	struct relay *r = l->r;
 	size_t idx[64], n = 0, total = 0, msgs = 0;
-	uint64_t now = realtime_ns(), next = UINT64_MAX;
+	uint64_t now = relay_now(l->r), next = UINT64_MAX;
 	struct lane_item *it;
 	char note[64];
 	snprintf(note, sizeof(note), "(%s)", what);
@@ -403,7 +403,7 @@ void lane_kick(struct lane *l)
 	if (r->stopping || !l->rt || l->deciding)
 		return;
 	for (;;) {
-		uint64_t now = realtime_ns();
+		uint64_t now = relay_now(l->r);
 		const struct route_conf *conf = l->rt->conf;
 		if (l->nidle && (l->rt->oc.tls == SMTP_TLS_DANE || l->rt->oc.tls == SMTP_TLS_DANE_ONLY))
 			conn_close_stale(l, now);
@@ -509,7 +509,7 @@ static void on_shared(struct store_slide_call *call, int rc, uint64_t wait_ns)
 	free(call);
 	if (r->stopping || !l->rt)
 		return;
-	uint64_t now = realtime_ns();
+	uint64_t now = relay_now(l->r);
 	if (rc < 0) {
 		/* no answer: the lane stops rather than risk the shared limit */
 		char text[200];
@@ -563,7 +563,7 @@ static void lane_shared_take(struct lane *l, struct lane_conn *rc)
 	free(call);
 	if (e == -ENOTSUP) {
 		/* not a cluster store: this node's own budget */
-		tx_start(l, rc, realtime_ns(), false);
+		tx_start(l, rc, relay_now(l->r), false);
 		return;
 	}
 	struct classify_result cr = { .verdict = CLASSIFY_SUSPEND, .for_ms = 10000,

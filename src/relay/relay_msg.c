@@ -410,7 +410,7 @@ void msg_schedule(struct relay *r, struct rmsg *m)
 		return;
 	}
 	items_due(m, due);
-	uint64_t now = realtime_ns();
+	uint64_t now = relay_now(r);
 	for (size_t k = 0; k < m->nitems; k++)
 		item_place(r, &m->items[k], due[k], now);
 	if (due != &one)
@@ -420,7 +420,7 @@ void msg_schedule(struct relay *r, struct rmsg *m)
 void msg_item_schedule(struct relay *r, struct lane_item *it)
 {
 	struct rmsg *m = it->m;
-	uint64_t due = SCHED_NEVER, now = realtime_ns();
+	uint64_t due = SCHED_NEVER, now = relay_now(r);
 	const uint32_t *ri = item_rcpts(it);
 	/* one due now is as early as it gets: most of a fresh post stops at its first */
 	for (size_t k = it->scan; k < it->nri && !msg_parked(m) && due > now; k++) {
@@ -628,7 +628,7 @@ static void attempt_log(struct relay *r, struct rmsg *m, size_t i, const char *s
 {
 	char line[1600];
 	int n = snprintf(line, sizeof(line), "ts=%" PRIu64 " rcpt=%zu status=%s lane=%s mta=%s "
-			 "dsn=%s reply=%s", realtime_ns() / 1000, i, status, lane,
+			 "dsn=%s reply=%s", relay_now(r) / 1000, i, status, lane,
 			 mta && *mta ? mta : "-", dsn && *dsn ? dsn : "-", reply ? reply : "");
 	if (n > 0)
 		queue_log_append(r->qd, m->id, str_make(line, (size_t)n < sizeof(line) ? (size_t)n
@@ -650,7 +650,7 @@ static void delivery_log(struct relay *r, enum log_level level, const struct rms
 	char addr[820], text[1300];
 	log_quote(addr, sizeof(addr), str_cstr(m->addr[i]), 200);
 	log_quote(text, sizeof(text), str_cstr(reply ? reply : ""), 300);
-	uint64_t now_us = realtime_ns() / 1000;
+	uint64_t now_us = relay_now(r) / 1000;
 	double delay = m->arrival_us && now_us > m->arrival_us
 			       ? (double)(now_us - m->arrival_us) / 1e6 : 0.0;
 	base_logf(r, level, "delivery qid=%s rcpt=<%s> lane=%s relay=%s status=%s dsn=%s reply=\"%s\" "
@@ -699,7 +699,7 @@ static void rcpt_retry(struct relay *r, struct rmsg *m, size_t i, int64_t hint_m
 		if (d > (uint64_t)c->retry_max_ms * 1000000u)
 			d = (uint64_t)c->retry_max_ms * 1000000u;
 	}
-	rr->next_try = realtime_ns() + jitter(d, 10, 10); /* refused together, retried apart */
+	rr->next_try = relay_now(r) + jitter(d, 10, 10); /* refused together, retried apart */
 	/* kept by the queue (one record appended), so that a restart keeps the backoff;
 	 * rounded up: never due earlier than here */
 	int e = queue_set_retry(r->q, m->id, i, (rr->next_try + 999) / 1000, rr->attempts);

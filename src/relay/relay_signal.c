@@ -62,7 +62,7 @@ void signal_classify(struct lane *l, const struct classify *cls, enum smtp_out_s
 {
 	classify_reply(cls, stage, error, rep, ret);
 	bool *skip = NULL;
-	uint64_t now = realtime_ns();
+	uint64_t now = relay_now(l->r);
 	while (ret->index >= 0) {
 		unsigned after;
 		int64_t within_ms;

@@ -184,7 +184,7 @@ void tx_send(struct tx *t)
 	struct lane *l = t->lane;
 	struct relay *r = l->r;
 	if (t->t_counted && l->rt) {
-		uint64_t now = realtime_ns();
+		uint64_t now = relay_now(r);
 		uint64_t half_guard = (uint64_t)l->rt->conf->guard_ms * 500000u;
 		if (now > t->t_counted + half_guard) {
 			if (t->recounts < TX_RECOUNTS) {
@@ -421,7 +421,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 	bool keep = c && smtp_out_usable(c) && !r->stopping && rc->crt == r->crt &&
 		    (!l->rt || !l->rt->conf->messages_per_connection ||
 		     smtp_out_transactions(c) < l->rt->conf->messages_per_connection) &&
-		    !lane_budget_suspended(&l->b, realtime_ns()) && dane_reusable(rc, realtime_ns());
+		    !lane_budget_suspended(&l->b, relay_now(r)) && dane_reusable(rc, relay_now(r));
 	if (keep)
 		conn_idle(rc);
 	else

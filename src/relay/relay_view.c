@@ -89,7 +89,7 @@ static int do_lanes(struct relay *r, void *arg)
 {
 	struct lanes_arg *a = arg;
 	struct buf *b = a->out;
-	uint64_t now = realtime_ns();
+	uint64_t now = relay_now(r);
 	bool first = true;
 	if (a->json)
 		buf_append_cstr(b, "[");
@@ -205,7 +205,7 @@ static int do_suspend(struct relay *r, void *arg)
 	struct lane *l = lane_find(r, a->name);
 	if (!l)
 		return -ENOENT;
-	uint64_t now = realtime_ns();
+	uint64_t now = relay_now(r);
 	int64_t ns = a->for_ms > 0 ? a->for_ms * 1000000 : INT64_C(100) * 365 * 86400 * 1000000000;
 	/* the operator's length replaces any suspension under way */
 	l->b.suspended_until = 0;
@@ -261,7 +261,7 @@ struct lane_metrics_arg {
 static int do_lane_metrics(struct relay *r, void *arg)
 {
 	struct lane_metrics_arg *a = arg;
-	uint64_t now = realtime_ns();
+	uint64_t now = relay_now(r);
 	struct lane *l;
 	a->st = r->st;
 	a->st.lanes = r->nlanes;
