@@ -164,7 +164,12 @@ void harness_put_dsn(struct harness *h, const char *sender, const char *const *r
 
 void harness_advance(struct harness *h, uint64_t ms)
 {
-	h->now += ms * 1000000u;
+	harness_advance_us(h, ms * 1000u);
+}
+
+void harness_advance_us(struct harness *h, uint64_t us)
+{
+	h->now += us * 1000u;
 	struct lane *l;
 	TAILQ_FOREACH(l, &h->r->lanes, link)
 		lane_kick(l);

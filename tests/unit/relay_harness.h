@@ -72,6 +72,7 @@ void harness_put_dsn(struct harness *h, const char *sender, const char *const *r
 		     const unsigned *notify, size_t n, char id[QUEUE_ID_LEN + 1]);
 /* The clock moves on by ms, and every lane is kicked (as its timer would). */
 void harness_advance(struct harness *h, uint64_t ms);
+void harness_advance_us(struct harness *h, uint64_t us);
 
 /* The connection that waits for a transaction's reply (the oldest), or NULL. */
 struct smtp_out *harness_busy(struct harness *h);

@@ -61,6 +61,20 @@ static void test_pick_the_oldest_due(void **state)
 	it = lane_pick(l, h.now + 5000 * MS, 4, idx, &n, &next);
 	assert_non_null(it);
 	assert_ptr_equal(it->m, ma);
+	/* of a message's recipients, the one in a transaction is not taken again */
+	const char *two[] = { "4@p.test", "5@p.test" };
+	char d[QUEUE_ID_LEN + 1];
+	harness_put(&h, "s@sender.test", two, 2, d);
+	struct rmsg *md = msg_find(h.r, d);
+	ma->r[0].busy = true;
+	msg_schedule(h.r, ma);
+	md->r[0].busy = true;
+	it = lane_pick(l, h.now + 5000 * MS, 4, idx, &n, &next);
+	assert_non_null(it);
+	assert_ptr_equal(it->m, md);
+	assert_int_equal(n, 1);
+	assert_int_equal(idx[0], 1);
+	ma->r[0].busy = mb->r[0].busy = mc->r[0].busy = md->r[0].busy = false;
 	harness_close(&h);
 }
 
@@ -88,10 +102,11 @@ static void test_exact_budget(void **state)
 			assert_null(c); /* two in the last minute */
 		}
 	}
-	/* the first send was 20 s ago: the window lets the third go 40 s from now */
-	harness_advance(&h, 39 * 1000);
+	/* the first send was 20 s ago: the window lets the third go 40 s from now, not a
+	 * microsecond earlier */
+	harness_advance_us(&h, 40 * 1000 * 1000 - 1);
 	assert_null(harness_busy(&h));
-	harness_advance(&h, 1000);
+	harness_advance_us(&h, 1);
 	assert_non_null(harness_busy(&h));
 	harness_close(&h);
 }
