@@ -3,9 +3,10 @@
  * in the manner of Postfix's trigger_server_main().
  *
  * Start: load the configuration (all errors name file, line and key), raise the file
- * descriptor limit; as root, make the directories and bind every listener, then drop to
- * the configured user (privs.c) before anything else is opened; open the store, the
- * queue and the relay, make the services, detach and write the pid file when asked,
+ * descriptor limit (daemon_fds.c); as root, make the directories and bind every listener,
+ * then drop to the configured user (privs.c) before anything else is opened; open the
+ * store, the queue and the relay, make the services (each given its part of the
+ * configuration by daemon_services.c), detach and write the pid file when asked,
  * start the fixed worker pool and the timers (daemon_timers.c), tell systemd it is ready
  * (notify.c), then run the main loop.  SIGHUP reloads (reload.c: a new configuration is
  * built beside the running one and swapped in only if it loads completely).
@@ -22,7 +23,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -31,13 +31,10 @@
 #include "config_schema.h"
 #include "daemon_int.h"
 #include "engine.h"
-#include "fd_plan.h"
 #include "listen.h"
 #include "metrics.h"
 #include "metrics_render.h"
 #include "milter_session.h"
-#include "milter_policy.h"
-#include "milter_static.h"
 #include "notify.h"
 #include "privs.h"
 #include "pfpolicy_service.h"
@@ -59,89 +56,6 @@ static void usage(FILE *f)
 		"  -p FILE   pid file written with -d (default: pid_file from the configuration)\n"
 		"  -V        print the version\n",
 		CONFIG_DEFAULT_PATH);
-}
-
-void daemon_apply_limits(struct daemon *d, const struct sluice_config *c)
-{
-	struct service_limits lim = {
-		.max_sessions = c->milter.max_sessions,
-		.idle_timeout_ms = (uint64_t)c->milter.idle_timeout_ms,
-		.command_timeout_ms = (uint64_t)c->milter.command_timeout_ms,
-		.max_input = c->milter.max_packet + 65536,
-	};
-	if (d->milter)
-		service_set_limits(d->milter, &lim);
-	if (d->policy) {
-		struct service_limits pl = {
-			.max_sessions = c->policy.max_sessions,
-			.idle_timeout_ms = (uint64_t)c->policy.idle_timeout_ms,
-			.command_timeout_ms = (uint64_t)c->policy.command_timeout_ms,
-			.max_input = c->policy.max_request + 4096,
-		};
-		service_set_limits(d->policy, &pl);
-	}
-	if (d->intake) {
-		struct service_limits il = {
-			.max_sessions = c->intake.max_sessions,
-			.idle_timeout_ms = (uint64_t)c->intake.idle_timeout_ms,
-			.command_timeout_ms = (uint64_t)c->intake.command_timeout_ms,
-			.max_input = 256 * 1024,
-			.fds_per_session = FD_PLAN_INTAKE_SESSION,
-		};
-		service_set_limits(d->intake, &il);
-	}
-	if (d->control) {
-		/* FD_PLAN_CONTROL_SESSIONS: the reserve holds them */
-		struct service_limits cl = { .max_sessions = FD_PLAN_CONTROL_SESSIONS,
-					     .idle_timeout_ms = 60 * 1000,
-					     .command_timeout_ms = 10 * 1000,
-					     .max_input = 64 * 1024,
-					     .reserved = true };
-		service_set_limits(d->control, &cl);
-	}
-}
-
-struct milter_service_conf daemon_milter_conf(const struct sluice_config *c)
-{
-	return (struct milter_service_conf){ .max_packet = c->milter.max_packet,
-					     .max_macros = 256 * 1024 };
-}
-
-struct milter_handler *daemon_milter_handler(struct sluice_config *c)
-{
-	if (c->milter.static_handler || (policy_rule_count(c->rules) == 0 &&
-					 !policy_has_classes(c->rules)))
-		return milter_static_new(&c->milter.handler);
-	return milter_policy_new(c->rules);
-}
-
-struct pfpolicy_conf daemon_pfpolicy_conf(const struct sluice_config *c)
-{
-	return (struct pfpolicy_conf){ .max_request = c->policy.max_request };
-}
-
-struct intake_conf daemon_intake_conf(const struct sluice_config *c)
-{
-	return (struct intake_conf){
-		.allow = c->intake.allow,
-		.nallow = c->intake.nallow,
-		.max_message_size = c->intake.max_message_size,
-		.min_free = c->queue.min_free,
-		.max_recipients = c->intake.max_recipients,
-		.max_errors = c->intake.max_errors,
-		.max_line = c->intake.max_line_length,
-		.reject_bare_newline = c->intake.bare_newline == INTAKE_BARE_REJECT,
-		.hostname = c->intake.hostname,
-		/* command_timeout, and a second per data_min_rate bytes, within data_timeout;
-		 * or with no rate, data_timeout */
-		.data = { .base_ms = (uint64_t)(c->intake.data_min_rate ?
-						c->intake.command_timeout_ms :
-						c->intake.data_timeout_ms),
-			  .min_rate = c->intake.data_min_rate,
-			  .max_ms = (uint64_t)c->intake.data_timeout_ms },
-		.line = { .base_ms = (uint64_t)c->intake.command_timeout_ms,
-			  .max_ms = (uint64_t)c->intake.command_timeout_ms },
-	};
 }
 
 /* Recovery's findings, one log line each (doc/QUEUE.md). */
@@ -268,14 +182,6 @@ static struct store *open_store(const struct sluice_config *c)
 	return s;
 }
 
-struct policy *daemon_rules(struct daemon *d)
-{
-	pthread_mutex_lock(&d->cfg_lock);
-	struct policy *p = policy_ref(d->cfg->rules);
-	pthread_mutex_unlock(&d->cfg_lock);
-	return p;
-}
-
 /* The metrics page, on the metrics thread: the rule set is held while it renders. */
 static int metrics_page(void *arg, struct buf *out)
 {
@@ -341,101 +247,6 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 		   sig == SIGTERM ? "SIGTERM" : "SIGINT", engine_sessions(d->e),
 		   (double)d->cfg->shutdown_timeout_ms / 1000.0);
 	on_drain_tick(-1, 0, d);
-}
-
-/* Descriptors open now (0 when /proc cannot tell). */
-static unsigned count_open_fds(void)
-{
-	int64_t n = fd_count();
-	return n > 0 ? (unsigned)n : 0;
-}
-
-static unsigned plan_workers(const struct sluice_config *c)
-{
-	long n = sysconf(_SC_NPROCESSORS_ONLN);
-	return c->workers ? c->workers : n > 0 ? (unsigned)n : 1;
-}
-
-/*
- * Descriptors for configuration c (start and reload): what the daemon holds and keeps in
- * reserve, and what the sessions may share.  At start, a limit too low to serve one
- * session of each service refuses to start (-EMFILE, logged with the sum) instead of failing
- * later; a limit below every max_sessions is a warning: the sessions share what is left,
- * and a connection past it is refused as over max_sessions.
- */
-int daemon_fd_check(struct daemon *d, const struct sluice_config *c, bool start)
-{
-	/* the limit may have changed since the start (prlimit): read it again */
-	struct rlimit rl;
-	if (!start && getrlimit(RLIMIT_NOFILE, &rl) == 0)
-		d->nofile = rl.rlim_cur;
-	struct fd_plan p;
-	fd_plan_make(c, d->e ? engine_workers(d->e) : plan_workers(c), d->fds_open, &p);
-	char sum[400];
-	fd_plan_format(&p, sum, sizeof(sum));
-	if (start && d->nofile < (rlim_t)p.held + p.sessions_min) {
-		log_error("file descriptor limit %llu is too low: sluiced holds %s, and needs "
-			  "%llu more for one session of each service; raise it (systemd "
-			  "LimitNOFILE=, ulimit -n) to at least %llu", (unsigned long long)d->nofile,
-			  sum, (unsigned long long)p.sessions_min,
-			  (unsigned long long)(p.held + p.sessions_min + 1024));
-		return -EMFILE;
-	}
-	if (start)
-		return 0; /* the engine learns it, and the warning comes, once the engine is up */
-	if (p.held > d->fds_held)
-		d->fds_held = p.held;
-	if (d->e)
-		engine_set_fds_held(d->e, d->fds_held);
-	uint64_t left = d->nofile > d->fds_held ? (uint64_t)(d->nofile - d->fds_held) : 0;
-	if (p.sessions_max > left) {
-		char want[64] = "no limit";
-		if (p.sessions_max != UINT64_MAX)
-			snprintf(want, sizeof(want), "%llu", (unsigned long long)p.sessions_max);
-		log_warning("file descriptor limit %llu leaves %llu descriptors for sessions "
-			    "(sluiced holds %s): below what max_sessions allows (milter %u + policy "
-			    "%u + intake %u x %d = %s); connections past it are refused as over "
-			    "max_sessions", (unsigned long long)d->nofile, (unsigned long long)left,
-			    sum, c->milter.listen.n ? c->milter.max_sessions : 0,
-			    c->policy.listen.n ? c->policy.max_sessions : 0,
-			    c->intake.enabled ? c->intake.max_sessions : 0, FD_PLAN_INTAKE_SESSION,
-			    want);
-	}
-	return 0;
-}
-
-/* Raise the soft limit to the hard one, and plan; -EMFILE when too low to start. */
-static int raise_nofile(struct daemon *d)
-{
-	struct rlimit rl;
-	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
-		return 0;
-	if (rl.rlim_cur < rl.rlim_max) {
-		rlim_t want = rl.rlim_max;
-		rl.rlim_cur = want;
-		if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
-			log_warning("cannot raise the file descriptor limit to %llu: %s",
-				    (unsigned long long)want, strerror(errno));
-		getrlimit(RLIMIT_NOFILE, &rl);
-	}
-	d->nofile = rl.rlim_cur;
-	d->fds_open = count_open_fds();
-	return daemon_fd_check(d, d->cfg, true);
-}
-
-/* Once every part is up and before the first connection: the descriptors counted, plus
- * what the relay and metrics open later and the reserve, if that is more than planned. */
-static void fd_recount(struct daemon *d)
-{
-	struct fd_plan p;
-	fd_plan_make(d->cfg, engine_workers(d->e), 0, &p);
-	unsigned held = count_open_fds() + p.relay + p.metrics + p.reserve;
-	if (held > d->fds_held) {
-		log_info("file descriptors: %u held back from the sessions (counted at start), "
-			 "not %u as planned", held, d->fds_held);
-		d->fds_held = held;
-		engine_set_fds_held(d->e, held);
-	}
 }
 
 /*
@@ -734,7 +545,7 @@ int daemon_main(int argc, char **argv)
 				"unless stderr is redirected\n", log_stderr_prefix(LOG_LEVEL_WARNING));
 	log_setup(d.cfg->log.target, d.cfg->log.facility, d.cfg->log.level);
 	signal(SIGPIPE, SIG_IGN);
-	if (raise_nofile(&d) < 0) {
+	if (daemon_fds_raise(&d) < 0) {
 		config_free(d.cfg);
 		return 1;
 	}
@@ -800,13 +611,13 @@ int daemon_main(int argc, char **argv)
 	if (!d.e)
 		fatal("out of memory at start");
 	if (d.cfg->milter.listen.n) {
-		struct milter_handler *h = daemon_milter_handler(d.cfg);
-		struct milter_service_conf mc = daemon_milter_conf(d.cfg);
+		struct milter_handler *h = daemon_services_milter_handler(d.cfg);
+		struct milter_service_conf mc = daemon_services_milter_conf(d.cfg);
 		if (!h || !(d.milter = milter_service_new(d.e, h, &mc)))
 			fatal("out of memory at start");
 	}
 	if (d.cfg->policy.listen.n) {
-		struct pfpolicy_conf pc = daemon_pfpolicy_conf(d.cfg);
+		struct pfpolicy_conf pc = daemon_services_pfpolicy_conf(d.cfg);
 		if (!(d.policy = pfpolicy_service_new(d.e, d.cfg->rules, &pc)))
 			fatal("out of memory at start");
 	}
@@ -822,7 +633,7 @@ int daemon_main(int argc, char **argv)
 		log_notice("no route configured: queued mail stays in the queue");
 	}
 	if (d.cfg->intake.enabled) {
-		struct intake_conf ic = daemon_intake_conf(d.cfg);
+		struct intake_conf ic = daemon_services_intake_conf(d.cfg);
 		if (!(d.intake = intake_service_new(d.e, d.queue, &ic)))
 			fatal("out of memory at start");
 	}
@@ -845,8 +656,8 @@ int daemon_main(int argc, char **argv)
 			 policy_rule_count(d.cfg->rules),
 			 policy_has_classes(d.cfg->rules) ? "host classes" : "no host classes",
 			 (unsigned long long)d.cfg->store.max_keys);
-	daemon_apply_limits(&d, d.cfg);
-	daemon_fd_check(&d, d.cfg, false); /* the engine exists now: it learns what is held */
+	daemon_services_limits(&d, d.cfg);
+	daemon_fds_check(&d, d.cfg, false); /* the engine exists now: it learns what is held */
 	int lr = adopt_listeners(&d);
 	if (lr == 0 && d.cfg->metrics.enabled) {
 		err[0] = '\0';
@@ -891,7 +702,7 @@ int daemon_main(int argc, char **argv)
 	if (!d.ev_drain)
 		fatal("cannot create timers");
 	daemon_timers_start(&d);
-	fd_recount(&d);
+	daemon_fds_recount(&d);
 	log_notice("sluiced %s started: %u workers, configuration %s, file descriptor limit %llu "
 		   "(%llu held back from the sessions)", SLUICE_VERSION, engine_workers(d.e), path,
 		   (unsigned long long)d.nofile, (unsigned long long)d.fds_held);

@@ -110,7 +110,7 @@ static int cmd_stats(struct daemon *d, size_t argc, const struct str *argv, bool
 		service_stats_format(out, sts, n);
 		buf_append_byte(out, '\n');
 	}
-	struct policy *p = daemon_rules(d);
+	struct policy *p = daemon_services_rules(d);
 	if (json)
 		buf_append_byte(out, ',');
 	policy_control_stats(p, d->store, json, out);
@@ -129,7 +129,7 @@ static int cmd_decisions(struct daemon *d, size_t argc, const struct str *argv, 
 	(void)argc;
 	(void)argv;
 	(void)w;
-	struct policy *p = daemon_rules(d);
+	struct policy *p = daemon_services_rules(d);
 	policy_control_decisions(p, json, out);
 	policy_unref(p);
 	*ret_ok = true;
@@ -143,7 +143,7 @@ static int cmd_top(struct daemon *d, size_t argc, const struct str *argv, bool j
 	(void)argv;
 	(void)json;
 	(void)w;
-	struct policy *p = daemon_rules(d);
+	struct policy *p = daemon_services_rules(d);
 	daemon_control_top(d, p, out);
 	policy_unref(p);
 	*ret_ok = true;
@@ -219,7 +219,7 @@ static int cmd_limits(struct daemon *d, size_t argc, const struct str *argv, boo
 {
 	(void)json;
 	/* the command holds its own reference while it waits */
-	struct policy *p = daemon_rules(d);
+	struct policy *p = daemon_services_rules(d);
 	int r = policy_control_limits(p, argc, argv, out, ret_ok, w);
 	policy_unref(p);
 	return r;
@@ -229,7 +229,7 @@ static int cmd_test(struct daemon *d, size_t argc, const struct str *argv, bool 
 		    struct buf *out, bool *ret_ok, struct control_wait *w)
 {
 	(void)json;
-	struct policy *p = daemon_rules(d);
+	struct policy *p = daemon_services_rules(d);
 	int r = policy_control_test(p, argc, argv, out, ret_ok, w);
 	policy_unref(p);
 	return r;

@@ -1,21 +1,27 @@
 /*
  * daemon_int -- the rooms of sluiced behind daemon.h, and the state they share.
  *
- *   daemon.c          the program shell: start, privileges, signals, detach, pid file,
- *                     listeners, the main loop, and what a configuration gives each
- *                     service (daemon_apply_limits(), daemon_*_conf())
- *   daemon_timers.c   the main loop's timers: statistics, the store's snapshot, expiry
- *                     sweep and leases, the overrides files' checks
- *   daemon_control.c  the table binding each control command to its handler, and the
- *                     handlers of status, stats, decisions, top, reload and help
- *   reload.c          a new configuration loaded, compared with the running one, and
- *                     swapped in, on the main thread alone
+ *   daemon.c           the program shell: start, privileges, signals, detach, pid file,
+ *                      listeners, the main loop
+ *   daemon_control.c   the table binding each control command to its handler, and the
+ *                      handlers of status, stats, decisions, top, reload and help
+ *   reload.c           a new configuration loaded, compared with the running one, and
+ *                      swapped in, on the main thread alone
+ *   daemon_timers.c    the main loop's timers: statistics, the store's snapshot, expiry
+ *                      sweep and leases, the overrides files' checks
+ *   daemon_services.c  what the services are given from a loaded configuration (their
+ *                      parts of it, the milter's handler, the sessions' limits), and the
+ *                      rule set they run now
+ *   daemon_fds.c       the file descriptor limit, and what of it is held back from the
+ *                      sessions (fd_plan.c's share-out)
+ *
+ * Calls go down that list and never up: daemon.c calls every room and is called by
+ * none; daemon_control.c calls reload_ask() and the rooms below reload.c; reload.c calls
+ * the three floor rooms (timers, services, fds), which call no other room.
  *
  * Invariants: only the main thread writes d->cfg (at start, then reload.c's swap), under
  * cfg_lock; the other threads (control sessions on the workers, the metrics thread)
- * read it under that lock, and the main thread reads it without.  reload.c is called by
- * daemon.c and daemon_control.c; the timers and the handlers call nothing of reload.c
- * but reload_ask().
+ * read it under that lock, and the main thread reads it without.
  */
 #ifndef SLUICE_DAEMON_INT_H
 #define SLUICE_DAEMON_INT_H
@@ -86,35 +92,6 @@ struct daemon {
 	struct reload_ask *reload_asked; /* `sluice reload`s waiting for the next reload */
 };
 
-/* ---- daemon.c ---- */
-
-/* The sessions' limits of configuration c, given to every service that runs. */
-void daemon_apply_limits(struct daemon *d, const struct sluice_config *c);
-/* The milter handler for a configuration: the rules, or the fixed replies for testing;
- * NULL when out of memory. */
-struct milter_handler *daemon_milter_handler(struct sluice_config *c);
-struct milter_service_conf daemon_milter_conf(const struct sluice_config *c);
-struct pfpolicy_conf daemon_pfpolicy_conf(const struct sluice_config *c);
-struct intake_conf daemon_intake_conf(const struct sluice_config *c);
-/* Descriptors for configuration c at start (-EMFILE when too few to start) or after a
- * reload (0, with a warning when the sessions may want more than is left). */
-int daemon_fd_check(struct daemon *d, const struct sluice_config *c, bool start);
-/* The running rule set, with a reference the caller drops (policy_unref()); any thread. */
-struct policy *daemon_rules(struct daemon *d);
-
-/* ---- daemon_timers.c: on the main loop ---- */
-
-/* Make and arm the timers (fatal() when they cannot be made); with a shared store the
- * first lease renewal is made at once, which connects the main loop to it. */
-void daemon_timers_start(struct daemon *d);
-/* Arm again the timers whose period is the configuration's, after a reload. */
-void daemon_timers_rearm(struct daemon *d);
-void daemon_timers_free(struct daemon *d);
-/* Log each service's statistics of the interval; reset: a new interval begins. */
-void daemon_timers_stats(struct daemon *d, bool reset);
-/* Save the memory store's snapshot now (the stop's last one). */
-void daemon_timers_snapshot(struct daemon *d);
-
 /* ---- daemon_control.c ---- */
 
 /* Does the table of handlers bind exactly the commands control_cmds.h gives the daemon?
@@ -133,5 +110,42 @@ void reload_run(struct daemon *d);
 int reload_ask(struct daemon *d, struct buf *out, bool *ret_ok, struct control_wait *w);
 /* Free the asks the main thread never took (once the workers are stopped). */
 void reload_forget(struct daemon *d);
+
+/* ---- daemon_timers.c: on the main loop ---- */
+
+/* Make and arm the timers (fatal() when they cannot be made); with a shared store the
+ * first lease renewal is made at once, which connects the main loop to it. */
+void daemon_timers_start(struct daemon *d);
+/* Arm again the timers whose period is the configuration's, after a reload. */
+void daemon_timers_rearm(struct daemon *d);
+void daemon_timers_free(struct daemon *d);
+/* Log each service's statistics of the interval; reset: a new interval begins. */
+void daemon_timers_stats(struct daemon *d, bool reset);
+/* Save the memory store's snapshot now (the stop's last one). */
+void daemon_timers_snapshot(struct daemon *d);
+
+/* ---- daemon_services.c ---- */
+
+/* The sessions' limits of configuration c, given to every service that runs. */
+void daemon_services_limits(struct daemon *d, const struct sluice_config *c);
+/* The milter handler for a configuration: the rules, or the fixed replies for testing;
+ * NULL when out of memory. */
+struct milter_handler *daemon_services_milter_handler(struct sluice_config *c);
+struct milter_service_conf daemon_services_milter_conf(const struct sluice_config *c);
+struct pfpolicy_conf daemon_services_pfpolicy_conf(const struct sluice_config *c);
+struct intake_conf daemon_services_intake_conf(const struct sluice_config *c);
+/* The running rule set, with a reference the caller drops (policy_unref()); any thread. */
+struct policy *daemon_services_rules(struct daemon *d);
+
+/* ---- daemon_fds.c: on the main thread ---- */
+
+/* At start: raise the soft limit to the hard one, count what is open, and plan;
+ * -EMFILE (logged with the sum) when too low to start. */
+int daemon_fds_raise(struct daemon *d);
+/* Descriptors for configuration c at start (-EMFILE when too few to start) or after a
+ * reload (0, with a warning when the sessions may want more than is left). */
+int daemon_fds_check(struct daemon *d, const struct sluice_config *c, bool start);
+/* Once every part is up and before the first connection: count again what is held. */
+void daemon_fds_recount(struct daemon *d);
 
 #endif

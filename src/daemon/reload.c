@@ -130,7 +130,7 @@ static int reload_load(struct daemon *d, char *err, size_t errlen)
 	    old->queue.commit_batch != nc->queue.commit_batch)
 		log_warning("reload: queue settings changed; they take effect at the next restart");
 	policy_set_store(nc->rules, d->store);
-	struct milter_handler *h = d->milter ? daemon_milter_handler(nc) : NULL;
+	struct milter_handler *h = d->milter ? daemon_services_milter_handler(nc) : NULL;
 	if (d->milter && !h) {
 		log_error("reload failed: out of memory; keeping the running configuration");
 		fmt_fixed(err, errlen, "reload failed: out of memory");
@@ -140,16 +140,16 @@ static int reload_load(struct daemon *d, char *err, size_t errlen)
 	log_setup(nc->log.target, nc->log.facility, nc->log.level);
 	if (d->milter) {
 		milter_service_set_handler(d->milter, h);
-		struct milter_service_conf mc = daemon_milter_conf(nc);
+		struct milter_service_conf mc = daemon_services_milter_conf(nc);
 		milter_service_set_conf(d->milter, &mc);
 	}
 	if (d->policy) {
 		pfpolicy_service_set_policy(d->policy, nc->rules);
-		struct pfpolicy_conf pc = daemon_pfpolicy_conf(nc);
+		struct pfpolicy_conf pc = daemon_services_pfpolicy_conf(nc);
 		pfpolicy_service_set_conf(d->policy, &pc);
 	}
 	if (d->intake && nc->intake.enabled) {
-		struct intake_conf ic = daemon_intake_conf(nc);
+		struct intake_conf ic = daemon_services_intake_conf(nc);
 		if (intake_service_set_conf(d->intake, &ic) < 0)
 			log_error("reload: out of memory; the intake keeps its settings");
 	}
@@ -163,8 +163,8 @@ static int reload_load(struct daemon *d, char *err, size_t errlen)
 	d->cfg = nc;
 	d->reloads++;
 	pthread_mutex_unlock(&d->cfg_lock);
-	daemon_apply_limits(d, nc);
-	daemon_fd_check(d, nc, false);
+	daemon_services_limits(d, nc);
+	daemon_fds_check(d, nc, false);
 	daemon_timers_rearm(d);
 	config_free(old);
 	log_notice("configuration reloaded from %s", d->config_path);
