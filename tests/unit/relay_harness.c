@@ -11,7 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <strings.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 #include <cmocka.h>
 #include <event2/event.h>
@@ -286,6 +289,164 @@ size_t harness_attempts(struct harness *h, const char *id, char *out, size_t len
 	return strlen(out);
 }
 
+/* ---- scripted DNS: mx.h's channel ---- */
+
+struct fake_resolver {
+	int unused;
+};
+
+struct mx_resolver *mx_resolver_new(struct event_base *base, const char *servers, char *err,
+				    size_t errlen)
+{
+	(void)base;
+	(void)servers;
+	(void)err;
+	(void)errlen;
+	static struct fake_resolver one;
+	return (struct mx_resolver *)&one;
+}
+
+struct mx_resolver *mx_resolver_free(struct mx_resolver *r)
+{
+	(void)r;
+	for (struct mx_query *q; current && (q = current->queries);) {
+		current->queries = q->next;
+		free(q);
+	}
+	return NULL;
+}
+
+static struct mx_query *query_add(const char *name, bool tlsa, uint16_t port, void *arg)
+{
+	struct mx_query *q = calloc(1, sizeof(*q));
+	if (!q)
+		return NULL;
+	q->h = current;
+	snprintf(q->name, sizeof(q->name), "%s", name);
+	q->tlsa = tlsa;
+	q->port = port;
+	q->arg = arg;
+	q->next = current->queries;
+	current->queries = q;
+	current->lookups++;
+	return q;
+}
+
+static void query_unlist(struct mx_query *q)
+{
+	for (struct mx_query **p = &q->h->queries; *p; p = &(*p)->next)
+		if (*p == q) {
+			*p = q->next;
+			return;
+		}
+}
+
+static struct mx_query *query_find(struct harness *h, const char *name, bool tlsa)
+{
+	struct mx_query *found = NULL;
+	for (struct mx_query *q = h->queries; q; q = q->next)
+		if (q->tlsa == tlsa && strcasecmp(q->name, name) == 0)
+			found = q; /* the oldest */
+	return found;
+}
+
+static void target_at_localhost(struct mx_target *t, const char *host, unsigned pref,
+				uint16_t port, uint32_t ttl, bool secure)
+{
+	*t = (struct mx_target){ .preference = pref, .ttl = ttl, .secure = secure };
+	snprintf(t->host, sizeof(t->host), "%s", host);
+	struct sockaddr_in *sin = (struct sockaddr_in *)&t->addr;
+	sin->sin_family = AF_INET;
+	sin->sin_port = htons(port);
+	sin->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	t->addrlen = sizeof(*sin);
+}
+
+/* An address as a smarthost: answered at once (the channel does it without DNS). */
+static void on_literal(evutil_socket_t fd, short what, void *arg)
+{
+	struct mx_query *q = arg;
+	(void)fd;
+	(void)what;
+	struct mx_target t;
+	target_at_localhost(&t, q->name, 0, q->port, UINT32_MAX, false);
+	query_unlist(q);
+	mx_done_fn *done = q->done;
+	void *darg = q->arg;
+	free(q);
+	done(darg, 0, &t, 1);
+}
+
+int mx_lookup(struct mx_resolver *r, const char *name, bool use_mx, uint16_t port,
+	      mx_done_fn *done, void *arg, struct mx_query **ret)
+{
+	(void)r;
+	(void)use_mx;
+	struct mx_query *q = query_add(name, false, port, arg);
+	if (!q)
+		return -ENOMEM;
+	q->done = done;
+	*ret = q;
+	struct in_addr a;
+	if (!use_mx && inet_pton(AF_INET, name, &a) == 1)
+		event_base_once(current->r->base, -1, EV_TIMEOUT, on_literal, q, NULL);
+	return 0;
+}
+
+int mx_tlsa_lookup(struct mx_resolver *r, const char *host, uint16_t port, mx_tlsa_fn *done,
+		   void *arg, struct mx_query **ret)
+{
+	(void)r;
+	struct mx_query *q = query_add(host, true, port, arg);
+	if (!q)
+		return -ENOMEM;
+	q->tlsa_done = done;
+	*ret = q;
+	return 0;
+}
+
+void mx_cancel(struct mx_query *q)
+{
+	if (!q)
+		return;
+	query_unlist(q);
+	free(q);
+}
+
+bool harness_dns_waits(struct harness *h, const char *name, bool tlsa)
+{
+	return query_find(h, name, tlsa) != NULL;
+}
+
+void harness_dns_answer(struct harness *h, const char *name, const char *const *hosts, size_t n,
+			bool secure, uint32_t ttl, int error)
+{
+	struct mx_query *q = query_find(h, name, false);
+	assert_non_null(q);
+	struct mx_target t[MX_MAX_TARGETS];
+	for (size_t i = 0; i < n && i < MX_MAX_TARGETS; i++)
+		target_at_localhost(&t[i], hosts[i], (unsigned)(10 * (i + 1)), q->port, ttl, secure);
+	query_unlist(q);
+	mx_done_fn *done = q->done;
+	void *arg = q->arg;
+	free(q);
+	done(arg, n ? 0 : error, t, n);
+	harness_run(h);
+}
+
+void harness_tlsa_answer(struct harness *h, const char *host, bool secure, int error)
+{
+	struct mx_query *q = query_find(h, host, true);
+	assert_non_null(q);
+	struct mx_tlsa_answer a = { .secure = secure, .ttl = 300 };
+	query_unlist(q);
+	mx_tlsa_fn *done = q->tlsa_done;
+	void *arg = q->arg;
+	free(q);
+	done(arg, error, &a);
+	harness_run(h);
+}
+
 /* ---- the scripted peer: smtp_out.h ---- */
 
 static void on_auto_ready(evutil_socket_t fd, short what, void *arg)
@@ -303,7 +464,6 @@ struct smtp_out *smtp_out_new(struct event_base *base, const struct smtp_out_con
 			      const struct sockaddr *addr, socklen_t addrlen,
 			      const struct sockaddr *source, socklen_t sourcelen)
 {
-	(void)conf;
 	(void)addr;
 	(void)addrlen;
 	(void)source;
@@ -312,6 +472,8 @@ struct smtp_out *smtp_out_new(struct event_base *base, const struct smtp_out_con
 	if (!c)
 		return NULL;
 	c->h = current;
+	c->tls = conf->tls;
+	snprintf(c->host, sizeof(c->host), "%s", conf->server_name ? conf->server_name : "");
 	c->next = current->conns;
 	current->conns = c;
 	current->opened++;

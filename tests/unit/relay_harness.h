@@ -6,9 +6,10 @@
  * left out of the link) a scripted peer: each connection the relay opens is listed, made
  * ready when the test says, and each transaction waits for the reply the test gives.
  *
- * Routes are smarthosts at [127.0.0.1]:PORT (an address: no DNS is asked).  An MX answer,
- * where a test needs one, is given to a lane directly (harness_answer), as the lane's
- * lookup would.
+ * In place of the DNS channel (mx.c, left out of the link too) the lookups wait for the
+ * test's answers (harness_dns_answer, harness_tlsa_answer); a smarthost that is an
+ * address is answered at once, as the channel does.  Routes are smarthosts at
+ * [127.0.0.1]:2525 unless a test makes one an mx route.
  */
 #ifndef SLUICE_RELAY_HARNESS_H
 #define SLUICE_RELAY_HARNESS_H
@@ -34,9 +35,23 @@ struct smtp_out {
 	void *done_arg;
 	const struct smtp_out_msg *msg;
 	char peer[300];
+	enum smtp_out_tls tls;        /* the TLS the relay asked of it */
+	char host[256];               /* the name its certificate must hold, or "" */
 	unsigned transactions;
 	bool is_ready, usable, quit;
 	struct smtp_out *next;
+};
+
+/* A lookup waiting for the test's answer (the struct mx_query the relay holds). */
+struct mx_query {
+	struct harness *h;
+	char name[256];
+	bool tlsa;
+	uint16_t port;
+	mx_done_fn *done;
+	mx_tlsa_fn *tlsa_done;
+	void *arg;
+	struct mx_query *next;
 };
 
 struct harness {
@@ -50,6 +65,8 @@ struct harness {
 	struct smtp_out *conns;       /* open (not freed) connections, newest first */
 	unsigned opened;              /* connections made */
 	bool auto_ready;              /* a new connection is ready at the next run */
+	struct mx_query *queries;     /* lookups waiting for an answer, newest first */
+	unsigned lookups;             /* lookups asked */
 };
 
 /* The relay's configuration before harness_open(): one smarthost route "r" for every
@@ -85,6 +102,17 @@ void harness_reply(struct harness *h, struct smtp_out *c, int code, const char *
 		   const int *rcpt, const char *reply_text);
 /* End c's transaction with a raw result. */
 void harness_result(struct harness *h, struct smtp_out *c, const struct smtp_out_result *res);
+
+/* Whether a lookup of name (MX, or TLSA for tlsa) waits for its answer. */
+bool harness_dns_waits(struct harness *h, const char *name, bool tlsa);
+/* Answer the MX lookup of name: n MX hosts (each at 127.0.0.1, preference 10 * (i + 1)),
+ * validated or not, with a TTL of ttl s; or error (-ENOENT no such domain, -ENODATA a null
+ * MX, -EAGAIN a failure) when n is 0. */
+void harness_dns_answer(struct harness *h, const char *name, const char *const *hosts, size_t n,
+			bool secure, uint32_t ttl, int error);
+/* Answer the TLSA lookup of host: no records (-ENOENT), records none of which is usable
+ * (0), or a failure (another error). */
+void harness_tlsa_answer(struct harness *h, const char *host, bool secure, int error);
 
 /* The message's recipient i status byte as on disk. */
 char harness_disk_status(struct harness *h, const char *id, size_t i);
