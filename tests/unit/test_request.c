@@ -1,6 +1,7 @@
 /*
  * test_request -- the decisions of the engine's requests (src/engine/request.c): how long
- * an open request may take, and which may give way to a newcomer at max_sessions.
+ * an open request may take and has left, and which may give way to a newcomer at
+ * max_sessions.
  *
  * Table-driven: a session's request (implicit or explicit, silent, partial or data with
  * its bytes) at a moment, and the answer.
@@ -27,6 +28,7 @@ struct req_case {
 	uint64_t allowed;
 	bool evictable;
 	uint64_t slow; /* of 1024, when evictable */
+	uint64_t left; /* ms before its deadline; 0 past it */
 };
 
 static void test_decisions(void **state)
@@ -34,29 +36,29 @@ static void test_decisions(void **state)
 	(void)state;
 	static const struct req_case cases[] = {
 		{ "a connection that has sent nothing gives way at once", SILENT, 5000, 0, 0, 0,
-		  0, 0, false, false, 5000, true, 0 },
+		  0, 0, false, false, 5000, true, 0, 5000 },
 		{ "a partial command, halfway to its deadline", PARTIAL, 5000, 0, 0, 0, 2500, 0,
-		  false, false, 5000, true, 512 },
+		  false, false, 5000, true, 512, 2500 },
 		{ "past its deadline, it is the slowest there can be", PARTIAL, 2000, 0, 0, 0,
-		  4000, 0, false, false, 2000, true, 2048 },
+		  4000, 0, false, false, 2000, true, 2048, 0 },
 		{ "a paused session never gives way", PARTIAL, 5000, 0, 0, 0, 4000, 0, true,
-		  false, 5000, false, 0 },
+		  false, 5000, false, 0, 1000 },
 		{ "nor one already closing", SILENT, 5000, 0, 0, 0, 4000, 0, false, true, 5000,
-		  false, 0 },
+		  false, 0, 1000 },
 		{ "data earns a second per min_rate bytes past its base", DATA, 5000, 5000, 1024,
-		  60000, 1000, 10240, false, false, 15000, false, 0 },
+		  60000, 1000, 10240, false, false, 15000, false, 0, 14000 },
 		{ "data on time never gives way, however long", DATA, 5000, 5000, 1024, 3600000,
-		  50000, 1024 * 60, false, false, 65000, false, 0 },
+		  50000, 1024 * 60, false, false, 65000, false, 0, 15000 },
 		{ "data behind its rate does, as slow as it is", DATA, 5000, 5000, 1024, 60000,
-		  3000, 1024, false, false, 6000, true, 512 },
+		  3000, 1024, false, false, 6000, true, 512, 3000 },
 		{ "what data earns stops at its maximum", DATA, 5000, 5000, 1, 8000, 7000,
-		  1000000, false, false, 8000, false, 0 },
+		  1000000, false, false, 8000, false, 0, 1000 },
 		{ "data with no rate: its maximum, and no way out before half of it", DATA, 5000,
-		  60000, 0, 60000, 29000, 0, false, false, 60000, false, 0 },
+		  60000, 0, 60000, 29000, 0, false, false, 60000, false, 0, 31000 },
 		{ "data with no rate gives way past half its deadline", DATA, 5000, 60000, 0,
-		  60000, 30000, 0, false, false, 60000, true, 512 },
+		  60000, 30000, 0, false, false, 60000, true, 512, 30000 },
 		{ "a clock read before the start counts as no time, not a wrap", PARTIAL, 5000, 0,
-		  0, 0, 0, 0, false, false, 5000, true, 0 },
+		  0, 0, 0, 0, false, false, 5000, true, 0, 5000 },
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		const struct req_case *t = &cases[i];
@@ -87,6 +89,7 @@ static void test_decisions(void **state)
 			assert_int_equal(slow, t->slow);
 		else
 			assert_int_equal(slow, 12345); /* untouched when it may not */
+		assert_int_equal(request_time_left(&s, now), t->left);
 	}
 }
 
