@@ -4,7 +4,7 @@
   OVER_THE_LIMIT, which may not grow past what they hold today.
 - No circle of calls between source files, but for the ones ALLOWED_CIRCLES names: the
   relay's event-loop rooms (lanes, connections, transactions, provider groups), the
-  memory store's tables with their snapshot, and (to go) the engine with its deadlines.  Everything else calls downwards only: a
+  memory store's tables with their snapshot.  Everything else calls downwards only: a
   module's floor room calls none above it, its top room is called by none.  Calls are
   read from the objects of the build (`nm`), so a call made through a header's inline
   function or a macro counts where it is compiled, and a call through a function
@@ -30,10 +30,6 @@ OVER_THE_LIMIT = {
 ALLOWED_CIRCLES = [
     {"relay_lane", "relay_conn", "relay_tx", "relay_group"},
     {"store_memory", "store_memory_snap"},
-    # XXX the engine's deadlines call back into the sessions (session_free, session_log,
-    # session_arm_timer, worker_timeout): to go as the Redis store's link did, through
-    # callbacks the engine registers
-    {"engine", "request"},
 ]
 
 # The rooms of the relay by the prefix of their functions (the longest prefix decides).
