@@ -109,6 +109,25 @@ void harness_open(struct harness *h)
 	harness_run(h);
 }
 
+void harness_restart(struct harness *h)
+{
+	queue_drain(h->q);
+	h->r = relay_free(h->r);
+	h->q = queue_free(h->q);
+	char qdir[128], err[256];
+	snprintf(qdir, sizeof(qdir), "%s/queue", h->dir);
+	struct queue_conf qc = { .dir = qdir, .commit_batch = 8 };
+	if (queue_open(&qc, NULL, NULL, &h->q, err, sizeof(err)) < 0)
+		fail_msg("queue_open: %s", err);
+	h->r = relay_new(&h->conf, h->q, NULL, NULL, on_log, h, err, sizeof(err));
+	if (!h->r)
+		fail_msg("relay_new: %s", err);
+	h->r->clock = harness_clock;
+	assert_int_equal(queue_start(h->q), 0);
+	assert_int_equal(queue_wait_loaded(h->q), 0);
+	harness_run(h);
+}
+
 void harness_close(struct harness *h)
 {
 	queue_drain(h->q);

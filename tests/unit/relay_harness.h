@@ -77,6 +77,9 @@ struct route_conf *harness_route(struct harness *h, const char *name, const char
 /* Queue and relay made and loaded (fails the test on error). */
 void harness_open(struct harness *h);
 void harness_close(struct harness *h);
+/* The relay and the queue stop, and start again over the same directories (the queue's
+ * messages are loaded and announced again, the send history read back). */
+void harness_restart(struct harness *h);
 
 /* Run the relay's loop until nothing is left to do at once. */
 void harness_run(struct harness *h);
