@@ -1,8 +1,12 @@
 /*
  * store_redis_int.h -- the rooms of the Redis store, and what they share.
  *
- *   store_redis.c       the store's operations: decisions (batched into script calls),
- *                       refunds, class slots, lane windows, statistics, life.
+ *   store_redis.c       the store: its life (configuration, addresses, the local store
+ *                       on_failure uses), its ops table, statistics, the lanes' windows.
+ *   store_redis_decide.c  the calls Redis answers and what answers them when it cannot:
+ *                       decisions (batched into script calls, split over a cluster's
+ *                       slots), refunds, class slots; the callbacks the link calls.
+ *   store_redis_argv.c  a command's arguments in one allocation; a lane's or class's key.
  *   store_redis_link.c  where a request goes and how it gets there: addresses, each
  *                       event loop's connections, their setup and backoff, Sentinel,
  *                       the cluster's slot map and its redirections, deadlines.
@@ -10,12 +14,13 @@
  *                       thread of its own (one synchronous connection) that polls it
  *                       and makes `sluice limits set|unset` changes.
  *
- * Calls go one way: store_redis.c calls the two others, store_redis_ov.c calls the
- * link, and the link calls neither: the scripts' table is the link's, a command's
- * arguments are freed by an inline of this header, and what the link must hand back to
- * the operations (an answer, a failure, a batch of decisions to send again, a withdrawn
- * decision's copy) goes through the callbacks store_redis.c registered in struct rstore
- * (struct redis_callbacks).
+ * Calls go one way: store_redis.c calls the others, store_redis_decide.c calls the
+ * arguments, the run-time limits and the link, store_redis_argv.c and store_redis_ov.c
+ * call the link, and the link calls none of them: the scripts' table is the link's, a
+ * command's arguments are freed by an inline of this header, and what the link must hand
+ * back to the operations (an answer, a failure, a batch of decisions to send again, a
+ * withdrawn decision's copy) goes through the callbacks store_redis.c registered in
+ * struct rstore (struct redis_callbacks, store_redis_decide.c's).
  *
  * Threads: every structure below but struct rstore belongs to one event loop (a worker's
  * or the main loop) and is touched only by the thread that runs it.  struct rstore is
@@ -79,7 +84,7 @@ struct addr {
 int redis_addr_parse(const char *text, struct addr *ret, char *err, size_t errlen);
 void redis_addr_format(const struct addr *a, char *buf, size_t len);
 
-/* A command's arguments, in one allocation (built by store_redis.c). */
+/* ---- store_redis_argv.c: a command's arguments, in one allocation ---- */
 struct argv_buf {
 	const char **argv;
 	size_t *len;
@@ -107,6 +112,12 @@ size_t redis_call_keys(const struct store_call *call);
 int argv_commit(struct argv_buf *a, size_t n);
 /* EVALSHA sha nkeys, or EVAL text nkeys */
 int argv_script_head(struct argv_buf *a, enum script_id sc, bool eval, uint64_t nkeys);
+struct rstore;
+/* A lane's or a class's key: PREFIX KIND NAME SUFFIX, or PREFIX KIND "{" NAME "}" SUFFIX on
+ * a cluster (its slot comes from the name alone), the slot in *ret_slot (0 off a
+ * cluster). */
+int argv_add_named_key(struct argv_buf *a, const struct rstore *st, const char *kind,
+		       const char *name, const char *suffix, uint16_t *ret_slot);
 
 enum req_kind {
 	REQ_DECIDE = 0,  /* a decision (batched): call */
@@ -250,6 +261,21 @@ struct rstore {
 	_Atomic(struct rov *) ov_sync;
 	bool ov_failed;             /* main thread: it could not start (logged once) */
 };
+
+/* ---- store_redis_decide.c: decisions, refunds, class slots, and their answers ---- */
+
+/* What the link calls back (st->cb), set by store_redis_new(). */
+extern const struct redis_callbacks redis_decide_callbacks;
+/* The store's ops (store.h) of these calls. */
+int redis_decide(void *ctx, struct store_item *items, size_t n, enum store_mode mode,
+		 uint64_t now);
+int redis_decide_start(void *ctx, struct store_call *call);
+void redis_cancel(void *ctx, struct store_call *call);
+void redis_refund(void *ctx, const struct store_item *items, size_t n, uint64_t now);
+int redis_slot_enter(void *ctx, struct store_slot_call *sc);
+void redis_slot_cancel(void *ctx, struct store_slot_call *sc);
+void redis_slot_release(void *ctx, const char *cls);
+void redis_slots_renew(void *ctx, const char *const *cls, const unsigned *counts, size_t n);
 
 /* ---- store_redis_ov.c: the run-time limits (the {ov} hash) and their sync thread ---- */
 struct rov;
