@@ -5,7 +5,7 @@
  * Every decision is one Lua script (redis/gcra.lua: GCRA over all windows of every rule
  * of an event, atomically, with Redis's own clock so that nodes with skewed clocks
  * agree), and the decisions a loop makes in one pass go to Redis as one script call
- * (store_redis_link.c batches them), which pays the script's own cost once.  Refunds and
+ * (store_redis_loop.c batches them), which pays the script's own cost once.  Refunds and
  * class slots are scripts too.  Keys are
  *     PREFIX RULE ":" WINDOWS ":{" HASH "}"     e.g. sluice:per-domain:10/1m,500/1d:{9f0c...}
  * one per (rule, key), holding the TATs of all its windows; HASH is the (rule, key) hash
@@ -40,7 +40,9 @@
  * Rooms (store_redis_int.h): this file is the top -- the store's life, its ops table,
  * its statistics and the lanes' windows; the decisions, refunds and class slots are in
  * store_redis_decide.c, a command's arguments in store_redis_argv.c, the run-time limits
- * in store_redis_ov.c, and where requests go in the link (store_redis_link.c).
+ * in store_redis_ov.c, and where requests go in the link's four rooms (each loop's part
+ * in store_redis_loop.c, its connections in store_redis_link.c, its requests in
+ * store_redis_req.c, what addresses and the cluster's replies say in store_redis_addr.c).
  */
 #include <errno.h>
 #include <inttypes.h>
