@@ -122,7 +122,6 @@ static struct mx_query *mx_waiting_next(struct mx_resolver *r)
 	return r->waiting_first.first ? r->waiting_first.first : r->waiting.first;
 }
 
-
 /* ---- queries ---- */
 
 static struct mx_query *mx_query_free(struct mx_query *q)

@@ -106,7 +106,6 @@ static bool mx_target_same_addr(const struct mx_target *t, int family, const uin
 	return memcmp(&((const struct sockaddr_in6 *)&t->addr)->sin6_addr, addr, 16) == 0;
 }
 
-
 /*
  * The targets in order, or the verdict when there is none: -EAGAIN if some lookup failed
  * temporarily (or memory ran out), else -ENOENT.
@@ -160,7 +159,6 @@ void mx_query_build(struct mx_query *q)
 	}
 	q->error = 0;
 }
-
 
 static void mx_shuffle_addrs(struct mx_fam *fam)
 {
@@ -217,7 +215,6 @@ void mx_fam_take(struct mx_fam *fam, int status, const struct ares_addrinfo *res
 	mx_shuffle_addrs(fam);
 }
 
-
 /*
  * "localhost" is the loopback address (RFC 6761 6.3), answered here and not by c-ares:
  * XXX c-ares 1.18.1 leaks the name on its own localhost path (ares__readaddrinfo() leaves
@@ -239,7 +236,6 @@ bool mx_fam_localhost(struct mx_fam *fam, const char *name)
 	fam->state = MX_FAM_OK;
 	return true;
 }
-
 
 struct mx_rec {
 	const char *host;
@@ -324,7 +320,6 @@ int mx_query_take_mx(struct mx_query *q, const struct ares_mx_reply *list)
 	return 0;
 }
 
-
 /*
  * What ares_query() would have said of an answer to ares_send(): NXDOMAIN is
  * ARES_ENOTFOUND, NOERROR without an answer ARES_ENODATA, a malformed one ARES_EBADRESP.
@@ -353,7 +348,6 @@ int mx_answer_status(struct mx_query *q, int status, const unsigned char *abuf, 
 		q->ttl = a.ttl;
 	return ARES_SUCCESS;
 }
-
 
 /*
  * A TLSA lookup's answer, read now: error 0 with the records (secure when the AD bit was

@@ -23,8 +23,6 @@ MAX_LINES = 1200
 # Files still longer than the limit, and the most each may hold until it is split.
 OVER_THE_LIMIT = {
     "src/policy/policy.c": 1266,
-    "src/store/store_redis.c": 1328,
-    "src/store/store_redis_link.c": 1441,
 }
 
 ALLOWED_CIRCLES = [
