@@ -91,12 +91,12 @@ struct route_conf *harness_route(struct harness *h, const char *name, const char
 	return &h->conf.routes[h->conf.nroutes - 2];
 }
 
-void harness_open(struct harness *h)
+/* The queue, then the relay over it, on h->dir; started and loaded. */
+static void start(struct harness *h)
 {
 	current = h;
 	char qdir[128], err[256];
 	snprintf(qdir, sizeof(qdir), "%s/queue", h->dir);
-	assert_int_equal(mkdir(qdir, 0700), 0);
 	struct queue_conf qc = { .dir = qdir, .commit_batch = 8 };
 	if (queue_open(&qc, NULL, NULL, &h->q, err, sizeof(err)) < 0)
 		fail_msg("queue_open: %s", err);
@@ -107,32 +107,32 @@ void harness_open(struct harness *h)
 	assert_int_equal(queue_start(h->q), 0);
 	assert_int_equal(queue_wait_loaded(h->q), 0);
 	harness_run(h);
+}
+
+static void stop(struct harness *h)
+{
+	queue_drain(h->q);
+	h->r = relay_free(h->r);
+	h->q = queue_free(h->q);
+}
+
+void harness_open(struct harness *h)
+{
+	char qdir[128];
+	snprintf(qdir, sizeof(qdir), "%s/queue", h->dir);
+	assert_int_equal(mkdir(qdir, 0700), 0);
+	start(h);
 }
 
 void harness_restart(struct harness *h)
 {
-	queue_drain(h->q);
-	h->r = relay_free(h->r);
-	h->q = queue_free(h->q);
-	char qdir[128], err[256];
-	snprintf(qdir, sizeof(qdir), "%s/queue", h->dir);
-	struct queue_conf qc = { .dir = qdir, .commit_batch = 8 };
-	if (queue_open(&qc, NULL, NULL, &h->q, err, sizeof(err)) < 0)
-		fail_msg("queue_open: %s", err);
-	h->r = relay_new(&h->conf, h->q, NULL, NULL, on_log, h, err, sizeof(err));
-	if (!h->r)
-		fail_msg("relay_new: %s", err);
-	h->r->clock = harness_clock;
-	assert_int_equal(queue_start(h->q), 0);
-	assert_int_equal(queue_wait_loaded(h->q), 0);
-	harness_run(h);
+	stop(h);
+	start(h);
 }
 
 void harness_close(struct harness *h)
 {
-	queue_drain(h->q);
-	h->r = relay_free(h->r);
-	h->q = queue_free(h->q);
+	stop(h);
 	relay_conf_clear(&h->conf);
 	for (size_t i = 0; i < h->nlog; i++)
 		free(h->log[i]);

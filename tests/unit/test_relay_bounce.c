@@ -50,17 +50,28 @@ static void wait_dsn(struct harness *h, size_t want)
 	assert_int_equal(dsns(h, NULL), want);
 }
 
+/* A relay whose messages live a minute (lifetime_ms), or are late after one (delay_ms),
+ * with one message from sender to the n recipients, its connection never ready. */
+static void waiting_message(struct harness *h, int64_t lifetime_ms, int64_t delay_ms,
+			    const char *sender, const char *const *rc, size_t n,
+			    char id[QUEUE_ID_LEN + 1])
+{
+	harness_init(h);
+	if (lifetime_ms)
+		h->conf.lifetime_ms = lifetime_ms;
+	h->conf.delay_warning_ms = delay_ms;
+	harness_open(h);
+	h->auto_ready = false;
+	harness_put(h, sender, rc, n, id);
+}
+
 static void test_lifetime_ends_in_a_bounce(void **state)
 {
 	(void)state;
 	struct harness h;
-	harness_init(&h);
-	h.conf.lifetime_ms = 60 * 1000;
-	harness_open(&h);
-	h.auto_ready = false;
 	const char *rc[] = { "a@old.test", "b@old.test" };
 	char id[QUEUE_ID_LEN + 1];
-	harness_put(&h, "alice@sender.test", rc, 2, id);
+	waiting_message(&h, 60 * 1000, 0, "alice@sender.test", rc, 2, id);
 	sweep(&h);
 	assert_non_null(msg_find(h.r, id)); /* not yet */
 	h.now += 61 * 1000 * MS;
@@ -113,13 +124,9 @@ static void test_a_bounce_is_not_bounced(void **state)
 {
 	(void)state;
 	struct harness h;
-	harness_init(&h);
-	h.conf.lifetime_ms = 60 * 1000;
-	harness_open(&h);
-	h.auto_ready = false;
 	const char *rc[] = { "a@old.test" };
 	char id[QUEUE_ID_LEN + 1];
-	harness_put(&h, "alice@sender.test", rc, 1, id);
+	waiting_message(&h, 60 * 1000, 0, "alice@sender.test", rc, 1, id);
 	h.now += 61 * 1000 * MS;
 	sweep(&h);
 	wait_dsn(&h, 1);
@@ -141,13 +148,9 @@ static void test_delay_notice_once(void **state)
 {
 	(void)state;
 	struct harness h;
-	harness_init(&h);
-	h.conf.delay_warning_ms = 60 * 1000;
-	harness_open(&h);
-	h.auto_ready = false;
 	const char *rc[] = { "slow@late.test" };
 	char id[QUEUE_ID_LEN + 1];
-	harness_put(&h, "carol@sender.test", rc, 1, id);
+	waiting_message(&h, 0, 60 * 1000, "carol@sender.test", rc, 1, id);
 	h.now += 61 * 1000 * MS;
 	sweep(&h);
 	wait_dsn(&h, 1);
