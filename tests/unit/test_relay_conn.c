@@ -69,17 +69,22 @@ static void test_unreachable_smarthost_suspends_the_lane(void **state)
 	harness_close(&h);
 }
 
+/* An mx route, and a message to rcpt whose domain's lookup waits for the test. */
+static void mx_message(struct harness *h, const char *rcpt, char id[QUEUE_ID_LEN + 1])
+{
+	harness_init(h);
+	h->conf.routes[0].mx = true;
+	harness_open(h);
+	h->auto_ready = false;
+	harness_put(h, "s@sender.test", &rcpt, 1, id);
+}
+
 static void test_next_mx_host_before_the_lane_waits(void **state)
 {
 	(void)state;
 	struct harness h;
-	harness_init(&h);
-	h.conf.routes[0].mx = true;
-	harness_open(&h);
-	h.auto_ready = false;
-	const char *rc = "a@two.test";
 	char id[QUEUE_ID_LEN + 1];
-	harness_put(&h, "s@sender.test", &rc, 1, id);
+	mx_message(&h, "a@two.test", id);
 	const char *mx[] = { "mx1.two.test", "mx2.two.test" };
 	harness_dns_answer(&h, "two.test", mx, 2, false, 300, 0);
 	assert_int_equal(h.opened, 1);
@@ -99,13 +104,8 @@ static void test_dns_failure_suspends_until_the_next_lookup(void **state)
 {
 	(void)state;
 	struct harness h;
-	harness_init(&h);
-	h.conf.routes[0].mx = true;
-	harness_open(&h);
-	h.auto_ready = false;
-	const char *rc = "a@flaky.test";
 	char id[QUEUE_ID_LEN + 1];
-	harness_put(&h, "s@sender.test", &rc, 1, id);
+	mx_message(&h, "a@flaky.test", id);
 	harness_dns_answer(&h, "flaky.test", NULL, 0, false, 0, -EAGAIN);
 	struct lane *l = lane_find(h.r, "r:flaky.test");
 	assert_true(lane_budget_suspended(&l->b, h.now));
