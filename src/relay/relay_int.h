@@ -74,242 +74,16 @@
  * not even to the postmaster: no loops). */
 #define DSN_CLIENT "[127.0.0.1] sluice-dsn"
 
-struct lane;
-struct rmsg;
-struct lane_conn;
+struct conf_rt;
 struct dane_cache;
 struct dane_host;
-
-struct rrcpt {
-	struct lane *lane;            /* NULL: no route (waits for a reload) */
-	uint64_t next_try;            /* CLOCK_REALTIME ns; 0: at once */
-	uint32_t attempts;
-	uint32_t item;                /* its lane's item: m->items[item] (when lane is set) */
-	char status;                  /* T U D F N, as on disk */
-	bool busy;                    /* in a transaction */
-	uint8_t notify;               /* its NOTIFY= (enum queue_notify), 0: none */
-	bool relayed;                 /* this delivery (NOTIFY=SUCCESS to a server without
-					 DSN) owes a "relayed" notice: it is written N, not
-					 D, and the N is what the bounce reads */
-};
-
-/* Does the recipient's NOTIFY (RFC 3461 4.1) ask for the notice of kind bit
- * (QUEUE_NOTIFY_FAILURE, _DELAY, _SUCCESS)?  Without NOTIFY: failures and delays, as
- * before DSN was offered (RFC 3461 leaves DELAY to the MTA then). */
-static inline bool rcpt_notify_wants(const struct rrcpt *rr, unsigned bit)
-{
-	if (rr->notify == 0)
-		return bit != QUEUE_NOTIFY_SUCCESS;
-	return (rr->notify & bit) != 0;
-}
-
-/* One message's recipients in one lane: what the scheduler orders (relay_sched.h). */
-struct lane_item {
-	struct sched_item s;          /* first: a struct sched_item * is a lane_item's */
-	struct rmsg *m;
-	struct lane *lane;
-	size_t pending;               /* recipients of m in this lane that are T or U */
-	uint32_t scan;                /* its recipients before this one are done */
-	uint32_t nri, ri_cap;         /* its recipients (indexes into m->r, routing order);
-					 ri_cap 0: the one there is is in ri_one */
-	union {
-		uint32_t *ri_many;
-		uint32_t ri_one;
-	};
-	TAILQ_ENTRY(lane_item) link;
-};
-
-/* Message files kept open between their transactions (relay.open_idle). */
-#define MSG_OPEN_IDLE_MAX 64
-#define MSG_OPEN_IDLE_BYTES (UINT64_C(64) << 20) /* their files' sizes, summed */
-
-/* The indexes of it's recipients: it->nri of them. */
-static inline uint32_t *item_rcpts(struct lane_item *it)
-{
-	return it->ri_cap ? it->ri_many : &it->ri_one;
-}
-
-struct rmsg {
-	char id[QUEUE_ID_LEN + 1];
-	uint64_t arrival_us;
-	uint64_t size;
-	uint32_t flags;
-	char *block;                  /* sender, then each recipient, NUL-terminated */
-	const char *sender;
-	const char **addr;
-	struct rrcpt *r;
-	size_t nrcpt;
-	struct lane_item *items;      /* linked into lanes and the scheduler by address */
-	size_t nitems;
-	uint64_t seq;                 /* load order: ties of arrival */
-	unsigned busy;                /* transactions under way */
-	bool held, deleted, bouncing;  /* bouncing: a DSN of it is being committed */
-	bool warned;                  /* control byte QUEUE_CTL_WARNED is 'W' */
-	bool is_dsn;                  /* a DSN this relay made: never bounced itself */
-	bool recheck;                 /* its id is in relay.recheck */
-	bool bounce_asked;            /* `sluice queue bounce` while it was busy */
-	char bounce;                  /* control byte QUEUE_CTL_BOUNCE */
-	bool open;
-	bool open_idle;               /* open and in relay.open_idle */
-	bool dirty;                   /* bytes written since the last flush was handed over */
-	size_t npending;              /* recipients that are T or U */
-	unsigned flushing;            /* status flushes handed to the flusher, not yet done */
-	struct queue_msg *qm;         /* while open */
-	TAILQ_ENTRY(rmsg) link;
-	TAILQ_ENTRY(rmsg) idle_link;  /* in relay.open_idle */
-	struct htab_node hnode;       /* in the relay's table by id */
-};
-
-/* A route as the relay runs it: the configuration and what is built from it. */
-struct route_rt {
-	const struct route_conf *conf;
-	struct classify *cls;
-	struct smtp_out_conf oc;
-};
-
-/* One configuration with its routes; retired ones live until no connection uses them. */
-struct conf_rt {
-	struct relay_conf conf;
-	struct route_rt *routes;
-	unsigned users;               /* connections made under it */
-	struct conf_rt *next;         /* retired list */
-};
-
-struct lane {
-	struct relay *r;
-	char *name;
-	struct htab_node hnode;       /* the relay's index of lanes by name (lane_find) */
-	char *domain;                 /* MX lanes: the destination domain (a group lane: the
-				       * domain whose MX answer it uses) */
-	struct route_rt *rt;          /* NULL: its route is gone (after a reload) */
-	/* lanes = "mx" or "provider" (doc/RELAY.md, Provider lanes): a domain's lane whose
-	 * MX answer matched a group forwards to the group's lane while that answer is used;
-	 * the group lane lists those domain lanes (its members) */
-	bool group;
-	bool dnssec_seen;             /* a group: a member's MX answer was validated (DANE) */
-	char *provider_name;          /* a provider's lane */
-	const struct provider_conf *provider; /* its configuration, in r->crt */
-	struct lane *fwd;
-	TAILQ_HEAD(, lane) members;
-	TAILQ_ENTRY(lane) member;
-	size_t nmembers;
-	/* the signals' thresholds: a counter per signal of the classifier thr_serial */
-	uint64_t thr_serial;          /* classify_serial() of the classifier counted for */
-	struct threshold *thr;
-	uint64_t *thr_key;            /* classify_threshold_key() of each */
-	size_t nthr;
-	struct lane_budget b;
-	TAILQ_HEAD(, lane_item) items;
-	uint32_t item_hint;           /* where the last message asked had its item in this
-				       * lane (msg_item(): a guess, checked before use) */
-	uint64_t route_gen;           /* == relay.route_gen: the message msg_route() routes
-				       * has its item in this lane at item_hint */
-	struct sched_lane s;          /* its items by due time and arrival; its wake-up */
-	size_t waiting;               /* the items' pending recipients, summed */
-	TAILQ_HEAD(, lane_conn) conns;
-	unsigned nconns, nidle, nconnecting;
-	struct mx_target *targets;
-	size_t ntargets;
-	uint64_t targets_until;       /* their TTL (relay.dns_min_ttl, dns_max_ttl) ends */
-	bool targets_fresh;           /* serve the attempts that asked for them, even past
-				       * targets_until (TTL 0), until one connects or all failed */
-	unsigned dns_failures;        /* lookups failed in a row: the retry's backoff */
-	unsigned next_target;
-	struct mx_query *query;
-	bool deciding;                /* a shared budget's answer is awaited */
-	struct store_slide_call *call;
-	struct policy_pending *slot_wait; /* the shared store's answer for a class slot */
-	struct policy *slot_rules;    /* a reference to the rules it was asked under */
-	struct class_slot *slot;      /* granted for the next connection (slot_granted) */
-	bool slot_granted;
-	uint64_t delivered, failed, deferred, suspensions, transactions;
-	char last[200];               /* the last reply or error, for `sluice lanes` */
-	struct dane_host *dane_wait;  /* tls = "dane": the TLSA lookup it waits for */
-	char dane_status[400];        /* tls = "dane": the last connection's, for `sluice lanes` */
-	TAILQ_ENTRY(lane) link;
-};
-
-enum rconn_state { RC_CONNECTING = 0, RC_IDLE, RC_BUSY };
-
-struct lane_conn {
-	struct relay *r;
-	struct lane *lane;
-	struct conf_rt *crt;
-	struct classify *cls;         /* of the route it was made for (in crt) */
-	struct smtp_out_conf oc;      /* the route's, with the MX host's name for TLS */
-	struct class_slot *slot;      /* in the host class of the peer, or NULL */
-	char host[256];
-	struct smtp_out *c;
-	enum rconn_state st;
-	struct event *idle_timer;
-	struct tx *tx;
-	unsigned target;
-	struct smtp_out_dane *dane;   /* its TLSA records (oc.dane), owned */
-	bool dane_tls;                /* TLS made mandatory by TLSA records (tls = "dane") */
-	uint64_t until;               /* not reused from then on (its DNS answers' end), or 0 */
-	TAILQ_ENTRY(lane_conn) link;
-};
-
-/* A message's body as the pieces of its mapped file (msg_body_collect). */
-struct msg_body {
-	struct str *part;             /* as many as the queue index's nbody */
-	size_t n;
-};
-
-struct tx {
-	struct lane_conn *rc;
-	struct rmsg *m;
-	struct lane *lane;
-	size_t n;
-	size_t *idx;
-	struct str *addrs;
-	struct smtp_out_rcpt_dsn *dsn; /* the recipients' DSN parameters */
-	struct msg_body body;
-	struct smtp_out_msg msg;      /* what smtp_out sends: valid until done() */
-	/* waiting for the send history to be on disk before its MAIL FROM goes out */
-	TAILQ_ENTRY(tx) hist_link;
-	uint64_t hist_seq;            /* the history's lines it waits for */
-	bool parked;
-	/* when its sends were counted (0: counted elsewhere, a shared lane), how many, and
-	 * how often counted again because the history's flush made them late */
-	uint64_t t_counted;
-	uint64_t ncounted;
-	unsigned recounts;
-};
-
-enum mb_kind { MB_QUEUE = 0, MB_DSN_DONE, MB_CALL, MB_STOP, MB_SETTLED, MB_HIST_SYNCED };
-
-/* A message's status bytes to flush, off the relay's loop (fd: a dup of its file's); or,
- * with hist_seq, the send history up to that line (fd: a dup of relay.lanes'). */
-struct flush_req {
-	int fd;
-	uint64_t hist_seq;
-	char id[QUEUE_ID_LEN + 1];
-	struct flush_req *next;
-};
-
-struct mb_item {
-	enum mb_kind kind;
-	enum queue_event ev;
-	char id[QUEUE_ID_LEN + 1];
-	int rc;
-	int64_t deadline_ms;          /* MB_STOP */
-	uint64_t hist_seq;            /* MB_HIST_SYNCED: the history's lines now on disk */
-	bool delayed;                 /* MB_DSN_DONE: a delay notice, not a bounce */
-	int (*fn)(struct relay *r, void *arg);
-	void *arg;
-	bool done;
-};
-
-/* What relay.lanes held at start, sorted by name (then by line) once loaded, so that a
- * lane made later finds its own entries by binary search (hist_find). */
-struct hist_entry {
-	char *name;
-	uint64_t us;                  /* a send; or, for a suspension, its end (0: resumed) */
-	char *why;                    /* a suspension's reason; NULL for a send */
-	size_t line;                  /* its order in the file */
-	bool taken;                   /* a lane was made for it and has it */
-};
+struct flush_req;
+struct hist_entry;
+struct lane;
+struct lane_conn;
+struct mb_item;
+struct rmsg;
+struct tx;
 
 /* What the rooms below the lanes ask of them (relay.up, set by lane_register): the
  * message room's lane for a recipient's domain (*ret_routed false: no route takes it;
@@ -399,13 +173,29 @@ static inline uint64_t relay_now(const struct relay *r)
 }
 
 /*
- * The functions of each room, from the floor up.  A room calls the rooms listed before
- * it; lanes, connections, transactions and groups (the event loop's own circle) call
- * each other; the top, relay.c, is called by none.  What a room below must ask of the
- * lanes goes through relay.up, registered by the lane room (lane_register).
+ * Each room's structs and functions, from the floor up (struct relay, which every room
+ * reaches, is above).  A room calls the rooms listed before it; lanes, connections,
+ * transactions and groups (the event loop's own circle) call each other; the top,
+ * relay.c, is called by none.  What a room below must ask of the lanes goes through
+ * relay.up, registered by the lane room (lane_register).
  */
 
-/* ---- relay_base.c: the floor (log lines, reply text, the mailbox) ---- */
+/* ---- relay_base.c: the floor: log lines, reply text, the mailbox (struct mb_item) ---- */
+enum mb_kind { MB_QUEUE = 0, MB_DSN_DONE, MB_CALL, MB_STOP, MB_SETTLED, MB_HIST_SYNCED };
+
+struct mb_item {
+	enum mb_kind kind;
+	enum queue_event ev;
+	char id[QUEUE_ID_LEN + 1];
+	int rc;
+	int64_t deadline_ms;          /* MB_STOP */
+	uint64_t hist_seq;            /* MB_HIST_SYNCED: the history's lines now on disk */
+	bool delayed;                 /* MB_DSN_DONE: a delay notice, not a bounce */
+	int (*fn)(struct relay *r, void *arg);
+	void *arg;
+	bool done;
+};
+
 void base_logf(struct relay *r, enum log_level level, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 /* A server's reply (or, without one, what res says went wrong) as one line of text. */
@@ -418,12 +208,107 @@ int base_post(struct relay *r, struct mb_item *it);
 int base_call_sync(struct relay *r, int (*fn)(struct relay *r, void *arg), void *arg);
 
 /* ---- relay_flush.c: the flusher (struct flush_req) ---- */
+/* A message's status bytes to flush, off the relay's loop (fd: a dup of its file's); or,
+ * with hist_seq, the send history up to that line (fd: a dup of relay.lanes'). */
+struct flush_req {
+	int fd;
+	uint64_t hist_seq;
+	char id[QUEUE_ID_LEN + 1];
+	struct flush_req *next;
+};
+
 void *flush_main(void *arg);
 /* m's status bytes written so far go to disk on the flusher (MB_SETTLED answers). */
 void flush_post(struct relay *r, struct rmsg *m);
 bool flush_post_hist(struct relay *r);
 
-/* ---- relay_msg.c: messages (struct rmsg, struct rrcpt, struct lane_item) ---- */
+/* ---- relay_msg.c: messages (struct rrcpt, struct lane_item, struct rmsg) ---- */
+struct rrcpt {
+	struct lane *lane;            /* NULL: no route (waits for a reload) */
+	uint64_t next_try;            /* CLOCK_REALTIME ns; 0: at once */
+	uint32_t attempts;
+	uint32_t item;                /* its lane's item: m->items[item] (when lane is set) */
+	char status;                  /* T U D F N, as on disk */
+	bool busy;                    /* in a transaction */
+	uint8_t notify;               /* its NOTIFY= (enum queue_notify), 0: none */
+	bool relayed;                 /* this delivery (NOTIFY=SUCCESS to a server without
+					 DSN) owes a "relayed" notice: it is written N, not
+					 D, and the N is what the bounce reads */
+};
+
+/* Does the recipient's NOTIFY (RFC 3461 4.1) ask for the notice of kind bit
+ * (QUEUE_NOTIFY_FAILURE, _DELAY, _SUCCESS)?  Without NOTIFY: failures and delays, as
+ * before DSN was offered (RFC 3461 leaves DELAY to the MTA then). */
+static inline bool rcpt_notify_wants(const struct rrcpt *rr, unsigned bit)
+{
+	if (rr->notify == 0)
+		return bit != QUEUE_NOTIFY_SUCCESS;
+	return (rr->notify & bit) != 0;
+}
+
+/* One message's recipients in one lane: what the scheduler orders (relay_sched.h). */
+struct lane_item {
+	struct sched_item s;          /* first: a struct sched_item * is a lane_item's */
+	struct rmsg *m;
+	struct lane *lane;
+	size_t pending;               /* recipients of m in this lane that are T or U */
+	uint32_t scan;                /* its recipients before this one are done */
+	uint32_t nri, ri_cap;         /* its recipients (indexes into m->r, routing order);
+					 ri_cap 0: the one there is is in ri_one */
+	union {
+		uint32_t *ri_many;
+		uint32_t ri_one;
+	};
+	TAILQ_ENTRY(lane_item) link;
+};
+
+/* Message files kept open between their transactions (relay.open_idle). */
+#define MSG_OPEN_IDLE_MAX 64
+#define MSG_OPEN_IDLE_BYTES (UINT64_C(64) << 20) /* their files' sizes, summed */
+
+/* The indexes of it's recipients: it->nri of them. */
+static inline uint32_t *item_rcpts(struct lane_item *it)
+{
+	return it->ri_cap ? it->ri_many : &it->ri_one;
+}
+
+struct rmsg {
+	char id[QUEUE_ID_LEN + 1];
+	uint64_t arrival_us;
+	uint64_t size;
+	uint32_t flags;
+	char *block;                  /* sender, then each recipient, NUL-terminated */
+	const char *sender;
+	const char **addr;
+	struct rrcpt *r;
+	size_t nrcpt;
+	struct lane_item *items;      /* linked into lanes and the scheduler by address */
+	size_t nitems;
+	uint64_t seq;                 /* load order: ties of arrival */
+	unsigned busy;                /* transactions under way */
+	bool held, deleted, bouncing;  /* bouncing: a DSN of it is being committed */
+	bool warned;                  /* control byte QUEUE_CTL_WARNED is 'W' */
+	bool is_dsn;                  /* a DSN this relay made: never bounced itself */
+	bool recheck;                 /* its id is in relay.recheck */
+	bool bounce_asked;            /* `sluice queue bounce` while it was busy */
+	char bounce;                  /* control byte QUEUE_CTL_BOUNCE */
+	bool open;
+	bool open_idle;               /* open and in relay.open_idle */
+	bool dirty;                   /* bytes written since the last flush was handed over */
+	size_t npending;              /* recipients that are T or U */
+	unsigned flushing;            /* status flushes handed to the flusher, not yet done */
+	struct queue_msg *qm;         /* while open */
+	TAILQ_ENTRY(rmsg) link;
+	TAILQ_ENTRY(rmsg) idle_link;  /* in relay.open_idle */
+	struct htab_node hnode;       /* in the relay's table by id */
+};
+
+/* A message's body as the pieces of its mapped file (msg_body_collect). */
+struct msg_body {
+	struct str *part;             /* as many as the queue index's nbody */
+	size_t n;
+};
+
 /* 1: loaded now (*ret_m) and routed; 0: it was loaded already (*ret_m); or -errno. */
 int msg_load(struct relay *r, const char *id, struct rmsg **ret_m);
 struct rmsg *msg_find(struct relay *r, const char *id);
@@ -467,6 +352,16 @@ bool msg_check_done(struct relay *r, struct rmsg *m);
 void msg_recheck_later(struct relay *r, struct rmsg *m);
 
 /* ---- relay_hist.c: the send history, state_dir/relay.lanes (struct hist_entry) ---- */
+/* What relay.lanes held at start, sorted by name (then by line) once loaded, so that a
+ * lane made later finds its own entries by binary search (hist_find). */
+struct hist_entry {
+	char *name;
+	uint64_t us;                  /* a send; or, for a suspension, its end (0: resumed) */
+	char *why;                    /* a suspension's reason; NULL for a send */
+	size_t line;                  /* its order in the file */
+	bool taken;                   /* a lane was made for it and has it */
+};
+
 void hist_append(struct relay *r, const char *lane, uint64_t t_ns);
 void hist_append_suspension(struct relay *r, const struct lane *l);
 void hist_compact(struct relay *r);
@@ -541,7 +436,76 @@ void dane_free(struct lane *l);
 /* The relay's TLSA answers go (after the resolver: its lookups are cancelled). */
 void dane_cache_free(struct relay *r);
 
-/* ---- relay_lane.c: lanes (struct lane) ---- */
+/* ---- relay_lane.c: lanes (struct route_rt, struct conf_rt, struct lane) ---- */
+/* A route as the relay runs it: the configuration and what is built from it. */
+struct route_rt {
+	const struct route_conf *conf;
+	struct classify *cls;
+	struct smtp_out_conf oc;
+};
+
+/* One configuration with its routes; retired ones live until no connection uses them. */
+struct conf_rt {
+	struct relay_conf conf;
+	struct route_rt *routes;
+	unsigned users;               /* connections made under it */
+	struct conf_rt *next;         /* retired list */
+};
+
+struct lane {
+	struct relay *r;
+	char *name;
+	struct htab_node hnode;       /* the relay's index of lanes by name (lane_find) */
+	char *domain;                 /* MX lanes: the destination domain (a group lane: the
+				       * domain whose MX answer it uses) */
+	struct route_rt *rt;          /* NULL: its route is gone (after a reload) */
+	/* lanes = "mx" or "provider" (doc/RELAY.md, Provider lanes): a domain's lane whose
+	 * MX answer matched a group forwards to the group's lane while that answer is used;
+	 * the group lane lists those domain lanes (its members) */
+	bool group;
+	bool dnssec_seen;             /* a group: a member's MX answer was validated (DANE) */
+	char *provider_name;          /* a provider's lane */
+	const struct provider_conf *provider; /* its configuration, in r->crt */
+	struct lane *fwd;
+	TAILQ_HEAD(, lane) members;
+	TAILQ_ENTRY(lane) member;
+	size_t nmembers;
+	/* the signals' thresholds: a counter per signal of the classifier thr_serial */
+	uint64_t thr_serial;          /* classify_serial() of the classifier counted for */
+	struct threshold *thr;
+	uint64_t *thr_key;            /* classify_threshold_key() of each */
+	size_t nthr;
+	struct lane_budget b;
+	TAILQ_HEAD(, lane_item) items;
+	uint32_t item_hint;           /* where the last message asked had its item in this
+				       * lane (msg_item(): a guess, checked before use) */
+	uint64_t route_gen;           /* == relay.route_gen: the message msg_route() routes
+				       * has its item in this lane at item_hint */
+	struct sched_lane s;          /* its items by due time and arrival; its wake-up */
+	size_t waiting;               /* the items' pending recipients, summed */
+	TAILQ_HEAD(, lane_conn) conns;
+	unsigned nconns, nidle, nconnecting;
+	struct mx_target *targets;
+	size_t ntargets;
+	uint64_t targets_until;       /* their TTL (relay.dns_min_ttl, dns_max_ttl) ends */
+	bool targets_fresh;           /* serve the attempts that asked for them, even past
+				       * targets_until (TTL 0), until one connects or all failed */
+	unsigned dns_failures;        /* lookups failed in a row: the retry's backoff */
+	unsigned next_target;
+	struct mx_query *query;
+	bool deciding;                /* a shared budget's answer is awaited */
+	struct store_slide_call *call;
+	struct policy_pending *slot_wait; /* the shared store's answer for a class slot */
+	struct policy *slot_rules;    /* a reference to the rules it was asked under */
+	struct class_slot *slot;      /* granted for the next connection (slot_granted) */
+	bool slot_granted;
+	uint64_t delivered, failed, deferred, suspensions, transactions;
+	char last[200];               /* the last reply or error, for `sluice lanes` */
+	struct dane_host *dane_wait;  /* tls = "dane": the TLSA lookup it waits for */
+	char dane_status[400];        /* tls = "dane": the last connection's, for `sluice lanes` */
+	TAILQ_ENTRY(lane) link;
+};
+
 uint64_t lane_guard_ns(const struct route_conf *rc);
 struct lane *lane_find(struct relay *r, const char *name);
 struct lane *lane_get(struct relay *r, struct route_rt *rt, const char *domain);
@@ -579,6 +543,27 @@ void lane_defer_due(struct lane *l, const char *mta, const char *dsn, const char
 void lane_sweep(struct relay *r, uint64_t now);
 
 /* ---- relay_conn.c: connections and DNS (struct lane_conn) ---- */
+enum rconn_state { RC_CONNECTING = 0, RC_IDLE, RC_BUSY };
+
+struct lane_conn {
+	struct relay *r;
+	struct lane *lane;
+	struct conf_rt *crt;
+	struct classify *cls;         /* of the route it was made for (in crt) */
+	struct smtp_out_conf oc;      /* the route's, with the MX host's name for TLS */
+	struct class_slot *slot;      /* in the host class of the peer, or NULL */
+	char host[256];
+	struct smtp_out *c;
+	enum rconn_state st;
+	struct event *idle_timer;
+	struct tx *tx;
+	unsigned target;
+	struct smtp_out_dane *dane;   /* its TLSA records (oc.dane), owned */
+	bool dane_tls;                /* TLS made mandatory by TLSA records (tls = "dane") */
+	uint64_t until;               /* not reused from then on (its DNS answers' end), or 0 */
+	TAILQ_ENTRY(lane_conn) link;
+};
+
 /* Look the smarthost or l's MX hosts up (the answer kicks the lane). */
 void conn_resolve(struct lane *l);
 /* Open a connection of l to its next target (its ready callback kicks the lane). */
@@ -591,6 +576,27 @@ void conn_close_stale(struct lane *l, uint64_t now);
 struct lane_conn *conn_find_idle(struct lane *l);
 
 /* ---- relay_tx.c: transactions (struct tx) ---- */
+struct tx {
+	struct lane_conn *rc;
+	struct rmsg *m;
+	struct lane *lane;
+	size_t n;
+	size_t *idx;
+	struct str *addrs;
+	struct smtp_out_rcpt_dsn *dsn; /* the recipients' DSN parameters */
+	struct msg_body body;
+	struct smtp_out_msg msg;      /* what smtp_out sends: valid until done() */
+	/* waiting for the send history to be on disk before its MAIL FROM goes out */
+	TAILQ_ENTRY(tx) hist_link;
+	uint64_t hist_seq;            /* the history's lines it waits for */
+	bool parked;
+	/* when its sends were counted (0: counted elsewhere, a shared lane), how many, and
+	 * how often counted again because the history's flush made them late */
+	uint64_t t_counted;
+	uint64_t ncounted;
+	unsigned recounts;
+};
+
 /* Start a transaction on the idle connection rc (budget_taken: a shared lane's budget was
  * granted for one send).  False when nothing was started and the lane must wait. */
 bool tx_start(struct lane *l, struct lane_conn *rc, uint64_t now, bool budget_taken);
