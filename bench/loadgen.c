@@ -9,6 +9,7 @@
 #include "loadgen.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
 #include <netdb.h>
@@ -91,7 +92,26 @@ double loadgen_parse_secs(const char *s, const char *what)
 	return v;
 }
 
-void loadgen_opt(struct loadgen_opts *o, int ch, const char *arg, const char *count_what,
+/* getopt_long() values of the common long options, and where a program's own begin. */
+enum {
+	OPT_JSON = 256,
+	OPT_LABEL,
+	OPT_PID,
+	OPT_OWN,
+};
+
+#define COMMON_SHORT_OPTS "c:hn:p:t:T:w:"
+
+static const struct option common_longs[] = {
+	{ "json", no_argument, NULL, OPT_JSON },
+	{ "label", required_argument, NULL, OPT_LABEL },
+	{ "pid", required_argument, NULL, OPT_PID },
+	{ "help", no_argument, NULL, 'h' },
+};
+
+/* Applies option ch (getopt_long's return) with argument arg, one the program does not
+ * take itself: a common one, or -h, or an unknown one. */
+static void common_opt(struct loadgen_opts *o, int ch, const char *arg, const char *count_what,
     void (*usage)(FILE *f))
 {
 	switch (ch) {
@@ -101,17 +121,70 @@ void loadgen_opt(struct loadgen_opts *o, int ch, const char *arg, const char *co
 	case 't': o->duration = loadgen_parse_secs(arg, "duration"); break;
 	case 'T': o->timeout = loadgen_parse_secs(arg, "timeout"); break;
 	case 'w': o->warmup = loadgen_parse_secs(arg, "warm-up"); break;
-	case LOADGEN_OPT_JSON: o->json = true; break;
-	case LOADGEN_OPT_LABEL: o->label = arg; break;
-	case LOADGEN_OPT_PID: o->pid = (long)loadgen_parse_num(arg, 1, 1u << 30, "pid"); break;
+	case OPT_JSON: o->json = true; break;
+	case OPT_LABEL: o->label = arg; break;
+	case OPT_PID: o->pid = (long)loadgen_parse_num(arg, 1, 1u << 30, "pid"); break;
 	case 'h': usage(stdout); exit(0);
 	default: usage(stderr); exit(2);
 	}
 }
 
-void loadgen_opts_finish(struct loadgen_opts *o, int argc, char **argv,
+/* Stores the value of a program's own option a (its argument arg). */
+static void own_opt(const struct loadgen_arg *a, const char *arg)
+{
+	switch (a->kind) {
+	case LOADGEN_ARG_UNSIGNED:
+		*(unsigned *)a->dst = (unsigned)loadgen_parse_num(arg, a->min, a->max, a->what);
+		break;
+	case LOADGEN_ARG_SIZE:
+		*(size_t *)a->dst = (size_t)loadgen_parse_num(arg, a->min, a->max, a->what);
+		break;
+	case LOADGEN_ARG_FLAG:
+		*(bool *)a->dst = true;
+		break;
+	}
+}
+
+void loadgen_parse_args(struct loadgen_opts *o, int argc, char **argv,
+    const struct loadgen_arg *args, size_t n, const char *count_what,
     void (*usage)(FILE *f))
 {
+	size_t ncommon = sizeof common_longs / sizeof common_longs[0];
+	struct option longs[LOADGEN_ARGS_MAX + sizeof common_longs / sizeof common_longs[0] + 1];
+	char shorts[2 * LOADGEN_ARGS_MAX + sizeof COMMON_SHORT_OPTS];
+	size_t nl = 0, ns = 0;
+	int ch;
+
+	LOADGEN_CHECK(n <= LOADGEN_ARGS_MAX);
+	for (size_t i = 0; i < n; i++) {
+		bool has_arg = args[i].kind != LOADGEN_ARG_FLAG;
+		int val = args[i].short_name ? args[i].short_name : OPT_OWN + (int)i;
+
+		if (args[i].short_name) {
+			shorts[ns++] = (char)args[i].short_name;
+			if (has_arg)
+				shorts[ns++] = ':';
+		}
+		if (args[i].long_name)
+			longs[nl++] = (struct option){ args[i].long_name,
+				has_arg ? required_argument : no_argument, NULL, val };
+	}
+	memcpy(shorts + ns, COMMON_SHORT_OPTS, sizeof COMMON_SHORT_OPTS);
+	memcpy(longs + nl, common_longs, sizeof common_longs);
+	longs[nl + ncommon] = (struct option){ NULL, 0, NULL, 0 };
+
+	while ((ch = getopt_long(argc, argv, shorts, longs, NULL)) != -1) {
+		const struct loadgen_arg *a = NULL;
+
+		for (size_t i = 0; i < n && a == NULL; i++)
+			if (ch == (args[i].short_name ? args[i].short_name : OPT_OWN + (int)i))
+				a = &args[i];
+		if (a != NULL)
+			own_opt(a, optarg);
+		else
+			common_opt(o, ch, optarg, count_what, usage);
+	}
+
 	if (optind < argc && o->target == NULL)
 		o->target = argv[optind++];
 	if (optind != argc || o->target == NULL) {

@@ -49,7 +49,7 @@ uint64_t loadgen_clock_ns(void);
 
 /* ---- options --------------------------------------------------------------------- */
 
-/* The options both programs take, parsed by loadgen_opt(). */
+/* The options both programs take, parsed by loadgen_parse_args(). */
 struct loadgen_opts {
 	const char *target;     /* -p or the operand */
 	const char *label;      /* --label */
@@ -62,37 +62,42 @@ struct loadgen_opts {
 	bool json;              /* --json */
 };
 
-/* getopt_long() values of the common long options, and where a program's own start. */
-enum {
-	LOADGEN_OPT_JSON = 256,
-	LOADGEN_OPT_LABEL,
-	LOADGEN_OPT_PID,
-	LOADGEN_OPT__MAX,
-};
-
-/* The common short options, for the program's optstring. */
-#define LOADGEN_SHORT_OPTS "c:hn:p:t:T:w:"
-/* The common long options, for the program's struct option table. */
-#define LOADGEN_LONG_OPTS \
-	{ "json", no_argument, NULL, LOADGEN_OPT_JSON }, \
-	{ "label", required_argument, NULL, LOADGEN_OPT_LABEL }, \
-	{ "pid", required_argument, NULL, LOADGEN_OPT_PID }, \
-	{ "help", no_argument, NULL, 'h' }
-
 /* An unsigned decimal in [min, max]; exits on anything else, naming it "what". */
 unsigned long long loadgen_parse_num(const char *s, unsigned long long min,
     unsigned long long max, const char *what);
 /* Seconds, 0 to 86400, fractions allowed; exits on anything else. */
 double loadgen_parse_secs(const char *s, const char *what);
 
-/* Applies option ch (getopt_long's return) with argument arg, one the program does not
- * take itself: a common one, or -h (usage(stdout), exit 0), or an unknown one
- * (usage(stderr), exit 2).  count_what names -n's unit in messages ("sessions"). */
-void loadgen_opt(struct loadgen_opts *o, int ch, const char *arg, const char *count_what,
-    void (*usage)(FILE *f));
-/* After the getopt loop: takes the SOCKET operand, calls usage(stderr) and exits 2 on
- * a missing or extra operand, defaults the duration to 5 s without -n, checks -T. */
-void loadgen_opts_finish(struct loadgen_opts *o, int argc, char **argv,
+/* One of a program's own options, for loadgen_parse_args(): a number in [min, max]
+ * stored into an unsigned or a size_t, or a flag that sets a bool. */
+enum loadgen_arg_kind {
+	LOADGEN_ARG_UNSIGNED = 0,
+	LOADGEN_ARG_SIZE,
+	LOADGEN_ARG_FLAG,
+};
+
+struct loadgen_arg {
+	int short_name;         /* -X, 0: a long option only */
+	const char *long_name;  /* --name, NULL: a short option only */
+	enum loadgen_arg_kind kind;
+	void *dst;              /* unsigned *, size_t * or bool *, as kind says */
+	unsigned long long min, max;
+	const char *what;       /* names the number in the error for a bad one */
+};
+
+/* At most this many options of a program's own. */
+#define LOADGEN_ARGS_MAX 16
+
+/*
+ * The one option parser of the load generators: the program's own options (args, n of
+ * them, stored where each says), the common ones into o (-c -n -p -t -T -w, --json
+ * --label --pid), -h (usage(stdout), exit 0), and the SOCKET operand.  An unknown option,
+ * a missing or extra operand: usage(stderr), exit 2; a bad value exits naming it.
+ * Afterwards the duration defaults to 5 s without -n, and -T must be above 0.
+ * count_what names -n's unit in messages ("sessions").
+ */
+void loadgen_parse_args(struct loadgen_opts *o, int argc, char **argv,
+    const struct loadgen_arg *args, size_t n, const char *count_what,
     void (*usage)(FILE *f));
 
 /* ---- latency --------------------------------------------------------------------- */

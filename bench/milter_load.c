@@ -32,7 +32,6 @@
  * not measured.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -1488,33 +1487,17 @@ static void usage(FILE *f)
 	    "Exit status: 0 ok, 1 protocol errors were counted, 2 usage or framing error.\n", f);
 }
 
-static void parse_args(int argc, char **argv)
-{
-	enum { OPT_REUSE = LOADGEN_OPT__MAX, OPT_FAST_CLOSE, OPT_IDLE_MAIL };
-	static const struct option longs[] = {
-		{ "idle-mail", no_argument, NULL, OPT_IDLE_MAIL },
-		{ "reuse", no_argument, NULL, OPT_REUSE },
-		{ "fast-close", no_argument, NULL, OPT_FAST_CLOSE },
-		LOADGEN_LONG_OPTS,
-		{ NULL, 0, NULL, 0 },
-	};
-	int ch;
-
-	while ((ch = getopt_long(argc, argv, "b:i:k:m:r:" LOADGEN_SHORT_OPTS, longs, NULL)) != -1) {
-		switch (ch) {
-		case 'b': o.body = (size_t)loadgen_parse_num(optarg, 0, 64u << 20, "body size"); break;
-		case 'i': o.idle = (unsigned)loadgen_parse_num(optarg, 0, 1000000, "idle count"); break;
-		case 'k': o.headers = (unsigned)loadgen_parse_num(optarg, 0, 10000, "header count"); break;
-		case 'm': o.messages = (unsigned)loadgen_parse_num(optarg, 1, 100000, "messages"); break;
-		case 'r': o.rcpts = (unsigned)loadgen_parse_num(optarg, 1, 100000, "recipients"); break;
-		case OPT_REUSE: o.reuse = true; break;
-		case OPT_FAST_CLOSE: o.fast_close = true; break;
-		case OPT_IDLE_MAIL: o.idle_mail = true; break;
-		default: loadgen_opt(&lg.opt, ch, optarg, "sessions", usage); break;
-		}
-	}
-	loadgen_opts_finish(&lg.opt, argc, argv, usage);
-}
+/* The options of milter_load's own; loadgen_parse_args() adds the common ones. */
+static const struct loadgen_arg args[] = {
+	{ 'b', NULL, LOADGEN_ARG_SIZE, &o.body, 0, 64u << 20, "body size" },
+	{ 'i', NULL, LOADGEN_ARG_UNSIGNED, &o.idle, 0, 1000000, "idle count" },
+	{ 'k', NULL, LOADGEN_ARG_UNSIGNED, &o.headers, 0, 10000, "header count" },
+	{ 'm', NULL, LOADGEN_ARG_UNSIGNED, &o.messages, 1, 100000, "messages" },
+	{ 'r', NULL, LOADGEN_ARG_UNSIGNED, &o.rcpts, 1, 100000, "recipients" },
+	{ 0, "idle-mail", LOADGEN_ARG_FLAG, &o.idle_mail, 0, 0, NULL },
+	{ 0, "reuse", LOADGEN_ARG_FLAG, &o.reuse, 0, 0, NULL },
+	{ 0, "fast-close", LOADGEN_ARG_FLAG, &o.fast_close, 0, 0, NULL },
+};
 
 int main(int argc, char **argv)
 {
@@ -1530,7 +1513,8 @@ int main(int argc, char **argv)
 	int rc;
 
 	loadgen_prog = "milter_load";
-	parse_args(argc, argv);
+	loadgen_parse_args(&lg.opt, argc, argv, args, sizeof args / sizeof args[0], "sessions",
+	    usage);
 	loadgen_init(&lg, &ops, (unsigned long long)lg.opt.concurrency + o.idle);
 	fill_body_pattern();
 	b.nconns = lg.opt.concurrency + o.idle;

@@ -29,7 +29,6 @@
  * read.  Requests started during the warm-up are run but not measured.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -651,27 +650,12 @@ static void usage(FILE *f)
 	    "that is not name=value lines.\n", f);
 }
 
-static void parse_args(int argc, char **argv)
-{
-	static const struct option longs[] = {
-		LOADGEN_LONG_OPTS,
-		{ NULL, 0, NULL, 0 },
-	};
-	int ch;
-
-	while ((ch = getopt_long(argc, argv, "d:l:r:" LOADGEN_SHORT_OPTS, longs, NULL)) != -1) {
-		switch (ch) {
-		case 'd': o.domains = (unsigned)loadgen_parse_num(optarg, 1, 100000000, "domains"); break;
-		case 'l':
-			o.per_conn = (unsigned)loadgen_parse_num(optarg, 0, 1000000000,
-			    "requests per connection");
-			break;
-		case 'r': o.rcpts = (unsigned)loadgen_parse_num(optarg, 1, 100000, "recipients"); break;
-		default: loadgen_opt(&lg.opt, ch, optarg, "requests", usage); break;
-		}
-	}
-	loadgen_opts_finish(&lg.opt, argc, argv, usage);
-}
+/* The options of policy_load's own; loadgen_parse_args() adds the common ones. */
+static const struct loadgen_arg args[] = {
+	{ 'd', NULL, LOADGEN_ARG_UNSIGNED, &o.domains, 1, 100000000, "domains" },
+	{ 'l', NULL, LOADGEN_ARG_UNSIGNED, &o.per_conn, 0, 1000000000, "requests per connection" },
+	{ 'r', NULL, LOADGEN_ARG_UNSIGNED, &o.rcpts, 1, 100000, "recipients" },
+};
 
 int main(int argc, char **argv)
 {
@@ -686,7 +670,8 @@ int main(int argc, char **argv)
 	int rc;
 
 	loadgen_prog = "policy_load";
-	parse_args(argc, argv);
+	loadgen_parse_args(&lg.opt, argc, argv, args, sizeof args / sizeof args[0], "requests",
+	    usage);
 	loadgen_init(&lg, &ops, lg.opt.concurrency);
 	b.conns = calloc(lg.opt.concurrency, sizeof *b.conns);
 	if (b.conns == NULL)

@@ -5,8 +5,8 @@ usage: bench/queue_fill.py DIR COUNT [SIZE]
 
 Writes COUNT messages of one recipient each (r<i>@dest.example, from
 bench@sender.example) as committed files DIR/msg/H/QID, in the format of doc/QUEUE.md
-("The message file"; src/queue/queue_file.c writes it, tests/func/queuefile.py reads it
-independently), every recipient `T` (to do), as if the intake had taken them.  SIZE
+("The message file"; src/queue/queue_file.c writes it, tests/func/peers/queuefile.py
+reads it independently), every recipient `T` (to do), as if the intake had taken them.  SIZE
 (default 1024) is the message's size in bytes, sluice's own Received: field included.
 sluiced must not be running on DIR: the files go straight under their final names, and
 sluiced reads them all at its next start.

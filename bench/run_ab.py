@@ -21,12 +21,13 @@ import json
 import os
 import pathlib
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+import harness
 
 SMTP_SOURCE = "/usr/sbin/smtp-source"
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
@@ -58,66 +59,36 @@ def say(*a):
     print("run_ab:", *a, file=sys.stderr, flush=True)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(pred, what, timeout=15):
-    t0 = time.monotonic()
-    while not pred():
-        if time.monotonic() - t0 > timeout:
-            raise SystemExit(f"run_ab: {what} did not come up")
-        time.sleep(0.05)
-
-
-def start(build, d, text):
-    d.mkdir(parents=True, exist_ok=True)
-    conf = d / "sluiced.conf"
-    conf.write_text(text)
-    conf.chmod(0o600)
-    log = open(d / "log", "ab")
-    return subprocess.Popen([str(build / "src/daemon/sluiced"), "-c", str(conf)],
-                            stdout=log, stderr=subprocess.STDOUT)
-
-
-def stop(p):
-    p.terminate()
-    p.wait(60)
+def start(build, d, text, ready):
+    """sluiced of build in d on configuration text, once ready() is true."""
+    sd = harness.Sluiced(build, d, text, "run_ab", conf_name="sluiced.conf", log_name="log")
+    sd.start(ready, timeout=15, interval=0.05)
+    return sd
 
 
 def milter_round(build, load, d):
-    p = start(build, d, MILTER_CONF.format(d=d))
+    sd = start(build, d, MILTER_CONF.format(d=d), lambda: (d / "milter.sock").exists())
     try:
-        wait_for(lambda: (d / "milter.sock").exists(), "sluiced's milter")
         res = subprocess.run([str(load), "-c", "100", "-t", DURATION, "-w", "1", "--json",
-                              "--pid", str(p.pid), f"unix:{d}/milter.sock"],
+                              "--pid", str(sd.pid), f"unix:{d}/milter.sock"],
                              capture_output=True, text=True, timeout=120)
         j = json.loads(res.stdout.strip().splitlines()[-1])
         return j["sessions_per_s"], j.get("server", {}).get("cpu_us_per_session")
     finally:
-        stop(p)
+        sd.stop()
 
 
 def intake_round(build, d):
-    port = free_port()
-    p = start(build, d, INTAKE_CONF.format(d=d, port=port))
+    port = harness.free_port()
+    sd = start(build, d, INTAKE_CONF.format(d=d, port=port), harness.tcp_listening(port))
     try:
-        def up():
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                return True
-            except OSError:
-                return False
-        wait_for(up, "sluiced's intake")
         cmd = [SMTP_SOURCE, "-s", "10", "-m", str(MESSAGES), "-l", "4096",
                "-f", "bench@sender.example", "-t", "rcpt@dest.example", f"127.0.0.1:{port}"]
         t0 = time.monotonic()
         subprocess.run(cmd, check=True, capture_output=True, timeout=900)
         return MESSAGES / (time.monotonic() - t0)
     finally:
-        stop(p)
+        sd.stop()
         shutil.rmtree(d / "queue", ignore_errors=True)
 
 

@@ -32,6 +32,7 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "func"))
 import conftest  # noqa: E402  (the Postfix instance and helpers of the functional tests)
+import harness  # noqa: E402
 
 SMTP_SOURCE = "/usr/sbin/smtp-source"
 
@@ -55,42 +56,28 @@ def smtp_source(port, conc, count, size):
     return count / dt
 
 
-class Sluice:
+class Sluice(harness.Sluiced):
     name = "sluice"
 
     def __init__(self, build, base):
-        self.dir = base / "sluice"
-        self.dir.mkdir()
+        d = base / "sluice"
         self.port = conftest.free_port()
-        self.sluice = str(build / "src/cli/sluice")
-        (self.dir / "sluice.conf").write_text(conftest.root_user_line() + f"""
+        super().__init__(build, d, conftest.root_user_line() + f"""
 log {{ target = "stderr"; level = "notice"; }}
-state_dir = "{self.dir}";
-control {{ listen = "unix:{self.dir}/control.sock"; }}
+state_dir = "{d}";
+control {{ listen = "unix:{d}/control.sock"; }}
 intake {{ listen = "inet:127.0.0.1:{self.port}"; max_sessions = 2000; }}
-queue {{ dir = "{self.dir}/queue"; }}
-""")
-        self.log = open(self.dir / "sluiced.log", "ab")
-        self.proc = subprocess.Popen([str(build / "src/daemon/sluiced"), "-c",
-                                      str(self.dir / "sluice.conf")],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        conftest.wait_listening(f"inet:127.0.0.1:{self.port}", 15,
-                                alive=lambda: self.proc.poll() is None)
+queue {{ dir = "{d}/queue"; }}
+""", "run_intake")
+        self.start(harness.tcp_listening(self.port))
 
     def pids(self):
         return [self.proc.pid]
 
     def flushes(self):
-        out = subprocess.run([self.sluice, "-s", f"{self.dir}/control.sock", "stats",
-                              "--json"], capture_output=True, text=True, check=True).stdout
         import json
-        q = json.loads(out)["queue"]
+        q = json.loads(self.cli("stats", "--json"))["queue"]
         return q["commits"], q["syncs"] + q["dir_syncs"]
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(60)
-        self.log.close()
 
 
 class Postfix:

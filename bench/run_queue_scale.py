@@ -69,7 +69,8 @@ sys.path.insert(0, str(HERE.parent / "tests" / "func"))
 sys.path.insert(0, str(HERE))
 import conftest  # noqa: E402  (the Postfix instance and helpers of the functional tests)
 import queue_fill  # noqa: E402
-from run_relay import proc_cpu, tree_cpu  # noqa: E402
+import harness  # noqa: E402
+from harness import env_int, tree_cpu  # noqa: E402
 
 SMTP_SOURCE = conftest.SMTP_SOURCE
 SMTP_SINK = conftest.SMTP_SINK
@@ -87,10 +88,6 @@ class HarnessError(Exception):
 
 def say(*a):
     print("run_queue_scale:", *a, file=sys.stderr, flush=True)
-
-
-def env_int(name, default):
-    return int(os.environ.get(name, str(default)))
 
 
 # ---- probes -----------------------------------------------------------------------------
@@ -254,23 +251,19 @@ class Sink:
 
 # ---- sluice -----------------------------------------------------------------------------
 
-class Sluice:
+class Sluice(harness.Sluiced):
     name = "sluice"
 
     def __init__(self, build, base, label, sink, conns):
-        self.build = build
-        self.dir = base / f"sluice-{label}"
-        self.dir.mkdir()
-        self.qdir = self.dir / "queue"
+        d = base / f"sluice-{label}"
+        self.qdir = d / "queue"
         self.port = conftest.free_port()
-        self.proc = None
-        self.logf = None
-        (self.dir / "sluice.conf").write_text(conftest.root_user_line() + f"""workers = 2;
+        super().__init__(build, d, conftest.root_user_line() + f"""workers = 2;
 stats_interval = 0;
 shutdown_timeout = 5s;
-state_dir = "{self.dir}";
+state_dir = "{d}";
 log {{ target = "stderr"; level = "info"; }}
-control {{ listen = "unix:{self.dir}/control.sock"; }}
+control {{ listen = "unix:{d}/control.sock"; }}
 intake {{ listen = "inet:127.0.0.1:{self.port}"; hostname = "relay.bench.test"; max_sessions = 2000; }}
 queue {{ dir = "{self.qdir}"; }}
 relay {{ retry {{ min = 2h; max = 4h; }} }}
@@ -280,7 +273,7 @@ route "sink" {{
   tls = "none";
   connections = {conns};
 }}
-""")
+""", "run_queue_scale", error=HarnessError)
 
     def fill(self, n, size):
         t0 = time.monotonic()
@@ -289,38 +282,12 @@ route "sink" {{
         res["seconds"] = time.monotonic() - t0
         return res
 
-    def log_tail(self, n=20):
-        try:
-            return "".join(open(self.dir / "sluiced.log", errors="replace").readlines()[-n:])
-        except FileNotFoundError:
-            return ""
-
-    def alive(self):
-        return self.proc is not None and self.proc.poll() is None
-
     def start(self, timeout):
         """Starts sluiced; returns the seconds from exec to the intake answering EHLO."""
-        if self.logf is None:
-            self.logf = open(self.dir / "sluiced.log", "ab")
-        self.t_exec = time.monotonic()
-        self.proc = subprocess.Popen([str(self.build / "src/daemon/sluiced"), "-c",
-                                      str(self.dir / "sluice.conf")],
-                                     stdin=subprocess.DEVNULL, stdout=self.logf,
-                                     stderr=subprocess.STDOUT)
-        try:
-            return wait_serving(self.port, self.t_exec, self.alive, timeout)
-        except HarnessError as e:
-            raise HarnessError(f"sluiced: {e}\n--- sluiced.log ---\n{self.log_tail()}")
+        return super().start(lambda: ehlo_ok(self.port), timeout, interval=0.01)
 
     def cli(self, *args, timeout=120):
-        res = subprocess.run([str(self.build / "src/cli/sluice"), "-s",
-                              f"{self.dir}/control.sock", *args],
-                             capture_output=True, text=True, timeout=timeout)
-        if res.returncode != 0:
-            raise HarnessError(f"sluice {' '.join(args)} exited {res.returncode}: "
-                               f"{res.stdout}{res.stderr}\n--- sluiced.log ---\n"
-                               f"{self.log_tail()}")
-        return res.stdout
+        return super().cli(*args, timeout=timeout)
 
     def relay_stats(self):
         return json.loads(self.cli("stats", "--json"))["relay"]
@@ -332,9 +299,6 @@ route "sink" {{
                                f"---\n{self.log_tail()}")
         st = self.relay_stats()
         return st["deferred"] + st["failed"] + st["delivered"]
-
-    def cpu(self):
-        return proc_cpu(f"/proc/{self.proc.pid}/stat")
 
     def memory(self, n):
         kib = status_kib(self.proc.pid)
@@ -351,23 +315,16 @@ route "sink" {{
         if not self.alive():
             return self.proc.returncode if self.proc else None
         t0 = time.monotonic()
-        self.proc.terminate()
-        try:
-            rc = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
+        rc = super().stop(timeout)
+        if rc is None:
             say(f"sluiced did not stop {timeout} s after SIGTERM: killed")
-            self.proc.kill()
-            self.proc.wait(30)
-            rc = None
         self.stop_s = time.monotonic() - t0
         return rc
 
     def close(self):
         if self.alive():
             self.stop()
-        if self.logf:
-            self.logf.close()
-            self.logf = None
+        super().stop()  # closes the log
 
 
 # ---- Postfix ----------------------------------------------------------------------------

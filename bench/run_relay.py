@@ -45,6 +45,8 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "func"))
 import conftest  # noqa: E402  (the Postfix instance and helpers of the functional tests)
+import harness  # noqa: E402
+from harness import env_int, proc_cpu, tree_cpu  # noqa: E402
 
 SMTP_SOURCE = "/usr/sbin/smtp-source"
 SMTP_SINK = conftest.SMTP_SINK
@@ -58,24 +60,7 @@ def say(*a):
     print("run_relay:", *a, file=sys.stderr, flush=True)
 
 
-def env_int(name, default):
-    return int(os.environ.get(name, str(default)))
-
-
 # ---- /proc ------------------------------------------------------------------------------
-
-def proc_cpu(path, children=False):
-    """utime + stime (+ cutime + cstime) in seconds from a /proc/.../stat file."""
-    try:
-        text = open(path).read()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0.0
-    f = text[text.rindex(")") + 2:].split()
-    ticks = int(f[11]) + int(f[12])  # utime, stime (fields 14 and 15)
-    if children:
-        ticks += int(f[13]) + int(f[14])  # cutime, cstime
-    return ticks / TICK
-
 
 def ctx_switches(pid, tid):
     out = {}
@@ -87,23 +72,6 @@ def ctx_switches(pid, tid):
     except FileNotFoundError:
         pass
     return out
-
-
-def tree_cpu(root):
-    """CPU seconds of a process tree: every live process under root (root included), and
-    the children root has reaped (its cutime/cstime)."""
-    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True,
-                         text=True).stdout
-    kids = {}
-    for line in out.splitlines():
-        p, pp = (int(x) for x in line.split())
-        kids.setdefault(pp, []).append(p)
-    total, todo = 0.0, [root]
-    while todo:
-        p = todo.pop()
-        total += proc_cpu(f"/proc/{p}/stat", children=True)
-        todo += kids.get(p, [])
-    return total
 
 
 # ---- the sink and the source ----------------------------------------------------------
@@ -182,25 +150,23 @@ def smtp_source(port, count, size, conc=10):
 
 # ---- the two servers --------------------------------------------------------------------
 
-class Sluice:
+class Sluice(harness.Sluiced):
     name = "sluice"
     LANE = "sink"
 
     def __init__(self, build, base, name, sink, conns, rate=None):
-        self.dir = base / name
-        self.dir.mkdir()
+        d = base / name
         self.sink = sink
         self.port = conftest.free_port()
-        self.sluice = str(build / "src/cli/sluice")
         rate_line = f'rate = ["{rate}"];' if rate else "# no rate: unthrottled"
-        (self.dir / "sluice.conf").write_text(conftest.root_user_line() + f"""workers = 2;
+        super().__init__(build, d, conftest.root_user_line() + f"""workers = 2;
 stats_interval = 0;
 shutdown_timeout = 5s;
-state_dir = "{self.dir}";
+state_dir = "{d}";
 log {{ target = "stderr"; level = "info"; }}
-control {{ listen = "unix:{self.dir}/control.sock"; }}
+control {{ listen = "unix:{d}/control.sock"; }}
 intake {{ listen = "inet:127.0.0.1:{self.port}"; hostname = "relay.bench.test"; max_sessions = 2000; }}
-queue {{ dir = "{self.dir}/queue"; }}
+queue {{ dir = "{d}/queue"; }}
 route "{self.LANE}" {{
   domains = ["*"];
   smarthost = "[127.0.0.1]:{sink.port}";
@@ -209,27 +175,10 @@ route "{self.LANE}" {{
   recipients_per_message = 1;
   {rate_line}
 }}
-""")
-        self.logf = open(self.dir / "sluiced.log", "ab")
-        self.proc = subprocess.Popen([str(build / "src/daemon/sluiced"), "-c",
-                                      str(self.dir / "sluice.conf")],
-                                     stdin=subprocess.DEVNULL, stdout=self.logf,
-                                     stderr=subprocess.STDOUT)
-        conftest.wait_listening(f"inet:127.0.0.1:{self.port}", 15,
-                                alive=lambda: self.proc.poll() is None)
+""", "run_relay")
+        self.start(harness.tcp_listening(self.port))
         self.relay_tid = None
         self.delivered = 0
-
-    def log_tail(self, n=30):
-        return "".join(open(self.dir / "sluiced.log", errors="replace").readlines()[-n:])
-
-    def cli(self, *args):
-        res = subprocess.run([self.sluice, "-s", f"{self.dir}/control.sock", *args],
-                             capture_output=True, text=True, timeout=60)
-        if res.returncode != 0:
-            raise SystemExit(f"run_relay: sluice {' '.join(args)} exited {res.returncode}: "
-                             f"{res.stdout}{res.stderr}\n--- sluiced.log ---\n{self.log_tail()}")
-        return res.stdout
 
     def stats(self):
         return json.loads(self.cli("stats", "--json"))["relay"]
@@ -278,9 +227,6 @@ route "{self.LANE}" {{
     def release(self):
         self.cli("lanes", "resume", self.LANE)
 
-    def cpu(self):
-        return proc_cpu(f"/proc/{self.proc.pid}/stat")
-
     def thread(self):
         if not self.relay_tid:
             return {}
@@ -306,13 +252,6 @@ route "{self.LANE}" {{
         if st["failed"] or st["uncertain"]:
             say(f"WARNING {self.dir.name}: relay stats {st}")
         return st
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        finally:
-            self.logf.close()
 
 
 class Postfix:

@@ -56,7 +56,6 @@ import shutil
 import smtplib
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -65,7 +64,9 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "func"))
 sys.path.insert(0, str(HERE))
 import conftest  # noqa: E402  (helpers of the functional tests)
-from run_relay import Sink, proc_cpu  # noqa: E402
+import harness  # noqa: E402
+from harness import env_int  # noqa: E402
+from run_relay import Sink  # noqa: E402
 
 try:
     from dnslib import A, MX, QTYPE, RCODE, RR
@@ -80,10 +81,6 @@ SENDER = "list@sender.example"
 
 def say(*a):
     print("run_relay_domains:", *a, file=sys.stderr, flush=True)
-
-
-def env_int(name, default):
-    return int(os.environ.get(name, str(default)))
 
 
 class Zone(BaseResolver):
@@ -105,33 +102,30 @@ class Zone(BaseResolver):
         return reply
 
 
-class Sluice:
+class Sluice(harness.Sluiced):
     def __init__(self, build, base, name, n, dns_port, sink_port, conns):
-        self.build = build
-        self.dir = base / name
-        self.dir.mkdir()
+        d = base / name
         self.port = conftest.free_port()
-        self.conf = self.dir / "sluice.conf"
         self.head = conftest.root_user_line() + f"""workers = 2;
 stats_interval = 0;
 shutdown_timeout = 5s;
-state_dir = "{self.dir}";
+state_dir = "{d}";
 log {{ target = "stderr"; level = "warning"; }}
-control {{ listen = "unix:{self.dir}/control.sock"; }}
+control {{ listen = "unix:{d}/control.sock"; }}
 intake {{ listen = "inet:127.0.0.1:{self.port}"; hostname = "relay.bench.test"; max_recipients = {max(n, 1)}; }}
-queue {{ dir = "{self.dir}/queue"; }}
+queue {{ dir = "{d}/queue"; }}
 relay {{
   retry {{ min = 1s; max = 2s; }}
   idle_timeout = 100ms;
   dns_servers = "127.0.0.1:{dns_port}";
 }}
 """
-        self.conf.write_text(self.head + """route "hold" {
+        super().__init__(build, d, self.head + """route "hold" {
   domains = ["held.invalid"];
   smarthost = "[127.0.0.1]:9";
   tls = "none";
 }
-""")
+""", "run_relay_domains")
         self.release_conf = self.head + f"""route "d" {{
   domains = ["*"];
   mx = true;
@@ -140,25 +134,10 @@ relay {{
   connections = {conns};
 }}
 """
-        self.logf = open(self.dir / "sluiced.log", "ab")
-        self.proc = subprocess.Popen([str(build / "src/daemon/sluiced"), "-c", str(self.conf)],
-                                     stdin=subprocess.DEVNULL, stdout=self.logf,
-                                     stderr=subprocess.STDOUT)
-        conftest.wait_listening(f"inet:127.0.0.1:{self.port}", 15,
-                                alive=lambda: self.proc.poll() is None)
+        self.start(harness.tcp_listening(self.port))
 
-    def log_tail(self, n=30):
-        return "".join(open(self.dir / "sluiced.log", errors="replace").readlines()[-n:])
-
-    def cli(self, *args):
-        res = subprocess.run([str(self.build / "src/cli/sluice"), "-s",
-                              f"{self.dir}/control.sock", *args],
-                             capture_output=True, text=True, timeout=600)
-        if res.returncode != 0:
-            raise SystemExit(f"run_relay_domains: sluice {' '.join(args)} exited "
-                             f"{res.returncode}: {res.stdout}{res.stderr}\n"
-                             f"--- sluiced.log ---\n{self.log_tail()}")
-        return res.stdout
+    def cli(self, *args, timeout=600):
+        return super().cli(*args, timeout=timeout)
 
     def stats(self):
         return json.loads(self.cli("stats", "--json"))["relay"]
@@ -173,16 +152,6 @@ relay {{
                 if refused:
                     raise SystemExit(f"run_relay_domains: {len(refused)} recipients refused")
 
-    def cpu(self):
-        return proc_cpu(f"/proc/{self.proc.pid}/stat")
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        finally:
-            self.logf.close()
-
 
 def one_run(build, label, base, n, per, conns, dns_port, sink, timeout):
     s = Sluice(build, base, f"{label}-{n}-{time.monotonic_ns()}", n, dns_port, sink.port,
@@ -194,7 +163,7 @@ def one_run(build, label, base, n, per, conns, dns_port, sink, timeout):
         time.sleep(1.0)  # the relay takes the post in (and routes it nowhere)
         if s.stats().get("delivered", 0):
             raise SystemExit("run_relay_domains: mail left before the release")
-        s.conf.write_text(s.release_conf)
+        s.write_config(s.release_conf)
         sink.arm(sink.count + n)
         cpu0 = s.cpu()
         t0 = time.monotonic()

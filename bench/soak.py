@@ -38,15 +38,14 @@ import tempfile
 import threading
 import time
 
+import harness
+from harness import env_int
+
 HERE = pathlib.Path(__file__).resolve().parent
 
 
 def say(*a):
     print("soak:", *a, file=sys.stderr, flush=True)
-
-
-def env_int(name, default):
-    return int(os.environ.get(name, default))
 
 
 def proc_status(pid):
@@ -162,26 +161,24 @@ def main():
 
     d = pathlib.Path(tempfile.mkdtemp(prefix="sluice-soak."))
     (d / "state").mkdir()
-    conf = d / "sluice.conf"
-    conf.write_text(CONF.format(d=d, max_sessions=max(30000, 2 * (idle + conc))))
+    text = CONF.format(d=d, max_sessions=max(30000, 2 * (idle + conc)))
+    sd = harness.Sluiced(build, d, text, "soak")
+    conf = sd.conf
     if os.getuid() == 0:
         # sluiced wants an explicit user to run as root, if it knows the key
         text = conf.read_text()
-        conf.write_text('user = "root";\n' + text)
+        sd.write_config('user = "root";\n' + text)
         if subprocess.run([str(sluiced), "-t", "-c", str(conf)],
                           capture_output=True).returncode != 0:
-            conf.write_text(text)
-    err = open(d / "sluiced.log", "w")
-    daemon = subprocess.Popen([str(sluiced), "-c", str(conf)], stderr=err)
+            sd.write_config(text)
     sock = d / "milter.sock"
-    for _ in range(100):
-        if sock.exists() and (d / "control.sock").exists():
-            break
-        time.sleep(0.1)
-    else:
-        say("sluiced did not start:", (d / "sluiced.log").read_text()[-500:])
-        daemon.kill()
+    try:
+        sd.start(lambda: sock.exists() and (d / "control.sock").exists(), timeout=10,
+                 interval=0.1)
+    except SystemExit as e:
+        say(f"sluiced did not start: {e}")
         return 2
+    daemon = sd.proc
     time.sleep(0.5)
     sampler = Sampler(daemon.pid, str(sluice), str(conf))
     start = sampler.sample()
@@ -224,11 +221,8 @@ def main():
         extra = {k: v - fds_start.get(k, 0) for k, v in fds_after.items()
                  if v > fds_start.get(k, 0)}
         say(f"descriptors left after the run: {extra}")
-    daemon.terminate()
-    try:
-        rc = daemon.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        daemon.kill()
+    rc = sd.stop(timeout=30)
+    if rc is None:
         rc = "killed"
 
     def first_at(n):

@@ -1,18 +1,21 @@
 /*
- * daemon -- sluiced's life cycle (see sluiced(8)).
+ * daemon -- sluiced's program shell (see sluiced(8)): the skeleton every part runs in,
+ * in the manner of Postfix's trigger_server_main().
  *
  * Start: load the configuration (all errors name file, line and key), raise the file
- * descriptor limit; as root, make the directories and bind every listener, then drop to
- * the configured user (privs.c) before anything else is opened; start the fixed worker
- * pool, tell systemd it is ready (notify.c), then run the main loop (listeners, signals,
- * statistics).  SIGHUP reloads: a new configuration is built
- * beside the running one and swapped in only if it loads completely.  SIGTERM/SIGINT stop
- * accepting and let sessions drain until shutdown_timeout, then close what remains.
+ * descriptor limit (daemon_fds.c); as root, make the directories and bind every listener,
+ * then drop to the configured user (privs.c) before anything else is opened; open the
+ * store, the queue and the relay, make the services (each given its part of the
+ * configuration by daemon_services.c), detach and write the pid file when asked,
+ * start the fixed worker pool and the timers (daemon_timers.c), tell systemd it is ready
+ * (notify.c), then run the main loop.  SIGHUP reloads (reload.c: a new configuration is
+ * built beside the running one and swapped in only if it loads completely).
+ * SIGTERM/SIGINT stop accepting and let sessions drain until shutdown_timeout, then
+ * close what remains.  The control commands are daemon_control.c's.
  */
 #include <errno.h>
 #include <event2/event.h>
 #include <fcntl.h>
-#include <inttypes.h>
 #include <getopt.h>
 #include <pthread.h>
 #include <pwd.h>
@@ -20,78 +23,26 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "build_config.h"
 #include "config.h"
 #include "config_schema.h"
-#include "daemon_config.h"
-#include "control_cmds.h"
-#include "control_service.h"
-#include "daemon.h"
+#include "daemon_int.h"
 #include "engine.h"
-#include "fd_plan.h"
 #include "listen.h"
-#include "live_sessions.h"
 #include "metrics.h"
 #include "metrics_render.h"
 #include "milter_session.h"
-#include "milter_policy.h"
-#include "milter_static.h"
 #include "notify.h"
 #include "privs.h"
 #include "pfpolicy_service.h"
 #include "intake_service.h"
 #include "queue.h"
-#include "queue_control.h"
 #include "relay.h"
-#include "relay_control.h"
-#include "policy_control.h"
-#include "sessions.h"
 #include "store.h"
 #include "util.h"
-
-/* A socket bound before the drop, waiting for its service. */
-struct bound {
-	const char *svc;
-	struct listen_addr addr;
-	int fd;
-};
-
-struct daemon {
-	uint64_t *renewed;       /* sessions rules' keys renewed at the last beat, sorted */
-	size_t nrenewed;
-	struct bound bound[4 * CONFIG_MAX_LISTEN];
-	size_t nbound;
-	struct event_base *base;
-	struct engine *e;
-	struct sluice_config *cfg;
-	pthread_mutex_t cfg_lock; /* cfg is read by control sessions on workers */
-	struct service *milter;
-	struct service *policy;
-	struct service *control;
-	struct control_owner control_owner; /* the control service runs our handlers */
-	struct service *intake;
-	struct queue *queue;
-	struct relay *relay;
-	struct store *store;
-	struct metrics *metrics;
-	struct event *ev_term, *ev_int, *ev_hup, *ev_stats, *ev_drain;
-	struct event *ev_snapshot, *ev_expire, *ev_overrides, *ev_lease;
-	const char *config_path;
-	uint64_t drain_deadline_ms;
-	uint64_t started_ms;
-	bool stopping;
-	bool daemonized;
-	char *pid_file;
-	unsigned long reloads;
-	rlim_t nofile;
-	unsigned fds_open; /* descriptors open before the parts started (fd_plan) */
-	unsigned fds_held; /* held back from the sessions: the plan's, or as counted once up */
-};
 
 static void usage(FILE *f)
 {
@@ -105,91 +56,6 @@ static void usage(FILE *f)
 		"  -p FILE   pid file written with -d (default: pid_file from the configuration)\n"
 		"  -V        print the version\n",
 		CONFIG_DEFAULT_PATH);
-}
-
-static void apply_limits(struct daemon *d, const struct sluice_config *c)
-{
-	struct service_limits lim = {
-		.max_sessions = c->milter.max_sessions,
-		.idle_timeout_ms = (uint64_t)c->milter.idle_timeout_ms,
-		.command_timeout_ms = (uint64_t)c->milter.command_timeout_ms,
-		.max_input = c->milter.max_packet + 65536,
-	};
-	if (d->milter)
-		service_set_limits(d->milter, &lim);
-	if (d->policy) {
-		struct service_limits pl = {
-			.max_sessions = c->policy.max_sessions,
-			.idle_timeout_ms = (uint64_t)c->policy.idle_timeout_ms,
-			.command_timeout_ms = (uint64_t)c->policy.command_timeout_ms,
-			.max_input = c->policy.max_request + 4096,
-		};
-		service_set_limits(d->policy, &pl);
-	}
-	if (d->intake) {
-		struct service_limits il = {
-			.max_sessions = c->intake.max_sessions,
-			.idle_timeout_ms = (uint64_t)c->intake.idle_timeout_ms,
-			.command_timeout_ms = (uint64_t)c->intake.command_timeout_ms,
-			.max_input = 256 * 1024,
-			.fds_per_session = FD_PLAN_INTAKE_SESSION,
-		};
-		service_set_limits(d->intake, &il);
-	}
-	if (d->control) {
-		/* FD_PLAN_CONTROL_SESSIONS: the reserve holds them */
-		struct service_limits cl = { .max_sessions = FD_PLAN_CONTROL_SESSIONS,
-					     .idle_timeout_ms = 60 * 1000,
-					     .command_timeout_ms = 10 * 1000,
-					     .max_input = 64 * 1024,
-					     .reserved = true };
-		service_set_limits(d->control, &cl);
-	}
-}
-
-static struct milter_service_conf milter_conf(const struct sluice_config *c)
-{
-	return (struct milter_service_conf){ .max_packet = c->milter.max_packet,
-					     .max_macros = 256 * 1024 };
-}
-
-/* The milter handler for a configuration: the rules, or the fixed replies for testing. */
-static struct milter_handler *milter_handler_for(struct sluice_config *c)
-{
-	struct daemon_config *dc = daemon_config_of(c);
-	if (dc->milter_static || (policy_rule_count(dc->rules) == 0 &&
-				  !policy_has_classes(dc->rules)))
-		return milter_static_new(&dc->milter_handler);
-	return milter_policy_new(dc->rules);
-}
-
-static struct pfpolicy_conf pfpolicy_conf(const struct sluice_config *c)
-{
-	return (struct pfpolicy_conf){ .max_request = c->policy.max_request };
-}
-
-static struct intake_conf intake_conf(const struct sluice_config *c)
-{
-	return (struct intake_conf){
-		.allow = c->intake.allow,
-		.nallow = c->intake.nallow,
-		.max_message_size = c->intake.max_message_size,
-		.min_free = c->queue.min_free,
-		.max_recipients = c->intake.max_recipients,
-		.max_errors = c->intake.max_errors,
-		.max_line = c->intake.max_line_length,
-		.reject_bare_newline = c->intake.bare_newline == INTAKE_BARE_REJECT,
-		.hostname = c->intake.hostname,
-		/* command_timeout, and a second per data_min_rate bytes, within data_timeout;
-		 * or with no rate, data_timeout */
-		.data = { .base_ms = (uint64_t)(c->intake.data_min_rate ?
-						c->intake.command_timeout_ms :
-						c->intake.data_timeout_ms),
-			  .min_rate = c->intake.data_min_rate,
-			  .max_ms = (uint64_t)c->intake.data_timeout_ms },
-		.line = { .base_ms = (uint64_t)c->intake.command_timeout_ms,
-			  .max_ms = (uint64_t)c->intake.command_timeout_ms },
-	};
 }
 
 /* Recovery's findings, one log line each (doc/QUEUE.md). */
@@ -251,121 +117,6 @@ static struct queue *open_queue(const struct sluice_config *c)
 	/* its messages are loaded in the background from queue_start() on */
 	log_notice("queue %s: open, loading its messages", c->queue.dir);
 	return q;
-}
-
-static void log_class_stats(struct daemon *d)
-{
-	struct class_stats cs[64];
-	pthread_mutex_lock(&d->cfg_lock);
-	size_t n = policy_class_stats(daemon_config_of(d->cfg)->rules, cs, ARRAY_SIZE(cs));
-	pthread_mutex_unlock(&d->cfg_lock);
-	for (size_t i = 0; i < n; i++)
-		log_info("stats class=%s used=%u peak=%u inbound=%u sessions=%u entered=%llu "
-			 "refused=%llu", cs[i].name, cs[i].used, cs[i].peak, cs[i].inbound,
-			 cs[i].sessions, (unsigned long long)cs[i].entered,
-			 (unsigned long long)cs[i].refused);
-	struct store_stats ss;
-	d->store->ops->stats(d->store->ctx, &ss);
-	log_info("stats store=%s keys=%llu max_keys=%llu bytes=%llu evicted=%llu expired=%llu "
-		 "decisions=%llu errors=%llu", d->store->type, (unsigned long long)ss.keys,
-		 (unsigned long long)ss.max_keys, (unsigned long long)ss.bytes,
-		 (unsigned long long)ss.evicted, (unsigned long long)ss.expired,
-		 (unsigned long long)ss.decisions, (unsigned long long)ss.errors);
-}
-
-static void log_stats(struct daemon *d, bool reset)
-{
-	for (size_t i = 0; engine_service(d->e, i); i++) {
-		struct service_stats st;
-		service_stats(engine_service(d->e, i), reset, &st);
-		const struct service_counters *c = &st.interval;
-		log_info("stats svc=%s interval=%.0fs connections=%llu sessions=%llu current=%llu "
-			 "peak=%llu refused=%llu protocol_errors=%llu timeouts=%llu "
-			 "deadlines=%llu evicted=%llu "
-			 "duration_min=%.6f duration_mean=%.6f duration_max=%.6f duration_sd=%.6f "
-			 "work_min=%.6f work_mean=%.6f work_max=%.6f work_sd=%.6f",
-			 st.name, st.interval_seconds, (unsigned long long)c->connections,
-			 (unsigned long long)c->sessions, (unsigned long long)st.current,
-			 (unsigned long long)st.peak, (unsigned long long)c->refused,
-			 (unsigned long long)c->protocol_errors, (unsigned long long)c->timeouts,
-			 (unsigned long long)c->deadlines, (unsigned long long)c->evicted,
-			 c->duration.n ? c->duration.min : 0.0, c->duration.mean,
-			 c->duration.n ? c->duration.max : 0.0, stat_acc_stddev(&c->duration),
-			 c->work.n ? c->work.min : 0.0, c->work.mean, c->work.n ? c->work.max : 0.0,
-			 stat_acc_stddev(&c->work));
-	}
-}
-
-static void arm_stats(struct daemon *d)
-{
-	event_del(d->ev_stats);
-	int64_t ms = d->cfg->stats_interval_ms;
-	if (ms <= 0)
-		return;
-	struct timeval tv = timeval_from_ms((uint64_t)ms);
-	event_add(d->ev_stats, &tv);
-}
-
-static void on_stats(evutil_socket_t fd, short what, void *arg)
-{
-	struct daemon *d = arg;
-	(void)fd;
-	(void)what;
-	log_stats(d, true);
-	log_class_stats(d);
-	arm_stats(d);
-}
-
-/* XXX the snapshot is written on the main thread: it holds one shard lock at a time, and
- * the listeners wait for the write and fsync (milliseconds for a million keys). */
-static void save_snapshot(struct daemon *d)
-{
-	char err[512];
-	if (d->store->ops->save(d->store->ctx, err, sizeof(err)) < 0)
-		log_error("cannot save the limits snapshot: %s", err);
-}
-
-static void arm_timer(struct event *ev, int64_t ms)
-{
-	event_del(ev);
-	if (ms > 0) {
-		struct timeval tv = timeval_from_ms((uint64_t)ms);
-		event_add(ev, &tv);
-	}
-}
-
-static void on_snapshot(evutil_socket_t fd, short what, void *arg)
-{
-	struct daemon *d = arg;
-	(void)fd;
-	(void)what;
-	save_snapshot(d);
-	arm_timer(d->ev_snapshot, d->cfg->store.snapshot_interval_ms);
-}
-
-static void on_expire(evutil_socket_t fd, short what, void *arg)
-{
-	struct daemon *d = arg;
-	(void)fd;
-	(void)what;
-	d->store->ops->expire(d->store->ctx, realtime_ns());
-	arm_timer(d->ev_expire, 1000);
-}
-
-static void on_overrides(evutil_socket_t fd, short what, void *arg)
-{
-	struct daemon *d = arg;
-	(void)fd;
-	(void)what;
-	struct buf err;
-	buf_init(&err, 64 * 1024);
-	int n = policy_reload_overrides(daemon_config_of(d->cfg)->rules, &err);
-	if (err.len)
-		log_error("%.*s", (int)(err.len - 1), err.ptr);
-	if (n > 0)
-		log_notice("reloaded %d overrides file%s", n, n == 1 ? "" : "s");
-	buf_done(&err);
-	arm_timer(d->ev_overrides, d->cfg->store.overrides_check_ms);
 }
 
 static void store_notify(void *arg, bool bad, const char *msg)
@@ -431,100 +182,6 @@ static struct store *open_store(const struct sluice_config *c)
 	return s;
 }
 
-/*
- * The leases of the slots of sessions rules ("s:" and the (rule, key) hash, see
- * policy.c), in chunks of 256.  XXX every key held is renewed at every beat: a cost in
- * the number of keys held (sessions at once), not in decisions.
- */
-#define SESSIONS_RENEW_MAX 1000000u
-
-struct renew_pair {
-	uint64_t hash;
-	unsigned count;
-};
-
-static int renew_cmp(const void *a, const void *b)
-{
-	uint64_t x = ((const struct renew_pair *)a)->hash, y = ((const struct renew_pair *)b)->hash;
-	return x < y ? -1 : x > y;
-}
-
-static void renew_sessions(struct daemon *d)
-{
-	enum { CHUNK = 256 };
-	uint64_t held, lost;
-	sessions_stats(&held, &lost);
-	if (held == 0 && d->nrenewed == 0)
-		return;
-	/* room for those that come while the list is made (later ones wait a beat), and for
-	 * the keys renewed last time that are gone now: they are renewed with 0, so that a
-	 * renewal that crossed their last release on another connection cannot keep a
-	 * phantom slot for a whole lease */
-	size_t max = held + 64 < SESSIONS_RENEW_MAX ? (size_t)held + 64 : SESSIONS_RENEW_MAX;
-	uint64_t *hash = malloc(max * sizeof(*hash));
-	unsigned *count = malloc(max * sizeof(*count));
-	struct renew_pair *v = malloc((max + d->nrenewed) * sizeof(*v));
-	if (!hash || !count || !v) {
-		free(hash);
-		free(count);
-		free(v);
-		return;
-	}
-	size_t now_held = sessions_list(hash, count, max), n = now_held;
-	for (size_t i = 0; i < now_held; i++)
-		v[i] = (struct renew_pair){ hash[i], count[i] };
-	free(count);
-	qsort(v, now_held, sizeof(*v), renew_cmp);
-	for (size_t i = 0, k = 0; i < d->nrenewed; i++) {
-		while (k < now_held && v[k].hash < d->renewed[i])
-			k++;
-		if (k == now_held || v[k].hash != d->renewed[i])
-			v[n++] = (struct renew_pair){ d->renewed[i], 0 };
-	}
-	for (size_t at = 0; at < n; at += CHUNK) {
-		char names[CHUNK][24];
-		const char *ptrs[CHUNK];
-		unsigned counts[CHUNK];
-		size_t k = n - at < CHUNK ? n - at : CHUNK;
-		for (size_t i = 0; i < k; i++) {
-			fmt_fixed(names[i], sizeof(names[i]), "s:%016llx",
-				  (unsigned long long)v[at + i].hash);
-			ptrs[i] = names[i];
-			counts[i] = v[at + i].count;
-		}
-		d->store->ops->slots_renew(d->store->ctx, ptrs, counts, k);
-	}
-	/* the keys renewed with a count, sorted, for the next beat */
-	for (size_t i = 0; i < now_held; i++)
-		hash[i] = v[i].hash;
-	free(v);
-	free(d->renewed);
-	d->renewed = hash;
-	d->nrenewed = now_held;
-}
-
-/* Renew this node's class-slot leases in the shared store, with its own counts. */
-static void on_lease(evutil_socket_t fd, short what, void *arg)
-{
-	struct daemon *d = arg;
-	(void)fd;
-	(void)what;
-	char names[256][64];
-	unsigned counts[256];
-	const char *ptrs[256];
-	size_t n = class_registry_counts(names, counts, 256);
-	for (size_t i = 0; i < n; i++)
-		ptrs[i] = names[i];
-	/* also with no class: the main loop's connection is made at start, so a Redis that
-	 * cannot be reached or refuses the password is reported before any mail comes */
-	if (d->store->ops->slots_renew) {
-		d->store->ops->slots_renew(d->store->ctx, ptrs, counts, n);
-		renew_sessions(d);
-	}
-	uint64_t every = (uint64_t)d->cfg->store.lease_ms / 3;
-	arm_timer(d->ev_lease, (int64_t)(every ? every : 1000));
-}
-
 /* The metrics page, on the metrics thread: the rule set is held while it renders. */
 static int metrics_page(void *arg, struct buf *out)
 {
@@ -542,84 +199,6 @@ static int metrics_page(void *arg, struct buf *out)
 	int r = metrics_render(&src, out);
 	policy_unref(src.rules);
 	return r;
-}
-
-static void notify_reloading(void)
-{
-	struct timespec ts;
-	char msg[96];
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	fmt_fixed(msg, sizeof(msg), "RELOADING=1\nMONOTONIC_USEC=%llu",
-		  (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000);
-	notify_send(msg);
-}
-
-static void reload_inner(struct daemon *d);
-static int fd_check(struct daemon *d, const struct sluice_config *c, bool start);
-
-/* The file is read again as the daemon's user: /etc/sluice must be readable by it. */
-static void reload(struct daemon *d)
-{
-	notify_reloading();
-	reload_inner(d);
-	notify_send("READY=1\nSTATUS=running");
-}
-
-static void reload_inner(struct daemon *d)
-{
-	char err[1024];
-	struct sluice_config *nc = NULL;
-	int r = daemon_config_load(d->config_path, &nc, err, sizeof(err));
-	if (r < 0) {
-		log_error("reload failed, keeping the running configuration: %s", err);
-		return;
-	}
-	struct sluice_config *old = d->cfg;
-	unsigned restart = config_restart_changes(old, nc); /* the tables' restart column */
-	for (unsigned g = 1; g < CONFIG_RESTART_COUNT; g++)
-		if (restart & (1u << g))
-			log_warning("reload: %s", config_restart_text((enum config_restart)g));
-	policy_set_store(daemon_config_of(nc)->rules, d->store);
-	struct milter_handler *h = d->milter ? milter_handler_for(nc) : NULL;
-	if (d->milter && !h) {
-		log_error("reload failed: out of memory; keeping the running configuration");
-		daemon_config_free(nc);
-		return;
-	}
-	log_setup(nc->log.target, nc->log.facility, nc->log.level);
-	if (d->milter) {
-		milter_service_set_handler(d->milter, h);
-		struct milter_service_conf mc = milter_conf(nc);
-		milter_service_set_conf(d->milter, &mc);
-	}
-	if (d->policy) {
-		pfpolicy_service_set_policy(d->policy, daemon_config_of(nc)->rules);
-		struct pfpolicy_conf pc = pfpolicy_conf(nc);
-		pfpolicy_service_set_conf(d->policy, &pc);
-	}
-	if (d->intake && nc->intake.enabled) {
-		struct intake_conf ic = intake_conf(nc);
-		if (intake_service_set_conf(d->intake, &ic) < 0)
-			log_error("reload: out of memory; the intake keeps its settings");
-	}
-	if (d->relay && relay_reconfigure(d->relay, &daemon_config_of(nc)->relay,
-					  daemon_config_of(nc)->rules) < 0)
-		log_error("reload: the relay keeps its settings (out of memory)");
-	if (!d->relay && daemon_config_of(nc)->relay.nroutes)
-		log_warning("reload: routes were added; the relay starts at the next restart");
-	if (!store_is_shared(d->store))
-		store_memory_set_max_keys(d->store, nc->store.max_keys);
-	pthread_mutex_lock(&d->cfg_lock);
-	d->cfg = nc;
-	d->reloads++;
-	pthread_mutex_unlock(&d->cfg_lock);
-	apply_limits(d, nc);
-	fd_check(d, nc, false);
-	arm_stats(d);
-	arm_timer(d->ev_snapshot, nc->store.snapshot_interval_ms);
-	arm_timer(d->ev_overrides, nc->store.overrides_check_ms);
-	daemon_config_free(old);
-	log_notice("configuration reloaded from %s", d->config_path);
 }
 
 static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
@@ -648,7 +227,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 	(void)what;
 	if (sig == SIGHUP) {
 		log_notice("SIGHUP: reloading %s", d->config_path);
-		reload(d);
+		reload_run(d);
 		return;
 	}
 	if (d->stopping) {
@@ -668,436 +247,6 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 		   sig == SIGTERM ? "SIGTERM" : "SIGINT", engine_sessions(d->e),
 		   (double)d->cfg->shutdown_timeout_ms / 1000.0);
 	on_drain_tick(-1, 0, d);
-}
-
-/*
- * `top`: one snapshot for `sluice top` in lines the command parses, one record a line:
- *   time UNIX_SECONDS
- *   svc NAME CURRENT PEAK CONNECTIONS
- *   rule NAME STAGE ACTION PASSED OVER
- *   key TEXT (the keys nearest their limits) | keys-shared
- *   queue MESSAGES HELD RECIPIENTS OLDEST_SECONDS
- *   relay DELIVERED DEFERRED FAILED SUSPENSIONS
- *   lanes COUNT, then lane TEXT (at most 8, suspended and busy ones first)
- * A reader skips the records it does not know.
- */
-static void daemon_top(struct daemon *d, struct policy *p, struct buf *out)
-{
-	buf_printf(out, "time %.3f\n", (double)realtime_ns() / 1e9);
-	for (size_t i = 0; engine_service(d->e, i); i++) {
-		struct service_stats st;
-		service_stats(engine_service(d->e, i), false, &st);
-		buf_printf(out, "svc %s %llu %llu %llu\n", st.name, (unsigned long long)st.current,
-			   (unsigned long long)st.peak, (unsigned long long)st.total.connections);
-	}
-	policy_control_top(p, 5, out);
-	if (d->queue) {
-		struct queue_stats qs;
-		queue_stats(d->queue, &qs);
-		double age = qs.oldest_us ? (double)(realtime_ns() / 1000 - qs.oldest_us) / 1e6 : 0;
-		buf_printf(out, "queue %" PRIu64 " %" PRIu64 " %" PRIu64 " %.0f\n", qs.messages,
-			   qs.held, qs.recipients, age);
-	}
-	if (d->relay) {
-		struct relay_stats rs;
-		relay_stats(d->relay, &rs);
-		buf_printf(out, "relay %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n",
-			   rs.delivered, rs.deferred, rs.failed, rs.suspensions);
-		relay_lanes_brief(d->relay, 8, out);
-	}
-}
-
-static bool daemon_stopping(void *arg)
-{
-	const struct daemon *d = arg;
-	return __atomic_load_n(&d->stopping, __ATOMIC_RELAXED);
-}
-
-/* ---- control commands: the handlers of control_cmds.h's rows ---- */
-
-/* A handler: 0 (answered in out), 1 (answers later through w), 2 (a stream), or <0. */
-typedef int control_fn(struct daemon *d, size_t argc, const struct str *argv, bool json,
-		       struct buf *out, bool *ret_ok, struct control_wait *w);
-
-static struct policy *current_rules(struct daemon *d)
-{
-	pthread_mutex_lock(&d->cfg_lock);
-	struct policy *p = policy_ref(daemon_config_of(d->cfg)->rules);
-	pthread_mutex_unlock(&d->cfg_lock);
-	return p;
-}
-
-static int cmd_stats(struct daemon *d, size_t argc, const struct str *argv, bool json,
-		     struct buf *out, bool *ret_ok, struct control_wait *w)
-{
-	(void)w;
-	/* exactly the table's two forms: the access check took "stats --reset" for the
-	 * form that changes state by position, so no other word may reset here */
-	bool reset = false;
-	for (size_t i = 1; i < argc; i++) {
-		if (str_eq_cstr(argv[i], "--reset")) {
-			reset = true;
-		} else if (!str_eq_cstr(argv[i], "--json") && !str_eq_cstr(argv[i], "json")) {
-			buf_append_cstr(out, "usage: stats [--reset] [--json]\n");
-			*ret_ok = false;
-			return 0;
-		}
-	}
-	if (reset) {
-		/* the interval ends here, as at a tick: its lines go to the log too */
-		log_notice("stats: interval ended by the control command");
-		log_stats(d, true);
-	}
-	struct service_stats sts[16];
-	size_t n = 0;
-	for (; n < ARRAY_SIZE(sts) && engine_service(d->e, n); n++)
-		service_stats(engine_service(d->e, n), false, &sts[n]);
-	if (json) {
-		buf_append_byte(out, '{');
-		for (size_t i = 0; i < n; i++) {
-			if (i)
-				buf_append_byte(out, ',');
-			service_stats_json(out, &sts[i]);
-		}
-	} else {
-		service_stats_format(out, sts, n);
-		buf_append_byte(out, '\n');
-	}
-	struct policy *p = current_rules(d);
-	if (json)
-		buf_append_byte(out, ',');
-	policy_control_stats(p, d->store, json, out);
-	policy_unref(p);
-	queue_control_stats(d->queue, d->intake, json, out);
-	relay_control_stats(d->relay, json, out);
-	if (json)
-		buf_append_cstr(out, "}\n");
-	*ret_ok = true;
-	return 0;
-}
-
-static int cmd_decisions(struct daemon *d, size_t argc, const struct str *argv, bool json,
-			 struct buf *out, bool *ret_ok, struct control_wait *w)
-{
-	(void)argc;
-	(void)argv;
-	(void)w;
-	struct policy *p = current_rules(d);
-	policy_control_decisions(p, json, out);
-	policy_unref(p);
-	*ret_ok = true;
-	return 0;
-}
-
-static int cmd_top(struct daemon *d, size_t argc, const struct str *argv, bool json,
-		   struct buf *out, bool *ret_ok, struct control_wait *w)
-{
-	(void)argc;
-	(void)argv;
-	(void)json;
-	(void)w;
-	struct policy *p = current_rules(d);
-	daemon_top(d, p, out);
-	policy_unref(p);
-	*ret_ok = true;
-	return 0;
-}
-
-static int cmd_status(struct daemon *d, size_t argc, const struct str *argv, bool json,
-		      struct buf *out, bool *ret_ok, struct control_wait *w)
-{
-	(void)argc;
-	(void)argv;
-	(void)w;
-	pthread_mutex_lock(&d->cfg_lock);
-	const char *path = d->cfg->path;
-	double up = (double)(now_ms() - d->started_ms) / 1000.0;
-	struct store_stats ss;
-	d->store->ops->stats(d->store->ctx, &ss);
-	char store[200];
-	if (ss.shared)
-		fmt_fixed(store, sizeof(store), "%s, %s", d->store->type, ss.state);
-	else
-		fmt_fixed(store, sizeof(store), "%s", d->store->type);
-	if (json) {
-		buf_printf(out,
-			   "{\"version\":\"%s\",\"pid\":%ld,\"uptime\":%.0f,\"workers\":%u,"
-			   "\"sessions\":%u,\"reloads\":%lu,\"stopping\":%s,"
-			   "\"nofile\":%llu,\"store\":{\"type\":\"%s\",\"up\":%s,\"state\":",
-			   SLUICE_VERSION, (long)getpid(), up, engine_workers(d->e),
-			   engine_sessions(d->e), d->reloads, d->stopping ? "true" : "false",
-			   (unsigned long long)d->nofile, d->store->type,
-			   !ss.shared || ss.up ? "true" : "false");
-		/* the state quotes Redis's error text */
-		buf_append_json_string(out, ss.shared ? ss.state : "memory");
-		buf_append_byte(out, '}');
-		/* SMTP sessions the policy service was asked about while the milter served
-		 * them: one MTA uses both, and counts each event twice */
-		buf_printf(out, ",\"double_use\":%llu", (unsigned long long)live_sessions_doubles());
-		queue_control_status(d->queue, true, out);
-		buf_append_cstr(out, "}\n");
-	} else {
-		buf_printf(out,
-			   "sluiced %s running, pid %ld, up %.0f s\n"
-			   "configuration: %s (reloaded %lu times)\n"
-			   "workers: %u, sessions open: %u, file descriptor limit: %llu\n"
-			   "store: %s%s\n",
-			   SLUICE_VERSION, (long)getpid(), up, path, d->reloads,
-			   engine_workers(d->e), engine_sessions(d->e),
-			   (unsigned long long)d->nofile, store, d->stopping ? "\nstopping" : "");
-		uint64_t doubles = live_sessions_doubles();
-		if (doubles)
-			buf_printf(out, "double use: the milter and the policy service see the same "
-				   "SMTP sessions (%llu seen): each event is counted by both\n",
-				   (unsigned long long)doubles);
-		queue_control_status(d->queue, false, out);
-	}
-	pthread_mutex_unlock(&d->cfg_lock);
-	*ret_ok = true;
-	return 0;
-}
-
-static int cmd_reload(struct daemon *d, size_t argc, const struct str *argv, bool json,
-		      struct buf *out, bool *ret_ok, struct control_wait *w)
-{
-	(void)argc;
-	(void)argv;
-	(void)json;
-	(void)w;
-	/* Check the file here so the operator sees the error; the main thread
-	 * reloads (and checks again) on the signal. */
-	char err[1024];
-	struct sluice_config *nc = NULL;
-	if (daemon_config_load(d->config_path, &nc, err, sizeof(err)) < 0) {
-		buf_printf(out, "%s\nthe running configuration is kept\n", err);
-		*ret_ok = false;
-		return 0;
-	}
-	daemon_config_free(nc);
-	kill(getpid(), SIGHUP);
-	buf_printf(out, "reloading %s\n", d->config_path);
-	*ret_ok = true;
-	return 0;
-}
-
-static int cmd_limits(struct daemon *d, size_t argc, const struct str *argv, bool json,
-		      struct buf *out, bool *ret_ok, struct control_wait *w)
-{
-	(void)json;
-	/* the command holds its own reference while it waits */
-	struct policy *p = current_rules(d);
-	int r = policy_control_limits(p, argc, argv, out, ret_ok, w);
-	policy_unref(p);
-	return r;
-}
-
-static int cmd_test(struct daemon *d, size_t argc, const struct str *argv, bool json,
-		    struct buf *out, bool *ret_ok, struct control_wait *w)
-{
-	(void)json;
-	struct policy *p = current_rules(d);
-	int r = policy_control_test(p, argc, argv, out, ret_ok, w);
-	policy_unref(p);
-	return r;
-}
-
-static int cmd_queue(struct daemon *d, size_t argc, const struct str *argv, bool json,
-		     struct buf *out, bool *ret_ok, struct control_wait *w)
-{
-	(void)json;
-	return queue_control(d->queue, argc, argv, out, ret_ok, w);
-}
-
-static int cmd_lanes(struct daemon *d, size_t argc, const struct str *argv, bool json,
-		     struct buf *out, bool *ret_ok, struct control_wait *w)
-{
-	(void)json;
-	(void)w;
-	relay_control(d->relay, argc, argv, out, ret_ok);
-	return 0;
-}
-
-static int cmd_help(struct daemon *d, size_t argc, const struct str *argv, bool json,
-		    struct buf *out, bool *ret_ok, struct control_wait *w)
-{
-	(void)d;
-	(void)argc;
-	(void)argv;
-	(void)json;
-	(void)w;
-	buf_append_cstr(out, "commands:\n");
-	*ret_ok = control_cmds_help(out, false) == 0;
-	return 0;
-}
-
-/* The handler of each command that control_cmds.h lists for the daemon. */
-static const struct {
-	const char *name;
-	control_fn *fn;
-} handlers[] = {
-	{ "status", cmd_status }, { "stats", cmd_stats }, { "decisions", cmd_decisions },
-	{ "top", cmd_top }, { "reload", cmd_reload }, { "limits", cmd_limits },
-	{ "test", cmd_test }, { "queue", cmd_queue }, { "lanes", cmd_lanes },
-	{ "help", cmd_help },
-};
-
-static int daemon_control_check(char *err, size_t errlen)
-{
-	for (size_t i = 0; i < control_ncmds; i++) {
-		const struct control_cmd *c = &control_cmds[i];
-		bool found = false;
-		for (size_t h = 0; h < ARRAY_SIZE(handlers); h++)
-			found |= strcmp(handlers[h].name, c->name) == 0;
-		if (found == !!(c->flags & CONTROL_CMD_LOCAL)) {
-			fmt_fixed(err, errlen, "control command \"%s\": %s", c->name,
-				  found ? "run by sluice, yet the daemon has a handler"
-					: "no handler in the daemon");
-			return -EINVAL;
-		}
-	}
-	for (size_t h = 0; h < ARRAY_SIZE(handlers); h++) {
-		if (!control_cmd_known(str_cstr(handlers[h].name))) {
-			fmt_fixed(err, errlen, "control handler \"%s\" is not in the command table",
-				  handlers[h].name);
-			return -EINVAL;
-		}
-	}
-	return 0;
-}
-
-static int daemon_control(void *arg, size_t argc, const struct str *argv, struct buf *out,
-			  bool *ret_ok, struct control_wait *w)
-{
-	struct daemon *d = arg;
-	bool json = false;
-	for (size_t i = 1; i < argc; i++)
-		if (str_eq_cstr(argv[i], "--json") || str_eq_cstr(argv[i], "json"))
-			json = true;
-	for (size_t h = 0; h < ARRAY_SIZE(handlers); h++)
-		if (str_eq_cstr(argv[0], handlers[h].name))
-			return handlers[h].fn(d, argc, argv, json, out, ret_ok, w);
-	char q[128];
-	buf_printf(out, "unknown command \"%s\" (try help)\n", log_quote(q, sizeof(q), argv[0], 40));
-	*ret_ok = false;
-	return 0;
-}
-
-static bool daemon_control_admin_root(void *arg)
-{
-	struct daemon *d = arg;
-	pthread_mutex_lock(&d->cfg_lock);
-	bool r = d->cfg->control_admin == CONTROL_ADMIN_ROOT;
-	pthread_mutex_unlock(&d->cfg_lock);
-	return r;
-}
-
-static enum control_access daemon_control_password(void *arg, struct str secret)
-{
-	struct daemon *d = arg;
-	pthread_mutex_lock(&d->cfg_lock);
-	const char *admin = d->cfg->control_password, *read = d->cfg->control_read_password;
-	/* both compared, each in constant time (daemon_config_load() made them differ) */
-	bool is_admin = admin && secret_equal(secret, str_cstr(admin));
-	bool is_read = read && secret_equal(secret, str_cstr(read));
-	pthread_mutex_unlock(&d->cfg_lock);
-	return is_admin ? CONTROL_ACCESS_ADMIN : is_read ? CONTROL_ACCESS_READ
-						       : CONTROL_ACCESS_DENIED;
-}
-
-/* Descriptors open now (0 when /proc cannot tell). */
-static unsigned count_open_fds(void)
-{
-	int64_t n = fd_count();
-	return n > 0 ? (unsigned)n : 0;
-}
-
-static unsigned plan_workers(const struct sluice_config *c)
-{
-	long n = sysconf(_SC_NPROCESSORS_ONLN);
-	return c->workers ? c->workers : n > 0 ? (unsigned)n : 1;
-}
-
-/*
- * Descriptors for configuration c (start and reload): what the daemon holds and keeps in
- * reserve, and what the sessions may share.  At start, a limit too low to serve one
- * session of each service refuses to start (-EMFILE, logged with the sum) instead of failing
- * later; a limit below every max_sessions is a warning: the sessions share what is left,
- * and a connection past it is refused as over max_sessions.
- */
-static int fd_check(struct daemon *d, const struct sluice_config *c, bool start)
-{
-	/* the limit may have changed since the start (prlimit): read it again */
-	struct rlimit rl;
-	if (!start && getrlimit(RLIMIT_NOFILE, &rl) == 0)
-		d->nofile = rl.rlim_cur;
-	struct fd_plan p;
-	fd_plan_make(daemon_config_of(c), d->e ? engine_workers(d->e) : plan_workers(c),
-		     d->fds_open, &p);
-	char sum[400];
-	fd_plan_format(&p, sum, sizeof(sum));
-	if (start && d->nofile < (rlim_t)p.held + p.sessions_min) {
-		log_error("file descriptor limit %llu is too low: sluiced holds %s, and needs "
-			  "%llu more for one session of each service; raise it (systemd "
-			  "LimitNOFILE=, ulimit -n) to at least %llu", (unsigned long long)d->nofile,
-			  sum, (unsigned long long)p.sessions_min,
-			  (unsigned long long)(p.held + p.sessions_min + 1024));
-		return -EMFILE;
-	}
-	if (start)
-		return 0; /* the engine learns it, and the warning comes, once the engine is up */
-	if (p.held > d->fds_held)
-		d->fds_held = p.held;
-	if (d->e)
-		engine_set_fds_held(d->e, d->fds_held);
-	uint64_t left = d->nofile > d->fds_held ? (uint64_t)(d->nofile - d->fds_held) : 0;
-	if (p.sessions_max > left) {
-		char want[64] = "no limit";
-		if (p.sessions_max != UINT64_MAX)
-			snprintf(want, sizeof(want), "%llu", (unsigned long long)p.sessions_max);
-		log_warning("file descriptor limit %llu leaves %llu descriptors for sessions "
-			    "(sluiced holds %s): below what max_sessions allows (milter %u + policy "
-			    "%u + intake %u x %d = %s); connections past it are refused as over "
-			    "max_sessions", (unsigned long long)d->nofile, (unsigned long long)left,
-			    sum, c->milter.listen.n ? c->milter.max_sessions : 0,
-			    c->policy.listen.n ? c->policy.max_sessions : 0,
-			    c->intake.enabled ? c->intake.max_sessions : 0, FD_PLAN_INTAKE_SESSION,
-			    want);
-	}
-	return 0;
-}
-
-/* Raise the soft limit to the hard one, and plan; -EMFILE when too low to start. */
-static int raise_nofile(struct daemon *d)
-{
-	struct rlimit rl;
-	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
-		return 0;
-	if (rl.rlim_cur < rl.rlim_max) {
-		rlim_t want = rl.rlim_max;
-		rl.rlim_cur = want;
-		if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
-			log_warning("cannot raise the file descriptor limit to %llu: %s",
-				    (unsigned long long)want, strerror(errno));
-		getrlimit(RLIMIT_NOFILE, &rl);
-	}
-	d->nofile = rl.rlim_cur;
-	d->fds_open = count_open_fds();
-	return fd_check(d, d->cfg, true);
-}
-
-/* Once every part is up and before the first connection: the descriptors counted, plus
- * what the relay and metrics open later and the reserve, if that is more than planned. */
-static void fd_recount(struct daemon *d)
-{
-	struct fd_plan p;
-	fd_plan_make(daemon_config_of(d->cfg), engine_workers(d->e), 0, &p);
-	unsigned held = count_open_fds() + p.relay + p.metrics + p.reserve;
-	if (held > d->fds_held) {
-		log_info("file descriptors: %u held back from the sessions (counted at start), "
-			 "not %u as planned", held, d->fds_held);
-		d->fds_held = held;
-		engine_set_fds_held(d->e, held);
-	}
 }
 
 /*
@@ -1361,6 +510,7 @@ int daemon_main(int argc, char **argv)
 	}
 	struct daemon d = { .config_path = path, .started_ms = now_ms() };
 	pthread_mutex_init(&d.cfg_lock, NULL);
+	pthread_mutex_init(&d.reload_lock, NULL);
 	config_resolve_listen_hosts(true); /* this load's listeners are bound (or checked) */
 	int cr = daemon_config_load(path, &d.cfg, err, sizeof(err));
 	config_resolve_listen_hosts(false); /* reloads bind nothing */
@@ -1395,7 +545,7 @@ int daemon_main(int argc, char **argv)
 				"unless stderr is redirected\n", log_stderr_prefix(LOG_LEVEL_WARNING));
 	log_setup(d.cfg->log.target, d.cfg->log.facility, d.cfg->log.level);
 	signal(SIGPIPE, SIG_IGN);
-	if (raise_nofile(&d) < 0) {
+	if (daemon_fds_raise(&d) < 0) {
 		daemon_config_free(d.cfg);
 		return 1;
 	}
@@ -1461,13 +611,13 @@ int daemon_main(int argc, char **argv)
 	if (!d.e)
 		fatal("out of memory at start");
 	if (d.cfg->milter.listen.n) {
-		struct milter_handler *h = milter_handler_for(d.cfg);
-		struct milter_service_conf mc = milter_conf(d.cfg);
+		struct milter_handler *h = daemon_services_milter_handler(d.cfg);
+		struct milter_service_conf mc = daemon_services_milter_conf(d.cfg);
 		if (!h || !(d.milter = milter_service_new(d.e, h, &mc)))
 			fatal("out of memory at start");
 	}
 	if (d.cfg->policy.listen.n) {
-		struct pfpolicy_conf pc = pfpolicy_conf(d.cfg);
+		struct pfpolicy_conf pc = daemon_services_pfpolicy_conf(d.cfg);
 		if (!(d.policy = pfpolicy_service_new(d.e, daemon_config_of(d.cfg)->rules, &pc)))
 			fatal("out of memory at start");
 	}
@@ -1483,20 +633,18 @@ int daemon_main(int argc, char **argv)
 		log_notice("no route configured: queued mail stays in the queue");
 	}
 	if (d.cfg->intake.enabled) {
-		struct intake_conf ic = intake_conf(d.cfg);
+		struct intake_conf ic = daemon_services_intake_conf(d.cfg);
 		if (!(d.intake = intake_service_new(d.e, d.queue, &ic)))
 			fatal("out of memory at start");
 	}
-	d.control_owner = (struct control_owner){ .run = daemon_control,
-						  .admin_root = daemon_control_admin_root,
-						  .password_access = daemon_control_password,
-						  .stopping = daemon_stopping, .arg = &d };
+	d.control_owner = daemon_control_owner(&d);
 	if (d.cfg->control.n && !(d.control = control_service_new(d.e, &d.control_owner)))
 		fatal("out of memory at start");
+	const struct policy *rules = daemon_config_of(d.cfg)->rules;
 	if (d.cfg->store.redis)
 		log_info("rules: %zu limits, %s; store: redis %s, timeout %lldms, on_failure %s, "
-			 "nodes %u", policy_rule_count(daemon_config_of(d.cfg)->rules),
-			 policy_has_classes(daemon_config_of(d.cfg)->rules) ? "host classes" : "no host classes",
+			 "nodes %u", policy_rule_count(rules),
+			 policy_has_classes(rules) ? "host classes" : "no host classes",
 			 d.cfg->store.server ? d.cfg->store.server :
 			 d.cfg->store.master_name ? d.cfg->store.master_name :
 			 d.cfg->store.ncluster ? "cluster" : "127.0.0.1:6379",
@@ -1506,11 +654,11 @@ int daemon_main(int argc, char **argv)
 			 d.cfg->store.nodes);
 	else
 		log_info("rules: %zu limits, %s; store: memory, max_keys %llu",
-			 policy_rule_count(daemon_config_of(d.cfg)->rules),
-			 policy_has_classes(daemon_config_of(d.cfg)->rules) ? "host classes" : "no host classes",
+			 policy_rule_count(rules),
+			 policy_has_classes(rules) ? "host classes" : "no host classes",
 			 (unsigned long long)d.cfg->store.max_keys);
-	apply_limits(&d, d.cfg);
-	fd_check(&d, d.cfg, false); /* the engine exists now: it learns what is held */
+	daemon_services_limits(&d, d.cfg);
+	daemon_fds_check(&d, d.cfg, false); /* the engine exists now: it learns what is held */
 	int lr = adopt_listeners(&d);
 	if (lr == 0 && d.cfg->metrics.enabled) {
 		err[0] = '\0';
@@ -1551,22 +699,11 @@ int daemon_main(int argc, char **argv)
 		fatal("cannot start the relay's thread");
 	if (d.metrics && metrics_start(d.metrics) < 0)
 		fatal("cannot start the metrics thread");
-	d.ev_stats = evtimer_new(d.base, on_stats, &d);
 	d.ev_drain = evtimer_new(d.base, on_drain_tick, &d);
-	d.ev_snapshot = evtimer_new(d.base, on_snapshot, &d);
-	d.ev_expire = evtimer_new(d.base, on_expire, &d);
-	d.ev_overrides = evtimer_new(d.base, on_overrides, &d);
-	d.ev_lease = evtimer_new(d.base, on_lease, &d);
-	if (!d.ev_stats || !d.ev_drain || !d.ev_snapshot || !d.ev_expire || !d.ev_overrides ||
-	    !d.ev_lease)
+	if (!d.ev_drain)
 		fatal("cannot create timers");
-	if (store_is_shared(d.store))
-		on_lease(-1, 0, &d); /* connects at once, and renews from then on */
-	arm_stats(&d);
-	arm_timer(d.ev_snapshot, d.cfg->store.snapshot_interval_ms);
-	arm_timer(d.ev_expire, 1000);
-	arm_timer(d.ev_overrides, d.cfg->store.overrides_check_ms);
-	fd_recount(&d);
+	daemon_timers_start(&d);
+	daemon_fds_recount(&d);
 	log_notice("sluiced %s started: %u workers, configuration %s, file descriptor limit %llu "
 		   "(%llu held back from the sessions)", SLUICE_VERSION, engine_workers(d.e), path,
 		   (unsigned long long)d.nofile, (unsigned long long)d.fds_held);
@@ -1574,7 +711,7 @@ int daemon_main(int argc, char **argv)
 	notify_send("READY=1\nSTATUS=running");
 	event_base_dispatch(d.base);
 
-	log_stats(&d, false);
+	daemon_timers_stats(&d, false);
 	/* first: a page being rendered asks the relay's loop */
 	d.metrics = metrics_free(d.metrics);
 	engine_stop_listening(d.e);
@@ -1583,22 +720,19 @@ int daemon_main(int argc, char **argv)
 	if (d.queue)
 		queue_drain(d.queue); /* every commit answered while the workers still run */
 	engine_stop(d.e);
+	reload_forget(&d);
 	/* the store's connections live on the loops: freed while the loops still exist */
-	save_snapshot(&d);
+	daemon_timers_snapshot(&d);
 	d.store = store_free(d.store);
-	free(d.renewed);
+	lease_clear(&d.lease);
 	d.relay = relay_free(d.relay);
 	d.queue = queue_free(d.queue);
 	engine_free(d.e);
 	event_free(d.ev_term);
 	event_free(d.ev_int);
 	event_free(d.ev_hup);
-	event_free(d.ev_stats);
 	event_free(d.ev_drain);
-	event_free(d.ev_snapshot);
-	event_free(d.ev_expire);
-	event_free(d.ev_overrides);
-	event_free(d.ev_lease);
+	daemon_timers_free(&d);
 	thread_set_base(NULL);
 	event_base_free(d.base);
 	/* XXX after the drop, a pid file (or a unix socket, in listen_close) in a directory
@@ -1609,6 +743,7 @@ int daemon_main(int argc, char **argv)
 	free(d.pid_file);
 	daemon_config_free(d.cfg);
 	pthread_mutex_destroy(&d.cfg_lock);
+	pthread_mutex_destroy(&d.reload_lock);
 	log_notice("sluiced stopped");
 	return 0;
 }

@@ -1,5 +1,5 @@
 /*
- * daemon -- sluiced: configuration, services, signals, statistics, control commands.
+ * daemon -- sluiced: the program (daemon.c, its rooms behind daemon_int.h).
  */
 #ifndef SLUICE_DAEMON_H
 #define SLUICE_DAEMON_H

@@ -150,7 +150,7 @@ struct service *engine_service(struct engine *e, size_t i)
 }
 
 /* Count into the shard of the calling thread (idx nworkers = main thread). */
-void service_shard_count(struct service *svc, unsigned idx,
+static void service_shard_count(struct service *svc, unsigned idx,
 			void (*fn)(struct service_counters *c, const void *arg), const void *arg)
 {
 	struct stats_shard *sh = &svc->shards[idx];
@@ -170,6 +170,12 @@ static void count_refused(struct service_counters *c, const void *arg)
 {
 	(void)arg;
 	c->refused++;
+}
+
+static void count_evicted(struct service_counters *c, const void *arg)
+{
+	(void)arg;
+	c->evicted++;
 }
 
 struct session_end {
@@ -311,7 +317,8 @@ static void slot_release(struct service *svc, struct worker *w, unsigned fds)
 	atomic_fetch_sub(&svc->e->fds_sessions, fds);
 }
 
-void session_free(struct session *s)
+/* Free s now (or once its input callback unwinds), its close op called. */
+static void session_free(struct session *s)
 {
 	if (s->in_input) {
 		s->dead = true;
@@ -344,7 +351,8 @@ void session_free(struct session *s)
 	free(s);
 }
 
-struct timeval worker_timeout(struct worker *w, uint64_t ms)
+/* The timeval for ms on w's base: a common timeout when a slot is free. */
+static struct timeval worker_timeout(struct worker *w, uint64_t ms)
 {
 	for (size_t i = 0; i < w->ncommon; i++)
 		if (w->common[i].ms == ms)
@@ -368,7 +376,7 @@ struct timeval worker_timeout(struct worker *w, uint64_t ms)
  * buffered) and command (a partial request buffered, a reply not written, a verdict
  * pending) -- rarely, since requests usually arrive whole.
  */
-void session_arm_timer(struct session *s)
+static void session_arm_timer(struct session *s)
 {
 	if (s->closing)
 		return;
@@ -383,6 +391,52 @@ void session_arm_timer(struct session *s)
 							 : atomic_load(&s->svc->command_timeout_ms));
 	struct timeval wr = worker_timeout(s->w, atomic_load(&s->svc->command_timeout_ms));
 	bufferevent_set_timeouts(s->bev, &rd, &wr);
+}
+
+/* The deadline of s's request: an explicit request whose bytes earned more time runs on;
+ * otherwise the session ends as by a timeout, with its last word. */
+static void session_on_deadline(evutil_socket_t fd, short what, void *arg)
+{
+	struct session *s = arg;
+	(void)fd;
+	(void)what;
+	uint64_t left = request_time_left(s, now_ms());
+	if (left) {
+		request_arm(s, timeval_from_ms(left));
+		return;
+	}
+	if (!s->closing)
+		session_log(s, LOG_LEVEL_INFO, "request not complete within its deadline "
+			    "(%" PRIu64 " ms%s), closing", request_allowed_ms(s),
+			    s->req_explicit ? ", with the time its data earned" : "");
+	s->timed_out = true;
+	s->deadline_hit = true;
+	if (!s->closing && s->svc->ops->timeout)
+		s->svc->ops->timeout(s);
+	session_free(s);
+}
+
+/* A request of s opens now, timed by its deadline (made at the first request that needs
+ * it).  b NULL: an implicit request, bound by command_timeout: one duration for them all,
+ * a common timeout, O(1) to arm. */
+static void session_time_request(struct session *s, const struct request_bound *b)
+{
+	if (!s->deadline && !(s->deadline = evtimer_new(s->w->base, session_on_deadline, s))) {
+		request_close(s); /* the request keeps the per-read timeouts alone */
+		session_log(s, LOG_LEVEL_ERROR, "cannot time a request: out of memory");
+		return;
+	}
+	request_open(s, b);
+	request_arm(s, b ? timeval_from_ms(request_allowed_ms(s))
+			 : worker_timeout(s->w, request_allowed_ms(s)));
+}
+
+void session_request_begin(struct session *s, const struct request_bound *b)
+{
+	if (s->closing)
+		return;
+	session_time_request(s, b);
+	session_arm_timer(s);
 }
 
 /* The peer half-closed while the session was paused: now that it is not, end it once
@@ -428,7 +482,8 @@ static bool session_run_input(struct session *s)
 		return false;
 	}
 	size_t after = evbuffer_get_length(in);
-	request_track(s, before > after ? before - after : 0);
+	if (request_track(s, before > after ? before - after : 0) == REQUEST_START)
+		session_time_request(s, NULL);
 	if (!session_finish_eof(s))
 		return false;
 	output_blocked(s);
@@ -612,10 +667,31 @@ static bool evict_elsewhere(struct worker *w, const struct worker_msg *m)
 	return true;
 }
 
+/* The service is at max_sessions and a connection came for it: the session of w that
+ * request_victim chooses makes room for it, told what a timeout tells.  false: none could. */
+static bool worker_make_room(struct worker *w, struct service *svc)
+{
+	struct session *v = request_victim(w, svc, now_ms());
+	if (!v)
+		return false;
+	uint64_t now = now_ms(), unlogged;
+	if (request_log_due(w, now, &unlogged))
+		session_log(v, LOG_LEVEL_NOTICE, "max_sessions reached: closing this session, "
+			    "whose request has been open %" PRIu64 " ms of its %" PRIu64 " ms, "
+			    "to serve a new connection (%" PRIu64 " more closed the same way since "
+			    "the last such line)", request_elapsed(v, now), request_allowed_ms(v),
+			    unlogged);
+	service_shard_count(svc, w->idx, count_evicted, NULL);
+	if (svc->ops->timeout)
+		svc->ops->timeout(v);
+	session_free(v);
+	return true;
+}
+
 static void session_start(struct worker *w, const struct worker_msg *m)
 {
 	struct service *svc = m->svc;
-	if (m->evict && !request_evict(w, svc)) {
+	if (m->evict && !worker_make_room(w, svc)) {
 		if (evict_elsewhere(w, m))
 			return;
 		/* none may give way (the requests there are young, or ended meanwhile): refused
@@ -671,7 +747,7 @@ static void session_start(struct worker *w, const struct worker_msg *m)
 	 * speak at once, the SMTP client after the greeting).  No timer yet: a request that
 	 * arrives whole, the usual case, costs none. */
 	if (!s->paused && !s->closing)
-		request_open_first(s);
+		request_open(s, NULL); /* unarmed */
 	return;
 undo:
 	log_error("cannot start a session: out of memory");

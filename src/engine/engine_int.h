@@ -2,9 +2,12 @@
  * engine_int.h -- the engine's rooms and what they share (private to src/engine).
  *
  *   engine.c   services, sessions on their workers, the workers, listeners and accept
- *              (main thread: accept and hand-off; workers: their sessions)
- *   request.c  requests and their deadlines, and the choice of the session that makes
- *              room at max_sessions (workers; request_worker_to_evict on the main thread)
+ *              (main thread: accept and hand-off; workers: their sessions); it carries
+ *              out what request.c decides: times requests, ends them at their deadline,
+ *              evicts a session to make room
+ *   request.c  requests, their lists and the decisions on their deadlines and on the
+ *              session that makes room at max_sessions (workers; request_worker_to_evict
+ *              on the main thread).  It calls nothing in engine.c.
  *
  * Invariants: a session, its lists and its timers are touched only on its own worker;
  * what the main thread reads of a worker is in atomics (nsessions, req_oldest_ms).
@@ -172,35 +175,35 @@ struct engine {
 	int spare_fd; /* for a reserved listener at the descriptor limit; -1 when used */
 };
 
-/* engine.c */
-void service_shard_count(struct service *svc, unsigned idx,
-			 void (*fn)(struct service_counters *c, const void *arg), const void *arg);
-/* Free s now (or once its input callback unwinds), its close op called. */
-void session_free(struct session *s);
-/* The read and write timeouts for what s waits for now (idle or command). */
-void session_arm_timer(struct session *s);
-/* The timeval for ms on w's base: a common timeout when a slot is free. */
-struct timeval worker_timeout(struct worker *w, uint64_t ms);
-
 /* request.c */
-/* List a connection's first request (unarmed: its deadline starts with partial bytes). */
-void request_open_first(struct session *s);
+/* What the engine does after request_track. */
+enum request_step {
+	REQUEST_GOES_ON = 0, /* nothing: the request goes on, or it closed */
+	REQUEST_START,       /* an implicit request opens now: request_open, then request_arm */
+};
+/* List a request that opens now (closing the one open), unarmed.  b NULL: an implicit
+ * request (a connection's first is listed so: its deadline starts with partial bytes). */
+void request_open(struct session *s, const struct request_bound *b);
+/* Time the open request: its deadline (s->deadline, made by the engine) fires after tv. */
+void request_arm(struct session *s, struct timeval tv);
 /* The open request ends (listed or not); its timer stops. */
 void request_close(struct session *s);
 /* After the input callback consumed `consumed` bytes. */
-void request_track(struct session *s, size_t consumed);
-/* At max_sessions, on w: close the session slowest against its deadline to make room for
- * a newcomer of svc.  false: none may give way. */
-bool request_evict(struct worker *w, struct service *svc);
+enum request_step request_track(struct session *s, size_t consumed);
 /* Whether a line on making room (an eviction, or a refusal when none could give way) is
  * due on w now: one a second, with the count of those not logged since. */
 bool request_log_due(struct worker *w, uint64_t now, uint64_t *ret_unlogged);
 /* Main thread: the worker with the oldest open request of svc, or NULL. */
 struct worker *request_worker_to_evict(struct engine *e, const struct service *svc);
 /* The decisions, pure functions of the session's request and the clock (table-tested):
- * how long the open request may take in all, and whether it may give way to a newcomer
- * (with how slow it is against its deadline, of 1024). */
+ * how long the open request may take in all, how long it has been open, how long it has
+ * left (0: its deadline passed), whether it may give way to a newcomer (with how slow it
+ * is against its deadline, of 1024), and the session of w that gives way to a newcomer of
+ * svc at max_sessions (NULL: none may). */
 uint64_t request_allowed_ms(const struct session *s);
+uint64_t request_elapsed(const struct session *s, uint64_t now);
+uint64_t request_time_left(const struct session *s, uint64_t now);
 bool request_evictable(const struct session *s, uint64_t now, uint64_t *ret_slow);
+struct session *request_victim(const struct worker *w, const struct service *svc, uint64_t now);
 
 #endif

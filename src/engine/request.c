@@ -11,13 +11,15 @@
  * published for the main thread, which sends a connection over max_sessions to that
  * worker.  Work per event is bounded (law 8): list operations are O(1), and the choice of
  * whom to evict looks at EVICT_LOOK sessions.
+ *
+ * This room calls nothing in engine.c: what a session does about its request (time it,
+ * end it at its deadline, give way to a newcomer, log) is the engine's, which carries out
+ * the decisions made here -- whether a request opens, how long it has left, whom to evict.
  */
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
-#include <inttypes.h>
 #include <stdatomic.h>
-#include <stdlib.h>
 
 #include "engine_int.h"
 #include "util.h"
@@ -25,14 +27,6 @@
 #define EVICT_LOOK 8 /* open requests looked at, oldest first, for the slowest to evict */
 /* Data with no minimum rate gives way only past this share of its deadline (of 1024). */
 #define EVICT_MIN_SLOW 512
-
-static void request_on_deadline(evutil_socket_t fd, short what, void *arg);
-
-static void count_evicted(struct service_counters *c, const void *arg)
-{
-	(void)arg;
-	c->evicted++;
-}
 
 /* The time an explicit request's bytes earned at its minimum rate (0 without one). */
 static uint64_t request_earned_ms(const struct session *s)
@@ -52,7 +46,7 @@ uint64_t request_allowed_ms(const struct session *s)
 }
 
 /* The request's age; 0 rather than a wrap if the clock read now is older than its start. */
-static uint64_t request_elapsed(const struct session *s, uint64_t now)
+uint64_t request_elapsed(const struct session *s, uint64_t now)
 {
 	return now > s->req_start_ms ? now - s->req_start_ms : 0;
 }
@@ -89,18 +83,11 @@ void request_close(struct session *s)
 }
 
 /* A request opens now: at the tail of its service's list (the lists are in order of
- * start), its deadline armed unless !arm.  b NULL: an implicit request, bound by
- * command_timeout. */
-static void request_open(struct session *s, const struct request_bound *b, bool arm)
+ * start), unarmed (request_arm times it).  b NULL: an implicit request, bound by
+ * command_timeout.  An open request is closed first. */
+void request_open(struct session *s, const struct request_bound *b)
 {
 	request_close(s);
-	if (arm && !s->deadline) {
-		s->deadline = evtimer_new(s->w->base, request_on_deadline, s);
-		if (!s->deadline) { /* the request keeps the per-read timeouts alone */
-			session_log(s, LOG_LEVEL_ERROR, "cannot time a request: out of memory");
-			return;
-		}
-	}
 	struct req_list *l = &s->w->reqs[s->svc->idx];
 	s->req_start_ms = now_ms();
 	s->req_listed = true;
@@ -117,21 +104,12 @@ static void request_open(struct session *s, const struct request_bound *b, bool 
 	l->tail = s;
 	if (l->head == s)
 		request_publish_oldest(s->w, s->svc->idx);
-	if (!arm)
-		return;
-	/* one duration for every implicit request: a common timeout, O(1) to arm */
-	struct timeval tv = b ? timeval_from_ms(request_allowed_ms(s))
-			      : worker_timeout(s->w, request_allowed_ms(s));
-	event_add(s->deadline, &tv);
-	s->req_armed = true;
 }
 
-void session_request_begin(struct session *s, const struct request_bound *b)
+void request_arm(struct session *s, struct timeval tv)
 {
-	if (s->closing)
-		return;
-	request_open(s, b, true);
-	session_arm_timer(s);
+	event_add(s->deadline, &tv);
+	s->req_armed = true;
 }
 
 void session_request_end(struct session *s)
@@ -146,22 +124,24 @@ void session_request_end(struct session *s)
  * that is finished a request; bytes that come and stay unconsumed move nothing.  A
  * connection's first request is listed from the connection, unarmed (the idle timeout
  * bounds a client that sends nothing): its deadline starts with its first partial bytes.
+ * Returns REQUEST_START when an implicit request is to open now, timed (the engine opens
+ * it: request_open, request_arm).
  */
-void request_track(struct session *s, size_t consumed)
+enum request_step request_track(struct session *s, size_t consumed)
 {
 	if (s->req_explicit) {
 		s->req_bytes += consumed;
-		return;
+		return REQUEST_GOES_ON;
 	}
 	bool partial = !s->paused && !s->closing &&
 		       evbuffer_get_length(bufferevent_get_input(s->bev)) > 0;
 	if (!partial) {
 		request_close(s);
-		return;
+		return REQUEST_GOES_ON;
 	}
 	if (s->req_listed && s->req_armed && consumed == 0)
-		return;
-	request_open(s, NULL, true);
+		return REQUEST_GOES_ON;
+	return REQUEST_START;
 }
 
 /*
@@ -188,12 +168,11 @@ bool request_evictable(const struct session *s, uint64_t now, uint64_t *ret_slow
 	return true;
 }
 
-/* The session to evict for a newcomer of svc: of the EVICT_LOOK oldest open requests, the
- * slowest that may give way.  NULL if none.  Bounded work, whatever the number of
- * sessions. */
-static struct session *request_victim(struct worker *w, const struct service *svc)
+/* The session to evict for a newcomer of svc at now: of the EVICT_LOOK oldest open
+ * requests, the slowest that may give way.  NULL if none.  Bounded work, whatever the
+ * number of sessions. */
+struct session *request_victim(const struct worker *w, const struct service *svc, uint64_t now)
 {
-	uint64_t now = now_ms();
 	struct session *best = NULL;
 	uint64_t best_slow = 0;
 	int n = 0;
@@ -209,33 +188,17 @@ static struct session *request_victim(struct worker *w, const struct service *sv
 	return best;
 }
 
-/* The deadline's timer: an explicit request whose bytes earned more time runs on;
- * otherwise the session ends as by a timeout, with its last word. */
-static void request_on_deadline(evutil_socket_t fd, short what, void *arg)
+/* The time the open request has left at now, against what it is allowed in all; 0 when
+ * its deadline has passed (an explicit request whose bytes earned more has time left). */
+uint64_t request_time_left(const struct session *s, uint64_t now)
 {
-	struct session *s = arg;
-	(void)fd;
-	(void)what;
-	uint64_t elapsed = request_elapsed(s, now_ms());
+	uint64_t elapsed = request_elapsed(s, now);
 	uint64_t allowed = request_allowed_ms(s);
-	if (elapsed < allowed) {
-		struct timeval tv = timeval_from_ms(allowed - elapsed);
-		event_add(s->deadline, &tv);
-		return;
-	}
-	if (!s->closing)
-		session_log(s, LOG_LEVEL_INFO, "request not complete within its deadline "
-			    "(%" PRIu64 " ms%s), closing", allowed,
-			    s->req_explicit ? ", with the time its data earned" : "");
-	s->timed_out = true;
-	s->deadline_hit = true;
-	if (!s->closing && s->svc->ops->timeout)
-		s->svc->ops->timeout(s);
-	session_free(s);
+	return elapsed < allowed ? allowed - elapsed : 0;
 }
 
-/* The service is at max_sessions and a connection came for it: the slowest open request
- * of this worker makes room for it, told what a timeout tells.  false: none could. */
+/* Whether a line on making room (an eviction, or a refusal when none could give way) is
+ * due on w at now: one a second, with the count of those not logged since. */
 bool request_log_due(struct worker *w, uint64_t now, uint64_t *ret_unlogged)
 {
 	if (now - w->evict_logged_ms < REQUEST_LOG_MS) {
@@ -246,30 +209,6 @@ bool request_log_due(struct worker *w, uint64_t now, uint64_t *ret_unlogged)
 	w->evict_logged_ms = now;
 	w->evict_unlogged = 0;
 	return true;
-}
-
-bool request_evict(struct worker *w, struct service *svc)
-{
-	struct session *v = request_victim(w, svc);
-	if (!v)
-		return false;
-	uint64_t now = now_ms(), unlogged;
-	if (request_log_due(w, now, &unlogged))
-		session_log(v, LOG_LEVEL_NOTICE, "max_sessions reached: closing this session, "
-			    "whose request has been open %" PRIu64 " ms of its %" PRIu64 " ms, "
-			    "to serve a new connection (%" PRIu64 " more closed the same way since "
-			    "the last such line)", request_elapsed(v, now), request_allowed_ms(v),
-			    unlogged);
-	service_shard_count(svc, w->idx, count_evicted, NULL);
-	if (svc->ops->timeout)
-		svc->ops->timeout(v);
-	session_free(v);
-	return true;
-}
-
-void request_open_first(struct session *s)
-{
-	request_open(s, NULL, false);
 }
 
 /* The worker with the oldest open request of svc, or NULL when none has one. */

@@ -1,6 +1,6 @@
 /*
- * policy -- decisions and refunds, log lines, host classes' slots (see policy.h and
- * policy_int.h).
+ * policy -- decisions and refunds, and their log lines (see policy.h and policy_int.h);
+ * the host classes' slots are policy_class.c's.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -41,13 +41,18 @@ unsigned policy_rule_sessions_held(const struct policy *p, const struct policy_r
 	return sessions_count(store_key_hash(p->store, r->name_str, key));
 }
 
+void policy_sessions_key(uint64_t key_hash, char *ret_name)
+{
+	fmt_fixed(ret_name, POLICY_SESSIONS_KEY, "s:%016llx", (unsigned long long)key_hash);
+}
+
 /* Give back slot i of ss: this node's, and the shared store's if it granted it. */
 static void sessions_drop(struct policy_sessions *ss, size_t i)
 {
 	sessions_give(ss->key_hash[i]);
 	if (ss->shared[i] && ss->store) {
-		char cls[24];
-		fmt_fixed(cls, sizeof(cls), "s:%016llx", (unsigned long long)ss->key_hash[i]);
+		char cls[POLICY_SESSIONS_KEY];
+		policy_sessions_key(ss->key_hash[i], cls);
 		store_slot_release(ss->store, cls);
 	}
 }
@@ -220,23 +225,6 @@ static void expand_reply(const struct policy_rule *r, const char *key, const cha
 	}
 }
 
-/*
- * A sessions rule's slot asked of the shared store (Redis): this node's registry holds
- * it already (so the node never holds more than it tells), and the decision waits for
- * the store's answer before its rates are decided.  Named "s:" and the (rule, key) hash
- * in hex: a class of the store's leases of its own.
- */
-#define POLICY_MAX_ASKS POLICY_MAX_SESSIONS_RULES
-struct sess_ask {
-	struct store_slot_call call;
-	struct policy_pending *pp;
-	const struct policy_rule *r;
-	struct policy_rule_result *res;
-	uint64_t key_hash;
-	char cls[24];
-	char key[POLICY_LOG_KEY + 1];
-};
-
 struct scratch {
 	struct sess_ask asks[POLICY_MAX_ASKS];
 	size_t nasks;
@@ -337,16 +325,6 @@ static unsigned binding_window(const struct store_item *it, char *buf, size_t le
 }
 
 /* Where a decision's working set lives: the thread's scratch, or a pending call. */
-struct work {
-	struct store_item *items;
-	const struct policy_rule **rules;
-	struct policy_rule_result **res;
-	char (*keys)[SELECTOR_MAX_KEY + 1];
-	struct rate_limits *limits;
-	struct sess_ask *asks;   /* NULL: sessions are decided by this node alone */
-	size_t *nasks;
-};
-
 static void decision_reset(struct policy_decision *d)
 {
 	d->action = POLICY_ACCEPT;
@@ -447,7 +425,7 @@ static int sessions_rule(struct policy *p, const struct policy_rule *r, struct s
 			a->r = r;
 			a->res = res;
 			a->key_hash = h;
-			fmt_fixed(a->cls, sizeof(a->cls), "s:%016llx", (unsigned long long)h);
+			policy_sessions_key(h, a->cls);
 			text_sanitize(a->key, sizeof(a->key), key, POLICY_LOG_KEY - 3, TEXT_MARK_CUT);
 			a->call.local_used = count;
 			if (res) {
@@ -770,32 +748,6 @@ int policy_check(struct policy *p, const struct policy_txn *t, enum policy_stage
 
 /* ---- decisions that wait for the store ---- */
 
-enum pending_kind { PENDING_CHECK = 0, PENDING_SLOT };
-
-struct policy_pending {
-	enum pending_kind kind;
-	struct policy *p;
-	void *arg;
-	/* PENDING_CHECK */
-	struct store_call call;
-	enum policy_stage st;
-	struct policy_msg *msg;
-	enum store_mode mode;
-	policy_done_fn *done;
-	struct policy_decision d;
-	struct work w;
-	size_t n;
-	bool sess_refused;   /* a sessions rule refused the event already */
-	struct sess_ask asks[POLICY_MAX_ASKS];
-	size_t nasks, asks_waiting;
-	bool in_start;       /* policy_check_start() is still asking */
-	/* PENDING_SLOT */
-	struct store_slot_call slot_call;
-	struct class_slot *slot;
-	struct class_slot **ret_slot;
-	policy_slot_done_fn *slot_done;
-};
-
 static void check_done(struct store_call *c, int rc)
 {
 	struct policy_pending *pp = c->arg;
@@ -1096,141 +1048,6 @@ enum log_level policy_decision_line(const struct policy_decision *d, size_t i,
 	return a == POLICY_WARN ? LOG_LEVEL_WARNING : LOG_LEVEL_NOTICE;
 }
 
-/* ---- classes ---- */
-
-/* The class a host falls in: the first that matches, or NULL. */
-static struct policy_class *class_find(const struct policy *p, const struct ipaddr *ip,
-				       struct str name)
-{
-	for (size_t i = 0; i < p->nclasses; i++)
-		if (mask_list_match_host(p->classes[i].hosts, ip, name))
-			return &p->classes[i];
-	return NULL;
-}
-
-int policy_class_enter(struct policy *p, const struct ipaddr *ip, struct str name,
-		       struct class_slot **ret, const char **ret_class)
-{
-	struct policy_class *c = class_find(p, ip, name);
-	if (!c) {
-		*ret = NULL;
-		return 1;
-	}
-	*ret_class = c->name;
-	return class_enter_inbound(c, ret);
-}
-
-int policy_class_enter_outbound(struct policy *p, const struct ipaddr *ip, struct str name,
-				struct class_slot **ret, const char **ret_class)
-{
-	struct policy_class *c = class_find(p, ip, name);
-	if (!c) {
-		*ret = NULL;
-		return 1;
-	}
-	*ret_class = c->name;
-	return class_enter_outbound(c, ret);
-}
-
-static void slot_done(struct store_slot_call *sc, int rc)
-{
-	struct policy_pending *pp = sc->arg;
-	if (rc == 1) {
-		class_slot_granted(pp->slot);
-		*pp->ret_slot = pp->slot;
-	} else {
-		class_slot_refused(pp->slot);
-		rc = 0;
-	}
-	pp->slot_done(pp->arg, rc);
-	free(pp);
-}
-
-/* Ask the shared store for a slot of c under cap (reserved here first: this node never
- * holds more than it tells the others).  As policy_class_enter_start() returns. */
-static int class_enter_shared(struct policy *p, struct policy_class *c, unsigned cap,
-			      struct class_slot **ret_slot, policy_slot_done_fn *done, void *arg,
-			      struct policy_pending **ret)
-{
-	struct policy_pending *pp = calloc(1, sizeof(*pp));
-	if (!pp)
-		return -ENOMEM;
-	pp->kind = PENDING_SLOT;
-	pp->p = p;
-	pp->arg = arg;
-	pp->ret_slot = ret_slot;
-	pp->slot_done = done;
-	pp->slot_call.local_used = class_reserve(c, &pp->slot);
-	pp->slot_call.cls = c->name;
-	pp->slot_call.cap = cap;
-	pp->slot_call.done = slot_done;
-	pp->slot_call.arg = pp;
-	int rc = store_slot_enter(p->store, &pp->slot_call);
-	if (rc == STORE_PENDING) {
-		*ret = pp;
-		return 2;
-	}
-	if (rc == 1) {
-		class_slot_granted(pp->slot);
-		*ret_slot = pp->slot;
-	} else {
-		class_slot_refused(pp->slot);
-	}
-	free(pp);
-	return rc == 1;
-}
-
-/* A slot through the shared store when there is one: inbound (cap `inbound`) or
- * outbound (cap `sessions`); without it, this node's counters decide. */
-static int class_enter_any(struct policy *p, const struct ipaddr *ip, struct str name,
-			   bool outbound, struct class_slot **ret_slot, const char **ret_class,
-			   policy_slot_done_fn *done, void *arg, struct policy_pending **ret)
-{
-	int (*local)(struct policy *, const struct ipaddr *, struct str, struct class_slot **,
-		     const char **) = outbound ? policy_class_enter_outbound : policy_class_enter;
-	*ret = NULL;
-	if (!store_is_shared(p->store))
-		return local(p, ip, name, ret_slot, ret_class);
-	struct policy_class *c = class_find(p, ip, name);
-	*ret_slot = NULL;
-	if (!c)
-		return 1;
-	*ret_class = c->name;
-	int rc = class_enter_shared(p, c, outbound ? c->sessions : c->inbound, ret_slot, done,
-				    arg, ret);
-	return rc == -ENOMEM ? local(p, ip, name, ret_slot, ret_class) : rc;
-}
-
-int policy_class_enter_start(struct policy *p, const struct ipaddr *ip, struct str name,
-			     struct class_slot **ret_slot, const char **ret_class,
-			     policy_slot_done_fn *done, void *arg, struct policy_pending **ret)
-{
-	return class_enter_any(p, ip, name, false, ret_slot, ret_class, done, arg, ret);
-}
-
-int policy_class_enter_outbound_start(struct policy *p, const struct ipaddr *ip, struct str name,
-				      struct class_slot **ret_slot, const char **ret_class,
-				      policy_slot_done_fn *done, void *arg,
-				      struct policy_pending **ret)
-{
-	return class_enter_any(p, ip, name, true, ret_slot, ret_class, done, arg, ret);
-}
-
-void policy_class_release(struct policy *p, struct class_slot *s)
-{
-	if (!s)
-		return;
-	if (store_is_shared(p->store))
-		store_slot_release(p->store, class_slot_name(s));
-	class_slot_release(s);
-}
-
-const char *policy_class_match(const struct policy *p, const struct ipaddr *ip, struct str name)
-{
-	const struct policy_class *c = class_find(p, ip, name);
-	return c ? c->name : NULL;
-}
-
 size_t policy_counters(const struct policy *p, struct policy_rule_counters *ret, size_t max)
 {
 	size_t n = p->nrules < max ? p->nrules : max;
@@ -1249,13 +1066,5 @@ size_t policy_counters(const struct policy *p, struct policy_rule_counters *ret,
 			.over = over,
 		};
 	}
-	return n;
-}
-
-size_t policy_class_stats(const struct policy *p, struct class_stats *ret, size_t max)
-{
-	size_t n = p->nclasses < max ? p->nclasses : max;
-	for (size_t i = 0; i < n; i++)
-		class_stats_get(&p->classes[i], &ret[i]);
 	return n;
 }

@@ -368,6 +368,11 @@ int policy_class_enter_outbound_start(struct policy *p, const struct ipaddr *ip,
 void policy_class_release(struct policy *p, struct class_slot *s);
 /* Every class this process knows, with the slots it holds (lease renewals). */
 size_t class_registry_counts(char (*names)[64], unsigned *counts, size_t max);
+/* The shared store's name for the slots of a sessions rule's (rule, key), whose hash
+ * (store_key_hash()) is key_hash: "s:" and the hash, the name the policy takes and gives
+ * back, and that the lease renewals renew.  ret_name holds POLICY_SESSIONS_KEY bytes. */
+#define POLICY_SESSIONS_KEY 24
+void policy_sessions_key(uint64_t key_hash, char *ret_name);
 /* The class a host falls in (first match), without taking a slot; NULL without classes. */
 const char *policy_class_match(const struct policy *p, const struct ipaddr *ip, struct str name);
 const char *class_slot_name(const struct class_slot *s);

@@ -8,7 +8,9 @@
  *                  section, swapped and retired by the main thread, see there)
  *   sessions.c     the counters of sessions rules (one registry, across rule sets)
  *   policy.c       decisions: a stage's rules into one store batch, the verdict, the
- *                  message's ledger and refunds, the log lines; host classes' slots
+ *                  message's ledger and refunds, the log lines
+ *   policy_class.c host classes: the class a host falls in, its slots taken (in this
+ *                  node's counters, or under the shared store's lease) and given back
  *
  * A struct policy is immutable once loaded (but for the overrides tables, swapped
  * atomically, and the counters): any thread may read it while it holds a reference.
@@ -101,5 +103,61 @@ static inline struct selector_set rule_selectors(const struct policy_rule *r)
  * free the rule's tables. */
 int policy_overrides_load(struct policy_rule *r, char *err, size_t errlen);
 void policy_overrides_clear(struct policy_rule *r);
+
+/*
+ * A sessions rule's slot asked of the shared store (Redis): this node's registry holds
+ * it already (so the node never holds more than it tells), and the decision waits for
+ * the store's answer before its rates are decided.  Named "s:" and the (rule, key) hash
+ * in hex: a class of the store's leases of its own.
+ */
+#define POLICY_MAX_ASKS POLICY_MAX_SESSIONS_RULES
+struct sess_ask {
+	struct store_slot_call call;
+	struct policy_pending *pp;
+	const struct policy_rule *r;
+	struct policy_rule_result *res;
+	uint64_t key_hash;
+	char cls[POLICY_SESSIONS_KEY];
+	char key[POLICY_LOG_KEY + 1];
+};
+
+/* The arrays of one decision (a thread's scratch, or a pending decision's own). */
+struct work {
+	struct store_item *items;
+	const struct policy_rule **rules;
+	struct policy_rule_result **res;
+	char (*keys)[SELECTOR_MAX_KEY + 1];
+	struct rate_limits *limits;
+	struct sess_ask *asks;   /* NULL: sessions are decided by this node alone */
+	size_t *nasks;
+};
+
+/* A decision or a class slot that waits for the store's answer (policy.c decides, and
+ * policy_class.c takes slots; policy_pending_cancel() ends either). */
+enum pending_kind { PENDING_CHECK = 0, PENDING_SLOT };
+
+struct policy_pending {
+	enum pending_kind kind;
+	struct policy *p;
+	void *arg;
+	/* PENDING_CHECK */
+	struct store_call call;
+	enum policy_stage st;
+	struct policy_msg *msg;
+	enum store_mode mode;
+	policy_done_fn *done;
+	struct policy_decision d;
+	struct work w;
+	size_t n;
+	bool sess_refused;   /* a sessions rule refused the event already */
+	struct sess_ask asks[POLICY_MAX_ASKS];
+	size_t nasks, asks_waiting;
+	bool in_start;       /* policy_check_start() is still asking */
+	/* PENDING_SLOT */
+	struct store_slot_call slot_call;
+	struct class_slot *slot;
+	struct class_slot **ret_slot;
+	policy_slot_done_fn *slot_done;
+};
 
 #endif

@@ -1,7 +1,8 @@
 /*
  * queue_int -- the running queue's private declarations, shared by queue.c (the
- * committer, the loader, the index and its changes) and queue_walk.c (listings,
- * selections and the summary, which walk the index in batches).
+ * committer, the loader, the index and its changes, removal included) and queue_walk.c
+ * (listings and their formatting, selections and the summary, which walk the index in
+ * batches).  Calls go one way: queue_walk.c calls queue.c, never the reverse.
  */
 #ifndef SLUICE_QUEUE_INT_H
 #define SLUICE_QUEUE_INT_H
@@ -98,14 +99,8 @@ struct queue {
 void queue_notify(struct queue *q, enum queue_event ev, const char *id);
 struct qentry *queue_ix_get(struct queue *q, const char *id);
 void queue_maybe_compact(struct queue *q);
-void queue_format_time(uint64_t us, char *out, size_t len);
-void queue_last_replies(struct str log, size_t nrcpt, struct str *ret);
-void queue_rcpt_state(char status, uint64_t next_us, uint32_t attempts, uint64_t now_us,
-		       char *out, size_t len);
-int queue_list_entry(const struct qentry *e, const struct str *last, uint64_t now_us,
-		      bool json, struct buf *out);
-
-/* ---- queue_walk.c ---- */
 int queue_remove_message(struct queue *q, const char *id);
+
+/* ---- queue_walk.c: nothing the other room calls ---- */
 
 #endif

@@ -24,6 +24,121 @@
 #include "queue_table.h"
 #include "util.h"
 
+/* ---- formatting for listings ---- */
+
+static void queue_format_time(uint64_t us, char *out, size_t len)
+{
+	time_t t = (time_t)(us / 1000000);
+	struct tm tm;
+	if (!gmtime_r(&t, &tm) || strftime(out, len, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)
+		snprintf(out, len, "?");
+}
+
+/*
+ * The reply of each recipient's last line in an attempt log ("ts=... rcpt=I status=...
+ * reply=TEXT"): ret[i] points into log, or is empty when the log has no line for i.
+ */
+static void queue_last_replies(struct str log, size_t nrcpt, struct str *ret)
+{
+	for (size_t i = 0; i < nrcpt; i++)
+		ret[i] = STR_NULL;
+	const char *p = log.ptr, *end = log.ptr + log.len;
+	while (p && p < end) {
+		const char *nl = memchr(p, '\n', (size_t)(end - p));
+		const char *eol = nl ? nl : end;
+		const char *r = memmem(p, (size_t)(eol - p), " rcpt=", 6);
+		const char *t = memmem(p, (size_t)(eol - p), " reply=", 7);
+		if (r && t && r < t) {
+			size_t i = 0;
+			bool digits = false;
+			for (r += 6; r < eol && *r >= '0' && *r <= '9' && i < nrcpt; r++) {
+				i = i * 10 + (size_t)(*r - '0');
+				digits = true;
+			}
+			if (digits && i < nrcpt)
+				ret[i] = str_make(t + 7, (size_t)(eol - t - 7));
+		}
+		p = nl ? nl + 1 : NULL;
+	}
+}
+
+/* How a recipient stands: "deferred: next attempt in 1h52m, 3 attempts". */
+static void queue_rcpt_state(char status, uint64_t next_us, uint32_t attempts,
+			     uint64_t now_us, char *out, size_t len)
+{
+	if (status == QUEUE_DELIVERED || status == QUEUE_FAILED || status == QUEUE_RELAYED) {
+		snprintf(out, len, "%s", status == QUEUE_DELIVERED ? "delivered"
+					 : status == QUEUE_FAILED  ? "failed"
+								   : "delivered, relayed notice owed");
+		return;
+	}
+	char when[32] = "now";
+	if (next_us > now_us) {
+		char rel[24];
+		fmt_duration(rel, sizeof(rel), (next_us - now_us) / 1000, DURATION_BRIEF);
+		snprintf(when, sizeof(when), "in %s", rel);
+	}
+	const char *name = status == QUEUE_UNCERTAIN ? "uncertain"
+			   : next_us > now_us	     ? "deferred"
+						     : "to do";
+	if (attempts)
+		snprintf(out, len, "%s: next attempt %s, %" PRIu32 " attempt%s", name, when,
+			 attempts, attempts == 1 ? "" : "s");
+	else
+		snprintf(out, len, "%s: next attempt %s", name, when);
+}
+
+static int queue_list_entry(const struct qentry *e, const struct str *last,
+			    uint64_t now_us, bool json, struct buf *out)
+{
+	char when[32];
+	queue_format_time(e->arrival_us, when, sizeof(when));
+	const char *status = qentry_status(e);
+	const struct qrcpt *rc = qentry_rcpt(e);
+	int r;
+	if (json) {
+		r = buf_printf(out, "{\"id\":\"%s\",\"size\":%" PRIu64 ",\"arrival\":\"%s\","
+			       "\"arrival_us\":%" PRIu64 ",\"held\":%s,\"sender\":", e->id, e->size,
+			       when, e->arrival_us,
+			       e->control[QUEUE_CTL_HOLD] == 'H' ? "true" : "false");
+		if (r == 0)
+			r = buf_append_json_string(out, qentry_sender(e));
+		if (r == 0)
+			r = buf_append_cstr(out, ",\"recipients\":[");
+		for (size_t i = 0; r == 0 && i < e->nrcpt; i++) {
+			r = buf_printf(out, "%s{\"address\":", i ? "," : "");
+			if (r == 0)
+				r = buf_append_json_string(out, qentry_addr(e, i));
+			if (r == 0)
+				r = buf_printf(out, ",\"status\":\"%c\",\"next_attempt_us\":%" PRIu64
+					       ",\"attempts\":%" PRIu32 ",\"last_reply\":", status[i],
+					       rc[i].next_us, rc[i].attempts);
+			if (r == 0 && last[i].len) {
+				char *t = strndup(last[i].ptr, last[i].len);
+				r = t ? buf_append_json_string(out, t) : -ENOMEM;
+				free(t);
+			} else if (r == 0) {
+				r = buf_append_cstr(out, "null");
+			}
+			if (r == 0)
+				r = buf_append_byte(out, '}');
+		}
+		return r == 0 ? buf_append_cstr(out, "]}\n") : r;
+	}
+	r = buf_printf(out, "%s%c %10" PRIu64 "  %s  <%s>\n", e->id,
+		       e->control[QUEUE_CTL_HOLD] == 'H' ? '!' : ' ', e->size, when,
+		       qentry_sender(e));
+	for (size_t i = 0; r == 0 && i < e->nrcpt; i++) {
+		char st[96];
+		queue_rcpt_state(status[i], rc[i].next_us, rc[i].attempts, now_us, st, sizeof(st));
+		r = buf_printf(out, "    %c <%s>  %s\n", status[i], qentry_addr(e, i), st);
+		if (r == 0 && last[i].len)
+			r = buf_printf(out, "        last reply: %.*s\n", (int)last[i].len,
+				       last[i].ptr);
+	}
+	return r;
+}
+
 /* ---- walks of the index, in batches ---- */
 
 /*
@@ -351,16 +466,6 @@ int queue_hold(struct queue *q, const char *id, bool hold)
 	queue_msg_close(&m);
 	if (r == 0)
 		queue_notify(q, hold ? QUEUE_EV_HOLD : QUEUE_EV_RELEASE, id);
-	return r;
-}
-
-/* The file and its index entry (the entry goes even when the file is already gone). */
-int queue_remove_message(struct queue *q, const char *id)
-{
-	int r = queue_msg_remove(q->qd, id);
-	pthread_mutex_lock(&q->ix_lock);
-	qentry_free(queue_table_remove(&q->ix, id));
-	pthread_mutex_unlock(&q->ix_lock);
 	return r;
 }
 

@@ -1,10 +1,10 @@
 /*
- * relay -- the relay's thread (relay.h): its mailbox, start, stop and reload.  The rooms
- * of the relay are listed in relay_int.h.
+ * relay -- the top of the relay (relay.h): its thread, the dispatch of its mailbox, the
+ * sweep (expiry, delay notices, lanes that hold nothing), start, stop and reload.  The
+ * rooms of the relay are listed in relay_int.h; none of them calls this one.
  *
- * Everything here runs on the relay's own loop, except the mailbox functions at the top
- * (relay_post(), called by the queue's threads and control workers), the flusher (a helper
- * thread) and relay_new/start/stop/free (the daemon's main thread).
+ * Everything here runs on the relay's own loop, except the queue's listener (the queue's
+ * threads) and relay_new/start/stop/free (the daemon's main thread).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -25,58 +25,6 @@
 #include "relay_int.h"
 #include "util.h"
 
-/* ---- logging ---- */
-
-void relay_logf(struct relay *r, enum log_level level, const char *fmt, ...)
-{
-	if (!r->log || (level == LOG_LEVEL_DEBUG && !log_enabled(LOG_LEVEL_DEBUG)))
-		return;
-	char line[1536];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(line, sizeof(line), fmt, ap);
-	va_end(ap);
-	r->log(r->log_arg, level, line);
-}
-
-void relay_reply_text(const struct smtp_out_result *res, const struct smtp_reply *rep,
-		       char *out, size_t len)
-{
-	char t[SMTP_REPLY_TEXT_MAX + 1];
-	if (rep && rep->code) {
-		text_sanitize(t, sizeof(t), str_cstr(rep->text), SIZE_MAX, TEXT_NO_QUOTES);
-		if (rep->enh_class)
-			snprintf(out, len, "%d %d.%d.%d %s", rep->code, rep->enh_class,
-				 rep->enh_subject, rep->enh_detail, t);
-		else
-			snprintf(out, len, "%d %s", rep->code, t);
-		/* the text may already start with the enhanced code: keep it as the server
-		 * sent it instead */
-		if (rep->enh_class) {
-			char enh[32];
-			snprintf(enh, sizeof(enh), "%d.%d.%d", rep->enh_class, rep->enh_subject,
-				 rep->enh_detail);
-			if (strncmp(t, enh, strlen(enh)) == 0)
-				snprintf(out, len, "%d %s", rep->code, t);
-		}
-	} else if (res) {
-		snprintf(out, len, "%s: %s%s%s", smtp_out_stage_name(res->stage),
-			 strerror(-res->error), res->why && *res->why ? ": " : "",
-			 res->why ? res->why : "");
-	} else {
-		snprintf(out, len, "no reply");
-	}
-}
-
-/* ---- mailbox: from other threads ---- */
-
-int relay_post(struct relay *r, struct mb_item *it)
-{
-	int e = mailbox_post(&r->mb, &it);
-	/* a failed wake-up (an eventfd counter cannot overflow here) still posted it */
-	return e == -ESHUTDOWN || e == -ENOMEM ? e : 0;
-}
-
 static void on_queue_event(void *arg, enum queue_event ev, const char *id)
 {
 	struct relay *r = arg;
@@ -86,25 +34,8 @@ static void on_queue_event(void *arg, enum queue_event ev, const char *id)
 	it->kind = MB_QUEUE;
 	it->ev = ev;
 	snprintf(it->id, sizeof(it->id), "%s", id);
-	if (relay_post(r, it) < 0)
+	if (base_post(r, it) < 0)
 		free(it);
-}
-
-/* Run fn on the relay's loop and wait for its result (control commands).  The relay
- * never waits on a peer, so the wait is short. */
-int relay_call_sync(struct relay *r, int (*fn)(struct relay *r, void *arg), void *arg)
-{
-	if (!r->started)
-		return fn(r, arg);
-	struct mb_item it = { .kind = MB_CALL, .fn = fn, .arg = arg };
-	int rc = relay_post(r, &it);
-	if (rc < 0)
-		return rc;
-	pthread_mutex_lock(&r->call_lock);
-	while (!it.done)
-		pthread_cond_wait(&r->call_cond, &r->call_lock);
-	pthread_mutex_unlock(&r->call_lock);
-	return it.rc;
 }
 
 /* ---- configuration ---- */
@@ -166,7 +97,9 @@ static struct route_rt *route_rt_by_name(struct conf_rt *c, const char *name)
 	return NULL;
 }
 
-void relay_retired_sweep(struct relay *r)
+/* The configurations retired by reloads that no connection uses any more go (at each
+ * reload, and at each sweep). */
+static void retired_sweep(struct relay *r)
 {
 	for (struct conf_rt **p = &r->retired; *p;) {
 		if ((*p)->users == 0) {
@@ -215,7 +148,7 @@ static void begin_stop(struct relay *r, int64_t deadline_ms)
 	r->stop_deadline_ms = deadline_ms;
 	struct lane *l;
 	TAILQ_FOREACH(l, &r->lanes, link) {
-		lane_close_idle(l);
+		conn_close_idle(l);
 		sched_wake(&r->sched, &l->s, SCHED_NEVER);
 		if (l->call) {
 			store_slide_cancel(r->store, l->call);
@@ -236,7 +169,7 @@ static void begin_stop(struct relay *r, int64_t deadline_ms)
 	evtimer_add(r->stop_timer, &tv);
 }
 
-/* A call's answer, to the thread that waits for it (relay_call_sync()). */
+/* A call's answer, to the thread that waits for it (base_call_sync()). */
 static void call_done(struct relay *r, struct mb_item *it, int rc)
 {
 	pthread_mutex_lock(&r->call_lock);
@@ -244,6 +177,103 @@ static void call_done(struct relay *r, struct mb_item *it, int rc)
 	it->done = true; /* the caller's item is gone after it */
 	pthread_cond_broadcast(&r->call_cond);
 	pthread_mutex_unlock(&r->call_lock);
+}
+
+/*
+ * Message id, loaded (if it was not) and routed; one loaded now with nothing left to do
+ * is settled (removed, or its bounce started).  NULL: gone, or it cannot be loaded.
+ */
+static struct rmsg *load(struct relay *r, const char *id)
+{
+	struct rmsg *m = NULL;
+	int rc = msg_load(r, id, &m);
+	if (rc < 0)
+		return NULL;
+	if (rc == 1) {
+		bounce_check(r, m); /* may free it */
+		return msg_find(r, id);
+	}
+	return m;
+}
+
+/* ---- the sweep: expiry, bounces that could not be queued, delay notices, lanes that
+ * hold nothing, the history's compaction ---- */
+
+static void expire(struct relay *r, struct rmsg *m, uint64_t now)
+{
+	const struct relay_conf *c = &r->crt->conf;
+	if (!c->lifetime_ms || m->busy || m->bouncing || m->deleted || m->held)
+		return; /* held mail waits for the operator, as Postfix's hold queue does */
+	if (m->arrival_us * 1000 + (uint64_t)c->lifetime_ms * 1000000u > now)
+		return;
+	char text[200], d[32];
+	fmt_duration(d, sizeof(d), (uint64_t)c->lifetime_ms, DURATION_BRIEF);
+	snprintf(text, sizeof(text), "delivery time expired: the message stayed in the queue "
+		 "for %s", d);
+	bounce_fail_pending(r, m, "4.4.7", text);
+}
+
+/* Every 30 s, or a quarter of queue.lifetime when that is shorter. */
+static void sweep_arm(struct relay *r)
+{
+	int64_t ms = SWEEP_MS;
+	int64_t quarter = r->crt->conf.lifetime_ms / 4;
+	if (quarter > 0 && quarter < ms)
+		ms = quarter < 250 ? 250 : quarter;
+	quarter = r->crt->conf.delay_warning_ms / 4;
+	if (quarter > 0 && quarter < ms)
+		ms = quarter < 250 ? 250 : quarter;
+	struct timeval tv = timeval_from_ms((uint64_t)ms);
+	evtimer_add(r->sweep, &tv);
+}
+
+/*
+ * The sweep walks no more than what is due: the messages are in arrival order, so
+ * expiry stops at the first one younger than the lifetime (it passes over the held and
+ * busy ones before it), delay notices go on from where their last walk stopped, and only
+ * the messages whose end could not be settled are looked at again.
+ */
+static void on_sweep(evutil_socket_t fd, short what, void *arg)
+{
+	struct relay *r = arg;
+	uint64_t now = relay_now(r);
+	struct rmsg *m, *next;
+	uint64_t life = (uint64_t)r->crt->conf.lifetime_ms * 1000000u;
+	for (m = TAILQ_FIRST(&r->msgs); life && m && m->arrival_us * 1000 + life <= now; m = next) {
+		next = TAILQ_NEXT(m, link);
+		expire(r, m, now);
+	}
+	char (*ids)[QUEUE_ID_LEN + 1] = r->recheck;
+	size_t nids = r->nrecheck;
+	r->recheck = NULL;
+	r->nrecheck = r->recheck_cap = 0;
+	for (size_t i = 0; i < nids; i++)
+		if ((m = msg_find(r, ids[i]))) {
+			m->recheck = false;
+			bounce_check(r, m);
+		}
+	free(ids);
+	int64_t dw = r->crt->conf.delay_warning_ms;
+	for (m = r->warned_upto ? TAILQ_NEXT(r->warned_upto, link) : TAILQ_FIRST(&r->msgs);
+	     dw > 0 && m && m->arrival_us * 1000 + (uint64_t)dw * 1000000u <= now; m = next) {
+		next = TAILQ_NEXT(m, link);
+		if (m->busy || m->bouncing)
+			break; /* again at the next sweep */
+		r->warned_upto = m;
+		/* held mail waits for the operator, and gets no notice */
+		if (m->warned || m->deleted || m->held)
+			continue;
+		bool pending = false;
+		for (size_t i = 0; i < m->nrcpt && !pending; i++)
+			pending = m->r[i].status == QUEUE_TODO || m->r[i].status == QUEUE_UNCERTAIN;
+		if (pending)
+			bounce_start(r, m, true);
+	}
+	lane_sweep(r, now);
+	retired_sweep(r);
+	if (r->hist_lines > 100000)
+		hist_compact(r);
+	sweep_arm(r);
 }
 
 static void on_mailbox(void *items, size_t n, void *arg)
@@ -258,8 +288,8 @@ static void on_mailbox(void *items, size_t n, void *arg)
 			m = msg_find(r, it->id);
 			switch (it->ev) {
 			case QUEUE_EV_NEW:
-				if (!m && msg_load(r, it->id) == 0 && (m = msg_find(r, it->id)))
-					msg_kick_lanes(m);
+				if (!m && (m = load(r, it->id)))
+					lane_kick_msg(m);
 				break;
 			case QUEUE_EV_HOLD:
 				if (m) {
@@ -270,27 +300,26 @@ static void on_mailbox(void *items, size_t n, void *arg)
 			case QUEUE_EV_RELEASE:
 			case QUEUE_EV_FLUSH:
 				if (!m) {
-					if (msg_load(r, it->id) < 0 || !(m = msg_find(r, it->id)))
+					if (!(m = load(r, it->id)))
 						break;
 				}
 				if (it->ev == QUEUE_EV_RELEASE)
 					m->held = false;
 				else
-					for (size_t i = 0; i < m->nrcpt; i++)
-						m->r[i].next_try = 0;
+					msg_flush_now(r, m);
 				msg_schedule(r, m);
-				msg_kick_lanes(m);
+				lane_kick_msg(m);
 				break;
 			case QUEUE_EV_DELETE:
 				if (m) {
 					m->deleted = true;
-					msg_check_done(r, m);
+					bounce_check(r, m);
 				}
 				break;
 			case QUEUE_EV_BOUNCE:
-				if (!m && (msg_load(r, it->id) < 0 || !(m = msg_find(r, it->id))))
+				if (!m && !(m = load(r, it->id)))
 					break;
-				msg_bounce_by_operator(r, m);
+				bounce_by_operator(r, m);
 				break;
 			}
 			free(it);
@@ -310,25 +339,25 @@ static void on_mailbox(void *items, size_t n, void *arg)
 					msg_close_file(r, m);
 				}
 				msg_schedule(r, m);
-				msg_kick_lanes(m);
+				lane_kick_msg(m);
 				if (m->bounce_asked)
-					msg_bounce_by_operator(r, m); /* last: it may free m */
+					bounce_by_operator(r, m); /* last: it may free m */
 				else
-					msg_check_done(r, m);
+					bounce_check(r, m);
 			} else if (m && it->rc == 0) {
 				bounce_done(r, m);
 			} else if (m) {
 				m->bouncing = false;
-				relay_logf(r, LOG_LEVEL_ERROR, "qid=%s bounce cannot be committed: %s (tried again "
+				base_logf(r, LOG_LEVEL_ERROR, "qid=%s bounce cannot be committed: %s (tried again "
 				     "later)", it->id, strerror(-it->rc));
 				if (it->delayed)
 					r->warned_upto = TAILQ_PREV(m, rmsg_list, link);
 				else
 					msg_recheck_later(r, m);
 				msg_schedule(r, m);
-				msg_kick_lanes(m);
+				lane_kick_msg(m);
 				if (m->bounce_asked)
-					msg_bounce_by_operator(r, m);
+					bounce_by_operator(r, m);
 			}
 			free(it);
 			break;
@@ -341,19 +370,20 @@ static void on_mailbox(void *items, size_t n, void *arg)
 			break;
 		case MB_HIST_SYNCED:
 			hist_synced(r, it->hist_seq, it->rc);
+			tx_hist_synced(r);
 			free(it);
 			break;
 		case MB_SETTLED:
 			m = msg_find(r, it->id);
 			if (it->rc < 0)
-				relay_logf(r, LOG_LEVEL_ERROR, "qid=%s statuses cannot be flushed: %s", it->id,
+				base_logf(r, LOG_LEVEL_ERROR, "qid=%s statuses cannot be flushed: %s", it->id,
 				     strerror(-it->rc));
 			if (m && m->flushing) {
 				m->flushing--;
 				if (it->rc < 0)
 					m->flushing++; /* not on disk: never removed in this run */
 				else
-					msg_check_done(r, m);
+					bounce_check(r, m);
 			}
 			free(it);
 			break;
@@ -368,11 +398,11 @@ static void load_queue(struct relay *r)
 	char (*ids)[QUEUE_ID_LEN + 1] = NULL;
 	size_t n = 0;
 	if (queue_ids(r->q, &ids, &n) < 0) {
-		relay_logf(r, LOG_LEVEL_ERROR, "the queue cannot be listed: out of memory");
+		base_logf(r, LOG_LEVEL_ERROR, "the queue cannot be listed: out of memory");
 		return;
 	}
 	for (size_t i = 0; i < n; i++)
-		msg_load(r, ids[i]);
+		load(r, ids[i]);
 	free(ids);
 	size_t msgs = 0, rcpts = 0;
 	struct rmsg *m;
@@ -381,7 +411,7 @@ static void load_queue(struct relay *r)
 		for (size_t i = 0; i < m->nrcpt; i++)
 			rcpts += m->r[i].status == QUEUE_TODO || m->r[i].status == QUEUE_UNCERTAIN;
 	}
-	relay_logf(r, LOG_LEVEL_INFO, "started: %zu message(s) with %zu recipient(s) to deliver, "
+	base_logf(r, LOG_LEVEL_INFO, "started: %zu message(s) with %zu recipient(s) to deliver, "
 	     "%zu route(s)", msgs, rcpts, r->crt->conf.nroutes);
 	struct lane *l;
 	TAILQ_FOREACH(l, &r->lanes, link)
@@ -393,7 +423,7 @@ static void *relay_main(void *arg)
 	struct relay *r = arg;
 	thread_set_base(r->base);
 	load_queue(r);
-	msg_arm_sweep(r);
+	sweep_arm(r);
 	event_base_dispatch(r->base);
 	/* The loop is over (stopping, and its connections are gone) before relay_stop()
 	 * joins: calls posted from now on fail, and those already waiting are answered here,
@@ -435,6 +465,7 @@ struct relay *relay_new(const struct relay_conf *conf, struct queue *q, struct s
 	r->hist_fd = -1;
 	sched_init(&r->sched);
 	r->wake_at = SCHED_NEVER;
+	lane_register(r);
 	TAILQ_INIT(&r->msgs);
 	TAILQ_INIT(&r->open_idle);
 	TAILQ_INIT(&r->lanes);
@@ -471,7 +502,7 @@ struct relay *relay_new(const struct relay_conf *conf, struct queue *q, struct s
 		relay_free(r);
 		return NULL;
 	}
-	r->sweep = evtimer_new(r->base, msg_on_sweep, r);
+	r->sweep = evtimer_new(r->base, on_sweep, r);
 	r->stop_timer = evtimer_new(r->base, stop_now, r);
 	r->wake = evtimer_new(r->base, lane_on_wake, r);
 	if (!r->sweep || !r->stop_timer || !r->wake) {
@@ -553,15 +584,15 @@ static int apply_conf(struct relay *r, void *arg)
 			l->ntargets = 0;
 		}
 		/* connections made with the old settings: the idle ones go */
-		lane_close_idle(l);
+		conn_close_idle(l);
 	}
 	struct rmsg *m;
 	TAILQ_FOREACH(m, &r->msgs, link)
 		msg_route(r, m);
 	TAILQ_FOREACH(l, &r->lanes, link)
 		lane_kick(l);
-	relay_retired_sweep(r);
-	relay_logf(r, LOG_LEVEL_INFO, "configuration applied (%zu route(s)); budgets keep their "
+	retired_sweep(r);
+	base_logf(r, LOG_LEVEL_INFO, "configuration applied (%zu route(s)); budgets keep their "
 	     "history", nc->conf.nroutes);
 	return 0;
 }
@@ -576,7 +607,7 @@ int relay_reconfigure(struct relay *r, const struct relay_conf *conf, struct pol
 			policy_unref(ncf.rules);
 		return -ENOMEM;
 	}
-	int e = relay_call_sync(r, apply_conf, &ncf);
+	int e = base_call_sync(r, apply_conf, &ncf);
 	if (e < 0)
 		conf_rt_free(ncf.crt);
 	if (ncf.rules)
@@ -592,7 +623,7 @@ void relay_shutdown(struct relay *r, int64_t deadline_ms)
 	if (it) {
 		it->kind = MB_STOP;
 		it->deadline_ms = deadline_ms;
-		if (relay_post(r, it) < 0)
+		if (base_post(r, it) < 0)
 			free(it);
 	}
 }

@@ -40,7 +40,7 @@ static void on_dsn_committed(void *arg, int rc)
 		it->rc = rc;
 		it->delayed = d->delayed;
 		snprintf(it->id, sizeof(it->id), "%s", d->id);
-		if (relay_post(d->r, it) < 0)
+		if (base_post(d->r, it) < 0)
 			free(it);
 	}
 	free(d);
@@ -104,13 +104,6 @@ static void read_failures(struct relay *r, struct rmsg *m, struct fail_info *fi,
 	buf_done(&lb);
 }
 
-int bounce_collect_body(void *arg, struct str chunk)
-{
-	struct tx *t = arg;
-	t->body[t->nbody++] = chunk;
-	return 0;
-}
-
 void bounce_done(struct relay *r, struct rmsg *m)
 {
 	if (msg_open_file(r, m) < 0) {
@@ -123,7 +116,7 @@ void bounce_done(struct relay *r, struct rmsg *m)
 	int rc = queue_settle(r->q, m->qm, &st);
 	m->bouncing = false;
 	if (rc == 0 && st == QUEUE_MSG_FINISHED) {
-		relay_logf(r, LOG_LEVEL_INFO, "qid=%s removed: finished", m->id);
+		base_logf(r, LOG_LEVEL_INFO, "qid=%s removed: finished", m->id);
 		msg_free(r, m);
 	} else {
 		msg_close_file(r, m);
@@ -135,7 +128,7 @@ void bounce_done(struct relay *r, struct rmsg *m)
  * message), or, delayed, a delay notice for the recipients still waiting.
  */
 /* A DSN that could not be queued is tried again at the next sweep: a bounce through
- * msg_check_done(), a delay notice by the notices' walk going back to it. */
+ * bounce_check(), a delay notice by the notices' walk going back to it. */
 static void retry_later(struct relay *r, struct rmsg *m, bool delayed)
 {
 	if (!delayed)
@@ -188,7 +181,7 @@ void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
 	}
 	if (!*to) {
 		if (!c->postmaster || m->is_dsn) {
-			relay_logf(r, LOG_LEVEL_NOTICE, "qid=%s bounce not sent: the sender is null <>%s; "
+			base_logf(r, LOG_LEVEL_NOTICE, "qid=%s bounce not sent: the sender is null <>%s; "
 			     "failed recipients are in the attempt log", m->id,
 			     m->is_dsn ? " (it is a bounce itself)" : "");
 			r->st.dsn_skipped++;
@@ -203,11 +196,11 @@ void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
 	}
 	struct fail_info *fi = calloc(m->nrcpt, sizeof(*fi));
 	struct dsn_rcpt *dr = calloc(nf ? nf : 1, sizeof(*dr));
-	struct tx body = { 0 };
-	body.body = calloc(m->qm->ix.nbody ? m->qm->ix.nbody : 1, sizeof(*body.body));
+	struct msg_body body = { 0 };
+	body.part = calloc(m->qm->ix.nbody ? m->qm->ix.nbody : 1, sizeof(*body.part));
 	struct buf out;
 	buf_init(&out, DSN_MAX);
-	int rc = fi && dr && body.body ? 0 : -ENOMEM;
+	int rc = fi && dr && body.part ? 0 : -ENOMEM;
 	if (rc == 0) {
 		read_failures(r, m, fi, delayed ? "deferred" : "failed", delayed ? NULL : "relayed");
 		size_t k = 0;
@@ -224,7 +217,7 @@ void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
 				.last_attempt_us = fi[i].ts,
 			};
 		}
-		rc = queue_file_body(m->qm->map, m->qm->size, &m->qm->ix, bounce_collect_body, &body);
+		rc = queue_file_body(m->qm->map, m->qm->size, &m->qm->ix, msg_body_collect, &body);
 		struct dsn_info info = {
 			.reporting_mta = str_cstr(c->hostname),
 			.sender = str_cstr(to),
@@ -232,11 +225,11 @@ void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
 			.envid = m->qm->ix.env.envid,
 			.full = m->qm->ix.env.ret == QUEUE_RET_FULL,
 			.arrival_us = m->arrival_us,
-			.now_us = realtime_ns() / 1000,
+			.now_us = relay_now(r) / 1000,
 			.boundary_seed = str_cstr(m->id),
 		};
 		if (rc == 0)
-			rc = dsn_format(&info, dr, k, body.body, body.nbody, &out);
+			rc = dsn_format(&info, dr, k, body.part, body.n, &out);
 	}
 	struct queue_new *qn = NULL;
 	if (rc == 0) {
@@ -279,7 +272,7 @@ void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
 				free(d);
 			} else {
 				m->bouncing = true;
-				relay_logf(r, LOG_LEVEL_INFO, "qid=%s %s queued as %s to <%.200s>: %zu %s "
+				base_logf(r, LOG_LEVEL_INFO, "qid=%s %s queued as %s to <%.200s>: %zu %s "
 				     "recipient(s)", m->id, delayed ? "delay notice" : "bounce", dsn_id,
 				     to, nf, delayed ? "waiting" : "failed");
 			}
@@ -287,14 +280,60 @@ void bounce_start(struct relay *r, struct rmsg *m, bool delayed)
 	}
 	queue_new_abort(qn);
 	if (rc < 0) {
-		relay_logf(r, LOG_LEVEL_ERROR, "qid=%s %s cannot be queued: %s (tried again later)",
-			   m->id, delayed ? "delay notice" : "bounce", strerror(-rc));
+		base_logf(r, LOG_LEVEL_ERROR, "qid=%s %s cannot be queued: %s (tried again later)",
+			  m->id, delayed ? "delay notice" : "bounce", strerror(-rc));
 		retry_later(r, m, delayed);
 	}
 	buf_done(&out);
-	free(body.body);
+	free(body.part);
 	free(dr);
 	free(fi);
 	msg_close_file(r, m);
 }
 
+/* ---- the end of a message ---- */
+
+/* msg_check_done(), and m's bounce started when it is due.  m may be freed. */
+void bounce_check(struct relay *r, struct rmsg *m)
+{
+	if (msg_check_done(r, m))
+		bounce_start(r, m, false);
+}
+
+/*
+ * Every recipient of m still to do fails now with dsn and text (the end of its
+ * lifetime, or the operator's `sluice queue bounce`), and its bounce follows.  m may be
+ * freed.  -EBUSY while a transaction holds some of its recipients.
+ */
+int bounce_fail_pending(struct relay *r, struct rmsg *m, const char *dsn, const char *text)
+{
+	if (m->busy || m->bouncing)
+		return -EBUSY;
+	int e = msg_open_file(r, m);
+	if (e < 0)
+		return e;
+	struct outcome o;
+	outcome_decide(&(struct outcome_in){ .ev = OUTCOME_FAIL, .dsn = dsn }, &o);
+	bool any = false;
+	for (size_t i = 0; i < m->nrcpt; i++) {
+		char s = m->r[i].status;
+		if (s == QUEUE_TODO || s == QUEUE_UNCERTAIN) {
+			msg_rcpt_settle(r, m, i, m->r[i].lane, "", &o, text);
+			any = true;
+		}
+	}
+	if (any)
+		flush_post(r, m);
+	msg_close_file(r, m);
+	bounce_check(r, m); /* after the flush */
+	return 0;
+}
+
+void bounce_by_operator(struct relay *r, struct rmsg *m)
+{
+	m->bounce_asked = true;
+	if (m->busy || m->bouncing)
+		return; /* the transaction's end or the notice's commit comes back here */
+	m->bounce_asked = false;
+	bounce_fail_pending(r, m, "5.0.0", "returned by the administrator");
+}

@@ -19,7 +19,7 @@
  * once every one was, the lane's due recipients wait for their next retry (relay.retry),
  * with the reason in their attempt log (`sluice queue`), the log and `sluice lanes`;
  * never bounced: a DANE failure may be an attack, or a rollover, and passes.  At most
- * DANE_DEFER_BATCH messages per event: the lane is kicked again for the rest.  (An MX
+ * 256 messages per event (lane_defer_due): the lane is kicked again for the rest.  (An MX
  * answer that is not validated is every host's: dane-only defers at once.)  A TLSA
  * answer with records sluice does not read (past DNS_ANSWER_RR_MAX, too large, or
  * malformed) and none usable among those it read is a failed lookup, not unverified TLS;
@@ -53,8 +53,6 @@
 #include "util.h"
 
 #define DANE_CACHE_MAX 65536    /* hosts in the relay's TLSA cache */
-#define DANE_DSN "4.7.5"        /* RFC 3463: cryptographic failure */
-#define DANE_DEFER_BATCH 256    /* messages deferred per event (law 8) */
 
 enum dane_state {
 	DH_EMPTY = 0,
@@ -238,7 +236,7 @@ static struct dane_host *dane_host_get(struct relay *r, const char *host, uint16
 			return dh;
 	}
 	if (dc->t.n >= DANE_CACHE_MAX) {
-		dane_cache_sweep(dc, realtime_ns());
+		dane_cache_sweep(dc, relay_now(r));
 		if (dc->t.n >= DANE_CACHE_MAX)
 			return NULL;
 	}
@@ -256,24 +254,23 @@ static struct dane_host *dane_host_get(struct relay *r, const char *host, uint16
 	return dh;
 }
 
-/* l waits for dh's lookup: kicked at its end. */
-static void dane_wait(struct lane *l, struct dane_host *dh)
+/* l waits for dh's lookup: kicked at its end.  False without memory (the lane polls). */
+static bool dane_wait(struct lane *l, struct dane_host *dh)
 {
 	if (l->dane_wait == dh)
-		return;
+		return true;
 	dane_unwait(l);
 	if (dh->nwait == dh->wait_cap) {
 		size_t nc = dh->wait_cap ? dh->wait_cap * 2 : 4;
 		struct lane **nw = realloc(dh->waiters, nc * sizeof(*nw));
-		if (!nw) {
-			lane_arm(l, UINT64_C(1000000000)); /* no memory: polled */
-			return;
-		}
+		if (!nw)
+			return false;
 		dh->waiters = nw;
 		dh->wait_cap = nc;
 	}
 	dh->waiters[dh->nwait++] = l;
 	l->dane_wait = dh;
+	return true;
 }
 
 /* The usable records of a validated answer into dh (DH_RECORDS), or DH_UNUSABLE. */
@@ -323,7 +320,7 @@ static void dane_on_tlsa(void *arg, int error, const struct mx_tlsa_answer *a)
 	struct dane_host *dh = arg;
 	struct relay *r = dh->r;
 	const struct relay_conf *c = &r->crt->conf;
-	uint64_t now = realtime_ns();
+	uint64_t now = relay_now(r);
 	char why[600];
 
 	dh->q = NULL;
@@ -357,8 +354,8 @@ static void dane_on_tlsa(void *arg, int error, const struct mx_tlsa_answer *a)
 	} else {
 		dh->failures = 0;
 	}
-	relay_logf(r, dh->reason == DR_UNREAD ? LOG_LEVEL_WARNING : LOG_LEVEL_DEBUG, "dane: %s",
-		   dane_why(dh, why, sizeof(why)));
+	base_logf(r, dh->reason == DR_UNREAD ? LOG_LEVEL_WARNING : LOG_LEVEL_DEBUG, "dane: %s",
+		  dane_why(dh, why, sizeof(why)));
 	/* the waiters are kicked (lanes are not freed by a kick: relay_msg.c's sweep is a
 	 * timer); one that looks up again meanwhile waits on a new list */
 	struct lane **w = dh->waiters;
@@ -368,7 +365,7 @@ static void dane_on_tlsa(void *arg, int error, const struct mx_tlsa_answer *a)
 	for (size_t i = 0; i < nw; i++)
 		w[i]->dane_wait = NULL;
 	for (size_t i = 0; i < nw; i++)
-		lane_kick(w[i]);
+		r->up.kick(w[i]);
 	free(w);
 }
 
@@ -386,45 +383,14 @@ static void dane_status(struct lane *l, const char *fmt, ...)
 }
 
 /*
- * The lane's due recipients wait for their next retry: text says why (the attempt log,
- * the log).  Each due recipient once, as a transaction would take them.
+ * DANE found no server of l it may send to: `sluice lanes` says why, and the next attempt
+ * looks the MX hosts up again if due.  The lane defers its due recipients
+ * (lane_defer_due).
  */
-void dane_defer(struct lane *l, const char *mta, const char *text)
+void dane_defer_status(struct lane *l, const char *mta, const char *text)
 {
-	struct relay *r = l->r;
-	size_t idx[64], n = 0, total = 0, msgs = 0;
-	uint64_t now = realtime_ns(), next = UINT64_MAX;
-	struct lane_item *it;
-
 	dane_status(l, "%.200s: DEFERRED: %.300s", mta, text);
-	l->targets_fresh = false; /* the next attempt looks the MX hosts up again if due */
-	while (msgs++ < DANE_DEFER_BATCH &&
-	       (it = lane_pick(l, now, sizeof(idx) / sizeof(idx[0]), idx, &n, &next)) != NULL) {
-		struct rmsg *m = it->m;
-		if (msg_open_file(r, m) < 0) {
-			/* gone (deleted behind the relay's back) or unreadable: forgotten, as
-			 * tx_start() does */
-			if (m->busy == 0)
-				msg_free(r, m);
-			else
-				m->deleted = true;
-			continue;
-		}
-		for (size_t k = 0; k < n; k++) {
-			size_t i = idx[k];
-			m->r[i].attempts++;
-			msg_rcpt_retry(r, m, i, -1);
-			msg_attempt_log(r, m, i, "deferred", l->name, mta, DANE_DSN, text);
-			msg_delivery_log(r, LOG_LEVEL_INFO, m, i, l->name, mta, "deferred", DANE_DSN,
-					 text, "(DANE)");
-		}
-		total += n;
-		item_schedule(r, it);
-		msg_close_file(r, m);
-	}
-	relay_logf(r, LOG_LEVEL_WARNING, "lane=%s mta=%s DANE: %s: %zu recipient(s) deferred",
-		   l->name, mta, text, total);
-	lane_arm(l, 0); /* the rest, if any, on the next round */
+	l->targets_fresh = false;
 }
 
 /*
@@ -432,24 +398,27 @@ void dane_defer(struct lane *l, const char *mta, const char *text)
  * is skipped as one that cannot be reached: the next MX host (past tg's other
  * addresses) is tried; once every one was, the due recipients are deferred.
  */
-static void dane_skip(struct lane *l, const struct mx_target *tg, const char *text)
+static enum dane_verdict dane_skip(struct lane *l, const struct mx_target *tg, const char *text,
+				   char *why, size_t whylen)
 {
 	size_t i = l->next_target % l->ntargets;
 	while (i + 1 < l->ntargets && strcasecmp(l->targets[i + 1].host, tg->host) == 0)
 		i++;
 	if (i + 1 < l->ntargets) {
-		relay_logf(l->r, LOG_LEVEL_NOTICE, "lane=%s mta=%s DANE: %s: the next MX host",
-			   l->name, tg->host, text);
+		base_logf(l->r, LOG_LEVEL_NOTICE, "lane=%s mta=%s DANE: %s: the next MX host",
+			  l->name, tg->host, text);
 		l->next_target = (unsigned)(i + 1);
-		lane_arm(l, 0);
-		return;
+		return DANE_NEXT_MX;
 	}
 	l->next_target = 0;
-	dane_defer(l, tg->host, text);
+	dane_defer_status(l, tg->host, text);
+	snprintf(why, whylen, "%s", text);
+	return DANE_DEFER;
 }
 
-int dane_prepare(struct lane *l, const struct mx_target *tg, enum smtp_out_tls *ret_tls,
-		 const struct dane_host **ret_dh, uint64_t *ret_until)
+enum dane_verdict dane_prepare(struct lane *l, const struct mx_target *tg,
+			       enum smtp_out_tls *ret_tls, const struct dane_host **ret_dh,
+			       uint64_t *ret_until, char *why, size_t whylen)
 {
 	struct relay *r = l->r;
 	bool only = l->rt->conf->tls == SMTP_TLS_DANE_ONLY;
@@ -461,30 +430,27 @@ int dane_prepare(struct lane *l, const struct mx_target *tg, enum smtp_out_tls *
 		snprintf(text, sizeof(text), "the MX records of %.200s are not DNSSEC-validated",
 			 l->domain ? l->domain : "?");
 		if (only) {
-			dane_defer(l, tg->host, text);
-			return -1;
+			dane_defer_status(l, tg->host, text);
+			snprintf(why, whylen, "%s", text);
+			return DANE_DEFER;
 		}
 		dane_status(l, "%.200s: no DANE, %.300s: opportunistic TLS", tg->host, text);
 		*ret_tls = SMTP_TLS_MAY;
-		return 1;
+		return DANE_GO;
 	}
 	uint16_t port = ntohs(tg->addr.ss_family == AF_INET
 				      ? ((const struct sockaddr_in *)&tg->addr)->sin_port
 				      : ((const struct sockaddr_in6 *)&tg->addr)->sin6_port);
 	struct dane_host *dh = dane_host_get(r, tg->host, port);
-	if (!dh) {
-		lane_arm(l, UINT64_C(1000000000)); /* out of memory, or the cache is full */
-		return 0;
-	}
-	if (dh->state == DH_LOOKING) {
-		dane_wait(l, dh);
-		return 0;
-	}
-	uint64_t now = realtime_ns();
+	if (!dh)
+		return DANE_POLL; /* out of memory, or the cache is full */
+	if (dh->state == DH_LOOKING)
+		return dane_wait(l, dh) ? DANE_WAIT : DANE_POLL;
+	uint64_t now = relay_now(l->r);
 	if (dh->state == DH_EMPTY || (now >= dh->until && !dh->fresh)) {
 		struct mx_query *q = NULL;
 		dh->state = DH_LOOKING;
-		dh->q = (struct mx_query *)1; /* as lane_resolve(): done() may come first */
+		dh->q = (struct mx_query *)1; /* as conn_resolve(): done() may come first */
 		int e = mx_tlsa_lookup(r->dns, dh->host, port, dane_on_tlsa, dh, &q);
 		if (e == -EINVAL) {
 			/* _PORT._tcp.HOST is longer than a name can be: no TLSA record can exist */
@@ -503,41 +469,39 @@ int dane_prepare(struct lane *l, const struct mx_target *tg, enum smtp_out_tls *
 		} else {
 			if (dh->q)
 				dh->q = q;
-			dane_wait(l, dh);
-			return 0;
+			return dane_wait(l, dh) ? DANE_WAIT : DANE_POLL;
 		}
 	}
 	dh->fresh = false;
 	if (dh->until < *ret_until)
 		*ret_until = dh->until;
-	char why[500];
-	dane_why(dh, why, sizeof(why));
+	char state[500];
+	dane_why(dh, state, sizeof(state));
 	switch (dh->state) {
 	case DH_RECORDS:
 		*ret_tls = SMTP_TLS_REQUIRE;
 		*ret_dh = dh;
-		return 1;
+		return DANE_GO;
 	case DH_UNUSABLE:
 		if (!only) {
-			dane_status(l, "%.200s: %.300s", tg->host, why);
+			dane_status(l, "%.200s: %.300s", tg->host, state);
 			*ret_tls = SMTP_TLS_REQUIRE; /* RFC 7672 2.2: "encrypt", no cleartext */
-			return 1;
+			return DANE_GO;
 		}
 		break;
 	case DH_NONE:
 		if (!only) {
-			dane_status(l, "%.200s: no DANE, %.300s: opportunistic TLS", tg->host, why);
+			dane_status(l, "%.200s: no DANE, %.300s: opportunistic TLS", tg->host, state);
 			*ret_tls = SMTP_TLS_MAY;
-			return 1;
+			return DANE_GO;
 		}
 		break;
 	default:
 		break;
 	}
-	snprintf(text, sizeof(text), "%.400s%s", why,
+	snprintf(text, sizeof(text), "%.400s%s", state,
 		 only && dh->state != DH_FAILED ? " (dane-only: no delivery without DANE)" : "");
-	dane_skip(l, tg, text);
-	return -1;
+	return dane_skip(l, tg, text, why, whylen);
 }
 
 bool dane_reusable(const struct lane_conn *rc, uint64_t now)
@@ -580,9 +544,9 @@ void dane_on_ready(struct lane_conn *rc, struct smtp_out *c)
 		char text[160];
 		snprintf(text, sizeof(text), "DANE verified: TLSA %s", auth);
 		dane_status(l, "%.200s: %.90s", smtp_out_peer(c), text);
-		relay_logf(l->r, LOG_LEVEL_INFO, "lane=%s mta=%s %s", l->name, smtp_out_peer(c), text);
+		base_logf(l->r, LOG_LEVEL_INFO, "lane=%s mta=%s %s", l->name, smtp_out_peer(c), text);
 	} else {
-		relay_logf(l->r, LOG_LEVEL_INFO, "lane=%s mta=%s no DANE: TLS %s (%s)", l->name,
-			   smtp_out_peer(c), *auth ? auth : "not used", l->dane_status);
+		base_logf(l->r, LOG_LEVEL_INFO, "lane=%s mta=%s no DANE: TLS %s (%s)", l->name,
+			  smtp_out_peer(c), *auth ? auth : "not used", l->dane_status);
 	}
 }

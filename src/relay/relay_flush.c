@@ -52,7 +52,7 @@ void *flush_main(void *arg)
 			it->hist_seq = f->hist_seq;
 			it->rc = rc;
 			snprintf(it->id, sizeof(it->id), "%s", f->id);
-			if (relay_post(r, it) < 0)
+			if (base_post(r, it) < 0)
 				free(it);
 		}
 		free(f);
@@ -75,7 +75,7 @@ void flush_post(struct relay *r, struct rmsg *m)
 		free(f);
 		int e = m->open ? queue_msg_sync(m->qm) : 0;
 		if (e < 0)
-			relay_logf(r, LOG_LEVEL_ERROR, "qid=%s statuses cannot be flushed: %s", m->id,
+			base_logf(r, LOG_LEVEL_ERROR, "qid=%s statuses cannot be flushed: %s", m->id,
 			     strerror(-e));
 		else
 			m->dirty = false;

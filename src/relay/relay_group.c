@@ -1,7 +1,6 @@
 /*
  * relay_group -- lanes that several recipient domains share (`lanes = "provider"` and
- * `lanes = "mx"` on an mx route, doc/RELAY.md "Provider lanes"), and the signals'
- * thresholds (`signal { after = N; within = D; }`).
+ * `lanes = "mx"` on an mx route, doc/RELAY.md "Provider lanes").
  *
  * A recipient goes first to its domain's lane (ROUTE:DOMAIN), which looks up the MX
  * hosts.  When the answer comes (once per answer, never per recipient: law 8) it is
@@ -43,19 +42,12 @@ static bool targets_fresh(const struct lane *l, uint64_t now)
 	return l->ntargets && now < l->targets_until;
 }
 
-bool lane_keep(const struct lane *l, uint64_t now)
+bool group_keeps(const struct lane *l, uint64_t now)
 {
 	return l->nmembers > 0 || (l->fwd && targets_fresh(l, now));
 }
 
-unsigned lane_max_conns(const struct lane *l)
-{
-	if (l->provider)
-		return l->provider->connections;
-	return l->rt ? l->rt->conf->connections : 0;
-}
-
-void lane_unforward(struct lane *l)
+void group_unforward(struct lane *l)
 {
 	struct lane *g = l->fwd;
 	if (!g)
@@ -69,33 +61,12 @@ void lane_unforward(struct lane *l)
 	l->ntargets = 0;
 }
 
-void lane_ungroup(struct lane *l)
+void group_leave(struct lane *l)
 {
-	lane_unforward(l);
+	group_unforward(l);
 	struct lane *m;
 	while ((m = TAILQ_FIRST(&l->members)))
-		lane_unforward(m);
-}
-
-void lane_reconf(struct lane *l, struct route_rt *rt)
-{
-	lane_unforward(l);
-	if (rt && l->group &&
-	    rt->conf->lanes != (l->provider_name ? ROUTE_LANES_PROVIDER : ROUTE_LANES_MX))
-		rt = NULL; /* the route groups otherwise now: this lane's mail goes elsewhere */
-	l->provider = NULL;
-	if (rt && l->provider_name) {
-		const struct relay_conf *c = &l->r->crt->conf;
-		for (size_t i = 0; i < c->nproviders && !l->provider; i++)
-			if (strcmp(c->providers[i].name, l->provider_name) == 0)
-				l->provider = &c->providers[i];
-		if (!l->provider)
-			rt = NULL; /* the provider is gone */
-	}
-	l->rt = rt;
-	if (rt)
-		lane_budget_set_rate(&l->b, l->provider ? &l->provider->rate : &rt->conf->rate,
-				     lane_guard_ns(rt->conf));
+		group_unforward(m);
 }
 
 static int cmp_host(const void *a, const void *b)
@@ -178,7 +149,7 @@ static bool group_name(const struct relay *r, const struct route_conf *rc,
 	return true;
 }
 
-bool lane_group_matches(const struct lane *l, const struct mx_target *t, size_t n)
+bool group_matches(const struct lane *l, const struct mx_target *t, size_t n)
 {
 	if (!l->rt)
 		return false;
@@ -232,8 +203,8 @@ static struct rmsg **lane_msgs(struct lane *l, size_t *ret_n)
 	*ret_n = n;
 	struct rmsg **ms = n ? calloc(n, sizeof(*ms)) : NULL;
 	if (n && !ms) {
-		relay_logf(l->r, LOG_LEVEL_ERROR, "lane=%s its mail cannot move: out of memory",
-			   l->name);
+		base_logf(l->r, LOG_LEVEL_ERROR, "lane=%s its mail cannot move: out of memory",
+			  l->name);
 		return NULL;
 	}
 	TAILQ_FOREACH(it, &l->items, link)
@@ -241,7 +212,7 @@ static struct rmsg **lane_msgs(struct lane *l, size_t *ret_n)
 	return ms;
 }
 
-bool lane_group(struct lane *l)
+bool group_join(struct lane *l)
 {
 	struct relay *r = l->r;
 	const struct route_conf *rc = l->rt->conf;
@@ -255,8 +226,8 @@ bool lane_group(struct lane *l)
 	if (!g) {
 		g = lane_make(r, l->rt, name, l->domain, p);
 		if (!g) {
-			relay_logf(r, LOG_LEVEL_ERROR, "lane=%s cannot join lane %s: out of memory or "
-				   "too many lanes; it keeps its own", l->name, name);
+			base_logf(r, LOG_LEVEL_ERROR, "lane=%s cannot join lane %s: out of memory or "
+				  "too many lanes; it keeps its own", l->name, name);
 			return false;
 		}
 		g->group = true;
@@ -269,8 +240,8 @@ bool lane_group(struct lane *l)
 	l->fwd = g;
 	TAILQ_INSERT_TAIL(&g->members, l, member);
 	g->nmembers++;
-	relay_logf(r, LOG_LEVEL_INFO, "lane=%s joins lane %s (%zu domain(s))", l->name, g->name,
-		   g->nmembers);
+	base_logf(r, LOG_LEVEL_INFO, "lane=%s joins lane %s (%zu domain(s))", l->name, g->name,
+		  g->nmembers);
 	/* its mail goes to the group: each of its messages' items in l moves (only that item:
 	 * a message's other lanes stay as they are, law 8) */
 	size_t n;
@@ -283,22 +254,22 @@ bool lane_group(struct lane *l)
 	for (size_t i = 0; i < n; i++)
 		msg_move_lane(r, ms[i], l, g);
 	free(ms);
-	lane_close_idle(l);
+	conn_close_idle(l);
 	lane_kick(g);
 	return true;
 }
 
-void lane_group_lost(struct lane *l, const char *text)
+void group_lost(struct lane *l, const char *text)
 {
 	struct relay *r = l->r;
 	/* the group's answer is gone (the domain it used left, or no longer exists): every
 	 * domain is looked up again, its mail with it, and each goes where its own answer
 	 * says (back here if it still matches).  Once per lost answer, not per answer. */
-	relay_logf(r, LOG_LEVEL_NOTICE, "lane=%s %s: its %zu domain(s) are looked up again",
-		   l->name, text, l->nmembers);
+	base_logf(r, LOG_LEVEL_NOTICE, "lane=%s %s: its %zu domain(s) are looked up again",
+		  l->name, text, l->nmembers);
 	struct lane *m;
 	while ((m = TAILQ_FIRST(&l->members)))
-		lane_unforward(m);
+		group_unforward(m);
 	l->dnssec_seen = false;
 	free(l->targets);
 	l->targets = NULL;
@@ -315,118 +286,17 @@ void lane_group_lost(struct lane *l, const char *text)
 	}
 	for (size_t i = 0; i < n; i++) {
 		if (msg_route(r, ms[i]) < 0)
-			relay_logf(r, LOG_LEVEL_ERROR, "qid=%s cannot be routed: out of memory",
-				   ms[i]->id);
-		msg_kick_lanes(ms[i]);
+			base_logf(r, LOG_LEVEL_ERROR, "qid=%s cannot be routed: out of memory",
+				  ms[i]->id);
+		lane_kick_msg(ms[i]);
 	}
 	free(ms);
-	lane_close_idle(l);
-}
-
-/* ---- thresholds ---- */
-
-void thr_once_clear(struct thr_once *o)
-{
-	free(o->seen);
-	o->seen = NULL;
-	o->n = 0;
-}
-
-static struct threshold *lane_threshold(struct lane *l, const struct classify *cls, size_t i)
-{
-	uint64_t serial = classify_serial(cls);
-	if (l->thr_serial != serial) {
-		/* another classifier (a reload, or a connection made before one): a signal
-		 * whose pattern, after and within are the same keeps its count, the others
-		 * start over */
-		size_t n = classify_nsignals(cls);
-		struct threshold *nt = calloc(n ? n : 1, sizeof(*nt));
-		uint64_t *nk = calloc(n ? n : 1, sizeof(*nk));
-		if (!nt || !nk) {
-			free(nt);
-			free(nk);
-			return NULL;
-		}
-		for (size_t k = 0; k < n; k++) {
-			nk[k] = classify_threshold_key(cls, k);
-			for (size_t j = 0; j < l->nthr; j++)
-				if (l->thr_key[j] == nk[k]) {
-					nt[k] = l->thr[j];
-					l->thr[j] = (struct threshold){ 0 };
-					l->thr_key[j] = 0;
-					break;
-				}
-		}
-		for (size_t k = 0; k < l->nthr; k++)
-			threshold_clear(&l->thr[k]);
-		free(l->thr);
-		free(l->thr_key);
-		l->thr = nt;
-		l->thr_key = nk;
-		l->nthr = n;
-		l->thr_serial = serial;
-	}
-	return i < l->nthr ? &l->thr[i] : NULL;
-}
-
-void lane_classify(struct lane *l, const struct classify *cls, enum smtp_out_stage stage,
-		   int error, const struct smtp_reply *rep, struct thr_once *once,
-		   struct classify_result *ret)
-{
-	classify_reply(cls, stage, error, rep, ret);
-	bool *skip = NULL;
-	uint64_t now = realtime_ns();
-	while (ret->index >= 0) {
-		unsigned after;
-		int64_t within_ms;
-		size_t i = (size_t)ret->index;
-		classify_threshold(cls, i, &after, &within_ms);
-		if (after <= 1)
-			break;
-		/* one count per signal and transaction: the transaction's other replies that
-		 * match it share the first one's outcome */
-		unsigned char seen = once && i < once->n ? once->seen[i] : 0;
-		bool reached;
-		if (seen) {
-			reached = seen == 2;
-		} else {
-			struct threshold *th = lane_threshold(l, cls, i);
-			reached = !th || threshold_hit(th, after, (uint64_t)within_ms * 1000000u, now);
-			if (once && !once->seen && (once->seen = calloc(classify_nsignals(cls), 1)))
-				once->n = classify_nsignals(cls);
-			if (once && i < once->n)
-				once->seen[i] = reached ? 2 : 1;
-			if (!reached)
-				relay_logf(l->r, LOG_LEVEL_INFO, "lane=%s signal \"%.100s\": %u of %u "
-					   "matching replies", l->name, ret->signal,
-					   threshold_count(th, (uint64_t)within_ms * 1000000u, now),
-					   after);
-		}
-		if (reached)
-			break; /* the after-th: the signal acts (without memory: at once) */
-		if (ret->verdict != CLASSIFY_FAIL) {
-			/* not yet, and the operator said the reply is not a bounce (law 5): the
-			 * recipient waits for its next try, and the lane goes on */
-			ret->verdict = CLASSIFY_RETRY;
-			ret->index = -1;
-			ret->for_ms = rep ? classify_retry_hint(str_make(
-				rep->text, rep->text_len < SMTP_REPLY_TEXT_MAX ? rep->text_len
-										 : SMTP_REPLY_TEXT_MAX))
-					  : -1;
-			break;
-		}
-		if (!skip && !(skip = calloc(classify_nsignals(cls), sizeof(*skip))))
-			break;
-		/* a fail signal not yet: the reply means what it would without this signal */
-		skip[i] = true;
-		classify_reply_skip(cls, skip, stage, error, rep, ret);
-	}
-	free(skip);
+	conn_close_idle(l);
 }
 
 /* ---- `sluice lanes` ---- */
 
-void lane_view_group(const struct lane *l, bool json, struct buf *b, uint64_t now)
+void group_view(const struct lane *l, bool json, struct buf *b)
 {
 	const size_t max = json ? 1000 : 20;
 	if (l->group) {
@@ -460,36 +330,4 @@ void lane_view_group(const struct lane *l, bool json, struct buf *b, uint64_t no
 	} else if (l->fwd) {
 		buf_printf(b, "  forwards to  %s\n", l->fwd->name);
 	}
-	if (json)
-		buf_append_cstr(b, ", \"thresholds\": [");
-	bool first = true;
-	/* the counts of the route's signals now (kept under their keys over a reload) */
-	for (size_t i = 0; l->rt && i < classify_nsignals(l->rt->cls); i++) {
-		unsigned after;
-		int64_t within_ms;
-		classify_threshold(l->rt->cls, i, &after, &within_ms);
-		uint64_t key = classify_threshold_key(l->rt->cls, i);
-		size_t j = i < l->nthr && l->thr_key[i] == key ? i : 0;
-		while (j < l->nthr && l->thr_key[j] != key)
-			j++;
-		if (after <= 1 || j >= l->nthr || i >= l->rt->conf->nsignals)
-			continue;
-		unsigned n = threshold_count(&l->thr[j], (uint64_t)within_ms * 1000000u, now);
-		if (!n)
-			continue;
-		const char *match = l->rt->conf->signals[i].match;
-		if (json) {
-			buf_append_cstr(b, first ? "{\"signal\": " : ", {\"signal\": ");
-			buf_append_json_string(b, match);
-			buf_printf(b, ", \"count\": %u, \"after\": %u, \"within_ms\": %" PRId64 "}", n,
-				   after, within_ms);
-		} else {
-			char d[32];
-			fmt_duration(d, sizeof(d), (uint64_t)within_ms, DURATION_BRIEF);
-			buf_printf(b, "  threshold    %u of %u within %s: %.100s\n", n, after, d, match);
-		}
-		first = false;
-	}
-	if (json)
-		buf_append_cstr(b, "]");
 }

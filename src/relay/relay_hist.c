@@ -45,7 +45,7 @@ static void hist_write(struct relay *r, const char *name, uint64_t us, const cha
 	if (n < 0)
 		return;
 	/* one write per line, O_APPEND: in the page cache at once, so a killed daemon loses
-	 * none; flushed before the send it records goes out (hist_must_wait), so that a
+	 * none; flushed before the send it records goes out (tx_send), so that a
 	 * power cut loses none the next hop saw */
 	ssize_t w = write(r->hist_fd, line, (size_t)n);
 	(void)w;
@@ -62,7 +62,7 @@ static void hist_sync_now(struct relay *r)
 /* The history written so far goes to disk: by the flusher, or here without one.  One
  * flush at a time; what is written meanwhile waits for the next, which then covers all
  * of it (a group commit of the sends). */
-static void hist_sync(struct relay *r)
+void hist_sync(struct relay *r)
 {
 	if (r->hist_syncing || r->hist_synced >= r->hist_seq)
 		return;
@@ -72,43 +72,27 @@ static void hist_sync(struct relay *r)
 		hist_sync_now(r);
 }
 
-/*
- * A transaction about to send: true when it must wait for the history to be flushed
- * (it is parked, and tx_send() is called once its line is on disk), false when it may
- * go now.
- */
-bool hist_must_wait(struct relay *r, struct tx *t)
+/* Whether lines of the history are written but not known to be on disk: the send they
+ * record must wait for them (tx_send). */
+bool hist_pending(const struct relay *r)
 {
-	if (r->hist_fd < 0 || r->hist_synced >= r->hist_seq)
-		return false;
-	t->hist_seq = r->hist_seq;
-	t->parked = true;
-	TAILQ_INSERT_TAIL(&r->hist_wait, t, hist_link);
-	hist_sync(r); /* without the flusher, flushed here: t has been sent (hist_synced) */
-	return true;
+	return r->hist_fd >= 0 && r->hist_synced < r->hist_seq;
 }
 
 /* The history is on disk up to line seq (rc 0), or could not be flushed (rc < 0): the
- * transactions waiting for it go.  A failing disk is logged and does not stop the
- * relay: the budget in memory stays exact, only a power cut could then lose sends. */
+ * transactions waiting for it may go (tx_hist_synced).  A failing disk is logged and
+ * does not stop the relay: the budget in memory stays exact, only a power cut could
+ * then lose sends. */
 void hist_synced(struct relay *r, uint64_t seq, int rc)
 {
 	r->hist_syncing = false;
 	if (rc < 0) {
-		relay_logf(r, LOG_LEVEL_ERROR, "%s/%s cannot be flushed: %s (the sends go on; a "
-			   "power cut now could forget them)", r->crt->conf.state_dir, HISTORY_FILE,
-			   strerror(-rc));
+		base_logf(r, LOG_LEVEL_ERROR, "%s/%s cannot be flushed: %s (the sends go on; a "
+			  "power cut now could forget them)", r->crt->conf.state_dir, HISTORY_FILE,
+			  strerror(-rc));
 	}
 	if (seq > r->hist_synced)
 		r->hist_synced = seq;
-	struct tx *t;
-	while ((t = TAILQ_FIRST(&r->hist_wait)) && t->hist_seq <= r->hist_synced) {
-		TAILQ_REMOVE(&r->hist_wait, t, hist_link);
-		t->parked = false;
-		tx_send(t);
-	}
-	if (!TAILQ_EMPTY(&r->hist_wait))
-		hist_sync(r);
 }
 
 
@@ -182,7 +166,7 @@ void hist_compact(struct relay *r)
 	FILE *f = fopen(tmp, "we");
 	if (!f)
 		return;
-	uint64_t now_us = realtime_ns() / 1000;
+	uint64_t now_us = relay_now(r) / 1000;
 	uint64_t keep = max_window_ns(&r->crt->conf) / 1000 + 1;
 	uint64_t lines = 0;
 	char line[900];
@@ -299,7 +283,7 @@ int hist_load(struct relay *r, char *err, size_t errlen)
 		snprintf(err, errlen, "%s: %s", path, strerror(-rc));
 		return rc;
 	}
-	uint64_t now_us = realtime_ns() / 1000;
+	uint64_t now_us = relay_now(r) / 1000;
 	uint64_t keep = max_window_ns(&r->crt->conf) / 1000 + 1;
 	/* Lines by length, not as one C string: a power cut may leave a stretch of zero
 	 * bytes where a page of the file was not written back, with the lines appended

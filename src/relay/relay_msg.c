@@ -209,7 +209,7 @@ static struct lane_item *msg_item(struct rmsg *m, struct lane *l)
 	return NULL;
 }
 
-struct lane_item *rcpt_item(struct rmsg *m, size_t i)
+struct lane_item *msg_rcpt_item(struct rmsg *m, size_t i)
 {
 	const struct rrcpt *rr = &m->r[i];
 	if (!rr->lane)
@@ -249,11 +249,10 @@ int msg_route(struct relay *r, struct rmsg *m)
 		for (char *p = dom; *p; p++)
 			if (*p >= 'A' && *p <= 'Z')
 				*p = (char)(*p - 'A' + 'a');
-		const struct route_conf *rc = relay_conf_route(&r->crt->conf, dom);
-		if (!rc)
+		bool routed = true;
+		struct lane *l = r->up.lane_for(r, dom, &routed);
+		if (!routed)
 			continue;
-		struct route_rt *rt = &r->crt->routes[rc - r->crt->conf.routes];
-		struct lane *l = lane_get(r, rt, dom);
 		if (!l) {
 			err = -ENOMEM;
 			continue;
@@ -311,8 +310,8 @@ void msg_move_lane(struct relay *r, struct rmsg *m, struct lane *from, struct la
 		return;
 	if (dst && item_reserve(dst, (size_t)dst->nri + src->nri) < 0) {
 		/* XXX they stay where they are until the next reload routes them again */
-		relay_logf(r, LOG_LEVEL_ERROR, "qid=%s cannot move from lane %s to %s: out of "
-			   "memory", m->id, from->name, to->name);
+		base_logf(r, LOG_LEVEL_ERROR, "qid=%s cannot move from lane %s to %s: out of "
+			  "memory", m->id, from->name, to->name);
 		return;
 	}
 	item_unlink(src);
@@ -325,7 +324,7 @@ void msg_move_lane(struct relay *r, struct rmsg *m, struct lane *from, struct la
 				m->r[sr[k]].lane = to;
 		src->lane = to;
 		TAILQ_INSERT_TAIL(&to->items, src, link);
-		item_schedule(r, src);
+		msg_item_schedule(r, src);
 		return;
 	}
 	size_t si = (size_t)(src - m->items), di = (size_t)(dst - m->items), last = m->nitems - 1;
@@ -359,11 +358,11 @@ void msg_move_lane(struct relay *r, struct rmsg *m, struct lane *from, struct la
 		if (di == last)
 			dst = moved;
 		else
-			item_schedule(r, moved);
+			msg_item_schedule(r, moved);
 	} else {
 		m->nitems--;
 	}
-	item_schedule(r, dst);
+	msg_item_schedule(r, dst);
 }
 
 /*
@@ -399,29 +398,29 @@ static void item_place(struct relay *r, struct lane_item *it, uint64_t due, uint
 	if (sched_item_set(&it->lane->s, &it->s, due, now) < 0)
 		/* XXX without memory for the heap the item waits for the next change of its
 		 * message (a retry, a release, a restart) */
-		relay_logf(r, LOG_LEVEL_ERROR, "qid=%s lane=%s cannot be scheduled: out of memory",
-			   it->m->id, it->lane->name);
+		base_logf(r, LOG_LEVEL_ERROR, "qid=%s lane=%s cannot be scheduled: out of memory",
+			  it->m->id, it->lane->name);
 }
 
 void msg_schedule(struct relay *r, struct rmsg *m)
 {
 	uint64_t one, *due = m->nitems <= 1 ? &one : malloc(m->nitems * sizeof(*due));
 	if (!due) {
-		relay_logf(r, LOG_LEVEL_ERROR, "qid=%s cannot be scheduled: out of memory", m->id);
+		base_logf(r, LOG_LEVEL_ERROR, "qid=%s cannot be scheduled: out of memory", m->id);
 		return;
 	}
 	items_due(m, due);
-	uint64_t now = realtime_ns();
+	uint64_t now = relay_now(r);
 	for (size_t k = 0; k < m->nitems; k++)
 		item_place(r, &m->items[k], due[k], now);
 	if (due != &one)
 		free(due);
 }
 
-void item_schedule(struct relay *r, struct lane_item *it)
+void msg_item_schedule(struct relay *r, struct lane_item *it)
 {
 	struct rmsg *m = it->m;
-	uint64_t due = SCHED_NEVER, now = realtime_ns();
+	uint64_t due = SCHED_NEVER, now = relay_now(r);
 	const uint32_t *ri = item_rcpts(it);
 	/* one due now is as early as it gets: most of a fresh post stops at its first */
 	for (size_t k = it->scan; k < it->nri && !msg_parked(m) && due > now; k++) {
@@ -436,13 +435,7 @@ void msg_schedule_lane(struct relay *r, struct rmsg *m, struct lane *l)
 {
 	struct lane_item *it = msg_item(m, l);
 	if (it)
-		item_schedule(r, it);
-}
-
-void msg_kick_lanes(struct rmsg *m)
-{
-	for (size_t i = 0; i < m->nitems; i++)
-		lane_kick(m->items[i].lane);
+		msg_item_schedule(r, it);
 }
 
 static bool msg_before(const struct rmsg *a, const struct rmsg *b)
@@ -499,16 +492,20 @@ static void load_retry(struct relay *r, struct rmsg *m)
 		free(att);
 }
 
-int msg_load(struct relay *r, const char *id)
+int msg_load(struct relay *r, const char *id, struct rmsg **ret_m)
 {
-	if (msg_find(r, id))
+	struct rmsg *have = msg_find(r, id);
+	if (have) {
+		if (ret_m)
+			*ret_m = have;
 		return 0;
+	}
 	struct queue_msg qm;
 	const char *why = NULL;
 	int rc = queue_msg_open(r->qd, id, &qm, &why);
 	if (rc < 0) {
 		if (rc != -ENOENT)
-			relay_logf(r, LOG_LEVEL_ERROR, "qid=%s cannot be opened for delivery: %s", id,
+			base_logf(r, LOG_LEVEL_ERROR, "qid=%s cannot be opened for delivery: %s", id,
 			     why ? why : strerror(-rc));
 		return rc;
 	}
@@ -565,20 +562,30 @@ int msg_load(struct relay *r, const char *id)
 		msg_free(r, m);
 		return rc;
 	}
+	if (ret_m)
+		*ret_m = m;
 	if (msg_route(r, m) < 0) {
 		/* XXX its recipients without a lane wait for the next reload, which routes every
 		 * message again */
-		relay_logf(r, LOG_LEVEL_ERROR, "qid=%s some recipients cannot be routed: out of "
-			   "memory or %u lanes; they wait for the next reload", m->id, MAX_LANES);
-		return 0;
+		base_logf(r, LOG_LEVEL_ERROR, "qid=%s some recipients cannot be routed: out of "
+			  "memory or %u lanes; they wait for the next reload", m->id, MAX_LANES);
+		return 1;
 	}
 	for (size_t i = 0; i < m->nrcpt; i++)
 		if ((m->r[i].status == QUEUE_TODO || m->r[i].status == QUEUE_UNCERTAIN) &&
 		    !m->r[i].lane) {
-			relay_logf(r, LOG_LEVEL_WARNING, "qid=%s rcpt=<%.200s> no route matches its domain: "
+			base_logf(r, LOG_LEVEL_WARNING, "qid=%s rcpt=<%.200s> no route matches its domain: "
 			     "it stays queued", m->id, m->addr[i]);
 		}
-	msg_check_done(r, m);
+	return 1;
+}
+
+
+/* queue_file_body()'s callback: the pieces of m's body into a struct msg_body. */
+int msg_body_collect(void *arg, struct str chunk)
+{
+	struct msg_body *b = arg;
+	b->part[b->n++] = chunk;
 	return 0;
 }
 
@@ -606,7 +613,7 @@ int msg_open_file(struct relay *r, struct rmsg *m)
 	int rc = queue_msg_open(r->qd, m->id, qm, &why);
 	if (rc < 0) {
 		free(qm);
-		relay_logf(r, LOG_LEVEL_ERROR, "qid=%s cannot be opened: %s", m->id, why ? why : strerror(-rc));
+		base_logf(r, LOG_LEVEL_ERROR, "qid=%s cannot be opened: %s", m->id, why ? why : strerror(-rc));
 		return rc;
 	}
 	m->qm = qm;
@@ -616,12 +623,12 @@ int msg_open_file(struct relay *r, struct rmsg *m)
 
 /* One line of the attempt history: "ts=US rcpt=I status=S lane=L mta=M dsn=X.Y.Z reply=..."
  * -- the reply last, as it may hold anything but a newline.  The DSN reads these back. */
-void msg_attempt_log(struct relay *r, struct rmsg *m, size_t i, const char *status,
+static void attempt_log(struct relay *r, struct rmsg *m, size_t i, const char *status,
 			const char *lane, const char *mta, const char *dsn, const char *reply)
 {
 	char line[1600];
 	int n = snprintf(line, sizeof(line), "ts=%" PRIu64 " rcpt=%zu status=%s lane=%s mta=%s "
-			 "dsn=%s reply=%s", realtime_ns() / 1000, i, status, lane,
+			 "dsn=%s reply=%s", relay_now(r) / 1000, i, status, lane,
 			 mta && *mta ? mta : "-", dsn && *dsn ? dsn : "-", reply ? reply : "");
 	if (n > 0)
 		queue_log_append(r->qd, m->id, str_make(line, (size_t)n < sizeof(line) ? (size_t)n
@@ -636,23 +643,23 @@ void msg_attempt_log(struct relay *r, struct rmsg *m, size_t i, const char *stat
  * status: sent, deferred, bounced, suspended, uncertain.  The address and the reply are
  * quoted (log_quote): the reply is the relay's text, the address came from a client.
  */
-void msg_delivery_log(struct relay *r, enum log_level level, const struct rmsg *m, size_t i,
+static void delivery_log(struct relay *r, enum log_level level, const struct rmsg *m, size_t i,
 			 const char *lane, const char *relay, const char *status, const char *dsn,
 			 const char *reply, const char *note)
 {
 	char addr[820], text[1300];
 	log_quote(addr, sizeof(addr), str_cstr(m->addr[i]), 200);
 	log_quote(text, sizeof(text), str_cstr(reply ? reply : ""), 300);
-	uint64_t now_us = realtime_ns() / 1000;
+	uint64_t now_us = relay_now(r) / 1000;
 	double delay = m->arrival_us && now_us > m->arrival_us
 			       ? (double)(now_us - m->arrival_us) / 1e6 : 0.0;
-	relay_logf(r, level, "delivery qid=%s rcpt=<%s> lane=%s relay=%s status=%s dsn=%s reply=\"%s\" "
+	base_logf(r, level, "delivery qid=%s rcpt=<%s> lane=%s relay=%s status=%s dsn=%s reply=\"%s\" "
 	     "delay=%.1fs attempts=%u%s%s", m->id, addr, lane && *lane ? lane : "-",
 	     relay && *relay ? relay : "-", status, dsn && *dsn ? dsn : "-", text, delay,
 	     (unsigned)m->r[i].attempts, note ? " " : "", note ? note : "");
 }
 
-void msg_set_status(struct relay *r, struct rmsg *m, size_t i, char st)
+static void set_status(struct relay *r, struct rmsg *m, size_t i, char st)
 {
 	struct rrcpt *rr = &m->r[i];
 	bool was_pending = rr->status == QUEUE_TODO || rr->status == QUEUE_UNCERTAIN;
@@ -660,7 +667,7 @@ void msg_set_status(struct relay *r, struct rmsg *m, size_t i, char st)
 	m->dirty |= rc == 0;
 	if (rc < 0) {
 		/* the byte is not on disk: the recipient is sent again after a restart */
-		relay_logf(r, LOG_LEVEL_ERROR, "qid=%s rcpt=%zu status %c cannot be written: %s", m->id, i, st,
+		base_logf(r, LOG_LEVEL_ERROR, "qid=%s rcpt=%zu status %c cannot be written: %s", m->id, i, st,
 		     strerror(-rc));
 	}
 	rr->status = st;
@@ -670,7 +677,7 @@ void msg_set_status(struct relay *r, struct rmsg *m, size_t i, char st)
 	else if (was_pending && !pending)
 		m->npending--;
 	if (was_pending && !pending && rr->lane) {
-		struct lane_item *it = rcpt_item(m, i);
+		struct lane_item *it = msg_rcpt_item(m, i);
 		if (it && it->pending) {
 			it->pending--;
 			rr->lane->waiting--;
@@ -678,7 +685,7 @@ void msg_set_status(struct relay *r, struct rmsg *m, size_t i, char st)
 	}
 }
 
-void msg_rcpt_retry(struct relay *r, struct rmsg *m, size_t i, int64_t hint_ms)
+static void rcpt_retry(struct relay *r, struct rmsg *m, size_t i, int64_t hint_ms)
 {
 	struct rrcpt *rr = &m->r[i];
 	const struct relay_conf *c = &r->crt->conf;
@@ -692,90 +699,89 @@ void msg_rcpt_retry(struct relay *r, struct rmsg *m, size_t i, int64_t hint_ms)
 		if (d > (uint64_t)c->retry_max_ms * 1000000u)
 			d = (uint64_t)c->retry_max_ms * 1000000u;
 	}
-	rr->next_try = realtime_ns() + jitter(d, 10, 10); /* refused together, retried apart */
+	rr->next_try = relay_now(r) + jitter(d, 10, 10); /* refused together, retried apart */
 	/* kept by the queue (one record appended), so that a restart keeps the backoff;
 	 * rounded up: never due earlier than here */
 	int e = queue_set_retry(r->q, m->id, i, (rr->next_try + 999) / 1000, rr->attempts);
 	if (e < 0)
-		relay_logf(r, LOG_LEVEL_WARNING, "qid=%s rcpt=%zu retry time cannot be kept: %s "
-			   "(after a restart it is due at once)", m->id, i, strerror(-e));
-	r->st.deferred++;
-	if (rr->lane)
-		rr->lane->deferred++;
+		base_logf(r, LOG_LEVEL_WARNING, "qid=%s rcpt=%zu retry time cannot be kept: %s "
+			  "(after a restart it is due at once)", m->id, i, strerror(-e));
 }
-
-/* ---- the sweep: expiry, bounces that could not be queued, history ---- */
 
 /*
- * Every recipient of m still to do fails now with dsn and text (the end of its
- * lifetime, or the operator's `sluice queue bounce`), and its bounce follows.  m may be
- * freed.  -EBUSY while a transaction holds some of its recipients.
+ * The one writer of a recipient's fate: recipient i of m becomes what o says (its
+ * status byte written in place, its attempts, its next try kept in the retry journal),
+ * its attempt-log and delivery lines are written, and the counters move (the relay's,
+ * and those of l, the lane that acted, or NULL).  mta: the server's name ("" none);
+ * text: the reply or the reason.  m's file must be open for the status byte to be
+ * written (else the error is logged: the recipient is sent again after a restart); the
+ * caller hands the bytes to the flusher (flush_post) once it has written them all.
  */
-int msg_fail_pending(struct relay *r, struct rmsg *m, const char *dsn, const char *text)
+void msg_rcpt_settle(struct relay *r, struct rmsg *m, size_t i, struct lane *l, const char *mta,
+		     const struct outcome *o, const char *text)
 {
-	if (m->busy || m->bouncing)
-		return -EBUSY;
-	int e = msg_open_file(r, m);
-	if (e < 0)
-		return e;
-	bool any = false;
-	for (size_t i = 0; i < m->nrcpt; i++) {
-		char s = m->r[i].status;
-		if (s != QUEUE_TODO && s != QUEUE_UNCERTAIN)
-			continue;
-		msg_set_status(r, m, i, QUEUE_FAILED);
-		msg_attempt_log(r, m, i, "failed", m->r[i].lane ? m->r[i].lane->name : "-", "", dsn,
-			    text);
-		msg_delivery_log(r, LOG_LEVEL_NOTICE, m, i, m->r[i].lane ? m->r[i].lane->name : "-", "",
-			     "bounced", dsn, text, NULL);
+	struct rrcpt *rr = &m->r[i];
+	const char *lane = l ? l->name : "-";
+	if (o->attempts < 0 && rr->attempts)
+		rr->attempts--;
+	else if (o->attempts > 0)
+		rr->attempts++;
+	if (o->status)
+		set_status(r, m, i, o->status);
+	if (o->next == OUTCOME_NEXT_NOW) {
+		rr->next_try = 0;
+	} else if (o->next == OUTCOME_NEXT_BACKOFF) {
+		rcpt_retry(r, m, i, o->hint_ms);
+		r->st.deferred++;
+		if (l)
+			l->deferred++;
+	}
+	if (o->attempt)
+		attempt_log(r, m, i, o->attempt, lane, mta, o->attempt_dsn ? o->dsn : "", text);
+	if (o->word)
+		delivery_log(r, o->level, m, i, lane, mta, o->word, o->dsn, text, o->note);
+	switch (o->count) {
+	case OUTCOME_COUNT_NONE:
+		break;
+	case OUTCOME_COUNT_DELIVERED:
+		r->st.delivered++;
+		if (l)
+			l->delivered++;
+		break;
+	case OUTCOME_COUNT_FAILED:
 		r->st.failed++;
-		any = true;
+		if (l)
+			l->failed++;
+		break;
+	case OUTCOME_COUNT_UNCERTAIN:
+		r->st.uncertain++;
+		break;
 	}
-	if (any) {
-		enum queue_msg_state st;
-		queue_settle(r->q, m->qm, &st);
-	}
-	msg_close_file(r, m);
-	msg_check_done(r, m);
-	return 0;
 }
 
-void msg_bounce_by_operator(struct relay *r, struct rmsg *m)
+/* The operator's `sluice queue flush`: every recipient of m is due at once. */
+void msg_flush_now(struct relay *r, struct rmsg *m)
 {
-	m->bounce_asked = true;
-	if (m->busy || m->bouncing)
-		return; /* tx_done() or the notice's commit comes back here */
-	m->bounce_asked = false;
-	msg_fail_pending(r, m, "5.0.0", "returned by the administrator");
+	struct outcome o;
+	outcome_decide(&(struct outcome_in){ .ev = OUTCOME_DUE_NOW }, &o);
+	for (size_t i = 0; i < m->nrcpt; i++)
+		msg_rcpt_settle(r, m, i, m->r[i].lane, "", &o, NULL);
 }
 
-static void expire(struct relay *r, struct rmsg *m, uint64_t now)
+/* Recipient i of m is taken by a transaction: busy, and one more attempt. */
+void msg_rcpt_take(struct rmsg *m, size_t i)
 {
-	const struct relay_conf *c = &r->crt->conf;
-	if (!c->lifetime_ms || m->busy || m->bouncing || m->deleted || m->held)
-		return; /* held mail waits for the operator, as Postfix's hold queue does */
-	if (m->arrival_us * 1000 + (uint64_t)c->lifetime_ms * 1000000u > now)
-		return;
-	char text[200], d[32];
-	fmt_duration(d, sizeof(d), (uint64_t)c->lifetime_ms, DURATION_BRIEF);
-	snprintf(text, sizeof(text), "delivery time expired: the message stayed in the queue "
-		 "for %s", d);
-	msg_fail_pending(r, m, "4.4.7", text);
+	m->r[i].busy = true;
+	m->r[i].attempts++;
 }
 
-/* Every 30 s, or a quarter of queue.lifetime when that is shorter. */
-void msg_arm_sweep(struct relay *r)
+/* Its transaction is over (its outcome was settled before). */
+void msg_rcpt_release(struct rmsg *m, size_t i)
 {
-	int64_t ms = SWEEP_MS;
-	int64_t quarter = r->crt->conf.lifetime_ms / 4;
-	if (quarter > 0 && quarter < ms)
-		ms = quarter < 250 ? 250 : quarter;
-	quarter = r->crt->conf.delay_warning_ms / 4;
-	if (quarter > 0 && quarter < ms)
-		ms = quarter < 250 ? 250 : quarter;
-	struct timeval tv = timeval_from_ms((uint64_t)ms);
-	evtimer_add(r->sweep, &tv);
+	m->r[i].busy = false;
 }
+
+/* ---- the end of a message ---- */
 
 void msg_recheck_later(struct relay *r, struct rmsg *m)
 {
@@ -793,79 +799,16 @@ void msg_recheck_later(struct relay *r, struct rmsg *m)
 	m->recheck = true;
 }
 
-/*
- * The sweep walks no more than what is due: the messages are in arrival order, so
- * expiry stops at the first one younger than the lifetime (it passes over the held and
- * busy ones before it), delay notices go on from where their last walk stopped, and only
- * the messages whose end could not be settled are looked at again.
- */
-void msg_on_sweep(evutil_socket_t fd, short what, void *arg)
-{
-	struct relay *r = arg;
-	uint64_t now = realtime_ns();
-	struct rmsg *m, *next;
-	uint64_t life = (uint64_t)r->crt->conf.lifetime_ms * 1000000u;
-	for (m = TAILQ_FIRST(&r->msgs); life && m && m->arrival_us * 1000 + life <= now; m = next) {
-		next = TAILQ_NEXT(m, link);
-		expire(r, m, now);
-	}
-	char (*ids)[QUEUE_ID_LEN + 1] = r->recheck;
-	size_t nids = r->nrecheck;
-	r->recheck = NULL;
-	r->nrecheck = r->recheck_cap = 0;
-	for (size_t i = 0; i < nids; i++)
-		if ((m = msg_find(r, ids[i]))) {
-			m->recheck = false;
-			msg_check_done(r, m);
-		}
-	free(ids);
-	int64_t dw = r->crt->conf.delay_warning_ms;
-	for (m = r->warned_upto ? TAILQ_NEXT(r->warned_upto, link) : TAILQ_FIRST(&r->msgs);
-	     dw > 0 && m && m->arrival_us * 1000 + (uint64_t)dw * 1000000u <= now; m = next) {
-		next = TAILQ_NEXT(m, link);
-		if (m->busy || m->bouncing)
-			break; /* again at the next sweep */
-		r->warned_upto = m;
-		/* held mail waits for the operator, and gets no notice */
-		if (m->warned || m->deleted || m->held)
-			continue;
-		bool pending = false;
-		for (size_t i = 0; i < m->nrcpt && !pending; i++)
-			pending = m->r[i].status == QUEUE_TODO || m->r[i].status == QUEUE_UNCERTAIN;
-		if (pending)
-			bounce_start(r, m, true);
-	}
-	/* an MX lane per destination domain: one that holds nothing and remembers no send
-	 * that still counts goes (its history is in relay.lanes until compacted) */
-	struct lane *l, *lnext;
-	for (l = TAILQ_FIRST(&r->lanes); l; l = lnext) {
-		lnext = TAILQ_NEXT(l, link);
-		if (!l->domain || lane_keep(l, now) || !TAILQ_EMPTY(&l->items) || !TAILQ_EMPTY(&l->conns) || l->query ||
-		    l->call || lane_budget_suspended(&l->b, now))
-			continue;
-		bool counts = false;
-		for (unsigned i = 0; i < l->b.rate.n && !counts; i++)
-			counts = lane_budget_used(&l->b, i, now) > 0;
-		if (counts)
-			continue;
-		lane_unlink(r, l);
-		lane_free(l);
-	}
-	if (r->hist_lines > 100000)
-		hist_compact(r);
-	msg_arm_sweep(r);
-}
-
-void msg_check_done(struct relay *r, struct rmsg *m)
+bool msg_check_done(struct relay *r, struct rmsg *m)
 {
 	if (m->busy || m->bouncing || m->flushing)
-		return;
+		return false;
 	if (m->deleted) {
 		msg_free(r, m);
-		return;
+		return false;
 	}
 	if (m->npending)
-		return; /* not one walk over the recipients per transaction */
+		return false; /* not one walk over the recipients per transaction */
 	bool failed = false, notice = false;
 	for (size_t i = 0; i < m->nrcpt; i++) {
 		char s = m->r[i].status;
@@ -874,8 +817,8 @@ void msg_check_done(struct relay *r, struct rmsg *m)
 			  (s == QUEUE_RELAYED && *m->sender);
 	}
 	if (failed && !notice && m->bounce != 'S')
-		relay_logf(r, LOG_LEVEL_INFO, "qid=%s bounce not sent: the failed recipients asked "
-			   "for none (NOTIFY); they are in the attempt log", m->id);
+		base_logf(r, LOG_LEVEL_INFO, "qid=%s bounce not sent: the failed recipients asked "
+			  "for none (NOTIFY); they are in the attempt log", m->id);
 	if (notice && m->bounce != 'S') {
 		if (m->bounce != 'P' && msg_open_file(r, m) == 0) {
 			/* the bounce is due (doc/QUEUE.md): recovery queues it if we crash */
@@ -884,17 +827,17 @@ void msg_check_done(struct relay *r, struct rmsg *m)
 			m->bounce = 'P';
 			msg_close_file(r, m);
 		}
-		bounce_start(r, m, false);
-		return;
+		return true; /* its bounce is due: the caller starts it (bounce_check) */
 	}
 	/* finished, and every status byte is on disk (flushed where it was written) */
 	if (m->dirty && (msg_open_file(r, m) < 0 || queue_msg_sync(m->qm) < 0)) {
-		relay_logf(r, LOG_LEVEL_ERROR, "qid=%s finished, but its statuses cannot be "
-			   "flushed: it stays until they are", m->id);
+		base_logf(r, LOG_LEVEL_ERROR, "qid=%s finished, but its statuses cannot be "
+			  "flushed: it stays until they are", m->id);
 		msg_recheck_later(r, m);
-		return;
+		return false;
 	}
 	queue_remove_finished(r->q, m->id);
-	relay_logf(r, LOG_LEVEL_INFO, "qid=%s removed: finished", m->id);
+	base_logf(r, LOG_LEVEL_INFO, "qid=%s removed: finished", m->id);
 	msg_free(r, m);
+	return false;
 }

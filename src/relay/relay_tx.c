@@ -26,56 +26,6 @@
 
 /* ---- transactions ---- */
 
-static bool rcpt_due(const struct rmsg *m, size_t i, const struct lane *l, uint64_t now,
-		     uint64_t *next)
-{
-	const struct rrcpt *rr = &m->r[i];
-	if (rr->lane != l || rr->busy ||
-	    (rr->status != QUEUE_TODO && rr->status != QUEUE_UNCERTAIN))
-		return false;
-	if (rr->next_try > now) {
-		if (rr->next_try < *next)
-			*next = rr->next_try;
-		return false;
-	}
-	return true;
-}
-
-/*
- * The oldest message with recipients due in l (the scheduler's answer, relay_sched.h); up
- * to max of them into idx.  An item the scheduler holds as due but that has nothing to
- * send (its message was held, or its recipients finished or went busy since) is put back
- * where it belongs and the next one asked.  Costs O(log n) in the lane's messages plus
- * the chosen message's recipients; *next is when the lane's next item is due otherwise.
- */
-struct lane_item *lane_pick(struct lane *l, uint64_t now, size_t max, size_t *idx,
-			    size_t *ret_n, uint64_t *next)
-{
-	struct sched_item *s;
-	while ((s = sched_next(&l->s, now))) {
-		struct lane_item *it = (struct lane_item *)s;
-		struct rmsg *m = it->m;
-		size_t n = 0;
-		if (it->pending && !m->held && !m->deleted && !m->bouncing) {
-			const uint32_t *ri = item_rcpts(it);
-			while (it->scan < it->nri &&
-			       m->r[ri[it->scan]].status != QUEUE_TODO &&
-			       m->r[ri[it->scan]].status != QUEUE_UNCERTAIN)
-				it->scan++;
-			for (size_t k = it->scan; k < it->nri && n < max; k++)
-				if (rcpt_due(m, ri[k], l, now, next))
-					idx[n++] = ri[k];
-		}
-		if (n) {
-			*ret_n = n;
-			return it;
-		}
-		item_schedule(l->r, it);
-	}
-	*next = sched_lane_next_due(&l->s);
-	return NULL;
-}
-
 static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result *res);
 
 struct tx *tx_free(struct tx *t)
@@ -86,10 +36,30 @@ struct tx *tx_free(struct tx *t)
 		free(t->idx);
 		free(t->addrs);
 		free(t->dsn);
-		free(t->body);
+		free(t->body.part);
 		free(t);
 	}
 	return NULL;
+}
+
+/*
+ * A transaction about to send: true when it must wait for the history to be flushed (it
+ * is parked, and tx_hist_synced() sends it once its line is on disk), false when it may
+ * go now (without the flusher the history was flushed here).
+ */
+static bool tx_must_wait(struct relay *r, struct tx *t)
+{
+	if (!hist_pending(r))
+		return false;
+	t->hist_seq = r->hist_seq;
+	t->parked = true;
+	TAILQ_INSERT_TAIL(&r->hist_wait, t, hist_link);
+	hist_sync(r);
+	if (r->hist_synced < t->hist_seq)
+		return true;
+	TAILQ_REMOVE(&r->hist_wait, t, hist_link);
+	t->parked = false;
+	return false;
 }
 
 /*
@@ -139,11 +109,11 @@ bool tx_start(struct lane *l, struct lane_conn *rc, uint64_t now, bool budget_ta
 			m->deleted = true;
 		return true;
 	}
-	t->body = calloc(m->qm->ix.nbody ? m->qm->ix.nbody : 1, sizeof(*t->body));
+	t->body.part = calloc(m->qm->ix.nbody ? m->qm->ix.nbody : 1, sizeof(*t->body.part));
 	t->addrs = calloc(t->n, sizeof(*t->addrs));
 	t->dsn = calloc(t->n, sizeof(*t->dsn));
-	if (!t->body || !t->addrs || !t->dsn ||
-	    queue_file_body(m->qm->map, m->qm->size, &m->qm->ix, bounce_collect_body, t) < 0) {
+	if (!t->body.part || !t->addrs || !t->dsn ||
+	    queue_file_body(m->qm->map, m->qm->size, &m->qm->ix, msg_body_collect, &t->body) < 0) {
 		tx_free(t);
 		msg_close_file(r, m);
 		return false;
@@ -153,11 +123,10 @@ bool tx_start(struct lane *l, struct lane_conn *rc, uint64_t now, bool budget_ta
 		/* the queue's NOTIFY bits are the codec's (intake_service.c checks) */
 		t->dsn[k] = (struct smtp_out_rcpt_dsn){ .notify = m->r[t->idx[k]].notify,
 							.orcpt = m->qm->ix.rcpt[t->idx[k]].orcpt };
-		m->r[t->idx[k]].busy = true;
-		m->r[t->idx[k]].attempts++;
+		msg_rcpt_take(m, t->idx[k]);
 	}
 	/* the rest of the message in this lane: still due, waiting, or nothing */
-	item_schedule(r, it);
+	msg_item_schedule(r, it);
 	m->busy++;
 	t->m = m;
 	t->lane = l;
@@ -166,8 +135,8 @@ bool tx_start(struct lane *l, struct lane_conn *rc, uint64_t now, bool budget_ta
 		.sender = str_cstr(m->sender),
 		.rcpt = t->addrs,
 		.nrcpt = t->n,
-		.body = t->body,
-		.nbody = t->nbody,
+		.body = t->body.part,
+		.nbody = t->body.n,
 		.size = m->size,
 		.eightbit = (m->flags & QUEUE_8BITMIME) != 0,
 		.smtputf8 = (m->flags & QUEUE_SMTPUTF8) != 0,
@@ -182,9 +151,22 @@ bool tx_start(struct lane *l, struct lane_conn *rc, uint64_t now, bool budget_ta
 	rc->tx = t;
 	l->transactions++;
 	r->st.transactions++;
-	if (!hist_must_wait(r, t))
+	if (!tx_must_wait(r, t))
 		tx_send(t);
 	return true;
+}
+
+/* The history is on disk up to r->hist_synced: the transactions parked for it go. */
+void tx_hist_synced(struct relay *r)
+{
+	struct tx *t;
+	while ((t = TAILQ_FIRST(&r->hist_wait)) && t->hist_seq <= r->hist_synced) {
+		TAILQ_REMOVE(&r->hist_wait, t, hist_link);
+		t->parked = false;
+		tx_send(t);
+	}
+	if (!TAILQ_EMPTY(&r->hist_wait))
+		hist_sync(r);
 }
 
 /*
@@ -202,7 +184,7 @@ void tx_send(struct tx *t)
 	struct lane *l = t->lane;
 	struct relay *r = l->r;
 	if (t->t_counted && l->rt) {
-		uint64_t now = realtime_ns();
+		uint64_t now = relay_now(r);
 		uint64_t half_guard = (uint64_t)l->rt->conf->guard_ms * 500000u;
 		if (now > t->t_counted + half_guard) {
 			if (t->recounts < TX_RECOUNTS) {
@@ -212,22 +194,22 @@ void tx_send(struct tx *t)
 				}
 				t->t_counted = now;
 				t->recounts++;
-				if (hist_must_wait(r, t))
+				if (tx_must_wait(r, t))
 					return;
 			} else if (now > r->late_logged_ns + 10000000000ull) {
 				r->late_logged_ns = now;
-				relay_logf(r, LOG_LEVEL_WARNING,
-					   "lane=%s a send went out %" PRIu64 " ms after it was counted, "
-					   "more than half the route's guard (%" PRId64 " ms): its next hop may "
-					   "count one more than the rate (flushes of %s/%s are slow: raise "
-					   "guard)", l->name, (now - t->t_counted) / 1000000,
-					   l->rt->conf->guard_ms, r->crt->conf.state_dir, HISTORY_FILE);
+				base_logf(r, LOG_LEVEL_WARNING,
+					  "lane=%s a send went out %" PRIu64 " ms after it was counted, "
+					  "more than half the route's guard (%" PRId64 " ms): its next hop may "
+					  "count one more than the rate (flushes of %s/%s are slow: raise "
+					  "guard)", l->name, (now - t->t_counted) / 1000000,
+					  l->rt->conf->guard_ms, r->crt->conf.state_dir, HISTORY_FILE);
 			}
 		}
 	}
 	struct lane_conn *rc = t->rc;
-	relay_logf(r, LOG_LEVEL_DEBUG, "qid=%s lane=%s mta=%s transaction: %zu recipient(s)",
-		   t->m->id, l->name, smtp_out_peer(rc->c), t->n);
+	base_logf(r, LOG_LEVEL_DEBUG, "qid=%s lane=%s mta=%s transaction: %zu recipient(s)",
+		  t->m->id, l->name, smtp_out_peer(rc->c), t->n);
 	int e = smtp_out_send(rc->c, &t->msg, tx_done, t);
 	if (e < 0) {
 		struct smtp_out_result res = { .stage = SMTP_STAGE_MAIL, .error = e,
@@ -236,78 +218,32 @@ void tx_send(struct tx *t)
 	}
 }
 
-static void dsn_code(const struct smtp_reply *rep, char def, char *out, size_t len)
-{
-	if (rep && rep->enh_class)
-		snprintf(out, len, "%d.%d.%d", rep->enh_class, rep->enh_subject, rep->enh_detail);
-	else
-		snprintf(out, len, "%c.0.0", def);
-}
-
-/* A recipient's own outcome. */
+/*
+ * Recipient k of t learned its fate: cr classified its reply rep (text: the reply, for
+ * the logs).  The lane's throttling is kept in sig (a suspension over a slow-down) for
+ * the lane to act on once every recipient is done.
+ */
 static void rcpt_outcome(struct relay *r, struct tx *t, size_t k, const struct classify_result *cr,
 			 const struct smtp_reply *rep, const char *text, const char *mta,
 			 struct classify_result *sig, char *sigtext, size_t siglen)
 {
-	struct rmsg *m = t->m;
-	struct lane *l = t->lane;
 	size_t i = t->idx[k];
-	char dsn[16];
-	switch (cr->verdict) {
-	case CLASSIFY_OK:
-		/* N: delivered, a relayed notice owed (the byte keeps the debt across a crash) */
-		msg_set_status(r, m, i, m->r[i].relayed ? QUEUE_RELAYED : QUEUE_DELIVERED);
-		msg_attempt_log(r, m, i, m->r[i].relayed ? "relayed" : "sent", l->name, mta, "", text);
-		dsn_code(rep, '2', dsn, sizeof(dsn));
-		msg_delivery_log(r, LOG_LEVEL_INFO, m, i, l->name, mta, "sent", dsn, text, NULL);
-		r->st.delivered++;
-		l->delivered++;
-		break;
-	case CLASSIFY_FAIL:
-		dsn_code(rep, '5', dsn, sizeof(dsn));
-		msg_set_status(r, m, i, QUEUE_FAILED);
-		msg_attempt_log(r, m, i, "failed", l->name, mta, dsn, text);
-		msg_delivery_log(r, LOG_LEVEL_NOTICE, m, i, l->name, mta, "bounced", dsn, text, NULL);
-		r->st.failed++;
-		l->failed++;
-		break;
-	case CLASSIFY_RETRY:
-		if (rep && ((rep->code == 452 && (!rep->enh_class || (rep->enh_subject == 5 &&
-									 rep->enh_detail == 3))) ||
-			    (rep->code == 552 && rep->enh_class == 5 && rep->enh_subject == 5 &&
-			     rep->enh_detail == 3))) {
-			/* too many recipients (RFC 5321 4.5.3.1.10): the next transaction */
-			m->r[i].next_try = 0;
-			if (m->r[i].attempts)
-				m->r[i].attempts--;
-			msg_attempt_log(r, m, i, "deferred", l->name, mta, "", text);
-			dsn_code(rep, '4', dsn, sizeof(dsn));
-			msg_delivery_log(r, LOG_LEVEL_INFO, m, i, l->name, mta, "deferred", dsn, text,
-				     "(too many recipients: the next transaction)");
-			break;
-		}
-		msg_rcpt_retry(r, m, i, cr->for_ms);
-		msg_attempt_log(r, m, i, "deferred", l->name, mta, "", text);
-		dsn_code(rep, '4', dsn, sizeof(dsn));
-		msg_delivery_log(r, LOG_LEVEL_INFO, m, i, l->name, mta, "deferred", dsn, text, NULL);
-		break;
-	case CLASSIFY_SUSPEND:
-	case CLASSIFY_SLOW:
-		/* the lane's problem, not the recipient's: it stays as it was, due again as
-		 * soon as the lane sends, and the attempt does not count for its backoff */
-		m->r[i].next_try = 0;
-		if (m->r[i].attempts)
-			m->r[i].attempts--;
-		dsn_code(rep, '4', dsn, sizeof(dsn));
-		msg_delivery_log(r, LOG_LEVEL_INFO, m, i, l->name, mta,
-			     cr->verdict == CLASSIFY_SUSPEND ? "suspended" : "deferred", dsn, text,
-			     "(the lane's throttling: the recipient stays queued)");
-		if (sig->verdict != CLASSIFY_SUSPEND) {
-			*sig = *cr;
-			snprintf(sigtext, siglen, "%s", text);
-		}
-		break;
+	struct outcome o;
+	outcome_decide(&(struct outcome_in){ .ev = OUTCOME_REPLY, .cr = cr, .rep = rep,
+					     .relayed = t->m->r[i].relayed }, &o);
+	msg_rcpt_settle(r, t->m, i, t->lane, mta, &o, text);
+	if (o.lane_signal && sig->verdict != CLASSIFY_SUSPEND) {
+		*sig = *cr;
+		snprintf(sigtext, siglen, "%s", text);
 	}
+}
+
+/* Recipient k of t was not tried: due again at once, nothing said. */
+static void rcpt_not_tried(struct relay *r, struct tx *t, size_t k)
+{
+	struct outcome o;
+	outcome_decide(&(struct outcome_in){ .ev = OUTCOME_NOT_TRIED }, &o);
+	msg_rcpt_settle(r, t->m, t->idx[k], t->lane, "", &o, NULL);
 }
 
 /* Recipient k's RCPT reply (code 0: none). */
@@ -335,7 +271,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 	char sigtext[1200] = "";
 	bool success = false;
 	unsigned prior = c ? smtp_out_transactions(c) : 0;
-	struct thr_once once = { 0 };
+	struct signal_once once = { 0 };
 
 	if (res->error == 0 && res->stage == SMTP_STAGE_DOT && res->reply.code / 100 == 2) {
 		/* the message went: each recipient the server took is delivered */
@@ -345,10 +281,10 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 			struct classify_result cr;
 			if (rep->code / 100 == 2) {
 				cr = (struct classify_result){ .verdict = CLASSIFY_OK, .for_ms = -1 };
-				relay_reply_text(res, &res->reply, text, sizeof(text));
+				base_reply_text(res, &res->reply, text, sizeof(text));
 			} else {
-				lane_classify(l, rc->cls, SMTP_STAGE_RCPT, 0, rep, &once, &cr);
-				relay_reply_text(res, rep, text, sizeof(text));
+				signal_classify(l, rc->cls, SMTP_STAGE_RCPT, 0, rep, &once, &cr);
+				base_reply_text(res, rep, text, sizeof(text));
 			}
 			/* RFC 3461 6.2.2: NOTIFY=SUCCESS that the next hop cannot carry on is
 			 * answered here, with a "relayed" notice once the message is done */
@@ -360,27 +296,23 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 		}
 	} else if (res->stage == SMTP_STAGE_DOT && res->error < 0) {
 		/* the uncertain window: the server may have taken the message */
-		relay_reply_text(res, NULL, text, sizeof(text));
+		base_reply_text(res, NULL, text, sizeof(text));
 		for (size_t k = 0; k < t->n; k++) {
 			const struct smtp_reply *rep = rcpt_reply(res, k);
 			size_t i = t->idx[k];
 			if (rep->code / 100 != 2) {
 				struct classify_result cr;
 				char rt[1200];
-				lane_classify(l, rc->cls, SMTP_STAGE_RCPT, 0, rep, &once, &cr);
-				relay_reply_text(res, rep, rt, sizeof(rt));
+				signal_classify(l, rc->cls, SMTP_STAGE_RCPT, 0, rep, &once, &cr);
+				base_reply_text(res, rep, rt, sizeof(rt));
 				rcpt_outcome(r, t, k, &cr, rep, rt, mta, &sig, sigtext, sizeof(sigtext));
 				continue;
 			}
-			msg_set_status(r, m, i, QUEUE_UNCERTAIN);
-			msg_attempt_log(r, m, i, "uncertain", l->name, mta, "", text);
-			msg_delivery_log(r, LOG_LEVEL_WARNING, m, i, l->name, mta, "uncertain", "4.4.2",
-				     text, conf->uncertain == RELAY_UNCERTAIN_HOLD
-				     ? "(lost after the message was sent: held)"
-				     : "(lost after the message was sent: sent again later, possibly "
-				       "twice)");
-			r->st.uncertain++;
-			msg_rcpt_retry(r, m, i, -1);
+			struct outcome o;
+			outcome_decide(&(struct outcome_in){
+					       .ev = OUTCOME_UNCERTAIN,
+					       .hold = conf->uncertain == RELAY_UNCERTAIN_HOLD }, &o);
+			msg_rcpt_settle(r, m, i, l, mta, &o, text);
 		}
 		if (conf->uncertain == RELAY_UNCERTAIN_HOLD) {
 			/* written, so that `sluice queue` shows it and a restart keeps it */
@@ -396,9 +328,9 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 		if (res->stage == SMTP_STAGE_RCPT)
 			classify_reply(rc->cls, res->stage, 0, &res->reply, &whole);
 		else
-			lane_classify(l, rc->cls, res->stage, 0, &res->reply, &once, &whole);
+			signal_classify(l, rc->cls, res->stage, 0, &res->reply, &once, &whole);
 		char wtext[1200];
-		relay_reply_text(res, &res->reply, wtext, sizeof(wtext));
+		base_reply_text(res, &res->reply, wtext, sizeof(wtext));
 		for (size_t k = 0; k < t->n; k++) {
 			const struct smtp_reply *rep = rcpt_reply(res, k);
 			struct classify_result cr;
@@ -408,24 +340,24 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 				continue;
 			}
 			if (!rep->code) {
-				m->r[t->idx[k]].next_try = 0;
+				rcpt_not_tried(r, t, k);
 				continue;
 			}
-			lane_classify(l, rc->cls, SMTP_STAGE_RCPT, 0, rep, &once, &cr);
-			relay_reply_text(res, rep, text, sizeof(text));
+			signal_classify(l, rc->cls, SMTP_STAGE_RCPT, 0, rep, &once, &cr);
+			base_reply_text(res, rep, text, sizeof(text));
 			rcpt_outcome(r, t, k, &cr, rep, text, mta, &sig, sigtext, sizeof(sigtext));
 		}
 	} else {
 		/* before any recipient: the session, MAIL FROM, or a connection lost before
 		 * the dot */
-		relay_reply_text(res, res->reply.code ? &res->reply : NULL, text, sizeof(text));
+		base_reply_text(res, res->reply.code ? &res->reply : NULL, text, sizeof(text));
 		bool stale = res->error < 0 && prior > 0 && res->stage <= SMTP_STAGE_MAIL;
 		struct classify_result cr;
 		if (stale) {
 			/* a reused connection the server had closed: not the lane's fault */
 			cr = (struct classify_result){ .verdict = CLASSIFY_SUSPEND, .for_ms = -1 };
 			for (size_t k = 0; k < t->n; k++)
-				m->r[t->idx[k]].next_try = 0;
+				rcpt_not_tried(r, t, k);
 		} else if (res->error == -EMSGSIZE) {
 			cr = (struct classify_result){ .verdict = CLASSIFY_FAIL, .for_ms = -1 };
 			snprintf(text, sizeof(text), "552 5.3.4 message of %" PRIu64 " bytes exceeds "
@@ -435,7 +367,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 			snprintf(text, sizeof(text), "553 5.6.7 the server does not support "
 				 "SMTPUTF8, which the message needs");
 		} else {
-			lane_classify(l, rc->cls, res->stage, res->error,
+			signal_classify(l, rc->cls, res->stage, res->error,
 				       res->reply.code ? &res->reply : NULL, &once, &cr);
 		}
 		struct smtp_reply synth = { 0 };
@@ -453,9 +385,9 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 		}
 	}
 
-	thr_once_clear(&once);
+	signal_once_clear(&once);
 	for (size_t k = 0; k < t->n; k++)
-		m->r[t->idx[k]].busy = false;
+		msg_rcpt_release(m, t->idx[k]);
 	m->busy--;
 	/* its recipients' new retry times (or none left) place the items again: in every
 	 * lane they are routed to now (l's domain may have joined a group meanwhile, or a
@@ -465,10 +397,10 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 	size_t nmoved = 0;
 	struct lane_item *placed = NULL;
 	for (size_t k = 0; k < t->n; k++) {
-		struct lane_item *it = rcpt_item(m, t->idx[k]);
+		struct lane_item *it = msg_rcpt_item(m, t->idx[k]);
 		if (!it || it == placed)
 			continue;
-		item_schedule(r, it);
+		msg_item_schedule(r, it);
 		placed = it;
 		struct lane *to = it->lane;
 		if (to == l || (nmoved && moved[nmoved - 1] == to))
@@ -489,7 +421,7 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 	bool keep = c && smtp_out_usable(c) && !r->stopping && rc->crt == r->crt &&
 		    (!l->rt || !l->rt->conf->messages_per_connection ||
 		     smtp_out_transactions(c) < l->rt->conf->messages_per_connection) &&
-		    !lane_budget_suspended(&l->b, realtime_ns()) && dane_reusable(rc, realtime_ns());
+		    !lane_budget_suspended(&l->b, relay_now(r)) && dane_reusable(rc, relay_now(r));
 	if (keep)
 		conn_idle(rc);
 	else
@@ -498,9 +430,9 @@ static void tx_done(void *arg, struct smtp_out *c, const struct smtp_out_result 
 	if (m->busy == 0) {
 		msg_close_file(r, m);
 		if (m->bounce_asked)
-			msg_bounce_by_operator(r, m);
+			bounce_by_operator(r, m);
 		else
-			msg_check_done(r, m); /* waits for the flush */
+			bounce_check(r, m); /* waits for the flush */
 	}
 	lane_kick(l);
 	if (l->fwd)

@@ -89,7 +89,7 @@ static int do_lanes(struct relay *r, void *arg)
 {
 	struct lanes_arg *a = arg;
 	struct buf *b = a->out;
-	uint64_t now = realtime_ns();
+	uint64_t now = relay_now(r);
 	bool first = true;
 	if (a->json)
 		buf_append_cstr(b, "[");
@@ -136,7 +136,8 @@ static int do_lanes(struct relay *r, void *arg)
 				buf_append_cstr(b, ", \"dane\": ");
 				buf_append_json_string(b, l->dane_status);
 			}
-			lane_view_group(l, true, b, now);
+			group_view(l, true, b);
+			signal_view(l, true, b, now);
 			buf_append_cstr(b, "}");
 		} else {
 			buf_printf(b, "%s%s (route %s)\n", first ? "" : "\n", l->name, route);
@@ -174,7 +175,8 @@ static int do_lanes(struct relay *r, void *arg)
 				buf_printf(b, "  last signal  %s\n", l->last);
 			if (l->dane_status[0])
 				buf_printf(b, "  dane         %s\n", l->dane_status);
-			lane_view_group(l, false, b, now);
+			group_view(l, false, b);
+			signal_view(l, false, b, now);
 		}
 		first = false;
 	}
@@ -188,13 +190,13 @@ static int do_lanes(struct relay *r, void *arg)
 int relay_lanes(struct relay *r, bool json, struct buf *out)
 {
 	struct lanes_arg a = { .json = json, .out = out };
-	return relay_call_sync(r, do_lanes, &a);
+	return base_call_sync(r, do_lanes, &a);
 }
 
 int relay_lanes_brief(struct relay *r, size_t max, struct buf *out)
 {
 	struct lanes_arg a = { .brief = true, .max = max, .out = out };
-	return relay_call_sync(r, do_lanes, &a);
+	return base_call_sync(r, do_lanes, &a);
 }
 
 static int do_suspend(struct relay *r, void *arg)
@@ -203,7 +205,7 @@ static int do_suspend(struct relay *r, void *arg)
 	struct lane *l = lane_find(r, a->name);
 	if (!l)
 		return -ENOENT;
-	uint64_t now = realtime_ns();
+	uint64_t now = relay_now(r);
 	int64_t ns = a->for_ms > 0 ? a->for_ms * 1000000 : INT64_C(100) * 365 * 86400 * 1000000000;
 	/* the operator's length replaces any suspension under way */
 	l->b.suspended_until = 0;
@@ -211,8 +213,8 @@ static int do_suspend(struct relay *r, void *arg)
 	l->suspensions++;
 	r->st.suspensions++;
 	hist_append_suspension(r, l);
-	relay_logf(r, LOG_LEVEL_WARNING, "lane=%s suspended by the operator", l->name);
-	lane_close_idle(l);
+	base_logf(r, LOG_LEVEL_WARNING, "lane=%s suspended by the operator", l->name);
+	conn_close_idle(l);
 	lane_kick(l);
 	return 0;
 }
@@ -225,7 +227,7 @@ static int do_resume(struct relay *r, void *arg)
 		return -ENOENT;
 	lane_budget_resume(&l->b);
 	hist_append_suspension(r, l);
-	relay_logf(r, LOG_LEVEL_NOTICE, "lane=%s resumed by the operator", l->name);
+	base_logf(r, LOG_LEVEL_NOTICE, "lane=%s resumed by the operator", l->name);
 	lane_kick(l);
 	return 0;
 }
@@ -233,13 +235,13 @@ static int do_resume(struct relay *r, void *arg)
 int relay_lane_suspend(struct relay *r, const char *name, int64_t for_ms)
 {
 	struct lanes_arg a = { .name = name, .for_ms = for_ms };
-	return relay_call_sync(r, do_suspend, &a);
+	return base_call_sync(r, do_suspend, &a);
 }
 
 int relay_lane_resume(struct relay *r, const char *name)
 {
 	struct lanes_arg a = { .name = name };
-	return relay_call_sync(r, do_resume, &a);
+	return base_call_sync(r, do_resume, &a);
 }
 
 static int do_stats(struct relay *r, void *arg)
@@ -259,7 +261,7 @@ struct lane_metrics_arg {
 static int do_lane_metrics(struct relay *r, void *arg)
 {
 	struct lane_metrics_arg *a = arg;
-	uint64_t now = realtime_ns();
+	uint64_t now = relay_now(r);
 	struct lane *l;
 	a->st = r->st;
 	a->st.lanes = r->nlanes;
@@ -298,7 +300,7 @@ int relay_lane_metrics(struct relay *r, struct relay_lane_metrics *ret, size_t m
 		       size_t *ret_n, struct relay_stats *ret_stats)
 {
 	struct lane_metrics_arg a = { .out = ret, .max = max };
-	int e = relay_call_sync(r, do_lane_metrics, &a);
+	int e = base_call_sync(r, do_lane_metrics, &a);
 	if (e < 0)
 		return e;
 	*ret_n = a.n;
@@ -310,5 +312,5 @@ void relay_stats(struct relay *r, struct relay_stats *ret)
 {
 	struct lanes_arg a = { .st = ret };
 	memset(ret, 0, sizeof(*ret));
-	relay_call_sync(r, do_stats, &a);
+	base_call_sync(r, do_stats, &a);
 }

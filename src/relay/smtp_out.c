@@ -1,6 +1,9 @@
 /*
  * smtp_out -- the outgoing SMTP client (see smtp_out.h): one connection as a state machine
- * on a libevent loop.
+ * on a libevent loop.  This room is the session and the interface: it reads the replies
+ * and dispatches them by phase, sets the session up and ends it, and hands the
+ * transaction's phases (MAIL to DOT) to smtp_out_tx.c; the rooms are listed in
+ * smtp_out_int.h.
  *
  * Phases (c->phase: what the connection waits for), and the stage an error there has:
  *
@@ -63,131 +66,12 @@
 #include "smtp_out_int.h"
 #include "util.h"
 
-static const char *const stage_names[SMTP_STAGE_COUNT] = {
-	[SMTP_STAGE_CONNECT] = "connect", [SMTP_STAGE_GREETING] = "greeting",
-	[SMTP_STAGE_EHLO] = "ehlo",       [SMTP_STAGE_STARTTLS] = "starttls",
-	[SMTP_STAGE_AUTH] = "auth",       [SMTP_STAGE_MAIL] = "mail",
-	[SMTP_STAGE_RCPT] = "rcpt",       [SMTP_STAGE_DATA] = "data",
-	[SMTP_STAGE_DOT] = "dot",         [SMTP_STAGE_RSET] = "rset",
-	[SMTP_STAGE_QUIT] = "quit",
-};
-
-const char *smtp_out_stage_name(enum smtp_out_stage st)
-{
-	return (unsigned)st < SMTP_STAGE_COUNT ? stage_names[st] : "?";
-}
-
 /* ---- small helpers ---- */
 
 static void *mem_free(void *p)
 {
 	free(p);
 	return NULL;
-}
-
-bool smtp_out_is_2xx(const struct smtp_reply *r)
-{
-	return r->code / 100 == 2;
-}
-
-bool smtp_out_is_refusal(const struct smtp_reply *r)
-{
-	return r->code / 100 == 4 || r->code / 100 == 5;
-}
-
-enum smtp_out_stage smtp_out_stage_of(const struct smtp_out *c)
-{
-	switch (c->phase) {
-	case PH_CONNECT: return SMTP_STAGE_CONNECT;
-	case PH_GREETING: return SMTP_STAGE_GREETING;
-	case PH_EHLO:
-	case PH_HELO: return c->tls ? SMTP_STAGE_STARTTLS : SMTP_STAGE_EHLO;
-	case PH_STARTTLS:
-	case PH_HANDSHAKE: return SMTP_STAGE_STARTTLS;
-	case PH_AUTH: return SMTP_STAGE_AUTH;
-	case PH_READY:
-	case PH_MAIL: return SMTP_STAGE_MAIL;
-	case PH_RCPT: return SMTP_STAGE_RCPT;
-	case PH_DATA: return SMTP_STAGE_DATA;
-	case PH_BODY: return c->body_done ? SMTP_STAGE_DOT : SMTP_STAGE_DATA;
-	case PH_DOT: return SMTP_STAGE_DOT;
-	case PH_RSET: return SMTP_STAGE_RSET;
-	case PH_QUIT:
-	case PH_CLOSED: break;
-	}
-	return SMTP_STAGE_QUIT;
-}
-
-static uint64_t timeout_ms(const struct smtp_out *c, enum smtp_out_stage st)
-{
-	if (c->conf->timeout_ms[st])
-		return c->conf->timeout_ms[st];
-	switch (st) {
-	case SMTP_STAGE_CONNECT: return 30000;
-	case SMTP_STAGE_GREETING:
-	case SMTP_STAGE_MAIL:
-	case SMTP_STAGE_RCPT: return 300000;
-	case SMTP_STAGE_DOT: return 600000;
-	case SMTP_STAGE_QUIT: return QUIT_TIMEOUT_MS;
-	default: return 120000;
-	}
-}
-
-static void arm_ms(struct smtp_out *c, uint64_t ms)
-{
-	struct timeval tv = timeval_from_ms(ms);
-	evtimer_add(c->timer, &tv);
-}
-
-/* The timer for what the connection now waits for. */
-void smtp_out_arm(struct smtp_out *c)
-{
-	if (c->phase == PH_BODY && !c->body_done)
-		arm_ms(c, c->conf->timeout_ms[SMTP_STAGE_DATA] ? c->conf->timeout_ms[SMTP_STAGE_DATA]
-							     : BODY_TIMEOUT_MS);
-	else
-		arm_ms(c, timeout_ms(c, smtp_out_stage_of(c)));
-}
-
-struct evbuffer *smtp_out_out_buf(struct smtp_out *c)
-{
-	return bufferevent_get_output(c->bev);
-}
-
-/* Queue a command line (CRLF added).  0 or -ENOMEM. */
-int smtp_out_send_cmd(struct smtp_out *c, const char *s)
-{
-	struct evbuffer *o = smtp_out_out_buf(c);
-	if (evbuffer_add(o, s, strlen(s)) < 0 || evbuffer_add(o, "\r\n", 2) < 0)
-		return -ENOMEM;
-	return 0;
-}
-
-/* ---- teardown, failure, reporting ---- */
-
-static void close_io(struct smtp_out *c)
-{
-	if (c->conn_ev) {
-		event_free(c->conn_ev);
-		c->conn_ev = NULL;
-	}
-	if (c->bev) {
-		bufferevent_free(c->bev); /* the filter frees the socket's bufferevent and SSL */
-		c->bev = NULL;
-		c->ssl = NULL;
-	}
-	if (c->fd >= 0) {
-		close(c->fd);
-		c->fd = -1;
-	}
-	if (c->timer)
-		evtimer_del(c->timer);
-	if (c->sasl) {
-		gsasl_finish(c->sasl);
-		c->sasl = NULL;
-	}
-	c->phase = PH_CLOSED;
-	c->unusable = true;
 }
 
 /* Connections left to finish their QUIT by themselves, so that a loop being shut down can
@@ -214,7 +98,7 @@ static void quit_list_remove(struct smtp_out *c)
 static void destroy(struct smtp_out *c)
 {
 	quit_list_remove(c);
-	close_io(c);
+	smtp_out_close_io(c);
 	if (c->timer)
 		event_free(c->timer);
 	if (c->kick)
@@ -225,16 +109,6 @@ static void destroy(struct smtp_out *c)
 	free(c);
 	if (freed)
 		freed(arg);
-}
-
-/* Close, and free the struct when the running callback returns (the public functions,
- * which may run outside any callback, free it themselves when none runs). */
-void smtp_out_release(struct smtp_out *c)
-{
-	close_io(c);
-	c->msg = NULL;
-	c->done = NULL;
-	c->free_pending = true;
 }
 
 static void enter(struct smtp_out *c)
@@ -248,138 +122,35 @@ static void leave(struct smtp_out *c)
 		destroy(c);
 }
 
-static void fill_result(const struct smtp_out *c, struct smtp_out_result *r,
-			enum smtp_out_stage st, int error, const char *why,
-			const struct smtp_reply *reply)
-{
-	memset(r, 0, sizeof(*r));
-	r->stage = st;
-	r->error = error;
-	r->why = why ? why : "";
-	if (reply && error == 0)
-		r->reply = *reply;
-	r->size_limit = c->ehlo.size_max;
-	r->tls = c->tls;
-	r->tls_version = c->tls && c->tls_version ? c->tls_version : "";
-	r->auth_mech = c->authenticated ? c->auth_mech : "";
-	r->dsn = (c->ehlo.ext & SMTP_EHLO_DSN) != 0;
-}
-
-/* The transaction is over: call done() once.  The caller returns at once afterwards. */
-void smtp_out_report(struct smtp_out *c, enum smtp_out_stage st, int error, const char *why,
-		   const struct smtp_reply *reply)
-{
-	struct smtp_out_result r;
-	fill_result(c, &r, st, error, why, reply);
-	struct smtp_reply *rcpt = c->rcpt; /* allocated by smtp_out_send(), zeroed */
-	r.rcpt = rcpt;
-	smtp_out_done_fn *fn = c->done;
-	void *arg = c->arg;
-	c->msg = NULL;
-	c->done = NULL;
-	c->arg = NULL;
-	c->active = false;
-	c->rcpt = NULL;
-	if (fn)
-		fn(arg, c, &r);
-	free(rcpt);
-}
-
-/* No transaction waits and the connection became unusable: ready(failure), once.  The
- * caller returns at once afterwards. */
-static void report_ready_failure(struct smtp_out *c, enum smtp_out_stage st, int error,
-				 const char *why, const struct smtp_reply *reply)
-{
-	if (c->ready_failed)
-		return;
-	c->ready_failed = true;
-	struct smtp_out_result r;
-	fill_result(c, &r, st, error, why, reply);
-	c->ready(c->ready_arg, c, &r);
-}
-
-/*
- * Something ended the session (or what the transaction was waiting for) other than a
- * transaction's ordinary end: the connection takes no further transaction.  broken: the
- * socket is closed too (otherwise it stays for QUIT).  The pending transaction, if any,
- * reports it; a set-up failure with none pending waits for the first smtp_out_send().
- */
-void smtp_out_fail(struct smtp_out *c, enum smtp_out_stage st, int error, const char *why,
-		 const struct smtp_reply *reply, bool broken)
-{
-	c->unusable = true;
-	if (broken || c->quitting) {
-		close_io(c);
-	} else {
-		c->phase = PH_READY;
-		evtimer_del(c->timer);
-		if (c->sasl) {
-			gsasl_finish(c->sasl);
-			c->sasl = NULL;
-		}
-	}
-	if (c->quitting) {
-		smtp_out_release(c);
-		return;
-	}
-	if (c->msg) {
-		smtp_out_report(c, st, error, why, reply);
-		return;
-	}
-	if (c->ready) {
-		report_ready_failure(c, st, error, why, reply);
-		return;
-	}
-	if (!c->session_ready && !c->fail_pending) {
-		c->fail_pending = true;
-		c->fail_stage = st;
-		c->fail_error = error;
-		c->fail_why = why;
-		if (reply && error == 0)
-			c->fail_reply = *reply;
-	}
-}
-
-void smtp_out_fail_nomem(struct smtp_out *c)
-{
-	smtp_out_fail(c, smtp_out_stage_of(c), -ENOMEM, "out of memory", NULL, true);
-}
-
-void smtp_out_fail_proto(struct smtp_out *c, const char *why)
-{
-	smtp_out_fail(c, smtp_out_stage_of(c), -EPROTO, why, NULL, true);
-}
-
 /* ---- session set-up ---- */
 
-
-void smtp_out_send_quit(struct smtp_out *c)
+static void send_quit(struct smtp_out *c)
 {
 	if (smtp_out_send_cmd(c, "QUIT") < 0) {
 		smtp_out_release(c);
 		return;
 	}
 	c->phase = PH_QUIT;
-	arm_ms(c, timeout_ms(c, SMTP_STAGE_QUIT));
+	smtp_out_arm_quit(c);
 }
 
 /* Nothing outstanding: start the pending transaction, or QUIT, or (the session just set
  * up, nothing waiting) tell the relay. */
-void smtp_out_ready(struct smtp_out *c)
+static void become_ready(struct smtp_out *c)
 {
 	bool first = !c->session_ready;
 	c->phase = PH_READY;
 	c->session_ready = true;
 	evtimer_del(c->timer);
 	if (c->quitting)
-		smtp_out_send_quit(c);
+		send_quit(c);
 	else if (c->msg && !c->unusable)
 		smtp_out_start_transaction(c);
 	else if (first && !c->msg && c->ready)
 		c->ready(c->ready_arg, c, NULL);
 }
 
-void smtp_out_send_ehlo(struct smtp_out *c, const char *verb)
+static void send_ehlo(struct smtp_out *c, const char *verb)
 {
 	struct evbuffer *o = smtp_out_out_buf(c);
 	const char *helo = c->conf->helo;
@@ -394,7 +165,7 @@ void smtp_out_send_ehlo(struct smtp_out *c, const char *verb)
 
 /* The complete lines p[0..n) of the EHLO reply being read (the first line names the
  * server; the others are keywords). */
-void smtp_out_ehlo_scan(struct smtp_out *c, const char *p, size_t n)
+static void ehlo_scan(struct smtp_out *c, const char *p, size_t n)
 {
 	while (n > 0) {
 		const char *lf = memchr(p, '\n', n);
@@ -411,7 +182,7 @@ void smtp_out_ehlo_scan(struct smtp_out *c, const char *p, size_t n)
 
 
 /* After a successful EHLO/HELO: STARTTLS, then AUTH, then ready. */
-void smtp_out_after_hello(struct smtp_out *c)
+static void after_hello(struct smtp_out *c)
 {
 	const struct smtp_out_conf *cf = c->conf;
 	if (!c->tls && cf->tls != SMTP_TLS_NONE) {
@@ -434,28 +205,156 @@ void smtp_out_after_hello(struct smtp_out *c)
 		smtp_out_start_auth(c);
 		return;
 	}
-	smtp_out_ready(c);
+	become_ready(c);
 }
 
-bool smtp_out_is_ip_literal(const char *s)
+/* ---- the session's replies ---- */
+
+/*
+ * Every complete reply, by the phase it answers: the session's own (greeting, EHLO or
+ * HELO, STARTTLS, AUTH, RSET, QUIT) here; the transaction's (MAIL to the final dot) go to
+ * smtp_out_tx.c.  A 421, or a reply once smtp_out_quit() was called, ends the session in
+ * any phase.
+ */
+static void on_reply(struct smtp_out *c, const struct smtp_reply *r)
 {
-	unsigned char b[sizeof(struct in6_addr)];
-	return inet_pton(AF_INET, s, b) == 1 || inet_pton(AF_INET6, s, b) == 1;
+	if (r->code == 421 && c->phase != PH_QUIT) { /* the server is closing the connection */
+		smtp_out_fail(c, smtp_out_stage_of(c), 0, "", r, true);
+		return;
+	}
+	if (c->quitting && c->phase != PH_QUIT) {
+		/* QUIT where a command could follow; elsewhere just close */
+		if (c->phase == PH_GREETING || c->phase == PH_EHLO || c->phase == PH_HELO ||
+		    c->phase == PH_RSET)
+			send_quit(c);
+		else
+			smtp_out_release(c);
+		return;
+	}
+	switch (c->phase) {
+	case PH_GREETING:
+		if (r->code == 220)
+			send_ehlo(c, "EHLO");
+		else if (smtp_out_is_refusal(r))
+			smtp_out_fail(c, SMTP_STAGE_GREETING, 0, "", r, false);
+		else
+			smtp_out_fail_proto(c, "an unexpected greeting");
+		return;
+	case PH_EHLO:
+		if (smtp_out_is_2xx(r)) {
+			c->ehlo = c->seen;
+			after_hello(c);
+		} else if (!c->tls && (r->code == 500 || r->code == 502 || r->code == 504 ||
+				       r->code == 550)) {
+			send_ehlo(c, "HELO");
+		} else if (smtp_out_is_refusal(r)) {
+			smtp_out_fail(c, smtp_out_stage_of(c), 0, "", r, false);
+		} else {
+			smtp_out_fail_proto(c, "an unexpected reply to EHLO");
+		}
+		return;
+	case PH_HELO:
+		if (smtp_out_is_2xx(r)) {
+			memset(&c->ehlo, 0, sizeof(c->ehlo));
+			after_hello(c);
+		} else if (smtp_out_is_refusal(r)) {
+			smtp_out_fail(c, SMTP_STAGE_EHLO, 0, "", r, false);
+		} else {
+			smtp_out_fail_proto(c, "an unexpected reply to HELO");
+		}
+		return;
+	case PH_STARTTLS:
+		if (r->code == 220) {
+			/* anything after the 220 was sent in clear before the handshake: an
+			 * injection (CVE-2011-0411), never to be read as if it came over TLS */
+			if (evbuffer_get_length(bufferevent_get_input(c->bev)) > 0) {
+				smtp_out_fail_proto(c, "data after the reply to STARTTLS");
+				return;
+			}
+			smtp_out_start_tls(c);
+		} else if (smtp_out_is_refusal(r) && c->conf->tls == SMTP_TLS_MAY) {
+			c->ehlo.ext &= ~(unsigned)SMTP_EHLO_STARTTLS; /* go on in clear */
+			after_hello(c);
+		} else if (smtp_out_is_refusal(r)) {
+			smtp_out_fail(c, SMTP_STAGE_STARTTLS, 0, "", r, false);
+		} else {
+			smtp_out_fail_proto(c, "an unexpected reply to STARTTLS");
+		}
+		return;
+	case PH_AUTH:
+		if (smtp_out_on_auth_reply(c, r))
+			after_hello(c);
+		return;
+	case PH_MAIL:
+	case PH_RCPT:
+	case PH_DATA:
+	case PH_BODY:
+	case PH_DOT:
+		smtp_out_tx_on_reply(c, r); /* the transaction's own */
+		return;
+	case PH_RSET:
+		if (smtp_out_is_2xx(r))
+			become_ready(c);
+		else
+			smtp_out_fail(c, SMTP_STAGE_RSET, 0, "", r, !smtp_out_is_refusal(r));
+		return;
+	case PH_QUIT:
+		smtp_out_release(c);
+		return;
+	default:
+		smtp_out_fail_proto(c, "a reply when none was expected");
+		return;
+	}
 }
 
+/* Read every complete reply in the input. */
+static void process_input(struct smtp_out *c)
+{
+	while (c->bev && !c->free_pending) {
+		struct evbuffer *in = bufferevent_get_input(c->bev);
+		size_t len = evbuffer_get_length(in);
+		if (len == 0)
+			return;
+		if (c->phase == PH_HANDSHAKE || c->phase == PH_CLOSED || c->phase == PH_CONNECT)
+			return;
+		size_t n = len < READ_WINDOW ? len : READ_WINDOW;
+		const char *p = (const char *)evbuffer_pullup(in, (ev_ssize_t)n);
+		if (!p) {
+			smtp_out_fail_nomem(c);
+			return;
+		}
+		struct smtp_reply r;
+		size_t used = 0;
+		const char *why = NULL;
+		int k = smtp_reply_read(&c->rd, p, n, &r, &used, &why);
+		if (k < 0) {
+			smtp_out_fail_proto(c, why ? why : "a malformed reply");
+			return;
+		}
+		if (c->phase == PH_EHLO)
+			ehlo_scan(c, p, used);
+		evbuffer_drain(in, used);
+		if (k == 0) {
+			if (used == 0)
+				return; /* a partial line: wait for more */
+			continue;
+		}
+		c->reply_lines = 0;
+		on_reply(c, &r);
+	}
+}
 
-/* The server said 220 to STARTTLS: the handshake, over the socket's bufferevent. */
 /* ---- libevent callbacks ---- */
 
-void smtp_out_bev_read_cb(struct bufferevent *bev, void *arg)
+static void on_read(struct bufferevent *bev, void *arg)
 {
 	struct smtp_out *c = arg;
 	enter(c);
-	smtp_out_process_input(c);
+	process_input(c);
 	leave(c);
 }
 
-void smtp_out_bev_write_cb(struct bufferevent *bev, void *arg)
+static void on_write(struct bufferevent *bev, void *arg)
 {
 	struct smtp_out *c = arg;
 	enter(c);
@@ -477,7 +376,7 @@ void smtp_out_bev_write_cb(struct bufferevent *bev, void *arg)
 	leave(c);
 }
 
-void smtp_out_bev_event_cb(struct bufferevent *bev, short what, void *arg)
+static void on_event(struct bufferevent *bev, short what, void *arg)
 {
 	struct smtp_out *c = arg;
 	enter(c);
@@ -488,7 +387,7 @@ void smtp_out_bev_event_cb(struct bufferevent *bev, short what, void *arg)
 			smtp_out_tls_done(c);
 			/* RFC 3207 4.2: forget what was learnt in clear */
 			memset(&c->ehlo, 0, sizeof(c->ehlo));
-			smtp_out_send_ehlo(c, "EHLO");
+			send_ehlo(c, "EHLO");
 		}
 	} else if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT)) {
 		if (c->phase == PH_HANDSHAKE) {
@@ -505,7 +404,7 @@ void smtp_out_bev_event_cb(struct bufferevent *bev, short what, void *arg)
 		} else {
 			/* the replies that came before the end count first */
 			if (what & BEV_EVENT_EOF)
-				smtp_out_process_input(c);
+				process_input(c);
 			if (c->bev && !c->free_pending)
 				smtp_out_fail(c, smtp_out_stage_of(c), -ECONNRESET,
 				     what & BEV_EVENT_EOF ? "the server closed the connection"
@@ -552,7 +451,7 @@ static void on_connected(evutil_socket_t fd, short what, void *arg)
 		goto out;
 	}
 	c->fd = -1;
-	bufferevent_setcb(c->bev, smtp_out_bev_read_cb, smtp_out_bev_write_cb, smtp_out_bev_event_cb, c);
+	bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
 	bufferevent_setwatermark(c->bev, EV_READ, 0, INPUT_MAX);
 	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
 	c->phase = PH_GREETING;
@@ -568,7 +467,7 @@ static void on_kick(evutil_socket_t fd, short what, void *arg)
 	enter(c);
 	if (!c->msg && c->fail_pending && c->ready) { /* failed in smtp_out_new() */
 		c->fail_pending = false;
-		report_ready_failure(c, c->fail_stage, c->fail_error, c->fail_why,
+		smtp_out_report_ready_failure(c, c->fail_stage, c->fail_error, c->fail_why,
 				     c->fail_error == 0 ? &c->fail_reply : NULL);
 	} else if (c->msg && !c->active) {
 		if (c->fail_pending) {
@@ -579,7 +478,7 @@ static void on_kick(evutil_socket_t fd, short what, void *arg)
 			smtp_out_report(c, smtp_out_stage_of(c), -ECONNRESET, "the connection is closed", NULL);
 		} else if (c->phase == PH_READY) {
 			smtp_out_start_transaction(c);
-		} /* else: set-up or RSET under way; smtp_out_ready() starts it */
+		} /* else: set-up or RSET under way; become_ready() starts it */
 	}
 	leave(c);
 }
@@ -687,7 +586,7 @@ int smtp_out_send(struct smtp_out *c, const struct smtp_out_msg *m, smtp_out_don
 			c->done = NULL;
 			c->active = false;
 			c->rcpt = mem_free(c->rcpt);
-			close_io(c);
+			smtp_out_close_io(c);
 			return -ENOMEM;
 		}
 		return 0;
@@ -745,14 +644,14 @@ void smtp_out_quit(struct smtp_out *c)
 	c->active = false;
 	switch (c->phase) {
 	case PH_READY:
-		smtp_out_send_quit(c);
+		send_quit(c);
 		break;
 	case PH_GREETING:
 	case PH_EHLO:
 	case PH_HELO:
 	case PH_RSET:
 		/* QUIT once the reply awaited is in, within the QUIT time */
-		arm_ms(c, timeout_ms(c, SMTP_STAGE_QUIT));
+		smtp_out_arm_quit(c);
 		break;
 	case PH_QUIT:
 		return;

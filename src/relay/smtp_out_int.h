@@ -1,11 +1,19 @@
 /*
  * smtp_out_int -- the SMTP client's private declarations, shared by its rooms
- * (smtp_out.h is the public side):
- *   smtp_out.c      the connection: set-up (EHLO), teardown, failures and reports, the
- *                   libevent callbacks, the interface
- *   smtp_out_tls.c  STARTTLS and SASL authentication, and the process-wide TLS contexts
- *                   and SASL library
- *   smtp_out_tx.c   one transaction: MAIL, RCPT, DATA, the body, and the replies
+ * (smtp_out.h is the public side), from the top down:
+ *   smtp_out.c       the session and the interface: the replies read and dispatched by
+ *                    the connection's phase, the set-up (greeting, EHLO or HELO, then
+ *                    STARTTLS and AUTH in that order), RSET and QUIT, the libevent
+ *                    callbacks, the public functions and the teardown
+ *   smtp_out_tls.c   STARTTLS and SASL authentication, and the process-wide TLS contexts
+ *                    and SASL library
+ *   smtp_out_tx.c    one transaction: MAIL, RCPT, DATA, the body, the final dot, and
+ *                    their replies
+ *   smtp_out_conn.c  the floor: stages, timers, commands into the output, closing, and
+ *                    the reports and failures every room ends with
+ * Calls go down this list only: smtp_out.c calls the three others, smtp_out_tls.c and
+ * smtp_out_tx.c call smtp_out_conn.c, which calls none.  A room below hands the session
+ * back what it decided (smtp_out_on_auth_reply's result), never calls it.
  * All of it runs on the loop of the connection's owner (the relay's thread), but the
  * process-wide TLS and SASL state, which is locked.
  */
@@ -114,29 +122,7 @@ struct smtp_out {
 	char peer[PEER_MAX];
 };
 
-/* ---- smtp_out.c ---- */
-bool smtp_out_is_2xx(const struct smtp_reply *r);
-bool smtp_out_is_refusal(const struct smtp_reply *r);
-enum smtp_out_stage smtp_out_stage_of(const struct smtp_out *c);
-void smtp_out_arm(struct smtp_out *c);
-struct evbuffer *smtp_out_out_buf(struct smtp_out *c);
-int smtp_out_send_cmd(struct smtp_out *c, const char *s);
-void smtp_out_release(struct smtp_out *c);
-void smtp_out_report(struct smtp_out *c, enum smtp_out_stage st, int error, const char *why,
-		   const struct smtp_reply *reply);
-void smtp_out_fail(struct smtp_out *c, enum smtp_out_stage st, int error, const char *why,
-		 const struct smtp_reply *reply, bool broken);
-void smtp_out_fail_nomem(struct smtp_out *c);
-void smtp_out_fail_proto(struct smtp_out *c, const char *why);
-void smtp_out_send_quit(struct smtp_out *c);
-void smtp_out_ready(struct smtp_out *c);
-void smtp_out_send_ehlo(struct smtp_out *c, const char *verb);
-void smtp_out_ehlo_scan(struct smtp_out *c, const char *p, size_t n);
-void smtp_out_after_hello(struct smtp_out *c);
-bool smtp_out_is_ip_literal(const char *s);
-void smtp_out_bev_read_cb(struct bufferevent *bev, void *arg);
-void smtp_out_bev_write_cb(struct bufferevent *bev, void *arg);
-void smtp_out_bev_event_cb(struct bufferevent *bev, short what, void *arg);
+/* ---- smtp_out.c: nothing the other rooms call ---- */
 
 /* ---- smtp_out_tls.c ---- */
 void smtp_out_start_tls(struct smtp_out *c);
@@ -144,7 +130,7 @@ void smtp_out_start_tls(struct smtp_out *c);
 void smtp_out_tls_done(struct smtp_out *c);
 bool smtp_out_offered(const char *list, struct str mech);
 void smtp_out_start_auth(struct smtp_out *c);
-void smtp_out_on_auth_reply(struct smtp_out *c, const struct smtp_reply *r);
+bool smtp_out_on_auth_reply(struct smtp_out *c, const struct smtp_reply *r);
 
 /* ---- smtp_out_tx.c ---- */
 bool smtp_out_addr_ok(struct str a);
@@ -152,6 +138,25 @@ int smtp_out_tx_check(const struct smtp_out *c, const struct smtp_out_msg *m, co
 int smtp_out_tx_write_mail(struct smtp_out *c);
 void smtp_out_start_transaction(struct smtp_out *c);
 int smtp_out_body_fill(struct smtp_out *c);
-void smtp_out_process_input(struct smtp_out *c);
+void smtp_out_tx_on_reply(struct smtp_out *c, const struct smtp_reply *r);
+
+/* ---- smtp_out_conn.c ---- */
+bool smtp_out_is_2xx(const struct smtp_reply *r);
+bool smtp_out_is_refusal(const struct smtp_reply *r);
+enum smtp_out_stage smtp_out_stage_of(const struct smtp_out *c);
+void smtp_out_arm(struct smtp_out *c);
+void smtp_out_arm_quit(struct smtp_out *c);
+struct evbuffer *smtp_out_out_buf(struct smtp_out *c);
+int smtp_out_send_cmd(struct smtp_out *c, const char *s);
+void smtp_out_close_io(struct smtp_out *c);
+void smtp_out_release(struct smtp_out *c);
+void smtp_out_report(struct smtp_out *c, enum smtp_out_stage st, int error, const char *why,
+		   const struct smtp_reply *reply);
+void smtp_out_report_ready_failure(struct smtp_out *c, enum smtp_out_stage st, int error,
+				   const char *why, const struct smtp_reply *reply);
+void smtp_out_fail(struct smtp_out *c, enum smtp_out_stage st, int error, const char *why,
+		 const struct smtp_reply *reply, bool broken);
+void smtp_out_fail_nomem(struct smtp_out *c);
+void smtp_out_fail_proto(struct smtp_out *c, const char *why);
 
 #endif

@@ -205,6 +205,13 @@ enum smtp_out_dane_fail smtp_out_dane_failure(const struct smtp_out *c)
 	}
 }
 
+static bool is_ip_literal(const char *s)
+{
+	unsigned char b[sizeof(struct in6_addr)];
+	return inet_pton(AF_INET, s, b) == 1 || inet_pton(AF_INET6, s, b) == 1;
+}
+
+/* The server said 220 to STARTTLS: the handshake, over the socket's bufferevent. */
 void smtp_out_start_tls(struct smtp_out *c)
 {
 	const struct smtp_out_conf *cf = c->conf;
@@ -227,7 +234,7 @@ void smtp_out_start_tls(struct smtp_out *c)
 		smtp_out_fail_nomem(c);
 		return;
 	}
-	bool ip = cf->server_name && smtp_out_is_ip_literal(cf->server_name);
+	bool ip = cf->server_name && is_ip_literal(cf->server_name);
 	if (cf->server_name && !ip) /* RFC 6066: no IP literal in SNI */
 		SSL_set_tlsext_host_name(ssl, cf->server_name);
 	if (verify) {
@@ -255,6 +262,10 @@ void smtp_out_start_tls(struct smtp_out *c)
 	/* the filter encrypts into the socket's output only up to TLS_UNDER_HIGH, so the
 	 * body's bound holds over TLS too */
 	bufferevent_setwatermark(c->bev, EV_WRITE, 0, TLS_UNDER_HIGH);
+	/* the filter takes the socket's callbacks: those of the session (smtp_out.c) */
+	bufferevent_data_cb on_read, on_write;
+	bufferevent_event_cb on_event;
+	bufferevent_getcb(c->bev, &on_read, &on_write, &on_event, NULL);
 	struct bufferevent *f = bufferevent_openssl_filter_new(
 		c->base, c->bev, ssl, BUFFEREVENT_SSL_CONNECTING,
 		BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
@@ -268,7 +279,7 @@ void smtp_out_start_tls(struct smtp_out *c)
 	c->bev = f;
 	c->ssl = ssl;
 	bufferevent_openssl_set_allow_dirty_shutdown(f, 1);
-	bufferevent_setcb(f, smtp_out_bev_read_cb, smtp_out_bev_write_cb, smtp_out_bev_event_cb, c);
+	bufferevent_setcb(f, on_read, on_write, on_event, c);
 	bufferevent_setwatermark(f, EV_READ, 0, INPUT_MAX);
 	bufferevent_enable(f, EV_READ | EV_WRITE);
 	c->phase = PH_HANDSHAKE;
@@ -408,7 +419,9 @@ void smtp_out_start_auth(struct smtp_out *c)
 	smtp_out_arm(c);
 }
 
-void smtp_out_on_auth_reply(struct smtp_out *c, const struct smtp_reply *r)
+/* A reply in PH_AUTH: true when it ends AUTH with success (the session goes on, the
+ * caller's part); otherwise the challenge is answered or the failure reported here. */
+bool smtp_out_on_auth_reply(struct smtp_out *c, const struct smtp_reply *r)
 {
 	if (r->code == 235 && !c->sasl_aborted) {
 		/* XXX a 235 before a SCRAM server's final message is taken as success: the server
@@ -418,8 +431,7 @@ void smtp_out_on_auth_reply(struct smtp_out *c, const struct smtp_reply *r)
 			gsasl_finish(c->sasl);
 			c->sasl = NULL;
 		}
-		smtp_out_after_hello(c);
-		return;
+		return true;
 	}
 	if (r->code == 334 && !c->sasl_aborted) {
 		const char *answer = "";
@@ -446,20 +458,21 @@ void smtp_out_on_auth_reply(struct smtp_out *c, const struct smtp_reply *r)
 		}
 		if (e < 0) {
 			smtp_out_fail_nomem(c);
-			return;
+			return false;
 		}
 		smtp_out_arm(c);
-		return;
+		return false;
 	}
 	if (c->sasl_aborted) {
 		smtp_out_fail(c, SMTP_STAGE_AUTH, -EPROTO,
 		     "the SASL exchange failed (a challenge not understood or a wrong server proof)",
 		     NULL, false);
-		return;
+		return false;
 	}
 	if (smtp_out_is_refusal(r)) {
 		smtp_out_fail(c, SMTP_STAGE_AUTH, 0, "", r, false);
-		return;
+		return false;
 	}
 	smtp_out_fail_proto(c, "an unexpected reply to AUTH");
+	return false;
 }

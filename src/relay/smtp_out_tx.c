@@ -1,8 +1,9 @@
 /*
  * smtp_out_tx -- one transaction of the SMTP client (smtp_out.h): MAIL FROM with its
  * parameters, the RCPTs (pipelined when offered), DATA and the body copied piece by
- * piece as the output drains (dots stuffed), and every reply read and dispatched by the
- * connection's phase (see smtp_out.c for the phases and the invariants).
+ * piece as the output drains (dots stuffed), the final dot, and the replies to each,
+ * which the session (smtp_out.c) reads and hands over (see smtp_out.c for the phases and
+ * the invariants).  A refused transaction ends with RSET, whose reply is the session's.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -324,74 +325,11 @@ static void on_rcpt_reply(struct smtp_out *c, const struct smtp_reply *r)
 	smtp_out_arm(c);
 }
 
-static void on_reply(struct smtp_out *c, const struct smtp_reply *r)
+/* A reply in the transaction's phases (PH_MAIL to PH_DOT), dispatched by the session
+ * (smtp_out.c). */
+void smtp_out_tx_on_reply(struct smtp_out *c, const struct smtp_reply *r)
 {
-	if (r->code == 421 && c->phase != PH_QUIT) { /* the server is closing the connection */
-		smtp_out_fail(c, smtp_out_stage_of(c), 0, "", r, true);
-		return;
-	}
-	if (c->quitting && c->phase != PH_QUIT) {
-		/* QUIT where a command could follow; elsewhere just close */
-		if (c->phase == PH_GREETING || c->phase == PH_EHLO || c->phase == PH_HELO ||
-		    c->phase == PH_RSET)
-			smtp_out_send_quit(c);
-		else
-			smtp_out_release(c);
-		return;
-	}
 	switch (c->phase) {
-	case PH_GREETING:
-		if (r->code == 220)
-			smtp_out_send_ehlo(c, "EHLO");
-		else if (smtp_out_is_refusal(r))
-			smtp_out_fail(c, SMTP_STAGE_GREETING, 0, "", r, false);
-		else
-			smtp_out_fail_proto(c, "an unexpected greeting");
-		return;
-	case PH_EHLO:
-		if (smtp_out_is_2xx(r)) {
-			c->ehlo = c->seen;
-			smtp_out_after_hello(c);
-		} else if (!c->tls && (r->code == 500 || r->code == 502 || r->code == 504 ||
-				       r->code == 550)) {
-			smtp_out_send_ehlo(c, "HELO");
-		} else if (smtp_out_is_refusal(r)) {
-			smtp_out_fail(c, smtp_out_stage_of(c), 0, "", r, false);
-		} else {
-			smtp_out_fail_proto(c, "an unexpected reply to EHLO");
-		}
-		return;
-	case PH_HELO:
-		if (smtp_out_is_2xx(r)) {
-			memset(&c->ehlo, 0, sizeof(c->ehlo));
-			smtp_out_after_hello(c);
-		} else if (smtp_out_is_refusal(r)) {
-			smtp_out_fail(c, SMTP_STAGE_EHLO, 0, "", r, false);
-		} else {
-			smtp_out_fail_proto(c, "an unexpected reply to HELO");
-		}
-		return;
-	case PH_STARTTLS:
-		if (r->code == 220) {
-			/* anything after the 220 was sent in clear before the handshake: an
-			 * injection (CVE-2011-0411), never to be read as if it came over TLS */
-			if (evbuffer_get_length(bufferevent_get_input(c->bev)) > 0) {
-				smtp_out_fail_proto(c, "data after the reply to STARTTLS");
-				return;
-			}
-			smtp_out_start_tls(c);
-		} else if (smtp_out_is_refusal(r) && c->conf->tls == SMTP_TLS_MAY) {
-			c->ehlo.ext &= ~(unsigned)SMTP_EHLO_STARTTLS; /* go on in clear */
-			smtp_out_after_hello(c);
-		} else if (smtp_out_is_refusal(r)) {
-			smtp_out_fail(c, SMTP_STAGE_STARTTLS, 0, "", r, false);
-		} else {
-			smtp_out_fail_proto(c, "an unexpected reply to STARTTLS");
-		}
-		return;
-	case PH_AUTH:
-		smtp_out_on_auth_reply(c, r);
-		return;
 	case PH_MAIL:
 		if (!smtp_out_is_2xx(r) && !smtp_out_is_refusal(r)) {
 			smtp_out_fail_proto(c, "an unexpected reply to MAIL");
@@ -452,54 +390,8 @@ static void on_reply(struct smtp_out *c, const struct smtp_reply *r)
 		evtimer_del(c->timer);
 		smtp_out_report(c, SMTP_STAGE_DOT, 0, "", r);
 		return;
-	case PH_RSET:
-		if (smtp_out_is_2xx(r))
-			smtp_out_ready(c);
-		else
-			smtp_out_fail(c, SMTP_STAGE_RSET, 0, "", r, !smtp_out_is_refusal(r));
-		return;
-	case PH_QUIT:
-		smtp_out_release(c);
-		return;
 	default:
 		smtp_out_fail_proto(c, "a reply when none was expected");
 		return;
-	}
-}
-
-/* Read every complete reply in the input. */
-void smtp_out_process_input(struct smtp_out *c)
-{
-	while (c->bev && !c->free_pending) {
-		struct evbuffer *in = bufferevent_get_input(c->bev);
-		size_t len = evbuffer_get_length(in);
-		if (len == 0)
-			return;
-		if (c->phase == PH_HANDSHAKE || c->phase == PH_CLOSED || c->phase == PH_CONNECT)
-			return;
-		size_t n = len < READ_WINDOW ? len : READ_WINDOW;
-		const char *p = (const char *)evbuffer_pullup(in, (ev_ssize_t)n);
-		if (!p) {
-			smtp_out_fail_nomem(c);
-			return;
-		}
-		struct smtp_reply r;
-		size_t used = 0;
-		const char *why = NULL;
-		int k = smtp_reply_read(&c->rd, p, n, &r, &used, &why);
-		if (k < 0) {
-			smtp_out_fail_proto(c, why ? why : "a malformed reply");
-			return;
-		}
-		if (c->phase == PH_EHLO)
-			smtp_out_ehlo_scan(c, p, used);
-		evbuffer_drain(in, used);
-		if (k == 0) {
-			if (used == 0)
-				return; /* a partial line: wait for more */
-			continue;
-		}
-		c->reply_lines = 0;
-		on_reply(c, &r);
 	}
 }

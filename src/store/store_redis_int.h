@@ -1,14 +1,37 @@
 /*
  * store_redis_int.h -- the rooms of the Redis store, and what they share.
  *
- *   store_redis.c       the store's operations: decisions (batched into script calls),
- *                       refunds, class slots, lane windows, statistics, life.
- *   store_redis_link.c  where a request goes and how it gets there: addresses, each
- *                       event loop's connections, their setup and backoff, Sentinel,
- *                       the cluster's slot map and its redirections, deadlines.
+ *   store_redis.c       the store: its life (configuration, addresses, the local store
+ *                       on_failure uses), its ops table, statistics, the lanes' windows.
+ *   store_redis_decide.c  the calls Redis answers and what answers them when it cannot:
+ *                       decisions (batched into script calls, split over a cluster's
+ *                       slots), refunds, class slots; the callbacks the link calls.
+ *   store_redis_argv.c  a command's arguments in one allocation; a lane's or class's key.
+ *   store_redis_loop.c  each event loop's part of the store: made on first use, its
+ *                       send queue flushed once per pass (decisions batched), its timer
+ *                       (deadlines, TRYAGAIN, the slot map's refresh), freed at the end.
+ *   store_redis_link.c  how a request gets there: each loop's connections, their setup
+ *                       and backoff, Sentinel, the cluster's slot map and redirections,
+ *                       the replies; the scripts' table; the store's up/down state.
+ *   store_redis_req.c   a loop's requests: their life, the deadline list (in deadline
+ *                       order) and the send queue, the loop's timer armed.
+ *   store_redis_addr.c  pure and blocking helpers: addresses, key slots, CLUSTER SLOTS
+ *                       and MOVED/ASK parsed (fuzzed), the cluster's start-up probe.
  *   store_redis_ov.c    the run-time per-key limits: the {ov} hash in Redis, and the
  *                       thread of its own (one synchronous connection) that polls it
  *                       and makes `sluice limits set|unset` changes.
+ *
+ * Calls go one way, down this list: store_redis.c calls the others; store_redis_decide.c
+ * the arguments, the run-time limits and the link's rooms; store_redis_argv.c and
+ * store_redis_ov.c the link's rooms; and within the link store_redis_loop.c calls
+ * store_redis_link.c and store_redis_req.c, store_redis_link.c calls store_redis_req.c
+ * and store_redis_addr.c, and those two call none.  The link's rooms call none of the
+ * operations':
+ * the scripts' table is the link's, a command's arguments are freed by an inline of this
+ * header, and what the link must hand back to the operations (an answer, a failure, a
+ * batch of decisions to send again, a withdrawn decision's copy) goes through the
+ * callbacks store_redis.c registered in struct rstore (struct redis_callbacks,
+ * store_redis_decide.c's).
  *
  * Threads: every structure below but struct rstore belongs to one event loop (a worker's
  * or the main loop) and is touched only by the thread that runs it.  struct rstore is
@@ -32,12 +55,14 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include <event2/event.h>
 #include <hiredis/hiredis.h>
 #include <hiredis/async.h>
 
 #include "store.h"
+#include "util.h"
 
 #define REDIS_MAX_LOOPS 256         /* event loops: workers + main */
 #define REDIS_MAX_NODES 64          /* cluster masters one loop talks to */
@@ -48,6 +73,9 @@
 #define REDIS_MAX_REDIRECTS 5       /* MOVED/ASK/TRYAGAIN followed per request */
 #define REDIS_BATCH_DECISIONS 64    /* decisions in one script call */
 #define REDIS_BATCH_KEYS 512        /* keys in one script call */
+#define REDIS_CONNECT_TIMEOUT_MS 2000
+#define REDIS_MAP_REFRESH_MS 10000  /* the slot map, asked again */
+#define REDIS_MAP_RETRY_MS 1000     /* ... while a master is unreachable or the map unknown */
 
 enum script_id {
 	SC_GCRA = 0, SC_REFUND, SC_SLOT_ENTER, SC_SLOT_RELEASE, SC_SLOT_RENEW, SC_SLIDE,
@@ -55,6 +83,7 @@ enum script_id {
 	SC_COUNT,
 };
 
+/* The scripts' text and SHA1, loaded on every connection (store_redis_link.c). */
 struct redis_script {
 	const char *text;
 	size_t len;
@@ -67,10 +96,7 @@ struct addr {
 	int port;        /* 0: unix socket */
 };
 
-int redis_addr_parse(const char *text, struct addr *ret, char *err, size_t errlen);
-void redis_addr_format(const struct addr *a, char *buf, size_t len);
-
-/* A command's arguments, in one allocation. */
+/* ---- store_redis_argv.c: a command's arguments, in one allocation ---- */
 struct argv_buf {
 	const char **argv;
 	size_t *len;
@@ -80,18 +106,30 @@ struct argv_buf {
 };
 
 int argv_init(struct argv_buf *a, size_t cap, size_t text);
-void argv_clear(struct argv_buf *a);
+/* Free a's buffer.  Inline: the link frees a request's command without calling up. */
+static inline void argv_clear(struct argv_buf *a)
+{
+	free(a->argv);
+	a->argv = NULL;
+}
 int argv_add_cstr(struct argv_buf *a, const char *v);
 int argv_add_u64(struct argv_buf *a, uint64_t v);
 int argv_add(struct argv_buf *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int argv_add_bytes(struct argv_buf *a, const char *p, size_t n);
 char *argv_room(struct argv_buf *a, size_t n);
-/* The keys a decision names in gcra.lua (two for a distinct item). */
+/* The keys a decision names in gcra.lua (two for a distinct item): store_redis_link.c's,
+ * for the batches of store_redis_loop.c, which count them. */
 struct store_call;
 size_t redis_call_keys(const struct store_call *call);
 int argv_commit(struct argv_buf *a, size_t n);
 /* EVALSHA sha nkeys, or EVAL text nkeys */
 int argv_script_head(struct argv_buf *a, enum script_id sc, bool eval, uint64_t nkeys);
+struct rstore;
+/* A lane's or a class's key: PREFIX KIND NAME SUFFIX, or PREFIX KIND "{" NAME "}" SUFFIX on
+ * a cluster (its slot comes from the name alone), the slot in *ret_slot (0 off a
+ * cluster). */
+int argv_add_named_key(struct argv_buf *a, const struct rstore *st, const char *kind,
+		       const char *name, const char *suffix, uint16_t *ret_slot);
 
 enum req_kind {
 	REQ_DECIDE = 0,  /* a decision (batched): call */
@@ -184,7 +222,29 @@ struct rloop {
 	struct event *timer;        /* deadlines, TRYAGAIN, the map's refresh */
 };
 
+/*
+ * What the link calls back in the operations (store_redis.c), which store_redis_new()
+ * copies into struct rstore before any loop exists: so the link names no function of the
+ * room above it, at the cost of one indirect call (no allocation, no lookup).  All run on
+ * the request's loop.
+ */
+struct redis_callbacks {
+	/* Answer r's caller by on_failure (a lane, which has none, by err); r leaves the
+	 * deadline list.  Nothing for a request already answered. */
+	void (*fail)(struct rreq *r, int err);
+	/* Send the decisions q[0..n), bound for one connection (and one slot), as one
+	 * script call: 0, or <0 (nothing sent; the caller fails them). */
+	int (*send_decisions)(struct redis_conn *c, struct rreq **q, size_t n, bool eval,
+			      bool asking);
+	/* A copy of a decision in flight whose caller withdrew: its done() refunds what the
+	 * answer says was charged.  NULL for a decision that charges nothing, or no memory. */
+	struct store_call *(*orphan)(const struct store_call *c);
+	/* Answer the requests of a reply that is no redirection or connection error. */
+	void (*answer)(struct rsent *s, redisReply *rep);
+};
+
 struct rstore {
+	struct redis_callbacks cb;  /* set by store_redis_new(), read-only after */
 	struct store *local;        /* on_failure = local */
 	struct store_redis_conf conf;
 	char *user, *password, *prefix, *master_name, *node_id;
@@ -214,6 +274,21 @@ struct rstore {
 	bool ov_failed;             /* main thread: it could not start (logged once) */
 };
 
+/* ---- store_redis_decide.c: decisions, refunds, class slots, and their answers ---- */
+
+/* What the link calls back (st->cb), set by store_redis_new(). */
+extern const struct redis_callbacks redis_decide_callbacks;
+/* The store's ops (store.h) of these calls. */
+int redis_decide(void *ctx, struct store_item *items, size_t n, enum store_mode mode,
+		 uint64_t now);
+int redis_decide_start(void *ctx, struct store_call *call);
+void redis_cancel(void *ctx, struct store_call *call);
+void redis_refund(void *ctx, const struct store_item *items, size_t n, uint64_t now);
+int redis_slot_enter(void *ctx, struct store_slot_call *sc);
+void redis_slot_cancel(void *ctx, struct store_slot_call *sc);
+void redis_slot_release(void *ctx, const char *cls);
+void redis_slots_renew(void *ctx, const char *const *cls, const unsigned *counts, size_t n);
+
 /* ---- store_redis_ov.c: the run-time limits (the {ov} hash) and their sync thread ---- */
 struct rov;
 /* Start the thread that keeps s->ov in step with Redis: NULL with err on failure. */
@@ -228,31 +303,91 @@ int redis_ov_change(void *ctx, struct store_ov_call *c);
 /* The hash's value of e: its length, or -ENOSPC. */
 int redis_ov_format(const struct store_ov_entry *e, char *buf, size_t len);
 
-/* ---- store_redis_link.c ---- */
+/* ---- store_redis_loop.c: each event loop's part ---- */
 
 /* This thread's loop, made on first use (its connections start then).  NULL when the
  * thread has no event loop or on allocation failure. */
 struct rloop *rloop_get(struct rstore *st);
+/* Free the loops and their connections, after every loop has stopped. */
+void redis_links_free(struct rstore *st);
+
+/* ---- store_redis_link.c: connections, Sentinel, the slot map, replies ---- */
+
+/* Send one command carrying q[0..n) on c (after ASKING when asking): 0, or <0 (nothing
+ * sent: the caller answers them). */
+int redis_conn_send_reqs(struct redis_conn *c, struct rreq **q, size_t n, bool eval, bool asking,
+			 const char *what, int argc, const char **argv, const size_t *len);
+/* A connection of loop l to a (not started), or NULL (REDIS_MAX_NODES, no memory). */
+struct redis_conn *redis_conn_new(struct rloop *l, const struct addr *a);
+/* Connect c (asking Sentinel first when configured), unless it has a connection or a
+ * question to a sentinel out, or is retired. */
+void redis_conn_start(struct redis_conn *c);
+/* Close c and free it, its hiredis contexts and events. */
+void redis_conn_free(struct redis_conn *c);
+/* Ask a usable connection of the loop for the slot map (one question at a time). */
+void redis_map_ask(struct rloop *l);
+/* Is every connection usable?  (Readers: stats.) */
+void redis_set_state(struct rstore *st, bool up, const char *why);
+
+/* ---- store_redis_req.c: a loop's requests ---- */
+
 /* A new request of this loop; NULL at the loop's bound (REDIS_MAX_REQS: the caller
  * answers by on_failure) or on allocation failure. */
 struct rreq *rreq_new(struct rloop *l, enum req_kind kind, enum script_id sc);
 /* Queue r for sending (this loop pass); with a deadline it waits in the deadline list. */
 void rreq_submit(struct rreq *r);
+/* Into the send queue; kick: flush it in this loop pass. */
+void rreq_queue(struct rreq *r, bool kick);
 /* The caller gives up on r: nobody is answered (a decision that may have charged is
  * replaced by the store's copy, whose answer refunds it). */
 void rreq_withdraw(struct rreq *r);
 /* r leaves the deadline list (answered): nothing for one already out of it. */
 void rreq_leave(struct rreq *r);
-/* Send one command carrying q[0..n) on c (after ASKING when asking): 0, or <0 (nothing
- * sent: the caller answers them). */
-int redis_conn_send_reqs(struct redis_conn *c, struct rreq **q, size_t n, bool eval, bool asking,
-			 const char *what, int argc, const char **argv, const size_t *len);
 /* Free r (it must have left the queue, and no command may carry it). */
 void rreq_free_one(struct rreq *r);
-/* Free the loops and their connections, after every loop has stopped. */
-void redis_links_free(struct rstore *st);
-/* Is every connection usable?  (Readers: stats.) */
-void redis_set_state(struct rstore *st, bool up, const char *why);
+/* Arm the loop's timer for its next moment: the first deadline, a TRYAGAIN's time, the
+ * slot map's refresh. */
+void rloop_timer_arm(struct rloop *l);
+
+/* The operations' answers, through what store_redis.c registered (st->cb): the link's
+ * rooms name no function of the operations'.  Nothing for a NULL request.  (The member's
+ * name in parentheses: a test's framework may define a macro fail().) */
+static inline void rreq_fail(struct rreq *r, int err)
+{
+	if (r)
+		(r->loop->st->cb.fail)(r, err);
+}
+
+/* Arm ev for the monotonic time at (ms), or stop it for UINT64_MAX.  An inline, as
+ * rloop_map_interval(): the loop's and its connections' timers are armed from more than
+ * one room, on paths a decision takes. */
+static inline void redis_timer_at(struct event *ev, uint64_t at)
+{
+	if (at == UINT64_MAX) {
+		evtimer_del(ev);
+		return;
+	}
+	uint64_t now = now_ms();
+	struct timeval tv = timeval_from_ms(at > now ? at - now : 0);
+	evtimer_add(ev, &tv);
+}
+
+/* How long the slot map is used before it is asked again: a second while it is unknown
+ * or a master holding slots is not ready, else REDIS_MAP_REFRESH_MS. */
+static inline uint64_t rloop_map_interval(const struct rloop *l)
+{
+	bool down = !l->map_known;
+	for (size_t i = 0; i < l->nconns && !down; i++)
+		down = !l->conns[i]->retired && !l->conns[i]->ready;
+	return down ? REDIS_MAP_RETRY_MS : REDIS_MAP_REFRESH_MS;
+}
+
+/* ---- store_redis_addr.c: addresses, key slots, the cluster's replies parsed ---- */
+
+/* "unix:/path", "/path", "host:port", "[v6]:port", "host" (port 6379), a host name
+ * resolved once: 0, or -EINVAL with err. */
+int redis_addr_parse(const char *text, struct addr *ret, char *err, size_t errlen);
+void redis_addr_format(const struct addr *a, char *buf, size_t len);
 /* Ask one seed for the cluster's slot map, blocking, at start: 0, or -1 with err. */
 int redis_cluster_probe(struct rstore *st, char *err, size_t errlen);
 /* One range of a cluster's slot map. */
@@ -269,19 +404,5 @@ int redis_slots_parse(const redisReply *rep, const struct addr *asked,
 int redis_redirect_parse(const char *text, unsigned *ret_slot, struct addr *ret);
 /* The cluster slot of a key's hash tag (CRC16/XMODEM of tag, mod 16384). */
 uint16_t redis_key_slot(const char *tag, size_t len);
-
-/* ---- store_redis.c (called by the link) ---- */
-
-/* Answer r's caller by on_failure (a lane, which has none, by err); r leaves the
- * deadline list.  Nothing for a request already answered. */
-void rreq_fail(struct rreq *r, int err);
-/* Send the decisions q[0..n), bound for one connection (and one slot), as one script
- * call: 0, or <0 (nothing sent; the caller fails them). */
-int redis_send_decisions(struct redis_conn *c, struct rreq **q, size_t n, bool eval, bool asking);
-/* A copy of a decision in flight whose caller withdrew: its done() refunds what the
- * answer says was charged.  NULL for a decision that charges nothing, or no memory. */
-struct store_call *redis_orphan(const struct store_call *c);
-/* Answer the requests of a reply that is no redirection or connection error. */
-void redis_answer(struct rsent *s, redisReply *rep);
 
 #endif

@@ -33,6 +33,9 @@ import time
 
 import pytest
 
+from peers import smtp_sink
+from peers.smtp_sink import SMTP_SINK
+
 HERE = pathlib.Path(__file__).resolve().parent
 SOURCE_ROOT = HERE.parent.parent
 SLUICED = os.environ.get("SLUICED") or str(SOURCE_ROOT / "build/src/daemon/sluiced")
@@ -553,7 +556,6 @@ def sluice_cli():
 POSTFIX = shutil.which("postfix", path="/usr/sbin:/usr/bin:/sbin:/bin") or "/usr/sbin/postfix"
 POSTQUEUE = shutil.which("postqueue", path="/usr/sbin:/usr/bin") or "/usr/sbin/postqueue"
 POSTCAT = shutil.which("postcat", path="/usr/sbin:/usr/bin") or "/usr/sbin/postcat"
-SMTP_SINK = shutil.which("smtp-sink", path="/usr/sbin:/usr/bin") or "/usr/sbin/smtp-sink"
 SMTP_SOURCE = shutil.which("smtp-source", path="/usr/sbin:/usr/bin") or "/usr/sbin/smtp-source"
 SWAKS = shutil.which("swaks") or "/usr/bin/swaks"
 
@@ -670,14 +672,9 @@ class Postfix:
         (self.config_dir / "master.cf").write_text(
             MASTER_CF.format(listen=f"127.0.0.1:{self.port}"))
 
-        with open(self.sink_log.path, "ab") as logf:
-            self.sink = subprocess.Popen(
-                [SMTP_SINK, "-u", "nobody", "-h", "sink.sluice.test",
-                 "-d", str(self.sink_dir) + "/msg.", f"127.0.0.1:{self.sink_port}", "256"],
-                stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT)
-        wait_until(lambda: tcp_listening("127.0.0.1", self.sink_port) or
-                   self.sink.poll() is not None, 10, "smtp-sink to listen")
-        assert self.sink.poll() is None, f"smtp-sink exited:\n{self.sink_log.text()}"
+        self.sink = smtp_sink.start(self.sink_port, self.sink_log.path, 256,
+                                    hostname="sink.sluice.test",
+                                    dump=str(self.sink_dir) + "/msg.")
 
         self.postfix_cmd("start")
         wait_until(lambda: tcp_listening("127.0.0.1", self.port), 20,
@@ -704,13 +701,7 @@ class Postfix:
                 wait_until(gone, 20, "the Postfix master to exit")
             except AssertionError:
                 os.kill(pid, signal.SIGKILL)
-        if self.sink is not None and self.sink.poll() is None:
-            self.sink.terminate()
-            try:
-                self.sink.wait(10)
-            except subprocess.TimeoutExpired:
-                self.sink.kill()
-                self.sink.wait()
+        smtp_sink.stop(self.sink)
 
     # clients ----------------------------------------------------------------------------
     def swaks(self, *args, timeout=120):

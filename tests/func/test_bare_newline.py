@@ -1,6 +1,6 @@
 """Line endings at the intake (doc/INTAKE.md, "Line endings"), end to end: a raw client
 sends the exact bytes to sluiced's intake, the relay delivers what was queued to a
-smarthost (smarthost.py, aiosmtpd), and the smarthost's record of what it received is the
+smarthost (peers/smarthost.py, aiosmtpd), and the smarthost's record of what it received is the
 judge.
 
 * A command line cut by a bare LF is answered 500 5.5.2 and the session closed: the
@@ -20,7 +20,7 @@ import time
 import pytest
 
 from conftest import SLUICED, free_port, require_binary, sluiced_check, wait_until
-from smarthost import smarthost  # noqa: F401 (fixture)
+from peers.smarthost import smarthost  # noqa: F401 (fixture)
 from test_intake import Client, intake_counters, qid_of
 from test_relay import relay_config
 

@@ -28,7 +28,7 @@ import pytest
 from conftest import (SLUICE, SLUICED, free_port, milter_config, sluiced_check,
                       wait_until)
 from test_intake import Client, intake_config, qid_of
-import milter_wire
+from peers import milter_wire
 
 FROM = "sender@sluice.test"
 LUA = pathlib.Path(__file__).resolve().parent / "lua"

@@ -9,7 +9,7 @@ cut, a 4xx) is sent again.  Each client records, for each message, the QID of th
 finally got and the exact bytes it sent.
 
 At the end sluiced is stopped cleanly and every file under queue/msg/ is read with the
-independent reader (queuefile.py):
+independent reader (peers/queuefile.py):
 
 * every message answered 250 is there under its QID, exactly once, with its envelope
   and its body byte for byte (sluice's Received: header checked separately);
@@ -35,7 +35,7 @@ import time
 
 
 from conftest import free_port, wait_until
-import queuefile
+from peers import queuefile
 
 SEED = int(os.environ.get("SLUICE_CRASH_SEED", "1047"))
 MESSAGES = 1200

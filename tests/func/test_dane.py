@@ -1,8 +1,8 @@
 """DANE for direct delivery (RFC 7672) and DNS TTLs, against a real validating resolver.
 
 A zone example.test is signed for the test (ldns-signzone), served by NSD, and validated
-by Unbound (dnssec.py); the MX hosts of its domains all point to one STARTTLS next hop on
-loopback (smarthost.py, aiosmtpd) whose certificate the TLSA records match or not.  The
+by Unbound (peers/dnssec.py); the MX hosts of its domains all point to one STARTTLS next hop on
+loopback (peers/smarthost.py, aiosmtpd) whose certificate the TLSA records match or not.  The
 route delivers to the MX hosts on that next hop's port (route.port), so the TLSA names
 are _PORT._tcp.HOST.  What is checked: a matching DANE-EE (3 1 1) or DANE-TA (2 0 0)
 record delivers and says "DANE verified"; a record that does not match, and records
@@ -24,8 +24,8 @@ import time
 import pytest
 
 from conftest import SLUICE, free_port, require_binary, wait_until
-from dnssec import SignedDNS, available
-from smarthost import Smarthost, make_test_certs
+from peers.dnssec import SignedDNS, available
+from peers.smarthost import Smarthost, make_test_certs
 
 pytestmark = pytest.mark.skipif(not available(), reason="needs nsd, unbound, ldnsutils")
 

@@ -3,7 +3,7 @@
 The intake advertises DSN and takes RET, ENVID, NOTIFY and ORCPT from smtplib (a real
 client) and from `sluice sendmail -N/-R/-V`; the relay passes them on to a next hop that
 offers DSN (Postfix's smtp-sink, whose dump files record the MAIL and RCPT arguments) and
-answers for a hop that does not (the aiosmtpd smarthost of smarthost.py): a "relayed"
+answers for a hop that does not (the aiosmtpd smarthost of peers/smarthost.py): a "relayed"
 notice for NOTIFY=SUCCESS, no bounce for NOTIFY=NEVER, delay notices only for
 NOTIFY=DELAY, bounces that carry the ENVID and ORCPT given and only the headers.  A bad
 value gets 501 5.5.4 and nothing is queued; a message queued in the previous queue file
@@ -14,20 +14,16 @@ import json
 import os
 import pathlib
 import re
-import shutil
 import signal
 import smtplib
 import subprocess
 import time
 
-import pytest
-
-import queuefile
-from conftest import SLUICE, free_port, require_binary, tcp_listening, wait_until
-from smarthost import smarthost  # noqa: F401 (fixture)
+from peers import queuefile, smtp_sink
+from conftest import SLUICE, free_port, require_binary, wait_until
+from peers.smarthost import smarthost  # noqa: F401 (fixture)
 from test_relay import relay, relay_config, start_with_slow_route  # noqa: F401 (fixture)
 
-SMTP_SINK = shutil.which("smtp-sink", path="/usr/sbin:/usr/bin") or "/usr/sbin/smtp-sink"
 MSG = ("From: <me@example.org>\r\nTo: <you@example.net>\r\nSubject: dsn test\r\n"
        "Message-ID: <dsn.{n}@example.org>\r\n\r\nThe secret body line.\r\n")
 
@@ -37,18 +33,11 @@ class DumpSink:
     its X-Mail-Args and X-Rcpt-Args) to a file of its own in dump_dir."""
 
     def __init__(self, directory, port):
-        if not os.path.exists(SMTP_SINK):
-            pytest.skip("smtp-sink (postfix) is not installed")
         self.dump = pathlib.Path(directory) / f"dump-{port}"
         self.dump.mkdir()
         os.chmod(self.dump, 0o777)  # smtp-sink writes as nobody
-        self.out = open(pathlib.Path(directory) / f"sink-{port}.log", "wb")
-        self.proc = subprocess.Popen(
-            [SMTP_SINK, "-u", "nobody", "-d", f"{self.dump}/%M.", f"127.0.0.1:{port}", "20"],
-            stdout=self.out, stderr=subprocess.STDOUT)
-        wait_until(lambda: tcp_listening("127.0.0.1", port) or self.proc.poll() is not None,
-                   10, "smtp-sink to listen")
-        assert self.proc.poll() is None
+        self.proc = smtp_sink.start(port, pathlib.Path(directory) / f"sink-{port}.log", 20,
+                                    dump=f"{self.dump}/%M.")
 
     def messages(self):
         """The messages smtp-sink has written whole (it writes a file as the message
@@ -57,10 +46,7 @@ class DumpSink:
         return [t for t in texts if "The secret body line." in t]
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
-        self.out.close()
+        smtp_sink.stop(self.proc)
 
 
 def smtp_send(port, rcpts, sender="me@example.org", mail_options=(), rcpt_options=(), n=0):

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-import milter_wire as w
+from peers import milter_wire as w
 from conftest import (INTERFACE_MODIFY_EXAMPLE, SOURCE_ROOT, all_stages, ensure_user, free_port,
                       milter_config, modify_all, sluiced_check, unix_listening, wait_until)
 

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import time
 
-import milter_wire as w
+from peers import milter_wire as w
 from conftest import SLUICED, milter_config, wait_until
 
 SESSIONS = 16       # what the test leaves the sessions

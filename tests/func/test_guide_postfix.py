@@ -23,7 +23,7 @@ import pytest
 
 import guide
 from conftest import SLUICE, free_port, queued_id, require_binary, wait_until
-from smarthost import smarthost  # noqa: F401 (fixture)
+from peers.smarthost import smarthost  # noqa: F401 (fixture)
 
 GUIDE = "POSTFIX.md"
 

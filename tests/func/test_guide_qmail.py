@@ -22,9 +22,9 @@ import subprocess
 import pytest
 
 import guide
-import queuefile
+from peers import queuefile
 from conftest import SLUICE, require_binary, wait_until
-from smarthost import smarthost  # noqa: F401 (fixture)
+from peers.smarthost import smarthost  # noqa: F401 (fixture)
 
 GUIDE = "QMAIL.md"
 

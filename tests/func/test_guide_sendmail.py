@@ -40,7 +40,7 @@ import pytest
 import guide
 from conftest import (SLUICE, LogFile, free_port, require_binary, tcp_listening,
                       wait_until)
-from smarthost import smarthost  # noqa: F401 (fixture)
+from peers.smarthost import smarthost  # noqa: F401 (fixture)
 
 GUIDE = "SENDMAIL.md"
 CACHE = pathlib.Path(os.environ.get("SLUICE_TEST_CACHE", "/var/cache/sluice-tests"))

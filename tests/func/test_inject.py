@@ -3,7 +3,7 @@
 Each test starts sluiced with an SMTP intake on a unix socket and a queue of its own, runs
 the injector as programs do (through `sluice -c FILE sendmail`, through links named
 `sendmail` and `qmail-remote`, through bsd-mailx's mail(1) when it is installed), and
-then reads what was committed with queuefile.py -- an independent reader of the queue
+then reads what was committed with peers/queuefile.py -- an independent reader of the queue
 file format of doc/QUEUE.md -- to check the envelope (sender, recipients and their
 status) and that the body is byte for byte what the injector should have made of its
 input.  Exit codes are those of <sysexits.h>; qmail-remote's output is checked byte for
@@ -18,7 +18,7 @@ import subprocess
 
 import pytest
 
-import queuefile
+from peers import queuefile
 from conftest import SLUICE, require_binary
 
 HOST = "mx.sluice.test"

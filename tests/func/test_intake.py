@@ -5,7 +5,7 @@ Every test starts its own sluiced with an intake on a free loopback port, its qu
 instance directory and a control socket, and talks to it with real clients -- swaks,
 Postfix's smtp-source, a private Postfix relaying to it (relayhost), and a raw socket
 where a test needs exact bytes (pipelining, smuggling, limits).  What was queued is read
-back from the files under queue/msg/ with an independent reader (queuefile.py), and
+back from the files under queue/msg/ with an independent reader (peers/queuefile.py), and
 compared with what was sent byte for byte; `sluice queue` must agree.
 """
 
@@ -20,7 +20,7 @@ import time
 import pytest
 
 from conftest import free_port, queued_id, wait_until
-import queuefile
+from peers import queuefile
 
 HOSTNAME = "mx.sluice.test"
 FROM = "sender@sluice.test"
@@ -176,7 +176,7 @@ def intake(sluiced):
 # queue files (the independent reader)
 
 def read_queue_file(path):
-    """The parsed queue file (queuefile.py); fails the test on a file it refuses."""
+    """The parsed queue file (peers/queuefile.py); fails the test on a file it refuses."""
     try:
         return queuefile.load(path)
     except queuefile.QueueFileError as e:

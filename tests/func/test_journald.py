@@ -1,5 +1,5 @@
 """Logs under systemd, on the real journal: systemd-journald runs in private PID and mount
-namespaces (journald_ns.py: nothing of the machine's /run, /etc/systemd or kernel log is
+namespaces (peers/journald_ns.py: nothing of the machine's /run, /etc/systemd or kernel log is
 read or written, and everything dies with the namespace), sluiced's stderr is a journal
 stream opened with the header systemd sends for the shipped unit (its SyslogIdentifier=
 and SyslogFacility=), and journalctl then shows the start lines at info and notice and
@@ -58,7 +58,7 @@ def test_real_journald_files_priority_and_facility(tmp_path):
     bad.write_text(BAD.replace("@DIR@", str(tmp_path)))
     cfg.chmod(0o600)
     bad.chmod(0o600)
-    res = subprocess.run(UNSHARE + ["/usr/bin/python3", str(HERE / "journald_ns.py"),
+    res = subprocess.run(UNSHARE + ["/usr/bin/python3", str(HERE / "peers/journald_ns.py"),
                                     str(UNIT), SLUICED, str(cfg), str(bad)],
                          capture_output=True, text=True, timeout=60)
     jd_log = tmp_path / "journald.log"

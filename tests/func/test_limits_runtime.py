@@ -15,7 +15,7 @@ import pytest
 
 from conftest import wait_until
 from test_policy import config
-import milter_wire as mw
+from peers import milter_wire as mw
 from test_redis import REDIS_SERVER, Redis, rcpt_decision, redis, redis_store  # noqa: F401  (redis: the fixture)
 
 RULE = ('limit "per-domain" { stage = "rcpt"; key = "rcpt_domain"; count = "messages"; '
@@ -203,7 +203,7 @@ def test_behind_sentinel(sluiced, redis, workdir):
 def test_on_a_redis_cluster(sluiced, workdir):
     """A cluster: the thread follows the MOVED to the master of the {ov} slot; a node
     seeded with another master sees what the first set."""
-    from redis_cluster import RedisCluster, key_slot
+    from peers.redis_cluster import RedisCluster, key_slot
     if not os.path.exists(REDIS_SERVER):
         pytest.skip("redis-server is not installed")
     c = RedisCluster(workdir / "cluster", replicas=0)

@@ -1,9 +1,9 @@
 """The Prometheus endpoint (metrics {} block): what a scraper reads after real traffic.
 
 sluiced runs with a milter, the Postfix policy service, an intake and a route to a
-smarthost (smarthost.py) that wants AUTH; a `warn` rule and a `tempfail` rule watch
+smarthost (peers/smarthost.py) that wants AUTH; a `warn` rule and a `tempfail` rule watch
 recipients, and one host class takes every incoming milter session.  The tests drive
-milter sessions (milter_wire.py), policy requests, and mail through the intake to the
+milter sessions (peers/milter_wire.py), policy requests, and mail through the intake to the
 smarthost, then scrape /metrics with urllib and parse the page strictly: every line is a
 HELP, a TYPE or a well-formed sample; a family's HELP and TYPE come before its samples
 and it appears once; a histogram's buckets are cumulative and end with +Inf equal to its
@@ -28,8 +28,8 @@ import urllib.request
 import pytest
 
 from conftest import SLUICED, free_port, require_binary, wait_until
-from milter_wire import CONTINUE, NO_REPLY, NOT_SENT, TEMPFAIL, MilterClient
-from smarthost import smarthost  # noqa: F401 (fixture)
+from peers.milter_wire import CONTINUE, NO_REPLY, NOT_SENT, TEMPFAIL, MilterClient
+from peers.smarthost import smarthost  # noqa: F401 (fixture)
 from test_policy import policy_request
 
 SECRET = "s3cret-Pw-4711"

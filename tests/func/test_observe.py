@@ -2,9 +2,9 @@
 key=value lines of the log (decision ... and delivery ...).
 
 One sluiced serves a milter, a policy service, an intake with its queue and a route to a
-smarthost (smarthost.py), with two rules: a tempfail limit of 2 messages an hour per
+smarthost (peers/smarthost.py), with two rules: a tempfail limit of 2 messages an hour per
 recipient domain, and a warn rule on the sender that never fires.  Traffic is real: milter
-packets (milter_wire.py), Postfix policy requests on the policy socket, SMTP to the intake
+packets (peers/milter_wire.py), Postfix policy requests on the policy socket, SMTP to the intake
 (smtplib), and the relay's deliveries to the smarthost.
 """
 
@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-import milter_wire as w
+from peers import milter_wire as w
 from conftest import SLUICE, free_port, require_binary, wait_until
-from smarthost import smarthost  # noqa: F401 (fixture)
+from peers.smarthost import smarthost  # noqa: F401 (fixture)
 from test_policy import policy_exchange
 
 HOST = "relay.sluice.test"

@@ -2,8 +2,8 @@
 and a hundred reloads under traffic.
 
 Each test drives real peers on loopback and unix sockets (the milter client of
-milter_wire.py, a policy client, SMTP clients, swaks, a real redis-server, the test
-smarthost of smarthost.py) and checks both what the peer is told and the one log line an
+peers/milter_wire.py, a policy client, SMTP clients, swaks, a real redis-server, the test
+smarthost of peers/smarthost.py) and checks both what the peer is told and the one log line an
 administrator would look for.
 """
 
@@ -19,13 +19,13 @@ import time
 import pytest
 
 from conftest import SLUICE, find_service, free_port, require_binary, wait_until
-import milter_wire as w
+from peers import milter_wire as w
 from test_engine import closed_or_refused, finish, in_session, open_many
 from test_intake import intake_config, SWAKS
 from test_redis import redis, redis_store, rcpt_decision  # noqa: F401 (fixture)
 from test_policy import config as policy_config, per_domain
 from test_relay import relay_config, send as relay_send
-from smarthost import smarthost  # noqa: F401 (fixture)
+from peers.smarthost import smarthost  # noqa: F401 (fixture)
 
 
 def base_lines(level="info"):

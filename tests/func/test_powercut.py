@@ -1,7 +1,7 @@
 """Power cuts: every message answered 250 survives the loss of everything that was not
 flushed (doc/QUEUE.md, "Guarantees"; law 2, doc/ARCHITECTURE.md).
 
-sluiced's queue and state directory are on the test disk (forgetdisk.py,
+sluiced's queue and state directory are on the test disk (peers/forgetdisk.py,
 tests/powercut/forgetdisk.c): a FUSE file system that keeps what was written apart from
 what was flushed, and that, on command, "loses power": it kills sluiced on the spot --
 at a chosen flush, before or just after it is done, or at a random moment -- and throws
@@ -11,12 +11,12 @@ go with an unmount; sluiced starts again on what survived.
 
 Meanwhile Python SMTP clients inject messages as an MTA would (a transaction that did not
 end in 250 is sent again), recording the QID of each 250.  The relay delivers through
-the test smarthost (smarthost.py), which rejects some recipients for good (so bounces
+the test smarthost (peers/smarthost.py), which rejects some recipients for good (so bounces
 are made), answers some RCPTs with 451 (so retry times are journaled), and records every
 message it accepts and every send over the route's rate.  sluiced is reloaded now and
 then between cuts.
 
-After each cut the test reads the surviving queue with its own reader (queuefile.py):
+After each cut the test reads the surviving queue with its own reader (peers/queuefile.py):
 a recipient the smarthost had already accepted whose surviving status byte is still T or
 U is in the documented window (doc/QUEUE.md, "One flush per transaction") and may be
 delivered once more.  At the end, once the relay has emptied the queue:
@@ -46,9 +46,8 @@ import time
 import pytest
 
 from conftest import free_port, wait_until
-import forgetdisk
-import queuefile
-from smarthost import Smarthost
+from peers import forgetdisk, queuefile
+from peers.smarthost import Smarthost
 
 pytestmark = pytest.mark.skipif(forgetdisk.unavailable() is not None,
                                 reason=str(forgetdisk.unavailable()))

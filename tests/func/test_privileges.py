@@ -25,7 +25,7 @@ import pytest
 
 from conftest import (SLUICE, SLUICED, SOURCE_ROOT, ensure_user, free_port, require_binary,
                       sluiced_check, wait_until)
-from smarthost import smarthost  # noqa: F401 (fixture)
+from peers.smarthost import smarthost  # noqa: F401 (fixture)
 from test_redis import redis  # noqa: F401 (fixture)
 
 USER = "sluice"

@@ -33,8 +33,8 @@ import urllib.request
 import pytest
 
 from conftest import free_port, wait_until
-from milter_wire import TEMPFAIL
-from smarthost import smarthost  # noqa: F401 (fixture)
+from peers.milter_wire import TEMPFAIL
+from peers.smarthost import smarthost  # noqa: F401 (fixture)
 from test_metrics import milter_four_recipients, policy_ask, scrape, send_mail
 from test_metrics import setup  # noqa: F401 (fixture)
 from test_policy import policy_request

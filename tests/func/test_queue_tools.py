@@ -1,7 +1,7 @@
 """The queue tools at depth (sluice(1), "queue"): a listing that streams, selections,
 actions on a selection, the summary, each recipient's next attempt and last reply.
 
-sluiced relays through the test smarthost (smarthost.py), which answers every RCPT with
+sluiced relays through the test smarthost (peers/smarthost.py), which answers every RCPT with
 ``451 4.3.0 Temporary local problem`` (as Postfix's ``smtp-sink -r rcpt``): the mail
 queued through the intake to a few domains is deferred, with its retry an hour away.
 Then each selector lists what it should, the JSON lines parse, IDs come on the input,
@@ -19,7 +19,7 @@ import time
 import pytest
 
 from conftest import SLUICE, free_port, require_binary, wait_until
-from smarthost import smarthost  # noqa: F401 (fixture)
+from peers.smarthost import smarthost  # noqa: F401 (fixture)
 from test_queue_load import fill
 from test_relay import relay_config, send
 

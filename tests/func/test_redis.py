@@ -3,7 +3,7 @@
 Each test starts its own redis-server on a unix socket (or a loopback port for Sentinel)
 in the test's directory, and two sluiced nodes with `store { type = "redis"; }`.  Mail
 goes through two private Postfix instances, one per node, or straight to the nodes with
-the milter client of milter_wire.py when a test must hold sessions open or time single
+the milter client of peers/milter_wire.py when a test must hold sessions open or time single
 decisions.
 """
 
@@ -18,7 +18,7 @@ import time
 import pytest
 
 from conftest import free_port, wait_until
-import milter_wire as mw
+from peers import milter_wire as mw
 from test_policy import (DOMAIN, TO, config, per_domain, send, split, describe,
                          wait_all_delivered, policy_socket)
 

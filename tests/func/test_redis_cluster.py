@@ -1,8 +1,8 @@
 """Limits shared through a real Redis Cluster (store { type = "redis"; cluster = [...]; }).
 
 Each test starts its own cluster of six redis-servers on loopback (3 masters, 3 replicas;
-redis_cluster.py), and one or two sluiced nodes whose seed list names the three masters.
-Decisions are made straight through the milter protocol (milter_wire.py, via
+peers/redis_cluster.py), and one or two sluiced nodes whose seed list names the three masters.
+Decisions are made straight through the milter protocol (peers/milter_wire.py, via
 test_redis.rcpt_decision), one message with one recipient per session, so that a test can
 time single decisions and tell apart the three answers:
 
@@ -25,10 +25,10 @@ import time
 import pytest
 
 from conftest import SLUICED, free_port, plain_only, wait_until
-import milter_wire as mw
-from redis_cluster import RedisCluster, REDIS_SERVER, key_slot
+from peers import milter_wire as mw
+from peers.redis_cluster import RedisCluster, REDIS_SERVER, key_slot
 from test_policy import config, per_domain
-from smarthost import smarthost  # noqa: F401 (fixture)
+from peers.smarthost import smarthost  # noqa: F401 (fixture)
 from test_redis import CLASS_ALL, Redis, open_session, rcpt_decision, two_nodes
 
 PATTERN = "sluice:per-domain:*"
@@ -709,13 +709,13 @@ def test_class_sessions_shared_by_two_nodes_on_a_cluster(sluiced, cluster):
 
 @plain_only
 def test_two_nodes_share_one_lane_budget_on_a_cluster(sluiced, smarthost, cluster):
-    """As test_relay_more's shared lane, with the budget on a cluster: the lane's windows
-    are keys with one hash tag (the lane's name), in the slot of that tag on the master
-    serving it; 20 one-recipient messages from two nodes reach the smarthost never more
+    """As test_relay_shared_budget's shared lane, with the budget on a cluster: the lane's
+    windows are keys with one hash tag (the lane's name), in the slot of that tag on the
+    master serving it; 20 one-recipient messages from two nodes reach the smarthost never more
     than 5 in any 2 s window."""
     from conftest import SLUICE, require_binary
     from test_relay import delivered_rcpts, lanes, relay_config
-    from test_relay_more import SHARED_ROUTE, send_each
+    from test_relay_shared_budget import SHARED_ROUTE, send_each
     require_binary(SLUICE, "SLUICE")
     c = cluster()
     sh = smarthost(rate="5/2", mode="none")

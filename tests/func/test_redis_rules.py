@@ -5,7 +5,7 @@ Penalty boxes (`block`), distinct values (`count = "distinct"`), sessions at onc
 `store { type = "redis"; }` is one redis-server of the test's own (test_redis.py's
 fixture, on a unix socket).  Decisions are asked straight of the nodes: the Postfix
 policy protocol on their policy sockets, and for sessions rules (which apply through the
-milter only) the milter client of milter_wire.py, which can hold sessions open.
+milter only) the milter client of peers/milter_wire.py, which can hold sessions open.
 
 The store answers with `on_failure = "tempfail"` and a generous `timeout`, so that a
 decision Redis did not make shows up as a refusal ("451 4.3.0") instead of passing
@@ -20,7 +20,7 @@ import socket
 import time
 
 from conftest import wait_until
-import milter_wire as mw
+from peers import milter_wire as mw
 from test_policy import config, policy_exchange, policy_socket
 from test_redis import redis, redis_store  # noqa: F401  (redis: the fixture)
 

@@ -1,4 +1,4 @@
-"""The relay against a smarthost that behaves like an ISP's (smarthost.py, aiosmtpd).
+"""The relay against a smarthost that behaves like an ISP's (peers/smarthost.py, aiosmtpd).
 
 Each test starts sluiced with an intake on loopback, a queue and one route to a smarthost
 started for the test, queues mail through the intake with smtplib (a real SMTP client),
@@ -17,7 +17,7 @@ import time
 import pytest
 
 from conftest import SLUICE, free_port, require_binary, wait_until
-from smarthost import make_test_certs, smarthost, tls_certs  # noqa: F401 (fixtures)
+from peers.smarthost import make_test_certs, smarthost, tls_certs  # noqa: F401 (fixtures)
 
 HOST = "relay.sluice.test"
 

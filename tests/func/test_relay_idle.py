@@ -1,4 +1,4 @@
-"""The relay's open-idle message files against real smarthosts (smarthost.py).
+"""The relay's open-idle message files against real smarthosts (peers/smarthost.py).
 
 The relay keeps up to 64 idle message files open between transactions (relay.open_idle).
 A message reused by a transaction leaves that list: while the transaction waits for its
@@ -10,9 +10,9 @@ import re
 import smtplib
 import time
 
-import queuefile
+from peers import queuefile
 from conftest import SLUICE, free_port, require_binary, wait_until
-from smarthost import smarthost  # noqa: F401 (fixture)
+from peers.smarthost import smarthost  # noqa: F401 (fixture)
 from test_relay import delivered_rcpts, relay_config, send
 
 FROM = "list@example.org"

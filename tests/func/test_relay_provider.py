@@ -17,7 +17,7 @@ import time
 import pytest
 
 from conftest import SLUICE, free_port, require_binary, wait_until
-from smarthost import smarthost  # noqa: F401 (fixture)
+from peers.smarthost import smarthost  # noqa: F401 (fixture)
 from test_relay import lanes, send
 
 dnslib = pytest.importorskip("dnslib", reason="python3-dnslib (Debian) is needed")

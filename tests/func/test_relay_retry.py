@@ -1,7 +1,7 @@
 """Retry times that survive: the relay's backoff across kill -9 and restarts, against
 Postfix's smtp-sink answering 450 to every RCPT (``smtp-sink -r rcpt``) and then a sink
 that takes everything; and the backoff itself, doubling up to relay.retry.max, against
-the test smarthost (smarthost.py) answering 451 to every RCPT.
+the test smarthost (peers/smarthost.py) answering 451 to every RCPT.
 
 What a user checks: after a restart, no deferred recipient is tried before its time
 (sluiced's own counters and the sink's sessions say so); a kill -9 while retry records
@@ -11,44 +11,27 @@ as the smarthost sees them, double from min and stop at max.
 """
 
 import json
-import os
 import pathlib
 import re
-import shutil
 import signal
-import subprocess
 import time
 
-import pytest
-
-from conftest import SLUICE, free_port, require_binary, tcp_listening, wait_until
-from smarthost import smarthost  # noqa: F401 (fixture)
+from conftest import SLUICE, free_port, require_binary, wait_until
+from peers import smtp_sink
+from peers.smarthost import smarthost  # noqa: F401 (fixture)
 from test_queue_load import message_file, qid
 from test_relay import relay_config, send
-
-SMTP_SINK = shutil.which("smtp-sink", path="/usr/sbin:/usr/bin") or "/usr/sbin/smtp-sink"
 
 
 class Sink:
     """Postfix's smtp-sink on a loopback port; refuse=True answers 450 to every RCPT."""
 
     def __init__(self, directory, port, refuse):
-        if not os.path.exists(SMTP_SINK):
-            pytest.skip("smtp-sink (postfix) is not installed")
         self.log = pathlib.Path(directory) / f"sink-{port}-{int(refuse)}.log"
-        args = [SMTP_SINK, "-u", "nobody"] + (["-r", "rcpt"] if refuse else []) + [
-            f"127.0.0.1:{port}", "100"]
-        self.out = open(self.log, "wb")
-        self.proc = subprocess.Popen(args, stdout=self.out, stderr=subprocess.STDOUT)
-        wait_until(lambda: tcp_listening("127.0.0.1", port) or self.proc.poll() is not None,
-                   10, "smtp-sink to listen")
-        assert self.proc.poll() is None, self.log.read_text()
+        self.proc = smtp_sink.start(port, self.log, 100, refuse="rcpt" if refuse else None)
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
-        self.out.close()
+        smtp_sink.stop(self.proc)
 
 
 def relay_stats(sd):

@@ -29,7 +29,7 @@ import time
 import pytest
 
 from conftest import SLUICE, free_port, plain_only, require_binary, wait_until
-from smarthost import smarthost  # noqa: F401 (fixture)
+from peers.smarthost import smarthost  # noqa: F401 (fixture)
 from test_relay import delivered_rcpts, lanes, relay_config, send
 
 SEED = int(os.environ.get("SLUICE_RELAY_CRASH_SEED", "3464"))

@@ -1,4 +1,4 @@
-"""The test smarthost (smarthost.py) checked on its own with smtplib, mode by mode, before the
+"""The test smarthost (peers/smarthost.py) checked on its own with smtplib, mode by mode, before the
 relay's tests rely on it.  Small windows (1-2 s) keep the whole file to a few seconds."""
 
 import base64
@@ -16,7 +16,7 @@ import time
 import pytest
 
 from conftest import HERE, free_port, tcp_listening, wait_until
-from smarthost import (BAN_REPLY, RANDOM_TEMPFAIL_REPLY, SUSPEND_REPLY,
+from peers.smarthost import (BAN_REPLY, RANDOM_TEMPFAIL_REPLY, SUSPEND_REPLY,
                        TOO_MANY_CONNECTIONS_REPLY, Smarthost, make_test_certs,
                        max_in_window_of, parse_rate, scram_escape, scram_keys,
                        smarthost, tls_certs, windows_over_of)  # noqa: F401 (fixtures)
@@ -490,7 +490,7 @@ def test_suspend_and_set_rate(smarthost):
 
 def test_script(workdir):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(HERE / "smarthost.py"), "--port", str(port),
+    proc = subprocess.Popen([sys.executable, str(HERE / "peers/smarthost.py"), "--port", str(port),
                              "--rate", "2/10", "--mode", "ban", "--quiet"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"))
@@ -514,7 +514,7 @@ def test_script(workdir):
     assert summary["accepted"] == 2 and summary["bans"] == 1
     assert summary["rejections"] == {"550": 1} and summary["max_in_window"] == 2
 
-    res = subprocess.run([sys.executable, str(HERE / "smarthost.py"), "--make-certs",
+    res = subprocess.run([sys.executable, str(HERE / "peers/smarthost.py"), "--make-certs",
                           str(workdir / "c")], capture_output=True, text=True, timeout=30)
     assert res.returncode == 0, res.stderr
     paths = json.loads(res.stdout)

@@ -2,7 +2,7 @@
 
 * Through the milter, a delay rule over its limit holds the reply on the session's own
   timer: the MTA gets it `delay` later, while the same sluiced (one worker) answers
-  other sessions at once -- no thread waits (law 1).  Driven by milter_wire.py.
+  other sessions at once -- no thread waits (law 1).  Driven by peers/milter_wire.py.
 * Through the policy service, the same rule answers Postfix `sleep N` (a restriction,
   which Postfix accepts in a policy answer): the real Postfix's reply to RCPT comes N s
   later and the mail is still accepted, with no warning in Postfix's log.
@@ -19,7 +19,7 @@ import urllib.request
 
 import pytest
 
-import milter_wire as mw
+from peers import milter_wire as mw
 from conftest import free_port, wait_until
 from test_policy import config
 

@@ -2,7 +2,7 @@
  * fuzz_redis_cluster -- libFuzzer target for what the Redis store reads from a cluster:
  * the slot map (a CLUSTER SLOTS reply, as hiredis's reader decodes it from the wire,
  * into ranges by redis_slots_parse()) and the redirections (the text of a MOVED or ASK
- * error, by redis_redirect_parse()); src/store/store_redis_link.c.
+ * error, by redis_redirect_parse()); src/store/store_redis_addr.c.
  *
  * The input's first line (up to a '\n') is parsed as a redirection; all of it is fed to
  * hiredis's reply reader, one reply after another, and each is parsed as a slot map.

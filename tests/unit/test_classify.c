@@ -366,17 +366,16 @@ static void test_cases(void **state)
 }
 
 /* Without a classifier, only the rules apply. */
+static const struct ccase rules_only_cases[] = {
+	{ SMTP_STAGE_RCPT, 0, "550 5.7.1 Account suspended", CLASSIFY_FAIL, -1, "code" },
+	{ SMTP_STAGE_CONNECT, -ECONNREFUSED, NULL, CLASSIFY_SUSPEND, -1, "error" },
+};
+
 static void test_rules_only(void **state)
 {
 	(void)state;
-	struct smtp_reply r;
-	struct classify_result res;
-	read_reply("550 5.7.1 Account suspended", &r);
-	classify_reply(NULL, SMTP_STAGE_RCPT, 0, &r, &res);
-	assert_int_equal(res.verdict, CLASSIFY_FAIL);
-	assert_string_equal(res.signal, "code");
-	classify_reply(NULL, SMTP_STAGE_CONNECT, -ECONNREFUSED, NULL, &res);
-	assert_int_equal(res.verdict, CLASSIFY_SUSPEND);
+	for (size_t i = 0; i < sizeof(rules_only_cases) / sizeof(rules_only_cases[0]); i++)
+		run_case(NULL, &rules_only_cases[i], i);
 }
 
 /* Replies built by hand (not by the reader), impossible ones included. */
@@ -537,30 +536,42 @@ static void test_skip(void **state)
 	assert_int_equal(within, 60000);
 	classify_threshold(c, 7, &after, &within);
 	assert_int_equal(after, 0);
-	static struct smtp_reply r;
-	struct classify_result res;
-	read_reply("451 4.3.0 Temporary local problem", &r);
-	classify_reply(c, SMTP_STAGE_RCPT, 0, &r, &res);
-	assert_int_equal(res.verdict, CLASSIFY_SUSPEND);
-	assert_int_equal(res.index, 0);
-	bool skip[3] = { true, false, false };
-	classify_reply_skip(c, skip, SMTP_STAGE_RCPT, 0, &r, &res);
-	assert_int_equal(res.verdict, CLASSIFY_SLOW);
-	assert_int_equal(res.index, 1);
-	skip[1] = true;
-	classify_reply_skip(c, skip, SMTP_STAGE_RCPT, 0, &r, &res);
-	assert_int_equal(res.verdict, CLASSIFY_RETRY); /* the rule: 4xx at RCPT */
-	assert_int_equal(res.index, -1);
-	/* skipped, a built-in pattern decides */
-	read_reply("550 5.7.1 rate limit exceeded", &r);
-	classify_reply(c, SMTP_STAGE_RCPT, 0, &r, &res);
-	assert_int_equal(res.verdict, CLASSIFY_RETRY);
-	assert_int_equal(res.index, 2);
-	bool skip2[3] = { false, false, true };
-	classify_reply_skip(c, skip2, SMTP_STAGE_RCPT, 0, &r, &res);
-	assert_int_equal(res.verdict, CLASSIFY_SUSPEND);
-	assert_int_equal(res.index, -1);
-	assert_string_equal(res.signal, "rate-5xx");
+	/* skipping: classify_reply_skip() with skip, else classify_reply(); signal NULL: not
+	 * looked at */
+	static const struct {
+		const char *wire;
+		bool skipping;
+		bool skip[3];
+		enum classify_verdict verdict;
+		int index;
+		const char *signal;
+	} skips[] = {
+		{ "451 4.3.0 Temporary local problem", false, { 0 }, CLASSIFY_SUSPEND, 0, NULL },
+		{ "451 4.3.0 Temporary local problem", true, { true, false, false }, CLASSIFY_SLOW,
+		  1, NULL },
+		/* the rule: 4xx at RCPT */
+		{ "451 4.3.0 Temporary local problem", true, { true, true, false }, CLASSIFY_RETRY,
+		  -1, NULL },
+		{ "550 5.7.1 rate limit exceeded", false, { 0 }, CLASSIFY_RETRY, 2, NULL },
+		/* skipped, a built-in pattern decides */
+		{ "550 5.7.1 rate limit exceeded", true, { false, false, true }, CLASSIFY_SUSPEND,
+		  -1, "rate-5xx" },
+	};
+	for (size_t i = 0; i < sizeof(skips) / sizeof(skips[0]); i++) {
+		static struct smtp_reply r;
+		struct classify_result res;
+		read_reply(skips[i].wire, &r);
+		if (skips[i].skipping)
+			classify_reply_skip(c, skips[i].skip, SMTP_STAGE_RCPT, 0, &r, &res);
+		else
+			classify_reply(c, SMTP_STAGE_RCPT, 0, &r, &res);
+		if (res.verdict != skips[i].verdict || res.index != skips[i].index ||
+		    (skips[i].signal && strcmp(res.signal, skips[i].signal) != 0))
+			fail_msg("skip case %zu (%s): got %s index %d signal \"%s\", "
+				 "want %s index %d", i, skips[i].wire,
+				 classify_verdict_name(res.verdict), res.index, res.signal,
+				 classify_verdict_name(skips[i].verdict), skips[i].index);
+	}
 	classify_free(c);
 }
 
@@ -612,12 +623,19 @@ static void test_bad_signals(void **state)
 static void test_verdict_names(void **state)
 {
 	(void)state;
-	assert_string_equal(classify_verdict_name(CLASSIFY_OK), "ok");
-	assert_string_equal(classify_verdict_name(CLASSIFY_RETRY), "retry");
-	assert_string_equal(classify_verdict_name(CLASSIFY_FAIL), "fail");
-	assert_string_equal(classify_verdict_name(CLASSIFY_SUSPEND), "suspend");
-	assert_string_equal(classify_verdict_name(CLASSIFY_SLOW), "slow");
-	assert_string_equal(classify_verdict_name((enum classify_verdict)42), "?");
+	static const struct {
+		enum classify_verdict verdict;
+		const char *name;
+	} names[] = {
+		{ CLASSIFY_OK, "ok" },
+		{ CLASSIFY_RETRY, "retry" },
+		{ CLASSIFY_FAIL, "fail" },
+		{ CLASSIFY_SUSPEND, "suspend" },
+		{ CLASSIFY_SLOW, "slow" },
+		{ (enum classify_verdict)42, "?" },
+	};
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		assert_string_equal(classify_verdict_name(names[i].verdict), names[i].name);
 }
 
 struct hcase {

@@ -15,6 +15,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -518,6 +519,27 @@ static struct smtp_out *connect_to(struct run *run, const struct smtp_out_conf *
 	return run->c;
 }
 
+/* One transaction against script: the server started, a client with cf connected to it,
+ * m sent with done() doing after; the outcome into *ret_out and its description into desc;
+ * the server finished (its script must have run to its end).  The caller frees
+ * srv->data. */
+static void run_one(struct server *srv, const struct step *script,
+		    const struct smtp_out_conf *cf, const struct smtp_out_msg *m, enum after after,
+		    struct outcome *ret_out, char *desc, size_t desclen)
+{
+	srv_start(srv, script);
+	struct run run;
+	run_init(&run);
+	connect_to(&run, cf, srv->port);
+	run.after[0] = after;
+	assert_int_equal(send_first(&run, m), 0);
+	run_wait(&run, 1);
+	*ret_out = run.out[0];
+	describe(ret_out, desc, desclen);
+	run_end(&run, true);
+	srv_finish_with(srv, desc);
+}
+
 /* ---- messages and script pieces ---- */
 
 static const struct str rcpt3[] = { S("a@x.test"), S("b@x.test"), S("c@x.test"), S("") };
@@ -687,6 +709,26 @@ static const struct step sc_tls_injection[] = {
 	SEND("220 go ahead\r\n250 injected\r\n"), WAIT_EOF, { 0 }
 };
 
+/* The body cut into chunks anywhere, dots at line starts, a smuggling attempt: the
+ * server's S_DATA compares the stuffed bytes. */
+static const struct str body_dots[] = {
+	S("Subject: dots\r\n\r\n"), S(".starts\r\n"), S("mid.dle\r\n"), S("a\r"), S("\n"),
+	S(".x\r\n"), S("b\r\n"), S("."), S(".\r\n"), S(""), S("smuggle\r\n.\r\nMAIL FROM:<e@v>\r\n"),
+	S("end"),
+};
+#define DOTS_DATA "Subject: dots\r\n\r\n..starts\r\nmid.dle\r\na\r\n..x\r\nb\r\n...\r\n" \
+	"smuggle\r\n..\r\nMAIL FROM:<e@v>\r\nend\r\n.\r\n"
+
+static const struct smtp_out_msg msg_dots = {
+	.sender = { NULL, 0 }, .rcpt = rcpt3, .nrcpt = 1, .body = body_dots, .nbody = 12,
+	.size = 81,
+};
+
+static const struct step sc_dots[] = {
+	GREET, EHLO_PIPE, EXPECT("MAIL FROM:<> SIZE=81"), EXPECT("RCPT TO:<a@x.test>"),
+	SEND("250 ok\r\n250 ok\r\n"), DATA_OK(DOTS_DATA), QUIT_OK, { 0 }
+};
+
 static const struct tcase cases[] = {
 	{ "pipelining, one RCPT refused", sc_pipelining, &msg3, SMTP_TLS_NONE, -1, SMTP_STAGE_DOT, 0,
 	  250, { 250, 550, 251, 0 }, true, AFTER_QUIT },
@@ -730,6 +772,8 @@ static const struct tcase cases[] = {
 	  SMTP_STAGE_DOT, 0, 250, { 250 }, true, AFTER_QUIT },
 	{ "bytes injected after STARTTLS's 220", sc_tls_injection, &msg1, SMTP_TLS_REQUIRE, -1,
 	  SMTP_STAGE_STARTTLS, -EPROTO, 0, { 0 }, false, AFTER_QUIT },
+	{ "dot-stuffing, null sender", sc_dots, &msg_dots, SMTP_TLS_NONE, -1, SMTP_STAGE_DOT, 0,
+	  250, { 250 }, true, AFTER_QUIT },
 };
 
 static void test_cases(void **state)
@@ -738,23 +782,15 @@ static void test_cases(void **state)
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		const struct tcase *t = &cases[i];
 		print_message("case: %s\n", t->name);
-		struct server srv;
-		srv_start(&srv, t->script);
-		struct run run;
-		run_init(&run);
 		struct smtp_out_conf cf = conf_base();
 		cf.tls = t->tls;
 		if (t->timeout_stage >= 0)
 			cf.timeout_ms[t->timeout_stage] = 150;
-		connect_to(&run, &cf, srv.port);
-		run.after[0] = t->after;
-		assert_int_equal(send_first(&run, t->msg), 0);
-		run_wait(&run, 1);
-		const struct outcome *o = &run.out[0];
+		struct server srv;
+		struct outcome out;
+		const struct outcome *o = &out;
 		char desc[512];
-		describe(o, desc, sizeof(desc));
-		run_end(&run, true);
-		srv_finish_with(&srv, desc);
+		run_one(&srv, t->script, &cf, t->msg, t->after, &out, desc, sizeof(desc));
 		if (o->stage != t->stage || o->error != t->error || o->code != t->code)
 			fail_msg("%s: %s", t->name, desc);
 		for (size_t k = 0; k < t->msg->nrcpt; k++)
@@ -771,40 +807,6 @@ static void test_cases(void **state)
 }
 
 /* ---- the body ---- */
-
-static const struct str body_dots[] = {
-	S("Subject: dots\r\n\r\n"), S(".starts\r\n"), S("mid.dle\r\n"), S("a\r"), S("\n"),
-	S(".x\r\n"), S("b\r\n"), S("."), S(".\r\n"), S(""), S("smuggle\r\n.\r\nMAIL FROM:<e@v>\r\n"),
-	S("end"),
-};
-#define DOTS_DATA "Subject: dots\r\n\r\n..starts\r\nmid.dle\r\na\r\n..x\r\nb\r\n...\r\n" \
-	"smuggle\r\n..\r\nMAIL FROM:<e@v>\r\nend\r\n.\r\n"
-
-static const struct step sc_dots[] = {
-	GREET, EHLO_PIPE, EXPECT("MAIL FROM:<> SIZE=81"), EXPECT("RCPT TO:<a@x.test>"),
-	SEND("250 ok\r\n250 ok\r\n"), DATA_OK(DOTS_DATA), QUIT_OK, { 0 }
-};
-
-static void test_dot_stuffing(void **state)
-{
-	(void)state;
-	const struct smtp_out_msg m = { .sender = STR_NULL, .rcpt = rcpt3, .nrcpt = 1,
-					.body = body_dots, .nbody = 12, .size = 81 };
-	struct server srv;
-	srv_start(&srv, sc_dots);
-	struct run run;
-	run_init(&run);
-	struct smtp_out_conf cf = conf_base();
-	connect_to(&run, &cf, srv.port);
-	run.after[0] = AFTER_QUIT;
-	assert_int_equal(send_first(&run, &m), 0);
-	run_wait(&run, 1);
-	assert_int_equal(run.out[0].stage, SMTP_STAGE_DOT);
-	assert_int_equal(run.out[0].code, 250);
-	run_end(&run, true);
-	srv_finish(&srv);
-	free(srv.data);
-}
 
 /* A body of about 1.5 MB: one large chunk and thousands of small ones cut anywhere,
  * with dots at line starts; what the server gets is compared with a reference stuffing
@@ -883,19 +885,13 @@ static void test_big_body(void **state)
 	big_body_make(&b);
 	const struct smtp_out_msg m = { .sender = S("s@x.test"), .rcpt = rcpt3, .nrcpt = 1,
 					.body = b.chunks, .nbody = b.n, .size = b.len };
-	struct server srv;
-	srv_start(&srv, sc_big);
-	struct run run;
-	run_init(&run);
 	struct smtp_out_conf cf = conf_base();
-	connect_to(&run, &cf, srv.port);
-	run.after[0] = AFTER_QUIT;
-	assert_int_equal(send_first(&run, &m), 0);
-	run_wait(&run, 1);
-	assert_int_equal(run.out[0].stage, SMTP_STAGE_DOT);
-	assert_int_equal(run.out[0].code, 250);
-	run_end(&run, true);
-	srv_finish(&srv);
+	struct server srv;
+	struct outcome o;
+	char desc[512];
+	run_one(&srv, sc_big, &cf, &m, AFTER_QUIT, &o, desc, sizeof(desc));
+	assert_int_equal(o.stage, SMTP_STAGE_DOT);
+	assert_int_equal(o.code, 250);
 	assert_int_equal(srv.data_len, b.expect_len);
 	assert_memory_equal(srv.data, b.expect, b.expect_len);
 	free(srv.data);
@@ -904,39 +900,12 @@ static void test_big_body(void **state)
 
 /* ---- several transactions on one connection ---- */
 
+/* The second transaction is sent from the first one's done(). */
 static const struct step sc_reuse[] = {
 	GREET, EHLO_PIPE, TX1, TX1, QUIT_OK, { 0 }
 };
 
-static void test_reuse(void **state)
-{
-	(void)state;
-	struct server srv;
-	srv_start(&srv, sc_reuse);
-	struct run run;
-	run_init(&run);
-	struct smtp_out_conf cf = conf_base();
-	connect_to(&run, &cf, srv.port);
-	const struct smtp_out_msg second = msg_a;
-	run.after[0] = AFTER_SEND;
-	run.next[0] = &second;
-	run.after[1] = AFTER_QUIT;
-	assert_int_equal(send_first(&run, &msg_a), 0);
-	assert_int_equal(smtp_out_send(run.c, &msg_a, on_done, &run), -EBUSY);
-	run_wait(&run, 2);
-	assert_int_equal(run.out[0].stage, SMTP_STAGE_DOT);
-	assert_int_equal(run.out[0].code, 250);
-	assert_true(run.out[0].usable);
-	assert_int_equal(run.out[0].transactions, 1);
-	assert_int_equal(run.out[0].send_rc, 0);
-	assert_int_equal(run.out[1].stage, SMTP_STAGE_DOT);
-	assert_int_equal(run.out[1].code, 250);
-	assert_int_equal(run.out[1].transactions, 2);
-	run_end(&run, true);
-	srv_finish(&srv);
-	free(srv.data);
-}
-
+/* Every recipient refused: RSET, and the next transaction waits for its reply. */
 static const struct step sc_all_refused[] = {
 	GREET, EHLO_PIPE, EXPECT("MAIL FROM:<s@x.test> SIZE=21"), EXPECT("RCPT TO:<a@x.test>"),
 	EXPECT("RCPT TO:<b@x.test>"),
@@ -944,63 +913,86 @@ static const struct step sc_all_refused[] = {
 	SEND("250 ok\r\n"), TX1, QUIT_OK, { 0 }
 };
 
-static void test_all_rcpt_refused(void **state)
-{
-	(void)state;
-	struct server srv;
-	srv_start(&srv, sc_all_refused);
-	struct run run;
-	run_init(&run);
-	struct smtp_out_conf cf = conf_base();
-	connect_to(&run, &cf, srv.port);
-	const struct smtp_out_msg second = msg_a;
-	run.after[0] = AFTER_SEND; /* sent while RSET is under way: waits for its reply */
-	run.next[0] = &second;
-	run.after[1] = AFTER_QUIT;
-	assert_int_equal(send_first(&run, &msg2), 0);
-	run_wait(&run, 2);
-	const struct outcome *o = &run.out[0];
-	assert_int_equal(o->stage, SMTP_STAGE_RCPT);
-	assert_int_equal(o->error, 0);
-	assert_int_equal(o->code, 450); /* the last refusal */
-	assert_int_equal(o->rcpt[0], 550);
-	assert_int_equal(o->rcpt[1], 450);
-	assert_true(o->usable);
-	assert_int_equal(o->send_rc, 0);
-	assert_int_equal(run.out[1].stage, SMTP_STAGE_DOT);
-	assert_int_equal(run.out[1].code, 250);
-	run_end(&run, true);
-	srv_finish(&srv);
-	free(srv.data);
-}
-
 /* RSET refused while the next transaction waits for it: that one ends at stage RSET. */
 static const struct step sc_rset_refused[] = {
 	GREET, EHLO_PLAIN, EXPECT("MAIL FROM:<s@x.test>"), SEND("452 4.3.1 full\r\n"),
 	EXPECT("RSET"), SEND("502 5.5.1 no RSET here\r\n"), QUIT_OK, { 0 }
 };
 
-static void test_rset_refused(void **state)
+#define ANY INT_MIN /* an expectation not looked at */
+
+/* What a done() reports; usable is 0, 1 or ANY; send_rc is the return of the send made
+ * from that done(). */
+struct expect {
+	int stage, error, code;
+	int rcpt[2];
+	int usable;
+	int transactions;
+	int send_rc;
+};
+
+struct t2case {
+	const char *name;
+	const struct step *script;
+	const struct smtp_out_msg *first, *second;
+	struct expect want[2];
+};
+
+static const struct t2case t2cases[] = {
+	{ "two transactions", sc_reuse, &msg_a, &msg_a,
+	  { { SMTP_STAGE_DOT, ANY, 250, { ANY, ANY }, 1, 1, 0 },
+	    { SMTP_STAGE_DOT, ANY, 250, { ANY, ANY }, ANY, 2, ANY } } },
+	/* the second is sent while RSET is under way: it waits for its reply */
+	{ "every RCPT refused, then a transaction", sc_all_refused, &msg2, &msg_a,
+	  { { SMTP_STAGE_RCPT, 0, 450 /* the last refusal */, { 550, 450 }, 1, ANY, 0 },
+	    { SMTP_STAGE_DOT, ANY, 250, { ANY, ANY }, ANY, ANY, ANY } } },
+	{ "RSET refused under the next transaction", sc_rset_refused, &msg2, &msg2,
+	  { { SMTP_STAGE_MAIL, ANY, 452, { ANY, ANY }, ANY, ANY, ANY },
+	    { SMTP_STAGE_RSET, ANY, 502, { ANY, ANY }, 0, ANY, ANY } } },
+};
+
+static void expect_int(const char *name, int k, const char *what, int got, int want)
+{
+	if (want != ANY && got != want)
+		fail_msg("%s, transaction %d: %s %d, want %d", name, k + 1, what, got, want);
+}
+
+static void test_transactions(void **state)
 {
 	(void)state;
-	struct server srv;
-	srv_start(&srv, sc_rset_refused);
-	struct run run;
-	run_init(&run);
-	struct smtp_out_conf cf = conf_base();
-	connect_to(&run, &cf, srv.port);
-	run.after[0] = AFTER_SEND;
-	run.next[0] = &msg2;
-	run.after[1] = AFTER_QUIT;
-	assert_int_equal(send_first(&run, &msg2), 0);
-	run_wait(&run, 2);
-	assert_int_equal(run.out[0].stage, SMTP_STAGE_MAIL);
-	assert_int_equal(run.out[0].code, 452);
-	assert_int_equal(run.out[1].stage, SMTP_STAGE_RSET);
-	assert_int_equal(run.out[1].code, 502);
-	assert_false(run.out[1].usable);
-	run_end(&run, true);
-	srv_finish(&srv);
+	for (size_t i = 0; i < sizeof(t2cases) / sizeof(t2cases[0]); i++) {
+		const struct t2case *t = &t2cases[i];
+		print_message("transactions: %s\n", t->name);
+		struct server srv;
+		srv_start(&srv, t->script);
+		struct run run;
+		run_init(&run);
+		struct smtp_out_conf cf = conf_base();
+		connect_to(&run, &cf, srv.port);
+		run.after[0] = AFTER_SEND;
+		run.next[0] = t->second;
+		run.after[1] = AFTER_QUIT;
+		assert_int_equal(send_first(&run, t->first), 0);
+		/* one transaction at a time */
+		assert_int_equal(smtp_out_send(run.c, &msg_a, on_done, &run), -EBUSY);
+		run_wait(&run, 2);
+		for (int k = 0; k < 2; k++) {
+			const struct outcome *o = &run.out[k];
+			const struct expect *w = &t->want[k];
+			expect_int(t->name, k, "stage", (int)o->stage, w->stage);
+			expect_int(t->name, k, "error", o->error, w->error);
+			expect_int(t->name, k, "code", o->code, w->code);
+			expect_int(t->name, k, "rcpt[0]", o->rcpt[0], w->rcpt[0]);
+			expect_int(t->name, k, "rcpt[1]", o->rcpt[1], w->rcpt[1]);
+			expect_int(t->name, k, "usable", o->usable, w->usable);
+			expect_int(t->name, k, "transactions", (int)o->transactions,
+				   w->transactions);
+			expect_int(t->name, k, "send_rc", o->send_rc, w->send_rc);
+		}
+		run_end(&run, true);
+		srv_finish(&srv);
+		free(srv.data);
+	}
 }
 
 /* ---- connection failures, argument checks, peer names ---- */
@@ -1050,28 +1042,36 @@ static void test_bad_messages(void **state)
 	run_init(&run);
 	struct smtp_out_conf cf = conf_base();
 	connect_to(&run, &cf, closed_port());
+	/* msg1 with one thing wrong: a recipient (rcpt non-NULL), nrcpt (>= 0), the sender */
 	static const struct str bad_rcpt[] = { S("a@x.test\r\nRSET") };
 	static const struct str nul_rcpt[] = { S("a\0@x") };
 	static const struct str angle_rcpt[] = { S("a@x>") };
 	static const struct str empty_rcpt[] = { S("") };
-	struct smtp_out_msg m = msg1;
-	m.rcpt = bad_rcpt;
-	assert_int_equal(smtp_out_send(run.c, &m, on_done, &run), -EINVAL);
-	m.rcpt = nul_rcpt;
-	assert_int_equal(smtp_out_send(run.c, &m, on_done, &run), -EINVAL);
-	m.rcpt = angle_rcpt;
-	assert_int_equal(smtp_out_send(run.c, &m, on_done, &run), -EINVAL);
-	m.rcpt = empty_rcpt;
-	assert_int_equal(smtp_out_send(run.c, &m, on_done, &run), -EINVAL);
-	m = msg1;
-	m.nrcpt = 0;
-	assert_int_equal(smtp_out_send(run.c, &m, on_done, &run), -EINVAL);
-	m = msg1;
-	m.nrcpt = SMTP_OUT_RCPT_MAX + 1;
-	assert_int_equal(smtp_out_send(run.c, &m, on_done, &run), -EINVAL);
-	m = msg1;
-	m.sender = (struct str)S("s@x\n");
-	assert_int_equal(smtp_out_send(run.c, &m, on_done, &run), -EINVAL);
+	static const struct {
+		const char *what;
+		const struct str *rcpt;
+		long nrcpt;
+		struct str sender;
+	} bad[] = {
+		{ "CR LF in a recipient", bad_rcpt, -1, { NULL, 0 } },
+		{ "NUL in a recipient", nul_rcpt, -1, { NULL, 0 } },
+		{ "> in a recipient", angle_rcpt, -1, { NULL, 0 } },
+		{ "empty recipient", empty_rcpt, -1, { NULL, 0 } },
+		{ "no recipient", NULL, 0, { NULL, 0 } },
+		{ "too many recipients", NULL, SMTP_OUT_RCPT_MAX + 1, { NULL, 0 } },
+		{ "LF in the sender", NULL, -1, S("s@x\n") },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		struct smtp_out_msg m = msg1;
+		if (bad[i].rcpt)
+			m.rcpt = bad[i].rcpt;
+		if (bad[i].nrcpt >= 0)
+			m.nrcpt = (size_t)bad[i].nrcpt;
+		if (bad[i].sender.ptr)
+			m.sender = bad[i].sender;
+		if (smtp_out_send(run.c, &m, on_done, &run) != -EINVAL)
+			fail_msg("%s: not refused with -EINVAL", bad[i].what);
+	}
 	assert_int_equal(run.n, 0);
 	run_end(&run, false);
 	/* smtp_out_new's own refusals */
@@ -1375,22 +1375,14 @@ static void test_starttls_require(void **state)
 	big_body_make(&b);
 	const struct smtp_out_msg m = { .sender = S("s@x.test"), .rcpt = rcpt3, .nrcpt = 1,
 					.body = b.chunks, .nbody = b.n, .size = b.len };
-	struct server srv;
-	srv_start(&srv, sc_tls_big);
-	struct run run;
-	run_init(&run);
 	struct smtp_out_conf cf = conf_base();
 	cf.tls = SMTP_TLS_REQUIRE;
 	cf.server_name = "mx.test";
-	connect_to(&run, &cf, srv.port);
-	run.after[0] = AFTER_QUIT;
-	assert_int_equal(send_first(&run, &m), 0);
-	run_wait(&run, 1);
-	const struct outcome *o = &run.out[0];
+	struct server srv;
+	struct outcome out;
+	const struct outcome *o = &out;
 	char desc[512];
-	describe(o, desc, sizeof(desc));
-	run_end(&run, true);
-	srv_finish_with(&srv, desc);
+	run_one(&srv, sc_tls_big, &cf, &m, AFTER_QUIT, &out, desc, sizeof(desc));
 	if (o->stage != SMTP_STAGE_DOT || o->code != 250)
 		fail_msg("%s", desc);
 	assert_true(o->tls);
@@ -1429,23 +1421,16 @@ static void test_starttls_verify(void **state)
 	};
 	for (size_t i = 0; i < sizeof(vcases) / sizeof(vcases[0]); i++) {
 		print_message("verify: %s %s\n", vcases[i].name, vcases[i].use_ca ? "ca" : "default");
-		struct server srv;
-		srv_start(&srv, vcases[i].error ? sc_tls_fail : sc_tls_ok);
-		struct run run;
-		run_init(&run);
 		struct smtp_out_conf cf = conf_base();
 		cf.tls = SMTP_TLS_VERIFY;
 		cf.server_name = vcases[i].name;
 		cf.ca_file = vcases[i].use_ca ? ca_path : NULL;
-		connect_to(&run, &cf, srv.port);
-		run.after[0] = AFTER_QUIT;
-		assert_int_equal(send_first(&run, &msg1), 0);
-		run_wait(&run, 1);
-		const struct outcome *o = &run.out[0];
+		struct server srv;
+		struct outcome out;
+		const struct outcome *o = &out;
 		char desc[512];
-		describe(o, desc, sizeof(desc));
-		run_end(&run, true);
-		srv_finish_with(&srv, desc);
+		run_one(&srv, vcases[i].error ? sc_tls_fail : sc_tls_ok, &cf, &msg1, AFTER_QUIT,
+			&out, desc, sizeof(desc));
 		if (vcases[i].error) {
 			assert_int_equal(o->stage, SMTP_STAGE_STARTTLS);
 			assert_int_equal(o->error, vcases[i].error);
@@ -1545,25 +1530,17 @@ static void test_auth(void **state)
 	};
 	for (size_t i = 0; i < sizeof(acases) / sizeof(acases[0]); i++) {
 		print_message("auth: %s\n", acases[i].what);
-		struct server srv;
-		srv_start(&srv, acases[i].script);
-		struct run run;
-		run_init(&run);
 		struct smtp_out_conf cf = conf_base();
 		cf.tls = acases[i].tls;
 		cf.auth_user = "user";
 		cf.auth_password = acases[i].password;
 		cf.auth_mechanisms = acases[i].mechs;
 		cf.auth_plaintext = acases[i].plaintext;
-		connect_to(&run, &cf, srv.port);
-		run.after[0] = AFTER_QUIT;
-		assert_int_equal(send_first(&run, &msg_a), 0);
-		run_wait(&run, 1);
-		const struct outcome *o = &run.out[0];
+		struct server srv;
+		struct outcome out;
+		const struct outcome *o = &out;
 		char desc[512];
-		describe(o, desc, sizeof(desc));
-		run_end(&run, true);
-		srv_finish_with(&srv, desc);
+		run_one(&srv, acases[i].script, &cf, &msg_a, AFTER_QUIT, &out, desc, sizeof(desc));
 		if (o->stage != acases[i].stage || o->error != acases[i].error ||
 		    o->code != acases[i].code)
 			fail_msg("%s: %s", acases[i].what, desc);
@@ -1598,11 +1575,8 @@ int main(void)
 	alarm(120); /* a client that never frees itself hangs a loop: end it */
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_cases),
-		cmocka_unit_test(test_dot_stuffing),
 		cmocka_unit_test(test_big_body),
-		cmocka_unit_test(test_reuse),
-		cmocka_unit_test(test_all_rcpt_refused),
-		cmocka_unit_test(test_rset_refused),
+		cmocka_unit_test(test_transactions),
 		cmocka_unit_test(test_refused),
 		cmocka_unit_test(test_bad_messages),
 		cmocka_unit_test(test_peer_and_names),

@@ -1,7 +1,7 @@
 """Run sluiced with its stderr on a real systemd-journald, as systemd runs the unit.
 
 Run as `unshare -m -p -f --kill-child --mount-proc --propagation private python3
-journald_ns.py UNIT SLUICED CONFIG BAD_CONFIG`: PID 1 of its own PID and mount namespaces
+peers/journald_ns.py UNIT SLUICED CONFIG BAD_CONFIG`: PID 1 of its own PID and mount namespaces
 (everything it starts dies with it, even when the test kills unshare), it mounts tmpfs
 on /run and on /etc/systemd (journald reads its own journald.conf, written there:
 volatile storage, nothing read from or forwarded to the kernel log, syslog or wall)

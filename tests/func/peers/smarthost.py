@@ -62,7 +62,7 @@ All accessors are thread-safe (the server runs in the Controller's thread).
 
 As a module (pytest):
 
-    from smarthost import Smarthost, make_test_certs
+    from peers.smarthost import Smarthost, make_test_certs
     with Smarthost(rate="3/2", mode="ban", ban_seconds=5) as sh:
         ...send through sh.port...
         assert sh.max_in_window(2) <= 3 and sh.bans == 0
@@ -74,8 +74,8 @@ if the smarthost itself raised) and ``tls_certs`` (a Certs in the test's directo
 As a script (manual use, benchmarks), it logs each event to stderr and prints a JSON summary
 on SIGINT/SIGTERM or after --duration seconds:
 
-    /usr/bin/python3 tests/func/smarthost.py --port 2525 --rate 8/10 --mode ban
-    /usr/bin/python3 tests/func/smarthost.py --make-certs /tmp/certs
+    /usr/bin/python3 tests/func/peers/smarthost.py --port 2525 --rate 8/10 --mode ban
+    /usr/bin/python3 tests/func/peers/smarthost.py --make-certs /tmp/certs
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""Functional tests that take more than a minute (meson suite 'slow')."""
+"""The milter with a real Postfix over minutes (meson suite 'slow'): sessions that stay quiet
+for longer than the default idle timeout, and 10000 messages over 50 parallel sessions."""
 
 import smtplib
 import time
 
-import milter_wire as w
+from peers import milter_wire as w
 from conftest import all_stages, milter_config, queued_id, wait_until
 
 
