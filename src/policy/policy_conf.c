@@ -1,7 +1,10 @@
 /*
  * policy_conf -- a rule's configuration: the keys of `limit "NAME" { }` as a table
  * (cfg_schema.h), read by the schema walker into a struct policy_rule, the checks across
- * them, and the writer of limit and class blocks for sluiced -n and -D (see policy_int.h).
+ * them, the writer of limit and class blocks for sluiced -n and -D, and the names of
+ * stages, actions and counts that logs and that writer use (see policy_int.h).
+ * policy_rule.c, which assembles a rule set from what it reads, calls it, never the other
+ * way.
  *
  * The table's order is the order of the checks: a key's type may read the keys before it
  * (key's selectors are checked against stage; of against key; reply against action), so
@@ -31,6 +34,29 @@
 _Static_assert(sizeof(enum policy_stage) == sizeof(int), "stored as int");
 _Static_assert(sizeof(enum policy_count) == sizeof(int), "stored as int");
 _Static_assert(sizeof(enum policy_action) == sizeof(int), "stored as int");
+
+/* ---- the names of stages, actions and counts, for logs and what is written ---- */
+
+static const char *const stage_names[] = { "connect", "helo", "mail", "rcpt", "data", "eom" };
+static const char *const action_names[] = { "accept",  "warn",	  "delay",  "tag",
+					     "quarantine", "discard", "tempfail", "reject" };
+static const char *const count_names[] = { "connections", "messages", "recipients", "bytes",
+					    "sessions",	   "distinct" };
+
+const char *policy_stage_name(enum policy_stage s)
+{
+	return (unsigned)s < ARRAY_SIZE(stage_names) ? stage_names[s] : "?";
+}
+
+const char *policy_action_name(enum policy_action a)
+{
+	return (unsigned)a < ARRAY_SIZE(action_names) ? action_names[a] : "?";
+}
+
+const char *policy_count_name(enum policy_count c)
+{
+	return (unsigned)c < ARRAY_SIZE(count_names) ? count_names[c] : "?";
+}
 
 /* ---- what a selector can see at a stage ---- */
 

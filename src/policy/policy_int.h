@@ -1,8 +1,10 @@
 /*
  * policy_int -- the rooms of the policy module and what they share.
  *
- *   policy_conf.c  a limit block's keys as a table, read by the schema walker, and the
- *                  writer of limit and class blocks (sluiced -n and -D)
+ *   policy_conf.c  a limit block's keys as a table, read by the schema walker, the
+ *                  writer of limit and class blocks (sluiced -n and -D), and the names
+ *                  of stages, actions and counts (policy_rule.c calls it, never the
+ *                  other way)
  *   policy_rule.c  a rule set assembled from its limit and class blocks, its accessors
  *   policy_overrides.c  the overrides files' tables (read by workers inside an ebr
  *                  section, swapped and retired by the main thread, see there)

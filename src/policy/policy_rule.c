@@ -17,28 +17,6 @@
 #include "policy_int.h"
 #include "util.h"
 
-
-static const char *const stage_names[] = { "connect", "helo", "mail", "rcpt", "data", "eom" };
-static const char *const action_names[] = { "accept",  "warn",	  "delay",  "tag",
-					     "quarantine", "discard", "tempfail", "reject" };
-static const char *const count_names[] = { "connections", "messages", "recipients", "bytes",
-					    "sessions",	   "distinct" };
-
-const char *policy_stage_name(enum policy_stage s)
-{
-	return (unsigned)s < ARRAY_SIZE(stage_names) ? stage_names[s] : "?";
-}
-
-const char *policy_action_name(enum policy_action a)
-{
-	return (unsigned)a < ARRAY_SIZE(action_names) ? action_names[a] : "?";
-}
-
-const char *policy_count_name(enum policy_count c)
-{
-	return (unsigned)c < ARRAY_SIZE(count_names) ? count_names[c] : "?";
-}
-
 static void rule_clear(struct policy_rule *r)
 {
 	free(r->shards);
