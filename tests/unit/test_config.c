@@ -1,9 +1,11 @@
 /*
- * test_config -- sluiced's configuration (src/conf, src/daemon/config.c): the errors of
- * the blocks read from tables name file, line and key as before the tables, the checks
- * across keys still run, and config_load_client() reads what the sluice command needs.
+ * test_config -- sluiced's configuration (src/conf, src/daemon/daemon_config.c): the
+ * errors of the blocks read from tables name file, line and key as before the tables,
+ * the checks across keys still run, and config_load_client() reads what the sluice
+ * command needs.
  *
- * Table-driven: a configuration and the exact error config_load() gives.
+ * Table-driven: a configuration and the exact error its load gives (daemon_config_load(),
+ * or config_load_client() for the sluice command's rows).
  */
 #include <errno.h>
 #include <setjmp.h>

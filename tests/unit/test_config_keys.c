@@ -2,10 +2,10 @@
  * test_config_keys -- every key the configuration schema reads is documented in
  * sluice.conf(5) with its default, and every key the page documents is read.
  *
- * The schema's keys are collected with cfg_set_lookup_hook() while config_load() reads
- * kitchen-sink configurations that hold every kind of block (a fixed-reply milter, and
- * rules with a Redis store, sentinels, relay, routes...): each key appears as its dotted
- * path without labels ("route.auth.user", "" blocks give "workers").
+ * The schema's keys are collected with cfg_set_lookup_hook() while daemon_config_load()
+ * reads kitchen-sink configurations that hold every kind of block (a fixed-reply milter,
+ * and rules with a Redis store, sentinels, relay, routes...): each key appears as its
+ * dotted path without labels ("route.auth.user", "" blocks give "workers").
  *
  * The page's keys are its definition lines, under the section of their block:
  *
