@@ -1,9 +1,10 @@
 /*
  * reload -- a new configuration for the running daemon, on the main thread alone:
- * loaded beside the running one (daemon_config_load(), all or nothing), compared with it (what
- * takes effect only at the next restart is said in the log), and swapped in, each
- * service given its part; sessions keep the rule set they started with.  A load that
- * fails keeps the running configuration and says why, with file, line and key.
+ * loaded beside the running one (daemon_config_load(), all or nothing), compared with
+ * it (what takes effect only at the next restart is said in the log, one warning for
+ * each group of config_restart_changes()), and swapped in, each service given its part;
+ * sessions keep the rule set they started with.  A load that fails keeps the running
+ * configuration and says why, with file, line and key.
  *
  * SIGHUP asks for a reload; so does `sluice reload`, whose control session waits on its
  * worker (reload_ask()) for the main thread to load the file and answer it through
@@ -15,7 +16,6 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
