@@ -716,7 +716,8 @@ int daemon_main(int argc, char **argv)
 	d.metrics = metrics_free(d.metrics);
 	engine_stop_listening(d.e);
 	/* transactions under way get until the drain deadline; what is cut stays T */
-	relay_stop(d.relay, d.drain_deadline_ms > now_ms() ? (int64_t)(d.drain_deadline_ms - now_ms()) : 0);
+	relay_stop(d.relay,
+		   d.drain_deadline_ms > now_ms() ? (int64_t)(d.drain_deadline_ms - now_ms()) : 0);
 	if (d.queue)
 		queue_drain(d.queue); /* every commit answered while the workers still run */
 	engine_stop(d.e);

@@ -304,8 +304,9 @@ void lane_fail_all(struct lane *l, const char *dsn, const char *text)
 /*
  * l's due recipients wait for their next retry, without a transaction (DANE found no
  * server it may send to): dsn and text say why in the attempt log and the log, and
- * what names the part that decided ("DANE").  Each due recipient once, as a transaction would take them, and
- * at most LANE_DEFER_BATCH messages per call (law 8): the lane is kicked for the rest.
+ * what names the part that decided ("DANE").  Each due recipient once, as a transaction
+ * would take them, and at most LANE_DEFER_BATCH messages per call (law 8): the lane is
+ * kicked for the rest.
  */
 #define LANE_DEFER_BATCH 256
 
@@ -457,8 +458,9 @@ void lane_sweep(struct relay *r, uint64_t now)
 	struct lane *l, *lnext;
 	for (l = TAILQ_FIRST(&r->lanes); l; l = lnext) {
 		lnext = TAILQ_NEXT(l, link);
-		if (!l->domain || group_keeps(l, now) || !TAILQ_EMPTY(&l->items) || !TAILQ_EMPTY(&l->conns) || l->query ||
-		    l->call || lane_budget_suspended(&l->b, now))
+		if (!l->domain || group_keeps(l, now) || !TAILQ_EMPTY(&l->items) ||
+		    !TAILQ_EMPTY(&l->conns) || l->query || l->call ||
+		    lane_budget_suspended(&l->b, now))
 			continue;
 		bool counts = false;
 		for (unsigned i = 0; i < l->b.rate.n && !counts; i++)
